@@ -1,0 +1,60 @@
+"""The exception hierarchy of rbzarr.
+
+Every class also derives from the builtin exception a caller would naturally catch, so
+code written against RLinf (which raises plain ``ValueError`` and friends) keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BufferClosedError",
+    "CheckpointNotFoundError",
+    "CorruptStoreError",
+    "InvalidTrajectoryError",
+    "RbzarrError",
+    "StorageUnavailableError",
+    "StoreExistsError",
+    "UnsafePathError",
+    "UnsafePickleError",
+    "WriterFailedError",
+]
+
+
+class RbzarrError(Exception):
+    """Base class of every error raised by rbzarr."""
+
+
+class InvalidTrajectoryError(RbzarrError, ValueError):
+    """A trajectory's fields disagree with each other or with the buffer's schema."""
+
+
+class UnsafePathError(RbzarrError, ValueError):
+    """A name would escape the directory it must stay inside."""
+
+
+class UnsafePickleError(RbzarrError, ValueError):
+    """A pickle refers to a global that the restricted unpickler does not admit."""
+
+
+class CheckpointNotFoundError(RbzarrError, FileNotFoundError):
+    """A checkpoint, its JSON documents or a trajectory's data are missing."""
+
+
+class CorruptStoreError(RbzarrError, ValueError):
+    """A store exists but its documents or data cannot be parsed or disagree."""
+
+
+class StoreExistsError(RbzarrError, FileExistsError):
+    """Writing would overwrite a store that this buffer has not loaded."""
+
+
+class StorageUnavailableError(RbzarrError, OSError):
+    """The storage backend failed (unreachable, refused, timed out) after retries."""
+
+
+class BufferClosedError(RbzarrError, RuntimeError):
+    """The buffer was closed; it no longer accepts trajectories."""
+
+
+class WriterFailedError(RbzarrError, RuntimeError):
+    """A background write failed; the cause is chained as ``__cause__``."""

@@ -1,0 +1,157 @@
+"""The trajectory index: entries, insertion order, counters, windows and shards.
+
+It is the in-memory form of ``trajectory_index.json`` plus the counters of
+``metadata.json``.  It never touches storage.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rbzarr.errors import CorruptStoreError
+from rbzarr.storage.layout import Documents
+
+__all__ = ["FORMAT_VERSION", "TrajectoryIndex", "shard_bounds"]
+
+# Version of the documents rbzarr writes; a newer one than this code knows is refused.
+FORMAT_VERSION = 1
+
+
+def shard_bounds(count: int, rank: int, world_size: int) -> tuple[int, int]:
+    """The ``[start, end)`` slice of ``count`` items that ``rank`` of ``world_size`` owns.
+
+    Shares differ by at most one item; the first ``count % world_size`` ranks get the extra.
+    """
+    if world_size <= 0:
+        raise ValueError(f"world_size must be > 0, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"local_rank must be in [0, {world_size}), got {rank}")
+    quotient, remainder = divmod(count, world_size)
+    start = rank * quotient + min(rank, remainder)
+    return start, start + quotient + (1 if rank < remainder else 0)
+
+
+@dataclass
+class TrajectoryIndex:
+    """Index entries by id, their insertion order, and the id counter."""
+
+    entries: dict[int, dict[str, Any]] = field(default_factory=dict)
+    id_list: list[int] = field(default_factory=list)
+    trajectory_counter: int = 0
+
+    def __len__(self) -> int:
+        return len(self.id_list)
+
+    @property
+    def total_samples(self) -> int:
+        """Samples over every listed trajectory."""
+        return sum(int(self.entries[i]["num_samples"]) for i in self.id_list)
+
+    def new_entry(
+        self, shape: Iterable[int], max_episode_length: int, model_weights_id: str
+    ) -> dict[str, Any]:
+        """Append an entry with the next id and a fresh uuid, and return it."""
+        shape = [int(d) for d in shape]
+        entry = {
+            "uuid": str(uuid.uuid4()),
+            "trajectory_id": self.trajectory_counter,
+            "num_samples": shape[0] * shape[1],
+            "shape": shape,
+            "max_episode_length": int(max_episode_length),
+            "model_weights_id": str(model_weights_id),
+        }
+        self.entries[entry["trajectory_id"]] = entry
+        self.id_list.append(entry["trajectory_id"])
+        self.trajectory_counter += 1
+        return entry
+
+    def window(self, size: int) -> list[int]:
+        """The last ``size`` ids in insertion order; all of them when ``size <= 0``."""
+        return list(self.id_list) if size <= 0 else self.id_list[-size:]
+
+    def sample_counts(self, ids: Iterable[int]) -> torch.Tensor:
+        """``num_samples`` of each id, as an int64 tensor."""
+        return torch.tensor([int(self.entries[i]["num_samples"]) for i in ids], dtype=torch.int64)
+
+    def subset(self, ids: Iterable[int]) -> TrajectoryIndex:
+        """An index of ``ids`` only (in the order given), keeping the counter."""
+        ids = list(ids)
+        return TrajectoryIndex(
+            entries={i: dict(self.entries[i]) for i in ids},
+            id_list=ids,
+            trajectory_counter=self.trajectory_counter,
+        )
+
+    def shard(self, rank: int, world_size: int) -> TrajectoryIndex:
+        """This rank's share; its counter is ``max(id) + 1`` (0 for an empty share)."""
+        start, end = shard_bounds(len(self.id_list), rank, world_size)
+        share = self.subset(self.id_list[start:end])
+        share.trajectory_counter = max(share.id_list, default=-1) + 1
+        return share
+
+    def to_documents(self, trajectory_format: str, extra: Mapping[str, Any]) -> Documents:
+        """Both JSON documents in RLinf's schema; ``extra`` adds metadata keys."""
+        metadata = {
+            "trajectory_format": trajectory_format,
+            "size": len(self.id_list),
+            "total_samples": self.total_samples,
+            "trajectory_counter": self.trajectory_counter,
+            **extra,
+            "rbzarr_format_version": FORMAT_VERSION,
+        }
+        index = {
+            "trajectory_index": {str(i): self.entries[i] for i in self.id_list},
+            "trajectory_id_list": list(self.id_list),
+        }
+        return Documents(metadata=metadata, trajectory_index=index)
+
+    @classmethod
+    def from_documents(cls, documents: Documents, where: str) -> TrajectoryIndex:
+        """Parse the documents of the store at ``where`` (named in errors)."""
+        version = documents.metadata.get("rbzarr_format_version", FORMAT_VERSION)
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise CorruptStoreError(
+                f"{where}: format version {version!r} is newer than this rbzarr "
+                f"understands ({FORMAT_VERSION}); upgrade rbzarr"
+            )
+        try:
+            raw_entries = documents.trajectory_index["trajectory_index"]
+            id_list = [int(i) for i in documents.trajectory_index["trajectory_id_list"]]
+            entries = {int(k): dict(v) for k, v in raw_entries.items()}
+            counter = int(
+                documents.metadata.get("trajectory_counter", max(id_list, default=-1) + 1)
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CorruptStoreError(f"{where}: malformed trajectory index: {exc!r}") from exc
+        missing = [i for i in id_list if i not in entries]
+        if missing:
+            raise CorruptStoreError(
+                f"{where}: trajectory_id_list names ids {missing} that have no index entry"
+            )
+        for i in id_list:
+            _check_entry(entries[i], i, where)
+        return cls(entries=entries, id_list=id_list, trajectory_counter=counter)
+
+
+def _check_entry(entry: dict[str, Any], trajectory_id: int, where: str) -> None:
+    try:
+        shape = [int(d) for d in entry["shape"]]
+        ok = (
+            int(entry["trajectory_id"]) == trajectory_id
+            and len(shape) >= 2
+            and int(entry["num_samples"]) == shape[0] * shape[1]
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptStoreError(
+            f"{where}: index entry {trajectory_id} is malformed: {exc!r}"
+        ) from exc
+    if not ok:
+        raise CorruptStoreError(f"{where}: index entry {trajectory_id} is inconsistent: {entry}")
+    entry.setdefault("model_weights_id", "")
+    entry.setdefault("max_episode_length", 0)
+    entry["shape"] = shape

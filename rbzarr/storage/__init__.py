@@ -1,0 +1,1 @@
+"""Storage: where trajectories live (locations) and how they are laid out (layouts)."""

@@ -1,0 +1,158 @@
+"""The storage seam: one small ABC that every on-disk layout implements.
+
+A layout stores whole trajectories under a :class:`~rbzarr.storage.location.Location` and
+reads them back, whole or by flat rows.  It also owns the two JSON documents that describe a
+store (``metadata.json`` and ``trajectory_index.json``).  Copying, exporting and verifying
+are written once on top of this interface; the buffer never asks which format it holds.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
+from rbzarr.storage.location import Location
+from rbzarr.trajectory import Trajectory, flatten_trajectory, validate
+
+__all__ = [
+    "INDEX_FILE",
+    "METADATA_FILE",
+    "Documents",
+    "TrajectoryLayout",
+    "layout_class",
+    "register_layout",
+]
+
+METADATA_FILE = "metadata.json"
+INDEX_FILE = "trajectory_index.json"
+
+# An index entry: {"uuid", "trajectory_id", "num_samples", "shape", "max_episode_length",
+# "model_weights_id"} (JSON-ready values).
+Entry = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Documents:
+    """The two JSON documents of a store, as plain dicts in RLinf's schema."""
+
+    metadata: dict[str, Any]
+    trajectory_index: dict[str, Any]
+
+
+class TrajectoryLayout(ABC):
+    """How trajectories are laid out below a location.
+
+    Subclasses implement :meth:`write`, :meth:`read`, :meth:`delete` and :meth:`list_ids`;
+    those that can read single rows without loading a whole trajectory override
+    :meth:`read_rows` and set ``supports_row_reads``.
+    """
+
+    format: ClassVar[str]
+    supports_row_reads: ClassVar[bool] = False
+
+    def __init__(self, location: Location) -> None:
+        self.location = location
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.location.url!r})"
+
+    # -- trajectories -------------------------------------------------------------------
+    @abstractmethod
+    def write(self, entry: Entry, trajectory: Trajectory) -> None:
+        """Write every tensor of ``trajectory`` (raw rows) under ``entry['trajectory_id']``.
+
+        When this returns, the data is complete; an existing trajectory with the same id is
+        replaced.  It does not touch the JSON documents (see :meth:`write_documents`).
+        """
+
+    @abstractmethod
+    def read(self, entry: Entry, keys: Sequence[str] | None = None) -> Trajectory:
+        """Read a whole trajectory (raw rows), optionally only the flat ``keys`` given.
+
+        Missing data raises :class:`~rbzarr.errors.CheckpointNotFoundError` naming it.
+        """
+
+    def read_rows(
+        self, entry: Entry, rows: torch.Tensor, keys: Sequence[str]
+    ) -> dict[str, torch.Tensor]:
+        """Read flat rows ``rows`` (int64, any order, repeats allowed) of the sampled ``keys``.
+
+        Returns ``{key: tensor[len(rows), ...]}``.  The default loads the whole trajectory.
+        """
+        trajectory = self.read(entry, keys)
+        flat = flatten_trajectory(trajectory, validate(trajectory))
+        return {key: flat[key].index_select(0, rows) for key in keys}
+
+    @abstractmethod
+    def delete(self, entry: Entry) -> None:
+        """Remove a trajectory's data; missing data is not an error."""
+
+    @abstractmethod
+    def list_ids(self) -> list[int]:
+        """Ids of the trajectories that have data here (committed or not), sorted."""
+
+    # -- documents ----------------------------------------------------------------------
+    def write_documents(self, documents: Documents) -> None:
+        """Commit: write the index, then the metadata, each atomically.
+
+        Call only after every trajectory the index lists is completely written.
+        """
+        self.location.write_bytes(_dump(documents.trajectory_index), INDEX_FILE)
+        self.location.write_bytes(_dump(documents.metadata), METADATA_FILE)
+
+    def read_documents(self) -> Documents:
+        """Read both documents; a missing one raises ``CheckpointNotFoundError`` naming it."""
+        return Documents(
+            metadata=self._read_json(METADATA_FILE),
+            trajectory_index=self._read_json(INDEX_FILE),
+        )
+
+    def has_documents(self) -> bool:
+        """Whether a store already exists here (either JSON document present)."""
+        return self.location.exists(METADATA_FILE) or self.location.exists(INDEX_FILE)
+
+    def _read_json(self, name: str) -> dict[str, Any]:
+        try:
+            raw = self.location.read_bytes(name)
+        except FileNotFoundError as exc:
+            raise CheckpointNotFoundError(
+                f"{self.location.url}/{name} not found: not an rbzarr or RLinf store"
+            ) from exc
+        try:
+            document = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CorruptStoreError(f"{self.location.url}/{name} is not valid JSON: {exc}") from exc
+        if not isinstance(document, dict):
+            raise CorruptStoreError(f"{self.location.url}/{name}: expected a JSON object")
+        return document
+
+
+def _dump(document: Mapping[str, Any]) -> bytes:
+    return json.dumps(document, indent=2).encode()
+
+
+_LAYOUTS: dict[str, Callable[..., TrajectoryLayout]] = {}
+
+
+def register_layout(name: str, factory: Callable[..., TrajectoryLayout]) -> None:
+    """Make a layout available under ``trajectory_format=name``."""
+    _LAYOUTS[name] = factory
+
+
+def layout_class(name: str) -> Callable[..., TrajectoryLayout]:
+    """The layout registered for ``name``; unknown formats raise ``ValueError``."""
+    # Importing the layout modules registers them.
+    from rbzarr.storage import file_layout, zarr_layout  # noqa: F401, PLC0415
+
+    try:
+        return _LAYOUTS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown trajectory_format {name!r}; expected one of {sorted(_LAYOUTS)}"
+        ) from None

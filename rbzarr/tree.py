@@ -1,0 +1,63 @@
+"""Nested dicts of tensors: the one place that walks them.
+
+A *tree* is a ``dict`` whose values are tensors or trees.  Most of rbzarr works on the
+*flat* form of a tree: a ``dict`` from ``"/"``-joined key paths to tensors, in the order
+the tree is walked (depth first, insertion order).  ``flatten`` and ``unflatten`` convert
+between the two; every other module goes through them instead of recursing itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["SEP", "flatten", "leaves", "map_flat", "unflatten"]
+
+SEP = "/"
+
+Tree = Mapping[str, Any]
+
+
+def leaves(tree: Tree, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Yield ``(path, value)`` for every non-dict value of ``tree``, depth first.
+
+    Keys must be non-empty strings without ``"/"``; anything else raises ``ValueError``
+    naming the offending path.
+    """
+    for key, value in tree.items():
+        if not isinstance(key, str) or not key or SEP in key:
+            raise ValueError(
+                f"invalid key {key!r} under {prefix or '<root>'!r}: keys must be "
+                f"non-empty strings without {SEP!r}"
+            )
+        path = f"{prefix}{SEP}{key}" if prefix else key
+        if isinstance(value, Mapping):
+            yield from leaves(value, path)
+        else:
+            yield path, value
+
+
+def flatten(tree: Tree) -> dict[str, Any]:
+    """Return the flat form of ``tree``: ``{"a/b": leaf, ...}``."""
+    return dict(leaves(tree))
+
+
+def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """Rebuild the nested form of a flat dict; the inverse of :func:`flatten`."""
+    tree: dict[str, Any] = {}
+    for path, value in flat.items():
+        *parents, name = path.split(SEP)
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[name] = value
+    return tree
+
+
+def map_flat(
+    fn: Callable[[str, torch.Tensor], torch.Tensor], flat: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Apply ``fn(path, tensor)`` to every entry of a flat dict, keeping the order."""
+    return {path: fn(path, tensor) for path, tensor in flat.items()}

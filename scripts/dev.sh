@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Set up a virtual environment in .venv (once) and run a job in it.
+#   bash scripts/dev.sh demo [ARGS...]   the main job: a demo on a local store
+#   bash scripts/dev.sh test [ARGS...]   lint, type check and the full test suite
+set -euo pipefail
+cd "$(dirname "$0")/.."
+job="${1:-}"
+shift || true
+py="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$py" -m venv .venv
+fi
+# torch first and pinned: an open range would pull a multi-GB CUDA build.
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+    .venv/bin/pip install --quiet torch==2.13.0
+fi
+case "$job" in
+    demo)
+        .venv/bin/pip install --quiet -e '.[demo]'
+        exec .venv/bin/rbzarr demo "$@"
+        ;;
+    test)
+        .venv/bin/pip install --quiet -e '.[dev]'
+        .venv/bin/ruff format --check rbzarr tests benchmarks
+        .venv/bin/ruff check rbzarr tests benchmarks
+        .venv/bin/mypy rbzarr
+        exec .venv/bin/pytest "$@"
+        ;;
+    *)
+        echo "usage: bash scripts/dev.sh demo|test [ARGS...]" >&2
+        exit 2
+        ;;
+esac
