@@ -24,12 +24,15 @@ from rbzarr.errors import InvalidTrajectoryError
 
 __all__ = [
     "DICT_FIELDS",
+    "Residue",
     "RESET_ROW_FIELDS",
     "TENSOR_FIELDS",
     "Schema",
     "Trajectory",
     "TrajectorySpec",
     "flatten_trajectory",
+    "join_trajectory",
+    "split_trajectory",
     "raw_time_rows",
     "trajectory_from_raw",
     "validate",
@@ -188,22 +191,57 @@ def raw_time_rows(t: torch.Tensor, T: int, raw_rows: int) -> torch.Tensor:
     return t + torch.div(t, T // epochs, rounding_mode="floor") + 1
 
 
-def flatten_trajectory(traj: Trajectory, spec: TrajectorySpec) -> dict[str, torch.Tensor]:
-    """The sampled fields of ``traj`` as ``[T*B, ...]`` tensors, reset rows dropped.
+@dataclass(frozen=True)
+class Residue:
+    """What the flat view leaves out of a trajectory, so it can be rebuilt exactly."""
 
-    The result may share memory with ``traj``; callers that keep it must copy.
+    reset_rows: dict[str, torch.Tensor]
+    unsampled: dict[str, torch.Tensor]
+    max_episode_length: int = 0
+    model_weights_id: str = ""
+
+
+def split_trajectory(
+    traj: Trajectory, spec: TrajectorySpec
+) -> tuple[dict[str, torch.Tensor], Residue]:
+    """Split ``traj`` into its flat view (``[T*B, ...]``, reset rows dropped) and the rest.
+
+    Both parts may share memory with ``traj``; callers that keep them must copy.
     """
     flat: dict[str, torch.Tensor] = {}
+    residue = Residue({}, {}, traj.max_episode_length, traj.model_weights_id)
     for path, raw in traj.tensors().items():
         if path not in spec.schema:
+            residue.unsampled[path] = raw
             continue
         rows = int(raw.shape[0])
         steps = raw
         if rows != spec.T:
             epochs = rows - spec.T
-            steps = raw.reshape(epochs, rows // epochs, *raw.shape[1:])[:, 1:]
+            blocks = raw.reshape(epochs, rows // epochs, *raw.shape[1:])
+            residue.reset_rows[path] = blocks[:, 0]
+            steps = blocks[:, 1:]
         flat[path] = steps.reshape(spec.T * spec.B, *spec.schema[path][1])
-    return flat
+    return flat, residue
+
+
+def flatten_trajectory(traj: Trajectory, spec: TrajectorySpec) -> dict[str, torch.Tensor]:
+    """The sampled fields of ``traj`` as ``[T*B, ...]`` tensors, reset rows dropped."""
+    return split_trajectory(traj, spec)[0]
+
+
+def join_trajectory(flat: dict[str, torch.Tensor], residue: Residue, B: int) -> Trajectory:
+    """Rebuild the raw trajectory from :func:`split_trajectory`'s parts (the inverse)."""
+    raw: dict[str, torch.Tensor] = dict(residue.unsampled)
+    for path, rows in flat.items():
+        steps = rows.reshape(-1, B, *rows.shape[1:])
+        reset = residue.reset_rows.get(path)
+        if reset is not None:
+            epochs = int(reset.shape[0])
+            blocks = steps.reshape(epochs, -1, *steps.shape[1:])
+            steps = torch.cat([reset.unsqueeze(1), blocks], dim=1).reshape(-1, *steps.shape[1:])
+        raw[path] = steps
+    return trajectory_from_raw(raw, residue.max_episode_length, residue.model_weights_id)
 
 
 def trajectory_from_raw(

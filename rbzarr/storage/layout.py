@@ -26,6 +26,7 @@ __all__ = [
     "Documents",
     "TrajectoryLayout",
     "layout_class",
+    "read_documents",
     "register_layout",
 ]
 
@@ -97,6 +98,31 @@ class TrajectoryLayout(ABC):
     def list_ids(self) -> list[int]:
         """Ids of the trajectories that have data here (committed or not), sorted."""
 
+    def trajectory_path(self, entry: Entry) -> tuple[str, ...] | None:
+        """Names (below the root) of the file or directory holding one trajectory.
+
+        Layouts that keep a trajectory in one place return it, which lets
+        :meth:`copy_to` copy objects without decoding them; ``None`` disables that.
+        """
+        return None
+
+    def contains(self, entry: Entry) -> bool:
+        """Whether the trajectory's data is present."""
+        path = self.trajectory_path(entry)
+        if path is None:
+            return int(entry["trajectory_id"]) in self.list_ids()
+        return self.location.exists(*path)
+
+    def copy_to(self, target: TrajectoryLayout, entry: Entry) -> None:
+        """Copy one trajectory into ``target``: object by object when both layouts are of
+        the same kind, else by decoding and re-encoding it."""
+        path = self.trajectory_path(entry)
+        if type(target) is type(self) and path is not None:
+            target.location.delete(*path)
+            self.location.child(*path).copy_tree(target.location.child(*path))
+        else:
+            target.write(entry, self.read(entry))
+
     # -- documents ----------------------------------------------------------------------
     def write_documents(self, documents: Documents) -> None:
         """Commit: write the index, then the metadata, each atomically.
@@ -108,29 +134,39 @@ class TrajectoryLayout(ABC):
 
     def read_documents(self) -> Documents:
         """Read both documents; a missing one raises ``CheckpointNotFoundError`` naming it."""
-        return Documents(
-            metadata=self._read_json(METADATA_FILE),
-            trajectory_index=self._read_json(INDEX_FILE),
-        )
+        return read_documents(self.location)
 
     def has_documents(self) -> bool:
         """Whether a store already exists here (either JSON document present)."""
         return self.location.exists(METADATA_FILE) or self.location.exists(INDEX_FILE)
 
-    def _read_json(self, name: str) -> dict[str, Any]:
-        try:
-            raw = self.location.read_bytes(name)
-        except FileNotFoundError as exc:
-            raise CheckpointNotFoundError(
-                f"{self.location.url}/{name} not found: not an rbzarr or RLinf store"
-            ) from exc
-        try:
-            document = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CorruptStoreError(f"{self.location.url}/{name} is not valid JSON: {exc}") from exc
-        if not isinstance(document, dict):
-            raise CorruptStoreError(f"{self.location.url}/{name}: expected a JSON object")
-        return document
+
+def read_documents(location: Location) -> Documents:
+    """Read a store's two documents, whatever its layout.
+
+    A missing one raises :class:`CheckpointNotFoundError`, an unparsable one
+    :class:`CorruptStoreError`; both name the file.
+    """
+    return Documents(
+        metadata=_read_json(location, METADATA_FILE),
+        trajectory_index=_read_json(location, INDEX_FILE),
+    )
+
+
+def _read_json(location: Location, name: str) -> dict[str, Any]:
+    try:
+        raw = location.read_bytes(name)
+    except FileNotFoundError as exc:
+        raise CheckpointNotFoundError(
+            f"{location.url}/{name} not found: not an rbzarr or RLinf store"
+        ) from exc
+    try:
+        document = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptStoreError(f"{location.url}/{name} is not valid JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise CorruptStoreError(f"{location.url}/{name}: expected a JSON object")
+    return document
 
 
 def _dump(document: Mapping[str, Any]) -> bytes:

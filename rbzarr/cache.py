@@ -1,0 +1,156 @@
+"""TrajectoryCache: a FIFO cache of flattened trajectories in preallocated slots.
+
+Every key has one tensor ``[slots, max_rows, ...]``; a trajectory occupies one slot.  A batch
+of cached rows is then one ``index_select`` per key over the flattened slot tensor, whatever
+the mix of trajectories.  Slots are allocated lazily and grow (in count up to the capacity,
+and in rows when a longer trajectory arrives).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+from rbzarr.errors import InvalidTrajectoryError
+from rbzarr.trajectory import Residue, Trajectory, join_trajectory
+
+__all__ = ["TrajectoryCache"]
+
+
+class TrajectoryCache:
+    """FIFO cache of flat trajectories; ``capacity=None`` keeps every trajectory.
+
+    Not thread-safe on its own: the buffer serialises access.
+    """
+
+    def __init__(self, capacity: int | None) -> None:
+        if capacity is not None and capacity <= 0:
+            raise ValueError(f"cache capacity must be positive or None, got {capacity}")
+        self.capacity = capacity
+        self._slot_of: OrderedDict[int, int] = OrderedDict()  # id -> slot, insertion order
+        self._rows: dict[int, int] = {}
+        self._residues: dict[int, Residue] = {}
+        self._width: dict[int, int] = {}  # id -> B, to rebuild raw trajectories
+        self._storage: dict[str, torch.Tensor] = {}
+        self._free: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._slot_of)
+
+    def __contains__(self, trajectory_id: object) -> bool:
+        return trajectory_id in self._slot_of
+
+    def ids(self) -> list[int]:
+        """Cached ids, oldest first."""
+        return list(self._slot_of)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated for slots."""
+        return sum(t.numel() * t.element_size() for t in self._storage.values())
+
+    def check(self, flat: dict[str, torch.Tensor]) -> None:
+        """Raise :class:`InvalidTrajectoryError` if ``flat`` does not fit the slots' schema."""
+        if not self._storage:
+            return
+        if list(flat) != list(self._storage):
+            raise InvalidTrajectoryError(
+                f"cache schema mismatch: expected keys {list(self._storage)}, got {list(flat)}"
+            )
+        for key, rows in flat.items():
+            slots = self._storage[key]
+            if rows.dtype != slots.dtype or rows.shape[1:] != slots.shape[2:]:
+                raise InvalidTrajectoryError(
+                    f"field {key!r}: cache holds {slots.dtype} rows of shape "
+                    f"{tuple(slots.shape[2:])}, got {rows.dtype} {tuple(rows.shape[1:])}"
+                )
+
+    def put(
+        self, trajectory_id: int, flat: dict[str, torch.Tensor], residue: Residue, width: int
+    ) -> list[int]:
+        """Copy a flat trajectory into a slot; return the ids evicted to make room."""
+        self.check(flat)
+        rows = int(next(iter(flat.values())).shape[0])
+        evicted: list[int] = []
+        if self.capacity is not None:
+            while len(self._slot_of) >= self.capacity:
+                evicted.append(self._evict_oldest())
+        slot = self._claim_slot(flat, rows)
+        for key, tensor in flat.items():
+            self._storage[key][slot, :rows].copy_(tensor)
+        self._slot_of[trajectory_id] = slot
+        self._rows[trajectory_id] = rows
+        self._residues[trajectory_id] = _copy_residue(residue)
+        self._width[trajectory_id] = width
+        return evicted
+
+    def _evict_oldest(self) -> int:
+        oldest, slot = self._slot_of.popitem(last=False)
+        del self._rows[oldest], self._residues[oldest], self._width[oldest]
+        self._free.append(slot)
+        return oldest
+
+    def _claim_slot(self, flat: dict[str, torch.Tensor], rows: int) -> int:
+        if self._free:
+            slots = next(iter(self._storage.values())).shape[0]
+            self._grow(slots, max(rows, self._max_rows), flat)
+            return self._free.pop()
+        used = len(self._slot_of)
+        wanted = max(1, used * 2)
+        if self.capacity is not None:
+            wanted = min(wanted, self.capacity)
+        self._grow(wanted, max(rows, self._max_rows), flat)
+        self._free.extend(range(wanted - 1, used, -1))
+        return used
+
+    @property
+    def _max_rows(self) -> int:
+        return next(iter(self._storage.values())).shape[1] if self._storage else 0
+
+    def _grow(self, slots: int, max_rows: int, flat: dict[str, torch.Tensor]) -> None:
+        for key, tensor in flat.items():
+            old = self._storage.get(key)
+            if old is not None and old.shape[0] >= slots and old.shape[1] >= max_rows:
+                continue
+            new = torch.empty((slots, max_rows, *tensor.shape[1:]), dtype=tensor.dtype)
+            if old is not None:
+                new[: old.shape[0], : old.shape[1]].copy_(old)
+            self._storage[key] = new
+
+    def gather(self, trajectory_ids: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Rows ``rows`` of cached trajectories ``trajectory_ids`` (all must be cached).
+
+        One ``index_select`` per key; the results are fresh tensors.
+        """
+        unique, inverse = torch.unique(trajectory_ids, return_inverse=True)
+        slot_of_unique = torch.tensor([self._slot_of[int(i)] for i in unique], dtype=torch.int64)
+        flat_index = slot_of_unique[inverse] * self._max_rows + rows
+        return {
+            key: slots.view(-1, *slots.shape[2:]).index_select(0, flat_index)
+            for key, slots in self._storage.items()
+        }
+
+    def trajectory(self, trajectory_id: int) -> Trajectory:
+        """The raw ``[T, B, ...]`` trajectory rebuilt from its slot (copies)."""
+        slot, rows = self._slot_of[trajectory_id], self._rows[trajectory_id]
+        flat = {key: slots[slot, :rows].clone() for key, slots in self._storage.items()}
+        return join_trajectory(flat, self._residues[trajectory_id], self._width[trajectory_id])
+
+    def clear(self) -> None:
+        """Drop every trajectory and free the slots."""
+        self._slot_of.clear()
+        self._rows.clear()
+        self._residues.clear()
+        self._width.clear()
+        self._storage.clear()
+        self._free.clear()
+
+
+def _copy_residue(residue: Residue) -> Residue:
+    return Residue(
+        reset_rows={k: v.clone() for k, v in residue.reset_rows.items()},
+        unsampled={k: v.clone() for k, v in residue.unsampled.items()},
+        max_episode_length=residue.max_episode_length,
+        model_weights_id=residue.model_weights_id,
+    )

@@ -1,0 +1,65 @@
+"""Uniform window sampling: which rows of which trajectories a batch holds.
+
+Pure torch, no I/O.  The draw is RLinf's, bit for bit: one ``torch.randint`` over the
+window's total sample count, then ``torch.bucketize`` against the cumulative counts.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import torch
+
+__all__ = ["WindowSampler", "draw"]
+
+
+def draw(
+    num_chunks: int, sample_counts: torch.Tensor, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw ``num_chunks`` rows uniformly over trajectories holding ``sample_counts`` rows.
+
+    Returns ``(positions, rows)``: the position of each drawn row's trajectory in
+    ``sample_counts`` and the row inside it.  ``num_chunks`` is clamped to the total.
+    """
+    ends = torch.cumsum(sample_counts, dim=0)
+    total = int(ends[-1])
+    ids = torch.randint(0, total, (min(num_chunks, total),), generator=generator)
+    positions = torch.bucketize(ids, ends, right=True)
+    rows = ids - (ends - sample_counts)[positions]
+    return positions, rows
+
+
+class WindowSampler:
+    """Owns the seeded generator; ``seed=None`` seeds it nondeterministically."""
+
+    def __init__(self, seed: int | None) -> None:
+        self.seed = seed
+        self.generator = torch.Generator()
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+
+    def draw(
+        self, num_chunks: int, sample_counts: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`draw` with this sampler's generator."""
+        return draw(num_chunks, sample_counts, self.generator)
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-ready state: the seed and the generator's exact position in its stream."""
+        state = self.generator.get_state().numpy().tobytes()
+        return {"seed": self.seed, "generator_state": base64.b64encode(state).decode("ascii")}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; without a generator state, reseed from the seed."""
+        self.seed = state.get("seed")
+        encoded = state.get("generator_state")
+        if encoded:
+            raw = base64.b64decode(encoded)
+            self.generator.set_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+        elif self.seed is not None:
+            self.generator.manual_seed(self.seed)
+        else:
+            self.generator.seed()

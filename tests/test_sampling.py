@@ -1,0 +1,137 @@
+"""Sampling is RLinf's draw, bit for bit, from the cache, from storage, or a mix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_rows_consistent, make_trajectory
+
+from rbzarr import TrajectoryReplayBuffer
+from rbzarr.sampler import draw
+
+SIZES = [(4, 3), (2, 5), (6, 2), (3, 3), (5, 1), (1, 7), (8, 4)]
+
+
+def expected_numbers(seed: int, sizes: list[tuple[int, int]], window: int, calls: list[int]):
+    """RLinf's draw computed independently: numbers are base + row of the drawn trajectory."""
+    bases, base = [], 0
+    for T, B in sizes:
+        bases.append(base)
+        base += T * B
+    chosen = list(range(len(sizes)))
+    if window > 0:
+        chosen = chosen[-window:]
+    counts = torch.tensor([sizes[i][0] * sizes[i][1] for i in chosen])
+    ends = torch.cumsum(counts, 0)
+    generator = torch.Generator().manual_seed(seed)
+    results = []
+    for n in calls:
+        ids = torch.randint(0, int(ends[-1]), (min(n, int(ends[-1])),), generator=generator)
+        which = torch.bucketize(ids, ends, right=True)
+        rows = ids - (ends - counts)[which]
+        results.append(torch.tensor([bases[chosen[w]] for w in which.tolist()]) + rows)
+    return results
+
+
+def fill(buffer: TrajectoryReplayBuffer, sizes: list[tuple[int, int]]) -> None:
+    base = 0
+    for T, B in sizes:
+        buffer.add_trajectories([make_trajectory(T, B, base)])
+        base += T * B
+
+
+@pytest.mark.parametrize("window", [0, 1, 2, 100])
+@pytest.mark.parametrize("mode", ["cache", "storage", "mixed"])
+def test_sample_matches_rlinf_draw(tmp_path, window, mode):
+    cache_size = {"cache": 100, "storage": 0, "mixed": 3}[mode]
+    with TrajectoryReplayBuffer(
+        seed=7,
+        sample_window_size=window,
+        auto_save=True,
+        auto_save_path=tmp_path / "store",
+        enable_cache=cache_size > 0,
+        cache_size=cache_size,
+    ) as buffer:
+        fill(buffer, SIZES)
+        buffer.flush()
+        calls = [17, 64, 5]
+        for n, want in zip(calls, expected_numbers(7, SIZES, window, calls), strict=True):
+            batch = buffer.sample(n)
+            assert torch.equal(assert_rows_consistent(batch), want)
+
+
+@pytest.mark.parametrize("window", [0, 2, 100])
+def test_sample_without_auto_save(window):
+    buffer = TrajectoryReplayBuffer(seed=3, sample_window_size=window)
+    fill(buffer, SIZES)
+    want = expected_numbers(3, SIZES, window, [40])[0]
+    assert torch.equal(assert_rows_consistent(buffer.sample(40)), want)
+
+
+def test_batch_layout_keys_dtypes_and_order():
+    buffer = TrajectoryReplayBuffer(seed=1)
+    fill(buffer, [(4, 2)])
+    batch = buffer.sample(6)
+    assert list(batch) == [
+        "actions",
+        "rewards",
+        "dones",
+        "prev_logprobs",
+        "curr_obs",
+        "next_obs",
+        "forward_inputs",
+    ]
+    assert batch["actions"].shape == (6, 2) and batch["actions"].dtype == torch.int64
+    assert batch["prev_logprobs"].shape == (6,)
+    assert batch["forward_inputs"]["tokens"].dtype == torch.int32
+    assert "versions" not in batch  # 1-D tensors are not sampled
+
+
+def test_num_chunks_is_clamped_to_window_total():
+    buffer = TrajectoryReplayBuffer(seed=1)
+    fill(buffer, [(2, 2)])
+    assert buffer.sample(100)["rewards"].shape[0] == 4
+
+
+def test_sample_errors():
+    buffer = TrajectoryReplayBuffer()
+    with pytest.raises(RuntimeError, match="empty buffer"):
+        buffer.sample(4)
+    fill(buffer, [(2, 2)])
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match="num_chunks must be positive"):
+            buffer.sample(bad)
+
+
+def test_draw_is_pure_and_seeded():
+    counts = torch.tensor([6, 2, 9])
+    a = draw(50, counts, torch.Generator().manual_seed(5))
+    b = draw(50, counts, torch.Generator().manual_seed(5))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert bool((a[1] < counts[a[0]]).all()) and bool((a[1] >= 0).all())
+
+
+def test_seed_none_and_no_global_reseed():
+    torch.manual_seed(99)
+    before = torch.get_rng_state()
+    import numpy as np
+
+    np.random.seed(5)
+    np_before = np.random.get_state()[1].copy()
+    buffer = TrajectoryReplayBuffer(seed=None)
+    fill(buffer, [(3, 3)])
+    buffer.sample(4)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert (np.random.get_state()[1] == np_before).all()
+
+
+def test_clear_resets_window():
+    buffer = TrajectoryReplayBuffer(seed=2, sample_window_size=2)
+    fill(buffer, [(2, 2), (2, 2)])
+    buffer.clear()
+    assert len(buffer) == 0 and buffer.total_samples == 0 and buffer.trajectory_counter == 0
+    with pytest.raises(RuntimeError):
+        buffer.sample(1)
+    buffer.add_trajectories([make_trajectory(2, 2, 1000)])
+    numbers = assert_rows_consistent(buffer.sample(8))
+    assert bool((numbers >= 1000).all())
