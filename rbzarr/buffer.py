@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -101,6 +101,7 @@ class TrajectoryReplayBuffer:
         self._schema: Schema | None = None
         self._pending: dict[int, Trajectory] = {}
         self._lock = threading.RLock()
+        self._add_lock = threading.Lock()
         self._closed = False
         self._store: TrajectoryLayout | None = None
         self._persisted = TrajectoryIndex()
@@ -156,21 +157,30 @@ class TrajectoryReplayBuffer:
         """
         self._check_open()
         trajectories = list(trajectories)
-        with self._lock:
-            self._writer.check()
-            schema = self._schema
-            specs: list[TrajectorySpec] = []
-            for position, trajectory in enumerate(trajectories):
-                try:
-                    spec = validate(trajectory, schema)
-                except ValueError as exc:
-                    raise type(exc)(f"trajectory {position} of this call: {exc}") from exc
-                schema = spec.schema
-                specs.append(spec)
-            if self._store is not None and specs:
-                self._claim_store()
-            for trajectory, spec in zip(trajectories, specs, strict=True):
-                self._add_one(trajectory, spec)
+        # Adders queue their writes in id order; the writer may need ``_lock`` to commit,
+        # so a full queue must never block while ``_lock`` is held.
+        with self._add_lock:
+            with self._lock:
+                self._writer.check()
+                specs = self._validate_all(trajectories)
+                if self._store is not None and specs:
+                    self._claim_store()
+                tasks = [self._add_one(t, s) for t, s in zip(trajectories, specs, strict=True)]
+            for task in tasks:
+                if task is not None:
+                    self._writer.submit(task)
+
+    def _validate_all(self, trajectories: list[Trajectory]) -> list[TrajectorySpec]:
+        schema = self._schema
+        specs: list[TrajectorySpec] = []
+        for position, trajectory in enumerate(trajectories):
+            try:
+                spec = validate(trajectory, schema)
+            except ValueError as exc:
+                raise type(exc)(f"trajectory {position} of this call: {exc}") from exc
+            schema = spec.schema
+            specs.append(spec)
+        return specs
 
     def _claim_store(self) -> None:
         assert self._store is not None
@@ -183,7 +193,8 @@ class TrajectoryReplayBuffer:
             )
         self._store_claimed = True
 
-    def _add_one(self, trajectory: Trajectory, spec: TrajectorySpec) -> None:
+    def _add_one(self, trajectory: Trajectory, spec: TrajectorySpec) -> Callable[[], None] | None:
+        """Update index and cache; return the write task to queue, if persisting."""
         self._schema = spec.schema
         entry = self._index.new_entry(
             spec.shape, trajectory.max_episode_length, trajectory.model_weights_id
@@ -194,7 +205,8 @@ class TrajectoryReplayBuffer:
         if self._store is not None:
             owned = _clone(trajectory)
             self._pending[entry["trajectory_id"]] = owned
-            self._writer.submit(lambda: self._persist(entry, owned))
+            return lambda: self._persist(entry, owned)
+        return None
 
     def _persist(self, entry: dict[str, Any], trajectory: Trajectory) -> None:
         """Writer thread: data first, then the documents that list it (commit last)."""

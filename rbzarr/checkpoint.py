@@ -62,7 +62,12 @@ def save(buffer: TrajectoryReplayBuffer, save_path: str | os.PathLike[str]) -> N
         extra = {**buffer._metadata_extra(), "sampler": buffer._sampler.state_dict()}
         for trajectory_id in ids:
             entry = index.entries[trajectory_id]
-            if store is not None:
+            # An id still pending (added after the flush) may be half-written in the store:
+            # save its in-memory copy.  Ids leave ``_pending`` under the lock, once complete.
+            pending = buffer._pending.get(trajectory_id)
+            if pending is not None:
+                target.write(entry, pending)
+            elif store is not None:
                 store.copy_to(target, entry)
             else:
                 target.write(entry, buffer._cache.trajectory(trajectory_id))
@@ -94,11 +99,17 @@ def load(
     specs = _validate_all(loaded, schema, location.url)
     if schema is None and specs:
         schema = specs[-1].schema
+    elif schema is None and share.id_list:
+        # An RLinf checkpoint records no schema and nothing was warmed: learn it from data.
+        last = share.id_list[-1]
+        (spec,) = _validate_all([(last, source.read(share.entries[last]))], None, location.url)
+        schema = spec.schema
     buffer._writer.flush()
     with buffer._lock:
-        buffer._schema = schema
+        # Adopt first: if the store refuses, the buffer has not been touched.
         if buffer._store is not None:
-            _adopt_into_store(buffer, source, full, share)
+            _adopt_into_store(buffer, source, full, share, schema)
+        buffer._schema = schema
         buffer._index = share
         buffer._pending.clear()
         buffer._cache.clear()
@@ -143,11 +154,18 @@ def _adopt_into_store(
     source: TrajectoryLayout,
     full: TrajectoryIndex,
     share: TrajectoryIndex,
+    schema: Schema | None,
 ) -> None:
     """Make the auto-save store hold the loaded trajectories, so it stays self-contained."""
     store = buffer._store
     assert store is not None
     if source.location.url == store.location.url and type(source) is type(store):
+        if share.id_list != full.id_list:
+            raise ValueError(
+                f"{store.location.url}: a rank's share cannot continue in place in the shared "
+                f"auto_save store: its new ids (from {share.trajectory_counter}) would "
+                "overwrite other ranks' trajectories; give each rank its own auto_save_path"
+            )
         buffer._persisted = full.subset(full.id_list)
         buffer._store_claimed = True
         return
@@ -155,6 +173,5 @@ def _adopt_into_store(
     for trajectory_id in share.id_list:
         source.copy_to(store, share.entries[trajectory_id])
     buffer._persisted = share.subset(share.id_list)
-    store.write_documents(
-        buffer._persisted.to_documents(buffer.trajectory_format, buffer._metadata_extra())
-    )
+    extra = {**buffer._metadata_extra(), "schema": schema_to_json(schema)}
+    store.write_documents(buffer._persisted.to_documents(buffer.trajectory_format, extra))

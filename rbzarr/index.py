@@ -57,16 +57,17 @@ class TrajectoryIndex:
     ) -> dict[str, Any]:
         """Append an entry with the next id and a fresh uuid, and return it."""
         shape = [int(d) for d in shape]
-        entry = {
+        trajectory_id = self.trajectory_counter
+        entry: dict[str, Any] = {
             "uuid": str(uuid.uuid4()),
-            "trajectory_id": self.trajectory_counter,
+            "trajectory_id": trajectory_id,
             "num_samples": shape[0] * shape[1],
             "shape": shape,
             "max_episode_length": int(max_episode_length),
             "model_weights_id": str(model_weights_id),
         }
-        self.entries[entry["trajectory_id"]] = entry
-        self.id_list.append(entry["trajectory_id"])
+        self.entries[trajectory_id] = entry
+        self.id_list.append(trajectory_id)
         self.trajectory_counter += 1
         return entry
 

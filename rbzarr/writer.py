@@ -2,8 +2,9 @@
 
 The queue is bounded: ``submit`` blocks while ``max_pending`` tasks wait (backpressure
 instead of unbounded memory).  A task that keeps failing after its retries stops the
-writer: the task stays at the head of the queue, the error is raised to the caller by the
-next ``submit``/``flush``/``close``, and ``flush()`` retries it.  Nothing queued is dropped.
+writer: the task stays at the head of the queue and the error is raised to the caller by the
+next ``submit``/``check``/``flush``/``close``.  Once it has been raised, ``flush()`` retries
+the task; until then every ``submit`` raises it again.  Nothing queued is dropped.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class BackgroundWriter:
         self._tasks: collections.deque[Task] = collections.deque()
         self._cond = threading.Condition()
         self._error: BaseException | None = None
+        self._reported = False
         self._running = False
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -72,9 +74,12 @@ class BackgroundWriter:
             self._raise_failure()
 
     def flush(self) -> None:
-        """Wait until every queued task has run; retry a failed task first."""
+        """Wait until every queued task has run.
+
+        A failure not yet raised to a caller is raised now; one already raised is retried.
+        """
         with self._cond:
-            if self._error is not None:
+            if self._error is not None and self._reported:
                 self._error = None
                 self._cond.notify_all()
             while self._tasks and self._error is None:
@@ -102,6 +107,7 @@ class BackgroundWriter:
 
     def _raise_failure(self) -> None:
         if self._error is not None:
+            self._reported = True
             raise WriterFailedError(
                 f"a background write failed ({self._error}); {len(self._tasks)} write(s) are "
                 "kept queued: call flush() to retry them"
@@ -126,6 +132,7 @@ class BackgroundWriter:
                     self._tasks.popleft()
                 else:
                     self._error = error
+                    self._reported = False
                 self._cond.notify_all()
 
     def _run(self, task: Task) -> BaseException | None:

@@ -84,9 +84,10 @@ class TrajectoryLayout(ABC):
     ) -> dict[str, torch.Tensor]:
         """Read flat rows ``rows`` (int64, any order, repeats allowed) of the sampled ``keys``.
 
-        Returns ``{key: tensor[len(rows), ...]}``.  The default loads the whole trajectory.
+        Returns ``{key: tensor[len(rows), ...]}``.  The default loads the whole trajectory
+        (flattening needs the reference field and T, whichever keys are asked for).
         """
-        trajectory = self.read(entry, keys)
+        trajectory = self.read(entry)
         flat = flatten_trajectory(trajectory, validate(trajectory))
         return {key: flat[key].index_select(0, rows) for key in keys}
 

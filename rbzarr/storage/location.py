@@ -8,6 +8,8 @@ anything that could leave the root (``..``, separators, absolute parts, NUL).
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import os
 import uuid
 from collections.abc import Iterator, Mapping
@@ -17,8 +19,10 @@ from typing import Any
 
 import fsspec
 import zarr
+import zarr.abc.store
 import zarr.storage
 from fsspec.implementations.local import LocalFileSystem
+from zarr.abc.store import Store
 
 from rbzarr.errors import StorageUnavailableError, UnsafePathError
 
@@ -39,17 +43,38 @@ def safe_name(name: str, root: str = "") -> str:
     return name
 
 
+# Transport failures of optional backends (s3fs raises botocore's after its own retries;
+# aiohttp-based filesystems raise aiohttp's).  None of them derives from OSError.
+_TRANSPORT_ERRORS = (("botocore.exceptions", "HTTPClientError"), ("aiohttp", "ClientError"))
+
+
+@functools.cache
+def _unavailable_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that mean "the backend failed", not "the thing is missing"."""
+    found: list[type[BaseException]] = [OSError, TimeoutError, ConnectionError]
+    for module_name, name in _TRANSPORT_ERRORS:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        found.append(getattr(module, name))
+    return tuple(found)
+
+
 @contextlib.contextmanager
 def translate_errors(url: str, action: str) -> Iterator[None]:
     """Turn backend failures into :class:`StorageUnavailableError` naming ``url``.
 
-    ``FileNotFoundError`` (a value: "missing") and rbzarr's own errors pass through.
+    ``FileNotFoundError`` (a value: "missing") and rbzarr's own errors pass through.  Besides
+    ``OSError`` and timeouts, connection failures of botocore (``EndpointConnectionError``,
+    ``ConnectionClosedError``, read/connect timeouts) and aiohttp are translated, so an
+    unreachable object store never reads as "empty" or "not found".
     """
     try:
         yield
     except (FileNotFoundError, StorageUnavailableError, UnsafePathError):
         raise
-    except (OSError, TimeoutError, ConnectionError) as exc:
+    except _unavailable_errors() as exc:
         raise StorageUnavailableError(f"{action} {url!r} failed: {exc}") from exc
 
 
@@ -171,7 +196,7 @@ class Location:
                     f"{destination.path}/{relative}", self.fs.cat_file(source_path)
                 )
 
-    def zarr_store(self, read_only: bool = False) -> zarr.abc.store.Store:
+    def zarr_store(self, read_only: bool = False) -> Store:
         """A zarr store rooted here: ``LocalStore`` locally, ``FsspecStore`` elsewhere."""
         if self.is_local:
             return zarr.storage.LocalStore(self.path, read_only=read_only)

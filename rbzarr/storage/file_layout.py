@@ -1,0 +1,213 @@
+"""RLinf's file-per-trajectory layouts: ``trajectory_{id}_{model_weights_id}.pt|.pkl``.
+
+Each file holds a dict of the trajectory's non-None dataclass fields, tensors as raw
+``[T(+E), B, ...]`` rows and ``curr_obs`` / ``next_obs`` / ``forward_inputs`` as nested
+dicts (empty ones included), exactly as RLinf writes it, so either program reads the other's
+directory.  Files are written atomically beside ``metadata.json`` and
+``trajectory_index.json``; they are read whole (``supports_row_reads = False``).
+
+Reading is strict: a file with a top-level field that :class:`~rbzarr.trajectory.Trajectory`
+does not have is refused with :class:`~rbzarr.errors.CorruptStoreError` naming the fields,
+rather than silently dropping data.  Missing fields keep the dataclass defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import pickle
+import re
+from abc import abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from rbzarr import tree
+from rbzarr.errors import (
+    CheckpointNotFoundError,
+    CorruptStoreError,
+    InvalidTrajectoryError,
+    UnsafePickleError,
+)
+from rbzarr.safe_pickle import safe_load
+from rbzarr.storage.layout import Entry, TrajectoryLayout, register_layout
+from rbzarr.storage.location import Location, safe_name
+from rbzarr.trajectory import Trajectory, trajectory_from_raw, validate
+
+__all__ = ["FileLayout", "PklLayout", "PtLayout"]
+
+_SCALAR_FIELDS = ("max_episode_length", "model_weights_id")
+
+
+def _compact(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` on the CPU, owning exactly its own bytes.
+
+    Pickling a view stores its whole storage, so slices of larger tensors are copied.
+    """
+    tensor = tensor.detach().cpu()
+    owns_storage = (
+        tensor.is_contiguous()
+        and tensor.storage_offset() == 0
+        and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+    )
+    return tensor if owns_storage else tensor.clone(memory_format=torch.contiguous_format)
+
+
+def _to_record(trajectory: Trajectory) -> dict[str, Any]:
+    """The dict RLinf stores for ``trajectory``: its non-None fields, tensors compacted."""
+    record: dict[str, Any] = {}
+    for spec in dataclasses.fields(trajectory):
+        value = getattr(trajectory, spec.name)
+        if value is None:
+            continue
+        if isinstance(value, torch.Tensor):
+            value = _compact(value)
+        elif isinstance(value, dict):
+            value = tree.unflatten(tree.map_flat(lambda _, t: _compact(t), tree.flatten(value)))
+        record[spec.name] = value
+    return record
+
+
+class FileLayout(TrajectoryLayout):
+    """One file per trajectory at the location's root; subclasses pick the serializer."""
+
+    suffix: ClassVar[str]
+
+    # -- serialization -------------------------------------------------------------------
+    @abstractmethod
+    def _dumps(self, record: dict[str, Any]) -> bytes:
+        """Serialize a trajectory's dict."""
+
+    @abstractmethod
+    def _loads(self, data: bytes, source: str) -> Any:
+        """Deserialize a file's bytes (``source`` names it in errors)."""
+
+    # -- naming --------------------------------------------------------------------------
+    def file_name(self, entry: Entry) -> str:
+        """``trajectory_{id}_{model_weights_id}.{suffix}``, or ``UnsafePathError``."""
+        tid, mwid = int(entry["trajectory_id"]), entry.get("model_weights_id", "")
+        name = f"trajectory_{tid}_{mwid}.{self.suffix}"
+        return safe_name(name, self.location.url)
+
+    def _name_pattern(self) -> re.Pattern[str]:
+        return re.compile(rf"trajectory_(\d+)_.*\.{re.escape(self.suffix)}", re.DOTALL)
+
+    # -- TrajectoryLayout ----------------------------------------------------------------
+    def trajectory_path(self, entry: Entry) -> tuple[str, ...]:
+        # docstring inherited
+        return (self.file_name(entry),)
+
+    def write(self, entry: Entry, trajectory: Trajectory) -> None:
+        # docstring inherited
+        name = self.file_name(entry)
+        validate(trajectory)
+        self.location.write_bytes(self._dumps(_to_record(trajectory)), name)
+
+    def read(self, entry: Entry, keys: Sequence[str] | None = None) -> Trajectory:
+        # docstring inherited
+        name = self.file_name(entry)
+        source = f"{self.location.url}/{name}"
+        try:
+            data = self.location.read_bytes(name)
+        except FileNotFoundError as exc:
+            raise CheckpointNotFoundError(
+                f"trajectory {entry['trajectory_id']}: data file {source} not found"
+            ) from exc
+        record = self._loads(data, source)
+        if not isinstance(record, dict):
+            raise CorruptStoreError(
+                f"{source}: expected a dict of trajectory fields, got {type(record).__name__}"
+            )
+        return _trajectory_from_record(record, entry, keys, source)
+
+    def delete(self, entry: Entry) -> None:
+        # docstring inherited
+        self.location.delete(self.file_name(entry))
+
+    def list_ids(self) -> list[int]:
+        # docstring inherited
+        pattern = self._name_pattern()
+        matches = (pattern.fullmatch(name) for name in self.location.list_names())
+        return sorted({int(match.group(1)) for match in matches if match})
+
+
+def _trajectory_from_record(
+    record: dict[str, Any], entry: Entry, keys: Sequence[str] | None, source: str
+) -> Trajectory:
+    """Check a loaded dict and build the trajectory (only ``keys``, if given)."""
+    scalars = {name: record.pop(name, entry.get(name)) for name in _SCALAR_FIELDS}
+    mel, mwid = scalars["max_episode_length"], scalars["model_weights_id"]
+    if not isinstance(mel, int) or isinstance(mel, bool) or not isinstance(mwid, str):
+        raise CorruptStoreError(
+            f"{source}: expected an int max_episode_length and a str model_weights_id, "
+            f"got {mel!r} and {mwid!r}"
+        )
+    try:
+        fields = tree.flatten(record)
+    except ValueError as exc:
+        raise CorruptStoreError(f"{source}: {exc}") from exc
+    for path, value in fields.items():
+        if not isinstance(value, torch.Tensor):
+            raise CorruptStoreError(
+                f"{source}: field {path!r}: expected a torch.Tensor, got {type(value).__name__}"
+            )
+    if keys is not None:
+        missing = [key for key in keys if key not in fields]
+        if missing:
+            raise CorruptStoreError(f"{source}: fields {missing} missing; it has {list(fields)}")
+        fields = {key: fields[key] for key in keys}
+    try:
+        return trajectory_from_raw(fields, mel, mwid)
+    except InvalidTrajectoryError as exc:
+        raise CorruptStoreError(f"{source}: {exc}") from exc
+
+
+class PtLayout(FileLayout):
+    """RLinf's ``pt`` layout: ``torch.save`` files, read with ``weights_only=True``."""
+
+    format = "pt"
+    suffix = "pt"
+
+    def _dumps(self, record: dict[str, Any]) -> bytes:
+        buffer = io.BytesIO()
+        torch.save(record, buffer)
+        return buffer.getvalue()
+
+    def _loads(self, data: bytes, source: str) -> Any:
+        try:
+            return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
+            # torch reports a refused global and a damaged file with the same class.
+            refused = "unsupported global" in str(exc).lower()
+            kind = UnsafePickleError if refused else CorruptStoreError
+            raise kind(f"{source}: torch.load(weights_only=True) failed: {exc}") from exc
+
+
+class PklLayout(FileLayout):
+    """RLinf's ``pkl`` layout: ``pickle`` files, read with the restricted unpickler.
+
+    Parameters
+    ----------
+    location
+        Where the files live.
+    allow_unsafe_pickle
+        Read with plain :mod:`pickle` (which can run arbitrary code): only for trusted files.
+    """
+
+    format = "pkl"
+    suffix = "pkl"
+
+    def __init__(self, location: Location, *, allow_unsafe_pickle: bool = False) -> None:
+        super().__init__(location)
+        self.allow_unsafe_pickle = allow_unsafe_pickle
+
+    def _dumps(self, record: dict[str, Any]) -> bytes:
+        return pickle.dumps(record)
+
+    def _loads(self, data: bytes, source: str) -> Any:
+        return safe_load(data, allow_unsafe=self.allow_unsafe_pickle, source=source)
+
+
+register_layout(PtLayout.format, PtLayout)
+register_layout(PklLayout.format, PklLayout)

@@ -1,0 +1,195 @@
+"""The buffer's contract outside sampling parity: validation, fixes, writer, concurrency."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+import zarr
+from conftest import assert_rows_consistent, make_trajectory
+
+from rbzarr import (
+    BufferClosedError,
+    InvalidTrajectoryError,
+    StoreExistsError,
+    Trajectory,
+    TrajectoryReplayBuffer,
+    WriterFailedError,
+)
+
+
+def state(buffer: TrajectoryReplayBuffer) -> tuple:
+    return (len(buffer), buffer.total_samples, buffer.trajectory_counter, buffer.get_stats())
+
+
+def test_unknown_format_and_missing_path_are_clear_errors():
+    with pytest.raises(ValueError, match="unknown trajectory_format 'h5'"):
+        TrajectoryReplayBuffer(trajectory_format="h5")
+    with pytest.raises(ValueError, match="requires auto_save_path"):
+        TrajectoryReplayBuffer(auto_save=True)
+
+
+def test_no_cache_without_auto_save_still_keeps_data():
+    buffer = TrajectoryReplayBuffer(enable_cache=False, sample_window_size=3)
+    buffer.add_trajectories([make_trajectory(2, 2, 0), make_trajectory(2, 2, 4)])
+    numbers = assert_rows_consistent(buffer.sample(32))
+    assert set(numbers.tolist()) <= set(range(8))
+
+
+def test_window_zero_without_auto_save_keeps_everything():
+    buffer = TrajectoryReplayBuffer(sample_window_size=0, seed=4)
+    for k in range(12):
+        buffer.add_trajectories([make_trajectory(1, 1, k)])
+    assert buffer.get_stats()["cache_size"] == 12
+    seen = set()
+    for _ in range(40):
+        seen |= set(assert_rows_consistent(buffer.sample(12)).tolist())
+    assert seen == set(range(12))
+
+
+def test_bad_trajectory_in_a_call_changes_nothing(tmp_path):
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "s", seed=1)
+    buffer.add_trajectories([make_trajectory(2, 2, 0)])
+    buffer.flush()
+    before = state(buffer)
+    files_before = sorted(p.name for p in (tmp_path / "s" / "trajectories").iterdir())
+    bad = make_trajectory(2, 2, 100)
+    bad.actions = torch.zeros(3, 2, 2, dtype=torch.int64)
+    with pytest.raises(InvalidTrajectoryError, match=r"trajectory 1 of this call: field 'actions'"):
+        buffer.add_trajectories([make_trajectory(2, 2, 4), bad])
+    buffer.flush()
+    assert state(buffer) == before
+    assert sorted(p.name for p in (tmp_path / "s" / "trajectories").iterdir()) == files_before
+    wrong_dtype = make_trajectory(2, 2, 4)
+    wrong_dtype.curr_obs["state"] = wrong_dtype.curr_obs["state"].float()
+    with pytest.raises(ValueError, match="field 'curr_obs/state': expected dtype float64"):
+        buffer.add_trajectories([wrong_dtype])
+    with pytest.raises(ValueError, match="no samples"):
+        buffer.add_trajectories([Trajectory(actions=torch.zeros(2, 2))])
+    assert state(buffer) == before
+    buffer.close()
+
+
+def test_caller_may_mutate_tensors_after_add(tmp_path):
+    buffer = TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=tmp_path / "s", enable_cache=False, seed=0
+    )
+    traj = make_trajectory(3, 2, 0)
+    buffer.add_trajectories([traj])
+    for tensor in traj.tensors().values():
+        tensor.fill_(77)
+    buffer.flush()
+    assert set(assert_rows_consistent(buffer.sample(64)).tolist()) <= set(range(6))
+    buffer.close()
+
+
+def test_close_is_idempotent_and_final(tmp_path):
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "s")
+    buffer.add_trajectories([make_trajectory(2, 2, 0)])
+    buffer.close()
+    buffer.close()
+    with pytest.raises(BufferClosedError):
+        buffer.add_trajectories([make_trajectory(2, 2, 0)])
+    assert json.loads((tmp_path / "s" / "trajectory_index.json").read_text())[
+        "trajectory_id_list"
+    ] == [0]
+
+
+def test_auto_save_refuses_an_existing_store(tmp_path):
+    first = TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "s")
+    first.add_trajectories([make_trajectory(2, 2, 0)])
+    first.close()
+    listing = sorted(str(p) for p in (tmp_path / "s").rglob("*"))
+    second = TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "s")
+    with pytest.raises(StoreExistsError, match="call load_checkpoint"):
+        second.add_trajectories([make_trajectory(2, 2, 0)])
+    assert len(second) == 0
+    second.close()
+    assert sorted(str(p) for p in (tmp_path / "s").rglob("*")) == listing
+
+
+def test_store_is_plain_zarr_and_index_is_commit_last(tmp_path):
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "s") as buffer:
+        buffer.add_trajectories([make_trajectory(2, 3, 0), make_trajectory(4, 1, 6, epochs=2)])
+    root = zarr.open_group(str(tmp_path / "s"), mode="r")
+    index = json.loads((tmp_path / "s" / "trajectory_index.json").read_text())
+    metadata = json.loads((tmp_path / "s" / "metadata.json").read_text())
+    assert index["trajectory_id_list"] == [0, 1]
+    assert root.attrs["rbzarr"]["trajectory_index"] == index
+    assert root.attrs["rbzarr"]["metadata"] == metadata
+    assert (metadata["size"], metadata["total_samples"], metadata["trajectory_format"]) == (
+        2,
+        10,
+        "zarr",
+    )
+    assert root["trajectories/1/dones"].shape == (6, 1, 1)
+
+
+def test_write_error_surfaces_and_flush_retries(tmp_path):
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "s", seed=5)
+    buffer._writer.retry_delay = 0.0
+    store = buffer._store
+    real_write = store.write
+    failures = {"left": 3}
+
+    def flaky(entry, trajectory):
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise OSError("disk on fire")
+        real_write(entry, trajectory)
+
+    store.write = flaky
+    buffer.add_trajectories([make_trajectory(2, 2, 0)])
+    with pytest.raises(WriterFailedError, match="disk on fire") as info:
+        buffer.flush()
+    assert isinstance(info.value.__cause__, OSError)
+    assert not (tmp_path / "s" / "trajectory_index.json").exists()
+    with pytest.raises(WriterFailedError):
+        buffer.add_trajectories([make_trajectory(2, 2, 4)])
+    assert len(buffer) == 1
+    buffer.flush()  # the retry succeeds
+    index = json.loads((tmp_path / "s" / "trajectory_index.json").read_text())
+    assert index["trajectory_id_list"] == [0]
+    buffer.close()
+
+
+def test_concurrent_add_and_sample_never_mix_rows(tmp_path):
+    buffer = TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=tmp_path / "s", cache_size=2, sample_window_size=6, seed=9
+    )
+    buffer.add_trajectories([make_trajectory(4, 3, 0)])
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    total = 40
+
+    def sampler():
+        try:
+            while not stop.is_set():
+                assert_rows_consistent(buffer.sample(64))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=sampler) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    try:
+        for k in range(1, total):
+            buffer.add_trajectories([make_trajectory(4, 3, 12 * k)])
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+    assert not errors, errors[0]
+    buffer.close()
+    assert len(buffer) == total
+
+
+def test_stats_and_readiness():
+    buffer = TrajectoryReplayBuffer(sample_window_size=2)
+    assert not buffer.is_ready(1)
+    buffer.add_trajectories([make_trajectory(2, 2, 0), make_trajectory(3, 2, 4)])
+    stats = buffer.get_stats()
+    assert (stats["num_trajectories"], stats["total_samples"], stats["cache_size"]) == (2, 10, 2)
+    assert buffer.is_ready(2) and not buffer.is_ready(3)

@@ -1,0 +1,372 @@
+"""ZarrLayout: exact round trips, row reads touching only needed chunks, documents, errors."""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import fsspec
+import numpy as np
+import pytest
+import torch
+import zarr
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from zarr.abc.store import ByteRequest, Store
+from zarr.codecs import BloscCodec
+from zarr.core.buffer import Buffer, BufferPrototype
+from zarr.storage import WrapperStore
+
+from rbzarr.dtypes import dtype_name, to_numpy
+from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
+from rbzarr.storage.chunking import chunk_shape
+from rbzarr.storage.layout import Documents, layout_class
+from rbzarr.storage.location import Location
+from rbzarr.storage.zarr_layout import ZarrLayout
+from rbzarr.trajectory import Trajectory, flatten_trajectory, validate
+
+T, B, E = 6, 3, 2
+
+
+@pytest.fixture(params=["local", "memory"])
+def location(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Location]:
+    if request.param == "local":
+        yield Location.from_url(tmp_path / "store")
+        return
+    name = f"rbzarr-test-{uuid.uuid4().hex}"
+    yield Location.from_url(f"memory://{name}")
+    _clear_memory(name)
+
+
+def _clear_memory(name: str) -> None:
+    fs = fsspec.filesystem("memory")
+    for key in [key for key in fs.store if key.lstrip("/").startswith(name)]:
+        del fs.store[key]
+    fs.pseudo_dirs[:] = [d for d in fs.pseudo_dirs if not d.lstrip("/").startswith(name)]
+
+
+def _entry(tid: int, traj: Trajectory) -> dict[str, Any]:
+    spec = validate(traj)
+    return {
+        "uuid": str(uuid.uuid4()),
+        "trajectory_id": tid,
+        "num_samples": spec.num_samples,
+        "shape": list(spec.shape),
+        "max_episode_length": traj.max_episode_length,
+        "model_weights_id": traj.model_weights_id,
+    }
+
+
+def _every_dtype(seed: int = 0) -> Trajectory:
+    gen = torch.Generator().manual_seed(seed)
+    return Trajectory(
+        max_episode_length=9,
+        model_weights_id="weights-3",
+        actions=torch.randn(T, B, 4, generator=gen).to(torch.bfloat16),
+        intervene_flags=torch.rand(T, B, generator=gen) < 0.5,
+        rewards=torch.randn(T, B, generator=gen),
+        dones=torch.rand(T + E, B, generator=gen) < 0.5,
+        terminations=torch.rand(T + E, B, 1, generator=gen) < 0.5,
+        prev_logprobs=torch.randn(T, B, 2, generator=gen).to(torch.float16),
+        prev_values=torch.randn(T, B, 1, generator=gen).double(),
+        versions=torch.arange(T, dtype=torch.int64),  # a 1-D field
+        curr_obs={
+            "image": torch.randint(0, 256, (T, B, 3, 5, 4), dtype=torch.uint8, generator=gen),
+            "empty": torch.zeros(T, B, 0),
+        },
+        next_obs={"state": torch.randint(-9, 9, (T, B, 7), dtype=torch.int64, generator=gen)},
+        forward_inputs={"policy": {"tokens": torch.randint(0, 99, (T, B, 3), generator=gen)}},
+    )
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor
+
+
+def _assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert list(got) == list(want)
+    for key, value in want.items():
+        assert got[key].dtype == value.dtype, key
+        assert got[key].shape == value.shape, key
+        assert torch.equal(_bits(got[key]), _bits(value)), key
+
+
+def test_registered() -> None:
+    assert layout_class("zarr") is ZarrLayout
+    assert ZarrLayout.supports_row_reads
+
+
+def test_round_trip_every_dtype(location: Location) -> None:
+    traj = _every_dtype()
+    entry = _entry(3, traj)
+    layout = ZarrLayout(location)
+    layout.write(entry, traj)
+
+    back = layout.read(entry)
+    _assert_same(back.tensors(), traj.tensors())
+    assert (back.max_episode_length, back.model_weights_id) == (9, "weights-3")
+    _assert_same(layout.read(entry, ["rewards"]).tensors(), {"rewards": traj.rewards})
+
+    # A plain zarr user sees the same data, the torch dtype beside it, and the entry.
+    group = zarr.open_group(location.url, mode="r")
+    node = group["trajectories/3"]
+    assert isinstance(node, zarr.Group)
+    attrs = node.attrs.asdict()
+    assert {k: attrs[k] for k in entry} == entry
+    for key, value in traj.tensors().items():
+        array = node[key]
+        assert isinstance(array, zarr.Array)
+        assert array.attrs["torch_dtype"] == dtype_name(value.dtype)
+        np.testing.assert_array_equal(array[...], to_numpy(value))
+        assert array.dtype == to_numpy(value).dtype
+    assert node["actions"].dtype == np.uint16
+    assert node["dones"].shape == (T + E, B)
+    assert layout.list_ids() == [3]
+
+
+def test_documents_mirror_root_attrs(location: Location) -> None:
+    layout = ZarrLayout(location)
+    traj = _every_dtype()
+    entry = _entry(0, traj)
+    layout.write(entry, traj)
+    documents = Documents(
+        metadata={"format_version": 1, "trajectory_format": "zarr", "size": 18},
+        trajectory_index={"trajectory_index": {"0": entry}, "trajectory_id_list": [0]},
+    )
+    layout.write_documents(documents)
+    layout.write_documents(documents)  # idempotent rewrite
+
+    root = zarr.open_group(location.url, mode="r")
+    stored = root.attrs["rbzarr"]
+    assert stored == {
+        "metadata": json.loads(location.read_bytes("metadata.json")),
+        "trajectory_index": json.loads(location.read_bytes("trajectory_index.json")),
+    }
+    assert stored["metadata"] == documents.metadata
+    assert layout.read_documents() == documents
+    assert not location.exists("zarr.json") or "consolidated_metadata" not in json.loads(
+        location.read_bytes("zarr.json")
+    )
+
+
+def test_read_rows_matches_flat_view(location: Location) -> None:
+    traj = _every_dtype(seed=1)
+    spec = validate(traj)
+    flat = flatten_trajectory(traj, spec)
+    layout = ZarrLayout(location, chunk_bytes=64)
+    entry = _entry(1, traj)
+    layout.write(entry, traj)
+    rows = torch.tensor([17, 0, 5, 5, 12, 3, 17], dtype=torch.int64)
+    got = layout.read_rows(entry, rows, list(spec.schema))
+    _assert_same(got, {key: flat[key].index_select(0, rows) for key in spec.schema})
+
+    empty = layout.read_rows(entry, torch.empty(0, dtype=torch.int64), ["curr_obs/image"])
+    assert empty["curr_obs/image"].shape == (0, 3, 5, 4)
+    assert empty["curr_obs/image"].dtype == torch.uint8
+    with pytest.raises(IndexError, match=r"\[0, 18\)"):
+        layout.read_rows(entry, torch.tensor([18]), ["rewards"])
+    with pytest.raises(ValueError, match="versions"):
+        layout.read_rows(entry, rows, ["versions"])
+    with pytest.raises(CorruptStoreError, match="nope"):
+        layout.read_rows(entry, rows, ["nope"])
+
+
+_DTYPES = [torch.bool, torch.uint8, torch.int32, torch.int64, torch.float16, torch.bfloat16]
+_DTYPES += [torch.float32, torch.float64]
+
+
+def _tensor(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=gen) < 0.5
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=gen).to(dtype)
+    return torch.randint(0, 120, shape, generator=gen).to(dtype)
+
+
+@st.composite
+def _cases(draw: st.DrawFn) -> tuple[Trajectory, torch.Tensor, int]:
+    epochs = draw(st.integers(1, 3))
+    steps = epochs * draw(st.integers(1, 4))
+    envs = draw(st.integers(1, 4))
+    trailing = st.lists(st.integers(0, 3), max_size=2).map(tuple)
+    fields: dict[str, Any] = {"rewards": _tensor((steps, envs), torch.float32, 0)}
+    if draw(st.booleans()):
+        fields["dones"] = _tensor((steps + epochs, envs), torch.bool, 1)
+    for i, name in enumerate(draw(st.sets(st.sampled_from(["actions", "prev_values"])))):
+        dtype = draw(st.sampled_from(_DTYPES))
+        fields[name] = _tensor((steps, envs, *draw(trailing)), dtype, 2 + i)
+    obs = {
+        f"k{i}": _tensor((steps, envs, *draw(trailing)), draw(st.sampled_from(_DTYPES)), 9 + i)
+        for i in range(draw(st.integers(0, 2)))
+    }
+    rows = draw(st.lists(st.integers(0, steps * envs - 1), max_size=12))
+    chunk_bytes = draw(st.sampled_from([1, 16, 100, 2**20]))
+    traj = Trajectory(**fields, curr_obs=obs)
+    return traj, torch.tensor(rows, dtype=torch.int64), chunk_bytes
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=_cases())
+def test_property_round_trip(tmp_path_factory: pytest.TempPathFactory, case: Any) -> None:
+    traj, rows, chunk_bytes = case
+    layout = ZarrLayout(Location.from_url(tmp_path_factory.mktemp("prop")), chunk_bytes=chunk_bytes)
+    entry = _entry(0, traj)
+    layout.write(entry, traj)
+    _assert_same(layout.read(entry).tensors(), traj.tensors())
+    spec = validate(traj)
+    flat = flatten_trajectory(traj, spec)
+    got = layout.read_rows(entry, rows, list(spec.schema))
+    _assert_same(got, {key: flat[key].index_select(0, rows) for key in spec.schema})
+
+
+class _CountingStore(WrapperStore[Store]):
+    """Counts ``get`` calls per key."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.gets: collections.Counter[str] = collections.Counter()
+
+    async def get(
+        self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
+    ) -> Buffer | None:
+        self.gets[key] += 1
+        return await self._store.get(key, prototype, byte_range)
+
+
+def test_row_read_touches_exactly_the_needed_chunks(tmp_path: Any) -> None:
+    location = Location.from_url(tmp_path)
+    store = _CountingStore(location.zarr_store())
+    # 3 x 5 x 4 uint8 = 60 bytes per env and step: 180 bytes per step, 2 steps per chunk.
+    layout = ZarrLayout(location, chunk_bytes=400, store=store)
+    traj = _every_dtype(seed=2)
+    entry = _entry(4, traj)
+    layout.write(entry, traj)
+    keys = ["curr_obs/image", "rewards", "dones"]
+    layout.read_rows(entry, torch.tensor([0]), keys)  # opens (and caches) the handles
+    store.gets.clear()
+
+    rows = torch.tensor([14, 1, 15, 2, 14], dtype=torch.int64)  # t = 4, 0, 5, 0, 4
+    layout.read_rows(entry, rows, keys)
+    prefix = "trajectories/4"
+    assert dict(store.gets) == {
+        f"{prefix}/curr_obs/image/c/0/0/0/0/0": 1,  # steps 0-1
+        f"{prefix}/curr_obs/image/c/2/0/0/0/0": 1,  # steps 4-5
+        f"{prefix}/rewards/c/0/0": 1,  # small fields are one chunk
+        f"{prefix}/dones/c/0/0": 1,
+    }
+    assert zarr.open_array(store, path=f"{prefix}/curr_obs/image", mode="r").chunks == (
+        2,
+        B,
+        3,
+        5,
+        4,
+    )
+
+
+def test_missing_and_incomplete_trajectories(location: Location) -> None:
+    layout = ZarrLayout(location)
+    traj = _every_dtype()
+    with pytest.raises(CheckpointNotFoundError, match=r"trajectory 42 .*trajectories/42") as info:
+        layout.read(_entry(42, traj))
+    assert location.url in str(info.value)
+    with pytest.raises(FileNotFoundError, match="42"):
+        layout.read_rows(_entry(42, traj), torch.tensor([0]), ["rewards"])
+
+    # Arrays written, group attributes (the commit marker) not: reads as missing.
+    zarr.create_array(location.zarr_store(), name="trajectories/7/rewards", data=np.zeros((2, 2)))
+    with pytest.raises(CheckpointNotFoundError, match=r"trajectory 7 .*incomplete"):
+        layout.read(_entry(7, traj))
+
+
+def test_list_delete_and_replace(location: Location) -> None:
+    layout = ZarrLayout(location)
+    first, second = _every_dtype(seed=3), _every_dtype(seed=4)
+    for tid in (10, 2):
+        layout.write(_entry(tid, first), first)
+    zarr.create_group(location.zarr_store(), path="trajectories/scratch")
+    zarr.create_group(location.zarr_store(), path="trajectories/007")
+    assert layout.list_ids() == [2, 10]
+
+    entry = _entry(2, first)
+    layout.read_rows(entry, torch.tensor([1]), ["rewards"])  # caches handles of id 2
+    layout.write(entry, second)  # same id and uuid: replaced, cache dropped
+    _assert_same(layout.read(entry).tensors(), second.tensors())
+    got = layout.read_rows(entry, torch.tensor([1]), ["rewards"])
+    assert torch.equal(got["rewards"], second.rewards.reshape(-1)[1:2])
+
+    layout.delete(entry)
+    layout.delete(entry)  # missing is not an error
+    assert layout.list_ids() == [10]
+    with pytest.raises(CheckpointNotFoundError):
+        layout.read(entry)
+    assert ZarrLayout(location.child("nothing-here")).list_ids() == []
+
+
+def test_codecs_per_key(tmp_path: Any) -> None:
+    location = Location.from_url(tmp_path)
+    layout = ZarrLayout(
+        location, codecs={"curr_obs/image": None, "default": BloscCodec(cname="lz4")}
+    )
+    traj = _every_dtype()
+    entry = _entry(0, traj)
+    layout.write(entry, traj)
+    group = zarr.open_group(location.url, mode="r")
+    image, rewards = group["trajectories/0/curr_obs/image"], group["trajectories/0/rewards"]
+    assert isinstance(image, zarr.Array) and isinstance(rewards, zarr.Array)
+    assert image.compressors == ()
+    assert isinstance(rewards.compressors[0], BloscCodec)
+    _assert_same(layout.read(entry).tensors(), traj.tensors())
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        ZarrLayout(location, chunk_bytes=0)
+
+
+def test_chunk_shape_policy() -> None:
+    mib = 2**20
+    # One image step for 16 envs is 338,688 bytes: 6 steps fit in 2 MiB, 4 divide T=32.
+    assert chunk_shape((32, 16, 3, 84, 84), 1, 2 * mib) == (4, 16, 3, 84, 84)
+    assert chunk_shape((31, 16, 3, 84, 84), 1, 2 * mib) == (6, 16, 3, 84, 84)  # 6 chunks
+    assert chunk_shape((25, 16, 3, 84, 84), 1, 2 * mib) == (5, 16, 3, 84, 84)
+    assert chunk_shape((13, 16, 3, 84, 84), 1, 2 * mib) == (5, 16, 3, 84, 84)  # 5+5+3
+    assert chunk_shape((32, 16), 4, 2 * mib) == (32, 16)  # small: one chunk
+    assert chunk_shape((4, 16, 3, 1024, 1024), 1, 2 * mib) == (1, 16, 3, 1024, 1024)
+    assert chunk_shape((5, 2, 0), 4, 2 * mib) == (5, 2, 1)
+    assert chunk_shape((0,), 4, 2 * mib) == (1,)
+    assert chunk_shape((), 8, 2 * mib) == ()
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        chunk_shape((3, 2), 4, 0)
+
+
+def test_reads_while_another_thread_writes(tmp_path: Any) -> None:
+    layout = ZarrLayout(Location.from_url(tmp_path), chunk_bytes=128, handle_cache_size=2)
+    trajs = [_every_dtype(seed=s) for s in range(6)]
+    entries = [_entry(i, t) for i, t in enumerate(trajs)]
+    layout.write(entries[0], trajs[0])
+    flat = flatten_trajectory(trajs[0], validate(trajs[0]))
+    keys = list(flat)
+    rows = torch.tensor([0, 17, 9, 4])
+    errors: list[BaseException] = []
+
+    def write_rest() -> None:
+        try:
+            for entry, traj in zip(entries[1:], trajs[1:], strict=True):
+                layout.write(entry, traj)
+        except BaseException as exc:  # re-raised below in the test thread
+            errors.append(exc)
+
+    writer = threading.Thread(target=write_rest)
+    writer.start()
+    for _ in range(20):
+        _assert_same(
+            layout.read_rows(entries[0], rows, keys),
+            {k: flat[k].index_select(0, rows) for k in keys},
+        )
+    writer.join()
+    assert errors == []
+    assert layout.list_ids() == list(range(6))
+    for entry, traj in zip(entries, trajs, strict=True):
+        _assert_same(layout.read(entry).tensors(), traj.tensors())
