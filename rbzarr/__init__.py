@@ -5,6 +5,7 @@ sampled batches and checkpoint files, on a Zarr storage engine that reads only t
 holding sampled rows, on local disk or any fsspec URL (``s3://bucket/prefix``).
 """
 
+from rbzarr.analysis import open_buffer
 from rbzarr.buffer import TrajectoryReplayBuffer
 from rbzarr.errors import (
     BufferClosedError,
@@ -33,6 +34,7 @@ __all__ = [
     "UnsafePathError",
     "UnsafePickleError",
     "WriterFailedError",
+    "open_buffer",
 ]
 
 __version__ = "0.1.0"

@@ -170,6 +170,10 @@ class ZarrLayout(TrajectoryLayout):
             sync(StorePath(self._store(), _group(tid)).delete_dir())
         self._forget(tid)
 
+    def trajectory_path(self, entry: Entry) -> tuple[str, ...]:
+        # docstring inherited
+        return (TRAJECTORIES, str(int(entry["trajectory_id"])))
+
     def list_ids(self) -> list[int]:
         # docstring inherited
         with translate_errors(self.location.url, "listing"):

@@ -1,0 +1,357 @@
+"""Offline analysis: a read-only view of a store, its trajectories, episodes and statistics.
+
+:func:`open_buffer` opens any rbzarr store or checkpoint (zarr, pt or pkl layout; a local
+path or an fsspec URL) without a writer.  The view trusts only the index: it lists the
+committed trajectories of ``trajectory_index.json`` and nothing else, and :meth:`BufferView.
+refresh` re-reads the index to pick up trajectories committed since.
+
+**Episodes.**  Trajectories are cut into episodes per environment.  For environment ``b``,
+an episode ends at a time step whose ``dones`` value is true (any non-zero element of the
+step's trailing dims); the next step starts a new one.  The reset rows that lead each rollout
+epoch in ``dones`` are not time steps and never end an episode.  Episodes do not continue
+across trajectories: the steps after the last done of a trajectory form an *incomplete*
+episode (``Episode.done`` is false), which statistics leave out.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from rbzarr.export import open_layout
+from rbzarr.index import TrajectoryIndex
+from rbzarr.storage.layout import Documents, TrajectoryLayout
+from rbzarr.storage.location import Location
+from rbzarr.storage.zarr_layout import FIELDS_ATTR, TRAJECTORIES, ZarrLayout
+from rbzarr.trajectory import Trajectory, raw_time_rows
+
+__all__ = [
+    "DONES",
+    "REWARDS",
+    "BufferView",
+    "Episode",
+    "RunningStats",
+    "complete_episodes",
+    "compute_stats",
+    "episode_segments",
+    "open_buffer",
+    "time_steps",
+]
+
+REWARDS = "rewards"
+DONES = "dones"
+
+
+def open_buffer(
+    url: str | os.PathLike[str] | Location, storage_options: Mapping[str, Any] | None = None
+) -> BufferView:
+    """Open the store or checkpoint at ``url`` read-only.
+
+    Parameters
+    ----------
+    url
+        A local path or an fsspec URL (``s3://bucket/prefix``) of a zarr, pt or pkl store.
+    storage_options
+        fsspec options (``endpoint_url``, ``key``, ``anon``, ...).
+
+    Raises
+    ------
+    CheckpointNotFoundError
+        ``metadata.json`` or ``trajectory_index.json`` is missing (not a store).
+    CorruptStoreError
+        A document is unparsable or the index is malformed.
+    """
+    layout, documents = open_layout(url, storage_options)
+    return BufferView(layout, documents)
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One episode of one environment: its time steps of the requested fields.
+
+    ``start`` is the trajectory time step it begins at (reset rows not counted), ``done``
+    whether a done ended it (false when the trajectory ended first).  ``fields`` maps flat
+    keys to ``[length, ...]`` tensors; per-step fields without an environment dimension
+    are left out.
+    """
+
+    trajectory_id: int
+    env: int
+    start: int
+    length: int
+    done: bool
+    fields: dict[str, torch.Tensor]
+
+    @property
+    def episode_return(self) -> float | None:
+        """Sum of every reward element of the episode; ``None`` without rewards."""
+        rewards = self.fields.get(REWARDS)
+        return None if rewards is None else float(rewards.double().sum())
+
+
+class BufferView:
+    """A read-only view of a store's committed trajectories; see :func:`open_buffer`."""
+
+    def __init__(self, layout: TrajectoryLayout, documents: Documents) -> None:
+        self.layout = layout
+        self._set_documents(documents)
+
+    def _set_documents(self, documents: Documents) -> None:
+        self._documents = documents
+        self._index = TrajectoryIndex.from_documents(documents, self.url)
+
+    def __repr__(self) -> str:
+        return f"BufferView({self.url!r}, format={self.format!r}, trajectories={len(self)})"
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @property
+    def url(self) -> str:
+        """The store's location."""
+        return self.layout.location.url
+
+    @property
+    def format(self) -> str:
+        """The store's layout: ``"zarr"``, ``"pt"`` or ``"pkl"``."""
+        return self.layout.format
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """A copy of ``metadata.json``."""
+        return dict(self._documents.metadata)
+
+    @property
+    def ids(self) -> list[int]:
+        """Committed trajectory ids, in the index's (insertion) order."""
+        return list(self._index.id_list)
+
+    @property
+    def entries(self) -> dict[int, dict[str, Any]]:
+        """Index entries by id (copies)."""
+        return {i: dict(self._index.entries[i]) for i in self._index.id_list}
+
+    @property
+    def total_samples(self) -> int:
+        """``T * B`` summed over the committed trajectories."""
+        return self._index.total_samples
+
+    def refresh(self) -> None:
+        """Re-read the index, picking up trajectories committed since the view was opened."""
+        self._set_documents(self.layout.read_documents())
+
+    def entry(self, trajectory_id: int) -> dict[str, Any]:
+        """The index entry of ``trajectory_id``; ``KeyError`` if the index does not list it."""
+        if trajectory_id not in self._index.entries or trajectory_id not in self._index.id_list:
+            raise KeyError(f"{self.url}: trajectory {trajectory_id} is not in the index")
+        return self._index.entries[trajectory_id]
+
+    def keys(self) -> list[str]:
+        """Flat field keys (``"rewards"``, ``"curr_obs/image"``) of the first trajectory."""
+        if not self._index.id_list:
+            return []
+        first = self._index.id_list[0]
+        if isinstance(self.layout, ZarrLayout):
+            fields = self.zarr_group(first).attrs.get(FIELDS_ATTR)
+            if isinstance(fields, dict):
+                return list(fields)
+        return list(self.trajectory(first).tensors())
+
+    def trajectory(self, trajectory_id: int, keys: Sequence[str] | None = None) -> Trajectory:
+        """Read one committed trajectory (raw rows), optionally only the flat ``keys``."""
+        return self.layout.read(self.entry(trajectory_id), keys)
+
+    def iter_trajectories(
+        self, keys: Sequence[str] | None = None, progress: bool = False
+    ) -> Iterator[tuple[int, Trajectory]]:
+        """Yield ``(trajectory_id, trajectory)`` in index order, reading one at a time.
+
+        ``progress`` shows a tqdm bar on stderr.
+        """
+        for trajectory_id in tqdm(self.ids, desc="trajectories", disable=not progress):
+            yield trajectory_id, self.trajectory(trajectory_id, keys)
+
+    def iter_episodes(self, keys: Sequence[str] | None = None) -> Iterator[Episode]:
+        """Yield every episode (see the module docs), trajectory by trajectory, env by env.
+
+        ``keys`` limits the fields read (``dones`` is always read); ``None`` reads all.
+        """
+        wanted = None if keys is None else list(dict.fromkeys([*keys, DONES]))
+        for trajectory_id, trajectory in self.iter_trajectories(wanted):
+            T, B = self.entry(trajectory_id)["shape"][:2]
+            steps = {
+                key: time_steps(value, T)
+                for key, value in trajectory.tensors().items()
+                if value.dim() >= 2 and value.shape[1] == B
+            }
+            if DONES not in steps:
+                raise ValueError(f"{self.url}: trajectory {trajectory_id} has no 'dones' field")
+            for env, start, length, done in episode_segments(steps[DONES]):
+                fields = {key: value[start : start + length, env] for key, value in steps.items()}
+                yield Episode(trajectory_id, env, start, length, done, fields)
+
+    def dask_arrays(self, key: str) -> dict[int, Any]:
+        """Lazy dask arrays over the Zarr array ``key`` of every committed trajectory.
+
+        Each is the raw ``[T(+E), B, ...]`` array (reset rows of ``dones`` included),
+        chunked like the store; ``bfloat16`` fields appear as their ``uint16`` bits.
+        Needs the zarr layout and the ``analysis`` extra (dask).
+        """
+        if not isinstance(self.layout, ZarrLayout):
+            raise ValueError(
+                f"{self.url}: dask arrays need the zarr layout, this store is {self.format!r}; "
+                "convert it with `rbzarr export SRC DST --format zarr`"
+            )
+        import dask.array as da  # noqa: PLC0415 (optional dependency)
+
+        return {i: da.from_zarr(self.zarr_group(i)[key]) for i in self.ids}
+
+    def zarr_group(self, trajectory_id: int) -> Any:
+        """The read-only Zarr group of one trajectory (zarr layout only)."""
+        import zarr  # noqa: PLC0415
+
+        store = self.layout.location.zarr_store(read_only=True)
+        return zarr.open_group(store=store, path=f"{TRAJECTORIES}/{trajectory_id}", mode="r")
+
+
+def time_steps(raw: torch.Tensor, T: int) -> torch.Tensor:
+    """The ``T`` time steps of a raw field: the reset rows of ``dones``-like fields dropped."""
+    if raw.dim() == 0 or raw.shape[0] == T:
+        return raw
+    return raw.index_select(0, raw_time_rows(torch.arange(T), T, int(raw.shape[0])))
+
+
+def episode_segments(dones: torch.Tensor) -> list[tuple[int, int, int, bool]]:
+    """Cut ``[T, B, ...]`` step dones into ``(env, start, length, done)`` segments.
+
+    Environment by environment, each segment ends at a true done (``done=True``) or at the
+    end of the trajectory (``done=False``).
+    """
+    T, B = int(dones.shape[0]), int(dones.shape[1])
+    ended = (dones.reshape(T, B, -1) != 0).any(dim=-1)
+    segments = []
+    for env in range(B):
+        start = 0
+        for end in torch.nonzero(ended[:, env]).flatten().tolist():
+            segments.append((env, start, end + 1 - start, True))
+            start = end + 1
+        if start < T:
+            segments.append((env, start, T - start, False))
+    return segments
+
+
+class RunningStats:
+    """Count, mean, population std, min and max of a stream of tensors (float64).
+
+    Batches merge with Chan et al.'s parallel update, so the result does not depend on how
+    the values are split.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.mean = 0.0
+        self._m2 = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+
+    def update(self, values: torch.Tensor) -> None:
+        """Add every element of ``values``."""
+        x = values.detach().reshape(-1).to(torch.float64)
+        n = int(x.numel())
+        if n == 0:
+            return
+        mean = float(x.mean())
+        m2 = float(((x - mean) ** 2).sum())
+        total = self.count + n
+        delta = mean - self.mean
+        self._m2 += m2 + delta * delta * self.count * n / total
+        self.mean += delta * n / total
+        self.count = total
+        self.min = min(self.min, float(x.min()))
+        self.max = max(self.max, float(x.max()))
+
+    @property
+    def std(self) -> float:
+        """Population standard deviation (``ddof=0``)."""
+        return math.sqrt(self._m2 / self.count) if self.count else math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"count", "mean", "std", "min", "max"}``; the last four are ``None`` if empty."""
+        if not self.count:
+            return {"count": 0, "mean": None, "std": None, "min": None, "max": None}
+        return {
+            "count": self.count,
+            "mean": self.mean,
+            "std": self.std,
+            "min": self.min,
+            "max": self.max,
+        }
+
+
+def compute_stats(
+    view: BufferView, keys: Sequence[str] | None = None, progress: bool = False
+) -> dict[str, Any]:
+    """Per-key statistics and episode returns / lengths, streaming trajectory by trajectory.
+
+    Statistics run over every element of a key's time steps (reset rows excluded); complex
+    fields are not supported.  Episodes (module docs) need ``dones``; returns need
+    ``rewards``; incomplete episodes are counted but not in the statistics.
+
+    Returns
+    -------
+    dict
+        ``{"trajectories", "total_samples", "keys": {key: RunningStats.to_dict()},
+        "episodes": {"complete", "incomplete", "length", "return"} or None}``.
+    """
+    available = view.keys()
+    wanted = available if keys is None else list(keys)
+    unknown = [key for key in wanted if key not in available]
+    if unknown:
+        raise ValueError(f"{view.url}: unknown keys {unknown}; the store has {available}")
+    extra = [key for key in (REWARDS, DONES) if key in available and key not in wanted]
+    per_key = {key: RunningStats() for key in wanted}
+    lengths, returns = RunningStats(), RunningStats()
+    incomplete = 0
+    for trajectory_id, trajectory in view.iter_trajectories([*wanted, *extra], progress):
+        T = int(view.entry(trajectory_id)["shape"][0])
+        steps = {key: time_steps(value, T) for key, value in trajectory.tensors().items()}
+        for key in wanted:
+            per_key[key].update(steps[key])
+        if DONES not in steps:
+            continue
+        for length, episode_return in complete_episodes(steps):
+            lengths.update(torch.tensor([length]))
+            if episode_return is not None:
+                returns.update(torch.tensor([episode_return]))
+        incomplete += sum(not done for *_, done in episode_segments(steps[DONES]))
+    episodes = None
+    if DONES in available:
+        episodes = {
+            "complete": lengths.count,
+            "incomplete": incomplete,
+            "length": lengths.to_dict(),
+            "return": returns.to_dict() if REWARDS in available else None,
+        }
+    return {
+        "trajectories": len(view),
+        "total_samples": view.total_samples,
+        "keys": {key: stats.to_dict() for key, stats in per_key.items()},
+        "episodes": episodes,
+    }
+
+
+def complete_episodes(steps: Mapping[str, torch.Tensor]) -> Iterator[tuple[int, float | None]]:
+    """``(length, return)`` of every complete episode of one trajectory's time steps."""
+    rewards = steps.get(REWARDS)
+    if rewards is not None:
+        rewards = rewards.reshape(rewards.shape[0], rewards.shape[1], -1).double().sum(-1)
+    for env, start, length, done in episode_segments(steps[DONES]):
+        if done:
+            total = None if rewards is None else float(rewards[start : start + length, env].sum())
+            yield length, total

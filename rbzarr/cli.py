@@ -1,0 +1,305 @@
+"""The ``rbzarr`` command: inspect, check, convert, merge, split and plot stores.
+
+Each subcommand parses its arguments, calls one library function and prints the result
+(``--json`` prints it as JSON on stdout).  A user error -- a bad URL, a directory that is
+not a store, a corrupt store -- prints one line on stderr and exits with status 1.  Add a
+subcommand with one ``@main.command()`` function.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from rbzarr.errors import RbzarrError
+
+__all__ = ["main"]
+
+# Errors a user can cause; anything else is a bug and keeps its traceback.
+_USER_ERRORS = (RbzarrError, OSError, ValueError, KeyError, ImportError)
+
+
+class _Main(click.Group):
+    """A group that turns user errors into one clear line instead of a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except _USER_ERRORS as exc:
+            message = " ".join(str(exc).split()) or type(exc).__name__
+            raise click.ClickException(message) from None
+
+
+def _parse_storage_options(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}")
+        try:
+            options[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[key] = raw
+    return options
+
+
+def _parse_ids(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        return [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+
+
+def _options(ctx: click.Context) -> dict[str, Any]:
+    return dict(ctx.find_root().params.get("storage_options") or {})
+
+
+def _print_json(document: Any) -> None:
+    click.echo(json.dumps(document, indent=2))
+
+
+_json_flag = click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--storage-option",
+    "storage_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=_parse_storage_options,
+    help="fsspec option for every URL (repeatable; VALUE is parsed as JSON if it can be), "
+    "e.g. --storage-option endpoint_url=http://localhost:9000 --storage-option anon=false.",
+)
+@click.version_option(package_name="rbzarr")
+def main(storage_options: dict[str, Any]) -> None:
+    """Inspect and manage rbzarr / RLinf trajectory stores (local paths or fsspec URLs)."""
+
+
+@main.command()
+@click.argument("url")
+@_json_flag
+@click.pass_context
+def info(ctx: click.Context, url: str, as_json: bool) -> None:
+    """Counts, per-key dtype / shape / chunks / codec, and sizes of the store at URL."""
+    from rbzarr.analysis import open_buffer  # noqa: PLC0415 (keep --help fast)
+    from rbzarr.summary import describe_store  # noqa: PLC0415
+
+    report = describe_store(open_buffer(url, _options(ctx)))
+    if as_json:
+        _print_json(report)
+        return
+    ratio = report["compression_ratio"]
+    click.echo(f"{report['url']}  format={report['format']}")
+    click.echo(
+        f"trajectories={report['trajectories']}  samples={report['total_samples']}  "
+        f"next id={report['trajectory_counter']}  seed={report['seed']}"
+    )
+    click.echo(
+        f"data: {report['bytes_on_disk']} bytes on disk, {report['raw_bytes']} raw, "
+        f"ratio {'-' if ratio is None else f'{ratio:.2f}'}"
+    )
+    for key, item in report["keys"].items():
+        click.echo(
+            f"  {key:<28} {item['dtype']:<9} shape={item['shape']} chunks={item['chunks']} "
+            f"codec={item['codec']} raw={item['raw_bytes']} disk={item['bytes_on_disk']}"
+        )
+
+
+@main.command(name="ls")
+@click.argument("url")
+@_json_flag
+@click.pass_context
+def list_command(ctx: click.Context, url: str, as_json: bool) -> None:
+    """One line per committed trajectory: id, uuid, shape, samples, weights id, bytes."""
+    from rbzarr.analysis import open_buffer  # noqa: PLC0415
+    from rbzarr.summary import list_trajectories  # noqa: PLC0415
+
+    rows = list_trajectories(open_buffer(url, _options(ctx)))
+    if as_json:
+        _print_json(rows)
+        return
+    click.echo(f"{'id':>6}  {'uuid':<36}  {'shape':<14} {'samples':>9}  {'bytes':>12}  weights")
+    for row in rows:
+        click.echo(
+            f"{row['trajectory_id']:>6}  {row['uuid']!s:<36}  {row['shape']!s:<14} "
+            f"{row['num_samples']:>9}  {row['bytes']:>12}  {row['model_weights_id']}"
+        )
+
+
+@main.command()
+@click.argument("url")
+@click.option(
+    "--keys",
+    multiple=True,
+    help="Only these flat keys (comma-separated or repeated), e.g. rewards,curr_obs/state.",
+)
+@_json_flag
+@click.pass_context
+def stats(ctx: click.Context, url: str, keys: tuple[str, ...], as_json: bool) -> None:
+    """Per-key mean / std / min / max and episode returns and lengths (streaming)."""
+    from rbzarr.analysis import compute_stats, open_buffer  # noqa: PLC0415
+
+    wanted = [key for item in keys for key in item.split(",") if key] or None
+    report = compute_stats(open_buffer(url, _options(ctx)), wanted, progress=True)
+    if as_json:
+        _print_json(report)
+        return
+    click.echo(f"trajectories={report['trajectories']}  samples={report['total_samples']}")
+    for key, item in report["keys"].items():
+        click.echo(f"  {key:<28} {_stats_text(item)}")
+    episodes = report["episodes"]
+    if episodes is None:
+        click.echo("episodes: no 'dones' field")
+        return
+    click.echo(f"episodes: {episodes['complete']} complete, {episodes['incomplete']} incomplete")
+    click.echo(f"  {'length':<28} {_stats_text(episodes['length'])}")
+    if episodes["return"] is not None:
+        click.echo(f"  {'return':<28} {_stats_text(episodes['return'])}")
+
+
+def _stats_text(item: dict[str, Any]) -> str:
+    if not item["count"]:
+        return "n=0"
+    return (
+        f"n={item['count']} mean={item['mean']:.6g} std={item['std']:.6g} "
+        f"min={item['min']:.6g} max={item['max']:.6g}"
+    )
+
+
+@main.command()
+@click.argument("url")
+@click.option("--repair", is_flag=True, help="Remove orphans (never indexed data).")
+@_json_flag
+@click.pass_context
+def verify(ctx: click.Context, url: str, repair: bool, as_json: bool) -> None:
+    """Check index against data; exit 1 while problems remain."""
+    from rbzarr.verify import verify_store  # noqa: PLC0415
+
+    report = verify_store(url, _options(ctx), repair=repair)
+    if as_json:
+        _print_json(report.to_dict())
+    else:
+        click.echo(f"{report.url}: {report.trajectories} indexed trajectories checked")
+        for problem in report.repaired:
+            click.echo(f"repaired  {problem.kind:<20} {problem.path}: {problem.message}")
+        for problem in report.problems:
+            click.echo(f"PROBLEM   {problem.kind:<20} {problem.path}: {problem.message}")
+        click.echo("ok" if report.ok else f"{len(report.problems)} problem(s)")
+    if not report.ok:
+        ctx.exit(1)
+
+
+_format_choice = click.Choice(["zarr", "pt", "pkl"])
+
+
+@main.command()
+@click.argument("source")
+@click.argument("destination")
+@click.option("--format", "trajectory_format", type=_format_choice, required=True)
+@click.option("--ids", callback=_parse_ids, help="Only these ids, e.g. 1,2,5.")
+@click.option("--last", type=click.IntRange(min=0), help="Only the last N trajectories.")
+@click.pass_context
+def export(
+    ctx: click.Context,
+    source: str,
+    destination: str,
+    trajectory_format: str,
+    ids: list[int] | None,
+    last: int | None,
+) -> None:
+    """Copy SOURCE into a new store DESTINATION in another layout."""
+    from rbzarr.export import export_store  # noqa: PLC0415
+
+    options = _options(ctx)
+    documents = export_store(
+        source,
+        destination,
+        trajectory_format,
+        ids=ids,
+        last=last,
+        storage_options=options,
+        destination_options=options,
+        progress=True,
+    )
+    click.echo(f"exported {documents.metadata['size']} trajectories to {destination}")
+
+
+@main.command()
+@click.argument("destination")
+@click.argument("sources", nargs=-1, required=True)
+@click.option("--format", "trajectory_format", type=_format_choice, help="Default: first source's.")
+@click.pass_context
+def merge(
+    ctx: click.Context, destination: str, sources: tuple[str, ...], trajectory_format: str | None
+) -> None:
+    """Merge SOURCES into a new store DESTINATION; ids are renumbered 0..N-1."""
+    from rbzarr.combine import merge_stores  # noqa: PLC0415
+
+    documents = merge_stores(destination, sources, trajectory_format, _options(ctx), progress=True)
+    click.echo(f"merged {documents.metadata['size']} trajectories into {destination}")
+
+
+@main.command()
+@click.argument("source")
+@click.argument("destination")
+@click.option("--count", type=click.IntRange(min=1), required=True, help="Number of parts.")
+@click.pass_context
+def split(ctx: click.Context, source: str, destination: str, count: int) -> None:
+    """Split SOURCE into COUNT stores DESTINATION/part_<k> (the load_checkpoint shards)."""
+    from rbzarr.combine import split_store  # noqa: PLC0415
+
+    for part in split_store(source, destination, count, _options(ctx), progress=True):
+        click.echo(part)
+
+
+@main.command()
+@click.argument("url")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="PNG file.")
+@click.pass_context
+def plot(ctx: click.Context, url: str, output: str) -> None:
+    """Histograms of rewards, episode returns and lengths; return over trajectory id."""
+    from rbzarr.analysis import open_buffer  # noqa: PLC0415
+    from rbzarr.plotting import plot_store  # noqa: PLC0415
+
+    counts = plot_store(open_buffer(url, _options(ctx)), output, progress=True)
+    click.echo(f"wrote {output} ({counts['rewards']} rewards, {counts['episodes']} episodes)")
+
+
+@main.command()
+@click.option(
+    "--store",
+    default="rbzarr-demo",
+    show_default=True,
+    type=click.Path(),
+    help="Directory for the run (a new run-<time> folder inside).",
+)
+@click.option("--env", "env_id", default="CartPole-v1", show_default=True)
+@click.option("--num-envs", default=16, show_default=True)
+@click.option(
+    "--steps",
+    "steps_per_trajectory",
+    default=64,
+    show_default=True,
+    help="Time steps per trajectory.",
+)
+@click.option("--trajectories", default=40, show_default=True)
+@click.option("--batch-size", default=256, show_default=True)
+@click.option("--seed", default=0, show_default=True)
+def demo(store: str, **settings: Any) -> None:
+    """Roll out a gymnasium env into a Zarr-backed buffer, train a Q-network, checkpoint."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from rbzarr.demo import DemoSettings, report, run_demo  # noqa: PLC0415
+
+    click.echo(report(run_demo(DemoSettings(store=Path(store), **settings))))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Plots of a store's rewards and episodes (``rbzarr plot``); needs the ``analysis`` extra.
+
+Four panels: the histogram of per-step rewards, of episode returns and of episode lengths
+(complete episodes, as defined in :mod:`rbzarr.analysis`), and every episode's return
+against the id of the trajectory it ended in, with the per-trajectory mean.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from rbzarr.analysis import DONES, REWARDS, BufferView, complete_episodes, time_steps
+
+__all__ = ["FIGURE_SIZE", "DPI", "plot_store"]
+
+FIGURE_SIZE = (10.0, 8.0)  # inches
+DPI = 100
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError as exc:
+        raise ImportError("plotting needs matplotlib: pip install 'rbzarr[analysis]'") from exc
+    return plt
+
+
+def _collect(view: BufferView, progress: bool) -> tuple[np.ndarray, list[tuple[int, int, float]]]:
+    """All per-step reward elements, and ``(trajectory_id, length, return)`` per episode."""
+    available = view.keys()
+    if REWARDS not in available:
+        raise ValueError(f"{view.url}: cannot plot rewards, the store has no 'rewards' field")
+    keys = [key for key in (REWARDS, DONES) if key in available]
+    rewards: list[np.ndarray] = []
+    episodes: list[tuple[int, int, float]] = []
+    for trajectory_id, trajectory in view.iter_trajectories(keys, progress):
+        T = int(view.entry(trajectory_id)["shape"][0])
+        steps = {key: time_steps(value, T) for key, value in trajectory.tensors().items()}
+        rewards.append(steps[REWARDS].to(torch.float64).reshape(-1).numpy())
+        if DONES in steps:
+            episodes.extend(
+                (trajectory_id, length, float(ret or 0.0))
+                for length, ret in complete_episodes(steps)
+            )
+    flat = np.concatenate(rewards) if rewards else np.empty(0)
+    return flat, episodes
+
+
+def plot_store(
+    view: BufferView, path: str | os.PathLike[str], progress: bool = False
+) -> dict[str, int]:
+    """Draw the four panels of ``view`` into the PNG file ``path`` (1000 x 800 pixels).
+
+    Returns ``{"rewards": n, "episodes": m}``, the numbers of values plotted.
+    """
+    plt = _pyplot()
+    rewards, episodes = _collect(view, progress)
+    figure, axes = plt.subplots(2, 2, figsize=FIGURE_SIZE, dpi=DPI)
+    try:
+        figure.suptitle(f"{view.url} ({len(view)} trajectories)")
+        _histogram(axes[0, 0], rewards, "per-step reward")
+        _histogram(axes[0, 1], np.array([e[2] for e in episodes]), "episode return")
+        _histogram(axes[1, 0], np.array([e[1] for e in episodes]), "episode length")
+        _returns_by_trajectory(axes[1, 1], episodes)
+        figure.savefig(os.fspath(path), dpi=DPI, format="png")
+    finally:
+        plt.close(figure)
+    return {"rewards": int(rewards.size), "episodes": len(episodes)}
+
+
+def _histogram(axis: Any, values: np.ndarray, label: str) -> None:
+    axis.set_xlabel(label)
+    axis.set_ylabel("count")
+    if values.size == 0:
+        axis.text(0.5, 0.5, "no data", ha="center", va="center", transform=axis.transAxes)
+        return
+    axis.hist(values, bins=min(50, max(1, int(np.unique(values).size))))
+
+
+def _returns_by_trajectory(axis: Any, episodes: list[tuple[int, int, float]]) -> None:
+    axis.set_xlabel("trajectory id")
+    axis.set_ylabel("episode return")
+    if not episodes:
+        axis.text(0.5, 0.5, "no episodes", ha="center", va="center", transform=axis.transAxes)
+        return
+    ids = np.array([e[0] for e in episodes])
+    returns = np.array([e[2] for e in episodes])
+    axis.scatter(ids, returns, s=6, alpha=0.4, label="episode")
+    order = np.unique(ids)
+    axis.plot(order, [returns[ids == i].mean() for i in order], color="C1", label="mean")
+    axis.legend(loc="best")

@@ -1,0 +1,186 @@
+"""The read-only view: trajectories, episodes, streaming statistics and dask arrays."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_trajectory
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rbzarr import CheckpointNotFoundError, Trajectory, TrajectoryReplayBuffer
+from rbzarr.analysis import RunningStats, compute_stats, episode_segments, open_buffer
+
+
+def build(path, fmt: str, trajectories: list[Trajectory]) -> str:
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=path, trajectory_format=fmt) as b:
+        b.add_trajectories(trajectories)
+    return str(path)
+
+
+def episode_trajectory(dones_steps: list[list[bool]], epochs: int = 1) -> Trajectory:
+    """A [T, B] trajectory with the given step dones (reset rows added, all True) and
+    rewards ``t * 10 + b``."""
+    done = torch.tensor(dones_steps, dtype=torch.bool)  # [T, B]
+    T, B = done.shape
+    blocks = done.reshape(epochs, T // epochs, B)
+    resets = torch.ones(epochs, 1, B, dtype=torch.bool)  # never steps: must not cut
+    rewards = (torch.arange(T).unsqueeze(1) * 10 + torch.arange(B)).to(torch.float32)
+    return Trajectory(
+        rewards=rewards.unsqueeze(-1),
+        dones=torch.cat([resets, blocks], dim=1).reshape(T + epochs, B, 1),
+        prev_logprobs=torch.zeros(T, B),
+    )
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "pt", "pkl"])
+def test_view_reads_committed_trajectories(tmp_path, fmt):
+    originals = [make_trajectory(4, 2, 0, epochs=2), make_trajectory(6, 2, 8, mwid="m1")]
+    url = build(tmp_path / "s", fmt, originals)
+    view = open_buffer(url)
+    assert (len(view), view.ids, view.format, view.total_samples) == (2, [0, 1], fmt, 20)
+    assert view.metadata["trajectory_format"] == fmt
+    assert [e["model_weights_id"] for e in view.entries.values()] == ["w", "m1"]
+    assert view.keys() == list(originals[0].tensors())
+    for (trajectory_id, got), want in zip(view.iter_trajectories(), originals, strict=True):
+        assert got.tensors().keys() == want.tensors().keys()
+        for key, value in want.tensors().items():
+            assert torch.equal(got.tensors()[key], value), (trajectory_id, key)
+    assert torch.equal(view.trajectory(1, ["rewards"]).rewards, originals[1].rewards)
+    with pytest.raises(KeyError, match="trajectory 5 is not in the index"):
+        view.trajectory(5)
+
+
+def test_refresh_sees_new_commits_only(tmp_path):
+    url = tmp_path / "s"
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=url)
+    buffer.add_trajectories([make_trajectory(4, 2, 0)])
+    buffer.flush()
+    view = open_buffer(url)
+    buffer.add_trajectories([make_trajectory(4, 2, 8), make_trajectory(4, 2, 16)])
+    buffer.close()
+    # An uncommitted copy of a trajectory group is invisible: the index is the truth.
+    shutil.copytree(url / "trajectories" / "0", url / "trajectories" / "9")
+    assert view.ids == [0]
+    view.refresh()
+    assert view.ids == [0, 1, 2]
+    assert view.total_samples == 24
+
+
+def test_not_a_store(tmp_path):
+    with pytest.raises(CheckpointNotFoundError, match=r"metadata\.json not found"):
+        open_buffer(tmp_path)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_episode_segments_match_a_python_oracle(data):
+    T = data.draw(st.integers(1, 8))
+    B = data.draw(st.integers(1, 3))
+    done = data.draw(st.lists(st.lists(st.booleans(), min_size=B, max_size=B), min_size=T))
+    done = done[:T] + [[False] * B] * (T - len(done[:T]))
+    want = []
+    for env in range(B):
+        start = 0
+        for t in range(T):
+            if done[t][env]:
+                want.append((env, start, t - start + 1, True))
+                start = t + 1
+        if start < T:
+            want.append((env, start, T - start, False))
+    got = episode_segments(torch.tensor(done).reshape(T, B, 1).to(torch.int64))
+    assert got == want
+
+
+def test_iter_episodes_cut_at_dones_not_at_reset_rows(tmp_path):
+    dones = [[False, True], [True, False], [False, False], [False, True]]  # T=4, B=2
+    url = build(tmp_path / "s", "zarr", [episode_trajectory(dones, epochs=2)])
+    episodes = list(open_buffer(url).iter_episodes(["rewards"]))
+    summary = [(e.env, e.start, e.length, e.done, e.episode_return) for e in episodes]
+    # rewards are t*10 + env
+    assert summary == [
+        (0, 0, 2, True, 0.0 + 10.0),
+        (0, 2, 2, False, 20.0 + 30.0),
+        (1, 0, 1, True, 1.0),
+        (1, 1, 3, True, 11.0 + 21.0 + 31.0),
+    ]
+    assert sorted(episodes[0].fields) == ["dones", "rewards"]
+    assert episodes[3].fields["rewards"].shape == (3, 1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=0, max_size=20),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_running_stats_equal_numpy_whatever_the_split(batches):
+    stats = RunningStats()
+    for batch in batches:
+        stats.update(torch.tensor(batch, dtype=torch.float64))
+    values = np.array([v for batch in batches for v in batch], dtype=np.float64)
+    if values.size == 0:
+        assert stats.to_dict() == {"count": 0, "mean": None, "std": None, "min": None, "max": None}
+        return
+    got = stats.to_dict()
+    assert got["count"] == values.size
+    assert got["min"] == values.min() and got["max"] == values.max()
+    assert math.isclose(got["mean"], values.mean(), rel_tol=1e-9, abs_tol=1e-6)
+    assert math.isclose(got["std"], values.std(), rel_tol=1e-7, abs_tol=1e-4)
+
+
+def test_compute_stats_values(tmp_path):
+    dones = [[False, True], [True, False], [False, False], [False, True]]
+    url = build(tmp_path / "s", "pt", [episode_trajectory(dones), episode_trajectory(dones)])
+    report = compute_stats(open_buffer(url), ["rewards"])
+    rewards = np.array([t * 10 + b for t in range(4) for b in range(2)] * 2, dtype=np.float64)
+    assert report["trajectories"] == 2 and report["total_samples"] == 16
+    assert report["keys"] == {
+        "rewards": {
+            "count": 16,
+            "mean": rewards.mean(),
+            "std": pytest.approx(rewards.std()),
+            "min": 0.0,
+            "max": 31.0,
+        }
+    }
+    lengths = np.array([2, 1, 3] * 2, dtype=np.float64)
+    returns = np.array([10.0, 1.0, 63.0] * 2)
+    assert report["episodes"] == {
+        "complete": 6,
+        "incomplete": 2,
+        "length": {
+            "count": 6,
+            "mean": pytest.approx(lengths.mean()),
+            "std": pytest.approx(lengths.std()),
+            "min": 1.0,
+            "max": 3.0,
+        },
+        "return": {
+            "count": 6,
+            "mean": pytest.approx(returns.mean()),
+            "std": pytest.approx(returns.std()),
+            "min": 1.0,
+            "max": 63.0,
+        },
+    }
+    with pytest.raises(ValueError, match=r"unknown keys \['nope'\]"):
+        compute_stats(open_buffer(url), ["nope"])
+
+
+def test_dask_arrays(tmp_path):
+    originals = [make_trajectory(4, 2, 0, epochs=2), make_trajectory(8, 2, 8)]
+    view = open_buffer(build(tmp_path / "z", "zarr", originals))
+    arrays = view.dask_arrays("dones")
+    assert list(arrays) == [0, 1]
+    for array, want in zip(arrays.values(), originals, strict=True):
+        assert np.array_equal(array.compute(), want.dones.numpy())
+    pt = open_buffer(build(tmp_path / "p", "pt", originals[:1]))
+    with pytest.raises(ValueError, match="need the zarr layout"):
+        pt.dask_arrays("dones")

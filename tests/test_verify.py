@@ -1,0 +1,120 @@
+"""Store consistency checks and the orphan-only repair."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import make_trajectory
+
+from rbzarr import CheckpointNotFoundError, TrajectoryReplayBuffer
+from rbzarr.verify import verify_store
+
+
+def build(path: Path, fmt: str, count: int = 3) -> Path:
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=path, trajectory_format=fmt) as b:
+        b.add_trajectories([make_trajectory(4, 2, 8 * i, epochs=2) for i in range(count)])
+    return path
+
+
+def hashes(root: Path, below: str = "") -> dict[str, str]:
+    base = root / below
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(base.rglob("*"))
+        if p.is_file()
+    }
+
+
+def kinds(report) -> list[tuple[str, str, int | None]]:
+    return [(p.kind, p.path, p.trajectory_id) for p in report.problems]
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "pt", "pkl"])
+def test_clean_store_is_ok(tmp_path, fmt):
+    report = verify_store(build(tmp_path / "s", fmt))
+    assert report.ok and report.trajectories == 3 and report.format == fmt
+    assert report.to_dict()["problems"] == []
+
+
+def test_zarr_damage_is_found_and_only_orphans_are_repaired(tmp_path):
+    root = build(tmp_path / "s", "zarr")
+    trajectories = root / "trajectories"
+    (trajectories / "0" / "rewards" / "c" / "0" / "0" / "0").unlink()  # a removed chunk
+    meta = trajectories / "1" / "actions" / "zarr.json"
+    meta.write_bytes(meta.read_bytes()[:40])  # a truncated JSON file
+    shutil.copytree(trajectories / "2", trajectories / "7")  # an orphan group
+    (root / "metadata.json.tmp-0123456789abcdef0123456789abcdef").write_bytes(b"{")
+    report = verify_store(root)
+    assert kinds(report) == [
+        ("missing_chunks", "trajectories/0", 0),
+        ("unreadable_data", "trajectories/1", 1),
+        ("temp_file", "metadata.json.tmp-0123456789abcdef0123456789abcdef", None),
+        ("orphan", "trajectories/7", 7),
+    ]
+    assert "array 'rewards' stores 0 of 1 chunks" in report.problems[0].message
+
+    committed = {k: v for k, v in hashes(root).items() if not k.startswith("trajectories/7")}
+    committed.pop("metadata.json.tmp-0123456789abcdef0123456789abcdef")
+    result = subprocess.run(
+        [sys.executable, "-m", "rbzarr.cli", "verify", str(root), "--repair", "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr  # the damaged data remains
+    document = json.loads(result.stdout)
+    assert [p["kind"] for p in document["repaired"]] == ["temp_file", "orphan"]
+    assert [p["kind"] for p in document["problems"]] == ["missing_chunks", "unreadable_data"]
+    assert document["ok"] is False
+    assert not (trajectories / "7").exists()
+    assert hashes(root) == committed  # committed data untouched, byte for byte
+
+
+@pytest.mark.parametrize("fmt", ["pt", "pkl"])
+def test_file_layout_damage(tmp_path, fmt):
+    root = build(tmp_path / "s", fmt)
+    first = root / f"trajectory_0_w.{fmt}"
+    first.write_bytes(first.read_bytes()[:100])
+    (root / f"trajectory_1_w.{fmt}").unlink()
+    shutil.copy(root / f"trajectory_2_w.{fmt}", root / f"trajectory_2_other.{fmt}")
+    report = verify_store(root, repair=True)
+    assert kinds(report) == [
+        ("unreadable_data", f"trajectory_0_w.{fmt}", 0),
+        ("missing_data", f"trajectory_1_w.{fmt}", 1),
+    ]
+    assert [(p.kind, p.path) for p in report.repaired] == [("orphan", f"trajectory_2_other.{fmt}")]
+    assert sorted(os.listdir(root)) == sorted(
+        ["metadata.json", "trajectory_index.json", f"trajectory_0_w.{fmt}", f"trajectory_2_w.{fmt}"]
+    )
+
+
+def test_truncated_index_and_stale_metadata(tmp_path):
+    root = build(tmp_path / "s", "zarr")
+    index = root / "trajectory_index.json"
+    original = index.read_bytes()
+    index.write_bytes(original[:50])
+    report = verify_store(root, repair=True)
+    assert [(p.kind, p.path) for p in report.problems] == [("unreadable_document", "")]
+    assert "trajectory_index.json is not valid JSON" in report.problems[0].message
+    assert report.repaired == [] and (root / "trajectories" / "2").exists()
+
+    index.write_bytes(original)
+    metadata = json.loads((root / "metadata.json").read_text())
+    metadata["size"] = 5
+    (root / "metadata.json").write_text(json.dumps(metadata))
+    assert [(p.kind, p.path) for p in verify_store(root).problems] == [
+        ("metadata_mismatch", "metadata.json"),
+        ("root_attrs_mismatch", "zarr.json"),
+    ]
+
+
+def test_not_a_store(tmp_path):
+    with pytest.raises(CheckpointNotFoundError, match="not an rbzarr or RLinf store"):
+        verify_store(tmp_path)
