@@ -7,8 +7,13 @@ holding sampled rows, on local disk or any fsspec URL (``s3://bucket/prefix``).
 
 from rbzarr.analysis import open_buffer
 from rbzarr.buffer import TrajectoryReplayBuffer
+from rbzarr.channel import Channel
+from rbzarr.collector import TrajectoryCollector, split
+from rbzarr.data import ReplayDataset, ReplayLoader
 from rbzarr.errors import (
     BufferClosedError,
+    ChannelClosedError,
+    ChannelTimeoutError,
     CheckpointNotFoundError,
     CorruptStoreError,
     InvalidTrajectoryError,
@@ -19,22 +24,31 @@ from rbzarr.errors import (
     UnsafePickleError,
     WriterFailedError,
 )
+from rbzarr.export import export_store
 from rbzarr.trajectory import Trajectory
 
 __all__ = [
     "BufferClosedError",
+    "Channel",
+    "ChannelClosedError",
+    "ChannelTimeoutError",
     "CheckpointNotFoundError",
     "CorruptStoreError",
     "InvalidTrajectoryError",
     "RbzarrError",
+    "ReplayDataset",
+    "ReplayLoader",
     "StorageUnavailableError",
     "StoreExistsError",
     "Trajectory",
+    "TrajectoryCollector",
     "TrajectoryReplayBuffer",
     "UnsafePathError",
     "UnsafePickleError",
     "WriterFailedError",
+    "export_store",
     "open_buffer",
+    "split",
 ]
 
 __version__ = "0.1.0"

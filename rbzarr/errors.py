@@ -8,6 +8,8 @@ from __future__ import annotations
 
 __all__ = [
     "BufferClosedError",
+    "ChannelClosedError",
+    "ChannelTimeoutError",
     "CheckpointNotFoundError",
     "CorruptStoreError",
     "InvalidTrajectoryError",
@@ -58,3 +60,11 @@ class BufferClosedError(RbzarrError, RuntimeError):
 
 class WriterFailedError(RbzarrError, RuntimeError):
     """A background write failed; the cause is chained as ``__cause__``."""
+
+
+class ChannelClosedError(RbzarrError, RuntimeError):
+    """A channel was closed: ``put`` is refused, and ``get`` finds nothing left to drain."""
+
+
+class ChannelTimeoutError(RbzarrError, TimeoutError):
+    """A channel ``put`` or ``get`` did not complete within its timeout."""

@@ -1,0 +1,41 @@
+"""The curated public API is pinned: a change here is a deliberate API change."""
+
+from __future__ import annotations
+
+import rbzarr
+
+
+def test_public_api_is_pinned():
+    assert sorted(rbzarr.__all__) == [
+        "BufferClosedError",
+        "Channel",
+        "ChannelClosedError",
+        "ChannelTimeoutError",
+        "CheckpointNotFoundError",
+        "CorruptStoreError",
+        "InvalidTrajectoryError",
+        "RbzarrError",
+        "ReplayDataset",
+        "ReplayLoader",
+        "StorageUnavailableError",
+        "StoreExistsError",
+        "Trajectory",
+        "TrajectoryCollector",
+        "TrajectoryReplayBuffer",
+        "UnsafePathError",
+        "UnsafePickleError",
+        "WriterFailedError",
+        "export_store",
+        "open_buffer",
+        "split",
+    ]
+    for name in rbzarr.__all__:
+        assert getattr(rbzarr, name) is not None
+
+
+def test_errors_are_catchable_as_builtins():
+    assert issubclass(rbzarr.InvalidTrajectoryError, ValueError)
+    assert issubclass(rbzarr.CheckpointNotFoundError, FileNotFoundError)
+    assert issubclass(rbzarr.StorageUnavailableError, OSError)
+    assert issubclass(rbzarr.BufferClosedError, RuntimeError)
+    assert issubclass(rbzarr.StoreExistsError, FileExistsError)
