@@ -66,13 +66,14 @@ def _rollout(settings: DemoSettings, channel: Channel, stop: threading.Event) ->
         vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
     )
     rng = np.random.default_rng(settings.seed)
+    num_actions = int(getattr(envs.single_action_space, "n", 2))
     obs, _ = envs.reset(seed=settings.seed)
     collector = TrajectoryCollector(num_envs=settings.num_envs)
     try:
         for version in range(settings.trajectories):
             collector.reset({"state": torch.as_tensor(obs, dtype=torch.float32)})
             for _ in range(settings.steps_per_trajectory):
-                actions = rng.integers(0, envs.single_action_space.n, settings.num_envs)
+                actions = rng.integers(0, num_actions, settings.num_envs)
                 next_obs, rewards, terminated, truncated, info = envs.step(actions)
                 final = np.array(next_obs, copy=True)
                 for env in np.flatnonzero(terminated | truncated):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from conftest import assert_rows_consistent, make_trajectory
@@ -114,8 +115,6 @@ def test_draw_is_pure_and_seeded():
 def test_seed_none_and_no_global_reseed():
     torch.manual_seed(99)
     before = torch.get_rng_state()
-    import numpy as np
-
     np.random.seed(5)
     np_before = np.random.get_state()[1].copy()
     buffer = TrajectoryReplayBuffer(seed=None)
