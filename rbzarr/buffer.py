@@ -183,15 +183,25 @@ class TrajectoryReplayBuffer:
         return specs
 
     def _claim_store(self) -> None:
-        assert self._store is not None
+        """Refuse a store holding committed data this buffer has not loaded; else claim it.
+
+        A claimed store is committed empty at once, so a crash during the first write
+        leaves a store that can be loaded or written again, not one that is refused.
+        """
+        store = self._store
+        assert store is not None
         if self._store_claimed:
             return
-        if self._store.has_documents() or self._store.list_ids():
+        listed = store.listed_ids()
+        if listed or (listed is None and (store.has_documents() or store.list_ids())):
             raise StoreExistsError(
-                f"{self._store.location.url} already holds a store that this buffer has not "
+                f"{store.location.url} already holds a store that this buffer has not "
                 "loaded; call load_checkpoint() on it first to append, or choose a new path"
             )
         self._store_claimed = True
+        store.write_documents(
+            self._persisted.to_documents(self.trajectory_format, self._metadata_extra())
+        )
 
     def _add_one(self, trajectory: Trajectory, spec: TrajectorySpec) -> Callable[[], None] | None:
         """Update index and cache; return the write task to queue, if persisting."""

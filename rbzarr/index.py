@@ -124,8 +124,10 @@ class TrajectoryIndex:
             raw_entries = documents.trajectory_index["trajectory_index"]
             id_list = [int(i) for i in documents.trajectory_index["trajectory_id_list"]]
             entries = {int(k): dict(v) for k, v in raw_entries.items()}
-            counter = int(
-                documents.metadata.get("trajectory_counter", max(id_list, default=-1) + 1)
+            # Never below max(id) + 1: a crash between the index and the metadata write
+            # leaves the metadata's counter behind, and reusing an id would overwrite data.
+            counter = max(
+                int(documents.metadata.get("trajectory_counter", 0)), max(id_list, default=-1) + 1
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CorruptStoreError(f"{where}: malformed trajectory index: {exc!r}") from exc

@@ -27,7 +27,13 @@ from typing import Any
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, RbzarrError
 from rbzarr.index import TrajectoryIndex
 from rbzarr.storage.file_layout import FileLayout
-from rbzarr.storage.layout import INDEX_FILE, METADATA_FILE, TrajectoryLayout, layout_class
+from rbzarr.storage.layout import (
+    INDEX_FILE,
+    METADATA_FILE,
+    Documents,
+    TrajectoryLayout,
+    layout_class,
+)
 from rbzarr.storage.layout import read_documents as read_store_documents
 from rbzarr.storage.location import Location
 from rbzarr.storage.zarr_layout import ROOT_ATTR, TRAJECTORIES, ZarrLayout
@@ -39,6 +45,8 @@ __all__ = ["Problem", "VerifyReport", "verify_store"]
 # What reading a damaged trajectory can raise: rbzarr's errors, decode failures from the
 # codecs (RuntimeError), bad metadata (ValueError, KeyError, TypeError) and I/O (OSError).
 _READ_ERRORS = (RbzarrError, ValueError, KeyError, TypeError, RuntimeError, OSError)
+# Problems fixed by rewriting the documents from the index rather than by deleting data.
+_DOCUMENT_KINDS = frozenset({"metadata_mismatch", "root_attrs_mismatch"})
 _TEMP_NAME = re.compile(r".+\.tmp-[0-9a-f]{32}")
 
 
@@ -143,6 +151,7 @@ def _check_metadata(
                     "metadata_mismatch",
                     METADATA_FILE,
                     f"{key} is {metadata[key]!r} but the index implies {value}",
+                    repairable=True,
                 )
             )
 
@@ -154,7 +163,9 @@ def _check_root_attrs(
         root = json.loads(location.read_bytes("zarr.json"))
         mirror = root.get("attributes", {}).get(ROOT_ATTR)
     except (FileNotFoundError, ValueError, AttributeError) as exc:
-        report.problems.append(Problem("root_attrs_mismatch", "zarr.json", _one_line(exc)))
+        report.problems.append(
+            Problem("root_attrs_mismatch", "zarr.json", _one_line(exc), repairable=True)
+        )
         return
     expected = {"metadata": documents["metadata"], "trajectory_index": documents["index"]}
     if mirror != expected:
@@ -163,6 +174,7 @@ def _check_root_attrs(
                 "root_attrs_mismatch",
                 "zarr.json",
                 f"root attributes {ROOT_ATTR!r} do not mirror {METADATA_FILE} and {INDEX_FILE}",
+                repairable=True,
             )
         )
 
@@ -249,13 +261,27 @@ def _repair(layout: TrajectoryLayout, report: VerifyReport) -> None:
     index = TrajectoryIndex.from_documents(documents, layout.location.url)
     committed = {"/".join(data_path(layout, index.entries[i])) for i in index.id_list}
     remaining = []
+    stale_documents = False
     for problem in report.problems:
-        if problem.repairable and problem.path not in committed:
+        if problem.kind in _DOCUMENT_KINDS:
+            stale_documents = True
+            report.repaired.append(problem)
+        elif problem.repairable and problem.path not in committed:
             layout.location.delete(*problem.path.split("/"))
             report.repaired.append(problem)
         else:
             remaining.append(problem)
     report.problems = remaining
+    if stale_documents:
+        # The index is the commit point: a crash between the document writes leaves the
+        # metadata (and zarr's root attributes) behind it, never ahead.
+        metadata = {
+            **documents.metadata,
+            "size": len(index),
+            "total_samples": index.total_samples,
+            "trajectory_counter": index.trajectory_counter,
+        }
+        layout.write_documents(Documents(metadata, documents.trajectory_index))
 
 
 def _one_line(exc: BaseException) -> str:

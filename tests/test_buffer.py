@@ -145,7 +145,8 @@ def test_write_error_surfaces_and_flush_retries(tmp_path):
     with pytest.raises(WriterFailedError, match="disk on fire") as info:
         buffer.flush()
     assert isinstance(info.value.__cause__, OSError)
-    assert not (tmp_path / "s" / "trajectory_index.json").exists()
+    index = json.loads((tmp_path / "s" / "trajectory_index.json").read_text())
+    assert index["trajectory_id_list"] == []  # claimed empty, nothing listed before its data
     with pytest.raises(WriterFailedError):
         buffer.add_trajectories([make_trajectory(2, 2, 4)])
     assert len(buffer) == 1

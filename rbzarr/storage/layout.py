@@ -137,6 +137,15 @@ class TrajectoryLayout(ABC):
         """Read both documents; a missing one raises ``CheckpointNotFoundError`` naming it."""
         return read_documents(self.location)
 
+    def listed_ids(self) -> list[int] | None:
+        """Ids the index document lists, or ``None`` when there is no index document."""
+        if not self.location.exists(INDEX_FILE):
+            return None
+        ids = _read_json(self.location, INDEX_FILE).get("trajectory_id_list")
+        if not isinstance(ids, list):
+            raise CorruptStoreError(f"{self.location.url}/{INDEX_FILE}: no trajectory_id_list")
+        return ids
+
     def has_documents(self) -> bool:
         """Whether a store already exists here (either JSON document present)."""
         return self.location.exists(METADATA_FILE) or self.location.exists(INDEX_FILE)
