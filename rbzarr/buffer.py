@@ -273,13 +273,18 @@ class TrajectoryReplayBuffer:
     ) -> list[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
         keys = list(self._schema or {})
         reads = []
+        stored = []
         for where, entry, rows, pending in plan:
-            if pending is not None:
-                flat = flatten_trajectory(pending, validate(pending))
-                reads.append((where, {k: flat[k].index_select(0, rows) for k in keys}))
+            if pending is None:
+                stored.append((where, entry, rows))
                 continue
+            flat = flatten_trajectory(pending, validate(pending))
+            reads.append((where, {k: flat[k].index_select(0, rows) for k in keys}))
+        if stored:
             assert self._store is not None
-            reads.append((where, self._store.read_rows(entry, rows, keys)))
+            requests = [(entry, rows) for _, entry, rows in stored]
+            values = self._store.read_rows_many(requests, keys)
+            reads.extend((where, v) for (where, _, _), v in zip(stored, values, strict=True))
         return reads
 
     def flush(self) -> None:

@@ -91,6 +91,12 @@ class TrajectoryLayout(ABC):
         flat = flatten_trajectory(trajectory, validate(trajectory))
         return {key: flat[key].index_select(0, rows) for key in keys}
 
+    def read_rows_many(
+        self, requests: Sequence[tuple[Entry, torch.Tensor]], keys: Sequence[str]
+    ) -> list[dict[str, torch.Tensor]]:
+        """:meth:`read_rows` for several trajectories; layouts may fetch them concurrently."""
+        return [self.read_rows(entry, rows, keys) for entry, rows in requests]
+
     @abstractmethod
     def delete(self, entry: Entry) -> None:
         """Remove a trajectory's data; missing data is not an error."""

@@ -210,6 +210,28 @@ class ZarrLayout(TrajectoryLayout):
         keys too); rows are then gathered with one vectorised index per key.  Returns
         ``{key: tensor[len(rows), ...]}``.
         """
+        return self.read_rows_many([(entry, rows)], keys)[0]
+
+    def read_rows_many(
+        self, requests: Sequence[tuple[Entry, torch.Tensor]], keys: Sequence[str]
+    ) -> list[dict[str, torch.Tensor]]:
+        """:meth:`read_rows` for several trajectories, every chunk fetched in one round."""
+        plans = [self._plan_rows(entry, rows, keys) for entry, rows in requests]
+        reads = [
+            _read_rows(opened.arrays[key], steps, envs, T)
+            for opened, steps, envs, T in plans
+            for key in keys
+        ]
+        with translate_errors(self.location.url, "reading"):
+            blocks = iter(sync(_gather(*reads)))
+        return [
+            {key: from_numpy(next(blocks), opened.dtypes[key]) for key in keys}
+            for opened, *_ in plans
+        ]
+
+    def _plan_rows(
+        self, entry: Entry, rows: torch.Tensor, keys: Sequence[str]
+    ) -> tuple[_Opened, torch.Tensor, np.ndarray, int]:
         T, B = _time_and_envs(entry)
         rows = torch.as_tensor(rows, dtype=torch.int64).reshape(-1)
         if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= T * B):
@@ -219,16 +241,7 @@ class ZarrLayout(TrajectoryLayout):
             )
         opened = self._open(entry)
         self._check_keys(opened, keys, sampled=True)
-        steps = torch.div(rows, B, rounding_mode="floor")
-        envs = (rows % B).numpy()
-        with translate_errors(self.location.url, "reading"):
-            blocks = sync(
-                _gather(*(_read_rows(opened.arrays[key], steps, envs, T) for key in keys))
-            )
-        return {
-            key: from_numpy(block, opened.dtypes[key])
-            for key, block in zip(keys, blocks, strict=True)
-        }
+        return opened, torch.div(rows, B, rounding_mode="floor"), (rows % B).numpy(), T
 
     def _check_keys(self, opened: _Opened, keys: Sequence[str], sampled: bool = False) -> None:
         for key in keys:
