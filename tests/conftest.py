@@ -8,6 +8,8 @@ import torch
 
 from rbzarr import Trajectory
 
+pytest_plugins = ["s3_fixtures"]
+
 
 def make_trajectory(T: int, B: int, base: int, epochs: int = 1, mwid: str = "w") -> Trajectory:
     """A trajectory where flat row ``i`` of every sampled field encodes ``base + i``.

@@ -1,0 +1,356 @@
+"""A real S3 endpoint for tests and benchmarks: moto's HTTP server behind a proxy we control.
+
+:func:`start_moto` runs ``moto.server.ThreadedMotoServer`` on a free port of 127.0.0.1.
+:class:`S3Proxy` is a small HTTP-aware TCP proxy placed in front of it.  It parses each
+request's line and headers (bodies are relayed by ``Content-Length`` or chunked encoding),
+so it can
+
+* log every request (method and path) and count the bytes sent back to the client, which
+  gives request and byte counts *on the wire*, whatever the client library does;
+* simulate an outage: drop requests (close the connection before the server sees them),
+  from now on or from the first request that matches a trigger, then recover.
+
+Nothing here patches boto, s3fs or zarr: clients just use the proxy's endpoint URL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "REGION",
+    "Request",
+    "S3Proxy",
+    "create_bucket",
+    "s3_storage_options",
+    "start_moto",
+    "unique_bucket_name",
+]
+
+REGION = "us-east-1"
+DUMMY_KEY = "testing"
+DUMMY_SECRET = "testing"
+_HEADER_END = b"\r\n\r\n"
+_RECV = 1 << 16
+
+
+def start_moto() -> tuple[Any, str]:
+    """Start moto's threaded S3 server on a free port; return ``(server, endpoint_url)``.
+
+    Raises ``ImportError`` (never skips) if moto's server extra is not installed.
+    """
+    from moto.server import ThreadedMotoServer  # noqa: PLC0415  (heavy, test-only)
+
+    # werkzeug logs one line per request; keep warnings only.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    return server, f"http://{host}:{port}"
+
+
+def s3_storage_options(endpoint_url: str, timeout: float = 2.0) -> dict[str, Any]:
+    """fsspec/s3fs options for ``endpoint_url`` with dummy credentials and bounded waits.
+
+    botocore makes a single attempt per call (s3fs adds its own few retries) and gives up
+    connecting or reading after ``timeout`` seconds, so an outage surfaces quickly.
+    ``max_concurrency=1`` stops s3fs from sending a HEAD before every whole-object GET.
+    """
+    return {
+        "endpoint_url": endpoint_url,
+        "key": DUMMY_KEY,
+        "secret": DUMMY_SECRET,
+        "client_kwargs": {"region_name": REGION},
+        "config_kwargs": {
+            "connect_timeout": timeout,
+            "read_timeout": timeout,
+            "retries": {"max_attempts": 1, "mode": "standard"},
+        },
+        "max_concurrency": 1,
+    }
+
+
+def unique_bucket_name(prefix: str = "rbzarr") -> str:
+    """A bucket name no other test uses (moto keeps buckets for the server's lifetime)."""
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+def create_bucket(endpoint_url: str, name: str) -> None:
+    """Create bucket ``name`` over HTTP with boto3."""
+    import boto3  # noqa: PLC0415  (test-only dependency)
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint_url,
+        aws_access_key_id=DUMMY_KEY,
+        aws_secret_access_key=DUMMY_SECRET,
+        region_name=REGION,
+    )
+    try:
+        client.create_bucket(Bucket=name)
+    finally:
+        client.close()
+
+
+@dataclass(frozen=True)
+class Request:
+    """One HTTP request the proxy saw: its method and path (query string included)."""
+
+    method: str
+    path: str
+
+    @property
+    def key(self) -> str:
+        """The path without its query string."""
+        return self.path.split("?", 1)[0]
+
+
+Trigger = Callable[[Request], bool]
+
+
+class S3Proxy:
+    """An HTTP/1.1 proxy to ``target`` that logs requests and can simulate outages.
+
+    Parameters
+    ----------
+    target_url
+        ``http://host:port`` of the real server.
+    """
+
+    def __init__(self, target_url: str) -> None:
+        host, port = target_url.removeprefix("http://").rstrip("/").rsplit(":", 1)
+        self._target = (host, int(port))
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._lock = threading.Lock()
+        self._log: list[Request] = []
+        self._dropped: list[Request] = []
+        self._bytes_to_client = 0
+        self._down = False
+        self._trigger: Trigger | None = None
+        self._sockets: set[socket.socket] = set()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        self._acceptor = threading.Thread(target=self._accept_loop, daemon=True)
+        self._acceptor.start()
+
+    # -- control ------------------------------------------------------------------------
+    @property
+    def endpoint_url(self) -> str:
+        """The URL clients use instead of the server's."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def go_down(self, when: Trigger | None = None) -> None:
+        """Drop every request from now on, or from the first one ``when`` accepts."""
+        with self._lock:
+            if when is None:
+                self._down = True
+            else:
+                self._trigger = when
+
+    def go_up(self) -> None:
+        """Forward requests again."""
+        with self._lock:
+            self._down = False
+            self._trigger = None
+
+    @property
+    def is_down(self) -> bool:
+        """Whether requests are being dropped."""
+        with self._lock:
+            return self._down
+
+    def reset_log(self) -> None:
+        """Forget the logged requests and byte counts."""
+        with self._lock:
+            self._log.clear()
+            self._dropped.clear()
+            self._bytes_to_client = 0
+
+    @property
+    def requests(self) -> list[Request]:
+        """Requests forwarded to the server since the last :meth:`reset_log`."""
+        with self._lock:
+            return list(self._log)
+
+    @property
+    def dropped(self) -> list[Request]:
+        """Requests dropped (never forwarded) since the last :meth:`reset_log`."""
+        with self._lock:
+            return list(self._dropped)
+
+    @property
+    def bytes_to_client(self) -> int:
+        """Bytes (headers and bodies) the server sent back since :meth:`reset_log`."""
+        with self._lock:
+            return self._bytes_to_client
+
+    def close(self) -> None:
+        """Stop accepting, close every connection and join the threads."""
+        with self._lock:
+            self._closed = True
+            sockets = list(self._sockets)
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        for sock in sockets:
+            _close(sock)
+        self._acceptor.join()
+        for thread in self._threads:
+            thread.join()
+
+    # -- relaying -----------------------------------------------------------------------
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                if self._closed:
+                    _close(client)
+                    return
+                self._sockets.add(client)
+                thread = threading.Thread(target=self._serve, args=(client,), daemon=True)
+                self._threads = [t for t in self._threads if t.is_alive()]
+                self._threads.append(thread)
+            thread.start()
+
+    def _serve(self, client: socket.socket) -> None:
+        upstream: socket.socket | None = None
+        responder: threading.Thread | None = None
+        try:
+            reader = _Reader(client)
+            while True:
+                head = reader.read_head()
+                if head is None:
+                    return
+                request, length, chunked = _parse_head(head)
+                if not self._admit(request):
+                    return
+                if upstream is None:
+                    upstream = socket.create_connection(self._target)
+                    with self._lock:
+                        self._sockets.add(upstream)
+                    responder = threading.Thread(
+                        target=self._pump_back, args=(upstream, client), daemon=True
+                    )
+                    responder.start()
+                upstream.sendall(head)
+                if chunked:
+                    reader.relay_chunked(upstream)
+                else:
+                    reader.relay(length, upstream)
+        except OSError:
+            return
+        finally:
+            for sock in (client, upstream):
+                if sock is not None:
+                    self._forget(sock)
+            if responder is not None:
+                responder.join()
+
+    def _admit(self, request: Request) -> bool:
+        with self._lock:
+            if not self._down and self._trigger is not None and self._trigger(request):
+                self._down = True
+                self._trigger = None
+            if self._down:
+                self._dropped.append(request)
+                return False
+            self._log.append(request)
+            return True
+
+    def _pump_back(self, upstream: socket.socket, client: socket.socket) -> None:
+        try:
+            while data := upstream.recv(_RECV):
+                with self._lock:
+                    self._bytes_to_client += len(data)
+                client.sendall(data)
+        except OSError:
+            pass
+        finally:
+            self._forget(client)
+
+    def _forget(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.discard(sock)
+        _close(sock)
+
+
+class _Reader:
+    """Buffered reads of one client connection."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buffer = b""
+
+    def _fill(self) -> bool:
+        data = self._sock.recv(_RECV)
+        self._buffer += data
+        return bool(data)
+
+    def read_head(self) -> bytes | None:
+        """The next request's line and headers (through the blank line); None at EOF."""
+        while _HEADER_END not in self._buffer:
+            if not self._fill():
+                return None
+        end = self._buffer.index(_HEADER_END) + len(_HEADER_END)
+        head, self._buffer = self._buffer[:end], self._buffer[end:]
+        return head
+
+    def _read_line(self) -> bytes:
+        while b"\r\n" not in self._buffer:
+            if not self._fill():
+                raise ConnectionError("client closed inside a chunked body")
+        end = self._buffer.index(b"\r\n") + 2
+        line, self._buffer = self._buffer[:end], self._buffer[end:]
+        return line
+
+    def relay(self, count: int, upstream: socket.socket) -> None:
+        """Send the next ``count`` bytes of the client's stream upstream."""
+        while count > 0:
+            if not self._buffer and not self._fill():
+                raise ConnectionError("client closed inside a request body")
+            part, self._buffer = self._buffer[:count], self._buffer[count:]
+            upstream.sendall(part)
+            count -= len(part)
+
+    def relay_chunked(self, upstream: socket.socket) -> None:
+        """Send a chunked body (chunks, the last-chunk and trailers) upstream."""
+        while True:
+            line = self._read_line()
+            upstream.sendall(line)
+            size = int(line.split(b";", 1)[0].strip(), 16)
+            if size == 0:
+                break
+            self.relay(size + 2, upstream)  # the chunk and its CRLF
+        while (line := self._read_line()) != b"\r\n":
+            upstream.sendall(line)
+        upstream.sendall(line)
+
+
+def _parse_head(head: bytes) -> tuple[Request, int, bool]:
+    lines = head.decode("latin-1").split("\r\n")
+    method, path, _version = lines[0].split(" ", 2)
+    headers = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+    length = int(headers.get("content-length", "0") or 0)
+    return Request(method=method, path=path), length, chunked
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()

@@ -1,0 +1,325 @@
+"""The buffer on S3, against moto's real HTTP server (see ``s3_fixtures.py``).
+
+Every request goes through the test's :class:`~s3_server.S3Proxy`, so the tests count what
+actually crosses the wire and can cut the connection mid-write.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import s3fs
+import torch
+import zarr
+from conftest import assert_rows_consistent, make_trajectory
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from s3_server import Request, S3Proxy
+from test_sampling import expected_numbers
+
+from rbzarr import (
+    CheckpointNotFoundError,
+    StorageUnavailableError,
+    Trajectory,
+    TrajectoryReplayBuffer,
+    WriterFailedError,
+)
+from rbzarr.export import export_store, open_layout
+from rbzarr.storage.location import Location
+
+pytestmark = pytest.mark.s3
+
+SIZES = [(12, 4), (8, 4), (10, 4), (6, 4)]
+# Small chunks, so a trajectory spans several chunks per field (2-8 time steps each).
+LAYOUT = {"chunk_bytes": 256}
+SAMPLED_KEYS = [
+    "actions",
+    "rewards",
+    "dones",
+    "prev_logprobs",
+    "curr_obs/state",
+    "next_obs/state",
+    "forward_inputs/tokens",
+]
+
+
+def fill(buffer: TrajectoryReplayBuffer, sizes: list[tuple[int, int]]) -> list[Trajectory]:
+    """Add one trajectory per size (ids 0, 1, ...); return them for comparison."""
+    added, base = [], 0
+    for T, B in sizes:
+        trajectory = make_trajectory(T, B, base)
+        buffer.add_trajectories([trajectory])
+        added.append(trajectory)
+        base += T * B
+    return added
+
+
+def assert_same_trajectory(actual: Trajectory, expected: Trajectory) -> None:
+    got, want = actual.tensors(), expected.tensors()
+    assert list(got) == list(want)
+    for key, value in want.items():
+        assert got[key].dtype == value.dtype, key
+        assert torch.equal(got[key], value), key
+
+
+def locate(number: int, sizes: list[tuple[int, int]]) -> tuple[int, int]:
+    """The (trajectory id, flat row) that sample number ``number`` came from."""
+    base = 0
+    for trajectory_id, (T, B) in enumerate(sizes):
+        if number < base + T * B:
+            return trajectory_id, number - base
+        base += T * B
+    raise AssertionError(f"number {number} is beyond every trajectory")
+
+
+def chunk_lengths(url: str, options: dict[str, Any], count: int) -> dict[tuple[int, str], int]:
+    """Time steps per chunk of every sampled array, read from the arrays' own metadata."""
+    store = Location.from_url(url, options).zarr_store(read_only=True)
+    return {
+        (tid, key): int(
+            zarr.open_array(store, path=f"trajectories/{tid}/{key}", mode="r").chunks[0]
+        )
+        for tid in range(count)
+        for key in SAMPLED_KEYS
+    }
+
+
+def touched_chunks(
+    numbers: torch.Tensor, sizes: list[tuple[int, int]], lengths: dict[tuple[int, str], int]
+) -> set[tuple[int, str, int]]:
+    """Distinct (trajectory, key, chunk) holding the sampled rows (dones: raw row t + 1)."""
+    touched = set()
+    for number in numbers.tolist():
+        tid, row = locate(int(number), sizes)
+        step = row // sizes[tid][1]
+        for key in SAMPLED_KEYS:
+            raw = step + 1 if key == "dones" else step
+            touched.add((tid, key, raw // lengths[tid, key]))
+    return touched
+
+
+def chunk_of(request: Request, bucket: str) -> tuple[int, str, int] | None:
+    """(trajectory, key, chunk along time) if ``request`` reads a chunk, else None."""
+    match = re.fullmatch(rf"/{bucket}/store/trajectories/(\d+)/(.+)/c/(\d+)(?:/0)*", request.key)
+    return None if match is None else (int(match[1]), match[2], int(match[3]))
+
+
+def after(count: int, predicate: Callable[[Request], bool]) -> Callable[[Request], bool]:
+    """A proxy trigger that fires on the ``count``-th request ``predicate`` accepts."""
+    seen = itertools.count(1)
+    return lambda request: predicate(request) and next(seen) >= count
+
+
+def read_index(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(Location.from_url(url, options).read_bytes("trajectory_index.json"))
+
+
+# -- lifecycle --------------------------------------------------------------------------
+def test_lifecycle_on_s3(s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any]):
+    url, ckpt = f"s3://{s3_bucket}/store", f"s3://{s3_bucket}/ckpt"
+    with TrajectoryReplayBuffer(
+        seed=7,
+        cache_size=1,
+        sample_window_size=100,
+        auto_save=True,
+        auto_save_path=url,
+        storage_options=s3_options,
+        layout_options=LAYOUT,
+    ) as buffer:
+        added = fill(buffer, SIZES)
+        buffer.flush()
+        assert read_index(url, s3_options)["trajectory_id_list"] == list(range(len(SIZES)))
+
+        # Only the last trajectory is cached: the rest of each batch is read from S3.
+        calls = [17, 64, 5]
+        for n, want in zip(calls, expected_numbers(7, SIZES, 100, calls), strict=True):
+            s3_proxy.reset_log()
+            assert torch.equal(assert_rows_consistent(buffer.sample(n)), want)
+            served = {chunk_of(r, s3_bucket) for r in s3_proxy.requests} - {None}
+            missed = {locate(int(x), SIZES)[0] for x in want.tolist()} - {len(SIZES) - 1}
+            assert {tid for tid, _, _ in served} == missed
+
+        buffer.save_checkpoint(ckpt)
+        next_draw = assert_rows_consistent(buffer.sample(50))
+
+    # Full load: same index and counter, and the generator continues where it was saved.
+    restored = TrajectoryReplayBuffer(seed=0, storage_options=s3_options)
+    restored.load_checkpoint(ckpt)
+    assert len(restored) == len(SIZES) and restored.trajectory_counter == len(SIZES)
+    assert restored.total_samples == sum(T * B for T, B in SIZES)
+    assert torch.equal(assert_rows_consistent(restored.sample(50)), next_draw)
+    layout, _ = open_layout(ckpt, s3_options)
+    for trajectory_id, trajectory in enumerate(added):
+        entry = restored._index.entries[trajectory_id]
+        assert_same_trajectory(layout.read(entry), trajectory)
+
+    # Sharded loads: disjoint, complete, RLinf's split.
+    shares = []
+    for rank in range(3):
+        shard = TrajectoryReplayBuffer(storage_options=s3_options)
+        shard.load_checkpoint(ckpt, is_distributed=True, local_rank=rank, world_size=3)
+        shares.append(shard._index.id_list)
+        numbers = assert_rows_consistent(shard.sample(30))
+        assert {locate(int(x), SIZES)[0] for x in numbers.tolist()} <= set(shares[-1])
+    assert shares == [[0, 1], [2], [3]]
+
+
+def test_export_between_s3_and_local(
+    tmp_path: Path, s3_bucket: str, s3_options: dict[str, Any]
+) -> None:
+    source, back = f"s3://{s3_bucket}/store", f"s3://{s3_bucket}/from-local"
+    with TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=source, storage_options=s3_options
+    ) as buffer:
+        added = fill(buffer, SIZES[:3])
+    export_store(source, tmp_path / "pt", "pt", storage_options=s3_options)
+    export_store(tmp_path / "pt", back, "zarr", destination_options=s3_options, last=2)
+    for url, options, ids in (
+        (str(tmp_path / "pt"), None, [0, 1, 2]),
+        (back, s3_options, [1, 2]),
+    ):
+        layout, documents = open_layout(url, options)
+        assert documents.trajectory_index["trajectory_id_list"] == ids
+        assert documents.metadata["trajectory_counter"] == 3
+        for tid in ids:
+            entry = documents.trajectory_index["trajectory_index"][str(tid)]
+            assert_same_trajectory(layout.read(entry), added[tid])
+
+
+# -- requests per batch -----------------------------------------------------------------
+def test_a_batch_gets_each_touched_chunk_once(
+    s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any], s3_direct_options: dict
+):
+    url = f"s3://{s3_bucket}/store"
+    with TrajectoryReplayBuffer(
+        seed=11,
+        enable_cache=False,
+        cache_size=0,
+        sample_window_size=0,
+        auto_save=True,
+        auto_save_path=url,
+        storage_options=s3_options,
+        layout_options=LAYOUT,
+    ) as buffer:
+        fill(buffer, SIZES)
+        buffer.flush()
+        lengths = chunk_lengths(url, s3_direct_options, len(SIZES))
+        opened: set[int] = set()
+
+        @settings(max_examples=8, deadline=None, derandomize=True)
+        @given(n=st.integers(1, 100))
+        def check(n: int) -> None:
+            s3_proxy.reset_log()
+            numbers = assert_rows_consistent(buffer.sample(n))
+            touched = touched_chunks(numbers, SIZES, lengths)
+            requests = s3_proxy.requests
+            assert {r.method for r in requests} == {"GET"}  # no HEAD before a GET
+            chunks = [chunk_of(r, s3_bucket) for r in requests]
+            # Every touched chunk is fetched exactly once, and no other chunk is.
+            assert sorted(c for c in chunks if c is not None) == sorted(touched)
+            # The rest is metadata of trajectories opened for the first time (then cached).
+            metadata = [r.key for r, c in zip(requests, chunks, strict=True) if c is None]
+            assert all(key.endswith("/zarr.json") for key in metadata)
+            first_seen = {tid for tid, _, _ in touched} - opened
+            assert {int(key.split("/")[4]) for key in metadata} == first_seen
+            opened.update(first_seen)
+            if not first_seen:
+                assert len(requests) <= len(touched)
+
+        check()
+        s3_proxy.reset_log()
+        numbers = assert_rows_consistent(buffer.sample(64))
+        assert len(s3_proxy.requests) <= len(touched_chunks(numbers, SIZES, lengths))
+
+
+# -- outages ----------------------------------------------------------------------------
+@pytest.fixture
+def fast_s3_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """s3fs retries a failed call 5 times with backoff (~2 s, nested for reads); 2 here."""
+    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 2)
+
+
+@pytest.mark.usefixtures("fast_s3_retries")
+def test_outage_mid_write_is_reported_and_recovered(
+    s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any], s3_direct_options: dict
+):
+    url = f"s3://{s3_bucket}/store"
+    buffer = TrajectoryReplayBuffer(
+        seed=3,
+        enable_cache=False,
+        cache_size=0,
+        auto_save=True,
+        auto_save_path=url,
+        storage_options=s3_options,
+    )
+    added = fill(buffer, [(4, 4)])
+    buffer.flush()
+    # The connection dies after two chunks of trajectory 1 reached the server.
+    s3_proxy.go_down(
+        when=after(
+            3, lambda r: r.method == "PUT" and "/trajectories/1/" in r.key and "/c/" in r.key
+        )
+    )
+    added += [make_trajectory(4, 4, 16), make_trajectory(2, 4, 32)]
+    buffer.add_trajectories(added[1:])
+
+    with pytest.raises(WriterFailedError, match=re.escape(url)) as failure:
+        buffer.flush()
+    cause = failure.value.__cause__
+    assert isinstance(cause, StorageUnavailableError) and url in str(cause)
+    assert s3_proxy.is_down and s3_proxy.dropped
+
+    # The server holds part of trajectory 1, but no index lists it.
+    direct = Location.from_url(url, s3_direct_options)
+    assert direct.list_names("trajectories", "1")
+    group = json.loads(direct.read_bytes("trajectories", "1", "zarr.json"))
+    assert "fields" not in group.get("attributes", {})
+    assert read_index(url, s3_direct_options)["trajectory_id_list"] == [0]
+    reader = TrajectoryReplayBuffer(storage_options=s3_direct_options)
+    reader.load_checkpoint(url)
+    assert reader._index.id_list == [0]
+
+    # Reads during the outage fail loudly; they never return zeros or "not found".
+    with pytest.raises(StorageUnavailableError, match=re.escape(url)):
+        buffer.sample(16)
+    with pytest.raises(WriterFailedError):
+        buffer.add_trajectories([make_trajectory(2, 2, 1000)])
+
+    s3_proxy.go_up()
+    buffer.flush()
+    buffer.close()
+    assert read_index(url, s3_direct_options)["trajectory_id_list"] == [0, 1, 2]
+    layout, documents = open_layout(url, s3_direct_options)
+    for tid, trajectory in enumerate(added):
+        entry = documents.trajectory_index["trajectory_index"][str(tid)]
+        assert_same_trajectory(layout.read(entry), trajectory)
+
+
+@pytest.mark.usefixtures("fast_s3_retries")
+def test_unreachable_store_is_unavailable_not_missing(
+    s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any]
+):
+    url = f"s3://{s3_bucket}/ckpt"
+    buffer = TrajectoryReplayBuffer(storage_options=s3_options)
+    fill(buffer, [(2, 2), (2, 2)])
+    buffer.save_checkpoint(url)
+    s3_proxy.go_down()
+    for action in (
+        lambda: TrajectoryReplayBuffer(storage_options=s3_options).load_checkpoint(url),
+        lambda: TrajectoryReplayBuffer(
+            auto_save=True, auto_save_path=url + "-new", storage_options=s3_options
+        ).add_trajectories([make_trajectory(2, 2, 0)]),
+    ):
+        with pytest.raises(StorageUnavailableError, match=re.escape(url)) as info:
+            action()
+        assert not isinstance(info.value, CheckpointNotFoundError)
+    s3_proxy.go_up()
+    restored = TrajectoryReplayBuffer(storage_options=s3_options)
+    restored.load_checkpoint(url)
+    assert restored._index.id_list == [0, 1]
