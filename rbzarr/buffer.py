@@ -192,8 +192,7 @@ class TrajectoryReplayBuffer:
         assert store is not None
         if self._store_claimed:
             return
-        listed = store.listed_ids()
-        if listed or (listed is None and (store.has_documents() or store.list_ids())):
+        if store.holds_data():
             raise StoreExistsError(
                 f"{store.location.url} already holds a store that this buffer has not "
                 "loaded; call load_checkpoint() on it first to append, or choose a new path"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from rbzarr.errors import CheckpointNotFoundError, InvalidTrajectoryError
+from rbzarr.errors import CheckpointNotFoundError, InvalidTrajectoryError, StoreExistsError
 from rbzarr.index import TrajectoryIndex
 from rbzarr.storage.layout import TrajectoryLayout, layout_class, read_documents
 from rbzarr.storage.location import Location
@@ -50,6 +50,11 @@ def save(buffer: TrajectoryReplayBuffer, save_path: str | os.PathLike[str]) -> N
             "drop older trajectories from the store's index; choose another path"
         )
     target = buffer._open_layout(destination.url)
+    if target.holds_data():
+        raise StoreExistsError(
+            f"{destination.url} already holds a store; a checkpoint never overwrites data: "
+            "choose a new save_path or delete the old checkpoint first"
+        )
     buffer._writer.flush()
     # Hold the lock throughout: the saved set is the one at save time, and no concurrent
     # add may evict a cached trajectory half-way through.
@@ -169,6 +174,12 @@ def _adopt_into_store(
         buffer._persisted = full.subset(full.id_list)
         buffer._store_claimed = True
         return
+    if buffer._persisted.id_list:
+        raise StoreExistsError(
+            f"{store.location.url} holds {len(buffer._persisted.id_list)} trajectories of this "
+            "buffer; loading a checkpoint here would orphan them: call clear() first or load "
+            "into a buffer with a fresh auto_save_path"
+        )
     buffer._claim_store()
     for trajectory_id in share.id_list:
         source.copy_to(store, share.entries[trajectory_id])

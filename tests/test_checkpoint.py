@@ -485,3 +485,31 @@ def test_counter_behind_the_index_never_reuses_an_id(tmp_path, fmt):
         assert state(second) == (3, 3 * ROWS, 3)
         fill(second, [3])
     assert_checkpoint(store, fmt, [0, 1, 2, 3], counter=4)
+
+
+def test_save_never_overwrites_an_existing_store(tmp_path):
+    buffer = TrajectoryReplayBuffer(sample_window_size=2)
+    buffer.add_trajectories([make_trajectory(2, 2, 0)])
+    buffer.save_checkpoint(tmp_path / "ckpt")
+    before = sorted(p.read_bytes() for p in (tmp_path / "ckpt").rglob("*") if p.is_file())
+    buffer.add_trajectories([make_trajectory(2, 2, 4)])
+    with pytest.raises(StoreExistsError, match="already holds a store"):
+        buffer.save_checkpoint(tmp_path / "ckpt")
+    after = sorted(p.read_bytes() for p in (tmp_path / "ckpt").rglob("*") if p.is_file())
+    assert before == after
+
+
+def test_load_refuses_to_orphan_the_buffers_own_trajectories(tmp_path):
+    source = TrajectoryReplayBuffer(sample_window_size=2)
+    source.add_trajectories([make_trajectory(2, 2, 0)])
+    source.save_checkpoint(tmp_path / "ckpt")
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "auto")
+    buffer.add_trajectories([make_trajectory(2, 2, 100)])
+    buffer.flush()
+    with pytest.raises(StoreExistsError, match="would orphan them"):
+        buffer.load_checkpoint(tmp_path / "ckpt")
+    assert len(buffer) == 1 and buffer.trajectory_counter == 1
+    buffer.clear()
+    buffer.load_checkpoint(tmp_path / "ckpt")
+    assert len(buffer) == 1
+    buffer.close()

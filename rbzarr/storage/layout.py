@@ -123,6 +123,11 @@ class TrajectoryLayout(ABC):
     def copy_to(self, target: TrajectoryLayout, entry: Entry) -> None:
         """Copy one trajectory into ``target``: object by object when both layouts are of
         the same kind, else by decoding and re-encoding it."""
+        if not self.contains(entry):
+            raise CheckpointNotFoundError(
+                f"{self.location.url}: trajectory {entry['trajectory_id']} is indexed but its "
+                "data is missing"
+            )
         path = self.trajectory_path(entry)
         if type(target) is type(self) and path is not None:
             target.location.delete(*path)
@@ -151,6 +156,12 @@ class TrajectoryLayout(ABC):
         if not isinstance(ids, list):
             raise CorruptStoreError(f"{self.location.url}/{INDEX_FILE}: no trajectory_id_list")
         return ids
+
+    def holds_data(self) -> bool:
+        """Whether anything would be overwritten here: an index listing trajectories, or
+        (without an index) a metadata document or trajectory data."""
+        listed = self.listed_ids()
+        return bool(listed) or (listed is None and (self.has_documents() or bool(self.list_ids())))
 
     def has_documents(self) -> bool:
         """Whether a store already exists here (either JSON document present)."""
