@@ -245,11 +245,12 @@ class TrajectoryReplayBuffer:
             if not window:
                 raise RuntimeError("cannot sample from an empty buffer: add trajectories first")
             positions, rows = self._sampler.draw(num_chunks, self._index.sample_counts(window))
-            ids = torch.tensor(window, dtype=torch.int64)[positions]
-            hit = torch.tensor([i in self._cache for i in window], dtype=torch.bool)[positions]
-            cached = self._cache.gather(ids[hit], rows[hit]) if bool(hit.any()) else {}
+            slots = self._cache.slots(window)[positions]
+            hit = slots >= 0
             if bool(hit.all()):
-                return tree.unflatten(cached)
+                return tree.unflatten(self._cache.gather(slots, rows))
+            cached = self._cache.gather(slots[hit], rows[hit]) if bool(hit.any()) else {}
+            ids = torch.tensor(window, dtype=torch.int64)[positions]
             misses = self._plan_misses(ids, rows, hit)
             schema = self._schema
         assert schema is not None

@@ -118,17 +118,19 @@ class TrajectoryCache:
                 new[: old.shape[0], : old.shape[1]].copy_(old)
             self._storage[key] = new
 
-    def gather(self, trajectory_ids: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Rows ``rows`` of cached trajectories ``trajectory_ids`` (all must be cached).
+    def slots(self, trajectory_ids: list[int]) -> torch.Tensor:
+        """The slot of each id (``-1`` where not cached), as an int64 tensor."""
+        return torch.tensor([self._slot_of.get(i, -1) for i in trajectory_ids], dtype=torch.int64)
+
+    def gather(self, slots: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Rows ``rows`` of the trajectories in ``slots`` (from :meth:`slots`, all cached).
 
         One ``index_select`` per key; the results are fresh tensors.
         """
-        unique, inverse = torch.unique(trajectory_ids, return_inverse=True)
-        slot_of_unique = torch.tensor([self._slot_of[int(i)] for i in unique], dtype=torch.int64)
-        flat_index = slot_of_unique[inverse] * self._max_rows + rows
+        flat_index = slots * self._max_rows + rows
         return {
-            key: slots.view(-1, *slots.shape[2:]).index_select(0, flat_index)
-            for key, slots in self._storage.items()
+            key: slots_tensor.view(-1, *slots_tensor.shape[2:]).index_select(0, flat_index)
+            for key, slots_tensor in self._storage.items()
         }
 
     def trajectory(self, trajectory_id: int) -> Trajectory:

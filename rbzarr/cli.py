@@ -301,5 +301,20 @@ def demo(store: str, **settings: Any) -> None:
     click.echo(report(run_demo(DemoSettings(store=Path(store), **settings))))
 
 
+@main.command(
+    context_settings={
+        "ignore_unknown_options": True,
+        "allow_extra_args": True,
+        "help_option_names": [],
+    }
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench(args: tuple[str, ...]) -> None:
+    """Sampling and write benchmarks (benchmarks/README.md); ``bench --help`` for flags."""
+    from rbzarr import bench as benchmarks  # noqa: PLC0415
+
+    raise SystemExit(benchmarks.main(list(args)))
+
+
 if __name__ == "__main__":
     main()
