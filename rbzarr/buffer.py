@@ -229,9 +229,12 @@ class TrajectoryReplayBuffer:
         persisted.trajectory_counter = max(persisted.trajectory_counter, trajectory_id + 1)
         with self._lock:
             extra = self._metadata_extra()
-        self._store.write_documents(persisted.to_documents(self.trajectory_format, extra))
-        with self._lock:
+            # The data is complete and readable from the store from here on.
             self._pending.pop(trajectory_id, None)
+        # With more writes queued behind this one, the last of them commits for all: one
+        # index rewrite per burst instead of one per trajectory.
+        if self._writer.pending <= 1:
+            self._store.write_documents(persisted.to_documents(self.trajectory_format, extra))
 
     def sample(self, num_chunks: int) -> dict[str, Any]:
         """Sample ``num_chunks`` rows uniformly from the window; see ``behaviour.md``.
