@@ -176,6 +176,11 @@ class TrajectoryReplayBuffer:
         for position, trajectory in enumerate(trajectories):
             try:
                 spec = validate(trajectory, schema)
+                if self._store is not None:
+                    # pt/pkl put model_weights_id in a file name: refuse it now, not in the writer.
+                    self._store.trajectory_path(
+                        {"trajectory_id": 0, "model_weights_id": trajectory.model_weights_id}
+                    )
             except ValueError as exc:
                 raise type(exc)(f"trajectory {position} of this call: {exc}") from exc
             schema = spec.schema

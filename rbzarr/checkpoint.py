@@ -9,11 +9,17 @@ documents, takes this rank's share, reads everything it needs *before* touching 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from rbzarr.errors import CheckpointNotFoundError, InvalidTrajectoryError, StoreExistsError
 from rbzarr.index import TrajectoryIndex
-from rbzarr.storage.layout import TrajectoryLayout, layout_class, read_documents
+from rbzarr.storage.layout import (
+    TrajectoryLayout,
+    check_entry_shape,
+    layout_class,
+    read_documents,
+)
 from rbzarr.storage.location import Location
 from rbzarr.trajectory import Schema, Trajectory, TrajectorySpec, split_trajectory, validate
 
@@ -64,6 +70,8 @@ def save(buffer: TrajectoryReplayBuffer, save_path: str | os.PathLike[str]) -> N
         else:
             ids = buffer._cache.ids()
         index = buffer._index.subset(ids)
+        for trajectory_id in ids:  # unsafe file names fail here, before anything is written
+            target.trajectory_path(index.entries[trajectory_id])
         extra = {**buffer._metadata_extra(), "sampler": buffer._sampler.state_dict()}
         for trajectory_id in ids:
             entry = index.entries[trajectory_id]
@@ -101,13 +109,14 @@ def load(
     warm = _warm_ids(buffer, share)
     loaded = [(i, source.read(share.entries[i])) for i in warm]
     schema = schema_from_json(documents.metadata.get("schema"))
-    specs = _validate_all(loaded, schema, location.url)
+    specs = _validate_all(loaded, schema, location.url, share.entries)
     if schema is None and specs:
         schema = specs[-1].schema
     elif schema is None and share.id_list:
         # An RLinf checkpoint records no schema and nothing was warmed: learn it from data.
         last = share.id_list[-1]
-        (spec,) = _validate_all([(last, source.read(share.entries[last]))], None, location.url)
+        pair = [(last, source.read(share.entries[last]))]
+        (spec,) = _validate_all(pair, None, location.url, share.entries)
         schema = spec.schema
     buffer._writer.flush()
     with buffer._lock:
@@ -141,7 +150,10 @@ def _warm_ids(buffer: TrajectoryReplayBuffer, share: TrajectoryIndex) -> list[in
 
 
 def _validate_all(
-    loaded: list[tuple[int, Trajectory]], schema: Schema | None, where: str
+    loaded: list[tuple[int, Trajectory]],
+    schema: Schema | None,
+    where: str,
+    entries: Mapping[int, Mapping[str, Any]],
 ) -> list[TrajectorySpec]:
     specs = []
     for trajectory_id, trajectory in loaded:
@@ -149,6 +161,7 @@ def _validate_all(
             spec = validate(trajectory, schema)
         except InvalidTrajectoryError as exc:
             raise InvalidTrajectoryError(f"{where}: trajectory {trajectory_id}: {exc}") from exc
+        check_entry_shape(entries[trajectory_id], list(spec.shape), where)
         schema = spec.schema
         specs.append(spec)
     return specs

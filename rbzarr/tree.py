@@ -19,6 +19,9 @@ SEP = "/"
 
 Tree = Mapping[str, Any]
 
+# Keys become path parts in a store: never a relative part or a Zarr metadata document.
+_RESERVED = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"})
+
 
 def leaves(tree: Tree, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """Yield ``(path, value)`` for every non-dict value of ``tree``, depth first.
@@ -27,7 +30,12 @@ def leaves(tree: Tree, prefix: str = "") -> Iterator[tuple[str, Any]]:
     naming the offending path.
     """
     for key, value in tree.items():
-        if not isinstance(key, str) or not key or SEP in key:
+        if (
+            not isinstance(key, str)
+            or key in ("", ".", "..")
+            or key in _RESERVED
+            or any(ch in key for ch in (SEP, "\\", "\x00"))
+        ):
             raise ValueError(
                 f"invalid key {key!r} under {prefix or '<root>'!r}: keys must be "
                 f"non-empty strings without {SEP!r}"

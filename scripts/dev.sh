@@ -16,11 +16,11 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 case "$job" in
     demo)
-        .venv/bin/pip install --quiet -e '.[demo]'
+        .venv/bin/pip install --quiet -c scripts/constraints.txt -e '.[demo]'
         exec .venv/bin/rbzarr demo "$@"
         ;;
     test)
-        .venv/bin/pip install --quiet -e '.[dev]'
+        .venv/bin/pip install --quiet -c scripts/constraints.txt -e '.[dev]'
         .venv/bin/ruff format --check rbzarr tests benchmarks
         .venv/bin/ruff check rbzarr tests benchmarks
         .venv/bin/mypy rbzarr

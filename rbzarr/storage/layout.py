@@ -24,6 +24,7 @@ __all__ = [
     "INDEX_FILE",
     "METADATA_FILE",
     "Documents",
+    "check_entry_shape",
     "TrajectoryLayout",
     "layout_class",
     "read_documents",
@@ -88,7 +89,9 @@ class TrajectoryLayout(ABC):
         (flattening needs the reference field and T, whichever keys are asked for).
         """
         trajectory = self.read(entry)
-        flat = flatten_trajectory(trajectory, validate(trajectory))
+        spec = validate(trajectory)
+        check_entry_shape(entry, list(spec.shape), self.location.url)
+        flat = flatten_trajectory(trajectory, spec)
         return {key: flat[key].index_select(0, rows) for key in keys}
 
     def read_rows_many(
@@ -166,6 +169,15 @@ class TrajectoryLayout(ABC):
     def has_documents(self) -> bool:
         """Whether a store already exists here (either JSON document present)."""
         return self.location.exists(METADATA_FILE) or self.location.exists(INDEX_FILE)
+
+
+def check_entry_shape(entry: Entry, shape: Sequence[int], where: str) -> None:
+    """Raise :class:`CorruptStoreError` when data of ``shape`` disagrees with its entry."""
+    if list(shape) != [int(d) for d in entry["shape"]]:
+        raise CorruptStoreError(
+            f"{where}: trajectory {entry['trajectory_id']}: its data has shape {list(shape)} "
+            f"but the index says {list(entry['shape'])}"
+        )
 
 
 def read_documents(location: Location) -> Documents:

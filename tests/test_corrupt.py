@@ -1,0 +1,209 @@
+"""Corrupt stores: damage is a named error at load or sample time, never garbage or a hang.
+
+Each case damages a committed three-trajectory store, then reads it two ways: a full
+``load_checkpoint`` into a memory buffer that warms every trajectory (the cache path), and an
+``auto_save`` buffer of the same format continuing the store with no cache, so sampling
+reads rows from storage (the storage path).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import assert_rows_consistent, make_trajectory
+
+from rbzarr import (
+    CheckpointNotFoundError,
+    CorruptStoreError,
+    RbzarrError,
+    TrajectoryReplayBuffer,
+    UnsafePathError,
+)
+
+NAMED = (CorruptStoreError, CheckpointNotFoundError, UnsafePathError)
+pytestmark = pytest.mark.timeout(60)
+
+
+def build(path: Path, fmt: str) -> Path:
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=path, trajectory_format=fmt) as b:
+        b.add_trajectories([make_trajectory(4, 3, 100 * i, epochs=2) for i in range(3)])
+    return path
+
+
+def via_cache(store: Path) -> dict:
+    buffer = TrajectoryReplayBuffer(sample_window_size=0)
+    buffer.load_checkpoint(store)
+    return buffer.sample(64)
+
+
+def via_storage(store: Path, fmt: str) -> dict:
+    buffer = TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=store, trajectory_format=fmt, cache_size=0
+    )
+    buffer.load_checkpoint(store)
+    try:
+        return buffer.sample(64)
+    finally:
+        buffer.close()
+
+
+def assert_refused(store: Path, fmt: str, names: str) -> None:
+    """Both read paths raise a named rbzarr error whose message mentions ``names``."""
+    for read in (lambda: via_cache(store), lambda: via_storage(store, fmt)):
+        with pytest.raises(NAMED) as info:
+            batch = read()
+            assert_rows_consistent(batch)  # reached only if nothing was detected
+        assert names in str(info.value), str(info.value)
+
+
+def chunk(store: Path) -> Path:
+    return store / "trajectories" / "1" / "rewards" / "c" / "0" / "0" / "0"
+
+
+def rewrite(path: Path, transform: Callable[[bytes], bytes]) -> None:
+    path.write_bytes(transform(path.read_bytes()))
+
+
+CHUNK_DAMAGE = {
+    "truncated": lambda p: rewrite(p, lambda b: b[: len(b) // 2]),
+    "garbage": lambda p: rewrite(p, lambda b: bytes(255 - x for x in b)),
+    "empty": lambda p: rewrite(p, lambda b: b""),
+    "missing": os.remove,
+}
+
+
+@pytest.mark.parametrize("damage", sorted(CHUNK_DAMAGE))
+def test_zarr_chunk_damage_is_a_named_error(tmp_path, damage):
+    store = build(tmp_path / "s", "zarr")
+    CHUNK_DAMAGE[damage](chunk(store))
+    assert_refused(store, "zarr", "trajectories/1")
+
+
+@pytest.mark.parametrize("document", ["zarr.json", "rewards/zarr.json"])
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_zarr_node_metadata_damage_is_a_named_error(tmp_path, document, damage):
+    store = build(tmp_path / "s", "zarr")
+    target = store / "trajectories" / "1" / document
+    rewrite(target, (lambda b: b"{not json") if damage == "garbage" else (lambda b: b[:30]))
+    assert_refused(store, "zarr", "trajectories/1")
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "pt", "pkl"])
+@pytest.mark.parametrize("name", ["metadata.json", "trajectory_index.json"])
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "not-an-object", "missing"])
+def test_document_damage_is_a_named_error(tmp_path, fmt, name, damage):
+    store = build(tmp_path / "s", fmt)
+    target = store / name
+    if damage == "missing":
+        target.unlink()
+    else:
+        replacement = {"garbage": b"\x8f\x00garbage", "not-an-object": b"[1, 2]"}
+        rewrite(target, lambda b: replacement.get(damage, b[: len(b) // 2]))
+    with pytest.raises(NAMED, match=name):
+        via_cache(store)
+    with pytest.raises(NAMED, match=name):
+        TrajectoryReplayBuffer(
+            auto_save=True, auto_save_path=store, trajectory_format=fmt
+        ).load_checkpoint(store)
+
+
+def trajectory_file(store: Path, fmt: str) -> Path:
+    (path,) = store.glob(f"trajectory_1_*.{fmt}")
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["pt", "pkl"])
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_file_damage_is_a_named_error(tmp_path, fmt, damage):
+    store = build(tmp_path / "s", fmt)
+    target = trajectory_file(store, fmt)
+    transform = {
+        "truncated": lambda b: b[: len(b) // 2],
+        "garbage": lambda b: bytes(255 - x for x in b),
+        "empty": lambda b: b"",
+    }[damage]
+    rewrite(target, transform)
+    assert_refused(store, fmt, target.name)
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "pt", "pkl"])
+def test_missing_trajectory_data_is_checkpoint_not_found(tmp_path, fmt):
+    store = build(tmp_path / "s", fmt)
+    if fmt == "zarr":
+        shutil.rmtree(store / "trajectories" / "1")
+    else:
+        trajectory_file(store, fmt).unlink()
+    for read in (lambda: via_cache(store), lambda: via_storage(store, fmt)):
+        with pytest.raises(CheckpointNotFoundError, match=r"\[1\]"):
+            read()
+
+
+def test_missing_zarr_array_is_a_named_error(tmp_path):
+    store = build(tmp_path / "s", "zarr")
+    shutil.rmtree(store / "trajectories" / "1" / "curr_obs" / "state")
+    assert_refused(store, "zarr", "trajectories/1")
+
+
+def edit_index(store: Path, edit: Callable[[dict], None]) -> None:
+    path = store / "trajectory_index.json"
+    document = json.loads(path.read_text())
+    edit(document)
+    path.write_text(json.dumps(document))
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "pt"])
+@pytest.mark.parametrize("shape", [[8, 3], [4, 2], [2, 6]])
+def test_index_shape_disagreeing_with_data_is_refused(tmp_path, fmt, shape):
+    store = build(tmp_path / "s", fmt)
+
+    def edit(document: dict) -> None:
+        entry = document["trajectory_index"]["1"]
+        entry["shape"], entry["num_samples"] = shape, shape[0] * shape[1]
+
+    edit_index(store, edit)
+    assert_refused(store, fmt, "1")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("trajectory_id", "../1"),
+        ("trajectory_id", None),
+        ("shape", [4]),
+        ("shape", "4x3"),
+        ("num_samples", 99),
+    ],
+)
+def test_malformed_index_entries_are_corrupt_store_errors(tmp_path, field, value):
+    store = build(tmp_path / "s", "zarr")
+    edit_index(store, lambda d: d["trajectory_index"]["1"].__setitem__(field, value))
+    with pytest.raises(CorruptStoreError, match=r"trajectory_index|index entry"):
+        via_cache(store)
+
+
+def test_id_list_naming_an_unknown_or_escaping_id_is_refused(tmp_path):
+    store = build(tmp_path / "s", "zarr")
+    edit_index(store, lambda d: d["trajectory_id_list"].append("../../etc"))
+    with pytest.raises(CorruptStoreError):
+        via_cache(store)
+    edit_index(store, lambda d: d["trajectory_id_list"].__setitem__(-1, 7))
+    with pytest.raises(CorruptStoreError, match=r"\[7\]"):
+        via_cache(store)
+
+
+def test_a_failed_load_leaves_the_buffer_as_it_was(tmp_path):
+    good = build(tmp_path / "good", "zarr")
+    bad = build(tmp_path / "bad", "zarr")
+    CHUNK_DAMAGE["truncated"](chunk(bad))
+    buffer = TrajectoryReplayBuffer(sample_window_size=0, seed=5)
+    buffer.load_checkpoint(good)
+    stats = buffer.get_stats()
+    with pytest.raises(RbzarrError):
+        buffer.load_checkpoint(bad)
+    assert buffer.get_stats() == stats
+    assert_rows_consistent(buffer.sample(16))

@@ -1,0 +1,298 @@
+"""Crash safety: a writer SIGKILLed at random points never leaves a listed, unreadable entry.
+
+``crash_writer.py`` runs as a fork server (one per format, both at once), so each of the
+many kills costs a fork, not a fresh interpreter.  Each child continues the same store with
+``load_checkpoint`` and appends until it is killed; after every kill the store is checked
+through the JSON index, a fresh buffer, plain zarr and ``verify``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zarr
+from click.testing import CliRunner
+from conftest import assert_rows_consistent
+from crash_writer import expected_trajectory
+
+from rbzarr import TrajectoryReplayBuffer
+from rbzarr.cli import main as cli_main
+from rbzarr.dtypes import to_numpy
+from rbzarr.storage.layout import layout_class
+from rbzarr.storage.location import Location
+from rbzarr.verify import verify_store
+
+WORKER = Path(__file__).with_name("crash_writer.py")
+KILLS_PER_FORMAT = 26
+# Kill delays span the child's life: opening and loading the store, then ~90 ms (zarr) or
+# ~10 ms (pt) per trajectory written and committed.
+DELAYS = {"zarr": (0.02, 0.6), "pt": (0.01, 0.3)}
+
+
+@dataclass
+class Run:
+    """One format's store, its worker and what earlier checks saw."""
+
+    fmt: str
+    store: Path
+    reports: Path
+    worker: subprocess.Popen[str]
+    log: Path
+    listed: list[int] = field(default_factory=list)
+    verified: set[int] = field(default_factory=set)
+    fingerprints: dict[int, tuple] = field(default_factory=dict)
+    kills: int = 0
+
+
+def start(tmp_path: Path, fmt: str) -> Run:
+    log = tmp_path / f"{fmt}-worker.log"
+    reports = tmp_path / f"{fmt}-reports"
+    reports.mkdir()
+    with log.open("w") as stderr:
+        worker = subprocess.Popen(
+            [sys.executable, str(WORKER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            cwd=WORKER.parent,
+        )
+    return Run(fmt, tmp_path / f"{fmt}-store", reports, worker, log)
+
+
+def report_path(run: Run) -> Path:
+    """Where the child of the current kill reports the ids it committed."""
+    return run.reports / f"{run.kills}.txt"
+
+
+def committed_ids(path: Path) -> set[int]:
+    return {int(line) for line in path.read_text().split()} if path.exists() else set()
+
+
+def stop(run: Run) -> None:
+    for stream in (run.worker.stdin, run.worker.stdout):
+        if stream is not None:
+            stream.close()
+    run.worker.wait(timeout=30)
+
+
+def assert_same(trajectory, trajectory_id: int, where: str) -> None:
+    want = expected_trajectory(trajectory_id)
+    got_fields, want_fields = trajectory.tensors(), want.tensors()
+    assert list(got_fields) == list(want_fields), where
+    for key, value in want_fields.items():
+        assert got_fields[key].dtype == value.dtype, (where, key)
+        assert torch.equal(got_fields[key], value), (where, key)
+    assert trajectory.model_weights_id == want.model_weights_id, where
+
+
+def check_index(run: Run) -> list[int]:
+    """The JSON index after a kill: grows monotonically, holds every reported commit."""
+    committed = committed_ids(report_path(run))
+    reused = committed & set(run.listed)
+    assert not reused, f"kill {run.kills}: the resumed writer reused committed ids {reused}"
+    if not (run.store / "trajectory_index.json").exists():
+        assert not run.listed and not committed, "committed data lost its index"
+        return []
+    index = json.loads((run.store / "trajectory_index.json").read_text())
+    ids = [int(i) for i in index["trajectory_id_list"]]
+    assert len(ids) == len(set(ids)), f"duplicate ids in the index: {ids}"
+    assert ids == sorted(ids)
+    assert set(run.listed) <= set(ids), "a committed trajectory vanished from the index"
+    assert committed <= set(ids), "a flushed trajectory is not in the index"
+    return ids
+
+
+def fingerprint(run: Run, entry: dict) -> tuple:
+    """Identity of every file holding one trajectory: a rewrite changes it."""
+    if run.fmt == "zarr":
+        paths = sorted((run.store / "trajectories" / str(entry["trajectory_id"])).rglob("*"))
+    else:
+        paths = [run.store / f"trajectory_{entry['trajectory_id']}_{entry['model_weights_id']}.pt"]
+    stats = [(str(path), path.stat()) for path in paths if path.is_file()]
+    return tuple((name, st.st_ino, st.st_mtime_ns, st.st_size) for name, st in stats)
+
+
+def check_layout_reads(run: Run, ids: list[int]) -> None:
+    """Every listed trajectory reads back exactly as written, through the layout.
+
+    Each is read in full once; later kills check that its files were not rewritten.
+    """
+    layout = layout_class(run.fmt)(Location.from_url(run.store))
+    entries = layout.read_documents().trajectory_index["trajectory_index"]
+    for trajectory_id in ids:
+        entry = entries[str(trajectory_id)]
+        known = run.fingerprints.get(trajectory_id)
+        if known is not None:
+            assert fingerprint(run, entry) == known, f"committed {trajectory_id} was rewritten"
+            continue
+        assert_same(layout.read(entry), trajectory_id, f"{run.fmt} kill {run.kills}")
+        run.fingerprints[trajectory_id] = fingerprint(run, entry)
+
+
+def check_fresh_buffer(run: Run, ids: list[int]) -> None:
+    buffer = TrajectoryReplayBuffer(seed=run.kills, sample_window_size=4)
+    buffer.load_checkpoint(run.store)
+    assert len(buffer) == len(ids) and buffer.trajectory_counter > max(ids)
+    numbers = assert_rows_consistent(buffer.sample(32))
+    valid = {1000 * i + r for i in ids[-4:] for r in range(3 * (2 + i % 4))}
+    assert set(numbers.tolist()) <= valid
+
+
+def check_plain_zarr(run: Run, ids: list[int]) -> None:
+    """Zarr alone: root attributes list only complete groups (they may lead the JSON)."""
+    root = zarr.open_group(run.store, mode="r")
+    mirrored = root.attrs["rbzarr"]["trajectory_index"]["trajectory_id_list"]
+    assert set(ids) <= set(mirrored) and len(mirrored) <= len(ids) + 3
+    for trajectory_id in mirrored:
+        if trajectory_id in run.verified:
+            continue
+        group = root[f"trajectories/{trajectory_id}"]
+        assert "fields" in group.attrs, f"listed trajectory {trajectory_id} is incomplete"
+        want = expected_trajectory(trajectory_id).tensors()
+        assert sorted(group.attrs["fields"]) == sorted(want)
+        for key, value in want.items():
+            assert np.array_equal(group[key][...], to_numpy(value)), (trajectory_id, key)
+        run.verified.add(trajectory_id)
+
+
+def check_verify(run: Run) -> None:
+    """Whatever a kill leaves, ``verify --repair`` makes clean (run on every 4th kill)."""
+    report = verify_store(run.store, repair=True)
+    assert report.ok, report.problems
+
+
+def check_after_kill(run: Run) -> None:
+    ids = check_index(run)
+    if ids:
+        check_layout_reads(run, ids)
+        check_fresh_buffer(run, ids)
+        if run.fmt == "zarr":
+            check_plain_zarr(run, ids)
+        if run.kills % 4 == 3:
+            check_verify(run)
+    run.listed = ids
+
+
+def launch(run: Run, rng: random.Random) -> None:
+    low, high = DELAYS[run.fmt]
+    assert run.worker.stdin is not None
+    run.worker.stdin.write(
+        f"run {run.store} {run.fmt} {report_path(run)} {rng.uniform(low, high):.3f}\n"
+    )
+    run.worker.stdin.flush()
+
+
+def land(run: Run) -> None:
+    """Wait for the kill launched last, then check the store it left."""
+    assert run.worker.stdout is not None
+    answer = run.worker.stdout.readline().strip()
+    assert answer == "killed", f"{run.fmt} writer ended on its own: {answer}\n{run.log.read_text()}"
+    check_after_kill(run)
+    run.kills += 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_sigkill_at_random_points_never_breaks_the_store(tmp_path):
+    rng = random.Random(20240611)
+    runs = [start(tmp_path, fmt) for fmt in DELAYS]
+    try:
+        # One format's child runs while the other format's store is being checked.
+        for run in runs:
+            launch(run, rng)
+        for _ in range(KILLS_PER_FORMAT):
+            for run in runs:
+                land(run)
+                if run.kills < KILLS_PER_FORMAT:
+                    launch(run, rng)
+    finally:
+        for run in runs:
+            stop(run)
+    for run in runs:
+        # Many commits happened, some kills landed before the first one of their child.
+        assert len(run.listed) >= 3 * KILLS_PER_FORMAT // 2, (run.fmt, len(run.listed))
+        result = CliRunner().invoke(cli_main, ["verify", str(run.store), "--repair"])
+        assert result.exit_code == 0, result.output
+        assert verify_store(run.store).ok
+
+
+# -- the crash states above, built deterministically ------------------------------------
+
+
+def two_commits(path: Path, fmt: str) -> bytes:
+    """A store of trajectories 0 and 1; returns metadata.json as it was after the first."""
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=path, trajectory_format=fmt)
+    buffer.add_trajectories([expected_trajectory(0)])
+    buffer.flush()
+    first = (path / "metadata.json").read_bytes()
+    buffer.add_trajectories([expected_trajectory(1)])
+    buffer.close()
+    return first
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "pt"])
+def test_resume_after_a_kill_between_index_and_metadata_keeps_ids_unique(tmp_path, fmt):
+    store = tmp_path / "s"
+    (store / "metadata.json").parent.mkdir()
+    stale = two_commits(store, fmt)
+    (store / "metadata.json").write_bytes(stale)  # killed after the index, before metadata
+    report = verify_store(store, repair=True)
+    assert report.ok, report.problems
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=store, trajectory_format=fmt)
+    buffer.load_checkpoint(store)
+    assert (len(buffer), buffer.trajectory_counter) == (2, 2)
+    buffer.add_trajectories([expected_trajectory(2)])
+    buffer.close()
+    index = json.loads((store / "trajectory_index.json").read_text())
+    assert index["trajectory_id_list"] == [0, 1, 2]
+    layout = layout_class(fmt)(Location.from_url(store))
+    for trajectory_id in (0, 1, 2):
+        entry = index["trajectory_index"][str(trajectory_id)]
+        assert_same(layout.read(entry), trajectory_id, f"{fmt} id {trajectory_id}")
+
+
+def torn_first_write(store: Path, fmt: str) -> None:
+    """Leave what a kill during the first trajectory's data write leaves."""
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=store, trajectory_format=fmt)
+    layout = buffer._store
+    assert layout is not None
+    original = layout.write
+
+    def torn(entry, trajectory) -> None:
+        if fmt == "zarr":
+            original(entry, trajectory)
+            marker = store / "trajectories" / "0" / "zarr.json"
+            group = json.loads(marker.read_text())
+            marker.write_text(json.dumps({**group, "attributes": {}}))
+        else:
+            (store / f"trajectory_0_w0.pt.tmp-{'0' * 32}").write_bytes(b"PK\x03\x04 torn")
+        raise OSError("killed")
+
+    layout.write = torn  # type: ignore[method-assign]
+    buffer._writer.retries = 0
+    buffer.add_trajectories([expected_trajectory(0)])
+    with pytest.raises(Exception, match="killed"):
+        buffer.close()
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "pt"])
+def test_a_kill_during_the_first_write_leaves_a_resumable_store(tmp_path, fmt):
+    store = tmp_path / "s"
+    torn_first_write(store, fmt)
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=store, trajectory_format=fmt)
+    buffer.load_checkpoint(store)  # the user's way to continue a run in place
+    assert len(buffer) == 0
+    buffer.add_trajectories([expected_trajectory(buffer.trajectory_counter)])
+    buffer.close()
+    assert verify_store(store, repair=True).ok
+    index = json.loads((store / "trajectory_index.json").read_text())
+    assert len(index["trajectory_id_list"]) == 1
