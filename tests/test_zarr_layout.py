@@ -17,12 +17,14 @@ import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zarr.abc.store import ByteRequest, Store
-from zarr.codecs import BloscCodec
+from zarr.codecs import BloscCodec, BytesCodec, ZstdCodec
 from zarr.core.buffer import Buffer, BufferPrototype
+from zarr.core.sync import sync
 from zarr.storage import WrapperStore
 
 from rbzarr.dtypes import dtype_name, to_numpy
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
+from rbzarr.storage import zarr_layout
 from rbzarr.storage.chunking import chunk_shape
 from rbzarr.storage.layout import Documents, layout_class
 from rbzarr.storage.location import Location
@@ -125,6 +127,11 @@ def test_round_trip_every_dtype(location: Location) -> None:
         assert array.dtype == to_numpy(value).dtype
     assert node["actions"].dtype == np.uint16
     assert node["dones"].shape == (T + E, B)
+    arrays = {
+        name for name, member in node.members(max_depth=None) if isinstance(member, zarr.Array)
+    }
+    assert arrays == set(traj.tensors())
+    assert "trajectories" in dict(group.members())
     assert layout.list_ids() == [3]
 
 
@@ -210,11 +217,19 @@ def _cases(draw: st.DrawFn) -> tuple[Trajectory, torch.Tensor, int]:
     return traj, torch.tensor(rows, dtype=torch.int64), chunk_bytes
 
 
+# zstd and no compressor are read and written directly; blosc goes through zarr's pipeline.
+_CODECS = st.sampled_from([{}, {"default": None}, {"default": BloscCodec(cname="lz4")}])
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=_cases())
-def test_property_round_trip(tmp_path_factory: pytest.TempPathFactory, case: Any) -> None:
+@given(case=_cases(), codecs=_CODECS)
+def test_property_round_trip(
+    tmp_path_factory: pytest.TempPathFactory, case: Any, codecs: dict[str, Any]
+) -> None:
     traj, rows, chunk_bytes = case
-    layout = ZarrLayout(Location.from_url(tmp_path_factory.mktemp("prop")), chunk_bytes=chunk_bytes)
+    layout = ZarrLayout(
+        Location.from_url(tmp_path_factory.mktemp("prop")), chunk_bytes=chunk_bytes, codecs=codecs
+    )
     entry = _entry(0, traj)
     layout.write(entry, traj)
     _assert_same(layout.read(entry).tensors(), traj.tensors())
@@ -225,17 +240,34 @@ def test_property_round_trip(tmp_path_factory: pytest.TempPathFactory, case: Any
 
 
 class _CountingStore(WrapperStore[Store]):
-    """Counts ``get`` calls per key."""
+    """Counts ``get`` calls per key, and the other requests by kind."""
 
     def __init__(self, store: Store) -> None:
         super().__init__(store)
         self.gets: collections.Counter[str] = collections.Counter()
+        self.calls: collections.Counter[str] = collections.Counter()
 
     async def get(
         self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
     ) -> Buffer | None:
         self.gets[key] += 1
         return await self._store.get(key, prototype, byte_range)
+
+    async def set(self, key: str, value: Buffer) -> None:
+        self.calls["set"] += 1
+        await self._store.set(key, value)
+
+    async def set_if_not_exists(self, key: str, value: Buffer) -> None:
+        self.calls["set_if_not_exists"] += 1
+        await self._store.set_if_not_exists(key, value)
+
+    async def exists(self, key: str) -> bool:
+        self.calls["exists"] += 1
+        return await self._store.exists(key)
+
+    async def delete_dir(self, prefix: str) -> None:
+        self.calls["delete_dir"] += 1
+        await self._store.delete_dir(prefix)
 
 
 def test_row_read_touches_exactly_the_needed_chunks(tmp_path: Any) -> None:
@@ -370,3 +402,99 @@ def test_reads_while_another_thread_writes(tmp_path: Any) -> None:
     assert layout.list_ids() == list(range(6))
     for entry, traj in zip(entries, trajs, strict=True):
         _assert_same(layout.read(entry).tensors(), traj.tensors())
+
+
+def test_write_sets_each_document_and_chunk_once(tmp_path: Any) -> None:
+    location = Location.from_url(tmp_path)
+    store = _CountingStore(location.zarr_store())
+    layout = ZarrLayout(location, chunk_bytes=400, store=store)
+    traj = _every_dtype(seed=5)
+    layout.write(_entry(0, traj), traj)  # the first write also creates the parent groups
+    assert store.calls["set_if_not_exists"] == 2
+    store.calls.clear()
+    store.gets.clear()
+
+    layout.write(_entry(1, traj), traj)
+    fields = traj.tensors()
+    # One set per chunk (none for a zero-size field), per array's and subgroup's zarr.json
+    # (curr_obs, next_obs, forward_inputs, forward_inputs/policy), and the group's twice:
+    # without attributes with the arrays, then with them (the commit marker).
+    chunks = 0
+    for value in fields.values():
+        if value.numel():
+            k = chunk_shape(value.shape, value.element_size(), 400)[0]
+            chunks += -(-value.shape[0] // k)
+    assert dict(store.calls) == {"delete_dir": 1, "set": chunks + len(fields) + 4 + 2}
+    assert not store.gets  # no existence checks or reads
+    _assert_same(layout.read(_entry(1, traj)).tensors(), fields)
+
+
+def test_direct_chunk_reads_match_zarr(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    location = Location.from_url(tmp_path)
+    layout = ZarrLayout(location, chunk_bytes=100, codecs={"rewards": None})
+    traj = _every_dtype(seed=6)
+    entry = _entry(0, traj)
+    layout.write(entry, traj)
+    spec = validate(traj)
+    keys = list(spec.schema)
+    rows = torch.tensor([17, 0, 5, 5, 12, 3, 17, 9], dtype=torch.int64)
+    direct = layout.read_rows(entry, rows, keys), layout.read(entry).tensors()
+
+    # The same store read through zarr's own pipeline (the fallback for other codecs).
+    monkeypatch.setattr(zarr_layout._PlainCodec, "of", classmethod(lambda cls, metadata: None))
+    fallback = ZarrLayout(location)
+    _assert_same(direct[0], fallback.read_rows(entry, rows, keys))
+    _assert_same(direct[1], fallback.read(entry).tensors())
+    flat = flatten_trajectory(traj, spec)
+    _assert_same(direct[0], {key: flat[key].index_select(0, rows) for key in keys})
+
+
+@pytest.mark.parametrize(("native", "endian"), [(">i4", "little"), ("<i4", "big")])
+def test_direct_reads_of_arrays_written_by_zarr(tmp_path: Any, native: str, endian: str) -> None:
+    # Edge chunks padded by zarr itself, a byte order other than the array's, zstd checksums.
+    store = Location.from_url(tmp_path).zarr_store()
+    data = np.arange(7 * 3 * 2, dtype=native).reshape(7, 3, 2)
+    array = zarr.create_array(
+        store,
+        name="a",
+        data=data,
+        chunks=(3, 3, 2),
+        serializer=BytesCodec(endian=endian),
+        compressors=ZstdCodec(checksum=True),
+    )
+    codec = zarr_layout._PlainCodec.of(array.metadata)
+    assert codec is not None
+    assert (codec.stored.byteorder, codec.native) == (
+        "<" if endian == "little" else ">",
+        data.dtype,
+    )
+    whole = sync(zarr_layout._read_whole(array._async_array))
+    assert whole.dtype == array[...].dtype == data.dtype
+    np.testing.assert_array_equal(whole, data)
+    steps, envs = torch.tensor([6, 0, 4]), np.array([2, 1, 0])
+    got = sync(zarr_layout._read_rows(array._async_array, steps, envs, 7))
+    np.testing.assert_array_equal(got, data[[6, 0, 4], [2, 1, 0]])
+    sharded = zarr.create_array(store, name="s", data=data, chunks=(1, 3, 2), shards=(7, 3, 2))
+    assert zarr_layout._PlainCodec.of(sharded.metadata) is None
+
+
+@pytest.mark.parametrize("damage", ["delete", "truncate"])
+def test_damaged_chunk_raises(tmp_path: Any, damage: str) -> None:
+    location = Location.from_url(tmp_path)
+    layout = ZarrLayout(location, chunk_bytes=400)
+    traj = _every_dtype(seed=7)
+    entry = _entry(0, traj)
+    layout.write(entry, traj)
+    chunk = tmp_path / "trajectories/0/curr_obs/image/c/2/0/0/0/0"  # steps 4-5
+    if damage == "delete":
+        chunk.unlink()
+    else:
+        chunk.write_bytes(chunk.read_bytes()[:-8])
+    message = r"trajectories/0/curr_obs/image/c/2/0/0/0/0"
+    with pytest.raises(CorruptStoreError, match=message):
+        layout.read_rows(entry, torch.tensor([14]), ["curr_obs/image"])
+    with pytest.raises(CorruptStoreError, match=message):
+        layout.read(entry)
+    # Rows in intact chunks still read.
+    got = layout.read_rows(entry, torch.tensor([1]), ["curr_obs/image"])
+    assert torch.equal(got["curr_obs/image"], traj.curr_obs["image"][0, 1:2])
