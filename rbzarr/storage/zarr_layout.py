@@ -41,7 +41,7 @@ from zarr.dtype import parse_data_type
 from zarr.storage import StorePath
 
 from rbzarr.dtypes import dtype_from_name, dtype_name, from_numpy, to_numpy
-from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
+from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, RbzarrError
 from rbzarr.storage.chunking import DEFAULT_CHUNK_BYTES, chunk_shape, pick_codec
 from rbzarr.storage.layout import Documents, Entry, TrajectoryLayout, register_layout
 from rbzarr.storage.location import Location, translate_errors
@@ -307,7 +307,16 @@ class ZarrLayout(TrajectoryLayout):
                 return opened
             generation = self._generation
         with translate_errors(self.location.url, "reading"):
-            opened = sync(self._open_async(tid))
+            try:
+                opened = sync(self._open_async(tid))
+            except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+                if isinstance(exc, RbzarrError):
+                    raise
+                raise CorruptStoreError(
+                    f"{self.location.url}/{_group(tid)}: trajectory {tid} has unreadable "
+                    f"metadata: {exc}"
+                ) from exc
+        _check_shapes(opened, entry, self.location.url)
         with self._lock:
             # A write or delete that ran meanwhile may have made these handles stale.
             if generation == self._generation and self._cache_size > 0:
@@ -561,6 +570,20 @@ def _time_and_envs(entry: Entry) -> tuple[int, int]:
     if not isinstance(shape, Sequence) or len(shape) < 2:
         raise CorruptStoreError(f"index entry has no [T, B, ...] 'shape': {entry!r}")
     return int(shape[0]), int(shape[1])
+
+
+def _check_shapes(opened: _Opened, entry: Entry, url: str) -> None:
+    """Refuse data whose [T, B] disagrees with its index entry (reset rows allowed)."""
+    T, B = _time_and_envs(entry)
+    for key, array in opened.arrays.items():
+        if array.ndim < 2:
+            continue
+        rows, envs = int(array.shape[0]), int(array.shape[1])
+        if envs != B or rows < T or (rows > T and T % (rows - T) != 0):
+            raise CorruptStoreError(
+                f"{url}/{opened.group}/{key}: shape {tuple(array.shape)} disagrees with the "
+                f"index entry's shape {list(entry['shape'])}"
+            )
 
 
 def _group(tid: int) -> str:
