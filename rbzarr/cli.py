@@ -289,7 +289,7 @@ def plot(ctx: click.Context, url: str, output: str) -> None:
     show_default=True,
     help="Time steps per trajectory.",
 )
-@click.option("--trajectories", default=40, show_default=True)
+@click.option("--trajectories", default=100, show_default=True)
 @click.option("--batch-size", default=256, show_default=True)
 @click.option("--seed", default=0, show_default=True)
 def demo(store: str, **settings: Any) -> None:

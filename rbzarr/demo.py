@@ -1,10 +1,11 @@
 """The main job: a real environment feeding a Zarr-backed buffer that trains a Q-network.
 
 A gymnasium vector environment (CartPole, nothing to download) is stepped by a rollout
-thread; a :class:`~rbzarr.collector.TrajectoryCollector` turns its steps into trajectories
-that go through a :class:`~rbzarr.channel.Channel` to the actor (this thread), which puts
-them in a :class:`~rbzarr.buffer.TrajectoryReplayBuffer` with ``auto_save`` on a local Zarr
-store, samples batches and runs DQN updates.  At the end it saves a checkpoint.
+thread with a random behaviour policy (DQN learns off-policy); a
+:class:`~rbzarr.collector.TrajectoryCollector` turns its steps into trajectories that go
+through a :class:`~rbzarr.channel.Channel` to the actor (this thread), which puts them in a
+:class:`~rbzarr.buffer.TrajectoryReplayBuffer` with ``auto_save`` on a local Zarr store,
+samples batches and runs DQN updates.  At the end it saves a checkpoint.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ class DemoSettings:
     env_id: str = "CartPole-v1"
     num_envs: int = 16
     steps_per_trajectory: int = 64
-    trajectories: int = 40
+    trajectories: int = 100
     batch_size: int = 256
-    updates_per_trajectory: int = 4
+    updates_per_trajectory: int = 16
     sample_window_size: int = 20
     cache_size: int = 4
     seed: int = 0
@@ -53,7 +54,7 @@ class DemoResult:
     rows_sampled: int
     bytes_written: int
     seconds: float
-    mean_return: float
+    final_loss: float
 
 
 def _rollout(settings: DemoSettings, channel: Channel, stop: threading.Event) -> None:
@@ -123,6 +124,9 @@ def _dqn_update(
     optimiser.zero_grad()
     loss.backward()
     optimiser.step()
+    with torch.no_grad():  # a slowly trailing target network keeps bootstrapping stable
+        for weight, trailing in zip(q.parameters(), target.parameters(), strict=True):
+            trailing.lerp_(weight, 0.005)
     return float(loss.detach())
 
 
@@ -149,19 +153,17 @@ def run_demo(settings: DemoSettings) -> DemoResult:
         auto_save_path=store,
     )
     rows = 0
-    returns: list[float] = []
+    loss = float("nan")
     started = time.perf_counter()
     producer.start()
     bar = tqdm(total=settings.trajectories, desc="trajectories", disable=not settings.progress)
     try:
         for trajectory in channel:
             buffer.add_trajectories([trajectory])
-            returns.append(float(trajectory.rewards.sum()) / max(1, int(trajectory.dones.sum())))
             for _ in range(settings.updates_per_trajectory):
                 batch = buffer.sample(settings.batch_size)
                 rows += int(batch["rewards"].shape[0])
                 loss = _dqn_update(q, target, optimiser, batch)
-            target.load_state_dict(q.state_dict())
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", rows=rows)
         buffer.flush()
@@ -179,7 +181,7 @@ def run_demo(settings: DemoSettings) -> DemoResult:
         rows_sampled=rows,
         bytes_written=_directory_bytes(store),
         seconds=seconds,
-        mean_return=float(np.mean(returns)) if returns else 0.0,
+        final_loss=loss,
     )
 
 
@@ -192,6 +194,7 @@ def report(result: DemoResult) -> str:
             f"written        {result.bytes_written / 1e6:.1f} MB",
             f"store          {result.store}",
             f"checkpoint     {result.checkpoint}",
+            f"final TD loss  {result.final_loss:.3f}",
             f"elapsed        {result.seconds:.1f} s",
         ]
     )
