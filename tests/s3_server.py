@@ -19,6 +19,7 @@ import contextlib
 import logging
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -135,6 +136,8 @@ class S3Proxy:
         self._bytes_to_client = 0
         self._down = False
         self._trigger: Trigger | None = None
+        self._error_status: int | None = None
+        self._delay = 0.0
         self._sockets: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
         self._closed = False
@@ -160,6 +163,17 @@ class S3Proxy:
         with self._lock:
             self._down = False
             self._trigger = None
+
+    def fail_with(self, status: int | None) -> None:
+        """Answer every request with HTTP ``status`` (e.g. 503) instead of forwarding it;
+        ``None`` forwards again."""
+        with self._lock:
+            self._error_status = status
+
+    def slow_down(self, seconds: float) -> None:
+        """Hold every request ``seconds`` before forwarding it (0 to stop)."""
+        with self._lock:
+            self._delay = seconds
 
     @property
     def is_down(self) -> bool:
@@ -235,6 +249,13 @@ class S3Proxy:
                 request, length, chunked = _parse_head(head)
                 if not self._admit(request):
                     return
+                status, delay = self._mode()
+                if status is not None:
+                    _discard_body(reader, length, chunked)
+                    client.sendall(_error_response(status, with_body=request.method != "HEAD"))
+                    continue
+                if delay:
+                    time.sleep(delay)  # simulates a slow server, not a wait for work
                 if upstream is None:
                     upstream = socket.create_connection(self._target)
                     with self._lock:
@@ -267,6 +288,10 @@ class S3Proxy:
                 return False
             self._log.append(request)
             return True
+
+    def _mode(self) -> tuple[int | None, float]:
+        with self._lock:
+            return self._error_status, self._delay
 
     def _pump_back(self, upstream: socket.socket, client: socket.socket) -> None:
         try:
@@ -335,6 +360,33 @@ class _Reader:
         while (line := self._read_line()) != b"\r\n":
             upstream.sendall(line)
         upstream.sendall(line)
+
+
+class _Sink:
+    """A socket stand-in that swallows a request body."""
+
+    def sendall(self, data: bytes) -> None:
+        del data
+
+
+def _discard_body(reader: _Reader, length: int, chunked: bool) -> None:
+    sink: Any = _Sink()
+    if chunked:
+        reader.relay_chunked(sink)
+    else:
+        reader.relay(length, sink)
+
+
+def _error_response(status: int, with_body: bool) -> bytes:
+    body = (
+        f"<?xml version='1.0'?><Error><Code>ServiceUnavailable</Code>"
+        f"<Message>injected HTTP {status}</Message></Error>"
+    ).encode()
+    head = (
+        f"HTTP/1.1 {status} Injected\r\nContent-Type: application/xml\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    return head + body if with_body else head
 
 
 def _parse_head(head: bytes) -> tuple[Request, int, bool]:

@@ -323,3 +323,50 @@ def test_unreachable_store_is_unavailable_not_missing(
     restored = TrajectoryReplayBuffer(storage_options=s3_options)
     restored.load_checkpoint(url)
     assert restored._index.id_list == [0, 1]
+
+
+@pytest.mark.usefixtures("fast_s3_retries")
+def test_server_errors_mid_write_and_mid_sample_then_recovery(
+    s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any], s3_direct_options: dict
+):
+    url = f"s3://{s3_bucket}/store"
+    buffer = TrajectoryReplayBuffer(
+        seed=5,
+        cache_size=1,
+        sample_window_size=0,
+        auto_save=True,
+        auto_save_path=url,
+        storage_options=s3_options,
+    )
+    added = fill(buffer, [(4, 2), (2, 3)])
+    buffer.flush()
+    s3_proxy.fail_with(503)
+    added += fill_from(buffer, 14, [(3, 2)])
+    with pytest.raises(WriterFailedError, match=re.escape(url)) as failure:
+        buffer.flush()
+    assert isinstance(failure.value.__cause__, StorageUnavailableError)
+    assert read_index(url, s3_direct_options)["trajectory_id_list"] == [0, 1]
+    with pytest.raises(StorageUnavailableError, match=re.escape(url)):
+        for _ in range(20):  # trajectory 0 is no longer cached: some draw must miss
+            buffer.sample(8)
+    s3_proxy.fail_with(None)
+    buffer.flush()
+    assert read_index(url, s3_direct_options)["trajectory_id_list"] == [0, 1, 2]
+    s3_proxy.slow_down(0.05)  # slow but within the client's timeouts: still exact
+    assert_rows_consistent(buffer.sample(32))
+    buffer.close()
+    layout, documents = open_layout(url, s3_direct_options)
+    for tid, trajectory in enumerate(added):
+        entry = documents.trajectory_index["trajectory_index"][str(tid)]
+        assert_same_trajectory(layout.read(entry), trajectory)
+
+
+def fill_from(
+    buffer: TrajectoryReplayBuffer, base: int, sizes: list[tuple[int, int]]
+) -> list[Trajectory]:
+    added = []
+    for T, B in sizes:
+        added.append(make_trajectory(T, B, base))
+        buffer.add_trajectories([added[-1]])
+        base += T * B
+    return added
