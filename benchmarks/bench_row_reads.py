@@ -36,6 +36,7 @@ import zarr
 from zarr.codecs import BloscCodec, ZstdCodec
 from zarr.core.sync import sync
 
+from rbzarr.bench import image_trajectory
 from rbzarr.storage.chunking import DEFAULT_CHUNK_BYTES, chunk_shape
 from rbzarr.storage.location import Location
 from rbzarr.storage.zarr_layout import ZarrLayout, _read_rows
@@ -49,36 +50,6 @@ from rbzarr.trajectory import (
 
 RESULTS = Path(__file__).parent / "results" / "row_reads.json"
 T, B = 32, 16
-
-
-def image_frames(generator: np.random.Generator, steps: int, envs: int) -> np.ndarray:
-    """Frames with flat regions, smooth shading, moving blobs and a little sensor noise."""
-    yy, xx = np.mgrid[0:84, 0:84].astype(np.float32)
-    frames = np.empty((steps, envs, 3, 84, 84), np.uint8)
-    for t in range(steps):
-        for b in range(envs):
-            cx, cy = generator.uniform(0, 84, 2)
-            shade = 128 + 60 * np.sin((xx + t) / 9 + b) * np.cos((yy - t) / 7)
-            blob = 80 * np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / 50)
-            base = np.round((shade - blob) / 32) * 32
-            noise = generator.integers(-2, 3, (3, 84, 84))
-            frames[t, b] = np.clip(base[None] + noise, 0, 255).astype(np.uint8)
-    return frames
-
-
-def make_trajectory(seed: int) -> Trajectory:
-    generator = np.random.default_rng(seed)
-    frames = torch.from_numpy(image_frames(generator, T + 1, B))
-    return Trajectory(
-        max_episode_length=T,
-        model_weights_id=f"w{seed}",
-        actions=torch.randn(T, B, 7),
-        rewards=torch.randn(T, B),
-        dones=torch.rand(T + 1, B) < 0.05,
-        prev_logprobs=torch.randn(T, B, 1),
-        curr_obs={"image": frames[:T].clone()},
-        next_obs={"image": frames[1:].clone()},
-    )
 
 
 def entry_of(tid: int, traj: Trajectory) -> dict[str, Any]:
@@ -266,7 +237,7 @@ def main() -> None:
     count, batches, repeats = (2, [32, 128], 2) if args.quick else (8, [32, 256, 1024], 5)
 
     torch.manual_seed(0)
-    trajs = [make_trajectory(seed) for seed in range(count)]
+    trajs = [image_trajectory(seed, T, B) for seed in range(count)]
     entries = [entry_of(tid, traj) for tid, traj in enumerate(trajs)]
     keys = list(validate(trajs[0]).schema)
     results: dict[str, Any] = {

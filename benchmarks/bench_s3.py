@@ -27,10 +27,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import s3fs
-import torch
-from bench_row_reads import image_frames
 
 # The S3 test server and counting proxy live with the tests; reuse them, don't copy them.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -43,23 +40,9 @@ from s3_server import (
 )
 
 from rbzarr import Trajectory, TrajectoryReplayBuffer, tree
+from rbzarr.bench import image_trajectory
 
 RESULTS = Path(__file__).parent / "results" / "s3.json"
-
-
-def make_trajectory(seed: int, T: int, B: int) -> Trajectory:
-    generator = np.random.default_rng(seed)
-    frames = torch.from_numpy(image_frames(generator, T + 1, B))
-    return Trajectory(
-        max_episode_length=T,
-        model_weights_id=f"w{seed}",
-        actions=torch.randn(T, B, 7),
-        rewards=torch.randn(T, B),
-        dones=torch.rand(T + 1, B) < 0.05,
-        prev_logprobs=torch.randn(T, B),
-        curr_obs={"image": frames[:T].clone()},
-        next_obs={"image": frames[1:].clone()},
-    )
 
 
 def measure_batch(buffer: TrajectoryReplayBuffer, proxy: S3Proxy, rows: int) -> dict[str, Any]:
@@ -153,7 +136,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results path")
     args = parser.parse_args()
     count, T, B, rows, batches = (2, 8, 4, 32, 2) if args.quick else (4, 32, 16, 256, 5)
-    trajectories = [make_trajectory(seed, T, B) for seed in range(count)]
+    trajectories = [image_trajectory(seed, T, B) for seed in range(count)]
     server, endpoint = start_moto()
     try:
         results = {
