@@ -39,7 +39,8 @@ from zarr.core.sync import sync
 from rbzarr.bench import image_trajectory
 from rbzarr.storage.chunking import DEFAULT_CHUNK_BYTES, chunk_shape
 from rbzarr.storage.location import Location
-from rbzarr.storage.zarr_layout import ZarrLayout, _read_rows
+from rbzarr.storage.zarr_chunks import read_rows
+from rbzarr.storage.zarr_layout import ZarrLayout
 from rbzarr.trajectory import (
     Trajectory,
     flatten_trajectory,
@@ -114,7 +115,7 @@ def read_batched(layout: ZarrLayout, groups: dict[int, torch.Tensor], entries, k
         for tid, rows in groups.items():
             steps = torch.div(rows, B, rounding_mode="floor")
             envs = (rows % B).numpy()
-            jobs += [_read_rows(opened[tid].arrays[k], steps, envs, T) for k in keys]
+            jobs += [read_rows(opened[tid].arrays[k], steps, envs, T) for k in keys]
         return list(await asyncio.gather(*jobs))
 
     return sync(run())

@@ -24,7 +24,7 @@ from zarr.storage import WrapperStore
 
 from rbzarr.dtypes import dtype_name, to_numpy
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
-from rbzarr.storage import zarr_layout
+from rbzarr.storage import zarr_chunks
 from rbzarr.storage.chunking import chunk_shape
 from rbzarr.storage.layout import Documents, layout_class
 from rbzarr.storage.location import Location
@@ -441,7 +441,7 @@ def test_direct_chunk_reads_match_zarr(tmp_path: Any, monkeypatch: pytest.Monkey
     direct = layout.read_rows(entry, rows, keys), layout.read(entry).tensors()
 
     # The same store read through zarr's own pipeline (the fallback for other codecs).
-    monkeypatch.setattr(zarr_layout._PlainCodec, "of", classmethod(lambda cls, metadata: None))
+    monkeypatch.setattr(zarr_chunks.PlainCodec, "of", classmethod(lambda cls, metadata: None))
     fallback = ZarrLayout(location)
     _assert_same(direct[0], fallback.read_rows(entry, rows, keys))
     _assert_same(direct[1], fallback.read(entry).tensors())
@@ -462,20 +462,20 @@ def test_direct_reads_of_arrays_written_by_zarr(tmp_path: Any, native: str, endi
         serializer=BytesCodec(endian=endian),
         compressors=ZstdCodec(checksum=True),
     )
-    codec = zarr_layout._PlainCodec.of(array.metadata)
+    codec = zarr_chunks.PlainCodec.of(array.metadata)
     assert codec is not None
     assert (codec.stored.byteorder, codec.native) == (
         "<" if endian == "little" else ">",
         data.dtype,
     )
-    whole = sync(zarr_layout._read_whole(array._async_array))
+    whole = sync(zarr_chunks.read_whole(array._async_array))
     assert whole.dtype == array[...].dtype == data.dtype
     np.testing.assert_array_equal(whole, data)
     steps, envs = torch.tensor([6, 0, 4]), np.array([2, 1, 0])
-    got = sync(zarr_layout._read_rows(array._async_array, steps, envs, 7))
+    got = sync(zarr_chunks.read_rows(array._async_array, steps, envs, 7))
     np.testing.assert_array_equal(got, data[[6, 0, 4], [2, 1, 0]])
     sharded = zarr.create_array(store, name="s", data=data, chunks=(1, 3, 2), shards=(7, 3, 2))
-    assert zarr_layout._PlainCodec.of(sharded.metadata) is None
+    assert zarr_chunks.PlainCodec.of(sharded.metadata) is None
 
 
 @pytest.mark.parametrize("damage", ["delete", "truncate"])
