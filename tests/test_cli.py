@@ -236,3 +236,14 @@ def test_errors_are_one_line(stores, tmp_path, case):
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 or case == "bad storage option"
     assert result.stdout == ""
+
+
+def test_installed_console_script(stores):
+    """The ``rbzarr`` entry point installed beside the interpreter runs the same CLI."""
+    script = Path(sys.executable).with_name("rbzarr")
+    assert script.exists(), f"console script missing at {script}: reinstall the package"
+    result = subprocess.run(
+        [str(script), "ls", stores["zarr"], "--json"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert [row["trajectory_id"] for row in json.loads(result.stdout)] == [0, 1, 2]
