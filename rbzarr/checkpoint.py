@@ -19,6 +19,7 @@ from rbzarr.storage.layout import (
     check_entry_shape,
     layout_class,
     read_documents,
+    stored_format,
 )
 from rbzarr.storage.location import Location
 from rbzarr.trajectory import Schema, Trajectory, TrajectorySpec, split_trajectory, validate
@@ -99,7 +100,7 @@ def load(
     documents = read_documents(location)
     full = TrajectoryIndex.from_documents(documents, location.url)
     share = full.shard(local_rank, world_size) if is_distributed else full
-    fmt = str(documents.metadata.get("trajectory_format", "pt"))
+    fmt = stored_format(documents)
     source = layout_class(fmt)(location, **_source_options(buffer, fmt))
     missing = [i for i in share.id_list if not source.contains(share.entries[i])]
     if missing:

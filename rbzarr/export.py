@@ -15,13 +15,17 @@ from tqdm import tqdm
 
 from rbzarr.errors import StoreExistsError
 from rbzarr.index import TrajectoryIndex
-from rbzarr.storage.layout import Documents, TrajectoryLayout, layout_class, read_documents
+from rbzarr.storage.layout import (
+    Documents,
+    TrajectoryLayout,
+    layout_class,
+    read_documents,
+    stored_format,
+)
 from rbzarr.storage.location import Location
 
 __all__ = ["export_store", "open_layout"]
 
-# RLinf's default format, assumed when metadata.json does not name one.
-DEFAULT_FORMAT = "pt"
 # Metadata keys the exported index recomputes; the rest are carried over unchanged.
 _RECOMPUTED = ("trajectory_format", "size", "total_samples", "trajectory_counter")
 
@@ -36,8 +40,7 @@ def open_layout(
     """
     location = Location.from_url(url, storage_options)
     documents = read_documents(location)
-    trajectory_format = documents.metadata.get("trajectory_format", DEFAULT_FORMAT)
-    return layout_class(str(trajectory_format))(location), documents
+    return layout_class(stored_format(documents))(location), documents
 
 
 def _select(

@@ -33,6 +33,7 @@ from rbzarr.storage.layout import (
     Documents,
     TrajectoryLayout,
     layout_class,
+    stored_format,
 )
 from rbzarr.storage.layout import read_documents as read_store_documents
 from rbzarr.storage.location import Location
@@ -129,8 +130,7 @@ def _load_index(
         )
     try:
         documents = read_store_documents(location)
-        fmt = str(documents.metadata.get("trajectory_format", "pt"))
-        layout = layout_class(fmt)(location)
+        layout = layout_class(stored_format(documents))(location)
         index = TrajectoryIndex.from_documents(documents, location.url)
     except (CheckpointNotFoundError, CorruptStoreError, ValueError) as exc:
         kind = "missing_document" if isinstance(exc, FileNotFoundError) else "unreadable_document"

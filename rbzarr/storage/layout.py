@@ -28,6 +28,7 @@ __all__ = [
     "TrajectoryLayout",
     "layout_class",
     "read_documents",
+    "stored_format",
     "register_layout",
 ]
 
@@ -178,6 +179,11 @@ def check_entry_shape(entry: Entry, shape: Sequence[int], where: str) -> None:
             f"{where}: trajectory {entry['trajectory_id']}: its data has shape {list(shape)} "
             f"but the index says {list(entry['shape'])}"
         )
+
+
+def stored_format(documents: Documents) -> str:
+    """The layout a store's metadata names; RLinf's default ``"pt"`` when it names none."""
+    return str(documents.metadata.get("trajectory_format", "pt"))
 
 
 def read_documents(location: Location) -> Documents:
