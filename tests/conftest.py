@@ -46,6 +46,18 @@ def assert_rows_consistent(batch: dict) -> torch.Tensor:
     return numbers
 
 
+def assert_same_trajectory(got: Trajectory, want: Trajectory) -> None:
+    """Every field equal in key order, dtype, shape and value, and the scalar fields too."""
+    got_fields, want_fields = got.tensors(), want.tensors()
+    assert list(got_fields) == list(want_fields)
+    for key, value in want_fields.items():
+        assert got_fields[key].dtype == value.dtype, key
+        assert got_fields[key].shape == value.shape, key
+        assert torch.equal(got_fields[key], value), key
+    assert got.max_episode_length == want.max_episode_length
+    assert got.model_weights_id == want.model_weights_id
+
+
 @pytest.fixture
 def memory_url(request: pytest.FixtureRequest):
     """A fresh ``memory://`` URL, emptied afterwards (the memory filesystem is global)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_rows_consistent, make_trajectory
+from conftest import assert_rows_consistent, assert_same_trajectory, make_trajectory
 
 from rbzarr import (
     CheckpointNotFoundError,
@@ -59,17 +59,6 @@ def assert_batches_equal(got: dict, want: dict) -> None:
     for key, value in want_flat.items():
         assert got_flat[key].dtype == value.dtype, key
         assert torch.equal(got_flat[key], value), key
-
-
-def assert_same_trajectory(got: Trajectory, want: Trajectory) -> None:
-    got_fields, want_fields = got.tensors(), want.tensors()
-    assert list(got_fields) == list(want_fields)
-    for key, value in want_fields.items():
-        assert got_fields[key].dtype == value.dtype, key
-        assert got_fields[key].shape == value.shape, key
-        assert torch.equal(got_fields[key], value), key
-    assert got.max_episode_length == want.max_episode_length
-    assert got.model_weights_id == want.model_weights_id
 
 
 def assert_checkpoint(url, fmt: str, ids: list[int], counter: int) -> None:

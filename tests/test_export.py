@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import fsspec
 import pytest
 import torch
+from conftest import assert_same_trajectory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -64,33 +63,11 @@ def make_store(
     return index
 
 
-def assert_same_trajectory(got: Trajectory, want: Trajectory) -> None:
-    assert (got.max_episode_length, got.model_weights_id) == (
-        want.max_episode_length,
-        want.model_weights_id,
-    )
-    got_fields, want_fields = got.tensors(), want.tensors()
-    assert list(got_fields) == list(want_fields)
-    for key, value in want_fields.items():
-        assert got_fields[key].dtype == value.dtype, key
-        assert got_fields[key].shape == value.shape, key
-        assert torch.equal(got_fields[key], value), key
-
-
 def read_all(url: str | Path) -> tuple[dict[str, Any], dict[str, Any], dict[int, Trajectory]]:
     layout, documents = open_layout(url)
     index = documents.trajectory_index
     data = {i: layout.read(index["trajectory_index"][str(i)]) for i in index["trajectory_id_list"]}
     return documents.metadata, index, data
-
-
-@pytest.fixture
-def memory_root() -> Iterator[str]:
-    fs = fsspec.filesystem("memory")
-    yield "memory://rbzarr-export"
-    fs.store.clear()
-    fs.pseudo_dirs.clear()
-    fs.pseudo_dirs.append("")
 
 
 @pytest.mark.parametrize(
@@ -185,11 +162,11 @@ def test_rlinf_store_without_format_key_is_read_as_pt(tmp_path: Path) -> None:
     assert_same_trajectory(data[0], trajectory)
 
 
-def test_export_between_local_and_memory(tmp_path: Path, memory_root: str) -> None:
+def test_export_between_local_and_memory(tmp_path: Path, memory_url: str) -> None:
     trajectories = [make_trajectory(seed) for seed in range(2)]
     make_store(tmp_path / "src", "pkl", trajectories)
-    export_store(tmp_path / "src", memory_root, "pt")
-    export_store(memory_root, tmp_path / "back", "pkl")
+    export_store(tmp_path / "src", memory_url, "pt")
+    export_store(memory_url, tmp_path / "back", "pkl")
     _, index, data = read_all(tmp_path / "back")
     assert index == read_all(tmp_path / "src")[1]
     for i, trajectory in enumerate(trajectories):

@@ -7,13 +7,12 @@ import json
 import os
 import pickle
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import fsspec
 import pytest
 import torch
+from conftest import assert_same_trajectory
 
 from rbzarr.errors import (
     CheckpointNotFoundError,
@@ -66,27 +65,6 @@ def entry_for(trajectory: Trajectory, trajectory_id: int) -> dict[str, Any]:
     }
 
 
-def assert_same_trajectory(got: Trajectory, want: Trajectory) -> None:
-    assert got.max_episode_length == want.max_episode_length
-    assert got.model_weights_id == want.model_weights_id
-    got_fields, want_fields = got.tensors(), want.tensors()
-    assert list(got_fields) == list(want_fields)
-    for key, value in want_fields.items():
-        assert got_fields[key].dtype == value.dtype, key
-        assert got_fields[key].shape == value.shape, key
-        assert torch.equal(got_fields[key], value), key
-
-
-@pytest.fixture
-def memory_root() -> Iterator[str]:
-    """A fresh ``memory://`` root; fsspec's process-global memory store is emptied after."""
-    fs = fsspec.filesystem("memory")
-    yield "memory://rbzarr-file-layout"
-    fs.store.clear()
-    fs.pseudo_dirs.clear()
-    fs.pseudo_dirs.append("")
-
-
 @pytest.mark.parametrize("cls", LAYOUTS)
 def test_round_trip_every_field_and_dtype(tmp_path: Path, cls: type[FileLayout]) -> None:
     layout = cls(Location.from_url(tmp_path))
@@ -101,8 +79,8 @@ def test_round_trip_every_field_and_dtype(tmp_path: Path, cls: type[FileLayout])
 
 
 @pytest.mark.parametrize("cls", LAYOUTS)
-def test_round_trip_on_memory_filesystem(memory_root: str, cls: type[FileLayout]) -> None:
-    layout = cls(Location.from_url(memory_root))
+def test_round_trip_on_memory_filesystem(memory_url: str, cls: type[FileLayout]) -> None:
+    layout = cls(Location.from_url(memory_url))
     want = make_trajectory(T=2, B=2, E=1, mwid="m")
     layout.write(entry_for(want, 0), want)
     assert_same_trajectory(layout.read(entry_for(want, 0)), want)

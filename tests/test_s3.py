@@ -17,7 +17,7 @@ import pytest
 import s3fs
 import torch
 import zarr
-from conftest import assert_rows_consistent, make_trajectory
+from conftest import assert_rows_consistent, assert_same_trajectory, make_trajectory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from s3_server import Request, S3Proxy
@@ -58,14 +58,6 @@ def fill(buffer: TrajectoryReplayBuffer, sizes: list[tuple[int, int]]) -> list[T
         added.append(trajectory)
         base += T * B
     return added
-
-
-def assert_same_trajectory(actual: Trajectory, expected: Trajectory) -> None:
-    got, want = actual.tensors(), expected.tensors()
-    assert list(got) == list(want)
-    for key, value in want.items():
-        assert got[key].dtype == value.dtype, key
-        assert torch.equal(got[key], value), key
 
 
 def locate(number: int, sizes: list[tuple[int, int]]) -> tuple[int, int]:
