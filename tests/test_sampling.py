@@ -140,13 +140,12 @@ def test_clear_resets_window():
 
 @pytest.mark.parametrize("auto_save", [False, True])
 def test_caller_generator_replaces_the_buffer_stream_for_that_call(tmp_path, auto_save):
-    def make() -> TrajectoryReplayBuffer:
-        path = tmp_path / f"store{len(list(tmp_path.iterdir()))}"
+    def make(name: str) -> TrajectoryReplayBuffer:
         return TrajectoryReplayBuffer(
-            seed=7, sample_window_size=0, auto_save=auto_save, auto_save_path=path
+            seed=7, sample_window_size=0, auto_save=auto_save, auto_save_path=tmp_path / name
         )
 
-    with make() as plain, make() as mixed:
+    with make("plain") as plain, make("mixed") as mixed:
         fill(plain, SIZES)
         fill(mixed, SIZES)
         own = torch.Generator().manual_seed(11)
