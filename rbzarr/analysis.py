@@ -35,6 +35,7 @@ from rbzarr.index import TrajectoryIndex
 from rbzarr.sampler import WindowSampler
 from rbzarr.storage.layout import Documents, TrajectoryLayout
 from rbzarr.storage.location import Location
+from rbzarr.storage.row_reads import plan_misses, read_batch
 from rbzarr.storage.zarr_layout import FIELDS_ATTR, TRAJECTORIES, ZarrLayout
 from rbzarr.trajectory import Schema, Trajectory, validate
 
@@ -159,16 +160,9 @@ class BufferView:
         counts = self._index.sample_counts(window)
         positions, rows = self._sampler.draw(num_chunks, counts, generator)
         ids = torch.tensor(window, dtype=torch.int64)[positions]
-        keys = list(self.schema())
-        requests, wheres = [], []
-        for trajectory_id in torch.unique(ids).tolist():
-            where = torch.nonzero(ids == trajectory_id).flatten()
-            requests.append((self._index.entries[trajectory_id], rows[where]))
-            wheres.append(where)
-        values = self.layout.read_rows_many(requests, keys)
-        # Rows arrive grouped by trajectory; put them back in draw order.
-        order = torch.argsort(torch.cat(wheres))
-        return tree.unflatten({k: torch.cat([v[k] for v in values])[order] for k in keys})
+        nothing_cached = torch.zeros(len(ids), dtype=torch.bool)
+        plan = plan_misses(ids, rows, nothing_cached, {}, self.schema(), self._index.entries, {})
+        return tree.unflatten(read_batch(plan, self.layout))
 
     def schema(self) -> Schema:
         """Sampled keys (in batch order) with their dtype names and trailing shapes.
