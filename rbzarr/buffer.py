@@ -28,6 +28,7 @@ from rbzarr.trajectory import (
     Schema,
     Trajectory,
     TrajectorySpec,
+    as_trajectory,
     split_trajectory,
     trajectory_from_raw,
     validate,
@@ -172,8 +173,10 @@ class TrajectoryReplayBuffer:
     def _validate_all(self, trajectories: list[Trajectory]) -> list[TrajectorySpec]:
         schema = self._schema
         specs: list[TrajectorySpec] = []
-        for position, trajectory in enumerate(trajectories):
+        for position, given in enumerate(trajectories):
             try:
+                # RLinf's own Trajectory (or any object with its fields) is read by field name.
+                trajectory = trajectories[position] = as_trajectory(given)
                 spec = validate(trajectory, schema)
                 if self._store is not None:
                     # pt/pkl put model_weights_id in a file name: refuse it now, not in the writer.
