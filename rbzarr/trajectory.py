@@ -43,9 +43,7 @@ __all__ = [
     "Schema",
     "Trajectory",
     "TrajectorySpec",
-    "ValidatedTrajectory",
     "as_trajectory",
-    "capture",
     "flatten_trajectory",
     "join_trajectory",
     "raw_time_rows",
@@ -266,7 +264,7 @@ def split_trajectory(traj: object, spec: TrajectorySpec) -> tuple[dict[str, torc
 
     ``traj`` must have passed :func:`validate`, which gave ``spec``; the flat view lists
     the fields in ``spec.schema``'s order.  Both parts may share memory with ``traj``;
-    callers that keep them must copy (or use :func:`capture`).
+    callers that keep them must copy.
     """
     fields = trajectory_tensors(traj)
     residue = Residue({}, {}, *trajectory_scalars(traj))
@@ -330,67 +328,3 @@ def as_trajectory(traj: object) -> Trajectory:
     if isinstance(traj, Trajectory):
         return traj
     return trajectory_from_raw(trajectory_tensors(traj), *trajectory_scalars(traj))
-
-
-@dataclass(frozen=True)
-class ValidatedTrajectory:
-    """A trajectory that passed :func:`validate`, as owned flat parts: what a buffer keeps.
-
-    ``flat`` holds the sampled fields as contiguous ``[T*B, ...]`` tensors in the schema's
-    order; ``residue`` the reset rows and unsampled fields.  Nothing here shares memory with
-    the object it was captured from, so the caller may reuse its tensors at once.
-    """
-
-    spec: TrajectorySpec
-    flat: dict[str, torch.Tensor]
-    residue: Residue
-
-    @property
-    def max_episode_length(self) -> int:
-        """The trajectory's ``max_episode_length``."""
-        return self.residue.max_episode_length
-
-    @property
-    def model_weights_id(self) -> str:
-        """The trajectory's ``model_weights_id``."""
-        return self.residue.model_weights_id
-
-    def trajectory(self) -> Trajectory:
-        """The raw ``[T(+E), B, ...]`` :class:`Trajectory` (views of these parts)."""
-        return join_trajectory(self.flat, self.residue, self.spec.B)
-
-
-def capture(traj: object, schema: Schema | None = None) -> ValidatedTrajectory:
-    """Validate ``traj`` against ``schema`` and copy it into a :class:`ValidatedTrajectory`.
-
-    Parameters
-    ----------
-    traj
-        A :class:`Trajectory` or any object with its fields (RLinf's ``Trajectory``).
-    schema
-        As for :func:`validate`.
-
-    Raises
-    ------
-    InvalidTrajectoryError
-        As :func:`validate`; nothing is copied then.
-    """
-    spec = validate(traj, schema)
-    flat, residue = split_trajectory(traj, spec)
-    return ValidatedTrajectory(
-        spec=spec,
-        flat={path: _owned(value) for path, value in flat.items()},
-        residue=Residue(
-            reset_rows={path: _owned(v) for path, v in residue.reset_rows.items()},
-            unsampled={path: _owned(v) for path, v in residue.unsampled.items()},
-            max_episode_length=residue.max_episode_length,
-            model_weights_id=residue.model_weights_id,
-        ),
-    )
-
-
-def _owned(value: Any) -> Any:
-    """A CPU copy of a tensor that shares no memory with it (other values as they are)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True).contiguous()
-    return value

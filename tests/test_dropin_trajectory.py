@@ -9,10 +9,10 @@ import torch
 from conftest import make_trajectory
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rlinf_shapes import RLinfTrajectory, make_rlinf_trajectory, rlinf_copy
+from rlinf_shapes import RLinfTrajectory, rlinf_copy
 
 from rbzarr import InvalidTrajectoryError, Trajectory
-from rbzarr.trajectory import as_trajectory, capture, split_trajectory, validate
+from rbzarr.trajectory import as_trajectory, join_trajectory, split_trajectory, validate
 
 
 def test_fields_order_and_defaults_are_rlinfs():
@@ -101,19 +101,6 @@ def test_schema_order_wins_over_the_trajectory_key_order():
     assert torch.equal(flat["curr_obs/b"], torch.full((4, 3), 2.0))
 
 
-def test_capture_shares_no_memory_with_the_caller():
-    traj = make_rlinf_trajectory(3, 2, 0, epochs=3)
-    want = as_trajectory(rlinf_copy(as_trajectory(traj))).tensors()
-    want = {k: v.clone() for k, v in want.items()}
-    held = capture(traj)
-    for value in (traj.rewards, traj.dones, traj.versions, traj.curr_obs["state"]):
-        value.fill_(-7)
-    got = held.trajectory().tensors()
-    assert got.keys() == want.keys()
-    assert all(torch.equal(got[k], want[k]) for k in want)
-    assert (held.max_episode_length, held.model_weights_id) == (3, "w")
-
-
 # -- equality --------------------------------------------------------------------------
 def variants(traj: Trajectory) -> list[Trajectory]:
     """Copies of ``traj`` that differ from it in exactly one respect."""
@@ -155,13 +142,14 @@ def test_equality_ignores_dict_key_order_and_matches_nan():
 @given(st.integers(1, 4), st.integers(1, 3), st.integers(0, 100), st.integers(1, 2))
 def test_equality_is_value_equality(T, B, base, epochs):
     traj = make_trajectory(T * epochs, B, base, epochs)
-    rebuilt = capture(traj).trajectory()
+    flat, residue = split_trajectory(traj, validate(traj))
+    rebuilt = join_trajectory({k: v.clone() for k, v in flat.items()}, residue, B)
     assert rebuilt == traj
     assert all(traj != other for other in variants(traj))
 
 
 # -- extract_intervene_traj ------------------------------------------------------------
-def intervened_example(rlinf_shaped: bool = False) -> Trajectory:
+def intervened_example() -> Trajectory:
     """T=4 steps of B=3 envs, D=2 flags; row values encode ``10 * t + b``."""
     T, B = 4, 3
     n = 10 * torch.arange(T).unsqueeze(1) + torch.arange(B)
@@ -183,7 +171,7 @@ def intervened_example(rlinf_shaped: bool = False) -> Trajectory:
         "versions": torch.ones(T, B),
         "curr_obs": {"s": n.unsqueeze(-1) + 0.5},
     }
-    return RLinfTrajectory(**fields) if rlinf_shaped else Trajectory(**fields)
+    return Trajectory(**fields)
 
 
 def test_extract_intervene_traj_any_and_all():
