@@ -243,10 +243,24 @@ class TrajectoryReplayBuffer:
         if self._writer.pending <= 1:
             self._store.write_documents(persisted.to_documents(self.trajectory_format, extra))
 
-    def sample(self, num_chunks: int) -> dict[str, Any]:
+    def sample(
+        self, num_chunks: int, *, generator: torch.Generator | None = None
+    ) -> dict[str, Any]:
         """Sample ``num_chunks`` rows uniformly from the window; see ``behaviour.md``.
 
-        Returns a nested dict of fresh CPU tensors shaped ``[n, ...]``.
+        Parameters
+        ----------
+        num_chunks
+            Rows to draw (clamped to the window's total).
+        generator
+            A CPU ``torch.Generator`` to draw with for this call instead of the buffer's
+            own, whose stream is then left untouched (one stream per DataLoader worker or
+            rank).  ``None`` draws from the buffer's seeded generator: RLinf's stream.
+
+        Returns
+        -------
+        dict
+            A nested dict of fresh CPU tensors shaped ``[n, ...]``.
         """
         if num_chunks <= 0:
             raise ValueError(f"num_chunks must be positive, got {num_chunks}")
@@ -254,7 +268,9 @@ class TrajectoryReplayBuffer:
             window = self._index.window(self.sample_window_size)
             if not window:
                 raise RuntimeError("cannot sample from an empty buffer: add trajectories first")
-            positions, rows = self._sampler.draw(num_chunks, self._index.sample_counts(window))
+            positions, rows = self._sampler.draw(
+                num_chunks, self._index.sample_counts(window), generator
+            )
             slots = self._cache.slots(window)[positions]
             hit = slots >= 0
             if bool(hit.all()):
