@@ -79,6 +79,10 @@ class ZarrLayout(TrajectoryLayout):
         How many trajectories keep their opened handles (least recently used go).
     layout_version
         The layout new trajectories are written in: 2 (default) or 1.
+    io_stats
+        Counts the requests and bytes of layout-2 reads (index reads when a trajectory
+        opens, then the pieces of each batch; memory-map gathers count bytes only).  A
+        fresh :class:`~rbzarr.storage.shard_remote.IOStats` when not given.
     """
 
     format = "zarr"
@@ -93,6 +97,7 @@ class ZarrLayout(TrajectoryLayout):
         store: Store | None = None,
         handle_cache_size: int = 256,
         layout_version: int = LAYOUT_VERSION,
+        io_stats: IOStats | None = None,
     ) -> None:
         super().__init__(location)
         if chunk_bytes <= 0:
@@ -104,7 +109,7 @@ class ZarrLayout(TrajectoryLayout):
         self.codecs = dict(codecs or {})
         self.chunk_bytes = chunk_bytes
         self.layout_version = layout_version
-        self.io_stats = IOStats()
+        self.io_stats = IOStats() if io_stats is None else io_stats
         self._opener = TrajectoryOpener(location, store, handle_cache_size, self.io_stats)
         self._parents_ready = False
 
