@@ -283,6 +283,30 @@ def test_needed_ranges_follow_zarrs_own_shard_index(tmp_path: Path) -> None:
     assert len(everything.coalesced()) == 1  # zarr writes inner chunks back to back
 
 
+def test_pieces_of_uncompressed_shards_are_the_rows_own_bytes(tmp_path: Path) -> None:
+    data = np.arange(4 * 3 * 2 * 5, dtype=np.float32).reshape(4, 3, 2, 5)  # [T, B, 2, 5]
+    array = zarr.create_array(
+        LocalStore(tmp_path),
+        name="trajectories/1/a/b",
+        shape=data.shape,
+        dtype="float32",
+        chunks=data.shape,
+        shards=data.shape,
+        compressors=None,
+    )
+    array[...] = data
+    geometry = StoreGeometry(fsspec.filesystem("file"), str(tmp_path), ["a/b"], T=4, B=3)
+    needed = geometry.needed({1: [4, 5, 11]})  # (t, b) = (1, 1), (1, 2), (3, 2)
+    shard = (tmp_path / "trajectories/1/a/b/c/0/0/0/0").read_bytes()
+    assert needed.chunks == 1 and needed.bytes == data.nbytes  # one inner chunk: the array
+    assert sorted(shard[start:stop] for _, start, stop in needed.pieces) == sorted(
+        data[t, b].tobytes() for t, b in ((1, 1), (1, 2), (3, 2))
+    )
+    assert needed.piece_bytes == 3 * 10 * 4
+    assert len(needed.coalesced_pieces()) == 2  # rows (1, 1) and (1, 2) are adjacent
+    assert needed.page_bytes == 4096  # all in the shard's first page
+
+
 def test_needed_ranges_of_unsharded_arrays_are_whole_chunk_files(tmp_path: Path) -> None:
     data = np.arange(40, dtype=np.float32).reshape(4, 2, 5) + 1
     zarr.create_array(LocalStore(tmp_path), name="trajectories/3/x", data=data, chunks=(2, 2, 5))

@@ -5,7 +5,11 @@ metadata (``zarr.json``: shape, chunk grid, chunk key encoding, ``sharding_index
 configuration) and, for sharded arrays, the shard index (``offset, nbytes`` little-endian
 uint64 pairs per inner chunk, C order, then a crc32c; ``2**64 - 1`` marks an empty chunk).
 A row ``(t, b)`` of a ``[T, B, ...]`` array needs every inner chunk (or, unsharded, every
-chunk file) that holds part of it; adjacent byte ranges of one object coalesce.
+chunk file) that holds part of it: those are the *chunks*.  Inside an uncompressed inner
+chunk the row is one contiguous run of bytes (C order, time and env outermost), so its
+*pieces* are just those bytes; in a compressed one the piece is the whole inner chunk.
+Adjacent or overlapping byte ranges of one object coalesce.  A disk reads whole pages, so
+the least a truly cold batch can read is its pieces rounded out to pages (``page_bytes``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import mmap
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +33,7 @@ from rbzarr.trajectory import Trajectory, raw_time_rows, validate
 __all__ = ["ArrayGeometry", "ByteRange", "NeededReads", "StoreGeometry", "coalesce", "disk_usage"]
 
 EMPTY = 2**64 - 1
+PAGE = mmap.PAGESIZE
 ByteRange = tuple[str, int, int]  # object path, start, stop
 
 
@@ -43,6 +49,8 @@ class ArrayGeometry:
     index_bytes: int
     key_prefix: str
     separator: str
+    itemsize: int = 1
+    uncompressed: bool = False
 
     @classmethod
     def from_metadata(cls, path: str, metadata: Mapping[str, Any]) -> ArrayGeometry:
@@ -51,7 +59,7 @@ class ArrayGeometry:
         encoding = metadata.get("chunk_key_encoding", {"name": "default"})
         default = encoding.get("name") == "default"
         separator = encoding.get("configuration", {}).get("separator", "/" if default else ".")
-        inner, at_end, index_bytes = None, True, 0
+        inner, at_end, index_bytes, uncompressed = None, True, 0, False
         first = metadata["codecs"][0]
         if first["name"] == "sharding_indexed":
             config = first["configuration"]
@@ -60,6 +68,7 @@ class ArrayGeometry:
             count = math.prod(c // i for c, i in zip(chunks, inner, strict=True))
             checksum = any(c["name"] == "crc32c" for c in config.get("index_codecs", []))
             index_bytes = 16 * count + (4 if checksum else 0)
+            uncompressed = [c["name"] for c in config.get("codecs", [])] == ["bytes"]
         return cls(
             path=path,
             shape=tuple(metadata["shape"]),
@@ -69,29 +78,52 @@ class ArrayGeometry:
             index_bytes=index_bytes,
             key_prefix=f"c{separator}" if default else "",
             separator=separator,
+            itemsize=np.dtype(metadata["data_type"]).itemsize,
+            uncompressed=uncompressed,
         )
 
     def object_key(self, coords: Sequence[int]) -> str:
         """The store key of the chunk (or shard) at grid ``coords``."""
         return f"{self.path}/{self.key_prefix}{self.separator.join(map(str, coords))}"
 
-    def trailing_grid(self, block: Sequence[int]) -> list[tuple[int, ...]]:
-        """Every grid coordinate of the trailing (per-row) dimensions for ``block`` sizes."""
-        counts = [math.ceil(n / b) for n, b in zip(self.chunks[2:], block[2:], strict=True)]
-        return list(itertools.product(*(range(c) for c in counts)))
+    def outer_trailing(self) -> list[tuple[int, ...]]:
+        """Grid coordinates of the chunks (shards) along the trailing (per-row) dimensions."""
+        return _grid(self.shape[2:], self.chunks[2:])
+
+    def inner_trailing(self) -> list[tuple[int, ...]]:
+        """Grid coordinates of a shard's inner chunks along the trailing dimensions."""
+        assert self.inner is not None
+        return _grid(self.chunks[2:], self.inner[2:])
+
+
+def _grid(extent: Sequence[int], block: Sequence[int]) -> list[tuple[int, ...]]:
+    counts = [math.ceil(n / b) for n, b in zip(extent, block, strict=True)]
+    return list(itertools.product(*(range(c) for c in counts)))
 
 
 @dataclass
 class NeededReads:
-    """The byte ranges a batch needs, before and after coalescing."""
+    """What a batch needs: whole chunks (``ranges``) and the rows' own bytes (``pieces``),
+    each distinct and sorted.
+
+    ``chunks`` / ``bytes`` count the distinct chunk ranges and their bytes;
+    ``piece_bytes`` the distinct pieces' bytes, ``page_bytes`` the pages holding them.
+    """
 
     chunks: int = 0
     bytes: int = 0
+    piece_bytes: int = 0
+    page_bytes: int = 0
     ranges: list[ByteRange] = field(default_factory=list)
+    pieces: list[ByteRange] = field(default_factory=list)
 
     def coalesced(self) -> list[ByteRange]:
-        """:func:`coalesce` of the needed ranges."""
+        """:func:`coalesce` of the needed chunk ranges."""
         return coalesce(self.ranges)
+
+    def coalesced_pieces(self) -> list[ByteRange]:
+        """:func:`coalesce` of the needed pieces: the requests an exact reader makes."""
+        return coalesce(self.pieces)
 
 
 def coalesce(ranges: Iterable[ByteRange]) -> list[ByteRange]:
@@ -145,44 +177,55 @@ class StoreGeometry:
             steps, envs = flat // self.B, (flat % self.B).numpy()
             for key in self.keys:
                 self._add(out, self.array(tid, key), steps, envs)
-        out.bytes = sum(stop - start for _, start, stop in set(out.ranges))
-        out.chunks = len(set(out.ranges))
+        out.ranges, out.pieces = sorted(set(out.ranges)), sorted(set(out.pieces))
+        out.chunks = len(out.ranges)
+        out.bytes = sum(stop - start for _, start, stop in out.ranges)
+        out.piece_bytes = sum(stop - start for _, start, stop in out.pieces)
+        pages = coalesce(
+            (key, start // PAGE * PAGE, -(-stop // PAGE) * PAGE) for key, start, stop in out.pieces
+        )
+        out.page_bytes = sum(stop - start for _, start, stop in pages)
         return out
 
     def _add(
         self, out: NeededReads, array: ArrayGeometry, steps: torch.Tensor, envs: np.ndarray
     ) -> None:
         times = raw_time_rows(steps, self.T, array.shape[0]).numpy()
-        outer = np.stack([times // array.chunks[0], envs // array.chunks[1]], axis=1)
-        if array.inner is None:
-            for t, b in np.unique(outer, axis=0).tolist():
-                for rest in array.trailing_grid(array.chunks):
-                    self._add_file(out, array.object_key((t, b, *rest)))
+        for t, b in np.unique(np.stack([times, envs], axis=1), axis=0).tolist():
+            outer = (t // array.chunks[0], b // array.chunks[1])
+            for rest in array.outer_trailing():
+                key = array.object_key((*outer, *rest))
+                if array.inner is None:
+                    self._add_file(out, key)
+                else:
+                    self._add_inner(out, array, key, t % array.chunks[0], b % array.chunks[1])
+
+    def _add_inner(self, out: NeededReads, array: ArrayGeometry, key: str, t: int, b: int) -> None:
+        """The inner chunks (and pieces) of shard ``key`` holding its local row ``(t, b)``."""
+        assert array.inner is not None
+        index = self._shard_index(key, array)
+        if index is None:
             return
-        inner = np.stack(
-            [
-                (times % array.chunks[0]) // array.inner[0],
-                (envs % array.chunks[1]) // array.inner[1],
-            ],
-            axis=1,
-        )
         grid = [c // i for c, i in zip(array.chunks, array.inner, strict=True)]
-        for t, b, ti, bi in np.unique(np.concatenate([outer, inner], axis=1), axis=0).tolist():
-            for rest in array.trailing_grid(array.chunks):
-                key = array.object_key((t, b, *rest))
-                index = self._shard_index(key, array)
-                if index is None:
-                    continue
-                for inner_rest in array.trailing_grid(array.inner):
-                    position = int(np.ravel_multi_index((ti, bi, *inner_rest), grid))
-                    offset, size = (int(v) for v in index[position])
-                    if offset != EMPTY:
-                        out.ranges.append((key, offset, offset + size))
+        run = math.prod(array.inner[2:]) * array.itemsize
+        local = (t % array.inner[0]) * array.inner[1] + b % array.inner[1]
+        for inner_rest in array.inner_trailing():
+            position = int(
+                np.ravel_multi_index((t // array.inner[0], b // array.inner[1], *inner_rest), grid)
+            )
+            offset, size = (int(v) for v in index[position])
+            if offset == EMPTY:
+                continue
+            out.ranges.append((key, offset, offset + size))
+            start = offset + local * run if array.uncompressed else offset
+            out.pieces.append((key, start, start + run if array.uncompressed else offset + size))
 
     def _add_file(self, out: NeededReads, key: str) -> None:
         path = f"{self.root}/{key}"
         if self.fs.exists(path):
-            out.ranges.append((key, 0, int(self.fs.size(path))))
+            whole = (key, 0, int(self.fs.size(path)))
+            out.ranges.append(whole)
+            out.pieces.append(whole)
 
     def _shard_index(self, key: str, array: ArrayGeometry) -> np.ndarray | None:
         if key not in self._indexes:

@@ -144,6 +144,9 @@ def _needed_summary(run: DiskRun, calls: Sequence[int]) -> dict[str, Any]:
         "bytes_per_batch": statistics.mean(n.bytes for n in needed),
         "chunks_per_batch": statistics.mean(n.chunks for n in needed),
         "ranges_per_batch": statistics.mean(len(n.coalesced()) for n in needed),
+        "piece_bytes_per_batch": statistics.mean(n.piece_bytes for n in needed),
+        "page_bytes_per_batch": statistics.mean(n.page_bytes for n in needed),
+        "piece_ranges_per_batch": statistics.mean(len(n.coalesced_pieces()) for n in needed),
     }
 
 
@@ -157,7 +160,7 @@ def _warm(run: DiskRun) -> dict[str, Any]:
     out["needed"] = _needed_summary(run, timed_calls)
     # The same batches as the buffer's (same count, no budget), so both stay in step.
     out["pt"] = stats(timed(run.pt.sample, len(zarr_latencies), float("inf")), batch, per_row)
-    batches = itertools.cycle([run.needed(k).coalesced() for k in timed_calls])
+    batches = itertools.cycle([run.needed(k).coalesced_pieces() for k in timed_calls])
     latencies = timed(lambda: run.reader.read(next(batches)), len(timed_calls), float("inf"))
     out["limit"] = stats(latencies, batch, per_row)
     out.update(_torchrl_warm(run, first, len(zarr_latencies), budget))
@@ -217,10 +220,10 @@ def _cold(run: DiskRun) -> dict[str, Any]:
         **stats(latencies, batch, per_row),
         "bytes_read_per_batch": statistics.mean(read),
     }
-    out["read_vs_needed"] = out["zarr"]["bytes_read_per_batch"] / needed["bytes_per_batch"]
+    out["read_vs_needed"] = out["zarr"]["bytes_read_per_batch"] / needed["page_bytes_per_batch"]
     latencies, read, _ = _timed_cold(run.pt.sample, roots, len(timed_calls), float("inf"), whole)
     out["pt"] = {**stats(latencies, batch, per_row), "bytes_read_per_batch": statistics.mean(read)}
-    batches = itertools.cycle([run.needed(k).coalesced() for k in timed_calls])
+    batches = itertools.cycle([run.needed(k).coalesced_pieces() for k in timed_calls])
     latencies, read, _ = _timed_cold(
         lambda: run.reader.read(next(batches)), roots, len(timed_calls), float("inf"), whole
     )

@@ -120,14 +120,17 @@ def _bytes_table(results: dict[str, Any]) -> str:
                 [
                     workload,
                     mode,
-                    _number(needed["bytes_per_batch"] / 1e6, 2),
                     _number(needed["chunks_per_batch"]),
-                    _number(needed["ranges_per_batch"]),
+                    _number(needed["bytes_per_batch"] / 1e6, 2),
+                    _number(needed["piece_ranges_per_batch"]),
+                    _number(needed["piece_bytes_per_batch"] / 1e6, 2),
+                    _number(needed["page_bytes_per_batch"] / 1e6, 2),
                     entry[mode].get("evict_method", "-"),
                 ]
             )
-    head = ["workload", "mode", "MB needed/batch", "chunks", "ranges", "page cache"]
-    return aligned(head, rows, [False, False, True, True, True, False]) if rows else ""
+    head = ["workload", "mode", "chunks", "chunk MB", "ranges", "row MB", "page MB"]
+    head.append("page cache")
+    return aligned(head, rows, [False, False, *[True] * 5, False]) if rows else ""
 
 
 def _writes_table(results: dict[str, Any]) -> str:

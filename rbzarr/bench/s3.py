@@ -5,8 +5,8 @@ The server is moto's (real HTTP on 127.0.0.1) behind the counting proxy of the t
 request ``delay_s`` (20 ms by default) before forwarding it.  Image trajectories are written
 with ``auto_save`` (no delay), then sampled with the cache off, so every row comes from S3.
 Per batch: requests by method, the bytes the server sent, seconds and rows/s, beside the
-distinct coalesced byte ranges and the compressed bytes of the inner chunks the rows need
-(:mod:`.accounting`, read around the proxy).  The first batch also opens each trajectory's
+distinct coalesced byte ranges the rows need and their bytes (compressed inner chunks, or the
+rows' own bytes in uncompressed ones: :mod:`.accounting`, read around the proxy).  The first batch also opens each trajectory's
 metadata and shard indexes; it is reported apart from the steady batches.
 """
 
@@ -191,11 +191,11 @@ def _batch(
     return {
         "requests": len(requests),
         "by_method": dict(Counter(r.method for r in requests)),
-        "needed_ranges": len(needed.coalesced()),
+        "needed_ranges": len(needed.coalesced_pieces()),
         "needed_chunks": needed.chunks,
         "bytes": sent,
-        "needed_bytes": needed.bytes,
-        "bytes_vs_needed": sent / needed.bytes,
+        "needed_bytes": needed.piece_bytes,
+        "bytes_vs_needed": sent / needed.piece_bytes,
         "seconds": seconds,
         "rows_s": tracked.batch / seconds,
         "time_bound_s": 3 * delay * rounds,

@@ -70,8 +70,8 @@ SAMPLING += [
 ] + [
     (
         f"{w}: truly cold bytes read <= 1.5x needed",
-        "bytes read from disk per batch / compressed bytes of the inner chunks holding the "
-        "missed rows",
+        "bytes read from disk per batch / the missed rows' compressed inner chunks (or, "
+        "uncompressed, their own bytes), in whole pages",
         _value(w, "cold", "read_vs_needed"),
         1.5,
         "<=",
@@ -163,8 +163,8 @@ def s3_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     out.append(
         target(
             "s3: bytes <= 1.5x needed",
-            "bytes sent by the server per batch / compressed bytes of the inner chunks "
-            "holding the sampled rows",
+            "bytes sent by the server per batch / the sampled rows' compressed inner chunks "
+            "(or, uncompressed, their own bytes)",
             amplification,
             1.5,
             "<=",
