@@ -6,8 +6,9 @@ request ``delay_s`` (20 ms by default) before forwarding it.  Image trajectories
 with ``auto_save`` (no delay), then sampled with the cache off, so every row comes from S3.
 Per batch: requests by method, the bytes the server sent, seconds and rows/s, beside the
 distinct coalesced byte ranges the rows need and their bytes (compressed inner chunks, or the
-rows' own bytes in uncompressed ones: :mod:`.accounting`, read around the proxy).  The first batch also opens each trajectory's
-metadata and shard indexes; it is reported apart from the steady batches.
+rows' own bytes in uncompressed ones: :mod:`.accounting`, read around the proxy).  The
+first batch also opens each trajectory's metadata and shard indexes; it is reported apart
+from the steady batches.
 """
 
 from __future__ import annotations
