@@ -17,6 +17,7 @@ from rbzarr.trajectory import (
     Schema,
     Trajectory,
     TrajectorySpec,
+    as_trajectory,
     split_trajectory,
     trajectory_from_raw,
     validate,
@@ -45,7 +46,7 @@ class ValidatedTrajectory:
 
     @classmethod
     def check(
-        cls, trajectory: Trajectory, schema: Schema | None = None, *, copy: bool = False
+        cls, trajectory: object, schema: Schema | None = None, *, copy: bool = False
     ) -> ValidatedTrajectory:
         """Validate ``trajectory`` against ``schema`` and split it, optionally copying first.
 
@@ -68,6 +69,8 @@ class ValidatedTrajectory:
         InvalidTrajectoryError
             The trajectory's fields disagree with each other or with ``schema``.
         """
+        # RLinf's own Trajectory (or any object with its fields) is read by field name.
+        trajectory = as_trajectory(trajectory)
         spec = validate(trajectory, schema)
         if copy:
             trajectory = clone_trajectory(trajectory)
