@@ -242,13 +242,19 @@ class TrajectoryReplayBuffer:
         if self._store is not None:
             self._store.set_metadata(seed=self.seed, schema=checkpoint.schema_to_json(self._schema))
 
-    def sample(self, num_chunks: int) -> dict[str, Any]:
+    def sample(
+        self, num_chunks: int, *, generator: torch.Generator | None = None
+    ) -> dict[str, Any]:
         """Sample ``num_chunks`` rows uniformly from the window.
 
         Parameters
         ----------
         num_chunks
             Rows to draw (clamped to the window's sample count).
+        generator
+            A CPU ``torch.Generator`` to draw with for this call instead of the buffer's
+            own, whose stream is then left untouched (one stream per DataLoader worker or
+            rank).  ``None`` draws from the buffer's seeded generator: RLinf's stream.
 
         Returns
         -------
@@ -268,7 +274,9 @@ class TrajectoryReplayBuffer:
             window = self._index.window(self.sample_window_size)
             if not window:
                 raise EmptyBufferError("cannot sample from an empty buffer: add trajectories first")
-            positions, rows = self._sampler.draw(num_chunks, self._index.sample_counts(window))
+            positions, rows = self._sampler.draw(
+                num_chunks, self._index.sample_counts(window), generator
+            )
             slots = self._cache.slots(window)[positions]
             hit = slots >= 0
             if bool(hit.all()):
