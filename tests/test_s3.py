@@ -36,8 +36,9 @@ from rbzarr.storage.location import Location
 pytestmark = pytest.mark.s3
 
 SIZES = [(12, 4), (8, 4), (10, 4), (6, 4)]
-# Small chunks, so a trajectory spans several chunks per field (2-8 time steps each).
-LAYOUT = {"chunk_bytes": 256}
+# Small layout-1 chunks, so a trajectory spans several chunks per field (2-8 steps each);
+# layout 2 (one shard per array) has its own request tests in test_shards_s3.py.
+LAYOUT = {"chunk_bytes": 256, "layout_version": 1}  # chunk-level request tests: layout 1
 SAMPLED_KEYS = [
     "actions",
     "rewards",
