@@ -211,3 +211,18 @@ def test_rerunning_a_collection_script_appends(tmp_path):
         with TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "s") as buffer:
             buffer.add_trajectories([traj(2 * run), traj(2 * run + 1)])
     assert listed(tmp_path / "s") == list(range(6))
+
+
+def test_continuing_an_rlinf_checkpoint_in_place_lists_only_what_exists(tmp_path):
+    folder = tmp_path / "ckpt"
+    write_rlinf_store(folder, "pt", listed=list(range(5)), saved=[3, 4], uuids={})
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=folder)
+    with pytest.warns(UserWarning, match=r"skipped trajectories \[0, 1, 2\]"):
+        buffer.load_checkpoint(folder)
+    buffer.add_trajectories([traj(5)])
+    buffer.close()
+    # Now an rbzarr store: it lists exactly what it holds, so it loads strictly.
+    assert listed(folder) == [3, 4, 5]
+    again = TrajectoryReplayBuffer()
+    again.load_checkpoint(folder, strict=True)
+    assert again.trajectory_ids == [3, 4, 5]
