@@ -27,7 +27,8 @@ from rbzarr.storage.location import Location
 __all__ = ["export_store", "open_layout"]
 
 # Metadata keys the exported index recomputes; the rest are carried over unchanged.
-_RECOMPUTED = ("trajectory_format", "size", "total_samples", "trajectory_counter")
+# Written anew by the target (``layout_version`` is the target layout's own, if any).
+_RECOMPUTED = ("trajectory_format", "size", "total_samples", "trajectory_counter", "layout_version")
 
 
 def open_layout(
@@ -118,5 +119,4 @@ def export_store(
         writer.write(entry, reader.read(entry))
     extra = {k: v for k, v in documents.metadata.items() if k not in _RECOMPUTED}
     exported = selected.to_documents(trajectory_format, extra=extra)
-    writer.write_documents(exported)
-    return exported
+    return writer.write_documents(exported)
