@@ -20,7 +20,7 @@ import torch
 
 from rbzarr.dtypes import byte_rows, dtype_from_name
 from rbzarr.storage.layout import Entry, TrajectoryLayout
-from rbzarr.trajectory import Schema, Trajectory, flatten_trajectory, validate
+from rbzarr.trajectory import Schema
 
 __all__ = ["MissPlan", "plan_misses", "read_batch"]
 
@@ -32,7 +32,7 @@ class _Group:
     entry: Entry
     start: int
     stop: int
-    pending: Trajectory | None
+    pending: Mapping[str, torch.Tensor] | None
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def plan_misses(
     cached: dict[str, torch.Tensor],
     schema: Schema,
     entries: Mapping[int, Entry],
-    pending: Mapping[int, Trajectory],
+    pending: Mapping[int, Mapping[str, torch.Tensor]],
 ) -> MissPlan:
     """Group the missed rows of a batch by trajectory (call under the buffer's lock).
 
@@ -76,7 +76,8 @@ def plan_misses(
     entries
         Index entries by trajectory id; every missed id must be present.
     pending
-        Trajectories accepted but not yet written, by id: their rows are read from memory.
+        Flat rows (``{key: [T*B, ...]}``) of trajectories accepted but not yet written,
+        by id: their rows are read from memory, with no re-validation.
 
     Returns
     -------
@@ -138,9 +139,8 @@ def read_batch(plan: MissPlan, store: TrajectoryLayout | None) -> dict[str, torc
         if group.pending is None:
             stored.append((group.entry, rows, positions))
             continue
-        flat = flatten_trajectory(group.pending, validate(group.pending))
         for key, tensor in out.items():
-            tensor.index_copy_(0, positions, flat[key].index_select(0, rows))
+            tensor.index_copy_(0, positions, group.pending[key].index_select(0, rows))
     if stored:
         assert store is not None
         store.read_rows_into(stored, list(plan.schema), out)
