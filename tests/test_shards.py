@@ -231,40 +231,40 @@ def test_reset_row_elements_match_raw_time_rows(T: int, B: int, epochs: int, dat
 
 
 # -- bad input: one test per kind of damage ---------------------------------------------
-def _rewrite_index(path: Path, transform: Any) -> None:
-    blob = bytearray(path.read_bytes())
-    spec_chunks = 1
-    index = np.frombuffer(bytes(blob[-shard_format.index_size(spec_chunks) : -4]), "<u8")
+def _rewrite_index(blob: bytes, transform: Any) -> bytes:
+    """A one-chunk shard whose index entry is ``transform(offsets, nbytes)``, crc intact."""
+    size = shard_format.index_size(1)
+    index = np.frombuffer(blob[-size:-4], "<u8")
     offsets, nbytes = transform(index[0::2].copy(), index[1::2].copy())
-    blob[-shard_format.index_size(spec_chunks) :] = shard_format.encode_index(offsets, nbytes)
-    path.write_bytes(bytes(blob))
+    return blob[:-size] + shard_format.encode_index(offsets, nbytes)
 
 
+def _empty(offsets: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return offsets * 0 + shard_format.EMPTY, nbytes * 0 + shard_format.EMPTY
+
+
+# Damage to a shard's bytes, and the words its error names.
 DAMAGE = {
-    "truncated": (lambda p: p.write_bytes(p.read_bytes()[:-30]), "truncated"),
-    "wrong_size": (lambda p: p.write_bytes(p.read_bytes() + b"\0" * 16), "larger than written"),
-    "damaged_index": (
-        lambda p: p.write_bytes(p.read_bytes()[:-6] + b"\xff\xff" + p.read_bytes()[-4:]),
-        "crc32c",
-    ),
-    "index_out_of_range": (
-        lambda p: _rewrite_index(p, lambda offsets, nbytes: (offsets, nbytes + 4096)),
-        "points past",
-    ),
-    "index_marks_empty": (
-        lambda p: _rewrite_index(
-            p, lambda o, n: (o * 0 + shard_format.EMPTY, n * 0 + shard_format.EMPTY)
-        ),
-        "missing",
-    ),
+    "truncated": (lambda b: b[:-30], "truncated"),
+    "wrong_size": (lambda b: b + b"\0" * 16, "larger than written"),
+    "damaged_index": (lambda b: b[:-6] + b"\xff\xff" + b[-4:], "crc32c"),
+    "index_out_of_range": (lambda b: _rewrite_index(b, lambda o, n: (o, n + 4096)), "points past"),
+    "index_marks_empty": (lambda b: _rewrite_index(b, _empty), "missing"),
 }
+
+
+def undecodable(blob: bytes, described: dict[str, Any]) -> bytes:
+    """A zstd shard whose second inner chunk keeps its frame magic, then garbage."""
+    chunks = int(np.prod(described["shape"]) // np.prod(described["inner"]))
+    offset, nbytes = _index(blob, chunks)[1]
+    return blob[: offset + 4] + b"\x55" * (nbytes - 4) + blob[offset + nbytes :]
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_damaged_shard_is_a_named_error(tmp_path: Path, damage: str) -> None:
     store = build(tmp_path / "s")
-    apply, message = DAMAGE[damage]
-    apply(shard(store))
+    transform, message = DAMAGE[damage]
+    shard(store).write_bytes(transform(shard(store).read_bytes()))
     with pytest.raises(CorruptStoreError, match=message) as info:
         sample_from_storage(store)
     assert "trajectories/1/curr_obs/state" in str(info.value)
@@ -274,13 +274,7 @@ def test_damaged_shard_is_a_named_error(tmp_path: Path, damage: str) -> None:
 
 def test_inner_chunk_that_does_not_decode_is_a_named_error(tmp_path: Path) -> None:
     store = build(tmp_path / "s", codecs=ZSTD)
-    path = shard(store)
-    blob = bytearray(path.read_bytes())
-    described = description(store)
-    chunks = int(np.prod(described["shape"]) // np.prod(described["inner"]))
-    offset, nbytes = _index(bytes(blob), chunks)[1]
-    blob[offset + 4 : offset + nbytes] = b"\x55" * (nbytes - 4)  # keeps the frame magic
-    path.write_bytes(bytes(blob))
+    shard(store).write_bytes(undecodable(shard(store).read_bytes(), description(store)))
     with pytest.raises(CorruptStoreError, match="does not decode") as info:
         sample_from_storage(store)  # 64 draws of 36 rows: the damaged chunk's 4 are hit
     assert "trajectories/1/curr_obs/state" in str(info.value)

@@ -1,16 +1,45 @@
-"""Chunk and codec policy of the zarr layout.
+"""Chunk and codec policy of the zarr layout: layout 2 (shards, default) and layout 1.
 
-**Chunks.** A chunk holds ``k`` whole raw rows (time steps) of an array and every
-environment ``B`` with them: chunk shape ``(k, B, *trailing)``.  A sampled row ``(t, b)``
-therefore lives in exactly one chunk.  With ``k_max`` the most steps that fit in
-``chunk_bytes`` (default 512 KiB; at least one step), ``k`` is the largest divisor of the row
-count in ``[k_max / 2, k_max]`` when there is one, else the even split
-``ceil(rows / ceil(rows / k_max))``: zarr stores a short last chunk padded to full size, so
-dividing evenly saves that space and decoding work.  Chunks thus hold 0.5-1x
-``chunk_bytes`` (256-512 KiB by default), one step when a step is larger.  A field smaller
-than ``chunk_bytes`` (rewards, dones, actions, log-probs) is a single chunk read whole.
+**Layout 2: one shard per array** (:func:`plan_key`).  Every array of a trajectory is one
+object, a Zarr v3 ``sharding_indexed`` shard holding the whole array; what varies per key
+is the inner chunking and the codec:
 
-**Why 512 KiB.** A cold row read fetches and decodes every chunk holding a sampled row, so
+* **unconfigured keys: uncompressed, one inner chunk** (kind ``"mapped"``).  The shard's
+  data is then the array's C-order bytes at offset 0, so a sampled row ``(t, b)`` is read
+  in place: gathered out of a memory map of the file locally (no decode, no syscall per
+  row), one byte range per run of adjacent rows on object stores.  This covers small
+  per-step keys (rewards, dones, actions, states) and large ones (images) alike;
+* **keys given a ``ZstdCodec``** (kind ``"chunked"``): inner chunks of ``k`` steps of one
+  env, ``(k, 1, *trailing)``, ``k`` the largest divisor of the row count with ``k`` rows in
+  at most :data:`INNER_CHUNK_BYTES` (64 KiB).  An image row (21 KB for ``3x84x84``) is its
+  own inner chunk, so a sampled row decodes only its own bytes; rewards get 64 KiB runs;
+* any other codec (kind ``"zarr"``), and 0-d or zero-size arrays: regular chunks written
+  and read through zarr's pipeline (correct, with zarr's per-chunk overhead).
+
+**Why uncompressed by default.**  Measured on these 2 shared cores (load average 6-12,
+numcodecs 0.16 zstd, the benchmarks' synthetic ``3x84x84`` frames, one run of
+``/tmp/codec_probe.py``, 512 rows of 21 KB): zstd-1 compressed 4.8x but encoded at 203
+MB/s and decoded at 516 MB/s (242 MB/s with its frame checksum); blosc-lz4 (shuffle) 2.2x,
+519 / 1,613 MB/s; a plain copy 2,192 / 9,394 MB/s.  A warm image batch of 256 rows (512
+image rows) decodes ~10 MB: ~20 ms with zstd against ~1 ms to copy, and TorchRL's
+``LazyMemmapStorage`` takes ~15-20 ms for the same rows (``/tmp/probe2.py image``: 1.15-
+1.28x TorchRL from memory maps, 0.68x with preads on a thread pool).  The writer must keep
+up at >= 300 MB/s on images, more than zstd-1 encodes on one of these cores.  So the
+default trades disk (images 1x raw instead of ~0.2x) for reads at memory-map speed and
+writes at copy speed; the state workload stays <= 1.2x raw (1.01x measured: the shard
+indexes and documents).  Compression is one argument away: ``codecs={"curr_obs/image":
+ZstdCodec(level=1)}``; real frames compress less than these synthetic ones.
+
+**Layout 1: regular chunks** (:func:`chunk_shape`).  A chunk holds ``k`` whole raw rows
+(time steps) of an array and every environment ``B`` with them: chunk shape ``(k, B,
+*trailing)``.  A sampled row ``(t, b)`` therefore lives in exactly one chunk.  With
+``k_max`` the most steps that fit in ``chunk_bytes`` (default 512 KiB; at least one step),
+``k`` is the largest divisor of the row count in ``[k_max / 2, k_max]`` when there is one,
+else the even split ``ceil(rows / ceil(rows / k_max))``: zarr stores a short last chunk
+padded to full size, so dividing evenly saves that space and decoding work.  A field
+smaller than ``chunk_bytes`` (rewards, dones, actions, log-probs) is a single chunk.
+
+*Why 512 KiB.* A cold row read fetches and decodes every chunk holding a sampled row, so
 smaller chunks read and decode fewer unneeded rows, with the same number of requests (one
 per touched chunk); the cost of small chunks is more files or objects per trajectory to
 write.  Measured with zarr 3.1.6 on 2 shared cores in one run of
@@ -18,16 +47,13 @@ write.  Measured with zarr 3.1.6 on 2 shared cores in one run of
 (``T=32, B=16``, ``3x84x84`` uint8 frames, one step 339 KB; batch 256 from a window of 100
 trajectories, cache 5): 2 MiB chunks (4 steps) read 112 MB per batch at 433 rows/s and wrote
 424 MB/s; 1 MiB (2 steps) 61 MB, 560 rows/s, 291 MB/s; 512 KiB (1 step) 33 MB, 794 rows/s,
-282 MB/s; 256 KiB is the same single step here (833 rows/s, 221 MB/s).  A step of a larger
-observation or more environments is its own chunk anyway.
+282 MB/s; 256 KiB is the same single step here (833 rows/s, 221 MB/s).
 
-**Codecs.** Lossless ``zstd`` at level 1 by default.  Measured on 2 cores with zarr 3.1.6
-(``benchmarks/bench_row_reads.py``): on image-like ``uint8`` frames zstd-1 compressed as well
-as levels 3-5 (within a few percent) and ~3x better than blosc-lz4, at the same write speed;
-blosc-lz4 decoded up to ~1.5x faster but the gap is small next to per-chunk overhead.
-A per-key codec (or ``None`` for no compression) can replace it.  The layout reads and
-writes ``zstd`` and uncompressed chunks directly, without zarr's codec pipeline; any
-other codec goes through zarr (correct, but with zarr's per-chunk overhead).
+*Codecs.* Lossless ``zstd`` at level 1 by default in layout 1 (:func:`default_codec`).
+Measured on 2 cores with zarr 3.1.6 (``benchmarks/bench_row_reads.py``): on image-like
+``uint8`` frames zstd-1 compressed as well as levels 3-5 (within a few percent) and ~3x
+better than blosc-lz4, at the same write speed.  The layout reads and writes ``zstd`` and
+uncompressed chunks directly; any other codec goes through zarr.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ byte.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,8 @@ from zarr.core.metadata.v3 import ArrayV3Metadata
 from zarr.dtype import parse_data_type
 
 from rbzarr.errors import CorruptStoreError
+
+DTYPE_ATTR = "torch_dtype"  # the array attribute naming the torch dtype
 
 __all__ = [
     "EMPTY",
@@ -87,19 +90,21 @@ def decode_index(raw: bytes, chunks: int, data_end: int, where: str) -> np.ndarr
     return pairs.astype(np.int64)
 
 
+@functools.lru_cache(maxsize=256)
 def sharded_metadata(
     shape: Sequence[int],
     dtype: np.dtype[Any],
     inner: Sequence[int],
     level: int | None,
     checksum: bool,
-    attributes: dict[str, Any],
-    dimension_names: Sequence[str],
+    torch_dtype: str,
+    dimension_names: tuple[str, ...],
 ) -> bytes:
     """The ``zarr.json`` of an array stored as one shard of ``inner``-shaped chunks.
 
     ``level`` is the zstd level of the inner chunks, ``None`` for uncompressed ones;
-    ``checksum`` whether their frames carry zstd's content checksum.
+    ``checksum`` whether their frames carry zstd's content checksum; ``torch_dtype`` goes
+    in the attributes.  Documents are cached: trajectories of one schema share them.
     Zarr checks the document (an inner chunk shape must divide the array's shape).
     """
     compressors: tuple[Any, ...] = (
@@ -115,7 +120,7 @@ def sharded_metadata(
         chunk_key_encoding={"name": "default", "configuration": {"separator": "/"}},
         fill_value=data_type.default_scalar(),
         codecs=(sharding,),
-        attributes=attributes,
+        attributes={DTYPE_ATTR: torch_dtype},
         dimension_names=tuple(dimension_names),
     )
     document = metadata.to_buffer_dict(default_buffer_prototype())["zarr.json"]

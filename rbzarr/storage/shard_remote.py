@@ -63,6 +63,7 @@ def open_remote(
     results = fs.cat_ranges(
         paths + documents, starts + [0] * len(paths), ends + [None] * len(paths), on_error="return"
     )
+    stats.add(len(documents), sum(len(d) for d in results[len(paths) :] if isinstance(d, bytes)))
     opened = []
     for (path, spec, where), result, document in zip(
         shards, results[: len(paths)], results[len(paths) :], strict=True
@@ -92,7 +93,7 @@ def _checked(data: Any, where: str) -> bytes:
 def _is_bad_range(error: BaseException) -> bool:
     """Whether an object store refused a range past the object's end (HTTP 416)."""
     text = f"{type(error).__name__} {error}"
-    return "InvalidRange" in text or "416" in text
+    return any(mark in text for mark in ("InvalidRange", "416", "range is not satisfiable"))
 
 
 @dataclass

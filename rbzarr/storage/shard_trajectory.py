@@ -65,11 +65,11 @@ class ShardedTrajectory:
 
 def encode_trajectory(
     fields: Mapping[str, torch.Tensor], plans: Mapping[str, KeyPlan], T: int, B: int
-) -> tuple[dict[str, bytes], dict[str, Any]]:
-    """The documents and shards of the ``mapped``/``chunked`` fields, by path below the
-    trajectory group, and the layout description for the group's attributes (arrays of
-    kind ``"zarr"`` listed, to be written by zarr)."""
-    files: dict[str, bytes] = {}
+) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+    """The documents and shards of the ``mapped``/``chunked`` fields (each a list of
+    byte-like parts) by path below the trajectory group, and the layout description for
+    the group's attributes (arrays of kind ``"zarr"`` listed, to be written by zarr)."""
+    files: dict[str, list[Any]] = {}
     arrays: dict[str, Any] = {}
     for key, value in fields.items():
         plan = plans[key]
@@ -77,7 +77,7 @@ def encode_trajectory(
             arrays[key] = {"kind": "zarr"}
             continue
         encoded = shard_writer.encode_array(key, value, plan, T, B)
-        files[f"{key}/zarr.json"] = encoded.document
+        files[f"{key}/zarr.json"] = [encoded.document]
         files[f"{key}/{shard_writer.shard_key(value.dim())}"] = encoded.shard
         arrays[key] = encoded.description
     return files, {"version": VERSION, "arrays": arrays}

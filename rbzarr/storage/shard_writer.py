@@ -18,7 +18,6 @@ from numcodecs import zstd
 from rbzarr.dtypes import dtype_name, to_numpy
 from rbzarr.storage import shard_format, workers
 from rbzarr.storage.chunking import KeyPlan
-from rbzarr.storage.zarr_chunks import DTYPE_ATTR
 from rbzarr.trajectory import RESET_ROW_FIELDS
 
 __all__ = ["EncodedArray", "dimension_names", "encode_array", "shard_key", "stored_dtype"]
@@ -29,11 +28,12 @@ THREADED_BYTES = 1 << 20
 
 @dataclass(frozen=True)
 class EncodedArray:
-    """One array, ready to store: ``document`` at ``<key>/zarr.json``, ``shard`` at
-    ``<key>/<shard_key>``, ``description`` for the group's attributes."""
+    """One array, ready to store: ``document`` at ``<key>/zarr.json``, ``shard`` (its
+    parts, written one after the other, uncopied) at ``<key>/<shard_key>``,
+    ``description`` for the group's attributes."""
 
     document: bytes
-    shard: bytes
+    shard: list[Any]
     description: dict[str, Any]
 
 
@@ -77,7 +77,8 @@ def encode_array(key: str, value: torch.Tensor, plan: KeyPlan, T: int, B: int) -
         parts = _compressed(_inner_chunks(data, plan.inner), plan.level or 1, plan.checksum)
     nbytes = np.array([len(part) for part in parts], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(np.int64)
-    shard = b"".join([*(memoryview(p) for p in parts), shard_format.encode_index(offsets, nbytes)])
+    shard = [*(memoryview(p).cast("B") for p in parts), shard_format.encode_index(offsets, nbytes)]
+    size = sum(len(part) for part in shard)
     shape = tuple(int(d) for d in data.shape)
     document = shard_format.sharded_metadata(
         shape,
@@ -85,8 +86,8 @@ def encode_array(key: str, value: torch.Tensor, plan: KeyPlan, T: int, B: int) -
         plan.inner,
         plan.level if plan.kind == "chunked" else None,
         plan.checksum,
-        {DTYPE_ATTR: dtype_name(value.dtype)},
-        dimension_names(key, shape, T, B),
+        dtype_name(value.dtype),
+        tuple(dimension_names(key, shape, T, B)),
     )
     description = {
         "kind": plan.kind,
@@ -94,7 +95,7 @@ def encode_array(key: str, value: torch.Tensor, plan: KeyPlan, T: int, B: int) -
         "dtype": stored.str,
         "inner": list(plan.inner),
         "checksum": plan.checksum,
-        "shard_bytes": len(shard),
+        "shard_bytes": size,
     }
     return EncodedArray(document, shard, description)
 

@@ -29,10 +29,10 @@ from zarr.dtype import parse_data_type
 
 from rbzarr.dtypes import dtype_name
 from rbzarr.errors import CorruptStoreError
+from rbzarr.storage.shard_format import DTYPE_ATTR
 from rbzarr.trajectory import raw_time_rows
 
-# Array attribute recording the torch dtype (bfloat16 is stored as its uint16 bits).
-DTYPE_ATTR = "torch_dtype"
+# DTYPE_ATTR: the array attribute recording the torch dtype (bfloat16 stored as uint16 bits).
 
 
 @dataclass(frozen=True)

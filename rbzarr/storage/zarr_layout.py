@@ -26,6 +26,9 @@ and the root attributes record ``layout_version`` (absent: 1).  Chunking and cod
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -123,7 +126,7 @@ class ZarrLayout(TrajectoryLayout):
             **dict(entry),
             FIELDS_ATTR: {key: dtype_name(value.dtype) for key, value in fields.items()},
         }
-        files: dict[str, bytes] = {}
+        files: dict[str, list[Any]] = {}
         zarr_keys = list(fields)
         if self.layout_version >= 2:
             plans = {
@@ -135,15 +138,44 @@ class ZarrLayout(TrajectoryLayout):
             zarr_keys = [key for key in fields if plans[key].kind == "zarr"]
         self._opener.handles.forget(tid)
         with translate_errors(self.location.url, "writing"):
-            sync(self._write_group(_group(tid), fields, attrs, files, zarr_keys))
+            if files and not zarr_keys and self._opener.local_files:
+                self._write_files(_group(tid), fields, attrs, files)
+            else:
+                sync(self._write_group(_group(tid), fields, attrs, files, zarr_keys))
         self._opener.handles.forget(tid)
+
+    def _write_files(
+        self,
+        group: str,
+        fields: Mapping[str, torch.Tensor],
+        attrs: dict[str, Any],
+        files: Mapping[str, list[Any]],
+    ) -> None:
+        """:meth:`_write_group` on the local filesystem, without the event loop: each
+        file written to a temporary name and renamed (readers see whole files only), in
+        the same order (groups, data, then the group's attributes)."""
+        root = self.location.path
+        shutil.rmtree(os.path.join(root, *group.split("/")), ignore_errors=True)
+        empty = bytes(chunk_io.group_document({}).to_bytes())
+        if not self._parents_ready:
+            for name in ("zarr.json", f"{TRAJECTORIES}/zarr.json"):
+                if not os.path.exists(os.path.join(root, name)):
+                    _put_file(root, name, empty)
+            self._parents_ready = True
+        parts = [key.split("/") for key in fields]
+        subgroups = sorted({"/".join([group, *p[:n]]) for p in parts for n in range(len(p))})
+        for sub in subgroups:
+            _put_file(root, f"{sub}/zarr.json", empty)
+        for name, parts in files.items():
+            _put_file(root, f"{group}/{name}", *parts)
+        _put_file(root, f"{group}/zarr.json", bytes(chunk_io.group_document(attrs).to_bytes()))
 
     async def _write_group(
         self,
         group: str,
         fields: Mapping[str, torch.Tensor],
         attrs: dict[str, Any],
-        files: Mapping[str, bytes],
+        files: Mapping[str, list[Any]],
         zarr_keys: Sequence[str],
     ) -> None:
         store = self._opener.store()
@@ -160,7 +192,10 @@ class ZarrLayout(TrajectoryLayout):
             *(store.set(f"{sub}/zarr.json", chunk_io.group_document({})) for sub in subgroups)
         )
         await asyncio.gather(
-            *(store.set(f"{group}/{name}", from_bytes(data)) for name, data in files.items()),
+            *(
+                store.set(f"{group}/{name}", from_bytes(b"".join(parts)))
+                for name, parts in files.items()
+            ),
             *(
                 self._write_array(store, f"{group}/{key}", key, fields[key], (T, B))
                 for key in zarr_keys
@@ -336,6 +371,22 @@ class ZarrLayout(TrajectoryLayout):
             zarr_rows.read_rows_into(
                 self._opener.location(), opened, requests, keys, out, self.io_stats
             )
+
+
+def _put_file(root: str, name: str, *parts: Any) -> None:
+    """Write ``parts`` (byte-like) to ``root/name`` atomically: a temporary file renamed
+    into place."""
+    path = os.path.join(root, *name.split("/"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temp = f"{path}.tmp-{uuid.uuid4().hex}"
+    try:
+        with open(temp, "wb") as handle:
+            for part in parts:
+                handle.write(part)
+        os.replace(temp, path)
+    finally:
+        if os.path.exists(temp):
+            os.remove(temp)
 
 
 def _group(tid: int) -> str:

@@ -73,6 +73,12 @@ class TrajectoryOpener:
         self.handles = HandleCache(cache_size, fork_safe=location.is_local)
         self.stats = stats
 
+    @property
+    def local_files(self) -> bool:
+        """Whether the store is this opener's own local store (files may be written
+        directly, bypassing zarr's store)."""
+        return self._own_store and self._location.is_local
+
     def store(self) -> Store:
         """The zarr store (reopened in a forked child when this opener created it)."""
         with self._lock:

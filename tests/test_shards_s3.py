@@ -1,0 +1,132 @@
+"""Layout 2 on S3 (moto behind the test proxy): byte ranges per batch, and damaged shards."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import assert_rows_consistent, make_trajectory
+from s3_server import S3Proxy
+from test_shards import DAMAGE, ZSTD, undecodable
+from zarr.codecs import ZstdCodec
+
+from rbzarr import CorruptStoreError, TrajectoryReplayBuffer
+from rbzarr.storage.location import Location
+from rbzarr.storage.shard_remote import IOStats
+from rbzarr.storage.zarr_rows import reset_row_elements
+
+pytestmark = [pytest.mark.s3, pytest.mark.timeout(120)]
+
+SIZES = [(6, 4), (4, 4), (8, 4)]
+# Flat keys and the bytes of one row of each (make_trajectory's fields).
+ROW_BYTES = {
+    "actions": 16,
+    "rewards": 8,
+    "dones": 8,
+    "prev_logprobs": 8,
+    "forward_inputs/tokens": 8,
+    "curr_obs/state": 24,
+    "next_obs/state": 24,
+}
+
+
+def fill(url: str, options: dict[str, Any], layout: dict[str, Any] | None = None) -> None:
+    with TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=url, storage_options=options, layout_options=layout
+    ) as buffer:
+        base = 0
+        for T, B in SIZES:
+            buffer.add_trajectories([make_trajectory(T, B, base)])
+            base += T * B
+
+
+def reader(url: str, options: dict[str, Any], stats: IOStats) -> TrajectoryReplayBuffer:
+    buffer = TrajectoryReplayBuffer(
+        seed=3,
+        enable_cache=False,
+        cache_size=0,
+        sample_window_size=0,
+        auto_save=True,
+        auto_save_path=url,
+        storage_options=options,
+        layout_options={"io_stats": stats},
+    )
+    buffer.load_checkpoint(url)
+    return buffer
+
+
+def coalesced_ranges(numbers: np.ndarray) -> tuple[int, int]:
+    """Distinct byte ranges (touching rows of one shard merged) and their bytes."""
+    pieces: set[tuple[int, str, int]] = set()
+    for number in numbers.tolist():
+        base = 0
+        for tid, (T, B) in enumerate(SIZES):
+            if number < base + T * B:
+                row = np.array([number - base])
+                for key in ROW_BYTES:
+                    epochs = 1 if key == "dones" else 0
+                    pieces.add((tid, key, int(reset_row_elements(row, T, B, epochs)[0])))
+                break
+            base += T * B
+    ordered = sorted(pieces)
+    runs = sum(
+        1
+        for i, piece in enumerate(ordered)
+        if i == 0 or piece[:2] != ordered[i - 1][:2] or piece[2] != ordered[i - 1][2] + 1
+    )
+    return runs, sum(ROW_BYTES[key] for _, key, _ in ordered)
+
+
+def test_a_batch_is_one_round_of_coalesced_ranges(
+    s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any]
+) -> None:
+    url = f"s3://{s3_bucket}/store"
+    fill(url, s3_options)
+    stats = IOStats()
+    buffer = reader(url, s3_options, stats)
+    buffer.sample(8)  # opens every trajectory: its group document, array documents, indexes
+    for n in (1, 17, 60):
+        s3_proxy.reset_log()
+        stats.requests = stats.bytes = 0
+        numbers = assert_rows_consistent(buffer.sample(n)).numpy()
+        requests, nbytes = coalesced_ranges(numbers)
+        logged = s3_proxy.requests
+        assert {r.method for r in logged} == {"GET"}  # no HEAD, no listing
+        assert all("/c/0" in r.key for r in logged)  # shard bytes only: indexes are cached
+        assert len(logged) == requests == stats.requests
+        assert stats.bytes == nbytes  # exactly the sampled rows' bytes
+    buffer.close()
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_damaged_shard_on_s3_is_a_named_error(
+    s3_bucket: str, s3_options: dict[str, Any], s3_direct_options: dict[str, Any], damage: str
+) -> None:
+    url = f"s3://{s3_bucket}/store"
+    fill(url, s3_options)
+    transform, message = DAMAGE[damage]
+    _damage(url, s3_direct_options, lambda blob, _: transform(blob))
+    with pytest.raises(CorruptStoreError, match=message) as info:
+        reader(url, s3_options, IOStats()).sample(64)
+    assert "trajectories/1/curr_obs/state" in str(info.value)
+
+
+def test_inner_chunk_on_s3_that_does_not_decode_is_a_named_error(
+    s3_bucket: str, s3_options: dict[str, Any], s3_direct_options: dict[str, Any]
+) -> None:
+    url = f"s3://{s3_bucket}/store"
+    fill(url, s3_options, {"codecs": {**ZSTD, "rewards": ZstdCodec(level=1)}})
+    _damage(url, s3_direct_options, undecodable)
+    with pytest.raises(CorruptStoreError, match="does not decode") as info:
+        reader(url, s3_options, IOStats()).sample(64)
+    assert "trajectories/1/curr_obs/state" in str(info.value)
+
+
+def _damage(url: str, options: dict[str, Any], transform: Any) -> None:
+    location = Location.from_url(url, options).child("trajectories", "1")
+    group = json.loads(location.read_bytes("zarr.json"))
+    described = group["attributes"]["rbzarr_layout"]["arrays"]["curr_obs/state"]
+    names = ("curr_obs", "state", "c", "0", "0", "0")
+    location.write_bytes(transform(location.read_bytes(*names), described), *names)
