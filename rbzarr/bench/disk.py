@@ -5,10 +5,11 @@ layout; both buffers share seed, window and cache, so they draw the same rows.  
 
 * ``warm``: the stores were just written (page cache warm).  Peers: TorchRL's
   ``LazyMemmapStorage`` holding the window's flat rows, read by the same row ids, and its
-  ``ReplayBuffer.sample``; the limit is ``os.pread`` of the byte ranges the batch needs;
+  ``ReplayBuffer.sample``;
 * ``cold``: the page cache is emptied before every timed batch (:mod:`.page_cache`), and the
   bytes the process read from disk are compared with the compressed size of the inner
-  chunks that hold the missed rows (:mod:`.accounting`).
+  chunks that hold the missed rows (:mod:`.accounting`); the limit is ``os.pread`` of
+  exactly the byte ranges the batch needs, after the same eviction.
 
 Writing the Zarr store gives the write figures: ``add_trajectories`` latency against a
 clone, writer MB/s (raw bytes / time from the first add until ``flush`` returns) and bytes
@@ -160,9 +161,6 @@ def _warm(run: DiskRun) -> dict[str, Any]:
     out["needed"] = _needed_summary(run, timed_calls)
     # The same batches as the buffer's (same count, no budget), so both stay in step.
     out["pt"] = stats(timed(run.pt.sample, len(zarr_latencies), float("inf")), batch, per_row)
-    batches = itertools.cycle([run.needed(k).coalesced_pieces() for k in timed_calls])
-    latencies = timed(lambda: run.reader.read(next(batches)), len(timed_calls), float("inf"))
-    out["limit"] = stats(latencies, batch, per_row)
     out.update(_torchrl_warm(run, first, len(zarr_latencies), budget))
     return out
 

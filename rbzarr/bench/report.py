@@ -216,7 +216,6 @@ VARIANTS = {
         ("torchrl_memmap", "TorchRL LazyMemmapStorage.get"),
         ("torchrl_sample", "TorchRL ReplayBuffer.sample"),
         ("pt", "whole-file .pt (RLinf)"),
-        ("limit", "limit: pread needed ranges"),
     ],
     "cold": [
         ("zarr", "rbzarr (zarr store)"),

@@ -1,6 +1,7 @@
 """Sampling from S3: requests, bytes and rows/s per batch, against what the rows need.
 
-The server is moto's (real HTTP on 127.0.0.1) behind the counting proxy of the test suite
+The server is moto's (real HTTP on 127.0.0.1, in its own process so that it does not share
+the client's interpreter lock) behind the counting proxy of the test suite
 (``tests/s3_server.py``, found next to the package in a source checkout), which holds every
 request ``delay_s`` (20 ms by default) before forwarding it.  Image trajectories are written
 with ``auto_save`` (no delay), then sampled with the cache off, so every row comes from S3.
@@ -13,20 +14,23 @@ from the steady batches.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.util
 import logging
 import math
+import socket
 import statistics
+import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
-
-import zarr
 
 import rbzarr
 from rbzarr.bench.accounting import StoreGeometry
@@ -37,7 +41,7 @@ from rbzarr.bench.workloads import image_trajectory
 from rbzarr.buffer import TrajectoryReplayBuffer
 from rbzarr.trajectory import validate
 
-__all__ = ["concurrency_limit", "load_s3_server", "run_s3"]
+__all__ = ["concurrency_limit", "load_s3_server", "moto_process", "run_s3"]
 
 SERVER_MODULE = Path(rbzarr.__file__).resolve().parents[1] / "tests" / "s3_server.py"
 
@@ -60,9 +64,13 @@ def load_s3_server() -> ModuleType | str:
     return module
 
 
-def concurrency_limit() -> int:
-    """How many requests of one batch may be in flight at once (zarr's async concurrency)."""
-    return int(zarr.config.get("async.concurrency"))
+def concurrency_limit(options: dict[str, Any]) -> int:
+    """How many requests of one batch may be in flight at once: the layout fetches a batch's
+    ranges with one ``fs.cat_ranges``, which s3fs runs over botocore's connection pool
+    (``max_pool_connections`` in ``config_kwargs``, botocore's default otherwise)."""
+    from botocore.config import Config  # noqa: PLC0415  (with s3fs)
+
+    return int(Config(**options.get("config_kwargs", {})).max_pool_connections)
 
 
 def run_s3(settings: Settings, quick: bool) -> dict[str, Any]:
@@ -72,19 +80,49 @@ def run_s3(settings: Settings, quick: bool) -> dict[str, Any]:
         return {"unavailable": server_module}
     import s3fs  # noqa: PLC0415
 
-    server, endpoint = server_module.start_moto()
-    proxy = server_module.S3Proxy(endpoint)
+    with moto_process() as endpoint:
+        proxy = server_module.S3Proxy(endpoint)
+        try:
+            bucket = server_module.unique_bucket_name("bench")
+            server_module.create_bucket(endpoint, bucket)
+            s3fs.S3FileSystem.clear_instance_cache()
+            options = server_module.s3_storage_options(proxy.endpoint_url, timeout=60.0)
+            direct = s3fs.S3FileSystem(**server_module.s3_storage_options(endpoint, timeout=60.0))
+            return _measure(settings, quick, proxy, f"{bucket}/store", options, direct)
+        finally:
+            proxy.close()
+            _drop_filesystems(s3fs)
+
+
+@contextlib.contextmanager
+def moto_process() -> Iterator[str]:
+    """moto's S3 server in a child process on a free port of 127.0.0.1; yields its URL.
+
+    Raises
+    ------
+    RuntimeError
+        The server exited before it said it was serving.
+    """
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    assert process.stderr is not None
     try:
-        bucket = server_module.unique_bucket_name("bench")
-        server_module.create_bucket(endpoint, bucket)
-        s3fs.S3FileSystem.clear_instance_cache()
-        options = server_module.s3_storage_options(proxy.endpoint_url, timeout=60.0)
-        direct = s3fs.S3FileSystem(**server_module.s3_storage_options(endpoint, timeout=60.0))
-        return _measure(settings, quick, proxy, f"{bucket}/store", options, direct)
+        for line in process.stderr:  # werkzeug announces "Running on http://..." when ready
+            if "Running on" in line:
+                break
+        else:
+            raise RuntimeError(f"moto's server exited with status {process.wait()}")
+        # It logs every request on stderr: keep draining it so it never blocks.
+        threading.Thread(target=process.stderr.read, daemon=True).start()
+        yield f"http://127.0.0.1:{port}"
     finally:
-        proxy.close()
-        server.stop()
-        _drop_filesystems(s3fs)
+        process.terminate()
+        process.wait(timeout=30)
 
 
 def _drop_filesystems(s3fs: Any) -> None:
@@ -135,7 +173,7 @@ def _measure(
         )
         tracked = TrackedBuffer(buffer, settings.s3_batch)
         batches = [
-            _batch(tracked, proxy, geometry, draws, settings.s3_delay_s)
+            _batch(tracked, proxy, geometry, draws, settings.s3_delay_s, concurrency_limit(options))
             for _ in range(settings.s3_batches + 1)
         ]
         proxy.slow_down(0.0)
@@ -146,7 +184,7 @@ def _measure(
         "trajectories": len(trajectories),
         "batch": settings.s3_batch,
         "delay_s": settings.s3_delay_s,
-        "concurrency_limit": concurrency_limit(),
+        "concurrency_limit": concurrency_limit(options),
         "write": {
             "seconds": seconds,
             "raw_mb_s": raw / 1e6 / seconds,
@@ -172,7 +210,12 @@ STEADY_KEYS = (
 
 
 def _batch(
-    tracked: TrackedBuffer, proxy: Any, geometry: StoreGeometry, draws: DrawSequence, delay: float
+    tracked: TrackedBuffer,
+    proxy: Any,
+    geometry: StoreGeometry,
+    draws: DrawSequence,
+    delay: float,
+    limit: int,
 ) -> dict[str, Any]:
     """One timed batch through the proxy, and what its rows need."""
     k = tracked.calls
@@ -187,7 +230,6 @@ def _batch(
     for position, row in zip(positions.tolist(), rows.tolist(), strict=True):
         wanted.setdefault(position, []).append(row)
     needed = geometry.needed(wanted)
-    limit = concurrency_limit()
     rounds = math.ceil(len(requests) / limit)
     return {
         "requests": len(requests),
