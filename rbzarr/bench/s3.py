@@ -107,22 +107,24 @@ def moto_process() -> Iterator[str]:
         probe.bind(("127.0.0.1", 0))
         port = int(probe.getsockname()[1])
     command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-    process = subprocess.Popen(
+    with subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    assert process.stderr is not None
-    try:
-        for line in process.stderr:  # werkzeug announces "Running on http://..." when ready
-            if "Running on" in line:
-                break
-        else:
-            raise RuntimeError(f"moto's server exited with status {process.wait()}")
-        # It logs every request on stderr: keep draining it so it never blocks.
-        threading.Thread(target=process.stderr.read, daemon=True).start()
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    ) as process:
+        assert process.stderr is not None
+        drain = threading.Thread(target=process.stderr.read, daemon=True)
+        try:
+            for line in process.stderr:  # werkzeug announces "Running on http://..." when ready
+                if "Running on" in line:
+                    break
+            else:
+                raise RuntimeError(f"moto's server exited with status {process.wait()}")
+            drain.start()  # it logs every request on stderr: keep draining so it never blocks
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+            if drain.is_alive():
+                drain.join(timeout=30)
 
 
 def _drop_filesystems(s3fs: Any) -> None:
