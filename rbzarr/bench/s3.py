@@ -9,7 +9,8 @@ Per batch: requests by method, the bytes the server sent, seconds and rows/s, be
 distinct coalesced byte ranges the rows need and their bytes (compressed inner chunks, or the
 rows' own bytes in uncompressed ones: :mod:`.accounting`, read around the proxy).  The
 first batch also opens each trajectory's metadata and shard indexes; it is reported apart
-from the steady batches.
+from the steady batches.  Two more batches without the delay show what moto and the client
+cost by themselves (moto is far slower per request than S3).
 """
 
 from __future__ import annotations
@@ -174,11 +175,14 @@ def _measure(
             [spec.num_samples] * len(trajectories), settings.s3_batch, settings.seed
         )
         tracked = TrackedBuffer(buffer, settings.s3_batch)
+        limit = concurrency_limit(options)
         batches = [
-            _batch(tracked, proxy, geometry, draws, settings.s3_delay_s, concurrency_limit(options))
+            _batch(tracked, proxy, geometry, draws, settings.s3_delay_s, limit)
             for _ in range(settings.s3_batches + 1)
         ]
+        # The same kind of batch without the delay: what the server and client cost alone.
         proxy.slow_down(0.0)
+        undelayed = [_batch(tracked, proxy, geometry, draws, 0.0, limit) for _ in range(2)]
     steady = batches[1:]
     return {
         "T": T,
@@ -195,6 +199,7 @@ def _measure(
         "first_batch": batches[0],
         "steady_median": {key: statistics.median(b[key] for b in steady) for key in STEADY_KEYS},
         "steady_batches": steady,
+        "undelayed_seconds": statistics.median(b["seconds"] for b in undelayed),
     }
 
 
