@@ -5,8 +5,10 @@ cached with the trajectory's handles.  Reading rows then costs:
 
 * **uncompressed arrays**: nothing but one numpy gather per (trajectory, key) out of a
   read-only memory map of the shard, straight into the batch's output rows.  Maps of large
-  rows (at least :data:`RANDOM_ROW_BYTES`) are marked ``MADV_RANDOM``: a cold row read
-  then faults in that row's pages only, not the kernel's read-around window;
+  rows (at least :data:`RANDOM_ROW_BYTES`) are marked ``MADV_RANDOM`` (a cold row read
+  faults in that row's pages only, not the kernel's read-around window), and a batch first
+  asks for all its large rows with ``MADV_WILLNEED`` (the kernel then reads them in
+  parallel; warm, that costs one syscall per row);
 * **compressed inner chunks**: one ``os.pread`` and one zstd decode per distinct chunk,
   into the output row when an inner chunk is one row.
 
@@ -208,13 +210,30 @@ class LocalShard:
             self._closer()
             raise
         self.rows: np.ndarray | None = None
+        self._map: mmap.mmap | None = None
         if spec.kind == "mapped" and len(spec.shape) >= 2:
             mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
             if spec.row_bytes >= RANDOM_ROW_BYTES:
                 mapped.madvise(mmap.MADV_RANDOM)
+                self._map = mapped
             count = spec.data_bytes // spec.row_bytes
             self.rows = np.frombuffer(mapped, np.uint8, spec.data_bytes).reshape(count, -1)
             self._closer()  # the map keeps its own descriptor
+
+    @property
+    def prefetches(self) -> bool:
+        """Whether :meth:`prefetch` helps: large rows, read through a memory map."""
+        return self._map is not None
+
+    def prefetch(self, elements: np.ndarray) -> None:
+        """Ask the kernel to start reading rows ``elements`` (``MADV_WILLNEED``), so the
+        pages of a cold batch arrive in parallel instead of one fault at a time."""
+        assert self._map is not None
+        size = self.spec.row_bytes
+        for element in np.unique(elements).tolist():
+            start = element * size
+            page = start - start % mmap.PAGESIZE
+            self._map.madvise(mmap.MADV_WILLNEED, page, start + size - page)
 
     def read(self, piece: Piece) -> None:
         """Land one piece: ``pread``, then decode when compressed."""

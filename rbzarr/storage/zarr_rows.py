@@ -48,6 +48,7 @@ def read_rows_into(
     plain: list[Any] = []
     wanted = tuple(keys)
     gathered = 0
+    deferred: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
     for (entry, rows, where), handles in zip(requests, opened, strict=True):
         plan = handles.plans.get(wanted)
         if plan is None:
@@ -56,25 +57,32 @@ def read_rows_into(
         flat, T, B = _checked_rows(entry, rows)
         positions = where.numpy()
         elements = {0: flat}
-        for key, mapped, epochs, array in plan:
+        for key, local, epochs, array in plan:
             if array is not None:
                 plain.append((array, key, flat // B, flat % B, T, where))
                 continue
             if epochs not in elements:
                 elements[epochs] = reset_row_elements(flat, T, B, epochs)
-            if mapped is not None:
-                views[key][positions] = mapped[elements[epochs]]
-                gathered += mapped.shape[1] * len(positions)
-            else:
+            if local is None:
                 assert isinstance(handles, sharded.ShardedTrajectory)
                 batch.add(handles, key, elements[epochs], positions)
+            elif local.prefetches:
+                local.prefetch(elements[epochs])
+                deferred.append((views[key], positions, local.rows, elements[epochs]))
+            else:
+                views[key][positions] = local.rows[elements[epochs]]
+                gathered += local.spec.row_bytes * len(positions)
+    for view, targets, source, chosen in deferred:  # after every prefetch was issued
+        view[targets] = source[chosen]
+        gathered += source.shape[1] * len(targets)
     stats.add(0, gathered)
     batch.run(location.fs)
     _read_plain(plain, out)
 
 
 def _row_plan(handles: Opened, keys: Sequence[str]) -> list[tuple[str, Any, int, Any]]:
-    """Per key: ``(key, memory-mapped rows or None, reset epochs, zarr array or None)``."""
+    """Per key: ``(key, memory-mapped local shard or None, reset epochs, zarr array or
+    None)``."""
     arrays = zarr_arrays(handles, keys)
     if not isinstance(handles, sharded.ShardedTrajectory):
         return [(key, None, 0, arrays[key]) for key in keys]
@@ -84,7 +92,7 @@ def _row_plan(handles: Opened, keys: Sequence[str]) -> list[tuple[str, Any, int,
             plan.append((key, None, 0, arrays[key]))
             continue
         local = handles.local.get(key)
-        mapped = None if local is None else local.rows
+        mapped = None if local is None or local.rows is None else local
         plan.append((key, mapped, handles.shape(key)[0] - handles.T, None))
     return plan
 
