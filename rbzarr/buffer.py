@@ -18,7 +18,7 @@ import torch
 from rbzarr import checkpoint, tree
 from rbzarr.buffer_base import BufferBase
 from rbzarr.compat import RLinfCompatMixin
-from rbzarr.errors import CheckpointConflictError, EmptyBufferError
+from rbzarr.errors import EmptyBufferError
 from rbzarr.storage import row_reads
 from rbzarr.storage.layout import Entry, TrajectoryLayout
 from rbzarr.storage.location import Location
@@ -220,13 +220,7 @@ class TrajectoryReplayBuffer(BufferBase, RLinfCompatMixin):
         if self._store is None:
             target.write(entry, self._cache.trajectory(trajectory_id))
             return
-        # A trajectory still being written may be half-written in the store: save its
-        # in-memory copy.  It leaves the pending set only once its data is complete.
-        pending = self._store.pending_trajectory(trajectory_id)
-        if pending is not None:
-            target.write(entry, pending.trajectory)
-        else:
-            self._store.layout.copy_to(target, entry)
+        self._store.copy_to(target, entry)
 
     def load_checkpoint(
         self,
@@ -274,21 +268,9 @@ class TrajectoryReplayBuffer(BufferBase, RLinfCompatMixin):
             self._check_open()
             if self._store is not None:
                 self._store.flush()
-                self._adopt_into_store(loaded)
+                self._store.adopt(loaded)
             with self._lock:
                 self._adopt(loaded)
-
-    def _adopt_into_store(self, loaded: checkpoint.LoadedCheckpoint) -> None:
-        """Make the auto-save store hold the loaded trajectories, so it stays self-contained."""
-        assert self._store is not None
-        in_place = loaded.source.location.url == self._store.url
-        if in_place and loaded.is_partial:
-            raise CheckpointConflictError(
-                f"{self._store.url}: a rank's share cannot continue in place in the shared "
-                "auto_save store: ranks appending to one store would write the same new ids; "
-                "give each rank its own auto_save_path"
-            )
-        self._store.import_trajectories(loaded.source, loaded.share)
 
     def _adopt(self, loaded: checkpoint.LoadedCheckpoint) -> None:
         self._index.load_state_dict(loaded.share.state_dict())
