@@ -155,7 +155,13 @@ class ZarrLayout(TrajectoryLayout):
         file written to a temporary name and renamed (readers see whole files only), in
         the same order (groups, data, then the group's attributes)."""
         root = self.location.path
-        shutil.rmtree(os.path.join(root, *group.split("/")), ignore_errors=True)
+        folder = os.path.join(root, *group.split("/"))
+        if os.path.islink(folder) or (os.path.lexists(folder) and not os.path.isdir(folder)):
+            raise NotADirectoryError(
+                f"delete_dir {folder}: not a directory rbzarr wrote (something else is in the "
+                "way of the trajectory group; it is left alone)"
+            )
+        shutil.rmtree(folder, ignore_errors=True)
         empty = bytes(chunk_io.group_document({}).to_bytes())
         if not self._parents_ready:
             for name in ("zarr.json", f"{TRAJECTORIES}/zarr.json"):
