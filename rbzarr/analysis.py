@@ -24,11 +24,10 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from rbzarr.export import open_layout
 from rbzarr.index import TrajectoryIndex
 from rbzarr.storage.layout import Documents, TrajectoryLayout
 from rbzarr.storage.location import Location
-from rbzarr.storage.zarr_layout import FIELDS_ATTR, TRAJECTORIES, ZarrLayout
+from rbzarr.storage.registry import open_store
 from rbzarr.trajectory import Trajectory, raw_time_rows
 
 __all__ = [
@@ -67,7 +66,7 @@ def open_buffer(
     CorruptStoreError
         A document is unparsable or the index is malformed.
     """
-    layout, documents = open_layout(url, storage_options)
+    layout, documents = open_store(url, storage_options)
     return BufferView(layout, documents)
 
 
@@ -156,12 +155,7 @@ class BufferView:
         """Flat field keys (``"rewards"``, ``"curr_obs/image"``) of the first trajectory."""
         if not self._index.id_list:
             return []
-        first = self._index.id_list[0]
-        if isinstance(self.layout, ZarrLayout):
-            fields = self.zarr_group(first).attrs.get(FIELDS_ATTR)
-            if isinstance(fields, dict):
-                return list(fields)
-        return list(self.trajectory(first).tensors())
+        return self.layout.field_names(self.entry(self._index.id_list[0]))
 
     def trajectory(self, trajectory_id: int, keys: Sequence[str] | None = None) -> Trajectory:
         """Read one committed trajectory (raw rows), optionally only the flat ``keys``."""
@@ -203,21 +197,14 @@ class BufferView:
         chunked like the store; ``bfloat16`` fields appear as their ``uint16`` bits.
         Needs the zarr layout and the ``analysis`` extra (dask).
         """
-        if not isinstance(self.layout, ZarrLayout):
-            raise ValueError(
-                f"{self.url}: dask arrays need the zarr layout, this store is {self.format!r}; "
-                "convert it with `rbzarr export SRC DST --format zarr`"
-            )
+        groups = {i: self.zarr_group(i) for i in self.ids}  # a clear error if not zarr
         import dask.array as da  # noqa: PLC0415 (optional dependency)
 
-        return {i: da.from_zarr(self.zarr_group(i)[key]) for i in self.ids}
+        return {i: da.from_zarr(group[key]) for i, group in groups.items()}
 
     def zarr_group(self, trajectory_id: int) -> Any:
-        """The read-only Zarr group of one trajectory (zarr layout only)."""
-        import zarr  # noqa: PLC0415
-
-        store = self.layout.location.zarr_store(read_only=True)
-        return zarr.open_group(store=store, path=f"{TRAJECTORIES}/{trajectory_id}", mode="r")
+        """The read-only Zarr group of one trajectory (zarr layout only; else ValueError)."""
+        return self.layout.zarr_group(self.entry(trajectory_id))
 
 
 def time_steps(raw: torch.Tensor, T: int) -> torch.Tensor:

@@ -22,8 +22,9 @@ from rbzarr.dtypes import dtype_from_name
 from rbzarr.errors import BufferClosedError, StoreExistsError
 from rbzarr.index import TrajectoryIndex
 from rbzarr.sampler import WindowSampler
-from rbzarr.storage.layout import TrajectoryLayout, layout_class
+from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
+from rbzarr.storage.registry import layout_class
 from rbzarr.trajectory import (
     Schema,
     Trajectory,

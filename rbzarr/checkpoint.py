@@ -14,14 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from rbzarr.errors import CheckpointNotFoundError, InvalidTrajectoryError, StoreExistsError
 from rbzarr.index import TrajectoryIndex
-from rbzarr.storage.layout import (
-    TrajectoryLayout,
-    check_entry_shape,
-    layout_class,
-    read_documents,
-    stored_format,
-)
+from rbzarr.storage.layout import TrajectoryLayout, check_entry_shape
 from rbzarr.storage.location import Location
+from rbzarr.storage.registry import open_store
 from rbzarr.trajectory import Schema, Trajectory, TrajectorySpec, split_trajectory, validate
 
 if TYPE_CHECKING:
@@ -97,11 +92,11 @@ def load(
 ) -> None:
     """Replace ``buffer``'s state by the checkpoint at ``load_path`` (or this rank's share)."""
     location = Location.from_url(load_path, buffer.storage_options)
-    documents = read_documents(location)
+    source, documents = open_store(
+        location, layout_options={buffer.trajectory_format: buffer.layout_options}
+    )
     full = TrajectoryIndex.from_documents(documents, location.url)
     share = full.shard(local_rank, world_size) if is_distributed else full
-    fmt = stored_format(documents)
-    source = layout_class(fmt)(location, **_source_options(buffer, fmt))
     missing = [i for i in share.id_list if not source.contains(share.entries[i])]
     if missing:
         raise CheckpointNotFoundError(
@@ -137,10 +132,6 @@ def load(
         if is_distributed or not isinstance(sampler_state, dict):
             sampler_state = {"seed": seed}
         buffer._sampler.load_state_dict(sampler_state)
-
-
-def _source_options(buffer: TrajectoryReplayBuffer, fmt: str) -> dict[str, Any]:
-    return dict(buffer.layout_options) if fmt == buffer.trajectory_format else {}
 
 
 def _warm_ids(buffer: TrajectoryReplayBuffer, share: TrajectoryIndex) -> list[int]:

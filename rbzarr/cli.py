@@ -240,7 +240,7 @@ def merge(
     ctx: click.Context, destination: str, sources: tuple[str, ...], trajectory_format: str | None
 ) -> None:
     """Merge SOURCES into a new store DESTINATION; ids are renumbered 0..N-1."""
-    from rbzarr.combine import merge_stores  # noqa: PLC0415
+    from rbzarr.reshard import merge_stores  # noqa: PLC0415
 
     documents = merge_stores(destination, sources, trajectory_format, _options(ctx), progress=True)
     click.echo(f"merged {documents.metadata['size']} trajectories into {destination}")
@@ -253,7 +253,7 @@ def merge(
 @click.pass_context
 def split(ctx: click.Context, source: str, destination: str, count: int) -> None:
     """Split SOURCE into COUNT stores DESTINATION/part_<k> (the load_checkpoint shards)."""
-    from rbzarr.combine import split_store  # noqa: PLC0415
+    from rbzarr.reshard import split_store  # noqa: PLC0415
 
     for part in split_store(source, destination, count, _options(ctx), progress=True):
         click.echo(part)

@@ -37,15 +37,13 @@ from rbzarr.dtypes import dtype_from_name, dtype_name, from_numpy, to_numpy
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, RbzarrError
 from rbzarr.storage import zarr_chunks as chunk_io
 from rbzarr.storage.chunking import DEFAULT_CHUNK_BYTES, chunk_shape, pick_codec
-from rbzarr.storage.layout import Documents, Entry, TrajectoryLayout, register_layout
+from rbzarr.storage.layout import Documents, Entry
 from rbzarr.storage.location import Location, translate_errors
+from rbzarr.storage.zarr_inspect import FIELDS_ATTR, ROOT_ATTR, TRAJECTORIES, ZarrInspection
 from rbzarr.trajectory import Trajectory, trajectory_from_raw, validate
 
 __all__ = ["ZarrLayout"]
 
-TRAJECTORIES = "trajectories"
-ROOT_ATTR = "rbzarr"
-FIELDS_ATTR = "fields"
 DTYPE_ATTR = chunk_io.DTYPE_ATTR
 
 
@@ -58,7 +56,7 @@ class _Opened:
     arrays: dict[str, AsyncArray[Any]]
 
 
-class ZarrLayout(TrajectoryLayout):
+class ZarrLayout(ZarrInspection):
     """Trajectories as Zarr v3 groups below ``location``; reads touch only needed chunks.
 
     Parameters
@@ -78,7 +76,6 @@ class ZarrLayout(TrajectoryLayout):
     """
 
     format = "zarr"
-    supports_row_reads = True
 
     def __init__(
         self,
@@ -198,10 +195,6 @@ class ZarrLayout(TrajectoryLayout):
         with translate_errors(self.location.url, "deleting"):
             sync(StorePath(self._store(), _group(tid)).delete_dir())
         self._forget(tid)
-
-    def trajectory_path(self, entry: Entry) -> tuple[str, ...]:
-        # docstring inherited
-        return (TRAJECTORIES, str(int(entry["trajectory_id"])))
 
     def list_ids(self) -> list[int]:
         # docstring inherited
@@ -389,6 +382,3 @@ def _check_shapes(opened: _Opened, entry: Entry, url: str) -> None:
 
 def _group(tid: int) -> str:
     return f"{TRAJECTORIES}/{tid}"
-
-
-register_layout("zarr", ZarrLayout)
