@@ -98,6 +98,11 @@ def _bound_retries(fs: fsspec.AbstractFileSystem) -> None:
         fs.retries = min(int(getattr(fs, "retries", S3_RETRIES)), S3_RETRIES)
 
 
+def _same_filesystem(one: fsspec.AbstractFileSystem, other: fsspec.AbstractFileSystem) -> bool:
+    """Whether two instances reach the same storage the same way (one can copy for both)."""
+    return type(one) is type(other) and one.storage_options == other.storage_options
+
+
 @functools.cache
 def _unavailable_errors() -> tuple[type[BaseException], ...]:
     """Exception types that mean "the backend failed", not "the thing is missing"."""
@@ -303,7 +308,7 @@ class Location:
             raise StoreExistsError(f"{destination.url} already exists; a copy never overwrites")
         with translate_errors(f"{self.url} -> {destination.url}", "copying"):
             recursive = self.fs.isdir(self.path)
-            if self.fs is destination.fs:
+            if self.fs is destination.fs or _same_filesystem(self.fs, destination.fs):
                 if self.is_local:
                     self.fs.makedirs(os.path.dirname(destination.path), exist_ok=True)
                 self.fs.copy(self.path, destination.path, recursive=recursive)
@@ -314,7 +319,8 @@ class Location:
                 self.fs.get(self.path, destination.path, recursive=recursive)
             else:
                 # Two remote filesystems: one concurrent bulk read, one bulk write.
-                found = self.fs.cat(self.path, recursive=True, on_error="raise")
+                files = self.fs.find(self.path) if recursive else [self.path]
+                found = self.fs.cat(files, on_error="raise")
                 contents = found if isinstance(found, dict) else {self.path: found}
                 root = self.path.rstrip("/")
                 destination.fs.pipe(
