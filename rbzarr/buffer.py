@@ -18,10 +18,10 @@ import torch
 
 from rbzarr import checkpoint, tree
 from rbzarr.cache import TrajectoryCache
-from rbzarr.dtypes import dtype_from_name
 from rbzarr.errors import BufferClosedError, StoreExistsError
 from rbzarr.index import TrajectoryIndex
 from rbzarr.sampler import WindowSampler
+from rbzarr.storage import row_reads
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
@@ -29,7 +29,6 @@ from rbzarr.trajectory import (
     Schema,
     Trajectory,
     TrajectorySpec,
-    flatten_trajectory,
     split_trajectory,
     trajectory_from_raw,
     validate,
@@ -260,41 +259,11 @@ class TrajectoryReplayBuffer:
                 return tree.unflatten(self._cache.gather(slots, rows))
             cached = self._cache.gather(slots[hit], rows[hit]) if bool(hit.any()) else {}
             ids = torch.tensor(window, dtype=torch.int64)[positions]
-            misses = self._plan_misses(ids, rows, hit)
-            schema = self._schema
-        assert schema is not None
-        return tree.unflatten(_assemble(len(ids), schema, hit, cached, self._read_misses(misses)))
-
-    def _plan_misses(
-        self, ids: torch.Tensor, rows: torch.Tensor, hit: torch.Tensor
-    ) -> list[tuple[torch.Tensor, dict[str, Any], torch.Tensor, Trajectory | None]]:
-        plan = []
-        miss_positions = (~hit).nonzero().squeeze(1)
-        miss_ids = ids[miss_positions]
-        for trajectory_id in torch.unique(miss_ids).tolist():
-            where = miss_positions[miss_ids == trajectory_id]
-            entry = self._index.entries[trajectory_id]
-            plan.append((where, entry, rows[where], self._pending.get(trajectory_id)))
-        return plan
-
-    def _read_misses(
-        self, plan: list[tuple[torch.Tensor, dict[str, Any], torch.Tensor, Trajectory | None]]
-    ) -> list[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
-        keys = list(self._schema or {})
-        reads = []
-        stored = []
-        for where, entry, rows, pending in plan:
-            if pending is None:
-                stored.append((where, entry, rows))
-                continue
-            flat = flatten_trajectory(pending, validate(pending))
-            reads.append((where, {k: flat[k].index_select(0, rows) for k in keys}))
-        if stored:
-            assert self._store is not None
-            requests = [(entry, rows) for _, entry, rows in stored]
-            values = self._store.read_rows_many(requests, keys)
-            reads.extend((where, v) for (where, _, _), v in zip(stored, values, strict=True))
-        return reads
+            assert self._schema is not None
+            plan = row_reads.plan_misses(
+                ids, rows, hit, cached, self._schema, self._index.entries, self._pending
+            )
+        return tree.unflatten(row_reads.read_batch(plan, self._store))
 
     def flush(self) -> None:
         """Wait until every queued write is committed; retries a failed write."""
@@ -362,23 +331,3 @@ class TrajectoryReplayBuffer:
 def _clone(trajectory: Trajectory) -> Trajectory:
     fields = {k: v.detach().clone() for k, v in trajectory.tensors().items()}
     return trajectory_from_raw(fields, trajectory.max_episode_length, trajectory.model_weights_id)
-
-
-def _assemble(
-    count: int,
-    schema: Schema,
-    hit: torch.Tensor,
-    cached: dict[str, torch.Tensor],
-    reads: list[tuple[torch.Tensor, dict[str, torch.Tensor]]],
-) -> dict[str, torch.Tensor]:
-    out = {
-        key: torch.empty((count, *trailing), dtype=dtype_from_name(dtype))
-        for key, (dtype, trailing) in schema.items()
-    }
-    hit_positions = hit.nonzero().squeeze(1)
-    for key, tensor in out.items():
-        if cached:
-            tensor.index_copy_(0, hit_positions, cached[key])
-        for where, values in reads:
-            tensor.index_copy_(0, where, values[key])
-    return out
