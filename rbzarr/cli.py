@@ -2,18 +2,23 @@
 
 Each subcommand parses its arguments, calls one library function and prints the result
 (``--json`` prints it as JSON on stdout).  A user error -- a bad URL, a directory that is
-not a store, a corrupt store -- prints one line on stderr and exits with status 1.  Add a
-subcommand with one ``@main.command()`` function.
+not a store, a corrupt store, an unreachable backend, missing credentials -- prints one
+line ``Error: ...`` on stderr and exits with status 1; a reader that closes the pipe
+(``rbzarr ls URL | head``) ends the command quietly.  Progress bars are drawn only when
+stderr is a terminal.  Add a subcommand with one ``@main.command()`` function.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from typing import Any
 
 import click
 
 from rbzarr.errors import RbzarrError
+from rbzarr.storage.location import backend_errors
 
 __all__ = ["main"]
 
@@ -27,9 +32,24 @@ class _Main(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except _USER_ERRORS as exc:
+        except BrokenPipeError:
+            _silence_stdout()
+            ctx.exit(1)
+        except (*_USER_ERRORS, *backend_errors()) as exc:
             message = " ".join(str(exc).split()) or type(exc).__name__
             raise click.ClickException(message) from None
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so flushing it at exit raises no second broken pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _progress() -> bool:
+    """Whether to draw progress bars: only on a terminal, never into a log or a pipe."""
+    return sys.stderr.isatty()
 
 
 def _parse_storage_options(
@@ -147,7 +167,7 @@ def stats(ctx: click.Context, url: str, keys: tuple[str, ...], as_json: bool) ->
     from rbzarr.analysis import compute_stats, open_buffer  # noqa: PLC0415
 
     wanted = [key for item in keys for key in item.split(",") if key] or None
-    report = compute_stats(open_buffer(url, _options(ctx)), wanted, progress=True)
+    report = compute_stats(open_buffer(url, _options(ctx)), wanted, progress=_progress())
     if as_json:
         _print_json(report)
         return
@@ -175,14 +195,24 @@ def _stats_text(item: dict[str, Any]) -> str:
 
 @main.command()
 @click.argument("url")
-@click.option("--repair", is_flag=True, help="Remove orphans (never indexed data).")
+@click.option(
+    "--repair", is_flag=True, help="Remove orphans and temporary files (never indexed data)."
+)
+@click.option(
+    "--drop-damaged",
+    is_flag=True,
+    help="With --repair: remove the index entries of trajectories whose data cannot be read "
+    "(their data stays, as orphans).",
+)
 @_json_flag
 @click.pass_context
-def verify(ctx: click.Context, url: str, repair: bool, as_json: bool) -> None:
+def verify(ctx: click.Context, url: str, repair: bool, drop_damaged: bool, as_json: bool) -> None:
     """Check index against data; exit 1 while problems remain."""
     from rbzarr.verify import verify_store  # noqa: PLC0415
 
-    report = verify_store(url, _options(ctx), repair=repair)
+    if drop_damaged and not repair:
+        raise click.UsageError("--drop-damaged changes the index: use it with --repair")
+    report = verify_store(url, _options(ctx), repair=repair, drop_damaged=drop_damaged)
     if as_json:
         _print_json(report.to_dict())
     else:
@@ -191,6 +221,8 @@ def verify(ctx: click.Context, url: str, repair: bool, as_json: bool) -> None:
             click.echo(f"repaired  {problem.kind:<20} {problem.path}: {problem.message}")
         for problem in report.problems:
             click.echo(f"PROBLEM   {problem.kind:<20} {problem.path}: {problem.message}")
+        if report.dropped_ids:
+            click.echo(f"dropped from the index: ids {report.dropped_ids}")
         click.echo("ok" if report.ok else f"{len(report.problems)} problem(s)")
     if not report.ok:
         ctx.exit(1)
@@ -226,7 +258,7 @@ def export(
         last=last,
         storage_options=options,
         destination_options=options,
-        progress=True,
+        progress=_progress(),
     )
     click.echo(f"exported {documents.metadata['size']} trajectories to {destination}")
 
@@ -242,7 +274,9 @@ def merge(
     """Merge SOURCES into a new store DESTINATION; ids are renumbered 0..N-1."""
     from rbzarr.reshard import merge_stores  # noqa: PLC0415
 
-    documents = merge_stores(destination, sources, trajectory_format, _options(ctx), progress=True)
+    documents = merge_stores(
+        destination, sources, trajectory_format, _options(ctx), progress=_progress()
+    )
     click.echo(f"merged {documents.metadata['size']} trajectories into {destination}")
 
 
@@ -255,20 +289,26 @@ def split(ctx: click.Context, source: str, destination: str, count: int) -> None
     """Split SOURCE into COUNT stores DESTINATION/part_<k> (the load_checkpoint shards)."""
     from rbzarr.reshard import split_store  # noqa: PLC0415
 
-    for part in split_store(source, destination, count, _options(ctx), progress=True):
+    for part in split_store(source, destination, count, _options(ctx), progress=_progress()):
         click.echo(part)
 
 
 @main.command()
 @click.argument("url")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="PNG file.")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Image file; its suffix picks the format (.png, .jpg / .jpeg, .svg, .pdf).",
+)
 @click.pass_context
 def plot(ctx: click.Context, url: str, output: str) -> None:
     """Histograms of rewards, episode returns and lengths; return over trajectory id."""
     from rbzarr.analysis import open_buffer  # noqa: PLC0415
     from rbzarr.plotting import plot_store  # noqa: PLC0415
 
-    counts = plot_store(open_buffer(url, _options(ctx)), output, progress=True)
+    counts = plot_store(open_buffer(url, _options(ctx)), output, progress=_progress())
     click.echo(f"wrote {output} ({counts['rewards']} rewards, {counts['episodes']} episodes)")
 
 
@@ -314,7 +354,3 @@ def bench(args: tuple[str, ...]) -> None:
     from rbzarr import bench as benchmarks  # noqa: PLC0415
 
     raise SystemExit(benchmarks.main(list(args)))
-
-
-if __name__ == "__main__":
-    main()

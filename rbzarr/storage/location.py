@@ -31,7 +31,14 @@ from zarr.abc.store import Store
 
 from rbzarr.errors import RbzarrError, StorageUnavailableError, StoreExistsError, UnsafePathError
 
-__all__ = ["S3_DEFAULTS", "Location", "safe_name", "translate_errors", "with_s3_defaults"]
+__all__ = [
+    "S3_DEFAULTS",
+    "Location",
+    "backend_errors",
+    "safe_name",
+    "translate_errors",
+    "with_s3_defaults",
+]
 
 _FORBIDDEN = ("/", "\\", "\x00")
 
@@ -104,8 +111,16 @@ def _same_filesystem(one: fsspec.AbstractFileSystem, other: fsspec.AbstractFileS
 
 
 @functools.cache
-def _unavailable_errors() -> tuple[type[BaseException], ...]:
-    """Exception types that mean "the backend failed", not "the thing is missing"."""
+def backend_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that mean "the backend failed", not "the thing is missing".
+
+    Returns
+    -------
+    tuple of exception types
+        ``OSError``, timeouts, and the transport errors of the installed backends
+        (botocore's, aiohttp's).  ``FileNotFoundError`` is an ``OSError`` too: callers
+        that treat "missing" as a value catch it first.
+    """
     found: list[type[BaseException]] = [OSError, TimeoutError, ConnectionError]
     for module_name, name in _TRANSPORT_ERRORS:
         try:
@@ -154,7 +169,7 @@ def translate_errors(url: str, action: str) -> Iterator[None]:
         yield
     except (FileNotFoundError, RbzarrError):
         raise
-    except _unavailable_errors() as exc:
+    except backend_errors() as exc:
         raise StorageUnavailableError(f"{action} {url!r} failed: {_describe_failure(exc)}") from exc
 
 
