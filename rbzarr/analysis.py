@@ -5,12 +5,9 @@ path or an fsspec URL) without a writer.  The view trusts only the index: it lis
 committed trajectories of ``trajectory_index.json`` and nothing else, and :meth:`BufferView.
 refresh` re-reads the index to pick up trajectories committed since.
 
-**Episodes.**  Trajectories are cut into episodes per environment.  For environment ``b``,
-an episode ends at a time step whose ``dones`` value is true (any non-zero element of the
-step's trailing dims); the next step starts a new one.  The reset rows that lead each rollout
-epoch in ``dones`` are not time steps and never end an episode.  Episodes do not continue
-across trajectories: the steps after the last done of a trajectory form an *incomplete*
-episode (``Episode.done`` is false), which statistics leave out.
+**Episodes** are cut as :mod:`rbzarr.episodes` describes.  Episodes do not continue across
+trajectories: the steps after the last done of a trajectory form an *incomplete* episode
+(``Episode.done`` is false), which statistics leave out.
 """
 
 from __future__ import annotations
@@ -18,37 +15,38 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
+from rbzarr import tree
+from rbzarr.checkpoint import schema_from_json
+from rbzarr.episodes import (
+    DONES,
+    REWARDS,
+    Episode,
+    complete_episodes,
+    episode_segments,
+    time_steps,
+)
 from rbzarr.index import TrajectoryIndex
+from rbzarr.sampler import WindowSampler
 from rbzarr.storage.layout import Documents, TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import open_store
-from rbzarr.trajectory import Trajectory, raw_time_rows
+from rbzarr.storage.row_reads import plan_misses, read_batch
+from rbzarr.trajectory import Schema, Trajectory, validate
 
-__all__ = [
-    "DONES",
-    "REWARDS",
-    "BufferView",
-    "Episode",
-    "RunningStats",
-    "complete_episodes",
-    "compute_stats",
-    "episode_segments",
-    "open_buffer",
-    "time_steps",
-]
-
-REWARDS = "rewards"
-DONES = "dones"
+__all__ = ["BufferView", "RunningStats", "compute_stats", "open_buffer"]
 
 
 def open_buffer(
-    url: str | os.PathLike[str] | Location, storage_options: Mapping[str, Any] | None = None
+    url: str | os.PathLike[str] | Location,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    seed: int | None = None,
+    sample_window_size: int = 0,
 ) -> BufferView:
     """Open the store or checkpoint at ``url`` read-only.
 
@@ -58,6 +56,12 @@ def open_buffer(
         A local path or an fsspec URL (``s3://bucket/prefix``) of a zarr, pt or pkl store.
     storage_options
         fsspec options (``endpoint_url``, ``key``, ``anon``, ...).
+    seed
+        Seed of the view's own sampling generator (:meth:`BufferView.sample`); ``None``
+        seeds it nondeterministically.
+    sample_window_size
+        :meth:`BufferView.sample` draws from the last ``sample_window_size`` committed
+        trajectories; 0 or negative means all of them.
 
     Raises
     ------
@@ -67,38 +71,24 @@ def open_buffer(
         A document is unparsable or the index is malformed.
     """
     layout, documents = open_store(url, storage_options)
-    return BufferView(layout, documents)
-
-
-@dataclass(frozen=True)
-class Episode:
-    """One episode of one environment: its time steps of the requested fields.
-
-    ``start`` is the trajectory time step it begins at (reset rows not counted), ``done``
-    whether a done ended it (false when the trajectory ended first).  ``fields`` maps flat
-    keys to ``[length, ...]`` tensors; per-step fields without an environment dimension
-    are left out.
-    """
-
-    trajectory_id: int
-    env: int
-    start: int
-    length: int
-    done: bool
-    fields: dict[str, torch.Tensor]
-
-    @property
-    def episode_return(self) -> float | None:
-        """Sum of every reward element of the episode; ``None`` without rewards."""
-        rewards = self.fields.get(REWARDS)
-        return None if rewards is None else float(rewards.double().sum())
+    return BufferView(layout, documents, seed=seed, sample_window_size=sample_window_size)
 
 
 class BufferView:
     """A read-only view of a store's committed trajectories; see :func:`open_buffer`."""
 
-    def __init__(self, layout: TrajectoryLayout, documents: Documents) -> None:
+    def __init__(
+        self,
+        layout: TrajectoryLayout,
+        documents: Documents,
+        *,
+        seed: int | None = None,
+        sample_window_size: int = 0,
+    ) -> None:
         self.layout = layout
+        self.sample_window_size = sample_window_size
+        self._sampler = WindowSampler(seed)
+        self._schema: Schema | None = None
         self._set_documents(documents)
 
     def _set_documents(self, documents: Documents) -> None:
@@ -144,6 +134,48 @@ class BufferView:
     def refresh(self) -> None:
         """Re-read the index, picking up trajectories committed since the view was opened."""
         self._set_documents(self.layout.read_documents())
+
+    def sample(
+        self, num_chunks: int, *, generator: torch.Generator | None = None
+    ) -> dict[str, Any]:
+        """Sample ``num_chunks`` committed rows, as ``TrajectoryReplayBuffer.sample`` does.
+
+        The draw is the buffer's (uniform over the window's rows, the same output keys,
+        order and dtypes); every row is read from storage.  ``generator`` replaces the
+        view's own generator for this call.
+
+        Raises
+        ------
+        ValueError
+            ``num_chunks`` is not positive.
+        RuntimeError
+            The index lists no trajectory.
+        """
+        if num_chunks <= 0:
+            raise ValueError(f"num_chunks must be positive, got {num_chunks}")
+        window = self._index.window(self.sample_window_size)
+        if not window:
+            raise RuntimeError(f"{self.url}: no committed trajectory to sample from")
+        counts = self._index.sample_counts(window)
+        positions, rows = self._sampler.draw(num_chunks, counts, generator)
+        ids = torch.tensor(window, dtype=torch.int64)[positions]
+        nothing_cached = torch.zeros(len(ids), dtype=torch.bool)
+        plan = plan_misses(ids, rows, nothing_cached, {}, self.schema(), self._index.entries, {})
+        return tree.unflatten(read_batch(plan, self.layout))
+
+    def schema(self) -> Schema:
+        """Sampled keys (in batch order) with their dtype names and trailing shapes.
+
+        From ``metadata.json`` when rbzarr wrote the store, else from its first trajectory.
+        """
+        if self._schema is None:
+            schema = schema_from_json(self._documents.metadata.get("schema"))
+            if schema is None and self._index.id_list:
+                schema = validate(self.trajectory(self._index.id_list[0])).schema
+            if schema is None:
+                return {}
+            self._schema = schema
+        return dict(self._schema)
 
     def entry(self, trajectory_id: int) -> dict[str, Any]:
         """The index entry of ``trajectory_id``; ``KeyError`` if the index does not list it."""
@@ -205,32 +237,6 @@ class BufferView:
     def zarr_group(self, trajectory_id: int) -> Any:
         """The read-only Zarr group of one trajectory (zarr layout only; else ValueError)."""
         return self.layout.zarr_group(self.entry(trajectory_id))
-
-
-def time_steps(raw: torch.Tensor, T: int) -> torch.Tensor:
-    """The ``T`` time steps of a raw field: the reset rows of ``dones``-like fields dropped."""
-    if raw.dim() == 0 or raw.shape[0] == T:
-        return raw
-    return raw.index_select(0, raw_time_rows(torch.arange(T), T, int(raw.shape[0])))
-
-
-def episode_segments(dones: torch.Tensor) -> list[tuple[int, int, int, bool]]:
-    """Cut ``[T, B, ...]`` step dones into ``(env, start, length, done)`` segments.
-
-    Environment by environment, each segment ends at a true done (``done=True``) or at the
-    end of the trajectory (``done=False``).
-    """
-    T, B = int(dones.shape[0]), int(dones.shape[1])
-    ended = (dones.reshape(T, B, -1) != 0).any(dim=-1)
-    segments = []
-    for env in range(B):
-        start = 0
-        for end in torch.nonzero(ended[:, env]).flatten().tolist():
-            segments.append((env, start, end + 1 - start, True))
-            start = end + 1
-        if start < T:
-            segments.append((env, start, T - start, False))
-    return segments
 
 
 class RunningStats:
@@ -331,14 +337,3 @@ def compute_stats(
         "keys": {key: stats.to_dict() for key, stats in per_key.items()},
         "episodes": episodes,
     }
-
-
-def complete_episodes(steps: Mapping[str, torch.Tensor]) -> Iterator[tuple[int, float | None]]:
-    """``(length, return)`` of every complete episode of one trajectory's time steps."""
-    rewards = steps.get(REWARDS)
-    if rewards is not None:
-        rewards = rewards.reshape(rewards.shape[0], rewards.shape[1], -1).double().sum(-1)
-    for env, start, length, done in episode_segments(steps[DONES]):
-        if done:
-            total = None if rewards is None else float(rewards[start : start + length, env].sum())
-            yield length, total

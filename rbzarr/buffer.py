@@ -29,6 +29,7 @@ from rbzarr.trajectory import (
     Schema,
     Trajectory,
     TrajectorySpec,
+    as_trajectory,
     split_trajectory,
     trajectory_from_raw,
     validate,
@@ -173,8 +174,10 @@ class TrajectoryReplayBuffer:
     def _validate_all(self, trajectories: list[Trajectory]) -> list[TrajectorySpec]:
         schema = self._schema
         specs: list[TrajectorySpec] = []
-        for position, trajectory in enumerate(trajectories):
+        for position, given in enumerate(trajectories):
             try:
+                # RLinf's own Trajectory (or any object with its fields) is read by field name.
+                trajectory = trajectories[position] = as_trajectory(given)
                 spec = validate(trajectory, schema)
                 if self._store is not None:
                     # pt/pkl put model_weights_id in a file name: refuse it now, not in the writer.
@@ -241,10 +244,24 @@ class TrajectoryReplayBuffer:
         if self._writer.pending <= 1:
             self._store.write_documents(persisted.to_documents(self.trajectory_format, extra))
 
-    def sample(self, num_chunks: int) -> dict[str, Any]:
+    def sample(
+        self, num_chunks: int, *, generator: torch.Generator | None = None
+    ) -> dict[str, Any]:
         """Sample ``num_chunks`` rows uniformly from the window; see ``behaviour.md``.
 
-        Returns a nested dict of fresh CPU tensors shaped ``[n, ...]``.
+        Parameters
+        ----------
+        num_chunks
+            Rows to draw (clamped to the window's total).
+        generator
+            A CPU ``torch.Generator`` to draw with for this call instead of the buffer's
+            own, whose stream is then left untouched (one stream per DataLoader worker or
+            rank).  ``None`` draws from the buffer's seeded generator: RLinf's stream.
+
+        Returns
+        -------
+        dict
+            A nested dict of fresh CPU tensors shaped ``[n, ...]``.
         """
         if num_chunks <= 0:
             raise ValueError(f"num_chunks must be positive, got {num_chunks}")
@@ -252,7 +269,9 @@ class TrajectoryReplayBuffer:
             window = self._index.window(self.sample_window_size)
             if not window:
                 raise RuntimeError("cannot sample from an empty buffer: add trajectories first")
-            positions, rows = self._sampler.draw(num_chunks, self._index.sample_counts(window))
+            positions, rows = self._sampler.draw(
+                num_chunks, self._index.sample_counts(window), generator
+            )
             slots = self._cache.slots(window)[positions]
             hit = slots >= 0
             if bool(hit.all()):

@@ -30,12 +30,13 @@ class _Main(click.Group):
     """A group that turns user errors into one clear line instead of a traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        handled: tuple[type[BaseException], ...] = (*_USER_ERRORS, *backend_errors())
         try:
             return super().invoke(ctx)
         except BrokenPipeError:
             _silence_stdout()
             ctx.exit(1)
-        except (*_USER_ERRORS, *backend_errors()) as exc:
+        except handled as exc:
             message = " ".join(str(exc).split()) or type(exc).__name__
             raise click.ClickException(message) from None
 

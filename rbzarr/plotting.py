@@ -1,7 +1,7 @@
 """Plots of a store's rewards and episodes (``rbzarr plot``); needs the ``analysis`` extra.
 
 Four panels: the histogram of per-step rewards, of episode returns and of episode lengths
-(complete episodes, as defined in :mod:`rbzarr.analysis`), and every episode's return
+(complete episodes, as defined in :mod:`rbzarr.episodes`), and every episode's return
 against the id of the trajectory it ended in, with the per-trajectory mean.
 """
 
@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbzarr.analysis import DONES, REWARDS, BufferView, complete_episodes, time_steps
+from rbzarr.analysis import BufferView
+from rbzarr.episodes import DONES, REWARDS, complete_episodes, time_steps
 
 __all__ = ["DPI", "FIGURE_SIZE", "IMAGE_FORMATS", "image_format_of", "plot_store"]
 

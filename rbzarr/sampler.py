@@ -42,10 +42,16 @@ class WindowSampler:
             self.generator.manual_seed(seed)
 
     def draw(
-        self, num_chunks: int, sample_counts: torch.Tensor
+        self,
+        num_chunks: int,
+        sample_counts: torch.Tensor,
+        generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:func:`draw` with this sampler's generator."""
-        return draw(num_chunks, sample_counts, self.generator)
+        """:func:`draw` with ``generator``, or this sampler's own when it is ``None``.
+
+        A caller-supplied generator leaves this sampler's stream untouched.
+        """
+        return draw(num_chunks, sample_counts, self.generator if generator is None else generator)
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-ready state: the seed and the generator's exact position in its stream."""

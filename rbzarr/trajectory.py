@@ -7,11 +7,15 @@ step ``i // B`` of environment ``i % B``.
 ``dones``, ``terminations`` and ``truncations`` may hold ``T + E`` rows: E rollout epochs of
 ``T / E`` steps, each led by one reset row.  Flattening drops those reset rows; storage keeps
 them (raw rows), and :func:`raw_time_rows` maps a flat time step to its raw row.
+
+Every function here takes rbzarr's :class:`Trajectory` or any object with its fields (RLinf's
+``Trajectory`` included); see :mod:`rbzarr.fields`.  Dict fields are matched by key name,
+never by key order: :func:`validate` against a schema returns the schema's order, and
+:func:`split_trajectory` emits the flat view in that order.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,45 +25,45 @@ import torch
 from rbzarr import tree
 from rbzarr.dtypes import dtype_name
 from rbzarr.errors import InvalidTrajectoryError
+from rbzarr.fields import (
+    DICT_FIELDS,
+    RESET_ROW_FIELDS,
+    TENSOR_FIELDS,
+    raw_time_rows,
+    trajectory_scalars,
+    trajectory_tensors,
+)
+from rbzarr.intervention import intervened_columns, intervention_mask
 
 __all__ = [
     "DICT_FIELDS",
-    "Residue",
     "RESET_ROW_FIELDS",
     "TENSOR_FIELDS",
+    "Residue",
     "Schema",
     "Trajectory",
     "TrajectorySpec",
+    "as_trajectory",
     "flatten_trajectory",
     "join_trajectory",
-    "split_trajectory",
     "raw_time_rows",
+    "split_trajectory",
     "trajectory_from_raw",
     "validate",
 ]
-
-TENSOR_FIELDS = (
-    "actions",
-    "intervene_flags",
-    "rewards",
-    "terminations",
-    "truncations",
-    "dones",
-    "prev_logprobs",
-    "prev_values",
-    "versions",
-)
-# The order RLinf emits nested dicts in a sampled batch (not the dataclass order).
-DICT_FIELDS = ("curr_obs", "next_obs", "forward_inputs")
-RESET_ROW_FIELDS = frozenset({"dones", "terminations", "truncations"})
 
 # path -> (torch dtype name, trailing shape after the sample dimension)
 Schema = dict[str, tuple[str, tuple[int, ...]]]
 
 
-@dataclass
+@dataclass(eq=False)
 class Trajectory:
-    """A batch of rollouts shaped ``[T, B, ...]``; field names and order follow RLinf."""
+    """A batch of rollouts shaped ``[T, B, ...]``; field names, order and defaults follow RLinf.
+
+    Two trajectories are equal when every field is: the same int and str fields, the same
+    present tensor fields and dict keys (in any order), each tensor with the same dtype,
+    shape and values (NaN equals NaN).
+    """
 
     max_episode_length: int = 0
     model_weights_id: str = ""
@@ -82,11 +86,57 @@ class Trajectory:
         Top-level fields come first in dataclass order, then ``curr_obs/...``,
         ``next_obs/...`` and ``forward_inputs/...``: the order of a sampled batch.
         """
-        fields: dict[str, Any] = {
-            name: getattr(self, name) for name in TENSOR_FIELDS if getattr(self, name) is not None
-        }
-        fields.update(tree.flatten({name: getattr(self, name) for name in DICT_FIELDS}))
-        return fields
+        return trajectory_tensors(self)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Trajectory):
+            return NotImplemented
+        if (self.max_episode_length, self.model_weights_id) != (
+            other.max_episode_length,
+            other.model_weights_id,
+        ):
+            return False
+        mine, theirs = self.tensors(), other.tensors()
+        return mine.keys() == theirs.keys() and all(
+            _same_value(value, theirs[path]) for path, value in mine.items()
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # compared by value, so unhashable
+
+    def extract_intervene_traj(self, mode: str = "any") -> list[Trajectory] | None:
+        """RLinf's method, same results: the intervened steps, one trajectory per env column.
+
+        ``None`` without ``intervene_flags`` ``[T, B, D]`` or without an intervened step
+        (``mode="any"``: any of the D flags set, ``"all"``: all of them).  Otherwise, for
+        each column with such a step, a ``[k, 1, ...]`` trajectory of those steps in time
+        order; reset-row fields keep their reset rows, ``versions`` is not carried.
+
+        Raises
+        ------
+        NotImplementedError
+            For a ``mode`` other than ``"any"`` and ``"all"``, as RLinf.
+        ValueError
+            If ``intervene_flags`` is not ``[T, B, D]`` or a field has a wrong length.
+        """
+        mask = intervention_mask(self.intervene_flags, mode)
+        if mask is None:
+            return None
+        parts = [
+            trajectory_from_raw(fields, self.max_episode_length, self.model_weights_id)
+            for fields in intervened_columns(self.tensors(), mask)
+        ]
+        return parts or None
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return type(a) is type(b) and bool(a == b)
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    a, b = a.detach().cpu(), b.detach().cpu()
+    if a.is_floating_point() or a.is_complex():
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
+    return torch.equal(a, b)
 
 
 @dataclass(frozen=True)
@@ -128,18 +178,29 @@ def _epochs(path: str, rows: int, T: int) -> int:
     return extra
 
 
-def validate(traj: Trajectory, schema: Schema | None = None) -> TrajectorySpec:
+def validate(traj: object, schema: Schema | None = None) -> TrajectorySpec:
     """Check that every field agrees on T and B (and with ``schema``, if given).
 
-    Returns the :class:`TrajectorySpec`; raises :class:`InvalidTrajectoryError` (a
-    ``ValueError``) naming the field and the shapes otherwise.
+    Parameters
+    ----------
+    traj
+        A :class:`Trajectory` or any object with its fields (RLinf's ``Trajectory``).
+    schema
+        The buffer's schema; dict keys are matched by name, in any order.
+
+    Returns
+    -------
+    TrajectorySpec
+        Its ``schema`` lists the sampled fields in ``schema``'s order when one is given,
+        else in the order of :meth:`Trajectory.tensors`.
+
+    Raises
+    ------
+    InvalidTrajectoryError
+        A ``ValueError`` naming the field and the shapes.
     """
-    if not isinstance(traj, Trajectory):
-        raise _fail(f"expected a Trajectory, got {type(traj).__name__}")
-    try:
-        fields = traj.tensors()
-    except ValueError as exc:
-        raise _fail(str(exc)) from exc
+    trajectory_scalars(traj)
+    fields = trajectory_tensors(traj)
     for path, value in fields.items():
         if not isinstance(value, torch.Tensor):
             raise _fail(f"field {path!r}: expected a torch.Tensor, got {type(value).__name__}")
@@ -159,10 +220,19 @@ def validate(traj: Trajectory, schema: Schema | None = None) -> TrajectorySpec:
             raise _fail(
                 f"field {path!r}: expected T={T}, B={B} from {ref_name!r}, got {tuple(value.shape)}"
             )
-        found[path] = (dtype_name(value.dtype), tuple(int(d) for d in value.shape[2:]))
-    if schema is not None and found != schema:
-        raise _fail(_schema_difference(schema, found))
+        found[path] = (_dtype(path, value), tuple(int(d) for d in value.shape[2:]))
+    if schema is not None:
+        if found != schema:
+            raise _fail(_schema_difference(schema, found))
+        found = dict(schema)
     return TrajectorySpec(T=T, B=B, shape=tuple(int(d) for d in ref.shape), schema=found)
+
+
+def _dtype(path: str, value: torch.Tensor) -> str:
+    try:
+        return dtype_name(value.dtype)
+    except ValueError as exc:
+        raise _fail(f"field {path!r}: {exc}") from exc
 
 
 def _schema_difference(expected: Schema, got: Schema) -> str:
@@ -179,18 +249,6 @@ def _schema_difference(expected: Schema, got: Schema) -> str:
     raise AssertionError("schemas differ only in key order")  # pragma: no cover
 
 
-def raw_time_rows(t: torch.Tensor, T: int, raw_rows: int) -> torch.Tensor:
-    """Map flat time steps ``t`` to rows of a raw field holding ``raw_rows`` rows.
-
-    A reset-row field with E epochs stores ``T + E`` rows; step ``t`` of the flat view lives
-    at raw row ``t + t // (T / E) + 1``.  Other fields map ``t`` to itself.
-    """
-    epochs = raw_rows - T
-    if epochs <= 0:
-        return t
-    return t + torch.div(t, T // epochs, rounding_mode="floor") + 1
-
-
 @dataclass(frozen=True)
 class Residue:
     """What the flat view leaves out of a trajectory, so it can be rebuilt exactly."""
@@ -201,19 +259,21 @@ class Residue:
     model_weights_id: str = ""
 
 
-def split_trajectory(
-    traj: Trajectory, spec: TrajectorySpec
-) -> tuple[dict[str, torch.Tensor], Residue]:
+def split_trajectory(traj: object, spec: TrajectorySpec) -> tuple[dict[str, torch.Tensor], Residue]:
     """Split ``traj`` into its flat view (``[T*B, ...]``, reset rows dropped) and the rest.
 
-    Both parts may share memory with ``traj``; callers that keep them must copy.
+    ``traj`` must have passed :func:`validate`, which gave ``spec``; the flat view lists
+    the fields in ``spec.schema``'s order.  Both parts may share memory with ``traj``;
+    callers that keep them must copy.
     """
-    flat: dict[str, torch.Tensor] = {}
-    residue = Residue({}, {}, traj.max_episode_length, traj.model_weights_id)
-    for path, raw in traj.tensors().items():
+    fields = trajectory_tensors(traj)
+    residue = Residue({}, {}, *trajectory_scalars(traj))
+    for path, raw in fields.items():
         if path not in spec.schema:
             residue.unsampled[path] = raw
-            continue
+    flat: dict[str, torch.Tensor] = {}
+    for path in spec.schema:
+        raw = fields[path]
         rows = int(raw.shape[0])
         steps = raw
         if rows != spec.T:
@@ -225,7 +285,7 @@ def split_trajectory(
     return flat, residue
 
 
-def flatten_trajectory(traj: Trajectory, spec: TrajectorySpec) -> dict[str, torch.Tensor]:
+def flatten_trajectory(traj: object, spec: TrajectorySpec) -> dict[str, torch.Tensor]:
     """The sampled fields of ``traj`` as ``[T*B, ...]`` tensors, reset rows dropped."""
     return split_trajectory(traj, spec)[0]
 
@@ -249,12 +309,22 @@ def trajectory_from_raw(
 ) -> Trajectory:
     """Rebuild a :class:`Trajectory` from the flat dict returned by :meth:`Trajectory.tensors`."""
     nested = tree.unflatten(fields)
-    known = {f.name for f in dataclasses.fields(Trajectory)}
-    unknown = [
-        k for k in nested if k not in known or k in ("max_episode_length", "model_weights_id")
-    ]
+    unknown = [k for k in nested if k not in TENSOR_FIELDS and k not in DICT_FIELDS]
     if unknown:
         raise _fail(f"unknown trajectory fields {unknown}")
     return Trajectory(
         max_episode_length=max_episode_length, model_weights_id=model_weights_id, **nested
     )
+
+
+def as_trajectory(traj: object) -> Trajectory:
+    """``traj`` itself if it is a :class:`Trajectory`, else one holding the same values.
+
+    Raises
+    ------
+    InvalidTrajectoryError
+        If ``traj`` has no trajectory fields, or malformed dict or scalar fields.
+    """
+    if isinstance(traj, Trajectory):
+        return traj
+    return trajectory_from_raw(trajectory_tensors(traj), *trajectory_scalars(traj))

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rbzarr import CheckpointNotFoundError, Trajectory, TrajectoryReplayBuffer
-from rbzarr.analysis import RunningStats, compute_stats, episode_segments, open_buffer
+from rbzarr.analysis import RunningStats, compute_stats, open_buffer
+from rbzarr.episodes import episode_segments
 
 
 def build(path, fmt: str, trajectories: list[Trajectory]) -> str:

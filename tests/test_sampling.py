@@ -7,7 +7,9 @@ import pytest
 import torch
 from conftest import assert_rows_consistent, make_trajectory
 
-from rbzarr import TrajectoryReplayBuffer
+from rbzarr import TrajectoryReplayBuffer, open_buffer, tree
+from rbzarr.analysis import BufferView
+from rbzarr.index import TrajectoryIndex
 from rbzarr.sampler import draw
 
 SIZES = [(4, 3), (2, 5), (6, 2), (3, 3), (5, 1), (1, 7), (8, 4)]
@@ -134,3 +136,62 @@ def test_clear_resets_window():
     buffer.add_trajectories([make_trajectory(2, 2, 1000)])
     numbers = assert_rows_consistent(buffer.sample(8))
     assert bool((numbers >= 1000).all())
+
+
+@pytest.mark.parametrize("auto_save", [False, True])
+def test_caller_generator_replaces_the_buffer_stream_for_that_call(tmp_path, auto_save):
+    def make(name: str) -> TrajectoryReplayBuffer:
+        return TrajectoryReplayBuffer(
+            seed=7, sample_window_size=0, auto_save=auto_save, auto_save_path=tmp_path / name
+        )
+
+    with make("plain") as plain, make("mixed") as mixed:
+        fill(plain, SIZES)
+        fill(mixed, SIZES)
+        own = torch.Generator().manual_seed(11)
+        via_generator = mixed.sample(30, generator=own)
+        # The caller's generator drew RLinf's draw for seed 11 ...
+        want = expected_numbers(11, SIZES, 0, [30])[0]
+        assert torch.equal(assert_rows_consistent(via_generator), want)
+        # ... and left the buffer's own stream where it was.
+        for n in (17, 64):
+            assert torch.equal(
+                assert_rows_consistent(mixed.sample(n)), assert_rows_consistent(plain.sample(n))
+            )
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "pt"])
+@pytest.mark.parametrize("window", [0, 2])
+def test_view_sample_equals_buffer_sample(tmp_path, fmt, window):
+    path = tmp_path / "store"
+    with TrajectoryReplayBuffer(
+        seed=5,
+        sample_window_size=window,
+        auto_save=True,
+        auto_save_path=path,
+        trajectory_format=fmt,
+    ) as buffer:
+        fill(buffer, SIZES)
+        buffer.flush()
+        view = open_buffer(path, seed=5, sample_window_size=window)
+        for n in (9, 40):
+            got, want = view.sample(n), buffer.sample(n)
+            assert list(tree.flatten(got)) == list(tree.flatten(want))
+            for key, value in tree.flatten(want).items():
+                assert torch.equal(tree.flatten(got)[key], value), key
+                assert tree.flatten(got)[key].dtype == value.dtype
+        generator = torch.Generator().manual_seed(3)
+        numbers = assert_rows_consistent(view.sample(12, generator=generator))
+        assert torch.equal(numbers, expected_numbers(3, SIZES, window, [12])[0])
+
+
+def test_view_sample_errors(tmp_path):
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "s") as buffer:
+        fill(buffer, [(2, 2)])
+    view = open_buffer(tmp_path / "s")
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match="num_chunks must be positive"):
+            view.sample(bad)
+    empty = TrajectoryIndex().to_documents("zarr", {})
+    with pytest.raises(RuntimeError, match="no committed trajectory"):
+        BufferView(view.layout, empty).sample(1)
