@@ -230,11 +230,18 @@ def bench_codecs(frames: np.ndarray, floats: np.ndarray, repeats: int) -> list[d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny run (smoke test)")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results path")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"JSON results path (default: a new temporary directory; committed: {RESULTS})",
+    )
     parser.add_argument(
         "--chunk-bytes", type=int, default=DEFAULT_CHUNK_BYTES, help="ZarrLayout chunk_bytes"
     )
     args = parser.parse_args()
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="rbzarr-bench-")) / RESULTS.name
     count, batches, repeats = (2, [32, 128], 2) if args.quick else (8, [32, 256, 1024], 5)
 
     torch.manual_seed(0)

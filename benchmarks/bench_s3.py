@@ -22,6 +22,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -133,8 +134,15 @@ def run(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny run (smoke test)")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results path")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"JSON results path (default: a new temporary directory; committed: {RESULTS})",
+    )
     args = parser.parse_args()
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="rbzarr-bench-")) / RESULTS.name
     count, T, B, rows, batches = (2, 8, 4, 32, 2) if args.quick else (4, 32, 16, 256, 5)
     trajectories = [image_trajectory(seed, T, B) for seed in range(count)]
     server, endpoint = start_moto()

@@ -25,6 +25,12 @@ from rbzarr.errors import (
     WriterFailedError,
 )
 from rbzarr.export import export_store
+from rbzarr.rlinf_datasets import (
+    PreloadReplayBufferDataset,
+    ReplayBufferDataset,
+    replay_buffer_collate_fn,
+)
+from rbzarr.rlinf_stores import PriorityStore, TrajectoryCache
 from rbzarr.trajectory import Trajectory
 
 __all__ = [
@@ -35,12 +41,16 @@ __all__ = [
     "CheckpointNotFoundError",
     "CorruptStoreError",
     "InvalidTrajectoryError",
+    "PreloadReplayBufferDataset",
+    "PriorityStore",
     "RbzarrError",
+    "ReplayBufferDataset",
     "ReplayDataset",
     "ReplayLoader",
     "StorageUnavailableError",
     "StoreExistsError",
     "Trajectory",
+    "TrajectoryCache",
     "TrajectoryCollector",
     "TrajectoryReplayBuffer",
     "UnsafePathError",
@@ -48,6 +58,7 @@ __all__ = [
     "WriterFailedError",
     "export_store",
     "open_buffer",
+    "replay_buffer_collate_fn",
     "split",
 ]
 

@@ -18,6 +18,7 @@ import torch
 
 from rbzarr import checkpoint, tree
 from rbzarr.cache import TrajectoryCache
+from rbzarr.compat import RLinfCompatMixin
 from rbzarr.errors import BufferClosedError, StoreExistsError
 from rbzarr.index import TrajectoryIndex
 from rbzarr.sampler import WindowSampler
@@ -39,7 +40,7 @@ from rbzarr.writer import BackgroundWriter
 __all__ = ["TrajectoryReplayBuffer"]
 
 
-class TrajectoryReplayBuffer:
+class TrajectoryReplayBuffer(RLinfCompatMixin):
     """A trajectory-level replay buffer with window sampling, a FIFO cache and async writes.
 
     Parameters
@@ -146,10 +147,6 @@ class TrajectoryReplayBuffer:
     def trajectory_counter(self) -> int:
         """The id the next trajectory will get."""
         return self._index.trajectory_counter
-
-    def is_ready(self, min_trajectories: int) -> bool:
-        """Whether at least ``min_trajectories`` trajectories are in the buffer."""
-        return len(self._index) >= min_trajectories
 
     def add_trajectories(self, trajectories: Iterable[Trajectory]) -> None:
         """Add trajectories in order; all are validated before any state changes.
@@ -288,7 +285,7 @@ class TrajectoryReplayBuffer:
         """Wait until every queued write is committed; retries a failed write."""
         self._writer.flush()
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         """Flush and stop the writer; idempotent.  Later adds raise ``BufferClosedError``."""
         if self._closed:
             return
@@ -330,6 +327,61 @@ class TrajectoryReplayBuffer:
                 "trajectory_counter": self._index.trajectory_counter,
                 "pending_writes": self._writer.pending,
             }
+
+    # -- read-only views (rbzarr.compat builds RLinf's names on these) -------------------
+    @property
+    def trajectory_ids(self) -> list[int]:
+        """Ids in the index, in insertion order (a copy)."""
+        with self._lock:
+            return list(self._index.id_list)
+
+    @property
+    def index_entries(self) -> dict[int, dict[str, Any]]:
+        """The index entry of every listed trajectory, by id, in insertion order (copies)."""
+        with self._lock:
+            return {i: dict(self._index.entries[i]) for i in self._index.id_list}
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The generator :meth:`sample` draws from."""
+        return self._sampler.generator
+
+    @property
+    def store_url(self) -> str | None:
+        """The auto-save store's path or URL; ``None`` without ``auto_save``."""
+        return None if self._store is None else self._store.location.url
+
+    def trajectory(self, trajectory_id: int) -> Trajectory:
+        """The raw ``[T, B, ...]`` trajectory ``trajectory_id`` (copies), from memory or storage.
+
+        Raises
+        ------
+        KeyError
+            If ``trajectory_id`` is not in the index.
+        """
+        with self._lock:
+            if trajectory_id not in self._index.entries:
+                raise KeyError(f"trajectory {trajectory_id} is not in the buffer")
+            if trajectory_id in self._cache:
+                return self._cache.trajectory(trajectory_id)
+            pending = self._pending.get(trajectory_id)
+            if pending is not None:
+                return _clone(pending)
+            entry = dict(self._index.entries[trajectory_id])
+        assert self._store is not None  # not cached, not pending: committed to the store
+        return self._store.read(entry)
+
+    def release_cache(self) -> None:
+        """Free the cached trajectories; with ``auto_save`` they are read from storage.
+
+        Without ``auto_save`` the cache holds the only copy, so the buffer is emptied as by
+        :meth:`clear`.
+        """
+        if self._store is None:
+            self.clear()
+            return
+        with self._lock:
+            self._cache.clear()
 
     # -- checkpoints --------------------------------------------------------------------
     def save_checkpoint(self, save_path: str | os.PathLike[str]) -> None:

@@ -342,16 +342,78 @@ def demo(store: str, **settings: Any) -> None:
     click.echo(report(run_demo(DemoSettings(store=Path(store), **settings))))
 
 
-@main.command(
-    context_settings={
-        "ignore_unknown_options": True,
-        "allow_extra_args": True,
-        "help_option_names": [],
-    }
+@main.command()
+@click.option("--quick", is_flag=True, help="A tiny run (seconds) for smoke tests.")
+@click.option(
+    "--workloads",
+    default="state,image,atari",
+    show_default=True,
+    help="Comma-separated: state, image, atari.",
 )
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def bench(args: tuple[str, ...]) -> None:
-    """Sampling and write benchmarks (benchmarks/README.md); ``bench --help`` for flags."""
-    from rbzarr import bench as benchmarks  # noqa: PLC0415
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Directory for the JSON results (and chart); default: a new temporary "
+    "directory. The committed results are rewritten only when named here "
+    "(--out benchmarks/results).",
+)
+@click.option("--check", is_flag=True, help="Exit with status 1 when a measured target is not met.")
+@click.option("--plot/--no-plot", default=True, show_default=True, help="Write a PNG chart.")
+@click.option("--trajectories", type=int, help="Trajectories added per mode (default 100).")
+@click.option("--window", type=int, help="sample_window_size of the cold modes (default 100).")
+@click.option("--cache", type=int, help="cache_size of the cold modes (default 5).")
+@click.option("--pool", type=int, help="Distinct trajectories generated and cycled (default 8).")
+@click.option("--hot-calls", type=int, help="sample() calls per hot variant (default 200).")
+@click.option("--cold-calls", type=int, help="sample() calls per cold variant (default 30).")
+@click.option(
+    "--budget", "budget_s", type=float, help="Seconds at most per timed variant (default 6)."
+)
+@click.option("--state-batch", type=int, help="Rows per state sample() (default 1024).")
+@click.option("--image-batch", type=int, help="Rows per image sample() (default 256).")
+@click.option(
+    "--chunk-sweep",
+    help="Extra cold image runs: comma-separated chunk_bytes, "
+    "':none' for no compression (default 262144,262144:none; '' for none).",
+)
+@click.option("--threads", type=int, help="torch intra-op threads (default 1; 0 keeps torch's).")
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False),
+    help="Directory for the temporary stores (default: the system's).",
+)
+def bench(**options: Any) -> None:
+    """Sampling and write throughput against baselines and limits (benchmarks/README.md)."""
+    import sys  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
 
-    raise SystemExit(benchmarks.main(list(args)))
+    from rbzarr import bench as benchmarks  # noqa: PLC0415
+    from rbzarr.bench.runner import parse_chunk_sweep  # noqa: PLC0415
+
+    quick, out, check, chart = (options.pop(name) for name in ("quick", "out", "check", "plot"))
+    names = [name.strip() for name in options.pop("workloads").split(",") if name.strip()]
+    state_batch = options.pop("state_batch") or (128 if quick else 1024)
+    image_batch = options.pop("image_batch") or (32 if quick else 256)
+    workdir = options.pop("workdir")
+    sweep = options.pop("chunk_sweep")
+    if sweep is not None:
+        options["chunk_sweep"] = parse_chunk_sweep(sweep)
+    settings = benchmarks.settings_from(quick, **options)
+    progress = None
+    if sys.stderr.isatty():
+
+        def progress(label: str) -> None:
+            click.echo(label, err=True)
+
+    document = benchmarks.run(names, settings, state_batch, image_batch, workdir, progress)
+    click.echo(benchmarks.table(document))
+    folder = Path(out) if out else Path(tempfile.mkdtemp(prefix="rbzarr-bench-"))
+    for path in benchmarks.save(document, folder, chart):
+        click.echo(f"wrote {path}")
+    missed = benchmarks.failed_targets([document])
+    if check and missed:
+        raise click.ClickException(
+            f"{len(missed)} target(s) not met: " + "; ".join(t["target"] for t in missed)
+        )
+

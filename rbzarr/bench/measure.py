@@ -1,0 +1,173 @@
+"""Timing, byte counting and the run's context (machine, versions).
+
+rows/s is ``rows / median latency``: robust on a shared machine; the mean-based figure is
+kept beside it as ``rows_s_mean``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numcodecs
+import numpy as np
+import torch
+import zarr
+from zarr.abc.store import ByteRequest, Store
+from zarr.core.buffer import Buffer, BufferPrototype
+from zarr.storage import WrapperStore
+
+import rbzarr
+from rbzarr.buffer import TrajectoryReplayBuffer
+from rbzarr.trajectory import Trajectory, flatten_trajectory, trajectory_from_raw, validate
+
+__all__ = [
+    "CountingStore",
+    "add_all",
+    "clone_trajectory",
+    "machine",
+    "nbytes",
+    "row_bytes",
+    "stats",
+    "timed",
+    "versions",
+]
+
+
+class CountingStore(WrapperStore[Store]):
+    """A store wrapper that records the key and size of every read (writes pass through)."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.reads: list[tuple[str, int]] = []
+
+    async def get(
+        self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
+    ) -> Buffer | None:
+        # docstring inherited
+        value = await self._store.get(key, prototype, byte_range)
+        self.reads.append((key, 0 if value is None else len(value)))
+        return value
+
+
+def timed(fn: Callable[[], object], calls: int, budget_s: float) -> list[float]:
+    """Latencies of ``fn`` after one warm-up call.
+
+    Parameters
+    ----------
+    fn
+        The call to time.
+    calls
+        How many timed calls to make.
+    budget_s
+        Stop early (after at least 3 calls) once the timed calls took this long.
+
+    Returns
+    -------
+    list of float
+        Seconds per timed call.
+    """
+    fn()
+    latencies: list[float] = []
+    spent = 0.0
+    while len(latencies) < calls and (len(latencies) < 3 or spent < budget_s):
+        start = time.perf_counter()
+        fn()
+        latencies.append(time.perf_counter() - start)
+        spent += latencies[-1]
+    return latencies
+
+
+def stats(latencies: Sequence[float], rows: int, bytes_per_row: int) -> dict[str, float]:
+    """Throughput from the median call (and the mean), latency percentiles.
+
+    Parameters
+    ----------
+    latencies
+        Seconds per call.
+    rows
+        Rows each call returned.
+    bytes_per_row
+        Bytes of one returned row, for MB/s.
+
+    Returns
+    -------
+    dict
+        ``calls``, ``rows_s``, ``rows_s_mean``, ``mb_s``, ``p50_ms``, ``p99_ms``.
+    """
+    ordered = sorted(latencies)
+    p50 = statistics.median(ordered)
+    rows_s = rows / p50
+    return {
+        "calls": len(ordered),
+        "rows_s": rows_s,
+        "rows_s_mean": rows * len(ordered) / sum(ordered),
+        "mb_s": rows_s * bytes_per_row / 1e6,
+        "p50_ms": 1e3 * p50,
+        "p99_ms": 1e3 * ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)],
+    }
+
+
+def nbytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Total bytes of ``tensors``."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def row_bytes(trajectory: Trajectory) -> int:
+    """Bytes of one sampled (flat) row of ``trajectory``."""
+    flat = flatten_trajectory(trajectory, validate(trajectory))
+    return sum(t[0].numel() * t.element_size() for t in flat.values())
+
+
+def clone_trajectory(trajectory: Trajectory) -> Trajectory:
+    """A copy of ``trajectory`` that shares no tensor memory with it."""
+    fields = {key: value.clone() for key, value in trajectory.tensors().items()}
+    return trajectory_from_raw(fields, trajectory.max_episode_length, trajectory.model_weights_id)
+
+
+def add_all(buffer: TrajectoryReplayBuffer, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Add one trajectory per call; p50/p99 call latency against a ``clone`` of each."""
+    adds, copies = [], []
+    for trajectory in trajectories:
+        start = time.perf_counter()
+        buffer.add_trajectories([trajectory])
+        adds.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        cloned = [value.clone() for value in trajectory.tensors().values()]
+        copies.append(time.perf_counter() - start)
+        del cloned
+    add_p50, copy_p50 = statistics.median(adds), statistics.median(copies)
+    return {
+        "add_p50_ms": 1e3 * add_p50,
+        "add_p99_ms": 1e3 * sorted(adds)[math.ceil(0.99 * len(adds)) - 1],
+        "memcpy_p50_ms": 1e3 * copy_p50,
+        "add_vs_memcpy": add_p50 / copy_p50,
+    }
+
+
+def machine() -> dict[str, Any]:
+    """CPU count, platform, load average and torch threads of this run."""
+    return {
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python and the libraries the figures depend on."""
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "zarr": zarr.__version__,
+        "numcodecs": numcodecs.__version__,
+        "numpy": np.__version__,
+        "rbzarr": rbzarr.__version__,
+    }
