@@ -244,7 +244,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
     def sample(
         self, num_chunks: int, *, generator: torch.Generator | None = None
     ) -> dict[str, Any]:
-        """Sample ``num_chunks`` rows uniformly from the window; see ``behaviour.md``.
+        """Sample ``num_chunks`` rows uniformly from the window; see ``docs/behaviour.md``.
 
         Parameters
         ----------

@@ -20,7 +20,7 @@ T, B = 2, 3
 
 
 def expected_bounds(count: int, rank: int, world_size: int) -> tuple[int, int]:
-    """behaviour.md's formula, written out."""
+    """The formula of docs/behaviour.md (load_checkpoint, distributed), written out."""
     q, r = divmod(count, world_size)
     start = rank * q + min(rank, r)
     return start, start + q + (1 if rank < r else 0)
