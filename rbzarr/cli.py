@@ -416,4 +416,3 @@ def bench(**options: Any) -> None:
         raise click.ClickException(
             f"{len(missed)} target(s) not met: " + "; ".join(t["target"] for t in missed)
         )
-

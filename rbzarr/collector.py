@@ -27,11 +27,11 @@ import torch
 from rbzarr import tree
 from rbzarr.dtypes import to_numpy
 from rbzarr.errors import InvalidTrajectoryError
+from rbzarr.fields import RESET_ROW_FIELDS
 from rbzarr.trajectory import Trajectory, raw_time_rows, trajectory_from_raw, validate
 
 __all__ = ["TrajectoryCollector", "max_episode_length", "model_weights_id", "split"]
 
-_RESET_FIELDS = ("terminations", "truncations", "dones")
 # field name -> (torch dtype, shape after the B dimension)
 _Signature = dict[str, tuple[torch.dtype, tuple[int, ...]]]
 
@@ -102,10 +102,6 @@ def split(trajectory: Trajectory, num_parts: int) -> list[Trajectory]:
 def _longest(raw_dones: torch.Tensor, steps: int) -> int:
     rows = raw_time_rows(torch.arange(steps), steps, int(raw_dones.shape[0]))
     return max_episode_length(raw_dones.index_select(0, rows.to(raw_dones.device)))
-
-
-def _fail(message: str) -> InvalidTrajectoryError:
-    return InvalidTrajectoryError(message)
 
 
 def _signature(flat: Mapping[str, torch.Tensor]) -> _Signature:
@@ -234,7 +230,9 @@ class TrajectoryCollector:
         """
         previous = self._obs
         if previous is None or self._obs_signature is None:
-            raise _fail("add_step before reset: call reset(obs) to start a rollout epoch")
+            raise InvalidTrajectoryError(
+                "add_step before reset: call reset(obs) to start a rollout epoch"
+            )
         step = {
             "actions": self._rows("actions", actions),
             "intervene_flags": self._optional_rows("intervene_flags", intervene_flags),
@@ -246,7 +244,7 @@ class TrajectoryCollector:
             "versions": self._optional_rows("versions", versions),
         }
         if terminations.shape != truncations.shape:
-            raise _fail(
+            raise InvalidTrajectoryError(
                 f"field 'truncations': expected the shape of 'terminations' "
                 f"{tuple(terminations.shape)}, got {tuple(truncations.shape)}"
             )
@@ -275,9 +273,11 @@ class TrajectoryCollector:
         """
         lengths = [len(epoch.steps) for epoch in self._epochs]
         if not lengths or sum(lengths) == 0:
-            raise _fail("cannot build a trajectory: no steps were added since the last build")
+            raise InvalidTrajectoryError(
+                "cannot build a trajectory: no steps were added since the last build"
+            )
         if len(set(lengths)) != 1:
-            raise _fail(
+            raise InvalidTrajectoryError(
                 f"rollout epochs differ in length: {lengths} steps; every epoch started by "
                 "reset() must have the same number of steps"
             )
@@ -286,9 +286,9 @@ class TrajectoryCollector:
         fields = {
             path: torch.stack([step[path] for step in rows])
             for path in signature
-            if path not in _RESET_FIELDS
+            if path not in RESET_ROW_FIELDS
         }
-        for name in _RESET_FIELDS:
+        for name in sorted(RESET_ROW_FIELDS):
             fields[name] = torch.cat(
                 [self._epoch_rows(epoch, name, signature) for epoch in self._epochs]
             )
@@ -301,11 +301,15 @@ class TrajectoryCollector:
 
     def _rows(self, name: str, value: Any) -> torch.Tensor:
         if value is None:
-            raise _fail(f"field {name!r}: missing; expected a tensor [B={self.num_envs}, ...]")
+            raise InvalidTrajectoryError(
+                f"field {name!r}: missing; expected a tensor [B={self.num_envs}, ...]"
+            )
         if not isinstance(value, torch.Tensor):
-            raise _fail(f"field {name!r}: expected a torch.Tensor, got {type(value).__name__}")
+            raise InvalidTrajectoryError(
+                f"field {name!r}: expected a torch.Tensor, got {type(value).__name__}"
+            )
         if value.dim() < 1 or value.shape[0] != self.num_envs:
-            raise _fail(
+            raise InvalidTrajectoryError(
                 f"field {name!r}: expected [B={self.num_envs}, ...], got {tuple(value.shape)}"
             )
         return value
@@ -315,11 +319,13 @@ class TrajectoryCollector:
 
     def _observation(self, name: str, obs: Any) -> dict[str, torch.Tensor]:
         if not isinstance(obs, Mapping):
-            raise _fail(f"field {name!r}: expected a dict of tensors, got {type(obs).__name__}")
+            raise InvalidTrajectoryError(
+                f"field {name!r}: expected a dict of tensors, got {type(obs).__name__}"
+            )
         try:
             flat = tree.flatten(obs)
         except ValueError as exc:
-            raise _fail(f"field {name!r}: {exc}") from exc
+            raise InvalidTrajectoryError(f"field {name!r}: {exc}") from exc
         return {path: self._rows(f"{name}/{path}", value) for path, value in flat.items()}
 
     def _forward_inputs(self, inputs: Any) -> dict[str, torch.Tensor]:
@@ -330,12 +336,12 @@ class TrajectoryCollector:
         missing = [path for path in expected if path not in got]
         unexpected = [path for path in got if path not in expected]
         if missing or unexpected:
-            raise _fail(
+            raise InvalidTrajectoryError(
                 f"{name}: fields differ from {source}: missing {missing}, unexpected {unexpected}"
             )
         for path, want in expected.items():
             if got[path] != want:
-                raise _fail(
+                raise InvalidTrajectoryError(
                     f"{name} field {path!r}: expected {_describe(want, self.num_envs)} "
                     f"(as in {source}), got {_describe(got[path], self.num_envs)}"
                 )
@@ -345,7 +351,7 @@ class TrajectoryCollector:
     ) -> None:
         for name, value in reset_row.items():
             if value is not None and tuple(value.shape[1:]) != signature[name][1]:
-                raise _fail(
+                raise InvalidTrajectoryError(
                     f"reset row of {name!r}: expected shape "
                     f"{(self.num_envs, *signature[name][1])} to match the steps, "
                     f"got {tuple(value.shape)}"
