@@ -11,70 +11,13 @@ stderr is a terminal.  Add a subcommand with one ``@main.command()`` function.
 from __future__ import annotations
 
 import json
-import os
-import sys
 from typing import Any
 
 import click
 
-from rbzarr.errors import RbzarrError
-from rbzarr.storage.location import backend_errors
+from rbzarr.console import OneLineErrors, parse_ids, parse_storage_options, progress_wanted
 
 __all__ = ["main"]
-
-# Errors a user can cause; anything else is a bug and keeps its traceback.
-_USER_ERRORS = (RbzarrError, OSError, ValueError, KeyError, ImportError)
-
-
-class _Main(click.Group):
-    """A group that turns user errors into one clear line instead of a traceback."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        handled: tuple[type[BaseException], ...] = (*_USER_ERRORS, *backend_errors())
-        try:
-            return super().invoke(ctx)
-        except BrokenPipeError:
-            _silence_stdout()
-            ctx.exit(1)
-        except handled as exc:
-            message = " ".join(str(exc).split()) or type(exc).__name__
-            raise click.ClickException(message) from None
-
-
-def _silence_stdout() -> None:
-    """Point stdout at /dev/null, so flushing it at exit raises no second broken pipe."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
-
-
-def _progress() -> bool:
-    """Whether to draw progress bars: only on a terminal, never into a log or a pipe."""
-    return sys.stderr.isatty()
-
-
-def _parse_storage_options(
-    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
-) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for item in values:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}")
-        try:
-            options[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            options[key] = raw
-    return options
-
-
-def _parse_ids(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
-    if value is None:
-        return None
-    try:
-        return [int(part) for part in value.split(",") if part.strip()]
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
 
 
 def _options(ctx: click.Context) -> dict[str, Any]:
@@ -88,13 +31,13 @@ def _print_json(document: Any) -> None:
 _json_flag = click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
 
 
-@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--storage-option",
     "storage_options",
     multiple=True,
     metavar="KEY=VALUE",
-    callback=_parse_storage_options,
+    callback=parse_storage_options,
     help="fsspec option for every URL (repeatable; VALUE is parsed as JSON if it can be), "
     "e.g. --storage-option endpoint_url=http://localhost:9000 --storage-option anon=false.",
 )
@@ -168,7 +111,7 @@ def stats(ctx: click.Context, url: str, keys: tuple[str, ...], as_json: bool) ->
     from rbzarr.analysis import compute_stats, open_buffer  # noqa: PLC0415
 
     wanted = [key for item in keys for key in item.split(",") if key] or None
-    report = compute_stats(open_buffer(url, _options(ctx)), wanted, progress=_progress())
+    report = compute_stats(open_buffer(url, _options(ctx)), wanted, progress=progress_wanted())
     if as_json:
         _print_json(report)
         return
@@ -236,7 +179,7 @@ _format_choice = click.Choice(["zarr", "pt", "pkl"])
 @click.argument("source")
 @click.argument("destination")
 @click.option("--format", "trajectory_format", type=_format_choice, required=True)
-@click.option("--ids", callback=_parse_ids, help="Only these ids, e.g. 1,2,5.")
+@click.option("--ids", callback=parse_ids, help="Only these ids, e.g. 1,2,5.")
 @click.option("--last", type=click.IntRange(min=0), help="Only the last N trajectories.")
 @click.pass_context
 def export(
@@ -259,7 +202,7 @@ def export(
         last=last,
         storage_options=options,
         destination_options=options,
-        progress=_progress(),
+        progress=progress_wanted(),
     )
     click.echo(f"exported {documents.metadata['size']} trajectories to {destination}")
 
@@ -276,7 +219,7 @@ def merge(
     from rbzarr.reshard import merge_stores  # noqa: PLC0415
 
     documents = merge_stores(
-        destination, sources, trajectory_format, _options(ctx), progress=_progress()
+        destination, sources, trajectory_format, _options(ctx), progress=progress_wanted()
     )
     click.echo(f"merged {documents.metadata['size']} trajectories into {destination}")
 
@@ -290,7 +233,7 @@ def split(ctx: click.Context, source: str, destination: str, count: int) -> None
     """Split SOURCE into COUNT stores DESTINATION/part_<k> (the load_checkpoint shards)."""
     from rbzarr.reshard import split_store  # noqa: PLC0415
 
-    for part in split_store(source, destination, count, _options(ctx), progress=_progress()):
+    for part in split_store(source, destination, count, _options(ctx), progress=progress_wanted()):
         click.echo(part)
 
 
@@ -309,7 +252,7 @@ def plot(ctx: click.Context, url: str, output: str) -> None:
     from rbzarr.analysis import open_buffer  # noqa: PLC0415
     from rbzarr.plotting import plot_store  # noqa: PLC0415
 
-    counts = plot_store(open_buffer(url, _options(ctx)), output, progress=_progress())
+    counts = plot_store(open_buffer(url, _options(ctx)), output, progress=progress_wanted())
     click.echo(f"wrote {output} ({counts['rewards']} rewards, {counts['episodes']} episodes)")
 
 
