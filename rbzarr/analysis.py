@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -47,6 +48,7 @@ def open_buffer(
     *,
     seed: int | None = None,
     sample_window_size: int = 0,
+    refresh_interval: float | None = None,
 ) -> BufferView:
     """Open the store or checkpoint at ``url`` read-only.
 
@@ -62,6 +64,10 @@ def open_buffer(
     sample_window_size
         :meth:`BufferView.sample` draws from the last ``sample_window_size`` committed
         trajectories; 0 or negative means all of them.
+    refresh_interval
+        Seconds: :meth:`BufferView.sample` first re-reads the index when the view's last
+        read is older than this (0: before every sample), so a view of a live store picks
+        up new commits.  ``None`` (default): only :meth:`BufferView.refresh` re-reads it.
 
     Raises
     ------
@@ -71,11 +77,21 @@ def open_buffer(
         A document is unparsable or the index is malformed.
     """
     layout, documents = open_store(url, storage_options)
-    return BufferView(layout, documents, seed=seed, sample_window_size=sample_window_size)
+    return BufferView(
+        layout,
+        documents,
+        seed=seed,
+        sample_window_size=sample_window_size,
+        refresh_interval=refresh_interval,
+    )
 
 
 class BufferView:
-    """A read-only view of a store's committed trajectories; see :func:`open_buffer`."""
+    """A read-only view of a store's committed trajectories; see :func:`open_buffer`.
+
+    A view pickles as its URL, options, window and generator state; unpickling opens the
+    store again (in the new process: S3 clients are never shared across a fork or spawn).
+    """
 
     def __init__(
         self,
@@ -84,9 +100,13 @@ class BufferView:
         *,
         seed: int | None = None,
         sample_window_size: int = 0,
+        refresh_interval: float | None = None,
     ) -> None:
+        if refresh_interval is not None and not refresh_interval >= 0:
+            raise ValueError(f"refresh_interval must be >= 0 seconds, got {refresh_interval}")
         self.layout = layout
         self.sample_window_size = sample_window_size
+        self.refresh_interval = refresh_interval
         self._sampler = WindowSampler(seed)
         self._schema: Schema | None = None
         self._set_documents(documents)
@@ -94,6 +114,15 @@ class BufferView:
     def _set_documents(self, documents: Documents) -> None:
         self._documents = documents
         self._index = TrajectoryIndex.from_documents(documents, self.url)
+        self._read_at = time.monotonic()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        options = {
+            "seed": self._sampler.seed,
+            "sample_window_size": self.sample_window_size,
+            "refresh_interval": self.refresh_interval,
+        }
+        return (_reopen, (self.url, self.storage_options, options, self._sampler.state_dict()))
 
     def __repr__(self) -> str:
         return f"BufferView({self.url!r}, format={self.format!r}, trajectories={len(self)})"
@@ -105,6 +134,11 @@ class BufferView:
     def url(self) -> str:
         """The store's location."""
         return self.layout.location.url
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        """The fsspec options the store was opened with (a copy)."""
+        return dict(self.layout.location.storage_options)
 
     @property
     def format(self) -> str:
@@ -142,7 +176,8 @@ class BufferView:
 
         The draw is the buffer's (uniform over the window's rows, the same output keys,
         order and dtypes); every row is read from storage.  ``generator`` replaces the
-        view's own generator for this call.
+        view's own generator for this call.  With a ``refresh_interval`` the index is
+        re-read first when it is older than that.
 
         Raises
         ------
@@ -153,6 +188,9 @@ class BufferView:
         """
         if num_chunks <= 0:
             raise ValueError(f"num_chunks must be positive, got {num_chunks}")
+        interval = self.refresh_interval
+        if interval is not None and time.monotonic() - self._read_at >= interval:
+            self.refresh()
         window = self._index.window(self.sample_window_size)
         if not window:
             raise RuntimeError(f"{self.url}: no committed trajectory to sample from")
@@ -237,6 +275,15 @@ class BufferView:
     def zarr_group(self, trajectory_id: int) -> Any:
         """The read-only Zarr group of one trajectory (zarr layout only; else ValueError)."""
         return self.layout.zarr_group(self.entry(trajectory_id))
+
+
+def _reopen(
+    url: str, storage_options: dict[str, Any], options: dict[str, Any], sampler: dict[str, Any]
+) -> BufferView:
+    """Unpickle a :class:`BufferView`: open the store again, restore the generator."""
+    view = open_buffer(url, storage_options, **options)
+    view._sampler.load_state_dict(sampler)
+    return view
 
 
 class RunningStats:

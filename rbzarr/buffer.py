@@ -2,16 +2,15 @@
 
 The buffer is a coordinator.  It validates, takes its lock and delegates: ids and counters
 to :class:`~rbzarr.index.TrajectoryIndex`, draws to :class:`~rbzarr.sampler.WindowSampler`,
-hot rows to :class:`~rbzarr.cache.TrajectoryCache`, persistence to a
-:class:`~rbzarr.storage.layout.TrajectoryLayout` through the
-:class:`~rbzarr.writer.BackgroundWriter`, and checkpoints to :mod:`rbzarr.checkpoint`.
+hot rows to :class:`~rbzarr.cache.TrajectoryCache`, persistence to the
+:class:`~rbzarr.store_writer.StoreWriter`, and checkpoints to :mod:`rbzarr.checkpoint`.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -19,25 +18,21 @@ import torch
 from rbzarr import checkpoint, tree
 from rbzarr.cache import TrajectoryCache
 from rbzarr.compat import RLinfCompatMixin
-from rbzarr.errors import BufferClosedError, StoreExistsError
+from rbzarr.errors import BufferClosedError, CheckpointConflictError, EmptyBufferError
 from rbzarr.index import TrajectoryIndex
 from rbzarr.sampler import WindowSampler
 from rbzarr.storage import row_reads
-from rbzarr.storage.layout import TrajectoryLayout
+from rbzarr.storage.layout import Entry, TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
-from rbzarr.trajectory import (
-    Schema,
-    Trajectory,
-    TrajectorySpec,
-    as_trajectory,
-    split_trajectory,
-    trajectory_from_raw,
-    validate,
-)
-from rbzarr.writer import BackgroundWriter
+from rbzarr.store_writer import StoreWriter, format_at
+from rbzarr.trajectory import Schema, Trajectory
+from rbzarr.validated import ValidatedTrajectory, clone_trajectory
+from rbzarr.writer import DEFAULT_TIMEOUT
 
 __all__ = ["TrajectoryReplayBuffer"]
+
+DEFAULT_FORMAT = "zarr"
 
 
 class TrajectoryReplayBuffer(RLinfCompatMixin):
@@ -55,16 +50,23 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         Sample from the most recent trajectories only; 0 or negative means all.
     auto_save, auto_save_path
         Persist every trajectory asynchronously under ``auto_save_path`` (a local path or
-        an fsspec URL such as ``s3://bucket/prefix``).  An existing store there is never
-        overwritten: call :meth:`load_checkpoint` on it first to append to it.
+        an fsspec URL such as ``s3://bucket/prefix``).  A store already there is appended
+        to, never overwritten: new trajectories get ids after every id it holds.
     trajectory_format
-        ``"zarr"`` (default), ``"pt"`` or ``"pkl"``.
+        ``"zarr"``, ``"pt"`` or ``"pkl"``; by default the format of the store at
+        ``auto_save_path``, else ``"zarr"``.
     storage_options
         Passed to fsspec for every URL (``endpoint_url``, ``key``, ``anon``, ...).
     max_pending_writes
-        Bound of the write queue; ``add_trajectories`` blocks while it is full.
+        Bound of the write queue: ``add_trajectories`` waits while it is full, and is
+        refused (nothing changed) while it is full and storage is failing.
     layout_options
         Extra keyword arguments for the storage layout (codecs, chunk sizes, ...).
+
+    Raises
+    ------
+    StoreExistsError
+        ``auto_save_path`` is a file, or holds a store of another ``trajectory_format``.
     """
 
     def __init__(
@@ -75,58 +77,74 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         sample_window_size: int = 100,
         auto_save: bool = False,
         auto_save_path: str | os.PathLike[str] = "",
-        trajectory_format: str = "zarr",
+        trajectory_format: str | None = None,
         *,
         storage_options: Mapping[str, Any] | None = None,
         max_pending_writes: int = 8,
         layout_options: Mapping[str, Any] | None = None,
     ) -> None:
-        layout_class(trajectory_format)  # unknown formats fail here, before anything else
+        if trajectory_format is not None:
+            layout_class(trajectory_format)  # unknown formats fail here, before anything else
         if auto_save and not os.fspath(auto_save_path):
             raise ValueError("auto_save=True requires auto_save_path (a local path or URL)")
-        self.seed = seed
-        self.trajectory_format = trajectory_format
         self.sample_window_size = sample_window_size
         self.auto_save = auto_save
         self.storage_options = dict(storage_options or {})
         self.layout_options = dict(layout_options or {})
+        self.trajectory_format = trajectory_format or DEFAULT_FORMAT
         if not auto_save:
             # The cache is the storage: it must hold the whole sampling window.
-            enable_cache = True
-            cache_size = sample_window_size
-        self.enable_cache = enable_cache
-        self.cache_size = cache_size if enable_cache else 0
-        self._cache_enabled = not auto_save or self.cache_size > 0
-        self._cache = TrajectoryCache(self.cache_size if self.cache_size > 0 else None)
-        self._index = TrajectoryIndex()
+            capacity: int | None = sample_window_size if sample_window_size > 0 else None
+        else:
+            capacity = max(cache_size, 0) if enable_cache else 0
+        self._cache = TrajectoryCache(capacity)
         self._sampler = WindowSampler(seed)
-        self._schema: Schema | None = None
-        self._pending: dict[int, Trajectory] = {}
-        self._lock = threading.RLock()
-        self._add_lock = threading.Lock()
+        self._lock = threading.RLock()  # index, cache, schema, sampler
+        self._add_lock = threading.Lock()  # serialises adders, loads, clear and close
         self._closed = False
-        self._store: TrajectoryLayout | None = None
-        self._persisted = TrajectoryIndex()
-        self._store_claimed = False
-        self._writer = BackgroundWriter(max_pending=max_pending_writes)
-        if auto_save:
-            self._store = self._open_layout(auto_save_path)
+        location = Location.from_url(auto_save_path, self.storage_options) if auto_save else None
+        if location is not None and trajectory_format is None:
+            self.trajectory_format = format_at(location) or DEFAULT_FORMAT
+        # The format layout_options are meant for (loading may adopt another one).
+        self._options_format = self.trajectory_format
+        self._store: StoreWriter | None = None
+        if location is not None:
+            self._store = StoreWriter(
+                self._layout(location, self.trajectory_format),
+                max_pending_writes=max_pending_writes,
+                metadata={"seed": seed},
+            )
+        self._schema: Schema | None = None if self._store is None else self._store.stored_schema
+        self._index = TrajectoryIndex(trajectory_counter=self._first_free_id())
 
     # -- plumbing -----------------------------------------------------------------------
-    def _open_layout(
-        self, url: str | os.PathLike[str], trajectory_format: str | None = None
-    ) -> TrajectoryLayout:
-        """A layout at ``url``; this buffer's layout options apply to its own format only."""
-        fmt = trajectory_format or self.trajectory_format
-        options = self.layout_options if fmt == self.trajectory_format else {}
-        return layout_class(fmt)(Location.from_url(url, self.storage_options), **options)
+    def _layout(self, location: Location, trajectory_format: str) -> TrajectoryLayout:
+        """A layout at ``location``; this buffer's layout options apply to its format only."""
+        options = self.layout_options if trajectory_format == self._options_format else {}
+        return layout_class(trajectory_format)(location, **options)
+
+    def _first_free_id(self) -> int:
+        return 0 if self._store is None else self._store.next_id
 
     def _check_open(self) -> None:
         if self._closed:
             raise BufferClosedError("the buffer is closed")
 
-    def _metadata_extra(self) -> dict[str, Any]:
-        return {"seed": self.seed, "schema": checkpoint.schema_to_json(self._schema)}
+    # -- settings -----------------------------------------------------------------------
+    @property
+    def seed(self) -> int | None:
+        """The seed of the sampling generator."""
+        return self._sampler.seed
+
+    @property
+    def enable_cache(self) -> bool:
+        """Whether trajectories are kept in memory."""
+        return self._cache.enabled
+
+    @property
+    def cache_size(self) -> int:
+        """How many trajectories the cache keeps (0 for "all" without ``auto_save``)."""
+        return self._cache.capacity or 0
 
     # -- RLinf API ----------------------------------------------------------------------
     def __len__(self) -> int:
@@ -151,105 +169,86 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
     def add_trajectories(self, trajectories: Iterable[Trajectory]) -> None:
         """Add trajectories in order; all are validated before any state changes.
 
-        The caller may reuse or mutate the tensors as soon as this returns.
-        """
-        self._check_open()
-        trajectories = list(trajectories)
-        # Adders queue their writes in id order; the writer may need ``_lock`` to commit,
-        # so a full queue must never block while ``_lock`` is held.
-        with self._add_lock:
-            with self._lock:
-                self._writer.check()
-                specs = self._validate_all(trajectories)
-                if self._store is not None and specs:
-                    self._claim_store()
-                tasks = [self._add_one(t, s) for t, s in zip(trajectories, specs, strict=True)]
-            for task in tasks:
-                if task is not None:
-                    self._writer.submit(task)
+        The caller may reuse or mutate the tensors as soon as this returns.  With
+        ``auto_save``, each trajectory is queued for a background write that is retried
+        until it commits.
 
-    def _validate_all(self, trajectories: list[Trajectory]) -> list[TrajectorySpec]:
-        schema = self._schema
-        specs: list[TrajectorySpec] = []
-        for position, given in enumerate(trajectories):
-            try:
-                # RLinf's own Trajectory (or any object with its fields) is read by field name.
-                trajectory = trajectories[position] = as_trajectory(given)
-                spec = validate(trajectory, schema)
-                if self._store is not None:
-                    # pt/pkl put model_weights_id in a file name: refuse it now, not in the writer.
-                    self._store.trajectory_path(
-                        {"trajectory_id": 0, "model_weights_id": trajectory.model_weights_id}
+        Parameters
+        ----------
+        trajectories
+            :class:`~rbzarr.trajectory.Trajectory` objects (or any with the same fields).
+
+        Raises
+        ------
+        InvalidTrajectoryError
+            A trajectory is malformed or disagrees with the buffer's schema.
+        WriterFailedError
+            Storage is failing and the write queue is full: none of these trajectories was
+            added (nothing changed); they are accepted again once queued writes commit.
+        BufferClosedError
+            The buffer is closed.
+        """
+        trajectories = list(trajectories)
+        with self._add_lock:
+            self._check_open()
+            accepted = self._validate_all(trajectories)
+            if not accepted:
+                return
+            if self._store is not None:
+                self._store.wait_for_room(len(accepted))
+            with self._lock:
+                if self._schema is None:
+                    self._schema = accepted[0].spec.schema
+                    self._set_store_metadata()
+                items = [(self._index_entry(t), t) for t in accepted]
+                for entry, trajectory in items:
+                    self._cache.put(
+                        entry["trajectory_id"],
+                        trajectory.flat,
+                        trajectory.residue,
+                        trajectory.spec.B,
                     )
+                if self._store is not None:
+                    self._store.submit(items)
+
+    def _index_entry(self, trajectory: ValidatedTrajectory) -> dict[str, Any]:
+        raw = trajectory.trajectory
+        return self._index.new_entry(
+            trajectory.spec.shape, raw.max_episode_length, raw.model_weights_id
+        )
+
+    def _validate_all(self, trajectories: list[Trajectory]) -> list[ValidatedTrajectory]:
+        """Every check of every trajectory, before anything changes (called under
+        ``_add_lock``, which every writer of the schema holds)."""
+        schema = self._schema
+        accepted: list[ValidatedTrajectory] = []
+        for position, trajectory in enumerate(trajectories):
+            try:
+                validated = ValidatedTrajectory.check(
+                    trajectory, schema, copy=self._store is not None
+                )
+                self._cache.check(validated.flat)
+                if self._store is not None:
+                    self._store.check(validated)
             except ValueError as exc:
                 raise type(exc)(f"trajectory {position} of this call: {exc}") from exc
-            schema = spec.schema
-            specs.append(spec)
-        return specs
+            schema = validated.spec.schema if schema is None else schema
+            accepted.append(validated)
+        return accepted
 
-    def _claim_store(self) -> None:
-        """Refuse a store holding committed data this buffer has not loaded; else claim it.
-
-        A claimed store is committed empty at once, so a crash during the first write
-        leaves a store that can be loaded or written again, not one that is refused.
-        """
-        store = self._store
-        assert store is not None
-        if self._store_claimed:
-            return
-        if store.holds_data():
-            raise StoreExistsError(
-                f"{store.location.url} already holds a store that this buffer has not "
-                "loaded; call load_checkpoint() on it first to append, or choose a new path"
-            )
-        self._store_claimed = True
-        store.write_documents(
-            self._persisted.to_documents(self.trajectory_format, self._metadata_extra())
-        )
-
-    def _add_one(self, trajectory: Trajectory, spec: TrajectorySpec) -> Callable[[], None] | None:
-        """Update index and cache; return the write task to queue, if persisting."""
-        self._schema = spec.schema
-        entry = self._index.new_entry(
-            spec.shape, trajectory.max_episode_length, trajectory.model_weights_id
-        )
-        flat, residue = split_trajectory(trajectory, spec)
-        if self._cache_enabled:
-            self._cache.put(entry["trajectory_id"], flat, residue, spec.B)
+    def _set_store_metadata(self) -> None:
         if self._store is not None:
-            owned = _clone(trajectory)
-            self._pending[entry["trajectory_id"]] = owned
-            return lambda: self._persist(entry, owned)
-        return None
-
-    def _persist(self, entry: dict[str, Any], trajectory: Trajectory) -> None:
-        """Writer thread: data first, then the documents that list it (commit last)."""
-        assert self._store is not None
-        self._store.write(entry, trajectory)
-        trajectory_id = entry["trajectory_id"]
-        persisted = self._persisted
-        if trajectory_id not in persisted.entries:
-            persisted.entries[trajectory_id] = dict(entry)
-            persisted.id_list.append(trajectory_id)
-        persisted.trajectory_counter = max(persisted.trajectory_counter, trajectory_id + 1)
-        with self._lock:
-            extra = self._metadata_extra()
-            # The data is complete and readable from the store from here on.
-            self._pending.pop(trajectory_id, None)
-        # With more writes queued behind this one, the last of them commits for all: one
-        # index rewrite per burst instead of one per trajectory.
-        if self._writer.pending <= 1:
-            self._store.write_documents(persisted.to_documents(self.trajectory_format, extra))
+            self._store.set_metadata(seed=self.seed, schema=checkpoint.schema_to_json(self._schema))
 
     def sample(
         self, num_chunks: int, *, generator: torch.Generator | None = None
     ) -> dict[str, Any]:
-        """Sample ``num_chunks`` rows uniformly from the window; see ``docs/behaviour.md``.
+        """Sample ``num_chunks`` rows uniformly from the window.
 
         Parameters
         ----------
         num_chunks
-            Rows to draw (clamped to the window's total).
+            Rows to draw (clamped to the window's sample count).
         generator
             A CPU ``torch.Generator`` to draw with for this call instead of the buffer's
             own, whose stream is then left untouched (one stream per DataLoader worker or
@@ -259,13 +258,20 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         -------
         dict
             A nested dict of fresh CPU tensors shaped ``[n, ...]``.
+
+        Raises
+        ------
+        ValueError
+            ``num_chunks`` is not positive.
+        EmptyBufferError
+            The buffer holds no trajectory (a ``RuntimeError``).
         """
         if num_chunks <= 0:
             raise ValueError(f"num_chunks must be positive, got {num_chunks}")
         with self._lock:
             window = self._index.window(self.sample_window_size)
             if not window:
-                raise RuntimeError("cannot sample from an empty buffer: add trajectories first")
+                raise EmptyBufferError("cannot sample from an empty buffer: add trajectories first")
             positions, rows = self._sampler.draw(
                 num_chunks, self._index.sample_counts(window), generator
             )
@@ -276,21 +282,50 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             cached = self._cache.gather(slots[hit], rows[hit]) if bool(hit.any()) else {}
             ids = torch.tensor(window, dtype=torch.int64)[positions]
             assert self._schema is not None
+            pending = {} if self._store is None else self._store.pending_flats(ids.tolist())
             plan = row_reads.plan_misses(
-                ids, rows, hit, cached, self._schema, self._index.entries, self._pending
+                ids, rows, hit, cached, self._schema, self._index.entries, pending
             )
-        return tree.unflatten(row_reads.read_batch(plan, self._store))
+        layout = None if self._store is None else self._store.layout
+        return tree.unflatten(row_reads.read_batch(plan, layout))
 
-    def flush(self) -> None:
-        """Wait until every queued write is committed; retries a failed write."""
-        self._writer.flush()
+    def flush(self, timeout: float = DEFAULT_TIMEOUT) -> None:
+        """Wait until every queued write is committed.
 
-    def close(self, wait: bool = True) -> None:
-        """Flush and stop the writer; idempotent.  Later adds raise ``BufferClosedError``."""
-        if self._closed:
-            return
-        self._closed = True
-        self._writer.close()
+        Parameters
+        ----------
+        timeout
+            Seconds to wait at most.
+
+        Raises
+        ------
+        WriterFailedError
+            Writes are still uncommitted after ``timeout`` (the message says how many and
+            the last storage error); they stay queued and retried.
+        """
+        if self._store is not None:
+            self._store.flush(timeout)
+
+    def close(self, wait: bool = True, timeout: float = DEFAULT_TIMEOUT) -> None:
+        """Refuse further adds, wait for the queued writes, and stop the writer.
+
+        Parameters
+        ----------
+        wait
+            Wait for the queued writes (``False``: they finish in the background).
+        timeout
+            Seconds to wait at most.
+
+        Raises
+        ------
+        WriterFailedError
+            Writes are still uncommitted after ``timeout``: they stay queued and retried,
+            and every later ``close()`` or ``flush()`` waits again and reports the same.
+        """
+        with self._add_lock:
+            self._closed = True
+        if self._store is not None:
+            self._store.close(timeout, wait)
 
     def __enter__(self) -> TrajectoryReplayBuffer:
         return self
@@ -299,24 +334,22 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         self.close()
 
     def clear(self) -> None:
-        """Empty the index, the cache and the counters.
+        """Empty the index and the cache, and reset the counters.
 
-        With ``auto_save`` the store is emptied too (after pending writes finish), so it
-        keeps mirroring the buffer.
+        The auto-save store is left as it is: every trajectory written or queued stays
+        there, and the id counter continues after the store's ids, so no later add
+        overwrites one.  Without ``auto_save`` the counter restarts at 0.
         """
-        self._writer.flush()
-        with self._lock:
-            self._index = TrajectoryIndex()
+        with self._add_lock, self._lock:
+            self._index = TrajectoryIndex(trajectory_counter=self._first_free_id())
             self._cache.clear()
-            self._schema = None
-            self._pending.clear()
-            if self._store is not None and self._store_claimed:
-                self._store.location.delete()
-                self._persisted = TrajectoryIndex()
+            if self._store is None:
+                self._schema = None
 
     def get_stats(self) -> dict[str, Any]:
         """Counters for logging."""
         with self._lock:
+            error = None if self._store is None else self._store.last_error
             return {
                 "num_trajectories": len(self._index),
                 "total_samples": self._index.total_samples,
@@ -325,7 +358,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 "cache_bytes": self._cache.nbytes,
                 "sample_window_size": self.sample_window_size,
                 "trajectory_counter": self._index.trajectory_counter,
-                "pending_writes": self._writer.pending,
+                "pending_writes": 0 if self._store is None else self._store.pending,
+                "write_error": None if error is None else str(error),
             }
 
     # -- read-only views (rbzarr.compat builds RLinf's names on these) -------------------
@@ -349,7 +383,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
     @property
     def store_url(self) -> str | None:
         """The auto-save store's path or URL; ``None`` without ``auto_save``."""
-        return None if self._store is None else self._store.location.url
+        return None if self._store is None else self._store.url
 
     def trajectory(self, trajectory_id: int) -> Trajectory:
         """The raw ``[T, B, ...]`` trajectory ``trajectory_id`` (copies), from memory or storage.
@@ -364,12 +398,12 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 raise KeyError(f"trajectory {trajectory_id} is not in the buffer")
             if trajectory_id in self._cache:
                 return self._cache.trajectory(trajectory_id)
-            pending = self._pending.get(trajectory_id)
-            if pending is not None:
-                return _clone(pending)
             entry = dict(self._index.entries[trajectory_id])
-        assert self._store is not None  # not cached, not pending: committed to the store
-        return self._store.read(entry)
+        assert self._store is not None  # not cached: pending or committed to the store
+        pending = self._store.pending_trajectory(trajectory_id)
+        if pending is not None:
+            return clone_trajectory(pending.trajectory)
+        return self._store.layout.read(entry)
 
     def release_cache(self) -> None:
         """Free the cached trajectories; with ``auto_save`` they are read from storage.
@@ -385,8 +419,50 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
 
     # -- checkpoints --------------------------------------------------------------------
     def save_checkpoint(self, save_path: str | os.PathLike[str]) -> None:
-        """Save the cached trajectories (or, with ``auto_save``, the current window)."""
-        checkpoint.save(self, save_path)
+        """Save the cached trajectories (or, with ``auto_save``, the current window).
+
+        Parameters
+        ----------
+        save_path
+            A new folder or URL; the buffer itself is not changed.
+
+        Raises
+        ------
+        CheckpointConflictError
+            ``save_path`` is the ``auto_save_path``.
+        StoreExistsError
+            ``save_path`` holds a store already.
+        """
+        target = self._layout(
+            Location.from_url(save_path, self.storage_options), self.trajectory_format
+        )
+        checkpoint.check_target(target, None if self._store is None else self._store.url)
+        # Hold the lock throughout: the saved set is the one at save time, and no concurrent
+        # add may evict a cached trajectory half-way through.
+        with self._lock:
+            if self._store is not None:
+                ids = self._index.window(self.sample_window_size)
+            else:
+                ids = self._cache.ids()
+            metadata = {
+                "seed": self.seed,
+                "schema": checkpoint.schema_to_json(self._schema),
+                "sampler": self._sampler.state_dict(),
+            }
+            checkpoint.save(target, self._index.subset(ids), metadata, self._copy_trajectory)
+
+    def _copy_trajectory(self, target: TrajectoryLayout, entry: Entry) -> None:
+        trajectory_id = int(entry["trajectory_id"])
+        if self._store is None:
+            target.write(entry, self._cache.trajectory(trajectory_id))
+            return
+        # A trajectory still being written may be half-written in the store: save its
+        # in-memory copy.  It leaves the pending set only once its data is complete.
+        pending = self._store.pending_trajectory(trajectory_id)
+        if pending is not None:
+            target.write(entry, pending.trajectory)
+        else:
+            self._store.layout.copy_to(target, entry)
 
     def load_checkpoint(
         self,
@@ -394,11 +470,73 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         is_distributed: bool = False,
         local_rank: int = 0,
         world_size: int = 1,
+        *,
+        strict: bool = False,
     ) -> None:
-        """Replace the buffer's state by a checkpoint's, or by this rank's share of it."""
-        checkpoint.load(self, load_path, is_distributed, local_rank, world_size)
+        """Replace the buffer's state by a checkpoint's, or by this rank's share of it.
 
+        With ``auto_save``, the store keeps everything it held and gains the loaded
+        trajectories it lacks; new ids continue after every id in the store.
 
-def _clone(trajectory: Trajectory) -> Trajectory:
-    fields = {k: v.detach().clone() for k, v in trajectory.tensors().items()}
-    return trajectory_from_raw(fields, trajectory.max_episode_length, trajectory.model_weights_id)
+        Parameters
+        ----------
+        load_path
+            The checkpoint's folder or URL (its stored format is adopted).
+        is_distributed, local_rank, world_size
+            Load only this rank's share of the id list.
+        strict
+            Refuse an RLinf checkpoint that lists ids without data, instead of skipping them
+            with a warning.
+
+        Raises
+        ------
+        CheckpointNotFoundError
+            A document or listed data is missing.
+        CheckpointConflictError
+            A rank's share cannot continue in the shared auto-save store.
+        StoreExistsError
+            The auto-save store holds other trajectories under the checkpoint's ids.
+        """
+        location = Location.from_url(load_path, self.storage_options)
+        share_of = (local_rank, world_size) if is_distributed else None
+        loaded = checkpoint.load(
+            location,
+            self._layout,
+            share_of=share_of,
+            warm_capacity=self._cache.capacity,
+            strict=strict,
+        )
+        with self._add_lock:
+            self._check_open()
+            if self._store is not None:
+                self._store.flush()
+                self._adopt_into_store(loaded)
+            with self._lock:
+                self._adopt(loaded)
+
+    def _adopt_into_store(self, loaded: checkpoint.LoadedCheckpoint) -> None:
+        """Make the auto-save store hold the loaded trajectories, so it stays self-contained."""
+        assert self._store is not None
+        in_place = loaded.source.location.url == self._store.url
+        if in_place and loaded.share.id_list != loaded.full.id_list:
+            raise CheckpointConflictError(
+                f"{self._store.url}: a rank's share cannot continue in place in the shared "
+                "auto_save store: ranks appending to one store would write the same new ids; "
+                "give each rank its own auto_save_path"
+            )
+        self._store.import_trajectories(loaded.source, loaded.share)
+
+    def _adopt(self, loaded: checkpoint.LoadedCheckpoint) -> None:
+        self._index.load_state_dict(loaded.share.state_dict())
+        self._index.trajectory_counter = max(self._index.trajectory_counter, self._first_free_id())
+        self._schema = loaded.schema
+        self._cache.load_state_dict(
+            {
+                "capacity": self._cache.capacity,
+                "trajectories": [(i, t.flat, t.residue, t.spec.B) for i, t in loaded.warm],
+            }
+        )
+        self._sampler.load_state_dict({"seed": self.seed, **loaded.sampler})
+        if self._store is None:
+            self.trajectory_format = loaded.trajectory_format
+        self._set_store_metadata()

@@ -9,6 +9,7 @@ and in rows when a longer trajectory arrives).
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 import torch
 
@@ -19,14 +20,14 @@ __all__ = ["TrajectoryCache"]
 
 
 class TrajectoryCache:
-    """FIFO cache of flat trajectories; ``capacity=None`` keeps every trajectory.
+    """FIFO cache of flat trajectories; ``capacity=None`` keeps every trajectory, 0 none.
 
     Not thread-safe on its own: the buffer serialises access.
     """
 
     def __init__(self, capacity: int | None) -> None:
-        if capacity is not None and capacity <= 0:
-            raise ValueError(f"cache capacity must be positive or None, got {capacity}")
+        if capacity is not None and capacity < 0:
+            raise ValueError(f"cache capacity must be >= 0 or None, got {capacity}")
         self.capacity = capacity
         self._slot_of: OrderedDict[int, int] = OrderedDict()  # id -> slot, insertion order
         self._rows: dict[int, int] = {}
@@ -50,11 +51,19 @@ class TrajectoryCache:
         """Bytes allocated for slots."""
         return sum(t.numel() * t.element_size() for t in self._storage.values())
 
+    @property
+    def enabled(self) -> bool:
+        """Whether the cache keeps anything (its capacity is not 0)."""
+        return self.capacity != 0
+
     def check(self, flat: dict[str, torch.Tensor]) -> None:
-        """Raise :class:`InvalidTrajectoryError` if ``flat`` does not fit the slots' schema."""
+        """Raise :class:`InvalidTrajectoryError` if ``flat`` does not fit the slots' schema.
+
+        Keys are matched by name, whatever their order.
+        """
         if not self._storage:
             return
-        if list(flat) != list(self._storage):
+        if set(flat) != set(self._storage):
             raise InvalidTrajectoryError(
                 f"cache schema mismatch: expected keys {list(self._storage)}, got {list(flat)}"
             )
@@ -69,7 +78,12 @@ class TrajectoryCache:
     def put(
         self, trajectory_id: int, flat: dict[str, torch.Tensor], residue: Residue, width: int
     ) -> list[int]:
-        """Copy a flat trajectory into a slot; return the ids evicted to make room."""
+        """Copy a flat trajectory into a slot; return the ids evicted to make room.
+
+        A disabled cache (capacity 0) keeps nothing.
+        """
+        if not self.enabled:
+            return []
         self.check(flat)
         rows = int(next(iter(flat.values())).shape[0])
         evicted: list[int] = []
@@ -77,8 +91,8 @@ class TrajectoryCache:
             while len(self._slot_of) >= self.capacity:
                 evicted.append(self._evict_oldest())
         slot = self._claim_slot(flat, rows)
-        for key, tensor in flat.items():
-            self._storage[key][slot, :rows].copy_(tensor)
+        for key, slots in self._storage.items():
+            slots[slot, :rows].copy_(flat[key])
         self._slot_of[trajectory_id] = slot
         self._rows[trajectory_id] = rows
         self._residues[trajectory_id] = _copy_residue(residue)
@@ -138,6 +152,25 @@ class TrajectoryCache:
         slot, rows = self._slot_of[trajectory_id], self._rows[trajectory_id]
         flat = {key: slots[slot, :rows].clone() for key, slots in self._storage.items()}
         return join_trajectory(flat, self._residues[trajectory_id], self._width[trajectory_id])
+
+    def state_dict(self) -> dict[str, Any]:
+        """The cached trajectories, oldest first: ``{"capacity", "trajectories"}``.
+
+        Each trajectory is ``(id, flat rows, residue, B)``; the tensors are copies.
+        """
+        trajectories = []
+        for trajectory_id, slot in self._slot_of.items():
+            rows = self._rows[trajectory_id]
+            flat = {key: slots[slot, :rows].clone() for key, slots in self._storage.items()}
+            residue = _copy_residue(self._residues[trajectory_id])
+            trajectories.append((trajectory_id, flat, residue, self._width[trajectory_id]))
+        return {"capacity": self.capacity, "trajectories": trajectories}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace the content by :meth:`state_dict`'s (the capacity stays this cache's)."""
+        self.clear()
+        for trajectory_id, flat, residue, width in state["trajectories"]:
+            self.put(trajectory_id, flat, residue, width)
 
     def clear(self) -> None:
         """Drop every trajectory and free the slots."""

@@ -1,28 +1,47 @@
-"""Checkpoints: what ``save_checkpoint`` writes and how ``load_checkpoint`` restores it.
+"""Checkpoints: what ``save_checkpoint`` writes and what ``load_checkpoint`` reads back.
 
-Saving follows the seed document: without ``auto_save`` the cached trajectories are saved;
-with it, the current window is copied out of the auto-save store.  Loading reads the two
-documents, takes this rank's share, reads everything it needs *before* touching the buffer
-(so a failed load leaves it as it was), then swaps the state in.
+A checkpoint is the state of the index, the sampler and the schema (in ``metadata.json`` and
+``trajectory_index.json``) plus the trajectories' data.  :func:`save` writes one from states
+the buffer hands it; :func:`load` reads one completely, this rank's share only, *before*
+anything changes, and returns a :class:`LoadedCheckpoint` that the buffer adopts.
+
+RLinf lists every id it ever added but saves only its window: in a store written by RLinf
+(no rbzarr format marker) listed ids without data are skipped with one warning, unless
+``strict``; in a store written by rbzarr, missing data is always an error.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from rbzarr.errors import CheckpointNotFoundError, InvalidTrajectoryError, StoreExistsError
+from rbzarr.errors import (
+    CheckpointConflictError,
+    CheckpointNotFoundError,
+    InvalidTrajectoryError,
+    StoreExistsError,
+)
 from rbzarr.index import TrajectoryIndex
-from rbzarr.storage.layout import TrajectoryLayout, check_entry_shape
+from rbzarr.storage.layout import Entry, TrajectoryLayout, check_entry_shape, read_documents
 from rbzarr.storage.location import Location
-from rbzarr.storage.registry import open_store
-from rbzarr.trajectory import Schema, Trajectory, TrajectorySpec, split_trajectory, validate
+from rbzarr.storage.registry import stored_format
+from rbzarr.trajectory import Schema
+from rbzarr.validated import ValidatedTrajectory
 
-if TYPE_CHECKING:
-    from rbzarr.buffer import TrajectoryReplayBuffer
+__all__ = [
+    "LoadedCheckpoint",
+    "check_target",
+    "is_rbzarr_store",
+    "load",
+    "save",
+    "schema_from_json",
+    "schema_to_json",
+]
 
-__all__ = ["load", "save", "schema_from_json", "schema_to_json"]
+# A layout for a location and a format name (the buffer's options applied where they fit).
+LayoutFactory = Callable[[Location, str], TrajectoryLayout]
 
 
 def schema_to_json(schema: Schema | None) -> dict[str, Any] | None:
@@ -42,152 +61,158 @@ def schema_from_json(document: Any) -> Schema | None:
     }
 
 
-def save(buffer: TrajectoryReplayBuffer, save_path: str | os.PathLike[str]) -> None:
-    """Write ``buffer``'s checkpoint to ``save_path``; the buffer itself is not changed."""
-    destination = Location.from_url(save_path, buffer.storage_options)
-    store = buffer._store
-    if store is not None and destination.url == store.location.url:
-        raise ValueError(
-            f"save_path {destination.url!r} is the auto_save_path: a checkpoint there would "
-            "drop older trajectories from the store's index; choose another path"
+def is_rbzarr_store(metadata: Mapping[str, Any]) -> bool:
+    """Whether ``metadata.json`` was written by rbzarr (it carries the format marker)."""
+    return "rbzarr_format_version" in metadata
+
+
+# -- saving -----------------------------------------------------------------------------------
+def check_target(target: TrajectoryLayout, auto_save_url: str | None) -> None:
+    """Refuse a save path that is the auto-save store or holds a store already.
+
+    Raises
+    ------
+    CheckpointConflictError
+        ``target`` is the auto-save store (a checkpoint there would drop older trajectories
+        from its index).
+    StoreExistsError
+        ``target`` holds a store: a checkpoint never overwrites data.
+    """
+    url = target.location.url
+    if url == auto_save_url:
+        raise CheckpointConflictError(
+            f"save_path {url!r} is the auto_save_path: a checkpoint there would drop older "
+            "trajectories from the store's index; choose another path"
         )
-    target = buffer._open_layout(destination.url)
     if target.holds_data():
         raise StoreExistsError(
-            f"{destination.url} already holds a store; a checkpoint never overwrites data: "
-            "choose a new save_path or delete the old checkpoint first"
+            f"{url} already holds a store; a checkpoint never overwrites data: choose a new "
+            "save_path or delete the old checkpoint first"
         )
-    buffer._writer.flush()
-    # Hold the lock throughout: the saved set is the one at save time, and no concurrent
-    # add may evict a cached trajectory half-way through.
-    with buffer._lock:
-        if store is not None:
-            ids = buffer._index.window(buffer.sample_window_size)
-        else:
-            ids = buffer._cache.ids()
-        index = buffer._index.subset(ids)
-        for trajectory_id in ids:  # unsafe file names fail here, before anything is written
-            target.trajectory_path(index.entries[trajectory_id])
-        extra = {**buffer._metadata_extra(), "sampler": buffer._sampler.state_dict()}
-        for trajectory_id in ids:
-            entry = index.entries[trajectory_id]
-            # An id still pending (added after the flush) may be half-written in the store:
-            # save its in-memory copy.  Ids leave ``_pending`` under the lock, once complete.
-            pending = buffer._pending.get(trajectory_id)
-            if pending is not None:
-                target.write(entry, pending)
-            elif store is not None:
-                store.copy_to(target, entry)
-            else:
-                target.write(entry, buffer._cache.trajectory(trajectory_id))
-        target.write_documents(index.to_documents(buffer.trajectory_format, extra))
+
+
+def save(
+    target: TrajectoryLayout,
+    index: TrajectoryIndex,
+    metadata: Mapping[str, Any],
+    copy_trajectory: Callable[[TrajectoryLayout, Entry], None],
+) -> None:
+    """Write ``index``'s trajectories (through ``copy_trajectory``), then its documents.
+
+    Unsafe file names fail before anything is written.
+    """
+    for trajectory_id in index.id_list:
+        target.trajectory_path(index.entries[trajectory_id])
+    for trajectory_id in index.id_list:
+        copy_trajectory(target, index.entries[trajectory_id])
+    target.write_documents(index.to_documents(target.format, metadata))
+
+
+# -- loading ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """Everything a buffer needs to adopt a checkpoint, read before anything changes.
+
+    ``full`` is the checkpoint's whole index, ``share`` this rank's part of it (the whole
+    index for a full load) with the trajectories that have data; ``warm`` holds the last
+    trajectories of ``share`` (as many as the cache keeps), validated; ``sampler`` the
+    sampler state to restore.
+    """
+
+    source: TrajectoryLayout
+    full: TrajectoryIndex
+    share: TrajectoryIndex
+    schema: Schema | None
+    sampler: dict[str, Any]
+    warm: list[tuple[int, ValidatedTrajectory]]
+
+    @property
+    def trajectory_format(self) -> str:
+        """The format stored at the checkpoint's path."""
+        return self.source.format
 
 
 def load(
-    buffer: TrajectoryReplayBuffer,
-    load_path: str | os.PathLike[str],
-    is_distributed: bool,
-    local_rank: int,
-    world_size: int,
-) -> None:
-    """Replace ``buffer``'s state by the checkpoint at ``load_path`` (or this rank's share)."""
-    location = Location.from_url(load_path, buffer.storage_options)
-    source, documents = open_store(
-        location, layout_options={buffer.trajectory_format: buffer.layout_options}
-    )
+    location: Location,
+    open_layout: LayoutFactory,
+    *,
+    share_of: tuple[int, int] | None = None,
+    warm_capacity: int | None = None,
+    strict: bool = False,
+) -> LoadedCheckpoint:
+    """Read the checkpoint at ``location`` (or this rank's share of it).
+
+    Parameters
+    ----------
+    location
+        The checkpoint's root.
+    open_layout
+        Builds the layout of the format the checkpoint's metadata names.
+    share_of
+        ``(local_rank, world_size)`` for a distributed load, ``None`` for a full one.
+    warm_capacity
+        How many of the share's last trajectories to read for the cache (``None``: all).
+    strict
+        Raise instead of skipping ids an RLinf checkpoint lists without data.
+
+    Returns
+    -------
+    LoadedCheckpoint
+
+    Raises
+    ------
+    CheckpointNotFoundError
+        A document is missing, or listed data is missing (always in rbzarr's stores).
+    CorruptStoreError, InvalidTrajectoryError
+        The documents or the data are malformed or disagree.
+    """
+    documents = read_documents(location)
     full = TrajectoryIndex.from_documents(documents, location.url)
-    share = full.shard(local_rank, world_size) if is_distributed else full
+    share = full if share_of is None else full.shard(*share_of)
+    source = open_layout(location, stored_format(documents))
     missing = [i for i in share.id_list if not source.contains(share.entries[i])]
     if missing:
-        raise CheckpointNotFoundError(
-            f"{location.url}: the index lists trajectories {missing} but their data is missing"
+        if strict or is_rbzarr_store(documents.metadata):
+            raise CheckpointNotFoundError(
+                f"{location.url}: the index lists trajectories {missing} but their data is missing"
+            )
+        warnings.warn(
+            f"{location.url}: skipped trajectories {missing}: the index lists them but their "
+            "data was never saved (RLinf saves only its window); pass strict=True to refuse",
+            UserWarning,
+            stacklevel=3,
         )
-    warm = _warm_ids(buffer, share)
-    loaded = [(i, source.read(share.entries[i])) for i in warm]
+        share = share.subset(i for i in share.id_list if i not in set(missing))
     schema = schema_from_json(documents.metadata.get("schema"))
-    specs = _validate_all(loaded, schema, location.url, share.entries)
-    if schema is None and specs:
-        schema = specs[-1].schema
+    warm_ids = share.id_list if warm_capacity is None else share.id_list[-warm_capacity:]
+    if warm_capacity == 0:
+        warm_ids = []
+    warm = _read_validated(source, share, warm_ids, schema)
+    if schema is None and warm:
+        schema = warm[-1][1].spec.schema
     elif schema is None and share.id_list:
         # An RLinf checkpoint records no schema and nothing was warmed: learn it from data.
-        last = share.id_list[-1]
-        pair = [(last, source.read(share.entries[last]))]
-        (spec,) = _validate_all(pair, None, location.url, share.entries)
-        schema = spec.schema
-    buffer._writer.flush()
-    with buffer._lock:
-        # Adopt first: if the store refuses, the buffer has not been touched.
-        if buffer._store is not None:
-            _adopt_into_store(buffer, source, full, share, schema)
-        buffer._schema = schema
-        buffer._index = share
-        buffer._pending.clear()
-        buffer._cache.clear()
-        for (trajectory_id, trajectory), spec in zip(loaded, specs, strict=True):
-            flat, residue = split_trajectory(trajectory, spec)
-            buffer._cache.put(trajectory_id, flat, residue, spec.B)
-        sampler_state = documents.metadata.get("sampler")
-        seed = documents.metadata.get("seed", buffer.seed)
-        buffer.seed = seed
-        if is_distributed or not isinstance(sampler_state, dict):
-            sampler_state = {"seed": seed}
-        buffer._sampler.load_state_dict(sampler_state)
+        ((_, last),) = _read_validated(source, share, share.id_list[-1:], None)
+        schema = last.spec.schema
+    sampler = documents.metadata.get("sampler")
+    if share_of is not None or not isinstance(sampler, dict):
+        # Only the seed (if recorded): a rank restarts the stream from it.
+        sampler = {k: v for k, v in documents.metadata.items() if k == "seed"}
+    return LoadedCheckpoint(source, full, share, schema, dict(sampler), warm)
 
 
-def _warm_ids(buffer: TrajectoryReplayBuffer, share: TrajectoryIndex) -> list[int]:
-    if not buffer._cache_enabled:
-        return []
-    capacity = buffer._cache.capacity
-    return share.id_list if capacity is None else share.id_list[-capacity:]
-
-
-def _validate_all(
-    loaded: list[tuple[int, Trajectory]],
-    schema: Schema | None,
-    where: str,
-    entries: Mapping[int, Mapping[str, Any]],
-) -> list[TrajectorySpec]:
-    specs = []
-    for trajectory_id, trajectory in loaded:
+def _read_validated(
+    source: TrajectoryLayout, index: TrajectoryIndex, ids: list[int], schema: Schema | None
+) -> list[tuple[int, ValidatedTrajectory]]:
+    loaded = []
+    where = source.location.url
+    for trajectory_id in ids:
+        entry = index.entries[trajectory_id]
         try:
-            spec = validate(trajectory, schema)
+            validated = ValidatedTrajectory.check(source.read(entry), schema)
         except InvalidTrajectoryError as exc:
             raise InvalidTrajectoryError(f"{where}: trajectory {trajectory_id}: {exc}") from exc
-        check_entry_shape(entries[trajectory_id], list(spec.shape), where)
-        schema = spec.schema
-        specs.append(spec)
-    return specs
-
-
-def _adopt_into_store(
-    buffer: TrajectoryReplayBuffer,
-    source: TrajectoryLayout,
-    full: TrajectoryIndex,
-    share: TrajectoryIndex,
-    schema: Schema | None,
-) -> None:
-    """Make the auto-save store hold the loaded trajectories, so it stays self-contained."""
-    store = buffer._store
-    assert store is not None
-    if source.location.url == store.location.url and type(source) is type(store):
-        if share.id_list != full.id_list:
-            raise ValueError(
-                f"{store.location.url}: a rank's share cannot continue in place in the shared "
-                f"auto_save store: its new ids (from {share.trajectory_counter}) would "
-                "overwrite other ranks' trajectories; give each rank its own auto_save_path"
-            )
-        buffer._persisted = full.subset(full.id_list)
-        buffer._store_claimed = True
-        return
-    if buffer._persisted.id_list:
-        raise StoreExistsError(
-            f"{store.location.url} holds {len(buffer._persisted.id_list)} trajectories of this "
-            "buffer; loading a checkpoint here would orphan them: call clear() first or load "
-            "into a buffer with a fresh auto_save_path"
-        )
-    buffer._claim_store()
-    for trajectory_id in share.id_list:
-        source.copy_to(store, share.entries[trajectory_id])
-    buffer._persisted = share.subset(share.id_list)
-    extra = {**buffer._metadata_extra(), "schema": schema_to_json(schema)}
-    store.write_documents(buffer._persisted.to_documents(buffer.trajectory_format, extra))
+        check_entry_shape(entry, list(validated.spec.shape), where)
+        schema = validated.spec.schema
+        loaded.append((trajectory_id, validated))
+    return loaded

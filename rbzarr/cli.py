@@ -60,7 +60,8 @@ def info(ctx: click.Context, url: str, as_json: bool) -> None:
         _print_json(report)
         return
     ratio = report["compression_ratio"]
-    click.echo(f"{report['url']}  format={report['format']}")
+    layout = "" if report["layout_version"] is None else f"  layout={report['layout_version']}"
+    click.echo(f"{report['url']}  format={report['format']}{layout}")
     click.echo(
         f"trajectories={report['trajectories']}  samples={report['total_samples']}  "
         f"next id={report['trajectory_counter']}  seed={report['seed']}"

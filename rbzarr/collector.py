@@ -3,21 +3,29 @@
 A rollout worker steps ``B`` vectorised environments; each step yields one *chunk*
 ``[act_t, r_t, dones_t, ...]`` together with the transition ``[obs_t, obs_t+1]``.
 :class:`TrajectoryCollector` accumulates those steps over time and stacks them into
-``[T, B, ...]`` tensors::
+``[T, B, ...]`` tensors.  With a gymnasium vector env in its default (next-step) autoreset
+mode::
 
-    collector = TrajectoryCollector(num_envs=B)
-    collector.reset(obs)                       # one call per rollout epoch
-    for t in range(T):
-        collector.add_step(actions, rewards, next_obs, terminations, truncations,
-                           final_obs=final_obs)
-    trajectory = collector.build()             # and the collector is empty again
+    collector = TrajectoryCollector.for_vector_env(envs)
+    collector.reset(obs)                       # once, after envs.reset()
+    while training:
+        for t in range(T):
+            collector.add_step(actions, rewards, next_obs, terminations, truncations)
+        trajectory = collector.build()         # the collector carries on
 
-:func:`split` divides a trajectory along ``B`` into parts, one per consumer.
+In same-step mode (``TrajectoryCollector(num_envs=B)``), pass ``final_obs`` on each step,
+call ``reset(obs)`` once per rollout epoch, and ``build()`` empties the collector.
+
+**Which ``dones`` row is a sampled row's.**  ``dones``, ``terminations`` and
+``truncations`` hold one reset row in front of each epoch; a sampled (flat) row ``t``
+carries ``dones[t]`` of the *step* rows, i.e. raw row ``t + 1`` of a single-epoch
+trajectory: true when the transition ``curr_obs[t] -> next_obs[t]`` ended its episode.
+
+:func:`~rbzarr.collected.split` divides a trajectory along ``B`` into parts.
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,91 +33,19 @@ from typing import Any
 import torch
 
 from rbzarr import tree
-from rbzarr.dtypes import to_numpy
+from rbzarr.autoreset import NEXT_STEP, aligned_rows, autoreset_mode_name
+from rbzarr.collected import max_episode_length, model_weights_id, split
 from rbzarr.errors import InvalidTrajectoryError
 from rbzarr.fields import RESET_ROW_FIELDS
-from rbzarr.trajectory import Trajectory, raw_time_rows, trajectory_from_raw, validate
+from rbzarr.step_checks import Signature, StepChecks, signature_of
+from rbzarr.trajectory import Trajectory, trajectory_from_raw
 
 __all__ = ["TrajectoryCollector", "max_episode_length", "model_weights_id", "split"]
 
-# field name -> (torch dtype, shape after the B dimension)
-_Signature = dict[str, tuple[torch.dtype, tuple[int, ...]]]
 
-
-def model_weights_id(versions: torch.Tensor | None) -> str:
-    """The id of the weights that produced a trajectory, derived from its ``versions``.
-
-    ``uuid5(NAMESPACE_DNS, hex(bytes of versions))``; without versions, the bytes of
-    ``torch.zeros(1)`` (float32) are hashed, so every version-less trajectory shares one id.
-    """
-    source = torch.zeros(1) if versions is None else versions
-    return str(uuid.uuid5(uuid.NAMESPACE_DNS, to_numpy(source).tobytes().hex()))
-
-
-def max_episode_length(step_dones: torch.Tensor) -> int:
-    """The longest episode in ``step_dones`` (``[T, B, ...]``, reset rows already removed).
-
-    Episodes are counted in collector steps, per environment: an episode starts at
-    ``t = 0`` or right after a step where that environment is done (any entry of its
-    ``dones[t, b, ...]`` set), and ends at its next done step, inclusive, or at ``T``.
-    An episode still running at ``T`` counts with the steps observed so far.
-    """
-    steps, envs = int(step_dones.shape[0]), int(step_dones.shape[1])
-    ended = step_dones.reshape(steps, envs, -1).bool().any(dim=2).cpu()
-    running = torch.zeros(envs, dtype=torch.int64)
-    longest = torch.zeros(envs, dtype=torch.int64)
-    for t in range(steps):
-        running += 1
-        longest = torch.maximum(longest, running)
-        running = torch.where(ended[t], 0, running)
-    return int(longest.max()) if envs else 0
-
-
-def split(trajectory: Trajectory, num_parts: int) -> list[Trajectory]:
-    """Split ``trajectory`` along ``B`` (dim 1 of every tensor) into ``num_parts`` parts.
-
-    Part sizes differ by at most one environment; the first ``B % num_parts`` parts get the
-    extra one. Reset rows of ``dones``/``terminations``/``truncations`` are kept. Each part
-    keeps the parent's ``model_weights_id`` (the same weights produced it) and recomputes
-    ``max_episode_length`` over its own environments (the parent's value without
-    ``[T, B, ...]`` ``dones``).
-    Parts may share memory with ``trajectory``.
-    """
-    spec = validate(trajectory)
-    if not 0 < num_parts <= spec.B:
-        raise ValueError(f"num_parts must be in [1, B={spec.B}], got {num_parts}")
-    parts: list[dict[str, torch.Tensor]] = [{} for _ in range(num_parts)]
-    for path, value in trajectory.tensors().items():
-        pieces = (
-            torch.tensor_split(value, num_parts, dim=1)
-            if value.dim() >= 2
-            else (value,) * num_parts
-        )
-        for part, piece in zip(parts, pieces, strict=True):
-            part[path] = piece.contiguous()
-    result = []
-    for fields in parts:
-        dones = fields.get("dones")
-        longest = (
-            _longest(dones, spec.T)
-            if dones is not None and dones.dim() >= 2
-            else trajectory.max_episode_length
-        )
-        result.append(trajectory_from_raw(fields, longest, trajectory.model_weights_id))
-    return result
-
-
-def _longest(raw_dones: torch.Tensor, steps: int) -> int:
-    rows = raw_time_rows(torch.arange(steps), steps, int(raw_dones.shape[0]))
-    return max_episode_length(raw_dones.index_select(0, rows.to(raw_dones.device)))
-
-
-def _signature(flat: Mapping[str, torch.Tensor]) -> _Signature:
-    return {path: (value.dtype, tuple(value.shape[1:])) for path, value in flat.items()}
-
-
-def _describe(sig: tuple[torch.dtype, tuple[int, ...]], num_envs: int) -> str:
-    return f"dtype {sig[0]} shape {(num_envs, *sig[1])}"
+def _stacked(steps: list[dict[str, torch.Tensor]], paths: list[str]) -> dict[str, torch.Tensor]:
+    """``[S, B, ...]`` per path from ``S`` step rows."""
+    return {path: torch.stack([step[path] for step in steps]) for path in paths}
 
 
 @dataclass
@@ -118,6 +54,8 @@ class _Epoch:
 
     reset_row: dict[str, torch.Tensor | None]
     steps: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    # Per step, which environments made a transition (next-step mode skips reset steps).
+    valid: list[torch.Tensor] = field(default_factory=list)
 
 
 class TrajectoryCollector:
@@ -130,14 +68,28 @@ class TrajectoryCollector:
     device
         Where the collected rows are kept. Every input is copied there when accepted, so
         callers may reuse or mutate their tensors afterwards.
+    autoreset_mode
+        How the environments reset themselves (:mod:`rbzarr.autoreset`): ``"same_step"``
+        (default) or ``"next_step"`` (gymnasium 1.x's default), or a gymnasium
+        ``AutoresetMode``.  :meth:`for_vector_env` reads it from the env.
 
     Notes
     -----
     ``curr_obs[t]`` is the observation before step ``t`` and ``next_obs[t]`` the one after
-    it. An auto-resetting vector env returns the *reset* observation on a done step; pass the
-    true last observation as ``final_obs`` and ``next_obs[t]`` takes it for the done
-    environments, while the returned observation becomes ``curr_obs[t + 1]``. An environment
-    is done on a step when any entry of its ``terminations | truncations`` is set.
+    it. An environment is done on a step when any entry of its
+    ``terminations | truncations`` is set.
+
+    *Same-step mode*: an auto-resetting vector env returns the *reset* observation on a done
+    step; pass the true last observation as ``final_obs`` and ``next_obs[t]`` takes it for
+    the done environments, while the returned observation becomes ``curr_obs[t + 1]``.
+    (Without ``final_obs``, ``next_obs`` is stored as given.)
+
+    *Next-step mode*: the step after an environment's done is its reset step (its action
+    ignored, reward 0); it is not stored.  Each column ``b`` of a built trajectory holds
+    environment ``b``'s transitions in order, so columns do not share wall-clock steps; a
+    trajectory is as long as the column with the fewest transitions, and the others' extra
+    transitions begin the next one.  :meth:`reset` is called once (after ``envs.reset()``)
+    and :meth:`build` keeps collecting; :meth:`clear` drops everything.
 
     Each call to :meth:`reset` starts a rollout epoch (calling it again before any step
     replaces the pending reset). With ``E`` epochs of ``T / E`` steps, ``dones``,
@@ -146,19 +98,38 @@ class TrajectoryCollector:
     dtypes) raises :class:`~rbzarr.errors.InvalidTrajectoryError` and changes nothing.
     """
 
-    def __init__(self, num_envs: int, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, num_envs: int, device: torch.device | str = "cpu", autoreset_mode: Any = "same_step"
+    ) -> None:
         if num_envs <= 0:
             raise ValueError(f"num_envs must be > 0, got {num_envs}")
         self.num_envs = num_envs
         self.device = torch.device(device)
+        self.autoreset_mode = autoreset_mode_name(autoreset_mode)
+        self._checks = StepChecks(num_envs)
         self.clear()
+
+    @classmethod
+    def for_vector_env(cls, envs: Any, device: torch.device | str = "cpu") -> TrajectoryCollector:
+        """A collector for a gymnasium vector env: its ``num_envs`` and autoreset mode.
+
+        Raises
+        ------
+        ValueError
+            When the env's ``metadata["autoreset_mode"]`` is ``Disabled`` (the message names
+            the fix).
+        """
+        mode = envs.metadata.get("autoreset_mode", NEXT_STEP)
+        return cls(int(envs.num_envs), device, autoreset_mode=mode)
 
     def clear(self) -> None:
         """Forget every epoch, step and observation collected so far."""
         self._epochs: list[_Epoch] = []
         self._obs: dict[str, torch.Tensor] | None = None
-        self._obs_signature: _Signature | None = None
-        self._step_signature: _Signature | None = None
+        self._obs_signature: Signature | None = None
+        self._step_signature: Signature | None = None
+        # Next-step mode: which environments were done on their last step (reset next).
+        self._was_done = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
 
     @property
     def num_steps(self) -> int:
@@ -181,19 +152,26 @@ class TrajectoryCollector:
 
         ``dones``, ``terminations`` and ``truncations`` fill the epoch's reset row (e.g. the
         last step of the previous epoch); each absent one is zeros, except that ``dones``
-        defaults to ``terminations | truncations``.
+        defaults to ``terminations | truncations``.  In next-step mode, ``reset`` starts
+        the collection and may not be called while steps are pending (:meth:`clear` first).
         """
-        flat = self._observation("obs", obs)
-        signature = _signature(flat)
+        if self.autoreset_mode == NEXT_STEP and self.num_steps:
+            raise InvalidTrajectoryError(
+                f"reset() with {self.num_steps} steps pending: in next-step autoreset mode "
+                "the collector carries on across build() calls; call clear() to drop them "
+                "(e.g. after envs.reset())"
+            )
+        flat = self._checks.observation("obs", obs)
+        signature = signature_of(flat)
         if self._obs_signature is not None and self.num_steps:
-            self._match("obs", signature, self._obs_signature, "the observations collected")
+            self._checks.match("obs", signature, self._obs_signature, "the observations collected")
         given = {
-            "terminations": self._optional_rows("terminations", terminations),
-            "truncations": self._optional_rows("truncations", truncations),
-            "dones": self._optional_rows("dones", dones),
+            "terminations": self._checks.optional_rows("terminations", terminations),
+            "truncations": self._checks.optional_rows("truncations", truncations),
+            "dones": self._checks.optional_rows("dones", dones),
         }
         if self._step_signature is not None:
-            self._check_reset_row(given, self._step_signature)
+            self._checks.check_reset_row(given, self._step_signature)
         reset_row = {
             name: None if value is None else value.detach().to(self.device, copy=True)
             for name, value in given.items()
@@ -225,137 +203,120 @@ class TrajectoryCollector:
         Every tensor is ``[B, ...]``; ``next_obs`` and ``final_obs`` have the keys, dtypes and
         shapes of the ``reset`` observation. ``final_obs`` (the true last observation of
         environments that finished this step) replaces ``next_obs`` rows of done
-        environments in ``next_obs[t]``. Optional fields must be given on every step of a
-        trajectory or on none.
+        environments in ``next_obs[t]`` (same-step mode only). Optional fields must be given
+        on every step of a trajectory or on none.
         """
         previous = self._obs
         if previous is None or self._obs_signature is None:
             raise InvalidTrajectoryError(
                 "add_step before reset: call reset(obs) to start a rollout epoch"
             )
+        if final_obs is not None and self.autoreset_mode == NEXT_STEP:
+            raise InvalidTrajectoryError(
+                "final_obs in next-step autoreset mode: the done step's next_obs already is "
+                "the final observation; drop final_obs (it is for same-step mode)"
+            )
         step = {
-            "actions": self._rows("actions", actions),
-            "intervene_flags": self._optional_rows("intervene_flags", intervene_flags),
-            "rewards": self._rows("rewards", rewards),
-            "terminations": self._rows("terminations", terminations),
-            "truncations": self._rows("truncations", truncations),
-            "prev_logprobs": self._optional_rows("prev_logprobs", prev_logprobs),
-            "prev_values": self._optional_rows("prev_values", prev_values),
-            "versions": self._optional_rows("versions", versions),
+            "actions": self._checks.rows("actions", actions),
+            "intervene_flags": self._checks.optional_rows("intervene_flags", intervene_flags),
+            "rewards": self._checks.rows("rewards", rewards),
+            "terminations": self._checks.rows("terminations", terminations),
+            "truncations": self._checks.rows("truncations", truncations),
+            "prev_logprobs": self._checks.optional_rows("prev_logprobs", prev_logprobs),
+            "prev_values": self._checks.optional_rows("prev_values", prev_values),
+            "versions": self._checks.optional_rows("versions", versions),
         }
         if terminations.shape != truncations.shape:
             raise InvalidTrajectoryError(
                 f"field 'truncations': expected the shape of 'terminations' "
                 f"{tuple(terminations.shape)}, got {tuple(truncations.shape)}"
             )
-        returned = self._observation("next_obs", next_obs)
-        self._match("next_obs", _signature(returned), self._obs_signature, "reset obs")
-        last = None if final_obs is None else self._observation("final_obs", final_obs)
+        returned = self._checks.observation("next_obs", next_obs)
+        self._checks.match("next_obs", signature_of(returned), self._obs_signature, "reset obs")
+        last = None if final_obs is None else self._checks.observation("final_obs", final_obs)
         if last is not None:
-            self._match("final_obs", _signature(last), self._obs_signature, "reset obs")
-        extra = {} if forward_inputs is None else self._forward_inputs(forward_inputs)
+            self._checks.match("final_obs", signature_of(last), self._obs_signature, "reset obs")
+        extra = {} if forward_inputs is None else self._checks.forward_inputs(forward_inputs)
         row = {name: value for name, value in step.items() if value is not None}
         row["dones"] = torch.logical_or(terminations, truncations)
         row.update(extra)
-        signature = _signature(row)
+        signature = signature_of(row)
         if self._step_signature is not None:
-            self._match("step", signature, self._step_signature, "the first step")
+            self._checks.match("step", signature, self._step_signature, "the first step")
         if not self._epochs[-1].steps:
-            self._check_reset_row(self._epochs[-1].reset_row, signature)
+            self._checks.check_reset_row(self._epochs[-1].reset_row, signature)
         self._commit(previous, row, returned, last)
         self._step_signature = signature
+        if self.autoreset_mode == NEXT_STEP:
+            self._was_done = self._epochs[-1].steps[-1]["dones"].reshape(self.num_envs, -1)
+            self._was_done = self._was_done.any(dim=1)
 
     def build(self) -> Trajectory:
-        """Stack the collected steps into a :class:`Trajectory` and empty the collector.
+        """Stack the collected steps into a :class:`Trajectory`.
+
+        Same-step mode empties the collector.  Next-step mode stacks every column's first
+        ``T`` transitions (``T``: the fewest of any column) and keeps the rest, and the
+        current observations, for the next trajectory.
 
         Raises :class:`~rbzarr.errors.InvalidTrajectoryError` (and keeps everything) when no
-        step was added or the epochs differ in length.
+        step was added, the epochs differ in length, or (next-step) some environment has
+        no transition yet.
         """
         lengths = [len(epoch.steps) for epoch in self._epochs]
         if not lengths or sum(lengths) == 0:
             raise InvalidTrajectoryError(
                 "cannot build a trajectory: no steps were added since the last build"
             )
+        if self.autoreset_mode == NEXT_STEP:
+            return self._build_aligned()
         if len(set(lengths)) != 1:
             raise InvalidTrajectoryError(
                 f"rollout epochs differ in length: {lengths} steps; every epoch started by "
                 "reset() must have the same number of steps"
             )
         rows = [step for epoch in self._epochs for step in epoch.steps]
-        signature = _signature(rows[0])
-        fields = {
-            path: torch.stack([step[path] for step in rows])
-            for path in signature
-            if path not in RESET_ROW_FIELDS
-        }
-        for name in sorted(RESET_ROW_FIELDS):
+        signature = signature_of(rows[0])
+        fields = _stacked(rows, [path for path in signature if path not in RESET_ROW_FIELDS])
+        for name in RESET_ROW_FIELDS:
             fields[name] = torch.cat(
-                [self._epoch_rows(epoch, name, signature) for epoch in self._epochs]
+                [
+                    self._epoch_rows(epoch, name, signature, _stacked(epoch.steps, [name])[name])
+                    for epoch in self._epochs
+                ]
             )
-        longest = max_episode_length(torch.stack([step["dones"] for step in rows]))
-        trajectory = trajectory_from_raw(fields, longest, model_weights_id(fields.get("versions")))
+        trajectory = self._trajectory(fields, torch.stack([step["dones"] for step in rows]))
         self.clear()
         return trajectory
 
+    def _build_aligned(self) -> Trajectory:
+        """Next-step mode: one epoch, each column its own environment's transitions."""
+        (epoch,) = self._epochs  # reset() refuses a second epoch while steps are pending
+        steps, left = aligned_rows(torch.stack(epoch.valid).cpu())
+        if steps.shape[0] == 0:
+            raise InvalidTrajectoryError(
+                "cannot build a trajectory: some environment has made no transition yet "
+                "(in next-step mode its reset steps are not transitions); add more steps"
+            )
+        envs = torch.arange(self.num_envs).expand_as(steps)
+        signature = signature_of(epoch.steps[0])
+        stacked = _stacked(epoch.steps, list(signature))
+        fields = {path: value[steps, envs] for path, value in stacked.items()}
+        step_dones = fields["dones"]
+        for name in RESET_ROW_FIELDS:
+            fields[name] = self._epoch_rows(epoch, name, signature, fields[name])
+        trajectory = self._trajectory(fields, step_dones)
+        # Keep the steps from the first one still holding an untaken transition.
+        pending = left.any(dim=1).nonzero().flatten()
+        first = int(pending[0]) if len(pending) else len(epoch.steps)
+        zeros: dict[str, torch.Tensor | None] = dict.fromkeys(RESET_ROW_FIELDS)
+        self._epochs = [_Epoch(zeros, epoch.steps[first:], list(left[first:].to(self.device)))]
+        return trajectory
+
+    def _trajectory(self, fields: dict[str, torch.Tensor], step_dones: torch.Tensor) -> Trajectory:
+        longest = max_episode_length(step_dones)
+        return trajectory_from_raw(fields, longest, model_weights_id(fields.get("versions")))
+
     # -- helpers -----------------------------------------------------------------------
-
-    def _rows(self, name: str, value: Any) -> torch.Tensor:
-        if value is None:
-            raise InvalidTrajectoryError(
-                f"field {name!r}: missing; expected a tensor [B={self.num_envs}, ...]"
-            )
-        if not isinstance(value, torch.Tensor):
-            raise InvalidTrajectoryError(
-                f"field {name!r}: expected a torch.Tensor, got {type(value).__name__}"
-            )
-        if value.dim() < 1 or value.shape[0] != self.num_envs:
-            raise InvalidTrajectoryError(
-                f"field {name!r}: expected [B={self.num_envs}, ...], got {tuple(value.shape)}"
-            )
-        return value
-
-    def _optional_rows(self, name: str, value: Any) -> torch.Tensor | None:
-        return None if value is None else self._rows(name, value)
-
-    def _observation(self, name: str, obs: Any) -> dict[str, torch.Tensor]:
-        if not isinstance(obs, Mapping):
-            raise InvalidTrajectoryError(
-                f"field {name!r}: expected a dict of tensors, got {type(obs).__name__}"
-            )
-        try:
-            flat = tree.flatten(obs)
-        except ValueError as exc:
-            raise InvalidTrajectoryError(f"field {name!r}: {exc}") from exc
-        return {path: self._rows(f"{name}/{path}", value) for path, value in flat.items()}
-
-    def _forward_inputs(self, inputs: Any) -> dict[str, torch.Tensor]:
-        flat = self._observation("forward_inputs", inputs)
-        return {f"forward_inputs{tree.SEP}{path}": value for path, value in flat.items()}
-
-    def _match(self, name: str, got: _Signature, expected: _Signature, source: str) -> None:
-        missing = [path for path in expected if path not in got]
-        unexpected = [path for path in got if path not in expected]
-        if missing or unexpected:
-            raise InvalidTrajectoryError(
-                f"{name}: fields differ from {source}: missing {missing}, unexpected {unexpected}"
-            )
-        for path, want in expected.items():
-            if got[path] != want:
-                raise InvalidTrajectoryError(
-                    f"{name} field {path!r}: expected {_describe(want, self.num_envs)} "
-                    f"(as in {source}), got {_describe(got[path], self.num_envs)}"
-                )
-
-    def _check_reset_row(
-        self, reset_row: Mapping[str, torch.Tensor | None], signature: _Signature
-    ) -> None:
-        for name, value in reset_row.items():
-            if value is not None and tuple(value.shape[1:]) != signature[name][1]:
-                raise InvalidTrajectoryError(
-                    f"reset row of {name!r}: expected shape "
-                    f"{(self.num_envs, *signature[name][1])} to match the steps, "
-                    f"got {tuple(value.shape)}"
-                )
 
     def _store(self, flat: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.detach().to(self.device, copy=True) for k, v in flat.items()}
@@ -382,11 +343,15 @@ class TrajectoryCollector:
             stored[f"curr_obs{tree.SEP}{path}"] = value
         for path, value in following.items():
             stored[f"next_obs{tree.SEP}{path}"] = value
-        self._epochs[-1].steps.append(stored)
+        epoch = self._epochs[-1]
+        epoch.steps.append(stored)
+        epoch.valid.append(~self._was_done)  # all true in same-step mode
         self._obs = current
 
-    def _epoch_rows(self, epoch: _Epoch, name: str, signature: _Signature) -> torch.Tensor:
-        """``name``'s rows of one epoch: its reset row, then one row per step."""
+    def _epoch_rows(
+        self, epoch: _Epoch, name: str, signature: Signature, step_rows: torch.Tensor
+    ) -> torch.Tensor:
+        """``name``'s rows of one epoch: its reset row, then ``step_rows`` (``[S, B, ...]``)."""
         dtype, trailing = signature[name]
         given = epoch.reset_row[name]
         if given is None and name == "dones":
@@ -397,7 +362,7 @@ class TrajectoryCollector:
                     self._reset_value(truncs, signature["truncations"]),
                 )
         first = self._reset_value(given, (dtype, trailing))
-        return torch.stack([first, *(step[name] for step in epoch.steps)])
+        return torch.cat([first.unsqueeze(0), step_rows])
 
     def _reset_value(
         self, value: torch.Tensor | None, sig: tuple[torch.dtype, tuple[int, ...]]

@@ -1,54 +1,74 @@
-"""Feed training from a replay buffer: a prefetching, rank- and worker-aware data source.
+"""Feed training from a replay buffer: one sample stream per rank and DataLoader worker.
 
 :class:`ReplayDataset` is a ``torch.utils.data.IterableDataset`` whose items are whole
-sampled batches (dicts from ``buffer.sample(n)``), so wrap it in a ``DataLoader`` with
-``batch_size=None`` or iterate it directly. Each iterator is a :class:`ReplayLoader` that
-samples on a background thread, a bounded number of batches ahead of the consumer.
+sampled batches (dicts from ``buffer.sample(n)``).  Iterated directly, or by a DataLoader
+without workers, each iterator is a :class:`~rbzarr.prefetch.ReplayLoader` that samples on
+a background thread.  :meth:`ReplayDataset.data_loader` builds the right DataLoader
+(``batch_size=None``: a plain ``DataLoader(dataset)`` would add a leading dimension of 1).
 
-The buffer may be written concurrently (rollouts keep arriving); the only thing asked of
-it is a ``sample(num_chunks) -> dict`` method.
+**Streams.**  Every iterator draws with its own ``torch.Generator`` seeded with
+:func:`derive_seed` ``(seed, rank, worker, epoch)``, so no two ranks or workers draw the
+same rows, and a run is reproducible from one seed.
+
+**Workers.**  A worker process never samples the training process's buffer: it samples a
+read-only :class:`~rbzarr.analysis.BufferView` of the buffer's ``auto_save`` store, opened
+inside the worker (so S3 filesystems are created after the fork) with any start method
+(fork, spawn, forkserver).  The view sees committed trajectories only, and re-reads the
+store's index at most ``max_staleness`` seconds before each draw, so a committed trajectory
+is drawn from within ``max_staleness`` seconds (batches already queued ahead of the
+consumer, ``prefetch`` per worker plus DataLoader's ``prefetch_factor``, are older).  A
+buffer without ``auto_save`` lives in one process's memory: it cannot be sampled from
+workers, and trying raises; iterate it with the prefetch thread (``num_workers=0``).
 """
 
 from __future__ import annotations
 
 import inspect
-import queue
-import threading
 import warnings
 import weakref
 from collections.abc import Callable
-from itertools import count
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from rbzarr import tree
+from rbzarr.analysis import BufferView, open_buffer
+from rbzarr.buffer import TrajectoryReplayBuffer
 from rbzarr.index import shard_bounds
+from rbzarr.prefetch import ReplayLoader
 
-__all__ = ["ReplayDataset", "ReplayLoader", "SampleSource", "concat_batches", "derive_seed"]
+__all__ = [
+    "ReplayDataset",
+    "ReplayLoader",
+    "SampleSource",
+    "concat_batches",
+    "derive_seed",
+]
 
 Batch = dict[str, Any]
 
 
 class SampleSource(Protocol):
-    """Anything with ``sample(num_chunks) -> dict`` (a replay buffer, a demo buffer)."""
+    """Anything with ``sample(num_chunks) -> dict`` (a replay buffer, a view, a demo buffer)."""
 
     def sample(self, num_chunks: int) -> Batch:
         """A batch of ``num_chunks`` rows, as a (nested) dict of ``[num_chunks, ...]``."""
         ...  # pragma: no cover - a protocol
 
 
-def derive_seed(seed: int, rank: int, worker: int) -> int:
-    """The sampling seed of ``worker`` on ``rank``: distinct, well mixed, reproducible.
+def derive_seed(seed: int, rank: int, worker: int, epoch: int = 0) -> int:
+    """The sampling seed of ``worker`` on ``rank`` in ``epoch``: distinct, well mixed.
 
-    A 63-bit value drawn from ``numpy.random.SeedSequence([seed, rank, worker])``, so
-    neighbouring ranks and workers get unrelated streams.
+    A 63-bit value drawn from ``numpy.random.SeedSequence([seed, rank, worker, epoch])``,
+    so neighbouring ranks, workers and epochs get unrelated streams.
     """
-    state = np.random.SeedSequence([seed, rank, worker]).generate_state(2, np.uint32)
+    entropy = [seed, rank, worker, epoch]
+    state = np.random.SeedSequence(entropy).generate_state(2, np.uint32)
     return (int(state[0]) << 31) ^ int(state[1])
 
 
@@ -76,109 +96,40 @@ def _pin(batch: Batch) -> Batch:
     return tree.unflatten({path: value.pin_memory() for path, value in tree.flatten(batch).items()})
 
 
-class _Failure:
-    """Carries an exception from the prefetch thread to the consumer."""
+@dataclass(frozen=True)
+class _StoreSpec:
+    """Where a worker opens its view: a store's URL, fsspec options and sampling window."""
 
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
+    url: str
+    storage_options: dict[str, Any]
+    sample_window_size: int
 
-
-_END = object()
-
-
-def _prefetch(
-    produce: Callable[[], Batch],
-    batches: int | None,
-    out: queue.Queue[Any],
-    stop: threading.Event,
-) -> None:
-    """The prefetch thread: fill ``out`` until ``batches`` are made, ``stop`` or an error."""
-    try:
-        for _ in range(batches) if batches is not None else count():
-            if stop.is_set():
-                return
-            out.put(produce())
-    except BaseException as error:  # every failure must reach the consumer, not the thread
-        out.put(_Failure(error))
-        return
-    out.put(_END)
-
-
-def _shutdown(stop: threading.Event, out: queue.Queue[Any], thread: threading.Thread) -> None:
-    """Stop the prefetch thread: drain ``out`` until the thread, unblocked, exits."""
-    stop.set()
-    while thread.is_alive():
-        while True:
-            try:
-                out.get_nowait()
-            except queue.Empty:
-                break
-        thread.join(timeout=0.05)
-
-
-class ReplayLoader:
-    """An iterator of sampled batches, made ``prefetch`` batches ahead on a thread.
-
-    Built by :meth:`ReplayDataset.__iter__`. An exception raised while sampling is
-    re-raised by ``__next__`` (after the batches made before it) and ends the iteration.
-    :meth:`close` (or leaving a ``with`` block) stops the thread; so does dropping the
-    loader.
-    """
-
-    def __init__(
-        self, produce: Callable[[], Batch], batches: int | None, prefetch: int, seed: int | None
-    ) -> None:
-        self.seed = seed
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=prefetch)
-        self._stop = threading.Event()
-        self._done = False
-        self._thread = threading.Thread(
-            target=_prefetch,
-            args=(produce, batches, self._queue, self._stop),
-            name="rbzarr-prefetch",
-            daemon=True,
+    def open(self, refresh_interval: float) -> BufferView:
+        return open_buffer(
+            self.url,
+            self.storage_options,
+            sample_window_size=self.sample_window_size,
+            refresh_interval=refresh_interval,
         )
-        self._thread.start()
-        self._finalizer = weakref.finalize(self, _shutdown, self._stop, self._queue, self._thread)
-        # At interpreter exit the daemon thread simply dies; joining it could hang on a
-        # sample() that never returns.
-        self._finalizer.atexit = False
 
-    def __iter__(self) -> ReplayLoader:
-        return self
 
-    def __next__(self) -> Batch:
-        if self._done:
-            raise StopIteration
-        item = self._queue.get()
-        if item is _END:
-            self.close()
-            raise StopIteration
-        if isinstance(item, _Failure):
-            self.close()
-            raise item.error
-        return item
+def _store_spec(source: object) -> _StoreSpec | None:
+    """The store a worker samples instead of ``source``; ``None`` for other sources.
 
-    @property
-    def is_running(self) -> bool:
-        """Whether the prefetch thread is still alive."""
-        return self._thread.is_alive()
-
-    def close(self) -> None:
-        """Stop the prefetch thread and discard the batches it made; idempotent."""
-        self._done = True
-        self._finalizer()
-
-    def __enter__(self) -> ReplayLoader:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
+    Raises ``ValueError`` for a buffer without ``auto_save``.
+    """
+    if isinstance(source, BufferView):
+        return _StoreSpec(source.url, source.storage_options, source.sample_window_size)
+    if not isinstance(source, TrajectoryReplayBuffer):
+        return None
+    if source.store_url is None:
+        raise ValueError(
+            "ReplayDataset: a TrajectoryReplayBuffer without auto_save keeps its trajectories "
+            "in this process's memory, so DataLoader workers cannot sample it (each would "
+            "draw from a frozen copy). Use num_workers=0 (ReplayDataset prefetches on a "
+            "thread), or build the buffer with auto_save=True so workers read its store"
+        )
+    return _StoreSpec(source.store_url, dict(source.storage_options), source.sample_window_size)
 
 
 class ReplayDataset(IterableDataset[Batch]):
@@ -187,27 +138,40 @@ class ReplayDataset(IterableDataset[Batch]):
     Parameters
     ----------
     buffer
-        Any object with ``sample(num_chunks) -> dict``. When its ``sample`` also accepts a
+        A :class:`~rbzarr.TrajectoryReplayBuffer`, a :class:`~rbzarr.analysis.BufferView`,
+        or any object with ``sample(num_chunks) -> dict``.  When its ``sample`` accepts a
         ``generator`` keyword, it receives this iterator's seeded ``torch.Generator``.
+        DataLoader workers sample a view of a buffer's ``auto_save`` store (module docs).
     batch_size
         Rows per batch. A buffer that clamps to the rows it holds may return fewer.
     num_batches
         Batches per pass on this rank, shared out among ``DataLoader`` workers (the first
         ``num_batches % num_workers`` workers make one more); ``None`` never stops.
     prefetch
-        Batches sampled ahead of the consumer, at most.
+        Batches sampled ahead of the consumer, at most, per iterator.
     pin_memory
         Pin each batch's tensors on the prefetch thread (needs an accelerator; without one
-        a warning is issued and batches are not pinned).
+        a warning is issued and batches are not pinned).  Workers never pin: the
+        DataLoader of :meth:`data_loader` pins in the training process instead.
     seed
-        Base seed. Each iterator uses :func:`derive_seed` ``(seed, rank, worker)`` where
-        ``rank`` is the ``torch.distributed`` rank (0 if not initialised) and ``worker`` the
-        ``DataLoader`` worker id (0 in the main process). ``None``: nondeterministic.
-        It only affects sampling through a ``generator``-accepting ``sample``.
+        Base seed. Each iterator uses :func:`derive_seed` ``(seed, rank, worker, epoch)``
+        where ``rank`` is the ``torch.distributed`` rank (0 if not initialised), ``worker``
+        the ``DataLoader`` worker id (0 in the main process) and ``epoch`` the value of
+        :meth:`set_epoch` (0 until called).  ``None``: nondeterministic, still one stream
+        per iterator.  It only affects sampling through a ``generator``-accepting
+        ``sample``.
     demo_buffer, demo_fraction
         Mix demonstrations in: each batch takes ``round(batch_size * demo_fraction)`` rows
         from ``demo_buffer`` and the rest from ``buffer``, concatenated key by key (replay
         rows first). The two sizes always sum to ``batch_size``.
+    max_staleness
+        Seconds: a worker's view re-reads the store's index before a draw when its last
+        read is older than this (0: before every draw).
+
+    Raises
+    ------
+    ValueError
+        Bad sizes or fractions.
     """
 
     def __init__(
@@ -220,16 +184,10 @@ class ReplayDataset(IterableDataset[Batch]):
         seed: int | None = None,
         demo_buffer: SampleSource | None = None,
         demo_fraction: float = 0.0,
+        max_staleness: float = 1.0,
     ) -> None:
         super().__init__()
-        if batch_size <= 0:
-            raise ValueError(f"batch_size must be > 0, got {batch_size}")
-        if num_batches is not None and num_batches < 0:
-            raise ValueError(f"num_batches must be >= 0 or None, got {num_batches}")
-        if prefetch <= 0:
-            raise ValueError(f"prefetch must be > 0, got {prefetch}")
-        if not 0.0 <= demo_fraction <= 1.0:
-            raise ValueError(f"demo_fraction must be in [0, 1], got {demo_fraction}")
+        _check_arguments(batch_size, num_batches, prefetch, demo_fraction, max_staleness)
         if demo_fraction > 0 and demo_buffer is None:
             raise ValueError(f"demo_fraction={demo_fraction} needs a demo_buffer")
         if pin_memory and not torch.cuda.is_available():
@@ -247,7 +205,14 @@ class ReplayDataset(IterableDataset[Batch]):
         self.demo_buffer = demo_buffer
         self.demo_rows = round(batch_size * demo_fraction)
         self.replay_rows = batch_size - self.demo_rows
+        self.max_staleness = max_staleness
+        self.epoch = 0
         self._loaders: weakref.WeakSet[ReplayLoader] = weakref.WeakSet()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the streams of ``epoch``: later iterators draw rows unrelated to earlier
+        epochs' (call it before each pass, as with ``DistributedSampler``)."""
+        self.epoch = int(epoch)
 
     def __iter__(self) -> ReplayLoader:
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
@@ -261,25 +226,49 @@ class ReplayDataset(IterableDataset[Batch]):
         if self.seed is None:
             seed = generator.seed()
         else:
-            seed = derive_seed(self.seed, rank, worker)
+            seed = derive_seed(self.seed, rank, worker, self.epoch)
             generator.manual_seed(seed)
-        loader = ReplayLoader(self._producer(generator), batches, self.prefetch, seed)
+        produce = self._producer(generator, in_worker=info is not None)
+        loader = ReplayLoader(produce, batches, self.prefetch, seed)
         self._loaders.add(loader)
         return loader
 
     def __getstate__(self) -> dict[str, Any]:
-        # A DataLoader worker gets a copy without this process's iterators.
+        # A worker gets the stores to open, not this process's buffers or iterators.
         state = self.__dict__.copy()
         del state["_loaders"]
+        for name in ("buffer", "demo_buffer"):
+            spec = _store_spec(state[name])
+            if spec is not None:
+                state[name] = spec
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._loaders = weakref.WeakSet()
 
-    def _producer(self, generator: torch.Generator) -> Callable[[], Batch]:
-        replay = self._sampler(self.buffer, generator)
-        demo = None if self.demo_buffer is None else self._sampler(self.demo_buffer, generator)
+    def _worker_source(self, source: Any) -> SampleSource:
+        """In a worker: a view of ``source``'s store, opened here, or ``source`` itself."""
+        spec = source if isinstance(source, _StoreSpec) else _store_spec(source)
+        if spec is not None:
+            return spec.open(self.max_staleness)
+        if not _takes_generator(source):
+            raise ValueError(
+                f"ReplayDataset: {type(source).__name__}.sample() takes no generator, so "
+                "every DataLoader worker would draw the same batches; accept a "
+                "'generator' keyword or use num_workers=0"
+            )
+        return source
+
+    def _producer(self, generator: torch.Generator, in_worker: bool) -> Callable[[], Batch]:
+        replay_source, demo_source = self.buffer, self.demo_buffer
+        if in_worker:
+            replay_source = self._worker_source(replay_source)
+            if demo_source is not None:
+                demo_source = self._worker_source(demo_source)
+        replay = _sampler(replay_source, generator)
+        demo = None if demo_source is None else _sampler(demo_source, generator)
+        pin = self.pin_memory and not in_worker
 
         def produce() -> Batch:
             parts = []
@@ -288,15 +277,58 @@ class ReplayDataset(IterableDataset[Batch]):
             if demo is not None and self.demo_rows:
                 parts.append(demo(self.demo_rows))
             batch = parts[0] if len(parts) == 1 else concat_batches(*parts)
-            return _pin(batch) if self.pin_memory else batch
+            return _pin(batch) if pin else batch
 
         return produce
 
-    @staticmethod
-    def _sampler(source: SampleSource, generator: torch.Generator) -> Callable[[int], Batch]:
-        if _takes_generator(source):
-            return lambda n: source.sample(n, generator=generator)  # type: ignore[call-arg]
-        return source.sample
+    def data_loader(
+        self,
+        num_workers: int = 0,
+        *,
+        pin_memory: bool | None = None,
+        multiprocessing_context: str | None = None,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+    ) -> DataLoader[Batch]:
+        """A ``DataLoader`` over this dataset that yields its batches as they are.
+
+        It passes ``batch_size=None`` (each item already is a batch), spreads sampling over
+        ``num_workers`` processes (each with its own stream and a view of the store), and
+        pins batches in this process.
+
+        Parameters
+        ----------
+        num_workers
+            Worker processes; 0 samples on this dataset's prefetch thread.
+        pin_memory
+            Pin batches (for fast copies to a GPU); default: this dataset's ``pin_memory``.
+        multiprocessing_context
+            ``"fork"``, ``"spawn"`` or ``"forkserver"``; default: the platform's.
+        prefetch_factor, persistent_workers
+            Passed to ``DataLoader`` (``prefetch_factor`` only with workers).
+
+        Raises
+        ------
+        ValueError
+            With ``num_workers > 0``, a source that workers cannot sample (a buffer
+            without ``auto_save``, a ``sample`` without a ``generator`` keyword).
+        """
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        if num_workers > 0:
+            for source in (self.buffer, self.demo_buffer):
+                if source is not None and _store_spec(source) is None:
+                    self._worker_source(source)  # raises for a source workers cannot use
+        pin = self.pin_memory if pin_memory is None else pin_memory
+        return DataLoader(
+            self,
+            batch_size=None,
+            num_workers=num_workers,
+            pin_memory=pin and torch.cuda.is_available(),
+            multiprocessing_context=multiprocessing_context if num_workers else None,
+            prefetch_factor=prefetch_factor if num_workers else None,
+            persistent_workers=persistent_workers and num_workers > 0,
+        )
 
     def close(self) -> None:
         """Close every iterator this dataset made in this process."""
@@ -313,3 +345,28 @@ class ReplayDataset(IterableDataset[Batch]):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _check_arguments(
+    batch_size: int,
+    num_batches: int | None,
+    prefetch: int,
+    demo_fraction: float,
+    max_staleness: float,
+) -> None:
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be > 0, got {batch_size}")
+    if num_batches is not None and num_batches < 0:
+        raise ValueError(f"num_batches must be >= 0 or None, got {num_batches}")
+    if prefetch <= 0:
+        raise ValueError(f"prefetch must be > 0, got {prefetch}")
+    if not 0.0 <= demo_fraction <= 1.0:
+        raise ValueError(f"demo_fraction must be in [0, 1], got {demo_fraction}")
+    if not max_staleness >= 0:
+        raise ValueError(f"max_staleness must be >= 0 seconds, got {max_staleness}")
+
+
+def _sampler(source: SampleSource, generator: torch.Generator) -> Callable[[int], Batch]:
+    if _takes_generator(source):
+        return lambda n: source.sample(n, generator=generator)  # type: ignore[call-arg]
+    return source.sample

@@ -10,8 +10,10 @@ __all__ = [
     "BufferClosedError",
     "ChannelClosedError",
     "ChannelTimeoutError",
+    "CheckpointConflictError",
     "CheckpointNotFoundError",
     "CorruptStoreError",
+    "EmptyBufferError",
     "InvalidTrajectoryError",
     "RbzarrError",
     "StorageUnavailableError",
@@ -40,6 +42,15 @@ class UnsafePickleError(RbzarrError, ValueError):
 
 class CheckpointNotFoundError(RbzarrError, FileNotFoundError):
     """A checkpoint, its JSON documents or a trajectory's data are missing."""
+
+
+class CheckpointConflictError(RbzarrError, ValueError):
+    """A checkpoint call conflicts with the buffer's auto-save store (it would drop or
+    overwrite what the store lists)."""
+
+
+class EmptyBufferError(RbzarrError, RuntimeError):
+    """Sampling a buffer (or a window) that holds no trajectory."""
 
 
 class CorruptStoreError(RbzarrError, ValueError):

@@ -22,7 +22,8 @@ from rbzarr.storage.registry import layout_class, open_store
 __all__ = ["export_store"]
 
 # Metadata keys the exported index recomputes; the rest are carried over unchanged.
-_RECOMPUTED = ("trajectory_format", "size", "total_samples", "trajectory_counter")
+# Written anew by the target (``layout_version`` is the target layout's own, if any).
+_RECOMPUTED = ("trajectory_format", "size", "total_samples", "trajectory_counter", "layout_version")
 
 
 def _select(
@@ -104,5 +105,4 @@ def export_store(
         writer.write(entry, reader.read(entry))
     extra = {k: v for k, v in documents.metadata.items() if k not in _RECOMPUTED}
     exported = selected.to_documents(trajectory_format, extra=extra)
-    writer.write_documents(exported)
-    return exported
+    return writer.write_documents(exported)

@@ -95,6 +95,20 @@ class TrajectoryIndex:
         share.trajectory_counter = max(share.id_list, default=-1) + 1
         return share
 
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-ready state: ``{"entries", "id_list", "trajectory_counter"}`` (copies)."""
+        return {
+            "entries": {str(i): dict(entry) for i, entry in self.entries.items()},
+            "id_list": list(self.id_list),
+            "trajectory_counter": self.trajectory_counter,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Replace this index by :meth:`state_dict`'s."""
+        self.entries = {int(i): dict(entry) for i, entry in state["entries"].items()}
+        self.id_list = [int(i) for i in state["id_list"]]
+        self.trajectory_counter = int(state["trajectory_counter"])
+
     def to_documents(self, trajectory_format: str, extra: Mapping[str, Any]) -> Documents:
         """Both JSON documents in RLinf's schema; ``extra`` adds metadata keys."""
         metadata = {

@@ -28,6 +28,7 @@ def intervention_mask(flags: torch.Tensor | None, mode: str = "any") -> torch.Te
     """The ``[T, B]`` mask of intervened steps, or ``None`` when no step was intervened.
 
     ``mode="any"`` marks a step where any of the ``D`` flags is set, ``"all"`` where all are.
+    Flags are read as booleans (RLinf's ``~flags`` test assumes a bool tensor).
 
     Raises
     ------

@@ -97,6 +97,8 @@ def _sampler(
         return replay.is_ready(min_replay) and (demo is None or demo.is_ready(min_demo))
 
     def next_batch() -> Batch:
+        if stop.is_set():
+            raise _Stopped
         delay = _FIRST_WAIT_S
         while not ready():
             if stop.wait(delay):

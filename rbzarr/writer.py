@@ -1,10 +1,14 @@
-"""BackgroundWriter: one thread that runs write tasks in submission order.
+"""BackgroundWriter: one thread that runs write tasks in submission order, retrying each
+until it succeeds.
 
-The queue is bounded: ``submit`` blocks while ``max_pending`` tasks wait (backpressure
-instead of unbounded memory).  A task that keeps failing after its retries stops the
-writer: the task stays at the head of the queue and the error is raised to the caller by the
-next ``submit``/``check``/``flush``/``close``.  Once it has been raised, ``flush()`` retries
-the task; until then every ``submit`` raises it again.  Nothing queued is dropped.
+A failing task stays at the head of the queue and is retried with exponential backoff
+(``retry_delay`` doubling up to ``max_retry_delay``) until it succeeds or the writer is
+stopped: an outage delays writes, it never drops them.  The queue is bounded: while the
+writer is healthy, :meth:`~BackgroundWriter.wait_for_room` blocks until a call's tasks fit
+(backpressure); while it is failing, a call that does not fit is refused when the next retry
+fails too, before its caller has changed anything.  :meth:`~BackgroundWriter.flush` and
+:meth:`~BackgroundWriter.close` wait a bounded time, then raise naming how many writes are
+uncommitted; they report the same on every later call until the writes are committed.
 """
 
 from __future__ import annotations
@@ -12,37 +16,54 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from rbzarr.errors import BufferClosedError, WriterFailedError
 
-__all__ = ["BackgroundWriter"]
+__all__ = ["DEFAULT_TIMEOUT", "BackgroundWriter"]
 
 Task = Callable[[], None]
 
+# Seconds flush() and close() wait for queued writes by default.
+DEFAULT_TIMEOUT = 60.0
+
 
 class BackgroundWriter:
-    """Runs tasks on a single background thread, in order, with bounded retries."""
+    """Runs tasks on a single background thread, in order, retrying failures with backoff.
+
+    Parameters
+    ----------
+    max_pending
+        Most tasks queued or running at once (a call with more tasks is admitted alone).
+    retry_delay, max_retry_delay
+        First delay after a failed attempt and its cap; the delay doubles in between.
+    name
+        Name of the thread.
+    target
+        What the tasks write to (a URL), named in errors.
+    """
 
     def __init__(
         self,
         max_pending: int = 8,
-        retries: int = 2,
-        retry_delay: float = 0.2,
+        retry_delay: float = 0.05,
+        max_retry_delay: float = 2.0,
         name: str = "rbzarr-writer",
+        target: str = "storage",
     ) -> None:
         if max_pending <= 0:
             raise ValueError(f"max_pending must be positive, got {max_pending}")
         self.max_pending = max_pending
-        self.retries = retries
         self.retry_delay = retry_delay
+        self.max_retry_delay = max_retry_delay
         self._name = name
+        self._target = target
         self._tasks: collections.deque[Task] = collections.deque()
         self._cond = threading.Condition()
         self._error: BaseException | None = None
-        self._reported = False
-        self._running = False
+        self._attempts = 0
         self._closed = False
+        self._stopping = False
         self._thread: threading.Thread | None = None
 
     @property
@@ -52,66 +73,105 @@ class BackgroundWriter:
             return len(self._tasks)
 
     @property
-    def failed(self) -> bool:
-        """Whether a task failed and waits for :meth:`flush` to retry it."""
+    def last_error(self) -> BaseException | None:
+        """The error of the latest failed attempt while it is being retried, else ``None``."""
         with self._cond:
-            return self._error is not None
+            return self._error
 
-    def submit(self, task: Task) -> None:
-        """Queue ``task``; blocks while the queue is full.  Raises a pending failure."""
+    def wait_for_room(self, count: int) -> None:
+        """Block until ``count`` more tasks fit in the queue.
+
+        Raises
+        ------
+        BufferClosedError
+            The writer is closed.
+        WriterFailedError
+            The queue has no room and the current task failed again on its next retry:
+            nothing was queued.
+        """
         with self._cond:
-            self._raise_if_unusable()
-            while len(self._tasks) >= self.max_pending and self._error is None:
+            failures_seen: int | None = None
+            while True:
+                self._raise_if_closed()
+                if not self._tasks or len(self._tasks) + count <= self.max_pending:
+                    return
+                if self._error is not None:
+                    # Failing: give the next retry its chance, then refuse.
+                    if failures_seen is None:
+                        failures_seen = self._attempts
+                    elif self._attempts > failures_seen:
+                        raise self._no_room(count)
                 self._cond.wait()
-            self._raise_if_unusable()
-            self._tasks.append(task)
+
+    def _no_room(self, count: int) -> WriterFailedError:
+        error = WriterFailedError(
+            f"writes to {self._target} are failing ({self._error}); {len(self._tasks)} "
+            f"write(s) are queued and max_pending_writes={self.max_pending} leaves no room: "
+            f"these {count} trajectories were not added (nothing changed); they are accepted "
+            "again once the queued writes commit"
+        )
+        error.__cause__ = self._error
+        return error
+
+    def submit(self, tasks: Sequence[Task]) -> None:
+        """Queue ``tasks`` without blocking (after :meth:`wait_for_room`)."""
+        with self._cond:
+            self._raise_if_closed()
+            self._tasks.extend(tasks)
             self._start()
             self._cond.notify_all()
 
-    def check(self) -> None:
-        """Raise the pending failure, if any, without retrying."""
+    def flush(self, timeout: float = DEFAULT_TIMEOUT) -> None:
+        """Wait until every queued task has run, at most ``timeout`` seconds.
+
+        Raises
+        ------
+        WriterFailedError
+            Writes are still uncommitted after ``timeout``; they stay queued and retried.
+        """
+        deadline = time.monotonic() + timeout
         with self._cond:
-            self._raise_failure()
+            while self._tasks:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._uncommitted(timeout)
+                self._cond.wait(left)
 
-    def flush(self) -> None:
-        """Wait until every queued task has run.
+    def close(self, timeout: float = DEFAULT_TIMEOUT, wait: bool = True) -> None:
+        """Refuse new tasks, wait for the queued ones, then stop the thread.
 
-        A failure not yet raised to a caller is raised now; one already raised is retried.
+        With ``wait=False`` the thread runs the queued tasks on its own and stops, at the
+        latest at the first failure (what is left stays counted by :meth:`flush`).  A close
+        that times out raises like :meth:`flush` and keeps retrying in the background; call
+        it again to wait again.
         """
         with self._cond:
-            if self._error is not None and self._reported:
-                self._error = None
-                self._cond.notify_all()
-            while self._tasks and self._error is None:
-                self._cond.wait()
-            self._raise_failure()
-
-    def close(self) -> None:
-        """Flush, then stop the thread.  Idempotent; a failure is still raised once."""
-        with self._cond:
-            if self._closed:
+            self._closed = True
+            self._cond.notify_all()
+            if not wait:
+                self._stopping = True
                 return
-        try:
-            self.flush()
-        finally:
-            with self._cond:
-                self._closed = True
-                self._cond.notify_all()
-            if self._thread is not None:
-                self._thread.join()
+        self.flush(timeout)
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
 
-    def _raise_if_unusable(self) -> None:
+    def _uncommitted(self, timeout: float) -> WriterFailedError:
+        cause = f"; last error: {self._error}" if self._error is not None else ""
+        error = WriterFailedError(
+            f"{len(self._tasks)} write(s) to {self._target} not committed after waiting "
+            f"{timeout:g} s{cause}; "
+            "they stay queued and are retried: call flush() or close() again to wait again"
+        )
+        error.__cause__ = self._error
+        return error
+
+    def _raise_if_closed(self) -> None:
         if self._closed:
             raise BufferClosedError("the buffer is closed; it accepts no more trajectories")
-        self._raise_failure()
-
-    def _raise_failure(self) -> None:
-        if self._error is not None:
-            self._reported = True
-            raise WriterFailedError(
-                f"a background write failed ({self._error}); {len(self._tasks)} write(s) are "
-                "kept queued: call flush() to retry them"
-            ) from self._error
 
     def _start(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -121,27 +181,31 @@ class BackgroundWriter:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and (not self._tasks or self._error is not None):
+                while not self._tasks and not self._stopping:
                     self._cond.wait()
-                if self._closed:
+                if not self._tasks:
                     return
                 task = self._tasks[0]
-            error = self._run(task)
-            with self._cond:
-                if error is None:
-                    self._tasks.popleft()
-                else:
-                    self._error = error
-                    self._reported = False
-                self._cond.notify_all()
-
-    def _run(self, task: Task) -> BaseException | None:
-        for attempt in range(self.retries + 1):
             try:
                 task()
-                return None
-            except Exception as exc:  # any failure is kept and re-raised to the caller
-                if attempt == self.retries:
-                    return exc
-                time.sleep(self.retry_delay * 2**attempt)
-        return None  # pragma: no cover
+            except Exception as exc:  # kept, reported by flush/close, and retried
+                if not self._record_failure(exc):
+                    return
+                continue
+            with self._cond:
+                self._tasks.popleft()
+                self._error = None
+                self._attempts = 0
+                self._cond.notify_all()
+
+    def _record_failure(self, exc: Exception) -> bool:
+        """Keep the error and back off; ``False`` when the writer was told to stop."""
+        with self._cond:
+            self._error = exc
+            self._attempts += 1
+            self._cond.notify_all()
+            if self._stopping:
+                return False
+            delay = min(self.retry_delay * 2 ** (self._attempts - 1), self.max_retry_delay)
+            self._cond.wait(delay)
+            return True

@@ -16,7 +16,6 @@ from rbzarr import (
     StoreExistsError,
     Trajectory,
     TrajectoryReplayBuffer,
-    WriterFailedError,
 )
 
 
@@ -97,17 +96,44 @@ def test_close_is_idempotent_and_final(tmp_path):
     ] == [0]
 
 
-def test_auto_save_refuses_an_existing_store(tmp_path):
+def test_auto_save_appends_to_an_existing_store(tmp_path):
+    """Re-running a collection script on the same folder appends; nothing is overwritten."""
     first = TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "s")
     first.add_trajectories([make_trajectory(2, 2, 0)])
     first.close()
-    listing = sorted(str(p) for p in (tmp_path / "s").rglob("*"))
+    before = {p: p.read_bytes() for p in (tmp_path / "s").rglob("*") if p.is_file()}
     second = TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "s")
-    with pytest.raises(StoreExistsError, match="call load_checkpoint"):
-        second.add_trajectories([make_trajectory(2, 2, 0)])
-    assert len(second) == 0
+    assert (len(second), second.trajectory_counter) == (0, 1)
+    second.add_trajectories([make_trajectory(2, 2, 4)])
     second.close()
-    assert sorted(str(p) for p in (tmp_path / "s").rglob("*")) == listing
+    index = json.loads((tmp_path / "s" / "trajectory_index.json").read_text())
+    assert index["trajectory_id_list"] == [0, 1]
+    for path, data in before.items():
+        if path.name not in ("trajectory_index.json", "metadata.json", "zarr.json"):
+            assert path.read_bytes() == data, path
+    assert (tmp_path / "s" / "trajectories" / "0" / "zarr.json").read_bytes() == before[
+        tmp_path / "s" / "trajectories" / "0" / "zarr.json"
+    ]
+
+
+def test_construction_refuses_what_it_cannot_append_to(tmp_path):
+    with TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=tmp_path / "pt", trajectory_format="pt"
+    ) as first:
+        first.add_trajectories([make_trajectory(2, 2, 0)])
+    listing = sorted(str(p) for p in (tmp_path / "pt").rglob("*"))
+    with pytest.raises(StoreExistsError, match="trajectory_format='pt'"):
+        TrajectoryReplayBuffer(
+            auto_save=True, auto_save_path=tmp_path / "pt", trajectory_format="zarr"
+        )
+    assert sorted(str(p) for p in (tmp_path / "pt").rglob("*")) == listing
+    # Without an explicit format the buffer appends in the store's own format.
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "pt") as again:
+        assert again.trajectory_format == "pt"
+    (tmp_path / "file").write_text("a user's file")
+    with pytest.raises(StoreExistsError, match="is a file"):
+        TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "file")
+    assert (tmp_path / "file").read_text() == "a user's file"
 
 
 def test_store_is_plain_zarr_and_index_is_commit_last(tmp_path):
@@ -125,35 +151,6 @@ def test_store_is_plain_zarr_and_index_is_commit_last(tmp_path):
         "zarr",
     )
     assert root["trajectories/1/dones"].shape == (6, 1, 1)
-
-
-def test_write_error_surfaces_and_flush_retries(tmp_path):
-    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "s", seed=5)
-    buffer._writer.retry_delay = 0.0
-    store = buffer._store
-    real_write = store.write
-    failures = {"left": 3}
-
-    def flaky(entry, trajectory):
-        if failures["left"] > 0:
-            failures["left"] -= 1
-            raise OSError("disk on fire")
-        real_write(entry, trajectory)
-
-    store.write = flaky
-    buffer.add_trajectories([make_trajectory(2, 2, 0)])
-    with pytest.raises(WriterFailedError, match="disk on fire") as info:
-        buffer.flush()
-    assert isinstance(info.value.__cause__, OSError)
-    index = json.loads((tmp_path / "s" / "trajectory_index.json").read_text())
-    assert index["trajectory_id_list"] == []  # claimed empty, nothing listed before its data
-    with pytest.raises(WriterFailedError):
-        buffer.add_trajectories([make_trajectory(2, 2, 4)])
-    assert len(buffer) == 1
-    buffer.flush()  # the retry succeeds
-    index = json.loads((tmp_path / "s" / "trajectory_index.json").read_text())
-    assert index["trajectory_id_list"] == [0]
-    buffer.close()
 
 
 def test_concurrent_add_and_sample_never_mix_rows(tmp_path):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from rbzarr import (
     StoreExistsError,
     Trajectory,
     TrajectoryReplayBuffer,
+    WriterFailedError,
     tree,
 )
 from rbzarr.storage.layout import Documents, TrajectoryLayout, read_documents
@@ -185,16 +185,27 @@ def test_continue_in_place_and_refuse_foreign_store(tmp_path, fmt):
         assert state(second) == (5, 5 * ROWS, 5)
         assert_checkpoint(store, fmt, [0, 1, 2, 3, 4], counter=5)
 
-    snapshot, names = documents(store), sorted(p.name for p in store.iterdir())
-    with TrajectoryReplayBuffer(seed=1, trajectory_format=fmt, **options) as intruder:
-        with pytest.raises(StoreExistsError, match="load_checkpoint") as info:
-            intruder.add_trajectories([traj(9)])
-        assert isinstance(info.value, FileExistsError)
-        assert str(store) in str(info.value)
-        assert state(intruder) == (0, 0, 0)
-    assert documents(store) == snapshot
-    assert sorted(p.name for p in store.iterdir()) == names
-    assert_checkpoint(store, fmt, [0, 1, 2, 3, 4], counter=5)
+    # Re-running the collection on the same folder, without loading, appends too.
+    data = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
+    with TrajectoryReplayBuffer(seed=1, trajectory_format=fmt, **options) as rerun:
+        assert state(rerun) == (0, 0, 5)
+        fill(rerun, [9])
+    assert_checkpoint_prefix(store, fmt, [0, 1, 2, 3, 4, 5], counter=6)
+    for path, content in data.items():
+        if path.name not in ("metadata.json", "trajectory_index.json", "zarr.json"):
+            assert path.read_bytes() == content, path
+
+
+def assert_checkpoint_prefix(url, fmt: str, ids: list[int], counter: int) -> None:
+    """Like :func:`assert_checkpoint` where the last id holds ``traj(9)``."""
+    docs = documents(url)
+    assert docs.trajectory_index["trajectory_id_list"] == ids
+    assert docs.metadata["trajectory_counter"] == counter
+    assert layout(url, fmt).list_ids() == sorted(ids)
+    for i in ids:
+        entry = docs.trajectory_index["trajectory_index"][str(i)]
+        want = traj(9) if i == ids[-1] else traj(i)
+        assert_same_trajectory(layout(url, fmt).read(entry), want)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -324,28 +335,30 @@ def test_bad_rank_arguments(tmp_path, target_and_twin, rank, world_size, message
 
 
 def test_failed_adoption_leaves_the_buffer_unchanged(tmp_path):
-    """Loading into an auto_save buffer whose store holds a foreign store is refused whole."""
-    ckpt = saved_checkpoint(tmp_path, "zarr")
+    """Loading a checkpoint whose ids the auto-save store holds for other data is refused
+    whole; one whose ids are free is appended to the store, which keeps its own data."""
     foreign = tmp_path / "foreign"
-    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=foreign) as other:
-        fill(other, [9])
+    with TrajectoryReplayBuffer(
+        seed=2, sample_window_size=2, auto_save=True, auto_save_path=foreign
+    ) as other:
+        fill(other, range(5))
     snapshot = documents(foreign)
+    clashing = saved_checkpoint(tmp_path, "zarr")  # ids 3 and 4, other uuids
     with TrajectoryReplayBuffer(
         seed=4, sample_window_size=0, auto_save=True, auto_save_path=foreign
     ) as target:
-        with pytest.raises(StoreExistsError):
-            target.load_checkpoint(ckpt)
-        assert state(target) == (0, 0, 0)
+        with pytest.raises(StoreExistsError, match=r"ids \[3, 4\].*new auto_save_path"):
+            target.load_checkpoint(clashing)
+        assert state(target) == (0, 0, 5)
         with pytest.raises(RuntimeError, match="empty buffer"):
             target.sample(1)
-        # Not even the schema was taken over: an empty buffer saves no schema.
         target.save_checkpoint(tmp_path / "empty")
-        assert documents(tmp_path / "empty").metadata["schema"] is None
+        assert documents(tmp_path / "empty").trajectory_index["trajectory_id_list"] == []
         target.load_checkpoint(foreign)
         target.add_trajectories([traj(10)])
         target.flush()
-    assert documents(foreign).trajectory_index["trajectory_id_list"] == [0, 1]
-    assert snapshot.trajectory_index["trajectory_id_list"] == [0]
+    assert documents(foreign).trajectory_index["trajectory_id_list"] == [0, 1, 2, 3, 4, 5]
+    assert snapshot.trajectory_index["trajectory_id_list"] == [0, 1, 2, 3, 4]
 
 
 def test_distributed_load_cannot_continue_in_place(tmp_path):
@@ -357,7 +370,7 @@ def test_distributed_load_cannot_continue_in_place(tmp_path):
     with TrajectoryReplayBuffer(**options) as rank0:
         with pytest.raises(ValueError, match="own auto_save_path"):
             rank0.load_checkpoint(store, is_distributed=True, local_rank=0, world_size=2)
-        assert state(rank0) == (0, 0, 0)
+        assert state(rank0) == (0, 0, 4)  # built on the store: new ids follow its ids
         # The last rank's share is not the whole list either.
         with pytest.raises(ValueError, match="own auto_save_path"):
             rank0.load_checkpoint(store, is_distributed=True, local_rank=1, world_size=2)
@@ -424,9 +437,22 @@ def test_load_a_checkpoint_of_another_format(tmp_path, source_fmt, fmt):
     assert_checkpoint(tmp_path / "out", fmt, [3, 4], counter=5)
 
 
+def obstacle(store: Path, fmt: str, trajectory_id: int) -> Path:
+    """A user's file exactly where trajectory ``trajectory_id`` would be written: the write
+    fails (even as root) until the file is removed."""
+    if fmt == "zarr":
+        path = store / "trajectories" / str(trajectory_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("in the way")
+    else:
+        path = store / f"trajectory_{trajectory_id}_w{trajectory_id}.{fmt}"
+        path.mkdir(parents=True)
+    return path
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_save_while_a_write_is_in_flight(tmp_path, fmt, monkeypatch):
-    """An add that lands between save's flush and its lock is saved from memory, whole."""
+def test_save_while_a_write_is_in_flight(tmp_path, fmt):
+    """A trajectory whose write has not completed is saved from memory, whole."""
     with TrajectoryReplayBuffer(
         seed=1,
         sample_window_size=0,
@@ -435,27 +461,16 @@ def test_save_while_a_write_is_in_flight(tmp_path, fmt, monkeypatch):
         trajectory_format=fmt,
     ) as buffer:
         fill(buffer, range(2))
-        release = threading.Event()
-        store_write = buffer._store.write
-
-        def slow_write(entry, trajectory):
-            if entry["trajectory_id"] == 2:
-                assert release.wait(timeout=30)
-            store_write(entry, trajectory)
-
-        flush = buffer._writer.flush
-
-        def flush_then_add():
-            flush()
-            fill(buffer, [2])  # as if another thread added right after the flush
-
-        monkeypatch.setattr(buffer._store, "write", slow_write)
-        monkeypatch.setattr(buffer._writer, "flush", flush_then_add)
-        try:
-            buffer.save_checkpoint(tmp_path / "ckpt")
-        finally:
-            release.set()
-            monkeypatch.undo()
+        buffer.flush()
+        blocker = obstacle(tmp_path / "store", fmt, 2)
+        fill(buffer, [2])
+        with pytest.raises(WriterFailedError, match=r"1 write\(s\) to .* not committed"):
+            buffer.flush(timeout=0.2)
+        buffer.save_checkpoint(tmp_path / "ckpt")
+        if blocker.is_dir():
+            blocker.rmdir()
+        else:
+            blocker.unlink()
     assert_checkpoint(tmp_path / "ckpt", fmt, [0, 1, 2], counter=3)
     assert_checkpoint(tmp_path / "store", fmt, [0, 1, 2], counter=3)
 
@@ -496,10 +511,16 @@ def test_load_refuses_to_orphan_the_buffers_own_trajectories(tmp_path):
     buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "auto")
     buffer.add_trajectories([make_trajectory(2, 2, 100)])
     buffer.flush()
-    with pytest.raises(StoreExistsError, match="would orphan them"):
+    with pytest.raises(StoreExistsError, match=r"other trajectories with the ids \[0\]"):
         buffer.load_checkpoint(tmp_path / "ckpt")
     assert len(buffer) == 1 and buffer.trajectory_counter == 1
+    # clear() keeps the store's data, so the clash remains; a fresh store takes the load.
     buffer.clear()
-    buffer.load_checkpoint(tmp_path / "ckpt")
-    assert len(buffer) == 1
+    with pytest.raises(StoreExistsError, match="new auto_save_path"):
+        buffer.load_checkpoint(tmp_path / "ckpt")
     buffer.close()
+    assert documents(tmp_path / "auto").trajectory_index["trajectory_id_list"] == [0]
+    fresh = TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "fresh")
+    fresh.load_checkpoint(tmp_path / "ckpt")
+    assert len(fresh) == 1
+    fresh.close()

@@ -65,9 +65,10 @@ def test_info_zarr(stores):
         keys[key] = {
             "dtype": str(value.dtype).removeprefix("torch."),
             "shape": list(value.shape),
-            "chunks": list(value.shape),  # small arrays: one chunk each
-            "shards": None,
-            "codec": "zstd(level=1, checksum=False)",
+            # Layout 2: one shard per array, small keys one uncompressed inner chunk.
+            "chunks": list(value.shape),
+            "shards": list(value.shape),
+            "codec": f"sharding(chunks={list(value.shape)}, none)",
             "raw_bytes": raw_bytes(key),
             "bytes_on_disk": sum(
                 tree_bytes(root / "trajectories" / str(i) / key) for i in range(3)
@@ -78,6 +79,7 @@ def test_info_zarr(stores):
     assert ok_json("info", root) == {
         "url": str(root),
         "format": "zarr",
+        "layout_version": 2,
         "trajectories": 3,
         "total_samples": 28,
         "trajectory_counter": 3,

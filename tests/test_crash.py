@@ -12,6 +12,7 @@ import json
 import random
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -265,11 +266,14 @@ def test_resume_after_a_kill_between_index_and_metadata_keeps_ids_unique(tmp_pat
 def torn_first_write(store: Path, fmt: str) -> None:
     """Leave what a kill during the first trajectory's data write leaves."""
     buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=store, trajectory_format=fmt)
-    layout = buffer._store
-    assert layout is not None
+    layout = buffer._store.layout
     original = layout.write
+    killed = threading.Event()
 
     def torn(entry, trajectory) -> None:
+        if killed.is_set():  # a killed process writes nothing more
+            raise OSError("killed")
+        killed.set()
         if fmt == "zarr":
             original(entry, trajectory)
             marker = store / "trajectories" / "0" / "zarr.json"
@@ -280,10 +284,10 @@ def torn_first_write(store: Path, fmt: str) -> None:
         raise OSError("killed")
 
     layout.write = torn  # type: ignore[method-assign]
-    buffer._writer.retries = 0
     buffer.add_trajectories([expected_trajectory(0)])
     with pytest.raises(Exception, match="killed"):
-        buffer.close()
+        buffer.close(timeout=0.5)
+    buffer.close(wait=False)  # the process is gone: no more retries
 
 
 @pytest.mark.parametrize("fmt", ["zarr", "pt"])

@@ -28,7 +28,7 @@ class WatchedBuffer(TrajectoryReplayBuffer):
         super().__init__(*args, **kwargs)
         self.ready_calls = 0
         self.asked = threading.Event()
-        self.sampling_threads: set[str] = set()
+        self.sampling_threads: set[threading.Thread] = set()
 
     def is_ready(self, min_size: int) -> bool:
         self.ready_calls += 1
@@ -37,7 +37,7 @@ class WatchedBuffer(TrajectoryReplayBuffer):
         return super().is_ready(min_size)
 
     def sample(self, num_chunks: int):
-        self.sampling_threads.add(threading.current_thread().name)
+        self.sampling_threads.add(threading.current_thread())
         return super().sample(num_chunks)
 
 
@@ -124,10 +124,10 @@ def test_preload_samples_on_a_background_thread_and_close_stops_it():
     dataset = PreloadReplayBufferDataset(replay, None, 4, 1, 0, prefetch_size=2)
     batches = iter(dataset)
     assert_rows_consistent(next(batches))
-    assert threading.current_thread().name not in replay.sampling_threads
+    assert replay.sampling_threads and threading.current_thread() not in replay.sampling_threads
     dataset.close()
     assert list(batches) == []
-    assert "rbzarr-prefetch" not in {t.name for t in threading.enumerate()}
+    assert not any(thread.is_alive() for thread in replay.sampling_threads)
     dataset.close()
 
 
@@ -150,6 +150,15 @@ def test_close_ends_an_iterator_still_waiting(cls):
 class BrokenBuffer(TrajectoryReplayBuffer):
     def sample(self, num_chunks: int):
         raise OSError("disk gone")
+
+
+@pytest.mark.parametrize("cls", [ReplayBufferDataset, PreloadReplayBufferDataset])
+def test_a_closed_dataset_yields_nothing_more(cls):
+    dataset = cls(filled(1), None, 4, 1, 0)
+    batches = iter(dataset)
+    assert_rows_consistent(next(batches))
+    dataset.close()
+    assert list(batches) == [] and list(dataset) == []
 
 
 @pytest.mark.parametrize("cls", [ReplayBufferDataset, PreloadReplayBufferDataset])

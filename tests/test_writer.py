@@ -1,4 +1,4 @@
-"""BackgroundWriter: order, backpressure, failure and retry."""
+"""BackgroundWriter: order, backpressure, retries until success, bounded waits."""
 
 from __future__ import annotations
 
@@ -14,18 +14,25 @@ def test_tasks_run_in_order():
     writer = BackgroundWriter(max_pending=3)
     seen: list[int] = []
     for k in range(20):
-        writer.submit(lambda k=k: seen.append(k))
+        writer.wait_for_room(1)
+        writer.submit([lambda k=k: seen.append(k)])
     writer.flush()
     assert seen == list(range(20))
     writer.close()
 
 
-def test_submit_blocks_while_queue_is_full():
+def test_wait_for_room_blocks_while_queue_is_full():
     writer = BackgroundWriter(max_pending=1)
     release = threading.Event()
-    writer.submit(release.wait)
+    writer.submit([release.wait])
     submitted = threading.Event()
-    thread = threading.Thread(target=lambda: (writer.submit(lambda: None), submitted.set()))
+
+    def submit_one() -> None:
+        writer.wait_for_room(1)
+        writer.submit([lambda: None])
+        submitted.set()
+
+    thread = threading.Thread(target=submit_one)
     thread.start()
     assert not submitted.wait(0.2)  # blocked by backpressure
     release.set()
@@ -34,27 +41,46 @@ def test_submit_blocks_while_queue_is_full():
     writer.close()
 
 
-def test_failure_is_kept_raised_and_retried():
-    writer = BackgroundWriter(retries=1, retry_delay=0.0)
+def test_a_call_larger_than_the_queue_is_admitted_alone():
+    writer = BackgroundWriter(max_pending=2)
+    writer.wait_for_room(5)  # an empty queue admits any call
+    done: list[int] = []
+    writer.submit([lambda k=k: done.append(k) for k in range(5)])
+    writer.close()
+    assert done == list(range(5))
+
+
+def test_failing_task_is_retried_until_it_succeeds_and_nothing_is_dropped():
+    writer = BackgroundWriter(max_pending=2, retry_delay=0.001, max_retry_delay=0.01)
     attempts = {"n": 0}
+    fixed = threading.Event()
     done: list[str] = []
 
-    def flaky():
+    def flaky() -> None:
         attempts["n"] += 1
-        if attempts["n"] <= 2:
+        if not fixed.is_set():
             raise OSError(f"attempt {attempts['n']}")
         done.append("first")
 
-    writer.submit(flaky)
-    writer.submit(lambda: done.append("second"))
-    with pytest.raises(WriterFailedError, match="attempt 2"):
-        writer.flush()
-    assert writer.failed and done == []
-    with pytest.raises(WriterFailedError):
-        writer.submit(lambda: None)
-    writer.flush()
-    assert done == ["first", "second"] and not writer.failed
-    writer.close()
-    writer.close()
+    writer.submit([flaky, lambda: done.append("second")])
+    with pytest.raises(
+        WriterFailedError, match=r"2 write\(s\) to storage not committed.*attempt"
+    ) as info:
+        writer.flush(timeout=0.2)
+    assert isinstance(info.value.__cause__, OSError)
+    assert attempts["n"] > 1 and done == []
+    # A full queue of a failing writer refuses at once, with nothing queued.
+    with pytest.raises(WriterFailedError, match="nothing changed"):
+        writer.wait_for_room(1)
+    assert writer.pending == 2
+    # close() waits a bounded time and reports, every time; the writes stay queued.
+    for _ in range(2):
+        with pytest.raises(WriterFailedError, match=r"2 write\(s\)"):
+            writer.close(timeout=0.05)
     with pytest.raises(BufferClosedError):
-        writer.submit(lambda: None)
+        writer.submit([lambda: None])
+    fixed.set()
+    writer.close()
+    assert done == ["first", "second"] and writer.last_error is None
+    writer.close()
+    writer.flush()

@@ -102,7 +102,9 @@ def run_cold(
     counting = CountingStore(LocalStore(root)) if trajectory_format == "zarr" else None
     options: dict[str, Any] = {}
     if counting is not None:
-        options = {"store": counting, "chunk_bytes": chunk_bytes}
+        # The counting store sees layout-1 chunk reads; layout 2 reads shards directly and
+        # counts them in an IOStats passed as layout_options["io_stats"] (bench: switch).
+        options = {"store": counting, "chunk_bytes": chunk_bytes, "layout_version": 1}
         if not compressed:
             options["codecs"] = {"default": None}
     buffer = TrajectoryReplayBuffer(

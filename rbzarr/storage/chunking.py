@@ -34,13 +34,39 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from zarr.codecs import ZstdCodec
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "chunk_shape", "default_codec", "pick_codec"]
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "INNER_CHUNK_BYTES",
+    "KeyPlan",
+    "chunk_shape",
+    "default_codec",
+    "pick_codec",
+    "plan_key",
+]
 
 DEFAULT_CHUNK_BYTES = 512 * 2**10
+# Layout v2: a configured compressor on small rows packs this many bytes per inner chunk.
+INNER_CHUNK_BYTES = 64 * 2**10
+
+
+@dataclass(frozen=True)
+class KeyPlan:
+    """How layout v2 stores one array (see the module docs).
+
+    ``kind`` is ``"mapped"`` (one uncompressed inner chunk, the whole array: read in
+    place), ``"chunked"`` (zstd inner chunks of shape ``inner``, ``level`` their level) or
+    ``"zarr"`` (anything else: regular chunks written and read by zarr's pipeline).
+    """
+
+    kind: str
+    inner: tuple[int, ...] = ()
+    level: int | None = None
+    checksum: bool = False
 
 
 def default_codec() -> ZstdCodec:
@@ -75,3 +101,32 @@ def pick_codec(codecs: Mapping[str, Any], key: str) -> Any:
     if "default" in codecs:
         return codecs["default"]
     return default_codec()
+
+
+def plan_key(shape: Sequence[int], itemsize: int, codecs: Mapping[str, Any], key: str) -> KeyPlan:
+    """The layout v2 plan of array ``key`` of ``shape`` (see the module docs).
+
+    Parameters
+    ----------
+    shape, itemsize
+        The array's shape (``[T(+E), B, ...]`` or ``[T]``) and bytes per element.
+    codecs
+        The layout's configured compressors (see :func:`pick_codec`); a key that none of
+        them names is stored uncompressed, read in place.
+    key
+        The flat key.
+    """
+    if not shape or 0 in shape:
+        return KeyPlan("zarr")
+    configured = key in codecs or "default" in codecs
+    codec = pick_codec(codecs, key) if configured else None
+    if codec is None:
+        return KeyPlan("mapped", tuple(int(d) for d in shape))
+    if not isinstance(codec, ZstdCodec):
+        return KeyPlan("zarr")
+    rows = int(shape[0])
+    row_bytes = math.prod(shape[2:]) * itemsize
+    most = max(1, min(rows, INNER_CHUNK_BYTES // row_bytes))
+    steps = max(k for k in range(1, most + 1) if rows % k == 0)
+    inner = (steps, 1, *shape[2:]) if len(shape) >= 2 else (steps,)
+    return KeyPlan("chunked", tuple(int(d) for d in inner), int(codec.level), codec.checksum)

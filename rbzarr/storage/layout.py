@@ -129,6 +129,22 @@ class TrajectoryLayout(ABC):
         """:meth:`read_rows` for several trajectories; layouts may fetch them concurrently."""
         return [self.read_rows(entry, rows, keys) for entry, rows in requests]
 
+    def read_rows_into(
+        self,
+        requests: Sequence[tuple[Entry, torch.Tensor, int]],
+        keys: Sequence[str],
+        out: Mapping[str, torch.Tensor],
+    ) -> None:
+        """Read rows of several trajectories into preallocated blocks.
+
+        Each request ``(entry, rows, start)`` fills ``out[key][start:start + len(rows)]``
+        for every key.  The default goes through :meth:`read_rows_many`.
+        """
+        values = self.read_rows_many([(entry, rows) for entry, rows, _ in requests], keys)
+        for (_, rows, start), got in zip(requests, values, strict=True):
+            for key in keys:
+                out[key][start : start + len(rows)].copy_(got[key])
+
     @abstractmethod
     def delete(self, entry: Entry) -> None:
         """Remove a trajectory's data; missing data is not an error."""
@@ -267,13 +283,15 @@ class TrajectoryLayout(ABC):
         )
 
     # -- documents ----------------------------------------------------------------------
-    def write_documents(self, documents: Documents) -> None:
+    def write_documents(self, documents: Documents) -> Documents:
         """Commit: write the index, then the metadata, each atomically.
 
-        Call only after every trajectory the index lists is completely written.
+        Call only after every trajectory the index lists is completely written.  Returns
+        the documents as written (a layout may add what describes its format).
         """
         self.location.write_bytes(_dump(documents.trajectory_index), INDEX_FILE)
         self.location.write_bytes(_dump(documents.metadata), METADATA_FILE)
+        return documents
 
     def read_documents(self) -> Documents:
         """Read both documents; a missing one raises ``CheckpointNotFoundError`` naming it."""

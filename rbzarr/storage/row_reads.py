@@ -16,7 +16,7 @@ import torch
 
 from rbzarr.dtypes import dtype_from_name
 from rbzarr.storage.layout import Entry, TrajectoryLayout
-from rbzarr.trajectory import Schema, Trajectory, flatten_trajectory, validate
+from rbzarr.trajectory import Schema
 
 __all__ = ["MissPlan", "plan_misses", "read_batch"]
 
@@ -28,7 +28,7 @@ class _Group:
     where: torch.Tensor
     entry: Entry
     rows: torch.Tensor
-    pending: Trajectory | None
+    pending: Mapping[str, torch.Tensor] | None
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def plan_misses(
     cached: dict[str, torch.Tensor],
     schema: Schema,
     entries: Mapping[int, Entry],
-    pending: Mapping[int, Trajectory],
+    pending: Mapping[int, Mapping[str, torch.Tensor]],
 ) -> MissPlan:
     """Group the missed rows of a batch by trajectory (call under the buffer's lock).
 
@@ -68,7 +68,8 @@ def plan_misses(
     entries
         Index entries by trajectory id; every missed id must be present.
     pending
-        Trajectories accepted but not yet written, by id: their rows are read from memory.
+        Flat rows (``{key: [T*B, ...]}``) of trajectories accepted but not yet written,
+        by id: their rows are read from memory, with no re-validation.
 
     Returns
     -------
@@ -115,7 +116,7 @@ def _read_misses(
         if group.pending is None:
             stored.append(group)
             continue
-        flat = flatten_trajectory(group.pending, validate(group.pending))
+        flat = group.pending
         reads.append((group.where, {k: flat[k].index_select(0, group.rows) for k in keys}))
     if stored:
         assert store is not None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,7 +118,11 @@ THREAD_BYTES = 256 * 2**10
 
 
 def array_metadata(
-    data: np.ndarray, chunks: tuple[int, ...], compressor: Any, torch_dtype: torch.dtype
+    data: np.ndarray,
+    chunks: tuple[int, ...],
+    compressor: Any,
+    torch_dtype: torch.dtype,
+    dimension_names: Sequence[str] | None = None,
 ) -> ArrayV3Metadata:
     """The zarr v3 metadata of a new array holding ``data`` (as ``create_array`` writes it)."""
     data_type = parse_data_type(data.dtype, zarr_format=3)
@@ -136,7 +140,7 @@ def array_metadata(
         fill_value=data_type.default_scalar(),
         codecs=(BytesCodec(endian="little" if data.dtype.itemsize > 1 else None), *compressors),
         attributes={DTYPE_ATTR: dtype_name(torch_dtype)},
-        dimension_names=None,
+        dimension_names=None if dimension_names is None else tuple(dimension_names),
     )
 
 

@@ -24,12 +24,12 @@ from rbzarr.storage.layout import (
     TrajectoryLayout,
 )
 from rbzarr.storage.zarr_chunks import DTYPE_ATTR
+from rbzarr.storage.zarr_open import FIELDS_ATTR, TRAJECTORIES
 
-__all__ = ["FIELDS_ATTR", "ROOT_ATTR", "TRAJECTORIES", "ZarrInspection", "codec_text"]
+__all__ = ["ROOT_ATTR", "ZarrInspection", "codec_text"]
 
-TRAJECTORIES = "trajectories"
+# The root group's attribute that mirrors the two documents.
 ROOT_ATTR = "rbzarr"
-FIELDS_ATTR = "fields"
 
 
 class ZarrInspection(TrajectoryLayout):

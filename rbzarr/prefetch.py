@@ -1,0 +1,124 @@
+"""The prefetch thread: sampled batches made a bounded number ahead of the consumer.
+
+:class:`ReplayLoader` runs any ``produce() -> batch`` callable on a daemon thread and hands
+its results out in order, re-raising the first error after the batches made before it.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from collections.abc import Callable
+from itertools import count
+from types import TracebackType
+from typing import Any
+
+__all__ = ["ReplayLoader"]
+
+Batch = dict[str, Any]
+
+
+class _Failure:
+    """Carries an exception from the prefetch thread to the consumer."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+_END = object()
+
+
+def _prefetch(
+    produce: Callable[[], Batch],
+    batches: int | None,
+    out: queue.Queue[Any],
+    stop: threading.Event,
+) -> None:
+    """The prefetch thread: fill ``out`` until ``batches`` are made, ``stop`` or an error."""
+    try:
+        for _ in range(batches) if batches is not None else count():
+            if stop.is_set():
+                return
+            out.put(produce())
+    except BaseException as error:  # every failure must reach the consumer, not the thread
+        out.put(_Failure(error))
+        return
+    out.put(_END)
+
+
+def _shutdown(stop: threading.Event, out: queue.Queue[Any], thread: threading.Thread) -> None:
+    """Stop the prefetch thread: drain ``out`` until the thread, unblocked, exits."""
+    stop.set()
+    while thread.is_alive():
+        while True:
+            try:
+                out.get_nowait()
+            except queue.Empty:
+                break
+        thread.join(timeout=0.05)
+
+
+class ReplayLoader:
+    """An iterator of sampled batches, made ``prefetch`` batches ahead on a thread.
+
+    Built by :meth:`ReplayDataset.__iter__`. An exception raised while sampling is
+    re-raised by ``__next__`` (after the batches made before it) and ends the iteration.
+    :meth:`close` (or leaving a ``with`` block) stops the thread; so does dropping the
+    loader.
+    """
+
+    def __init__(
+        self, produce: Callable[[], Batch], batches: int | None, prefetch: int, seed: int | None
+    ) -> None:
+        self.seed = seed
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=prefetch)
+        self._stop = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(
+            target=_prefetch,
+            args=(produce, batches, self._queue, self._stop),
+            name="rbzarr-prefetch",
+            daemon=True,
+        )
+        self._thread.start()
+        self._finalizer = weakref.finalize(self, _shutdown, self._stop, self._queue, self._thread)
+        # At interpreter exit the daemon thread simply dies; joining it could hang on a
+        # sample() that never returns.
+        self._finalizer.atexit = False
+
+    def __iter__(self) -> ReplayLoader:
+        return self
+
+    def __next__(self) -> Batch:
+        if self._done:
+            raise StopIteration
+        item = self._queue.get()
+        if item is _END:
+            self.close()
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self.close()
+            raise item.error
+        return item
+
+    @property
+    def is_running(self) -> bool:
+        """Whether the prefetch thread is still alive."""
+        return self._thread.is_alive()
+
+    def close(self) -> None:
+        """Stop the prefetch thread and discard the batches it made; idempotent."""
+        self._done = True
+        self._finalizer()
+
+    def __enter__(self) -> ReplayLoader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,51 @@
+"""One small thread pool per process, for work that releases the GIL (zstd, file reads).
+
+A pool created before a ``fork`` has no threads in the child, so the pool is keyed by the
+process id and rebuilt after a fork.  Work is only handed to it when it is large enough to
+pay for the hop (see the callers).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+__all__ = ["WORKERS", "run_all"]
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+_lock = threading.Lock()
+_pools: dict[int, ThreadPoolExecutor] = {}  # by process id
+WORKERS = max(2, min(8, os.cpu_count() or 2))
+
+
+def _executor() -> ThreadPoolExecutor:
+    with _lock:
+        pool = _pools.get(os.getpid())
+        if pool is None:
+            _pools.clear()  # a parent's pool has no threads here
+            pool = _pools[os.getpid()] = ThreadPoolExecutor(WORKERS, thread_name_prefix="rbzarr-io")
+        return pool
+
+
+def run_all(fn: Callable[[_T], _R], items: Sequence[_T], threaded: bool) -> list[_R]:
+    """``[fn(item) for item in items]``, on the pool when ``threaded`` and worth it.
+
+    The calling thread takes the first share itself, so a single item never hops.
+    """
+    if not threaded or len(items) < 2:
+        return [fn(item) for item in items]
+    share = -(-len(items) // WORKERS)
+    batches = [items[i : i + share] for i in range(0, len(items), share)]
+    futures = [_executor().submit(_each, fn, batch) for batch in batches[1:]]
+    results = _each(fn, batches[0])
+    for future in futures:
+        results.extend(future.result())
+    return results
+
+
+def _each(fn: Callable[[_T], _R], batch: Iterable[_T]) -> list[_R]:
+    return [fn(item) for item in batch]

@@ -1,0 +1,144 @@
+"""Opened trajectories of the zarr layout, and the cache that keeps them.
+
+A trajectory group written by layout v1 opens as :class:`PlainTrajectory` (zarr array
+handles, chunks read by :mod:`rbzarr.storage.zarr_chunks`); one written by layout v2 as a
+:class:`~rbzarr.storage.shard_trajectory.ShardedTrajectory` (shards read directly).  The
+group's attributes say which: v2 groups carry ``rbzarr_layout``.
+
+:class:`HandleCache` keeps the most recently used ones, keyed by ``(id, uuid)``.  It is
+bounded in trajectories and in open file descriptors, forgets everything in a forked child
+(remote handles do not survive a fork) and, through a generation counter, never caches
+handles opened while a write or delete of the same store ran.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from zarr.core.array import AsyncArray
+
+from rbzarr.errors import CorruptStoreError
+from rbzarr.storage.layout import Entry
+from rbzarr.storage.shard_trajectory import ShardedTrajectory
+
+__all__ = [
+    "HandleCache",
+    "Opened",
+    "PlainTrajectory",
+    "check_plain_shapes",
+    "time_and_envs",
+    "trajectory_id",
+]
+
+
+@dataclass(frozen=True)
+class PlainTrajectory:
+    """Open handles of one committed layout-v1 trajectory (immutable, so safe to share)."""
+
+    group: str
+    dtypes: dict[str, torch.dtype]
+    arrays: dict[str, AsyncArray[Any]]
+
+    @property
+    def files(self) -> int:
+        """Open file descriptors held (none: zarr opens files per read)."""
+        return 0
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        """The stored shape of ``key``."""
+        return tuple(self.arrays[key].shape)
+
+
+Opened = PlainTrajectory | ShardedTrajectory
+
+
+def _file_budget() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(64, (soft if soft != resource.RLIM_INFINITY else 65536) // 4)
+
+
+class HandleCache:
+    """LRU cache of opened trajectories, ``size`` at most and a quarter of the process's
+    file-descriptor limit."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.file_budget = _file_budget()
+        self._handles: OrderedDict[tuple[int, str], Opened] = OrderedDict()
+        self._files = 0
+        self._generation = 0
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[int, str]) -> tuple[Opened | None, int]:
+        """The cached handles of ``key`` (or ``None``) and the current generation."""
+        with self._lock:
+            self._check_fork()
+            opened = self._handles.get(key)
+            if opened is not None:
+                self._handles.move_to_end(key)
+            return opened, self._generation
+
+    def put(self, key: tuple[int, str], opened: Opened, generation: int) -> None:
+        """Cache ``opened`` unless a write or delete ran since ``generation``."""
+        with self._lock:
+            if generation != self._generation or self.size == 0 or key in self._handles:
+                return
+            self._handles[key] = opened
+            self._files += opened.files
+            while self._handles and (
+                len(self._handles) > self.size or self._files > self.file_budget
+            ):
+                _, evicted = self._handles.popitem(last=False)
+                self._files -= evicted.files
+
+    def forget(self, tid: int | None = None) -> None:
+        """Drop the handles of trajectory ``tid`` (every trajectory when ``None``)."""
+        with self._lock:
+            self._generation += 1
+            for key in [key for key in self._handles if tid is None or key[0] == tid]:
+                self._files -= self._handles.pop(key).files
+
+    def _check_fork(self) -> None:
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._handles.clear()
+            self._files = 0
+            self._generation += 1
+
+
+def trajectory_id(entry: Entry) -> int:
+    """The entry's id; a missing or invalid one raises :class:`CorruptStoreError`."""
+    try:
+        return int(entry["trajectory_id"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptStoreError(f"index entry has no valid 'trajectory_id': {entry!r}") from exc
+
+
+def time_and_envs(entry: Entry) -> tuple[int, int]:
+    """``(T, B)`` of an index entry."""
+    shape = entry.get("shape")
+    if not isinstance(shape, Sequence) or len(shape) < 2:
+        raise CorruptStoreError(f"index entry has no [T, B, ...] 'shape': {entry!r}")
+    return int(shape[0]), int(shape[1])
+
+
+def check_plain_shapes(arrays: Mapping[str, AsyncArray[Any]], entry: Entry, where: str) -> None:
+    """Refuse data whose [T, B] disagrees with its index entry (reset rows allowed)."""
+    T, B = time_and_envs(entry)
+    for key, array in arrays.items():
+        if array.ndim < 2:
+            continue
+        rows, envs = int(array.shape[0]), int(array.shape[1])
+        if envs != B or rows < T or (rows > T and T % (rows - T) != 0):
+            raise CorruptStoreError(
+                f"{where}/{key}: shape {tuple(array.shape)} disagrees with the "
+                f"index entry's shape {list(entry['shape'])}"
+            )

@@ -1,0 +1,79 @@
+"""ValidatedTrajectory: a trajectory that passed validation once, with its flat view.
+
+The buffer validates a trajectory exactly once, on ``add_trajectories``; what validation
+learnt (its :class:`~rbzarr.trajectory.TrajectorySpec`) and its flat ``[T*B, ...]`` view
+travel with it to the cache, to the store writer and to sampling, so nothing downstream
+validates or flattens it again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rbzarr.trajectory import (
+    Residue,
+    Schema,
+    Trajectory,
+    TrajectorySpec,
+    as_trajectory,
+    split_trajectory,
+    trajectory_from_raw,
+    validate,
+)
+
+__all__ = ["ValidatedTrajectory", "clone_trajectory"]
+
+
+def clone_trajectory(trajectory: Trajectory) -> Trajectory:
+    """A :class:`~rbzarr.trajectory.Trajectory` owning copies of every tensor."""
+    fields = {key: value.detach().clone() for key, value in trajectory.tensors().items()}
+    return trajectory_from_raw(fields, trajectory.max_episode_length, trajectory.model_weights_id)
+
+
+@dataclass(frozen=True)
+class ValidatedTrajectory:
+    """A validated trajectory: raw rows, what validation learnt, and the flat view.
+
+    ``flat`` (keys in schema order) and ``residue`` share memory with ``trajectory``.
+    """
+
+    trajectory: Trajectory
+    spec: TrajectorySpec
+    flat: dict[str, torch.Tensor]
+    residue: Residue
+
+    @classmethod
+    def check(
+        cls, trajectory: object, schema: Schema | None = None, *, copy: bool = False
+    ) -> ValidatedTrajectory:
+        """Validate ``trajectory`` against ``schema`` and split it, optionally copying first.
+
+        Parameters
+        ----------
+        trajectory
+            The trajectory (rbzarr's or any object with the same fields).
+        schema
+            The schema it must match (dict keys are matched by name); ``None`` accepts any.
+        copy
+            Copy the tensors, so the caller may reuse its own afterwards.
+
+        Returns
+        -------
+        ValidatedTrajectory
+            With ``flat`` in the key order of ``schema`` (its own order without one).
+
+        Raises
+        ------
+        InvalidTrajectoryError
+            The trajectory's fields disagree with each other or with ``schema``.
+        """
+        # RLinf's own Trajectory (or any object with its fields) is read by field name.
+        trajectory = as_trajectory(trajectory)
+        spec = validate(trajectory, schema)
+        if copy:
+            trajectory = clone_trajectory(trajectory)
+        flat, residue = split_trajectory(trajectory, spec)
+        order = spec.schema if schema is None else schema
+        return cls(trajectory, spec, {key: flat[key] for key in order}, residue)
