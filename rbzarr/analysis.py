@@ -1,18 +1,17 @@
-"""Offline analysis: a read-only view of a store, its trajectories, episodes and statistics.
+"""Offline analysis: a read-only view of a store, its trajectories, episodes and samples.
 
 :func:`open_buffer` opens any rbzarr store or checkpoint (zarr, pt or pkl layout; a local
 path or an fsspec URL) without a writer.  The view trusts only the index: it lists the
 committed trajectories of ``trajectory_index.json`` and nothing else, and :meth:`BufferView.
 refresh` re-reads the index to pick up trajectories committed since.
 
-**Episodes** are cut as :mod:`rbzarr.episodes` describes.  Episodes do not continue across
-trajectories: the steps after the last done of a trajectory form an *incomplete* episode
-(``Episode.done`` is false), which statistics leave out.
+**Episodes** are cut as :mod:`rbzarr.episodes` describes: an episode that runs from one
+trajectory into the next (consecutive ids, same ``B``) is one episode; one still running
+where its run ends is *incomplete* (``Episode.done`` is false).
 """
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -23,14 +22,7 @@ from tqdm import tqdm
 
 from rbzarr import tree
 from rbzarr.checkpoint import schema_from_json
-from rbzarr.episodes import (
-    DONES,
-    REWARDS,
-    Episode,
-    complete_episodes,
-    episode_segments,
-    time_steps,
-)
+from rbzarr.episodes import DONES, Episode, EpisodeTracker, continues, time_steps
 from rbzarr.index import TrajectoryIndex
 from rbzarr.sampler import WindowSampler
 from rbzarr.storage.layout import Documents, TrajectoryLayout
@@ -39,7 +31,7 @@ from rbzarr.storage.registry import open_store
 from rbzarr.storage.row_reads import plan_misses, read_batch
 from rbzarr.trajectory import Schema, Trajectory, validate
 
-__all__ = ["BufferView", "RunningStats", "compute_stats", "open_buffer"]
+__all__ = ["BufferView", "open_buffer"]
 
 
 def open_buffer(
@@ -241,24 +233,69 @@ class BufferView:
         for trajectory_id in tqdm(self.ids, desc="trajectories", disable=not progress):
             yield trajectory_id, self.trajectory(trajectory_id, keys)
 
-    def iter_episodes(self, keys: Sequence[str] | None = None) -> Iterator[Episode]:
-        """Yield every episode (see the module docs), trajectory by trajectory, env by env.
+    def iter_steps(
+        self, keys: Sequence[str] | None = None, progress: bool = False
+    ) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
+        """Yield ``(trajectory_id, steps)`` in index order: every (or each flat ``keys``)
+        field's ``T`` time steps, the reset rows of ``dones``-like fields dropped."""
+        for trajectory_id, trajectory in self.iter_trajectories(keys, progress):
+            T = int(self.entry(trajectory_id)["shape"][0])
+            yield trajectory_id, {k: time_steps(v, T) for k, v in trajectory.tensors().items()}
 
-        ``keys`` limits the fields read (``dones`` is always read); ``None`` reads all.
+    def run_continues(self, across_trajectories: bool = True) -> list[bool]:
+        """Per id of :attr:`ids`: whether the next trajectory continues its run
+        (:func:`rbzarr.episodes.continues`); all false without ``across_trajectories``."""
+        entries = [self._index.entries[i] for i in self._index.id_list]
+        return [
+            across_trajectories and i + 1 < len(entries) and continues(entry, entries[i + 1])
+            for i, entry in enumerate(entries)
+        ]
+
+    def iter_steps_and_episodes(
+        self,
+        keys: Sequence[str] | None = None,
+        progress: bool = False,
+        across_trajectories: bool = True,
+        episode_keys: Sequence[str] | None = None,
+    ) -> Iterator[tuple[int, dict[str, torch.Tensor], list[Episode]]]:
+        """:meth:`iter_steps`, with the episodes that end in (or are cut by) each trajectory.
+
+        Episodes carry the ``[T, B, ...]`` fields among ``episode_keys`` (default: ``keys``;
+        ``dones`` is always read); see :mod:`rbzarr.episodes` for how they are cut and
+        followed across a run.
+
+        Raises
+        ------
+        ValueError
+            A trajectory has no ``dones`` field.
         """
         wanted = None if keys is None else list(dict.fromkeys([*keys, DONES]))
-        for trajectory_id, trajectory in self.iter_trajectories(wanted):
-            T, B = self.entry(trajectory_id)["shape"][:2]
-            steps = {
-                key: time_steps(value, T)
-                for key, value in trajectory.tensors().items()
-                if value.dim() >= 2 and value.shape[1] == B
+        carried = None if episode_keys is None else {*episode_keys, DONES}
+        tracker = EpisodeTracker()
+        runs = self.run_continues(across_trajectories)
+        for (trajectory_id, steps), run_continues in zip(
+            self.iter_steps(wanted, progress), runs, strict=True
+        ):
+            B = int(self.entry(trajectory_id)["shape"][1])
+            per_env = {
+                k: v
+                for k, v in steps.items()
+                if v.dim() >= 2 and v.shape[1] == B and (carried is None or k in carried)
             }
-            if DONES not in steps:
+            if DONES not in per_env:
                 raise ValueError(f"{self.url}: trajectory {trajectory_id} has no 'dones' field")
-            for env, start, length, done in episode_segments(steps[DONES]):
-                fields = {key: value[start : start + length, env] for key, value in steps.items()}
-                yield Episode(trajectory_id, env, start, length, done, fields)
+            yield trajectory_id, steps, tracker.feed(trajectory_id, per_env, run_continues)
+
+    def iter_episodes(
+        self, keys: Sequence[str] | None = None, across_trajectories: bool = True
+    ) -> Iterator[Episode]:
+        """Yield every episode, in the order they end (see :mod:`rbzarr.episodes`).
+
+        ``keys`` limits the fields read (``dones`` is always read); ``None`` reads all.
+        ``across_trajectories=False`` cuts episodes at trajectory boundaries.
+        """
+        for _, _, episodes in self.iter_steps_and_episodes(keys, False, across_trajectories):
+            yield from episodes
 
     def dask_arrays(self, key: str) -> dict[int, Any]:
         """Lazy dask arrays over the Zarr array ``key`` of every committed trajectory.
@@ -284,103 +321,3 @@ def _reopen(
     view = open_buffer(url, storage_options, **options)
     view._sampler.load_state_dict(sampler)
     return view
-
-
-class RunningStats:
-    """Count, mean, population std, min and max of a stream of tensors (float64).
-
-    Batches merge with Chan et al.'s parallel update, so the result does not depend on how
-    the values are split.
-    """
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.mean = 0.0
-        self._m2 = 0.0
-        self.min = math.inf
-        self.max = -math.inf
-
-    def update(self, values: torch.Tensor) -> None:
-        """Add every element of ``values``."""
-        x = values.detach().reshape(-1).to(torch.float64)
-        n = int(x.numel())
-        if n == 0:
-            return
-        mean = float(x.mean())
-        m2 = float(((x - mean) ** 2).sum())
-        total = self.count + n
-        delta = mean - self.mean
-        self._m2 += m2 + delta * delta * self.count * n / total
-        self.mean += delta * n / total
-        self.count = total
-        self.min = min(self.min, float(x.min()))
-        self.max = max(self.max, float(x.max()))
-
-    @property
-    def std(self) -> float:
-        """Population standard deviation (``ddof=0``)."""
-        return math.sqrt(self._m2 / self.count) if self.count else math.nan
-
-    def to_dict(self) -> dict[str, Any]:
-        """``{"count", "mean", "std", "min", "max"}``; the last four are ``None`` if empty."""
-        if not self.count:
-            return {"count": 0, "mean": None, "std": None, "min": None, "max": None}
-        return {
-            "count": self.count,
-            "mean": self.mean,
-            "std": self.std,
-            "min": self.min,
-            "max": self.max,
-        }
-
-
-def compute_stats(
-    view: BufferView, keys: Sequence[str] | None = None, progress: bool = False
-) -> dict[str, Any]:
-    """Per-key statistics and episode returns / lengths, streaming trajectory by trajectory.
-
-    Statistics run over every element of a key's time steps (reset rows excluded); complex
-    fields are not supported.  Episodes (module docs) need ``dones``; returns need
-    ``rewards``; incomplete episodes are counted but not in the statistics.
-
-    Returns
-    -------
-    dict
-        ``{"trajectories", "total_samples", "keys": {key: RunningStats.to_dict()},
-        "episodes": {"complete", "incomplete", "length", "return"} or None}``.
-    """
-    available = view.keys()
-    wanted = available if keys is None else list(keys)
-    unknown = [key for key in wanted if key not in available]
-    if unknown:
-        raise ValueError(f"{view.url}: unknown keys {unknown}; the store has {available}")
-    extra = [key for key in (REWARDS, DONES) if key in available and key not in wanted]
-    per_key = {key: RunningStats() for key in wanted}
-    lengths, returns = RunningStats(), RunningStats()
-    incomplete = 0
-    for trajectory_id, trajectory in view.iter_trajectories([*wanted, *extra], progress):
-        T = int(view.entry(trajectory_id)["shape"][0])
-        steps = {key: time_steps(value, T) for key, value in trajectory.tensors().items()}
-        for key in wanted:
-            per_key[key].update(steps[key])
-        if DONES not in steps:
-            continue
-        for length, episode_return in complete_episodes(steps):
-            lengths.update(torch.tensor([length]))
-            if episode_return is not None:
-                returns.update(torch.tensor([episode_return]))
-        incomplete += sum(not done for *_, done in episode_segments(steps[DONES]))
-    episodes = None
-    if DONES in available:
-        episodes = {
-            "complete": lengths.count,
-            "incomplete": incomplete,
-            "length": lengths.to_dict(),
-            "return": returns.to_dict() if REWARDS in available else None,
-        }
-    return {
-        "trajectories": len(view),
-        "total_samples": view.total_samples,
-        "keys": {key: stats.to_dict() for key, stats in per_key.items()},
-        "episodes": episodes,
-    }

@@ -518,7 +518,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         """Make the auto-save store hold the loaded trajectories, so it stays self-contained."""
         assert self._store is not None
         in_place = loaded.source.location.url == self._store.url
-        if in_place and loaded.share.id_list != loaded.full.id_list:
+        if in_place and loaded.is_partial:
             raise CheckpointConflictError(
                 f"{self._store.url}: a rank's share cannot continue in place in the shared "
                 "auto_save store: ranks appending to one store would write the same new ids; "

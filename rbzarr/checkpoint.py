@@ -116,7 +116,8 @@ class LoadedCheckpoint:
     ``full`` is the checkpoint's whole index, ``share`` this rank's part of it (the whole
     index for a full load) with the trajectories that have data; ``warm`` holds the last
     trajectories of ``share`` (as many as the cache keeps), validated; ``sampler`` the
-    sampler state to restore.
+    sampler state to restore; ``is_partial`` says whether this rank's share of the id list
+    leaves out other ranks' ids.
     """
 
     source: TrajectoryLayout
@@ -125,6 +126,7 @@ class LoadedCheckpoint:
     schema: Schema | None
     sampler: dict[str, Any]
     warm: list[tuple[int, ValidatedTrajectory]]
+    is_partial: bool = False
 
     @property
     def trajectory_format(self) -> str:
@@ -169,6 +171,7 @@ def load(
     documents = read_documents(location)
     full = TrajectoryIndex.from_documents(documents, location.url)
     share = full if share_of is None else full.shard(*share_of)
+    is_partial = share.id_list != full.id_list
     source = open_layout(location, stored_format(documents))
     missing = [i for i in share.id_list if not source.contains(share.entries[i])]
     if missing:
@@ -198,7 +201,7 @@ def load(
     if share_of is not None or not isinstance(sampler, dict):
         # Only the seed (if recorded): a rank restarts the stream from it.
         sampler = {k: v for k, v in documents.metadata.items() if k == "seed"}
-    return LoadedCheckpoint(source, full, share, schema, dict(sampler), warm)
+    return LoadedCheckpoint(source, full, share, schema, dict(sampler), warm, is_partial)
 
 
 def _read_validated(

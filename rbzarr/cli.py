@@ -98,6 +98,14 @@ def list_command(ctx: click.Context, url: str, as_json: bool) -> None:
         )
 
 
+_per_trajectory_flag = click.option(
+    "--per-trajectory",
+    is_flag=True,
+    help="Cut episodes at trajectory boundaries instead of following them into the next "
+    "trajectory of their run (consecutive ids, same number of envs).",
+)
+
+
 @main.command()
 @click.argument("url")
 @click.option(
@@ -105,14 +113,23 @@ def list_command(ctx: click.Context, url: str, as_json: bool) -> None:
     multiple=True,
     help="Only these flat keys (comma-separated or repeated), e.g. rewards,curr_obs/state.",
 )
+@_per_trajectory_flag
 @_json_flag
 @click.pass_context
-def stats(ctx: click.Context, url: str, keys: tuple[str, ...], as_json: bool) -> None:
+def stats(
+    ctx: click.Context, url: str, keys: tuple[str, ...], per_trajectory: bool, as_json: bool
+) -> None:
     """Per-key mean / std / min / max and episode returns and lengths (streaming)."""
-    from rbzarr.analysis import compute_stats, open_buffer  # noqa: PLC0415
+    from rbzarr.stats import compute_stats  # noqa: PLC0415
 
     wanted = [key for item in keys for key in item.split(",") if key] or None
-    report = compute_stats(open_buffer(url, _options(ctx)), wanted, progress=progress_wanted())
+    report = compute_stats(
+        url,
+        wanted,
+        progress=progress_wanted(),
+        across_trajectories=not per_trajectory,
+        storage_options=_options(ctx),
+    )
     if as_json:
         _print_json(report)
         return
@@ -247,13 +264,17 @@ def split(ctx: click.Context, source: str, destination: str, count: int) -> None
     type=click.Path(dir_okay=False),
     help="Image file; its suffix picks the format (.png, .jpg / .jpeg, .svg, .pdf).",
 )
+@_per_trajectory_flag
 @click.pass_context
-def plot(ctx: click.Context, url: str, output: str) -> None:
+def plot(ctx: click.Context, url: str, output: str, per_trajectory: bool) -> None:
     """Histograms of rewards, episode returns and lengths; return over trajectory id."""
     from rbzarr.analysis import open_buffer  # noqa: PLC0415
     from rbzarr.plotting import plot_store  # noqa: PLC0415
 
-    counts = plot_store(open_buffer(url, _options(ctx)), output, progress=progress_wanted())
+    view = open_buffer(url, _options(ctx))
+    counts = plot_store(
+        view, output, progress=progress_wanted(), across_trajectories=not per_trajectory
+    )
     click.echo(f"wrote {output} ({counts['rewards']} rewards, {counts['episodes']} episodes)")
 
 

@@ -3,12 +3,22 @@
 For environment ``b``, an episode ends at a time step whose ``dones`` value is true (any
 non-zero element of the step's trailing dims); the next step starts a new one.  The reset
 rows that lead each rollout epoch in ``dones`` are not time steps and never end an episode.
+
+**Across trajectories.**  A collector keeps stepping the same environments from one
+trajectory into the next, so column ``b`` of trajectory ``k + 1`` continues column ``b`` of
+trajectory ``k``.  :class:`EpisodeTracker` follows an episode still running at the end of a
+trajectory into the next one when the two form one *run*: consecutive ids (``k`` then
+``k + 1`` in the index) with the same ``B`` (:func:`continues`).  An episode still running
+at the end of a run is *incomplete* (``Episode.done`` is false).  With
+``across_trajectories=False`` every trajectory is a run of its own (episodes are cut at
+trajectory boundaries).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -18,7 +28,8 @@ __all__ = [
     "DONES",
     "REWARDS",
     "Episode",
-    "complete_episodes",
+    "EpisodeTracker",
+    "continues",
     "episode_segments",
     "time_steps",
 ]
@@ -31,10 +42,11 @@ DONES = "dones"
 class Episode:
     """One episode of one environment: its time steps of the requested fields.
 
-    ``start`` is the trajectory time step it begins at (reset rows not counted), ``done``
-    whether a done ended it (false when the trajectory ended first).  ``fields`` maps flat
-    keys to ``[length, ...]`` tensors; per-step fields without an environment dimension
-    are left out.
+    ``trajectory_id`` is the trajectory it begins in and ``start`` the time step there
+    (reset rows not counted); ``trajectory_ids`` lists every trajectory it spans, in order.
+    ``done`` is whether a done ended it (false when its run ended first).  ``fields`` maps
+    flat keys to ``[length, ...]`` tensors; per-step fields without an environment
+    dimension are left out.
     """
 
     trajectory_id: int
@@ -43,6 +55,7 @@ class Episode:
     length: int
     done: bool
     fields: dict[str, torch.Tensor]
+    trajectory_ids: tuple[int, ...] = ()
 
     @property
     def episode_return(self) -> float | None:
@@ -77,12 +90,65 @@ def episode_segments(dones: torch.Tensor) -> list[tuple[int, int, int, bool]]:
     return segments
 
 
-def complete_episodes(steps: Mapping[str, torch.Tensor]) -> Iterator[tuple[int, float | None]]:
-    """``(length, return)`` of every complete episode of one trajectory's time steps."""
-    rewards = steps.get(REWARDS)
-    if rewards is not None:
-        rewards = rewards.reshape(rewards.shape[0], rewards.shape[1], -1).double().sum(-1)
-    for env, start, length, done in episode_segments(steps[DONES]):
-        if done:
-            total = None if rewards is None else float(rewards[start : start + length, env].sum())
-            yield length, total
+def continues(entry: Mapping[str, Any], following: Mapping[str, Any]) -> bool:
+    """Whether the trajectory of index entry ``following`` continues that of ``entry``.
+
+    True for consecutive ids with the same number of environments ``B``.
+    """
+    return int(following["trajectory_id"]) == int(entry["trajectory_id"]) + 1 and int(
+        following["shape"][1]
+    ) == int(entry["shape"][1])
+
+
+@dataclass
+class _Open:
+    """The part seen so far of an episode still running at the end of a trajectory."""
+
+    trajectory_id: int
+    start: int
+    trajectory_ids: list[int]
+    pieces: list[dict[str, torch.Tensor]] = field(default_factory=list)
+
+
+class EpisodeTracker:
+    """Cut a stream of trajectories into episodes, following them across a run.
+
+    Feed the trajectories in index order; :meth:`feed` returns the episodes that end in
+    (or, at the end of a run, are cut by) each one, environment by environment.
+    """
+
+    def __init__(self) -> None:
+        self._open: dict[int, _Open] = {}
+
+    def feed(
+        self, trajectory_id: int, steps: Mapping[str, torch.Tensor], run_continues: bool
+    ) -> list[Episode]:
+        """The episodes of one trajectory's ``[T, B, ...]`` time ``steps`` (with ``dones``).
+
+        ``run_continues`` says whether the next trajectory fed continues this one (see
+        :func:`continues`); when false, episodes still running are returned incomplete.
+        """
+        carried, self._open = self._open, {}
+        episodes = []
+        for env, start, length, done in episode_segments(steps[DONES]):
+            piece = {key: value[start : start + length, env] for key, value in steps.items()}
+            head = carried.pop(env, None) if start == 0 else None
+            if head is None:
+                head = _Open(trajectory_id, start, [])
+            head.trajectory_ids.append(trajectory_id)
+            head.pieces.append(piece)
+            if done or not run_continues:
+                episodes.append(_close(env, head, done))
+            else:
+                self._open[env] = head
+        # A run that changed B between trajectories leaves columns with nothing to join.
+        episodes.extend(_close(env, head, False) for env, head in carried.items())
+        return episodes
+
+
+def _close(env: int, head: _Open, done: bool) -> Episode:
+    fields = {key: torch.cat([piece[key] for piece in head.pieces]) for key in head.pieces[0]}
+    length = int(fields[DONES].shape[0])
+    return Episode(
+        head.trajectory_id, env, head.start, length, done, fields, tuple(head.trajectory_ids)
+    )

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from rbzarr.analysis import BufferView
-from rbzarr.episodes import DONES, REWARDS, complete_episodes, time_steps
+from rbzarr.episodes import DONES, REWARDS
 
 __all__ = ["DPI", "FIGURE_SIZE", "IMAGE_FORMATS", "image_format_of", "plot_store"]
 
@@ -33,23 +33,28 @@ def _pyplot() -> Any:
     return plt
 
 
-def _collect(view: BufferView, progress: bool) -> tuple[np.ndarray, list[tuple[int, int, float]]]:
-    """All per-step reward elements, and ``(trajectory_id, length, return)`` per episode."""
+def _collect(
+    view: BufferView, progress: bool, across_trajectories: bool
+) -> tuple[np.ndarray, list[tuple[int, int, float]]]:
+    """All per-step reward elements, and ``(trajectory_id, length, return)`` per complete
+    episode, the id being the trajectory the episode ended in."""
     available = view.keys()
     if REWARDS not in available:
         raise ValueError(f"{view.url}: cannot plot rewards, the store has no 'rewards' field")
     keys = [key for key in (REWARDS, DONES) if key in available]
     rewards: list[np.ndarray] = []
     episodes: list[tuple[int, int, float]] = []
-    for trajectory_id, trajectory in view.iter_trajectories(keys, progress):
-        T = int(view.entry(trajectory_id)["shape"][0])
-        steps = {key: time_steps(value, T) for key, value in trajectory.tensors().items()}
+    if DONES in available:
+        stream = view.iter_steps_and_episodes(keys, progress, across_trajectories)
+    else:
+        stream = ((i, steps, []) for i, steps in view.iter_steps(keys, progress))
+    for _, steps, ended in stream:
         rewards.append(steps[REWARDS].to(torch.float64).reshape(-1).numpy())
-        if DONES in steps:
-            episodes.extend(
-                (trajectory_id, length, float(ret or 0.0))
-                for length, ret in complete_episodes(steps)
-            )
+        episodes.extend(
+            (e.trajectory_ids[-1], e.length, float(e.episode_return or 0.0))
+            for e in ended
+            if e.done
+        )
     flat = np.concatenate(rewards) if rewards else np.empty(0)
     return flat, episodes
 
@@ -77,9 +82,15 @@ def image_format_of(path: str | os.PathLike[str]) -> str:
 
 
 def plot_store(
-    view: BufferView, path: str | os.PathLike[str], progress: bool = False
+    view: BufferView,
+    path: str | os.PathLike[str],
+    progress: bool = False,
+    across_trajectories: bool = True,
 ) -> dict[str, int]:
     """Draw the four panels of ``view`` into the image file ``path`` (1000 x 800 pixels).
+
+    Episodes are followed across trajectories (:mod:`rbzarr.episodes`) unless
+    ``across_trajectories`` is false.
 
     Parameters
     ----------
@@ -89,6 +100,8 @@ def plot_store(
         The image to write; its suffix picks the format (see :data:`IMAGE_FORMATS`).
     progress
         Show a progress bar on stderr.
+    across_trajectories
+        Join an episode's steps across consecutive trajectories.
 
     Returns
     -------
@@ -102,7 +115,7 @@ def plot_store(
     """
     image_format = image_format_of(path)
     plt = _pyplot()
-    rewards, episodes = _collect(view, progress)
+    rewards, episodes = _collect(view, progress, across_trajectories)
     figure, axes = plt.subplots(2, 2, figsize=FIGURE_SIZE, dpi=DPI)
     try:
         figure.suptitle(f"{view.url} ({len(view)} trajectories)")

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from rbzarr.checkpoint import schema_from_json
+from rbzarr.checkpoint import is_rbzarr_store, schema_from_json
 from rbzarr.errors import StoreExistsError
 from rbzarr.index import TrajectoryIndex
 from rbzarr.storage.layout import METADATA_FILE, Entry, TrajectoryLayout, read_documents
@@ -96,6 +96,10 @@ class StoreWriter:
                 )
             committed = TrajectoryIndex.from_documents(documents, location.url)
             self.stored_schema = schema_from_json(documents.metadata.get("schema"))
+            if not is_rbzarr_store(documents.metadata):
+                # RLinf lists ids it never saved; rbzarr's documents list only what exists.
+                present = set(self.layout.list_ids())
+                committed = committed.subset(i for i in committed.id_list if i in present)
         # Data the documents do not list (an interrupted write) keeps its id too.
         committed.trajectory_counter = max(
             committed.trajectory_counter, max(self.layout.list_ids(), default=-1) + 1

@@ -36,7 +36,7 @@ def main() -> None:
     numbers = buffer.sample(args.samples)["prev_logprobs"].to(torch.int64)
     mine = {
         "rank": rank,
-        "ids": list(buffer._index.id_list),
+        "ids": buffer.trajectory_ids,
         "size": len(buffer),
         "total_samples": buffer.total_samples,
         "trajectory_counter": buffer.trajectory_counter,

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 
 import numpy as np
 import pytest
 import torch
+from click.testing import CliRunner
 from conftest import make_trajectory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rbzarr import CheckpointNotFoundError, Trajectory, TrajectoryReplayBuffer
-from rbzarr.analysis import RunningStats, compute_stats, open_buffer
+from rbzarr.analysis import open_buffer
+from rbzarr.cli import main
 from rbzarr.episodes import episode_segments
+from rbzarr.plotting import plot_store
+from rbzarr.stats import RunningStats, compute_stats
 
 
 def build(path, fmt: str, trajectories: list[Trajectory]) -> str:
@@ -139,7 +144,7 @@ def test_running_stats_equal_numpy_whatever_the_split(batches):
 def test_compute_stats_values(tmp_path):
     dones = [[False, True], [True, False], [False, False], [False, True]]
     url = build(tmp_path / "s", "pt", [episode_trajectory(dones), episode_trajectory(dones)])
-    report = compute_stats(open_buffer(url), ["rewards"])
+    report = compute_stats(open_buffer(url), ["rewards"], across_trajectories=False)
     rewards = np.array([t * 10 + b for t in range(4) for b in range(2)] * 2, dtype=np.float64)
     assert report["trajectories"] == 2 and report["total_samples"] == 16
     assert report["keys"] == {
@@ -185,3 +190,77 @@ def test_dask_arrays(tmp_path):
     pt = open_buffer(build(tmp_path / "p", "pt", originals[:1]))
     with pytest.raises(ValueError, match="need the zarr layout"):
         pt.dask_arrays("dones")
+
+
+def run_store(path) -> str:
+    """Three trajectories of one run (B=2), then one of B=3 (a new run).
+
+    Rewards are ``t * 10 + b`` within each trajectory.  Env 0's first episode runs from
+    trajectory 0 into 1; env 1's second from trajectory 0 through 1 into 2.
+    """
+    return build(
+        path,
+        "zarr",
+        [
+            episode_trajectory([[False, False], [False, True], [False, False]]),
+            episode_trajectory([[False, False], [True, False]]),
+            episode_trajectory([[False, True], [False, False], [False, False]]),
+            episode_trajectory([[True, False, False], [False, False, False]]),
+        ],
+    )
+
+
+def test_episodes_follow_an_env_across_trajectories_of_a_run(tmp_path):
+    view = open_buffer(run_store(tmp_path / "s"))
+    assert view.run_continues() == [True, True, False, False]
+    got = [
+        (e.trajectory_id, e.env, e.start, e.length, e.done, e.episode_return, e.trajectory_ids)
+        for e in view.iter_episodes(["rewards"])
+    ]
+    assert got == [
+        (0, 1, 0, 2, True, 1.0 + 11.0, (0,)),
+        (0, 0, 0, 5, True, 0.0 + 10.0 + 20.0 + 0.0 + 10.0, (0, 1)),
+        (2, 0, 0, 3, False, 0.0 + 10.0 + 20.0, (2,)),  # cut: the run ends at trajectory 2
+        (0, 1, 2, 4, True, 21.0 + 1.0 + 11.0 + 1.0, (0, 1, 2)),
+        (2, 1, 1, 2, False, 11.0 + 21.0, (2,)),
+        (3, 0, 0, 1, True, 0.0, (3,)),
+        (3, 0, 1, 1, False, 10.0, (3,)),
+        (3, 1, 0, 2, False, 1.0 + 11.0, (3,)),
+        (3, 2, 0, 2, False, 2.0 + 12.0, (3,)),
+    ]
+    spanning = next(e for e in view.iter_episodes() if e.trajectory_ids == (0, 1, 2))
+    assert spanning.fields["rewards"][:, 0].tolist() == [21.0, 1.0, 11.0, 1.0]
+    assert spanning.fields["dones"][:, 0].tolist() == [False, False, False, True]
+    cut = [(e.trajectory_id, e.length, e.done) for e in view.iter_episodes([], False)]
+    assert cut[:5] == [(0, 3, False), (0, 2, True), (0, 1, False), (1, 2, True), (1, 2, False)]
+
+
+def test_stats_cli_and_plot_agree_on_episodes_across_trajectories(tmp_path):
+    url = run_store(tmp_path / "s")
+    whole = compute_stats(open_buffer(url), ["rewards"])["episodes"]
+    assert (whole["complete"], whole["incomplete"]) == (4, 5)
+    lengths, returns = np.array([2.0, 5.0, 4.0, 1.0]), np.array([12.0, 40.0, 34.0, 0.0])
+    assert whole["length"] == {
+        "count": 4,
+        "mean": lengths.mean(),
+        "std": pytest.approx(lengths.std()),
+        "min": 1.0,
+        "max": 5.0,
+    }
+    assert whole["return"] == {
+        "count": 4,
+        "mean": returns.mean(),
+        "std": pytest.approx(returns.std()),
+        "min": 0.0,
+        "max": 40.0,
+    }
+    cut = compute_stats(open_buffer(url), ["rewards"], across_trajectories=False)["episodes"]
+    assert (cut["complete"], cut["incomplete"]) == (4, 8)
+    assert (cut["length"]["max"], cut["return"]["max"]) == (2.0, 12.0)
+    for flags, want in (([], whole), (["--per-trajectory"], cut)):
+        result = CliRunner().invoke(main, ["stats", url, "--keys", "rewards", "--json", *flags])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["episodes"] == want
+    assert plot_store(open_buffer(url), tmp_path / "p.png")["episodes"] == 4
+    view = open_buffer(url)
+    assert sum(e.done for e in view.iter_episodes(["rewards"])) == 4

@@ -120,15 +120,14 @@ def file_hashes(root: Path) -> dict[str, str]:
 
 def snapshot(buffer: TrajectoryReplayBuffer, root: Path) -> tuple:
     buffer.flush()
-    sampler = buffer._sampler.state_dict()
     return (
         len(buffer),
         buffer.total_samples,
         buffer.trajectory_counter,
         buffer.get_stats(),
-        dict(buffer._index.entries),
-        list(buffer._index.id_list),
-        repr(sampler),
+        buffer.index_entries,
+        buffer.trajectory_ids,
+        buffer.generator.get_state().tolist(),
         file_hashes(root),
     )
 

@@ -11,8 +11,10 @@ def test_public_api_is_pinned():
         "Channel",
         "ChannelClosedError",
         "ChannelTimeoutError",
+        "CheckpointConflictError",
         "CheckpointNotFoundError",
         "CorruptStoreError",
+        "EmptyBufferError",
         "InvalidTrajectoryError",
         "PreloadReplayBufferDataset",
         "PriorityStore",
@@ -44,3 +46,7 @@ def test_errors_are_catchable_as_builtins():
     assert issubclass(rbzarr.StorageUnavailableError, OSError)
     assert issubclass(rbzarr.BufferClosedError, RuntimeError)
     assert issubclass(rbzarr.StoreExistsError, FileExistsError)
+    assert issubclass(rbzarr.EmptyBufferError, RuntimeError)
+    assert issubclass(rbzarr.CheckpointConflictError, ValueError)
+    for name in ("EmptyBufferError", "CheckpointConflictError", "WriterFailedError"):
+        assert issubclass(getattr(rbzarr, name), rbzarr.RbzarrError)

@@ -150,7 +150,7 @@ def test_lifecycle_on_s3(s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str
     assert torch.equal(assert_rows_consistent(restored.sample(50)), next_draw)
     layout, _ = open_store(ckpt, s3_options)
     for trajectory_id, trajectory in enumerate(added):
-        entry = restored._index.entries[trajectory_id]
+        entry = restored.index_entries[trajectory_id]
         assert_same_trajectory(layout.read(entry), trajectory)
 
     # Sharded loads: disjoint, complete, RLinf's split.
@@ -158,7 +158,7 @@ def test_lifecycle_on_s3(s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str
     for rank in range(3):
         shard = TrajectoryReplayBuffer(storage_options=s3_options)
         shard.load_checkpoint(ckpt, is_distributed=True, local_rank=rank, world_size=3)
-        shares.append(shard._index.id_list)
+        shares.append(shard.trajectory_ids)
         numbers = assert_rows_consistent(shard.sample(30))
         assert {locate(int(x), SIZES)[0] for x in numbers.tolist()} <= set(shares[-1])
     assert shares == [[0, 1], [2], [3]]
@@ -277,7 +277,7 @@ def test_outage_mid_write_is_reported_and_recovered(
     assert read_index(url, s3_direct_options)["trajectory_id_list"] == [0]
     reader = TrajectoryReplayBuffer(storage_options=s3_direct_options)
     reader.load_checkpoint(url)
-    assert reader._index.id_list == [0]
+    assert reader.trajectory_ids == [0]
 
     # Reads during the outage fail loudly; they never return zeros or "not found".
     with pytest.raises(StorageUnavailableError, match=re.escape(url)):
@@ -318,7 +318,7 @@ def test_unreachable_store_is_unavailable_not_missing(
     s3_proxy.go_up()
     restored = TrajectoryReplayBuffer(storage_options=s3_options)
     restored.load_checkpoint(url)
-    assert restored._index.id_list == [0, 1]
+    assert restored.trajectory_ids == [0, 1]
 
 
 @pytest.mark.usefixtures("fast_s3_retries")
