@@ -1,10 +1,10 @@
-"""Sampling and write throughput against baselines and physical limits.
+"""Sampling and write throughput against TorchRL, whole-file ``.pt`` loads and limits.
 
-A thin wrapper around ``rbzarr bench`` (the package's :mod:`rbzarr.bench`); see
-``benchmarks/README.md``.  Results go to a new temporary directory unless ``--out`` names
-one.  Run from the repository root::
+A thin wrapper around ``rbzarr bench --suites sampling`` (the package :mod:`rbzarr.bench`);
+see ``benchmarks/README.md``.  Results go to a new temporary directory unless ``--out``
+names one.  Run from the repository root::
 
-    .venv/bin/python benchmarks/bench_sampling.py --out benchmarks/results   # full, ~3 min
+    .venv/bin/python benchmarks/bench_sampling.py --out benchmarks/results   # the full run
     .venv/bin/python benchmarks/bench_sampling.py --quick                    # smoke run
     .venv/bin/python benchmarks/bench_sampling.py --help
 """
@@ -16,4 +16,4 @@ import sys
 from rbzarr.cli import main
 
 if __name__ == "__main__":
-    main(["bench", *sys.argv[1:]], prog_name="bench_sampling.py")
+    main(["bench", "--suites", "sampling", *sys.argv[1:]], prog_name="bench_sampling.py")

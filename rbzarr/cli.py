@@ -10,7 +10,10 @@ stderr is a terminal.  Add a subcommand with one ``@main.command()`` function.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -157,9 +160,7 @@ def _stats_text(item: dict[str, Any]) -> str:
 
 @main.command()
 @click.argument("url")
-@click.option(
-    "--repair", is_flag=True, help="Remove orphans and temporary files (never indexed data)."
-)
+@click.option("--repair", is_flag=True, help="Remove orphans and temp files, never indexed data.")
 @click.option(
     "--drop-damaged",
     is_flag=True,
@@ -310,37 +311,36 @@ def demo(store: str, **settings: Any) -> None:
 @main.command()
 @click.option("--quick", is_flag=True, help="A tiny run (seconds) for smoke tests.")
 @click.option(
+    "--suites", default="sampling,s3", show_default=True, help="Comma-separated: sampling, s3."
+)
+@click.option(
     "--workloads",
-    default="state,image,atari",
+    default="state,image,embodied",
     show_default=True,
-    help="Comma-separated: state, image, atari.",
+    help="Sampling workloads, comma-separated: state, image, embodied, atari.",
 )
 @click.option(
     "--out",
     type=click.Path(file_okay=False),
     default=None,
-    help="Directory for the JSON results (and chart); default: a new temporary "
-    "directory. The committed results are rewritten only when named here "
-    "(--out benchmarks/results).",
+    help="Directory for the JSON results (and chart); default: a new temporary directory. "
+    "The committed results change only when named here (--out benchmarks/results).",
 )
-@click.option("--check", is_flag=True, help="Exit with status 1 when a measured target is not met.")
+@click.option("--check", is_flag=True, help="Exit with status 1 when a measured target is missed.")
 @click.option("--plot/--no-plot", default=True, show_default=True, help="Write a PNG chart.")
-@click.option("--trajectories", type=int, help="Trajectories added per mode (default 100).")
-@click.option("--window", type=int, help="sample_window_size of the cold modes (default 100).")
-@click.option("--cache", type=int, help="cache_size of the cold modes (default 5).")
+@click.option("--trajectories", type=int, help="Trajectories added per mode (default: window).")
+@click.option("--window", type=int, help="sample_window_size (default 100; embodied 40).")
+@click.option("--cache", type=int, help="cache_size of the disk-backed modes (default 5).")
 @click.option("--pool", type=int, help="Distinct trajectories generated and cycled (default 8).")
 @click.option("--hot-calls", type=int, help="sample() calls per hot variant (default 200).")
-@click.option("--cold-calls", type=int, help="sample() calls per cold variant (default 30).")
-@click.option(
-    "--budget", "budget_s", type=float, help="Seconds at most per timed variant (default 6)."
-)
-@click.option("--state-batch", type=int, help="Rows per state sample() (default 1024).")
+@click.option("--warm-calls", type=int, help="sample() calls per warm variant (default 30).")
+@click.option("--cold-calls", type=int, help="sample() calls per cold variant (default 6).")
+@click.option("--budget", "budget_s", type=float, help="Seconds per timed variant (default 6).")
+@click.option("--state-batch", type=int, help="Rows per state sample() (default 4096).")
 @click.option("--image-batch", type=int, help="Rows per image sample() (default 256).")
-@click.option(
-    "--chunk-sweep",
-    help="Extra cold image runs: comma-separated chunk_bytes, "
-    "':none' for no compression (default 262144,262144:none; '' for none).",
-)
+@click.option("--embodied-batch", type=int, help="Rows per embodied sample() (default 64).")
+@click.option("--s3-batch", type=int, help="Rows per S3 sample() (default 256).")
+@click.option("--s3-batches", type=int, help="Steady S3 batches measured (default 5).")
 @click.option("--threads", type=int, help="torch intra-op threads (default 1; 0 keeps torch's).")
 @click.option(
     "--workdir",
@@ -348,36 +348,52 @@ def demo(store: str, **settings: Any) -> None:
     help="Directory for the temporary stores (default: the system's).",
 )
 def bench(**options: Any) -> None:
-    """Sampling and write throughput against baselines and limits (benchmarks/README.md)."""
-    import sys  # noqa: PLC0415
+    """Sampling, write and S3 benchmarks against baselines and limits (benchmarks/README.md).
+
+    Prints each suite's figures and its targets (what each measures, the value against the
+    threshold), and writes one JSON document per suite.
+    """
     import tempfile  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
     from rbzarr import bench as benchmarks  # noqa: PLC0415
-    from rbzarr.bench.runner import parse_chunk_sweep  # noqa: PLC0415
 
     quick, out, check, chart = (options.pop(name) for name in ("quick", "out", "check", "plot"))
-    names = [name.strip() for name in options.pop("workloads").split(",") if name.strip()]
-    state_batch = options.pop("state_batch") or (128 if quick else 1024)
-    image_batch = options.pop("image_batch") or (32 if quick else 256)
+    suites = benchmarks.parse_names(options.pop("suites"), benchmarks.SUITES, "suite")
+    names = benchmarks.parse_names(options.pop("workloads"), benchmarks.WORKLOAD_NAMES, "workload")
+    batches = {name: options.pop(f"{name}_batch") for name in ("state", "image", "embodied")}
+    batches = {name: rows for name, rows in batches.items() if rows is not None}
     workdir = options.pop("workdir")
-    sweep = options.pop("chunk_sweep")
-    if sweep is not None:
-        options["chunk_sweep"] = parse_chunk_sweep(sweep)
     settings = benchmarks.settings_from(quick, **options)
-    progress = None
-    if sys.stderr.isatty():
-
-        def progress(label: str) -> None:
-            click.echo(label, err=True)
-
-    document = benchmarks.run(names, settings, state_batch, image_batch, workdir, progress)
-    click.echo(benchmarks.table(document))
+    with _progress() as say:
+        documents = benchmarks.run(suites, names, settings, batches, quick, workdir, say)
     folder = Path(out) if out else Path(tempfile.mkdtemp(prefix="rbzarr-bench-"))
-    for path in benchmarks.save(document, folder, chart):
-        click.echo(f"wrote {path}")
-    missed = benchmarks.failed_targets([document])
+    for document in documents:
+        click.echo(benchmarks.table(document) + "\n")
+        for path in benchmarks.save(document, folder, chart):
+            click.echo(f"wrote {path}")
+    missed = benchmarks.failed_targets(documents)
     if check and missed:
-        raise click.ClickException(
-            f"{len(missed)} target(s) not met: " + "; ".join(t["target"] for t in missed)
-        )
+        names_missed = "; ".join(t["target"] for t in missed)
+        raise click.ClickException(f"{len(missed)} target(s) not met: {names_missed}")
+
+
+@contextlib.contextmanager
+def _progress() -> Iterator[Callable[[str], None] | None]:
+    """A progress bar on stderr when it is a terminal; nothing otherwise."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from tqdm import tqdm  # noqa: PLC0415
+
+    with tqdm(file=sys.stderr, bar_format="{desc} [{elapsed}]", leave=False) as bar:
+
+        def say(label: str) -> None:
+            bar.set_description_str(label)
+            bar.update()
+
+        yield say
+
+
+if __name__ == "__main__":
+    main()

@@ -1,104 +1,275 @@
-"""Byte accounting: what a store holds on disk and what a batch needs to read.
+"""Byte accounting: what a store holds on disk and what a batch of rows needs to read.
 
-"Needed" bytes are recomputed from the seeded draw, not observed: the buffer's window is the
-last ``window`` ids, its cache the last ``cache`` ones, and every ``sample`` is one draw.
+The needed bytes of a batch come from the store's public format only: each array's Zarr v3
+metadata (``zarr.json``: shape, chunk grid, chunk key encoding, ``sharding_indexed``
+configuration) and, for sharded arrays, the shard index (``offset, nbytes`` little-endian
+uint64 pairs per inner chunk, C order, then a crc32c; ``2**64 - 1`` marks an empty chunk).
+A row ``(t, b)`` of a ``[T, B, ...]`` array needs every inner chunk (or, unsharded, every
+chunk file) that holds part of it: those are the *chunks*.  Inside an uncompressed inner
+chunk the row is one contiguous run of bytes (C order, time and env outermost), so its
+*pieces* are just those bytes; in a compressed one the piece is the whole inner chunk.
+Adjacent or overlapping byte ranges of one object coalesce.  A disk reads whole pages, so
+the least a truly cold batch can read is its pieces rounded out to pages (``page_bytes``).
 """
 
 from __future__ import annotations
 
+import itertools
+import json
+import math
+import mmap
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
-import zarr
-from zarr.storage import LocalStore
 
-from rbzarr.bench.baselines import draws
 from rbzarr.bench.measure import nbytes
 from rbzarr.trajectory import Trajectory, raw_time_rows, validate
 
-__all__ = ["disk_usage", "needed_bytes"]
+__all__ = ["ArrayGeometry", "ByteRange", "NeededReads", "StoreGeometry", "coalesce", "disk_usage"]
+
+EMPTY = 2**64 - 1
+PAGE = mmap.PAGESIZE
+ByteRange = tuple[str, int, int]  # object path, start, stop
+
+
+@dataclass(frozen=True)
+class ArrayGeometry:
+    """Where the chunks of one array live, read from its ``zarr.json``."""
+
+    path: str
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    inner: tuple[int, ...] | None
+    index_at_end: bool
+    index_bytes: int
+    key_prefix: str
+    separator: str
+    itemsize: int = 1
+    uncompressed: bool = False
+
+    @classmethod
+    def from_metadata(cls, path: str, metadata: Mapping[str, Any]) -> ArrayGeometry:
+        """Geometry of the array at ``path`` from its parsed ``zarr.json``."""
+        chunks = tuple(metadata["chunk_grid"]["configuration"]["chunk_shape"])
+        encoding = metadata.get("chunk_key_encoding", {"name": "default"})
+        default = encoding.get("name") == "default"
+        separator = encoding.get("configuration", {}).get("separator", "/" if default else ".")
+        inner, at_end, index_bytes, uncompressed = None, True, 0, False
+        first = metadata["codecs"][0]
+        if first["name"] == "sharding_indexed":
+            config = first["configuration"]
+            inner = tuple(config["chunk_shape"])
+            at_end = config.get("index_location", "end") == "end"
+            count = math.prod(c // i for c, i in zip(chunks, inner, strict=True))
+            checksum = any(c["name"] == "crc32c" for c in config.get("index_codecs", []))
+            index_bytes = 16 * count + (4 if checksum else 0)
+            uncompressed = [c["name"] for c in config.get("codecs", [])] == ["bytes"]
+        return cls(
+            path=path,
+            shape=tuple(metadata["shape"]),
+            chunks=chunks,
+            inner=inner,
+            index_at_end=at_end,
+            index_bytes=index_bytes,
+            key_prefix=f"c{separator}" if default else "",
+            separator=separator,
+            itemsize=np.dtype(metadata["data_type"]).itemsize,
+            uncompressed=uncompressed,
+        )
+
+    def object_key(self, coords: Sequence[int]) -> str:
+        """The store key of the chunk (or shard) at grid ``coords``."""
+        return f"{self.path}/{self.key_prefix}{self.separator.join(map(str, coords))}"
+
+    def outer_trailing(self) -> list[tuple[int, ...]]:
+        """Grid coordinates of the chunks (shards) along the trailing (per-row) dimensions."""
+        return _grid(self.shape[2:], self.chunks[2:])
+
+    def inner_trailing(self) -> list[tuple[int, ...]]:
+        """Grid coordinates of a shard's inner chunks along the trailing dimensions."""
+        assert self.inner is not None
+        return _grid(self.chunks[2:], self.inner[2:])
+
+
+def _grid(extent: Sequence[int], block: Sequence[int]) -> list[tuple[int, ...]]:
+    counts = [math.ceil(n / b) for n, b in zip(extent, block, strict=True)]
+    return list(itertools.product(*(range(c) for c in counts)))
+
+
+@dataclass
+class NeededReads:
+    """What a batch needs: whole chunks (``ranges``) and the rows' own bytes (``pieces``),
+    each distinct and sorted.
+
+    ``chunks`` / ``bytes`` count the distinct chunk ranges and their bytes;
+    ``piece_bytes`` the distinct pieces' bytes, ``page_bytes`` the pages holding them.
+    """
+
+    chunks: int = 0
+    bytes: int = 0
+    piece_bytes: int = 0
+    page_bytes: int = 0
+    ranges: list[ByteRange] = field(default_factory=list)
+    pieces: list[ByteRange] = field(default_factory=list)
+
+    def coalesced(self) -> list[ByteRange]:
+        """:func:`coalesce` of the needed chunk ranges."""
+        return coalesce(self.ranges)
+
+    def coalesced_pieces(self) -> list[ByteRange]:
+        """:func:`coalesce` of the needed pieces: the requests an exact reader makes."""
+        return coalesce(self.pieces)
+
+
+def coalesce(ranges: Iterable[ByteRange]) -> list[ByteRange]:
+    """Distinct ranges per object, with adjacent or overlapping ones merged."""
+    merged: list[ByteRange] = []
+    for path, start, stop in sorted(set(ranges)):
+        if merged and merged[-1][0] == path and start <= merged[-1][2]:
+            merged[-1] = (path, merged[-1][1], max(stop, merged[-1][2]))
+        else:
+            merged.append((path, start, stop))
+    return merged
+
+
+class StoreGeometry:
+    """The chunk layout of a store's trajectories, for computing what rows need.
+
+    Parameters
+    ----------
+    fs
+        An fsspec filesystem that reads the store directly (not through a counting proxy).
+    root
+        The store's root path on ``fs``.
+    keys
+        The sampled keys (flat paths such as ``curr_obs/image``).
+    T, B
+        The trajectories' time and environment sizes.
+    """
+
+    def __init__(self, fs: Any, root: str, keys: Sequence[str], T: int, B: int) -> None:
+        self.fs = fs
+        self.root = root.rstrip("/")
+        self.keys = list(keys)
+        self.T, self.B = T, B
+        self._arrays: dict[tuple[int, str], ArrayGeometry] = {}
+        self._indexes: dict[str, np.ndarray | None] = {}
+
+    def array(self, tid: int, key: str) -> ArrayGeometry:
+        """The geometry of array ``key`` of trajectory ``tid`` (read once)."""
+        found = self._arrays.get((tid, key))
+        if found is None:
+            path = f"trajectories/{tid}/{key}"
+            metadata = json.loads(self.fs.cat_file(f"{self.root}/{path}/zarr.json"))
+            found = self._arrays[(tid, key)] = ArrayGeometry.from_metadata(path, metadata)
+        return found
+
+    def needed(self, rows_by_id: Mapping[int, Sequence[int]]) -> NeededReads:
+        """The chunks and byte ranges that the flat rows ``{trajectory id: rows}`` need."""
+        out = NeededReads()
+        for tid, rows in rows_by_id.items():
+            flat = torch.as_tensor(list(rows), dtype=torch.int64)
+            steps, envs = flat // self.B, (flat % self.B).numpy()
+            for key in self.keys:
+                self._add(out, self.array(tid, key), steps, envs)
+        out.ranges, out.pieces = sorted(set(out.ranges)), sorted(set(out.pieces))
+        out.chunks = len(out.ranges)
+        out.bytes = sum(stop - start for _, start, stop in out.ranges)
+        out.piece_bytes = sum(stop - start for _, start, stop in out.pieces)
+        pages = coalesce(
+            (key, start // PAGE * PAGE, -(-stop // PAGE) * PAGE) for key, start, stop in out.pieces
+        )
+        out.page_bytes = sum(stop - start for _, start, stop in pages)
+        return out
+
+    def _add(
+        self, out: NeededReads, array: ArrayGeometry, steps: torch.Tensor, envs: np.ndarray
+    ) -> None:
+        times = raw_time_rows(steps, self.T, array.shape[0]).numpy()
+        for t, b in np.unique(np.stack([times, envs], axis=1), axis=0).tolist():
+            outer = (t // array.chunks[0], b // array.chunks[1])
+            for rest in array.outer_trailing():
+                key = array.object_key((*outer, *rest))
+                if array.inner is None:
+                    self._add_file(out, key)
+                else:
+                    self._add_inner(out, array, key, t % array.chunks[0], b % array.chunks[1])
+
+    def _add_inner(self, out: NeededReads, array: ArrayGeometry, key: str, t: int, b: int) -> None:
+        """The inner chunks (and pieces) of shard ``key`` holding its local row ``(t, b)``."""
+        assert array.inner is not None
+        index = self._shard_index(key, array)
+        if index is None:
+            return
+        grid = [c // i for c, i in zip(array.chunks, array.inner, strict=True)]
+        run = math.prod(array.inner[2:]) * array.itemsize
+        local = (t % array.inner[0]) * array.inner[1] + b % array.inner[1]
+        for inner_rest in array.inner_trailing():
+            position = int(
+                np.ravel_multi_index((t // array.inner[0], b // array.inner[1], *inner_rest), grid)
+            )
+            offset, size = (int(v) for v in index[position])
+            if offset == EMPTY:
+                continue
+            out.ranges.append((key, offset, offset + size))
+            start = offset + local * run if array.uncompressed else offset
+            out.pieces.append((key, start, start + run if array.uncompressed else offset + size))
+
+    def _add_file(self, out: NeededReads, key: str) -> None:
+        path = f"{self.root}/{key}"
+        if self.fs.exists(path):
+            whole = (key, 0, int(self.fs.size(path)))
+            out.ranges.append(whole)
+            out.pieces.append(whole)
+
+    def _shard_index(self, key: str, array: ArrayGeometry) -> np.ndarray | None:
+        if key not in self._indexes:
+            path = f"{self.root}/{key}"
+            if not self.fs.exists(path):
+                self._indexes[key] = None
+            else:
+                size = int(self.fs.size(path))
+                start = size - array.index_bytes if array.index_at_end else 0
+                raw = self.fs.cat_file(path, start=start, end=start + array.index_bytes)
+                pairs = np.frombuffer(raw[: array.index_bytes - (array.index_bytes % 16)], "<u8")
+                self._indexes[key] = pairs.reshape(-1, 2)
+        return self._indexes[key]
 
 
 def disk_usage(root: str, trajectories: Sequence[Trajectory], fmt: str) -> dict[str, Any]:
-    """Bytes on disk per sample, the compression ratio, and (zarr) the ratio per key."""
+    """Bytes on disk (allocated blocks of every file of the store, and their sizes), per
+    sample, the compression ratio, and (zarr) the ratio per key."""
     samples = sum(validate(t).num_samples for t in trajectories)
-    if fmt != "zarr":
-        stored = sum(f.stat().st_size for f in Path(root).glob("trajectory_*.pt"))
-        return {"bytes_per_sample": stored / samples, "ratio": _ratio(trajectories, None, stored)}
-    ratios, total = {}, 0
-    for key in trajectories[0].tensors():
-        stored = sum(
-            f.stat().st_size
-            for f in Path(root, "trajectories").glob(f"*/{key}/c/**/*")
-            if f.is_file()
-        )
-        total += stored
-        ratios[key] = _ratio(trajectories, key, stored)
-    return {
-        "bytes_per_sample": total / samples,
-        "ratio": _ratio(trajectories, None, total),
-        "ratio_per_key": ratios,
+    raw = nbytes(v for t in trajectories for v in t.tensors().values())
+    files = [Path(folder, name) for folder, _, names in os.walk(root) for name in names]
+    allocated = sum(f.stat().st_blocks * 512 for f in files)
+    apparent = sum(f.stat().st_size for f in files)
+    out: dict[str, Any] = {
+        "files": len(files),
+        "raw_bytes": raw,
+        "allocated_bytes": allocated,
+        "apparent_bytes": apparent,
+        "allocated_vs_raw": allocated / raw,
+        "bytes_per_sample": apparent / samples,
+        "ratio": raw / apparent,
     }
+    if fmt == "zarr":
+        out["ratio_per_key"] = {
+            key: _ratio(trajectories, key, root) for key in trajectories[0].tensors()
+        }
+    return out
 
 
-def _ratio(trajectories: Sequence[Trajectory], key: str | None, stored: int) -> float:
-    raw = nbytes(v for t in trajectories for k, v in t.tensors().items() if key in (None, k))
+def _ratio(trajectories: Sequence[Trajectory], key: str, root: str) -> float:
+    stored = sum(
+        f.stat().st_size
+        for f in Path(root, "trajectories").glob(f"*/{key}/**/*")
+        if f.is_file() and f.name != "zarr.json"
+    )
+    raw = nbytes(t.tensors()[key] for t in trajectories)
     return raw / stored
-
-
-def needed_bytes(
-    root: str,
-    trajectories: Sequence[Trajectory],
-    window: int,
-    cache: int,
-    batch: int,
-    seed: int,
-    fmt: str,
-    calls: int,
-) -> list[int]:
-    """Per timed batch, the compressed bytes its missed rows need: the chunks holding them
-    (zarr) or the whole files of the missed trajectories (pt)."""
-    ids = list(range(len(trajectories)))
-    in_window = ids[-window:] if window > 0 else ids
-    cached = set(ids[-cache:])
-    next_draw = draws([trajectories[i] for i in in_window], batch, seed)
-    files = {
-        int(f.name.split("_")[1]): f.stat().st_size for f in Path(root).glob("trajectory_*.pt")
-    }
-    arrays = _chunk_geometry(root, trajectories[0]) if fmt == "zarr" else {}
-    B = validate(trajectories[0]).B
-    T = validate(trajectories[0]).T
-    out = []
-    # One warm-up call precedes the ``calls`` timed ones; counting starts after it.
-    for positions, rows in [next_draw() for _ in range(calls + 1)][1:]:
-        missed: dict[int, list[int]] = {}
-        for position, row in zip(positions.tolist(), rows.tolist(), strict=True):
-            if in_window[position] not in cached:
-                missed.setdefault(in_window[position], []).append(row)
-        if fmt != "zarr":
-            out.append(sum(files[tid] for tid in missed))
-            continue
-        total = 0
-        for tid, flat_rows in missed.items():
-            steps = torch.tensor(flat_rows) // B
-            for key, (length, k, suffix) in arrays.items():
-                for chunk in torch.unique(raw_time_rows(steps, T, length) // k).tolist():
-                    total += os.path.getsize(
-                        os.path.join(root, "trajectories", str(tid), key, f"c/{chunk}{suffix}")
-                    )
-        out.append(total)
-    return out
-
-
-def _chunk_geometry(root: str, trajectory: Trajectory) -> dict[str, tuple[int, int, str]]:
-    """Per sampled key: raw row count, chunk length along time, chunk-key suffix."""
-    out = {}
-    for key in validate(trajectory).schema:
-        array = zarr.open_array(
-            store=LocalStore(root, read_only=True), path=f"trajectories/0/{key}"
-        )
-        out[key] = (int(array.shape[0]), int(array.chunks[0]), "/0" * (array.ndim - 1))
-    return out

@@ -4,28 +4,27 @@
 * *rlinf-style hot*: whole trajectories kept as they came; a batch flattens and indexes each
   touched one, then concatenates per key and restores the draw order;
 * *per-row loop*: Python indexing of every sampled row of every key, then ``stack``;
-* *cold limit*: reading and decoding the chunk files a batch read, with no zarr, no gather.
+* *read limit*: ``os.pread`` of exactly the byte ranges a batch needs (no decode, no
+  gather), on one thread per range up to the CPU count: the floor of a disk-backed batch.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-import numcodecs
 import torch
 
+from rbzarr.bench.accounting import ByteRange
+from rbzarr.bench.draws import DrawSequence
 from rbzarr.bench.measure import clone_trajectory, stats, timed
-from rbzarr.sampler import draw
 from rbzarr.trajectory import Trajectory, flatten_trajectory, validate
 
-__all__ = ["cold_limit", "draws", "hot_limit", "per_row_loop", "rlinf_hot"]
+__all__ = ["RangeReader", "draws", "hot_limit", "per_row_loop", "rlinf_hot"]
 
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 LIMIT_CAP_BYTES = 1 << 30  # the hot-limit tensor holds at most this much (well past any LLC)
 
 
@@ -47,9 +46,9 @@ def draws(
     trajectories: Sequence[Trajectory], batch: int, seed: int
 ) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
     """The buffer's draws over ``trajectories`` (its window), call after call, from ``seed``."""
-    counts = torch.tensor([validate(t).num_samples for t in trajectories], dtype=torch.int64)
-    generator = torch.Generator().manual_seed(seed)
-    return lambda: draw(batch, counts, generator)
+    sequence = DrawSequence([validate(t).num_samples for t in trajectories], batch, seed)
+    calls = itertools.count()
+    return lambda: sequence.at(next(calls))
 
 
 def rlinf_hot(
@@ -101,22 +100,28 @@ def per_row_loop(
     return stats(timed(sample, calls, budget_s), batch, bytes_per_row)
 
 
-def cold_limit(
-    root: str, reads: list[list[tuple[str, int]]], batch: int, bytes_per_row: int
-) -> dict[str, Any]:
-    """Read and decode (zstd) the chunk files each batch read, on one thread per CPU, with
-    no zarr and no gather: the floor of what a cold batch costs."""
-    zstd = numcodecs.Zstd()
+class RangeReader:
+    """``os.pread`` of byte ranges of the files below ``root``, descriptors kept open."""
 
-    def load(key: str) -> int:
-        data = Path(root, key).read_bytes()
-        return len(zstd.decode(data)) if data[:4] == ZSTD_MAGIC else len(data)
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self._descriptors: dict[str, int] = {}
+        self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
 
-    latencies = []
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        for keys in reads:
-            chunks = sorted({key for key, _ in keys if "/c/" in key})
-            start = time.perf_counter()
-            list(pool.map(load, chunks))
-            latencies.append(time.perf_counter() - start)
-    return stats(latencies, batch, bytes_per_row)
+    def _descriptor(self, key: str) -> int:
+        found = self._descriptors.get(key)
+        if found is None:
+            found = self._descriptors[key] = os.open(os.path.join(self.root, key), os.O_RDONLY)
+        return found
+
+    def read(self, ranges: Sequence[ByteRange]) -> int:
+        """Read every ``(key, start, stop)`` range concurrently; return the bytes read."""
+        jobs = [(self._descriptor(key), start, stop) for key, start, stop in ranges]
+        return sum(self._pool.map(lambda job: len(os.pread(job[0], job[2] - job[1], job[1])), jobs))
+
+    def close(self) -> None:
+        """Close the descriptors and the thread pool."""
+        self._pool.shutdown()
+        for descriptor in self._descriptors.values():
+            os.close(descriptor)
+        self._descriptors.clear()

@@ -1,4 +1,4 @@
-"""Timing, byte counting and the run's context (machine, versions).
+"""Timing, byte sizes and the run's context (machine, versions).
 
 rows/s is ``rows / median latency``: robust on a shared machine; the mean-based figure is
 kept beside it as ``rows_s_mean``.
@@ -18,16 +18,12 @@ import numcodecs
 import numpy as np
 import torch
 import zarr
-from zarr.abc.store import ByteRequest, Store
-from zarr.core.buffer import Buffer, BufferPrototype
-from zarr.storage import WrapperStore
 
 import rbzarr
 from rbzarr.buffer import TrajectoryReplayBuffer
 from rbzarr.trajectory import Trajectory, flatten_trajectory, trajectory_from_raw, validate
 
 __all__ = [
-    "CountingStore",
     "add_all",
     "clone_trajectory",
     "machine",
@@ -37,22 +33,6 @@ __all__ = [
     "timed",
     "versions",
 ]
-
-
-class CountingStore(WrapperStore[Store]):
-    """A store wrapper that records the key and size of every read (writes pass through)."""
-
-    def __init__(self, store: Store) -> None:
-        super().__init__(store)
-        self.reads: list[tuple[str, int]] = []
-
-    async def get(
-        self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
-    ) -> Buffer | None:
-        # docstring inherited
-        value = await self._store.get(key, prototype, byte_range)
-        self.reads.append((key, 0 if value is None else len(value)))
-        return value
 
 
 def timed(fn: Callable[[], object], calls: int, budget_s: float) -> list[float]:

@@ -1,4 +1,4 @@
-"""The performance targets, and the results as aligned text tables and a chart."""
+"""Results as aligned text tables and a chart; the shape of a target entry."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["aligned", "failed_targets", "plot", "table", "target", "targets"]
+__all__ = ["aligned", "failed_targets", "plot", "table", "target", "targets_table", "variants"]
 
 
 def target(
@@ -32,54 +32,6 @@ def target(
         return {**entry, "value": None, "met": None, "reason": reason or "not measured"}
     met = value >= threshold if op == ">=" else value <= threshold
     return {**entry, "value": round(value, 3), "met": met}
-
-
-def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """The targets of a sampling run, each with its measured value and whether it holds."""
-    out = []
-    for name, entry in results.items():
-        cold = entry["cold_zarr"]
-        if name != "state":
-            out.append(
-                target(
-                    f"{name}: hot within 1.5x of memory bandwidth",
-                    "hot limit rows/s / hot buffer rows/s (one index_select of the same bytes)",
-                    entry["hot"]["vs_limit"],
-                    1.5,
-                    "<=",
-                )
-            )
-        out += [
-            target(
-                f"{name}: cold zarr >= 3x pt rows/s",
-                "cold zarr rows/s / whole-file .pt rows/s, same window and cache",
-                entry["cold_zarr_vs_pt"],
-                3.0,
-                ">=",
-            ),
-            target(
-                f"{name}: bytes read <= 2x touched chunks",
-                "bytes read per batch / compressed bytes of the chunks holding missed rows",
-                cold["read_vs_needed"],
-                2.0,
-                "<=",
-            ),
-            target(
-                f"{name}: add_trajectories (auto_save) within 2x memcpy",
-                "add_trajectories p50 / clone p50 of the same trajectory",
-                cold["add"]["add_vs_memcpy"],
-                2.0,
-                "<=",
-            ),
-            target(
-                f"{name}: writer >= 200 MB/s",
-                "raw MB / seconds from the first add until flush returns",
-                cold["write"]["mb_s"],
-                200.0,
-                ">=",
-            ),
-        ]
-    return out
 
 
 def failed_targets(documents: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -122,43 +74,118 @@ def _number(value: float, digits: int = 0) -> str:
 
 
 def table(document: dict[str, Any]) -> str:
-    """The results of a sampling run as aligned text: variants, storage, then targets."""
-    results = document["results"]
-    variants = [
-        [
-            workload,
-            variant,
-            _number(s["rows_s"]),
-            _number(s["mb_s"]),
-            _number(s["p50_ms"], 2),
-            _number(s["p99_ms"], 2),
-        ]
-        for workload, entry in results.items()
-        for variant, s in _variants(entry)
-    ]
-    head = ["workload", "variant", "rows/s", "MB/s", "p50 ms", "p99 ms"]
-    parts = [aligned(head, variants, [False, False, True, True, True, True])]
-    storage = [
-        [
-            workload,
-            fmt,
-            _number(entry[f"cold_{fmt}"]["bytes_read_per_batch"] / 1e6, 2),
-            _number(entry[f"cold_{fmt}"]["needed_bytes_per_batch"] / 1e6, 2),
-            _number(entry[f"cold_{fmt}"]["add"]["add_p50_ms"], 2),
-            _number(entry[f"cold_{fmt}"]["add"]["memcpy_p50_ms"], 2),
-            _number(entry[f"cold_{fmt}"]["write"]["mb_s"]),
-            _number(entry[f"cold_{fmt}"]["disk"]["bytes_per_sample"]),
-            _number(entry[f"cold_{fmt}"]["disk"]["ratio"], 2),
-        ]
-        for workload, entry in results.items()
-        for fmt in ("zarr", "pt")
-    ]
-    head = ["workload", "format", "MB read/batch", "MB needed", "add ms", "clone ms"]
-    head += ["writer MB/s", "disk B/sample", "ratio"]
-    parts.append(aligned(head, storage, [False, False, *[True] * 7]))
+    """A results document as aligned text: its figures, then its targets."""
+    if document["benchmark"] == "s3":
+        parts = [_s3_table(document["results"])]
+    else:
+        parts = [_rows_table(document["results"]), _bytes_table(document["results"])]
+        parts.append(_writes_table(document["results"]))
     parts.append(targets_table(document["targets"]))
     parts.extend(f"note: {note}" for note in document["notes"])
-    return "\n\n".join(parts)
+    return "\n\n".join(part for part in parts if part)
+
+
+def _rows_table(results: dict[str, Any]) -> str:
+    rows = []
+    for workload, entry in results.items():
+        for mode, variant, found in variants(entry):
+            if "unavailable" in found:
+                rows.append([workload, mode, variant, "n/a", "", "", "", found["unavailable"]])
+                continue
+            read = found.get("bytes_read_per_batch")
+            rows.append(
+                [
+                    workload,
+                    mode,
+                    variant,
+                    _number(found["rows_s"]),
+                    _number(found["mb_s"]),
+                    _number(found["p50_ms"], 2),
+                    _number(found["p99_ms"], 2),
+                    "" if read is None else f"{read / 1e6:,.2f} MB read",
+                ]
+            )
+    head = ["workload", "mode", "variant", "rows/s", "MB/s", "p50 ms", "p99 ms", "disk"]
+    return aligned(head, rows, [False, False, False, True, True, True, True, False])
+
+
+def _bytes_table(results: dict[str, Any]) -> str:
+    rows = []
+    for workload, entry in results.items():
+        for mode in ("warm", "cold"):
+            if mode not in entry:
+                continue
+            needed = entry[mode]["needed"]
+            rows.append(
+                [
+                    workload,
+                    mode,
+                    _number(needed["chunks_per_batch"]),
+                    _number(needed["bytes_per_batch"] / 1e6, 2),
+                    _number(needed["piece_ranges_per_batch"]),
+                    _number(needed["piece_bytes_per_batch"] / 1e6, 2),
+                    _number(needed["page_bytes_per_batch"] / 1e6, 2),
+                    entry[mode].get("evict_method", "-"),
+                ]
+            )
+    head = ["workload", "mode", "chunks", "chunk MB", "ranges", "row MB", "page MB"]
+    head.append("page cache")
+    return aligned(head, rows, [False, False, *[True] * 5, False]) if rows else ""
+
+
+def _writes_table(results: dict[str, Any]) -> str:
+    rows = []
+    for workload, entry in results.items():
+        for fmt, key in (("zarr", "writes"), ("pt", "writes_pt")):
+            writes = entry[key]
+            add, disk = writes["add"], writes["disk"]
+            rows.append(
+                [
+                    workload,
+                    fmt,
+                    _number(writes["writer"]["mb_s"]),
+                    _number(add["add_p50_ms"], 2),
+                    _number(add["memcpy_p50_ms"], 2),
+                    _number(disk["raw_bytes"] / 1e6, 1),
+                    _number(disk["allocated_bytes"] / 1e6, 1),
+                    _number(disk["allocated_vs_raw"], 3),
+                    _number(disk["files"]),
+                ]
+            )
+    head = ["workload", "format", "writer MB/s", "add ms", "clone ms", "raw MB", "disk MB"]
+    head += ["disk/raw", "files"]
+    return aligned(head, rows, [False, False, *[True] * 7])
+
+
+def _s3_table(results: dict[str, Any]) -> str:
+    result = results["image"]
+    if "unavailable" in result:
+        return f"s3: not run: {result['unavailable']}"
+    rows = []
+    for name, batch in (
+        ("first", result["first_batch"]),
+        ("steady median", result["steady_median"]),
+    ):
+        rows.append(
+            [
+                name,
+                _number(batch["requests"]),
+                _number(batch["needed_ranges"]),
+                _number(batch["bytes"] / 1e6, 2),
+                _number(batch["needed_bytes"] / 1e6, 2),
+                _number(1e3 * batch["seconds"], 1),
+                _number(1e3 * batch["time_bound_s"], 1),
+                _number(batch["rows_s"]),
+            ]
+        )
+    head = ["batch", "requests", "needed ranges", "MB sent", "MB needed", "ms", "bound ms"]
+    head.append("rows/s")
+    title = (
+        f"s3: {result['trajectories']} image trajectories T={result['T']} B={result['B']}, "
+        f"{result['batch']} rows per batch, cache off, {1e3 * result['delay_s']:.0f} ms per "
+        f"request, concurrency limit {result['concurrency_limit']}"
+    )
+    return title + "\n" + aligned(head, rows, [False, *[True] * 7])
 
 
 def targets_table(found: Sequence[dict[str, Any]]) -> str:
@@ -176,20 +203,37 @@ def targets_table(found: Sequence[dict[str, Any]]) -> str:
     return aligned(head, rows, [False, False, True, False, False])
 
 
-def _variants(entry: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    hot, zarr_cold, pt_cold = entry["hot"], entry["cold_zarr"], entry["cold_pt"]
-    found = [
-        ("hot buffer", hot["buffer"]),
-        ("hot limit (index_select)", hot["limit"]),
-        ("hot rlinf-style", hot["rlinf_style"]),
-    ]
-    if "per_row_loop" in hot:
-        found.append(("hot per-row loop", hot["per_row_loop"]))
+VARIANTS = {
+    "hot": [
+        ("buffer", "rbzarr (cache)"),
+        ("limit", "limit: one index_select"),
+        ("torchrl_tensor", "TorchRL LazyTensorStorage.get"),
+        ("rlinf_style", "RLinf-style (flatten + index)"),
+        ("per_row_loop", "per-row loop"),
+    ],
+    "warm": [
+        ("zarr", "rbzarr (zarr store)"),
+        ("torchrl_memmap", "TorchRL LazyMemmapStorage.get"),
+        ("torchrl_sample", "TorchRL ReplayBuffer.sample"),
+        ("pt", "whole-file .pt (RLinf)"),
+        ("limit", "limit: pread needed ranges"),
+    ],
+    "cold": [
+        ("zarr", "rbzarr (zarr store)"),
+        ("pt", "whole-file .pt (RLinf)"),
+        ("limit", "limit: pread needed ranges"),
+    ],
+}
+
+
+def variants(entry: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """``(mode, label, figures)`` of every variant a workload's entry holds, in order."""
     return [
-        *found,
-        ("cold zarr", zarr_cold["buffer"]),
-        ("cold limit (read+decode)", zarr_cold["limit"]),
-        ("cold pt (whole files)", pt_cold["buffer"]),
+        (mode, label, entry[mode][key])
+        for mode, found in VARIANTS.items()
+        if mode in entry
+        for key, label in found
+        if key in entry[mode]
     ]
 
 
@@ -203,7 +247,8 @@ def plot(document: dict[str, Any], path: Path) -> None:
     entries = document["results"]
     figure, axes = plt.subplots(len(entries), 1, figsize=(9, 3 * len(entries)), squeeze=False)
     for axis, (workload, entry) in zip(axes[:, 0], entries.items(), strict=True):
-        names, found = zip(*_variants(entry), strict=True)
+        measured = [(f"{m} {label}", f) for m, label, f in variants(entry) if "rows_s" in f]
+        names, found = zip(*measured, strict=True)
         axis.barh(names, [s["rows_s"] for s in found], color="tab:blue")
         axis.set_xscale("log")
         axis.invert_yaxis()

@@ -1,4 +1,9 @@
-"""A whole benchmark run: every mode of the named workloads, as one JSON-ready document."""
+"""A whole benchmark run: each suite's results as one JSON-ready document.
+
+Suites: ``sampling`` (per workload: hot, warm and truly cold sampling, and the write
+figures) and ``s3`` (sampling through the S3 test proxy).  Each document holds the machine,
+versions, settings, results, ``targets`` and notes.
+"""
 
 from __future__ import annotations
 
@@ -6,182 +11,152 @@ import dataclasses
 import json
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from rbzarr.bench.disk import run_disk
+from rbzarr.bench.hot import run_hot
 from rbzarr.bench.measure import machine, versions
-from rbzarr.bench.report import plot, targets
-from rbzarr.bench.sampling import Settings, run_cold, run_hot
-from rbzarr.bench.workloads import Workload, workloads
-from rbzarr.storage.chunking import DEFAULT_CHUNK_BYTES
+from rbzarr.bench.report import plot
+from rbzarr.bench.s3 import run_s3
+from rbzarr.bench.settings import Settings
+from rbzarr.bench.targets import s3_targets, sampling_targets
+from rbzarr.bench.workloads import workloads
 
-__all__ = ["QUICK", "parse_chunk_sweep", "run", "save", "settings_from"]
+__all__ = ["SUITES", "parse_names", "run", "save"]
 
-QUICK = Settings(
-    trajectories=6,
-    window=5,
-    cache=2,
-    pool=2,
-    hot_calls=20,
-    cold_calls=5,
-    budget_s=1.0,
-    chunk_sweep=(),
-)
-
+SUITES = ("sampling", "s3")
 Progress = Callable[[str], None]
 
 
+def parse_names(text: str, allowed: Sequence[str], what: str) -> list[str]:
+    """Comma-separated names, each one of ``allowed``.
+
+    Raises
+    ------
+    ValueError
+        A name is not allowed, or there is none.
+    """
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in allowed]
+    if unknown or not names:
+        raise ValueError(f"unknown {what} {unknown or text!r}; expected some of {list(allowed)}")
+    return names
+
+
 def run(
+    suites: Sequence[str],
     names: Sequence[str],
     settings: Settings,
-    state_batch: int = 1024,
-    image_batch: int = 256,
+    batches: Mapping[str, int] | None = None,
+    quick: bool = False,
     workdir: str | None = None,
     progress: Progress | None = None,
-) -> dict[str, Any]:
-    """Run every mode of the named workloads.
+) -> list[dict[str, Any]]:
+    """Run the named suites.
 
     Parameters
     ----------
+    suites
+        Any of :data:`SUITES`.
     names
-        Workload names (``state``, ``image``, ``atari``).
+        Workloads of the sampling suite (``state``, ``image``, ``embodied``, ``atari``).
     settings
         How much work each mode does.
-    state_batch, image_batch
-        Rows per ``sample`` call.
+    batches
+        Rows per ``sample`` call by workload name (defaults per workload).
+    quick
+        Smaller trajectories where a workload has a quick form.
     workdir
         Where the temporary stores go (default: the system's temporary directory).
     progress
-        Called with a short label before each mode.
+        Called with a short label before each step.
 
     Returns
     -------
-    dict
-        The results document: machine, versions, settings, results, targets, notes.
+    list of dict
+        One results document per suite.
     """
-    found, notes = workloads(names, state_batch, image_batch)
-    results: dict[str, Any] = {}
+    say = progress or (lambda label: None)
     threads = torch.get_num_threads()
     if settings.threads > 0:
         torch.set_num_threads(settings.threads)
     try:
-        for workload in found:
-            results[workload.name] = _run_workload(workload, settings, workdir, progress)
+        documents = []
+        for suite in suites:
+            if suite == "sampling":
+                documents.append(_sampling(names, settings, batches or {}, quick, workdir, say))
+            elif suite == "s3":
+                say("[s3] sampling through the proxy")
+                result = run_s3(settings, quick)
+                documents.append(_document("s3", settings, {"image": result}, s3_targets(result)))
+            else:
+                raise ValueError(f"unknown suite {suite!r}; expected some of {list(SUITES)}")
+        return documents
     finally:
         torch.set_num_threads(threads)
+
+
+def _sampling(
+    names: Sequence[str],
+    settings: Settings,
+    batches: Mapping[str, int],
+    quick: bool,
+    workdir: str | None,
+    say: Progress,
+) -> dict[str, Any]:
+    found, notes = workloads(names, batches, quick)
+    results: dict[str, Any] = {}
+    for workload in found:
+        entry: dict[str, Any] = {"T": workload.T, "B": workload.B, "batch": workload.batch}
+        entry["window"] = settings.window or workload.window
+        entry["cache"] = settings.cache
+        if "hot" in workload.modes:
+            say(f"[{workload.name}] hot")
+            entry["hot"] = run_hot(workload, settings)
+        with tempfile.TemporaryDirectory(dir=workdir) as root:
+            entry.update(run_disk(workload, settings, root, say))
+        results[workload.name] = entry
+    document = _document("sampling", settings, results, sampling_targets(results), notes)
+    document["settings"]["workloads"] = list(names)
+    return document
+
+
+def _document(
+    name: str,
+    settings: Settings,
+    results: dict[str, Any],
+    found: list[dict[str, Any]],
+    notes: list[str] | None = None,
+) -> dict[str, Any]:
     return {
-        "benchmark": "sampling",
+        "benchmark": name,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": machine(),
         "versions": versions(),
-        "settings": {
-            **dataclasses.asdict(settings),
-            "state_batch": state_batch,
-            "image_batch": image_batch,
-            "workloads": list(names),
-        },
+        "settings": dataclasses.asdict(settings),
         "results": results,
-        "targets": targets(results),
-        "notes": notes,
+        "targets": found,
+        "notes": notes or [],
     }
-
-
-def _run_workload(
-    workload: Workload, settings: Settings, workdir: str | None, progress: Progress | None
-) -> dict[str, Any]:
-    say = progress or (lambda label: None)
-    say(f"[{workload.name}] hot")
-    entry: dict[str, Any] = {"T": workload.T, "B": workload.B, "batch": workload.batch}
-    entry["hot"] = run_hot(workload, settings)
-    for fmt in ("zarr", "pt"):
-        say(f"[{workload.name}] cold-{fmt}")
-        with tempfile.TemporaryDirectory(dir=workdir) as root:
-            entry[f"cold_{fmt}"] = run_cold(workload, settings, fmt, root)
-    entry["cold_zarr_vs_pt"] = (
-        entry["cold_zarr"]["buffer"]["rows_s"] / entry["cold_pt"]["buffer"]["rows_s"]
-    )
-    if workload.name == "image" and settings.chunk_sweep:
-        entry["chunk_sweep"] = _chunk_sweep(workload, settings, entry, workdir, say)
-    return entry
-
-
-def _chunk_sweep(
-    workload: Workload,
-    settings: Settings,
-    entry: dict[str, Any],
-    workdir: str | None,
-    say: Progress,
-) -> list[dict[str, Any]]:
-    rows = [_sweep_row(DEFAULT_CHUNK_BYTES, True, entry["cold_zarr"])]
-    for chunk_bytes, compressed in settings.chunk_sweep:
-        codec = "zstd-1" if compressed else "none"
-        say(f"[{workload.name}] cold-zarr chunk_bytes={chunk_bytes} codec={codec}")
-        with tempfile.TemporaryDirectory(dir=workdir) as root:
-            cold = run_cold(workload, settings, "zarr", root, chunk_bytes, compressed)
-        rows.append(_sweep_row(chunk_bytes, compressed, cold))
-    return rows
-
-
-def _sweep_row(chunk_bytes: int, compressed: bool, cold: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "chunk_bytes": chunk_bytes,
-        "codec": "zstd-1" if compressed else "none",
-        "rows_s": cold["buffer"]["rows_s"],
-        "p50_ms": cold["buffer"]["p50_ms"],
-        "limit_rows_s": cold["limit"]["rows_s"],
-        "bytes_read_per_batch": cold["bytes_read_per_batch"],
-        "write_mb_s": cold["write"]["mb_s"],
-        "ratio": cold["disk"]["ratio"],
-    }
-
-
-def settings_from(quick: bool, **overrides: Any) -> Settings:
-    """The default (or ``quick``) settings with every override that is not ``None``.
-
-    Raises
-    ------
-    ValueError
-        ``trajectories``, ``cache`` or ``pool`` is not positive.
-    """
-    base = QUICK if quick else Settings()
-    settings = dataclasses.replace(
-        base, **{name: value for name, value in overrides.items() if value is not None}
-    )
-    for name in ("trajectories", "cache", "pool"):
-        if getattr(settings, name) <= 0:
-            raise ValueError(f"--{name} must be positive, got {getattr(settings, name)}")
-    return settings
-
-
-def parse_chunk_sweep(text: str) -> tuple[tuple[int, bool], ...]:
-    """``"262144,262144:none"`` as ``((262144, True), (262144, False))``; ``""`` is none.
-
-    Raises
-    ------
-    ValueError
-        An entry is not ``BYTES`` or ``BYTES:none``.
-    """
-    sweep = []
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        size, _, codec = item.partition(":")
-        if not size.isdigit() or codec not in ("", "none"):
-            raise ValueError(f"--chunk-sweep: expected BYTES or BYTES:none, got {item!r}")
-        sweep.append((int(size), codec != "none"))
-    return tuple(sweep)
 
 
 def save(document: dict[str, Any], out: Path, chart: bool) -> list[Path]:
-    """Write ``document`` as ``<out>/<benchmark>.json`` (and its chart); return the paths."""
+    """Write ``document`` as ``<out>/<benchmark>.json`` (and, for sampling, its chart).
+
+    Returns
+    -------
+    list of Path
+        The files written.
+    """
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{document['benchmark']}.json"
     path.write_text(json.dumps(document, indent=2) + "\n")
     written = [path]
-    if chart:
+    if chart and document["benchmark"] == "sampling" and document["results"]:
         plot(document, path.with_suffix(".png"))
         written.append(path.with_suffix(".png"))
     return written

@@ -1,0 +1,203 @@
+"""Sampling from S3: requests, bytes and rows/s per batch, against what the rows need.
+
+The server is moto's (real HTTP on 127.0.0.1) behind the counting proxy of the test suite
+(``tests/s3_server.py``, found next to the package in a source checkout), which holds every
+request ``delay_s`` (20 ms by default) before forwarding it.  Image trajectories are written
+with ``auto_save`` (no delay), then sampled with the cache off, so every row comes from S3.
+Per batch: requests by method, the bytes the server sent, seconds and rows/s, beside the
+distinct coalesced byte ranges the rows need and their bytes (compressed inner chunks, or the
+rows' own bytes in uncompressed ones: :mod:`.accounting`, read around the proxy).  The
+first batch also opens each trajectory's metadata and shard indexes; it is reported apart
+from the steady batches.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import logging
+import math
+import statistics
+import sys
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import zarr
+
+import rbzarr
+from rbzarr.bench.accounting import StoreGeometry
+from rbzarr.bench.draws import DrawSequence, TrackedBuffer
+from rbzarr.bench.measure import nbytes
+from rbzarr.bench.settings import Settings
+from rbzarr.bench.workloads import image_trajectory
+from rbzarr.buffer import TrajectoryReplayBuffer
+from rbzarr.trajectory import validate
+
+__all__ = ["concurrency_limit", "load_s3_server", "run_s3"]
+
+SERVER_MODULE = Path(rbzarr.__file__).resolve().parents[1] / "tests" / "s3_server.py"
+
+
+def load_s3_server() -> ModuleType | str:
+    """The test suite's S3 server module, or why it cannot be used."""
+    if not SERVER_MODULE.is_file():
+        return f"needs a source checkout: {SERVER_MODULE} not found"
+    try:
+        import moto.server  # noqa: F401, PLC0415  (test extra)
+        import s3fs  # noqa: F401, PLC0415
+    except ImportError as exc:
+        return f"moto's S3 server or s3fs is not installed ({exc}); install rbzarr[test]"
+    spec = importlib.util.spec_from_file_location("s3_server", SERVER_MODULE)
+    assert spec is not None and spec.loader is not None
+    module = sys.modules.get("s3_server") or importlib.util.module_from_spec(spec)
+    if "s3_server" not in sys.modules:
+        sys.modules["s3_server"] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+def concurrency_limit() -> int:
+    """How many requests of one batch may be in flight at once (zarr's async concurrency)."""
+    return int(zarr.config.get("async.concurrency"))
+
+
+def run_s3(settings: Settings, quick: bool) -> dict[str, Any]:
+    """The S3 mode: see the module docs; ``{"unavailable": reason}`` without a server."""
+    server_module = load_s3_server()
+    if isinstance(server_module, str):
+        return {"unavailable": server_module}
+    import s3fs  # noqa: PLC0415
+
+    server, endpoint = server_module.start_moto()
+    proxy = server_module.S3Proxy(endpoint)
+    try:
+        bucket = server_module.unique_bucket_name("bench")
+        server_module.create_bucket(endpoint, bucket)
+        s3fs.S3FileSystem.clear_instance_cache()
+        options = server_module.s3_storage_options(proxy.endpoint_url, timeout=60.0)
+        direct = s3fs.S3FileSystem(**server_module.s3_storage_options(endpoint, timeout=60.0))
+        return _measure(settings, quick, proxy, f"{bucket}/store", options, direct)
+    finally:
+        proxy.close()
+        server.stop()
+        _drop_filesystems(s3fs)
+
+
+def _drop_filesystems(s3fs: Any) -> None:
+    # zarr's fsspec store opens asynchronous s3fs instances whose aiohttp sessions nothing
+    # closes; collect them here, where their "Unclosed client session" warning is expected.
+    s3fs.S3FileSystem.clear_instance_cache()
+    asyncio_log = logging.getLogger("asyncio")
+    level = asyncio_log.level
+    asyncio_log.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", "Unclosed (client session|connector)", ResourceWarning
+            )
+            gc.collect()
+    finally:
+        asyncio_log.setLevel(level)
+
+
+def _measure(
+    settings: Settings, quick: bool, proxy: Any, path: str, options: dict[str, Any], direct: Any
+) -> dict[str, Any]:
+    T, B = (8, 4) if quick else (32, 16)
+    trajectories = [
+        image_trajectory(settings.seed + i, T, B) for i in range(settings.s3_trajectories)
+    ]
+    spec = validate(trajectories[0])
+    raw = nbytes(v for t in trajectories for v in t.tensors().values())
+    with TrajectoryReplayBuffer(
+        seed=settings.seed,
+        enable_cache=False,
+        cache_size=0,
+        sample_window_size=len(trajectories),
+        auto_save=True,
+        auto_save_path=f"s3://{path}",
+        storage_options=options,
+    ) as buffer:
+        proxy.reset_log()
+        start = time.perf_counter()
+        buffer.add_trajectories(trajectories)
+        buffer.flush()
+        seconds = time.perf_counter() - start
+        writes = dict(Counter(r.method for r in proxy.requests))
+        proxy.slow_down(settings.s3_delay_s)
+        geometry = StoreGeometry(direct, path, list(spec.schema), T, B)
+        draws = DrawSequence(
+            [spec.num_samples] * len(trajectories), settings.s3_batch, settings.seed
+        )
+        tracked = TrackedBuffer(buffer, settings.s3_batch)
+        batches = [
+            _batch(tracked, proxy, geometry, draws, settings.s3_delay_s)
+            for _ in range(settings.s3_batches + 1)
+        ]
+        proxy.slow_down(0.0)
+    steady = batches[1:]
+    return {
+        "T": T,
+        "B": B,
+        "trajectories": len(trajectories),
+        "batch": settings.s3_batch,
+        "delay_s": settings.s3_delay_s,
+        "concurrency_limit": concurrency_limit(),
+        "write": {
+            "seconds": seconds,
+            "raw_mb_s": raw / 1e6 / seconds,
+            "requests_per_trajectory": {k: v / len(trajectories) for k, v in writes.items()},
+        },
+        "first_batch": batches[0],
+        "steady_median": {key: statistics.median(b[key] for b in steady) for key in STEADY_KEYS},
+        "steady_batches": steady,
+    }
+
+
+STEADY_KEYS = (
+    "requests",
+    "needed_ranges",
+    "needed_chunks",
+    "bytes",
+    "needed_bytes",
+    "bytes_vs_needed",
+    "seconds",
+    "rows_s",
+    "time_bound_s",
+)
+
+
+def _batch(
+    tracked: TrackedBuffer, proxy: Any, geometry: StoreGeometry, draws: DrawSequence, delay: float
+) -> dict[str, Any]:
+    """One timed batch through the proxy, and what its rows need."""
+    k = tracked.calls
+    proxy.reset_log()
+    start = time.perf_counter()
+    tracked.sample()
+    seconds = time.perf_counter() - start
+    requests = proxy.requests
+    sent = proxy.bytes_to_client
+    positions, rows = draws.at(k)
+    wanted: dict[int, list[int]] = {}
+    for position, row in zip(positions.tolist(), rows.tolist(), strict=True):
+        wanted.setdefault(position, []).append(row)
+    needed = geometry.needed(wanted)
+    limit = concurrency_limit()
+    rounds = math.ceil(len(requests) / limit)
+    return {
+        "requests": len(requests),
+        "by_method": dict(Counter(r.method for r in requests)),
+        "needed_ranges": len(needed.coalesced_pieces()),
+        "needed_chunks": needed.chunks,
+        "bytes": sent,
+        "needed_bytes": needed.piece_bytes,
+        "bytes_vs_needed": sent / needed.piece_bytes,
+        "seconds": seconds,
+        "rows_s": tracked.batch / seconds,
+        "time_bound_s": 3 * delay * rounds,
+    }

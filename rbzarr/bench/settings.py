@@ -1,0 +1,71 @@
+"""How much work a benchmark run does, and the tiny settings of ``--quick``."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+__all__ = ["QUICK", "Settings", "settings_from"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How much work one run does (``rbzarr bench --help`` lists the flags that set it).
+
+    ``trajectories`` and ``window`` default to the workload's window (100; embodied 40).
+    ``drop_caches`` lets truly cold batches drop the machine's whole page cache (as root);
+    otherwise only the store's files are evicted (``posix_fadvise``).
+    """
+
+    trajectories: int | None = None
+    window: int | None = None
+    cache: int = 5
+    pool: int = 8
+    hot_calls: int = 200
+    warm_calls: int = 30
+    cold_calls: int = 6
+    budget_s: float = 6.0
+    seed: int = 1234
+    threads: int = 1
+    drop_caches: bool = True
+    s3_trajectories: int = 8
+    s3_batch: int = 256
+    s3_batches: int = 5
+    s3_delay_s: float = 0.020
+
+
+QUICK = Settings(
+    trajectories=6,
+    window=5,
+    cache=2,
+    pool=2,
+    hot_calls=20,
+    warm_calls=5,
+    cold_calls=3,
+    budget_s=1.0,
+    s3_trajectories=2,
+    s3_batch=32,
+    s3_batches=2,
+    drop_caches=False,
+)
+
+
+def settings_from(quick: bool, **overrides: Any) -> Settings:
+    """The default (or ``quick``) settings with every override that is not ``None``.
+
+    Raises
+    ------
+    ValueError
+        A count (``trajectories``, ``window``, ``cache``, ``pool``, calls) is not positive.
+    """
+    base = QUICK if quick else Settings()
+    settings = dataclasses.replace(
+        base, **{name: value for name, value in overrides.items() if value is not None}
+    )
+    counts = ("trajectories", "window", "cache", "pool", "hot_calls", "warm_calls", "cold_calls")
+    for name in counts:
+        value = getattr(settings, name)
+        if value is not None and value <= 0:
+            flag = name.replace("_", "-")
+            raise ValueError(f"--{flag} must be positive, got {value}")
+    return settings

@@ -1,0 +1,80 @@
+"""TorchRL as a peer: the same flat rows in a TorchRL storage, read by the same row ids.
+
+``LazyMemmapStorage`` (memory-mapped files in a scratch directory) is the disk-backed
+peer, ``LazyTensorStorage`` (tensors in RAM) the hot one.  The rows fed to it are exactly the
+flattened rows of the buffer's window, in window order, so flat row ``r`` of the window's
+``p``-th trajectory is storage index ``offsets[p] + r`` and a batch reads the same bytes as
+the buffer's.  :meth:`TorchRLPeer.get` times the storage's own ``get`` of those indices;
+:meth:`TorchRLPeer.sample` is TorchRL's ``ReplayBuffer.sample`` (its own random rows).
+TorchRL is optional (the ``bench`` extra): :func:`torchrl_missing` says why it cannot run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from rbzarr import tree
+
+__all__ = ["TorchRLPeer", "torchrl_missing"]
+
+
+def torchrl_missing() -> str | None:
+    """``None`` when torchrl and tensordict import, else the reason they do not."""
+    try:
+        import tensordict  # noqa: F401, PLC0415
+        import torchrl  # noqa: F401, PLC0415
+    except ImportError as exc:
+        return f"torchrl is not installed ({exc}); install the bench extra: rbzarr[bench]"
+    return None
+
+
+class TorchRLPeer:
+    """A TorchRL replay buffer holding the given flat rows.
+
+    Parameters
+    ----------
+    flats
+        The window's trajectories as flat ``{key: [rows, ...]}`` dicts, in window order.
+    scratch_dir
+        Directory of a ``LazyMemmapStorage``; ``None`` keeps the rows in RAM
+        (``LazyTensorStorage``).
+    """
+
+    def __init__(self, flats: Sequence[Mapping[str, torch.Tensor]], scratch_dir: str | None):
+        from tensordict import TensorDict  # noqa: PLC0415  (optional dependency)
+        from torchrl.data import (  # noqa: PLC0415
+            LazyMemmapStorage,
+            LazyTensorStorage,
+            ReplayBuffer,
+        )
+        from torchrl.data.replay_buffers.samplers import RandomSampler  # noqa: PLC0415
+
+        logging.getLogger("torchrl").setLevel(logging.WARNING)
+        counts = [len(next(iter(flat.values()))) for flat in flats]
+        total = sum(counts)
+        self.kind = "LazyTensorStorage" if scratch_dir is None else "LazyMemmapStorage"
+        self.storage: Any = (
+            LazyTensorStorage(total)
+            if scratch_dir is None
+            else LazyMemmapStorage(total, scratch_dir=scratch_dir)
+        )
+        self.buffer: Any = ReplayBuffer(storage=self.storage, sampler=RandomSampler())
+        for flat, count in zip(flats, counts, strict=True):
+            self.buffer.extend(TensorDict(tree.unflatten(dict(flat)), batch_size=[count]))
+        self.offsets = torch.tensor([0, *counts[:-1]], dtype=torch.int64).cumsum(0)
+
+    def indices(self, positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Storage indices of flat rows ``rows`` of the window's trajectories ``positions``."""
+        return self.offsets[positions] + rows
+
+    def get(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The storage's rows at ``indices`` as a flat ``{key: tensor}`` dict."""
+        return dict(self.storage.get(indices).flatten_keys("/").items())
+
+    def sample(self, batch: int) -> Any:
+        """TorchRL's own path: ``ReplayBuffer.sample`` of ``batch`` random rows."""
+        return self.buffer.sample(batch)
