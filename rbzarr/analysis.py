@@ -313,6 +313,32 @@ class BufferView:
         """The read-only Zarr group of one trajectory (zarr layout only; else ValueError)."""
         return self.layout.zarr_group(self.entry(trajectory_id))
 
+    def xarray_dataset(self, trajectory_id: int) -> Any:
+        """One trajectory as a lazy ``xarray.Dataset``, one variable per flat key.
+
+        Dimensions are the arrays' ``dimension_names`` (``time``, ``env``, then per-key
+        names; reset-row fields use ``time_with_resets``).  Needs a trajectory written by
+        zarr layout 2 and the ``analysis`` extra (xarray, dask).
+        """
+        import xarray  # noqa: PLC0415 (optional dependency)
+
+        fields = list(self.zarr_group(trajectory_id).attrs.get(FIELDS_ATTR) or {})
+        store = self.layout.location.zarr_store(read_only=True)
+        parts = []
+        for group in sorted({key.rpartition("/")[0] for key in fields}):
+            path = "/".join(part for part in (TRAJECTORIES, str(trajectory_id), group) if part)
+            try:
+                data = xarray.open_zarr(store, group=path, consolidated=False)
+            except KeyError as exc:  # layout-1 arrays carry no dimension names
+                raise ValueError(
+                    f"{self.url}: trajectory {trajectory_id} has no dimension names (layout 1); "
+                    "convert it with `rbzarr export SRC DST --format zarr`"
+                ) from exc
+            parts.append(
+                data.rename({name: f"{group}/{name}" if group else name for name in data.data_vars})
+            )
+        return xarray.merge(parts, combine_attrs="drop")[fields]
+
 
 def _reopen(
     url: str, storage_options: dict[str, Any], options: dict[str, Any], sampler: dict[str, Any]

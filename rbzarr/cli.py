@@ -288,24 +288,30 @@ def plot(ctx: click.Context, url: str, output: str, per_trajectory: bool) -> Non
     help="Directory for the run (a new run-<time> folder inside).",
 )
 @click.option("--env", "env_id", default="CartPole-v1", show_default=True)
-@click.option("--num-envs", default=16, show_default=True)
+@click.option("--num-envs", default=8, show_default=True)
 @click.option(
     "--steps",
     "steps_per_trajectory",
-    default=64,
+    default=32,
     show_default=True,
     help="Time steps per trajectory.",
 )
-@click.option("--trajectories", default=100, show_default=True)
-@click.option("--batch-size", default=256, show_default=True)
+@click.option("--trajectories", default=200, show_default=True)
+@click.option("--batch-size", default=64, show_default=True)
 @click.option("--seed", default=0, show_default=True)
 def demo(store: str, **settings: Any) -> None:
-    """Roll out a gymnasium env into a Zarr-backed buffer, train a Q-network, checkpoint."""
+    """Train a DQN on a gymnasium env through a Zarr-backed buffer; print greedy returns.
+
+    Writes the store, a checkpoint and (with matplotlib) learning-curve.png in a new run
+    folder.
+    """
     from pathlib import Path  # noqa: PLC0415
 
-    from rbzarr.demo import DemoSettings, report, run_demo  # noqa: PLC0415
+    from rbzarr.demo import DemoSettings, report, run_demo, write_learning_curve  # noqa: PLC0415
 
-    click.echo(report(run_demo(DemoSettings(store=Path(store), **settings))))
+    result = run_demo(DemoSettings(store=Path(store), **settings))
+    click.echo(report(result))
+    click.echo(f"learning curve {write_learning_curve(result)}")
 
 
 @main.command()

@@ -1,17 +1,25 @@
-"""The main job: a real environment feeding a Zarr-backed buffer that trains a Q-network.
+"""The main job: a gymnasium env feeding a Zarr-backed buffer that trains a DQN which learns.
 
-A gymnasium vector environment (CartPole, nothing to download) is stepped by a rollout
-thread with a random behaviour policy (DQN learns off-policy); a
+A rollout thread steps a gymnasium vector env (CartPole, nothing to download, in gymnasium's
+default next-step autoreset mode) with an epsilon-greedy copy of the Q-network; a
 :class:`~rbzarr.collector.TrajectoryCollector` turns its steps into trajectories that go
-through a :class:`~rbzarr.channel.Channel` to the actor (this thread), which puts them in a
-:class:`~rbzarr.buffer.TrajectoryReplayBuffer` with ``auto_save`` on a local Zarr store,
-samples batches and runs DQN updates.  At the end it saves a checkpoint.
+through a :class:`~rbzarr.channel.Channel` to the actor (the calling thread), which adds them
+to a :class:`~rbzarr.buffer.TrajectoryReplayBuffer` with ``auto_save`` on a local Zarr store,
+samples batches, runs DQN updates and, every few trajectories, evaluates the greedy policy
+on fresh episodes and prints the mean return.  At the end it saves a checkpoint.
+
+The run is reproducible from its seed: the rollout of trajectory ``k`` acts with the weights
+the actor had after training on trajectory ``k - 2`` (so rollout and training overlap, and
+the hand-over is always the same).
 """
 
 from __future__ import annotations
 
+import copy
+import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,33 +28,63 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from rbzarr.analysis import open_buffer
 from rbzarr.buffer import TrajectoryReplayBuffer
 from rbzarr.channel import Channel
 from rbzarr.collector import TrajectoryCollector
+from rbzarr.dqn import QNetwork, dqn_update, greedy_return
+from rbzarr.plotting import plot_learning_curve
 
-__all__ = ["DemoResult", "DemoSettings", "report", "run_demo"]
+__all__ = ["DemoResult", "DemoSettings", "report", "run_demo", "write_learning_curve"]
+
+# Weights reach the rollout thread this many trajectories after the data they trained on.
+_POLICY_LAG = 2
 
 
 @dataclass(frozen=True)
 class DemoSettings:
-    """Knobs of the demo; the defaults finish in about a minute on 2 cores."""
+    """Knobs of the demo; the defaults learn CartPole in about two minutes on 2 cores."""
 
     store: Path = Path("rbzarr-demo")
     env_id: str = "CartPole-v1"
-    num_envs: int = 16
-    steps_per_trajectory: int = 64
-    trajectories: int = 100
-    batch_size: int = 256
-    updates_per_trajectory: int = 16
-    sample_window_size: int = 20
-    cache_size: int = 4
+    num_envs: int = 8
+    steps_per_trajectory: int = 32
+    trajectories: int = 200
+    batch_size: int = 64
+    updates_per_trajectory: int = 128
+    learning_starts: int = 1024  # env steps collected before the first update
+    sample_window_size: int = 0  # sample every trajectory of the run
+    cache_size: int = 200  # ... from memory; every trajectory is also written to the store
+    learning_rate: float = 2.3e-3
+    gamma: float = 0.99
+    hidden: int = 256
+    target_every: int = 128  # updates between target-network copies
+    epsilon_start: float = 1.0
+    epsilon_end: float = 0.04
+    exploration_fraction: float = 0.16  # of all env steps, epsilon decays linearly
+    eval_every: int = 10  # trajectories between greedy evaluations
+    eval_episodes: int = 8
     seed: int = 0
     progress: bool = True
+
+    @property
+    def steps_per_round(self) -> int:
+        """Env steps in one trajectory: ``num_envs * steps_per_trajectory``."""
+        return self.num_envs * self.steps_per_trajectory
+
+    def epsilon(self, env_steps: int) -> float:
+        """The exploration rate after ``env_steps`` env steps."""
+        decay = self.exploration_fraction * self.trajectories * self.steps_per_round
+        fraction = min(1.0, env_steps / decay) if decay > 0 else 1.0
+        return self.epsilon_start + fraction * (self.epsilon_end - self.epsilon_start)
 
 
 @dataclass(frozen=True)
 class DemoResult:
-    """Where the demo left its data, and how fast it went."""
+    """Where the demo left its data, how fast it went and how well it learnt.
+
+    ``evaluations`` holds ``(env_steps, mean greedy return)`` pairs, in order.
+    """
 
     store: Path
     checkpoint: Path
@@ -55,96 +93,156 @@ class DemoResult:
     bytes_written: int
     seconds: float
     final_loss: float
+    evaluations: list[tuple[int, float]]
+
+    @property
+    def final_return(self) -> float:
+        """The mean greedy return of the last evaluation (NaN without one)."""
+        return self.evaluations[-1][1] if self.evaluations else float("nan")
 
 
-def _rollout(settings: DemoSettings, channel: Channel, stop: threading.Event) -> None:
+def _make_env(settings: DemoSettings, num_envs: int) -> Any:
     import gymnasium as gym  # noqa: PLC0415  (an optional extra)
 
-    envs = gym.make_vec(
-        settings.env_id,
-        num_envs=settings.num_envs,
-        vectorization_mode="sync",
-        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-    )
+    return gym.make_vec(settings.env_id, num_envs=num_envs)
+
+
+def _rollout(
+    settings: DemoSettings,
+    channel: Channel,
+    weights: queue.Queue[dict[str, torch.Tensor]],
+    stop: threading.Event,
+) -> None:
+    """Collect ``settings.trajectories`` trajectories with an epsilon-greedy policy."""
+    envs = _make_env(settings, settings.num_envs)
+    policy = QNetwork(int(envs.single_observation_space.shape[0]), 2, settings.hidden)
+    policy.load_state_dict(weights.get())
     rng = np.random.default_rng(settings.seed)
-    num_actions = int(getattr(envs.single_action_space, "n", 2))
+    collector = TrajectoryCollector.for_vector_env(envs)
     obs, _ = envs.reset(seed=settings.seed)
-    collector = TrajectoryCollector(num_envs=settings.num_envs)
+    collector.reset({"state": torch.as_tensor(obs, dtype=torch.float32)})
     try:
         for version in range(settings.trajectories):
-            collector.reset({"state": torch.as_tensor(obs, dtype=torch.float32)})
+            if version >= _POLICY_LAG:
+                policy.load_state_dict(weights.get())
+            epsilon = settings.epsilon(version * settings.steps_per_round)
             for _ in range(settings.steps_per_trajectory):
-                actions = rng.integers(0, num_actions, settings.num_envs)
-                next_obs, rewards, terminated, truncated, info = envs.step(actions)
-                final = np.array(next_obs, copy=True)
-                for env in np.flatnonzero(terminated | truncated):
-                    final[env] = info["final_obs"][env]
-                collector.add_step(
-                    actions=torch.as_tensor(actions).unsqueeze(-1),
-                    rewards=torch.as_tensor(rewards, dtype=torch.float32).unsqueeze(-1),
-                    next_obs={"state": torch.as_tensor(next_obs, dtype=torch.float32)},
-                    final_obs={"state": torch.as_tensor(final, dtype=torch.float32)},
-                    terminations=torch.as_tensor(terminated).unsqueeze(-1),
-                    truncations=torch.as_tensor(truncated).unsqueeze(-1),
-                    prev_logprobs=torch.full((settings.num_envs, 1), -np.log(2.0)),
-                    versions=torch.full((settings.num_envs,), float(version)),
-                )
-                obs = next_obs
-            if stop.is_set():
-                return
+                if stop.is_set():
+                    return
+                obs = _step(envs, policy, collector, obs, epsilon, rng, version)
             channel.put(collector.build())
     finally:
         envs.close()
         channel.close()
 
 
-class _QNetwork(torch.nn.Module):
-    def __init__(self, obs_dim: int, actions: int) -> None:
-        super().__init__()
-        self.net = torch.nn.Sequential(
-            torch.nn.Linear(obs_dim, 64), torch.nn.ReLU(), torch.nn.Linear(64, actions)
-        )
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(obs)
-
-
-def _dqn_update(
-    q: _QNetwork, target: _QNetwork, optimiser: torch.optim.Optimizer, batch: dict[str, Any]
-) -> float:
-    obs, next_obs = batch["curr_obs"]["state"], batch["next_obs"]["state"]
-    actions = batch["actions"].long()
-    rewards = batch["rewards"].squeeze(-1)
-    done = batch["terminations"].squeeze(-1).float()
+def _step(
+    envs: Any,
+    policy: QNetwork,
+    collector: TrajectoryCollector,
+    obs: np.ndarray,
+    epsilon: float,
+    rng: np.random.Generator,
+    version: int,
+) -> np.ndarray:
+    """One epsilon-greedy step of every env, recorded in ``collector``."""
+    state = torch.as_tensor(obs, dtype=torch.float32)
     with torch.no_grad():
-        bootstrap = target(next_obs).max(dim=1).values
-        goal = rewards + 0.99 * (1.0 - done) * bootstrap
-    value = q(obs).gather(1, actions).squeeze(1)
-    loss = torch.nn.functional.smooth_l1_loss(value, goal)
-    optimiser.zero_grad()
-    loss.backward()
-    optimiser.step()
-    with torch.no_grad():  # a slowly trailing target network keeps bootstrapping stable
-        for weight, trailing in zip(q.parameters(), target.parameters(), strict=True):
-            trailing.lerp_(weight, 0.005)
-    return float(loss.detach())
+        actions = policy(state).argmax(dim=1).numpy()
+    explore = rng.random(len(actions)) < epsilon
+    actions = np.where(explore, rng.integers(0, 2, len(actions)), actions)
+    next_obs, rewards, terminated, truncated, _ = envs.step(actions)
+    collector.add_step(
+        actions=torch.as_tensor(actions).unsqueeze(-1),
+        rewards=torch.as_tensor(rewards, dtype=torch.float32).unsqueeze(-1),
+        next_obs={"state": torch.as_tensor(next_obs, dtype=torch.float32)},
+        terminations=torch.as_tensor(terminated).unsqueeze(-1),
+        truncations=torch.as_tensor(truncated).unsqueeze(-1),
+        versions=torch.full((len(actions),), float(version)),
+    )
+    return np.asarray(next_obs)
 
 
 def _directory_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def run_demo(settings: DemoSettings) -> DemoResult:
-    """Run the demo end to end and return where its data is and how fast it went."""
+class _Learner:
+    """The actor's side: the Q-network, its target, the optimiser and the evaluations."""
+
+    def __init__(self, settings: DemoSettings, log: Callable[[str], None]) -> None:
+        torch.manual_seed(settings.seed)
+        self.settings = settings
+        self.q = QNetwork(4, 2, settings.hidden)
+        self.target = copy.deepcopy(self.q)
+        self.optimiser = torch.optim.Adam(self.q.parameters(), lr=settings.learning_rate)
+        # The step size decays linearly to zero: late updates polish, they do not unlearn.
+        total = max(1, settings.trajectories * settings.updates_per_trajectory)
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(
+            self.optimiser, lambda update: max(0.0, 1.0 - update / total)
+        )
+        self.updates = 0
+        self.loss = float("nan")
+        self.evaluations: list[tuple[int, float]] = []
+        self.eval_env = _make_env(settings, settings.eval_episodes)
+        self.log = log
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.q.state_dict().items()}
+
+    def train(self, buffer: TrajectoryReplayBuffer, env_steps: int) -> int:
+        """Run one trajectory's updates (once enough steps are in); return rows sampled."""
+        if env_steps < self.settings.learning_starts:
+            return 0
+        rows = 0
+        for _ in range(self.settings.updates_per_trajectory):
+            batch = buffer.sample(self.settings.batch_size)
+            rows += int(batch["rewards"].shape[0])
+            self.loss = dqn_update(self.q, self.target, self.optimiser, batch, self.settings.gamma)
+            self.schedule.step()
+            self.updates += 1
+            if self.updates % self.settings.target_every == 0:
+                self.target.load_state_dict(self.q.state_dict())
+        return rows
+
+    def evaluate(self, env_steps: int) -> float:
+        """Mean greedy return over ``eval_episodes`` fresh episodes; logged and kept."""
+        seed = self.settings.seed + 1_000_003  # the same start states at every evaluation
+        mean = greedy_return(self.q, self.eval_env, seed)
+        self.evaluations.append((env_steps, mean))
+        epsilon = self.settings.epsilon(env_steps)
+        self.log(
+            f"env steps {env_steps:>7,}  greedy return {mean:6.1f}  "
+            f"epsilon {epsilon:.2f}  TD loss {self.loss:.3f}"
+        )
+        return mean
+
+
+def run_demo(settings: DemoSettings, log: Callable[[str], None] = tqdm.write) -> DemoResult:
+    """Run the demo end to end: train, evaluate as it learns, checkpoint.
+
+    Parameters
+    ----------
+    settings
+        The knobs.
+    log
+        Receives one line per evaluation (default: printed above the progress bar).
+
+    Returns
+    -------
+    DemoResult
+        Where its data is, how fast it went and its evaluations.
+    """
     run_dir = settings.store / time.strftime("run-%Y%m%d-%H%M%S")
     store, checkpoint_path = run_dir / "auto_save", run_dir / "checkpoint"
-    torch.manual_seed(settings.seed)
-    q, target = _QNetwork(4, 2), _QNetwork(4, 2)
-    target.load_state_dict(q.state_dict())
-    optimiser = torch.optim.Adam(q.parameters(), lr=1e-3)
-    channel = Channel(maxsize=4)
+    learner = _Learner(settings, log)
+    channel = Channel(maxsize=_POLICY_LAG)
+    weights: queue.Queue[dict[str, torch.Tensor]] = queue.Queue()
+    weights.put(learner.weights())
     stop = threading.Event()
-    producer = threading.Thread(target=_rollout, args=(settings, channel, stop), daemon=True)
+    producer = threading.Thread(
+        target=_rollout, args=(settings, channel, weights, stop), daemon=True
+    )
     buffer = TrajectoryReplayBuffer(
         seed=settings.seed,
         cache_size=settings.cache_size,
@@ -152,20 +250,20 @@ def run_demo(settings: DemoSettings) -> DemoResult:
         auto_save=True,
         auto_save_path=store,
     )
-    rows = 0
-    loss = float("nan")
+    rows = env_steps = 0
     started = time.perf_counter()
     producer.start()
     bar = tqdm(total=settings.trajectories, desc="trajectories", disable=not settings.progress)
     try:
-        for trajectory in channel:
+        for version, trajectory in enumerate(channel):
             buffer.add_trajectories([trajectory])
-            for _ in range(settings.updates_per_trajectory):
-                batch = buffer.sample(settings.batch_size)
-                rows += int(batch["rewards"].shape[0])
-                loss = _dqn_update(q, target, optimiser, batch)
+            env_steps += settings.steps_per_round
+            rows += learner.train(buffer, env_steps)
+            weights.put(learner.weights())
+            last = version + 1 == settings.trajectories
+            if (version + 1) % settings.eval_every == 0 or last:
+                learner.evaluate(env_steps)
             bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}", rows=rows)
         buffer.flush()
         buffer.save_checkpoint(checkpoint_path)
     finally:
@@ -173,15 +271,16 @@ def run_demo(settings: DemoSettings) -> DemoResult:
         bar.close()
         buffer.close()
         producer.join()
-    seconds = time.perf_counter() - started
+        learner.eval_env.close()
     return DemoResult(
         store=store,
         checkpoint=checkpoint_path,
-        env_steps=settings.trajectories * settings.steps_per_trajectory * settings.num_envs,
+        env_steps=env_steps,
         rows_sampled=rows,
         bytes_written=_directory_bytes(store),
-        seconds=seconds,
-        final_loss=loss,
+        seconds=time.perf_counter() - started,
+        final_loss=learner.loss,
+        evaluations=learner.evaluations,
     )
 
 
@@ -195,6 +294,20 @@ def report(result: DemoResult) -> str:
             f"store          {result.store}",
             f"checkpoint     {result.checkpoint}",
             f"final TD loss  {result.final_loss:.3f}",
+            f"greedy return  {result.final_return:.1f} (mean of the last evaluation)",
             f"elapsed        {result.seconds:.1f} s",
         ]
     )
+
+
+def write_learning_curve(result: DemoResult) -> Path | str:
+    """Draw the run's returns over training into ``learning-curve.png`` beside its store.
+
+    Returns the file's path, or a line saying why there is none (matplotlib missing).
+    """
+    path = result.store.parent / "learning-curve.png"
+    try:
+        plot_learning_curve(result.evaluations, open_buffer(result.store), path)
+    except ImportError as exc:
+        return f"not drawn: {exc}"
+    return path

@@ -6,10 +6,12 @@ and the torch dtype is recorded by name beside the data, so a round trip is bit-
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
-__all__ = ["dtype_from_name", "dtype_name", "from_numpy", "to_numpy"]
+__all__ = ["byte_rows", "dtype_from_name", "dtype_name", "from_numpy", "to_numpy"]
 
 _BY_NAME: dict[str, torch.dtype] = {
     "bool": torch.bool,
@@ -64,3 +66,13 @@ def from_numpy(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """The tensor of torch ``dtype`` whose bits ``array`` holds; inverse of :func:`to_numpy`."""
     tensor = torch.from_numpy(np.ascontiguousarray(array))
     return tensor.view(dtype) if dtype in _BIT_VIEWS else tensor.to(dtype)
+
+
+def byte_rows(tensor: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's memory as writable uint8 rows ``[len, row_bytes]`` (a view, no copy).
+
+    ``tensor`` must be contiguous and have at least one dimension.
+    """
+    array = to_numpy(tensor)
+    flat = array.reshape(array.shape[0], math.prod(array.shape[1:]))
+    return flat.view(np.uint8)

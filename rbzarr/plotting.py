@@ -1,8 +1,10 @@
-"""Plots of a store's rewards and episodes (``rbzarr plot``); needs the ``analysis`` extra.
+"""Plots of a store's rewards and episodes; needs the ``analysis`` extra.
 
-Four panels: the histogram of per-step rewards, of episode returns and of episode lengths
-(complete episodes, as defined in :mod:`rbzarr.episodes`), and every episode's return
-against the id of the trajectory it ended in, with the per-trajectory mean.
+:func:`plot_store` (``rbzarr plot``) draws four panels: the histogram of per-step rewards,
+of episode returns and of episode lengths (complete episodes, as defined in
+:mod:`rbzarr.episodes`), and every episode's return against the id of the trajectory it
+ended in, with the per-trajectory mean.  :func:`plot_learning_curve` draws returns over
+training (``rbzarr demo``): evaluation returns and the episodes of the store.
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ import torch
 from rbzarr.analysis import BufferView
 from rbzarr.episodes import DONES, REWARDS
 
-__all__ = ["DPI", "FIGURE_SIZE", "IMAGE_FORMATS", "image_format_of", "plot_store"]
+__all__ = [
+    "DPI",
+    "FIGURE_SIZE",
+    "IMAGE_FORMATS",
+    "image_format_of",
+    "plot_learning_curve",
+    "plot_store",
+]
 
 FIGURE_SIZE = (10.0, 8.0)  # inches
 DPI = 100
@@ -150,3 +159,38 @@ def _returns_by_trajectory(axis: Any, episodes: list[tuple[int, int, float]]) ->
     order = np.unique(ids)
     axis.plot(order, [returns[ids == i].mean() for i in order], color="C1", label="mean")
     axis.legend(loc="best")
+
+
+def plot_learning_curve(
+    evaluations: list[tuple[int, float]], view: BufferView, path: str | os.PathLike[str]
+) -> None:
+    """Returns over training into the PNG file ``path`` (1000 x 500 pixels).
+
+    ``evaluations`` are ``(env_steps, mean greedy return)`` pairs; the store's complete
+    training episodes are drawn at the env steps (samples) collected up to the trajectory
+    they ended in.
+    """
+    plt = _pyplot()
+    samples_until = dict(
+        zip(view.ids, np.cumsum([view.entry(i)["num_samples"] for i in view.ids]), strict=True)
+    )
+    keys = [REWARDS, DONES]
+    steps, returns = [], []
+    for _, _, ended in view.iter_steps_and_episodes(keys, episode_keys=keys):
+        for episode in ended:
+            if episode.done:
+                steps.append(samples_until[episode.trajectory_ids[-1]])
+                returns.append(episode.episode_return or 0.0)
+    figure, axis = plt.subplots(figsize=(FIGURE_SIZE[0], FIGURE_SIZE[1] / 1.6), dpi=DPI)
+    try:
+        axis.scatter(steps, returns, s=4, alpha=0.25, color="C0", label="training episode")
+        if evaluations:
+            x, y = zip(*evaluations, strict=True)
+            axis.plot(x, y, marker="o", color="C1", label="greedy evaluation (mean)")
+        axis.set_xlabel("env steps")
+        axis.set_ylabel("episode return")
+        axis.set_title(f"returns over training ({view.url})")
+        axis.legend(loc="upper left")
+        figure.savefig(os.fspath(path), dpi=DPI, format="png")
+    finally:
+        plt.close(figure)

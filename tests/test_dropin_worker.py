@@ -155,3 +155,48 @@ def test_sac_style_worker_runs_unchanged(tmp_path):
 
 def test_sac_style_worker_with_preload_runs_unchanged(tmp_path):
     run_worker(tmp_path, preload=True)
+
+
+def test_sac_style_resume_continues_the_previous_runs_store(tmp_path):
+    """RLinf's resume: the same log folder for the store, then the run's checkpoint."""
+    log_path, ckpt = str(tmp_path / "logs"), str(tmp_path / "ckpt" / "replay_buffer")
+    first = ActorWorker(log_path, 0, False, demo_checkpoint(str(tmp_path / "demo")))
+    first.recv_rollout_trajectories([rollout(k, False) for k in range(12)])
+    first.replay_buffer.save_checkpoint(ckpt)  # the window: ids 2..11
+    expected_next = first.replay_buffer.sample(8)
+    first.buffer_dataset.close()
+    first.replay_buffer.close(wait=True)
+
+    second = ActorWorker(log_path, 0, False, str(tmp_path / "demo"))
+    second.replay_buffer.load_checkpoint(ckpt)
+    replay = second.replay_buffer
+    assert replay._trajectory_id_list == list(range(2, 12))
+    assert torch.equal(replay.sample(8)["prev_logprobs"], expected_next["prev_logprobs"])
+    second.recv_rollout_trajectories([rollout(12, False)])
+    assert replay._trajectory_id_list[-1] == 12 and replay.trajectory_counter == 13
+    replay.flush()
+    store = TrajectoryReplayBuffer(sample_window_size=0)
+    store.load_checkpoint(os.path.join(log_path, "replay_buffer/rank_0"))
+    assert store._trajectory_id_list == list(range(13))  # nothing of the first run is lost
+    assert store._load_trajectory(0, "v0") == as_trajectory(rollout(0, False))
+    second.buffer_dataset.close()
+    replay.close(wait=True)
+
+
+def test_visualizer_style_walk_over_a_pt_folder(tmp_path):
+    """RLinf's visualizer: a buffer on the folder, load_checkpoint of that folder, walk ids."""
+    folder = str(tmp_path / "replay_buffer")
+    writer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=folder, trajectory_format="pt")
+    writer.add_trajectories([rollout(k, False) for k in range(3)])
+    writer.close(wait=True)
+    buffer = TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=folder, enable_cache=True, cache_size=5
+    )
+    buffer.load_checkpoint(folder)
+    assert (buffer.size, buffer.total_samples) == (3, 3 * T * B)
+    for index, trajectory_id in enumerate(buffer._trajectory_id_list[:10]):
+        info = buffer._trajectory_index[trajectory_id]
+        trajectory = buffer._load_trajectory(trajectory_id, info["model_weights_id"])
+        steps, envs = info["shape"][:2]
+        assert (steps, envs) == (T, B) and trajectory == as_trajectory(rollout(index, False))
+    buffer.close()

@@ -131,19 +131,20 @@ class TrajectoryLayout(ABC):
 
     def read_rows_into(
         self,
-        requests: Sequence[tuple[Entry, torch.Tensor, int]],
+        requests: Sequence[tuple[Entry, torch.Tensor, torch.Tensor]],
         keys: Sequence[str],
         out: Mapping[str, torch.Tensor],
     ) -> None:
         """Read rows of several trajectories into preallocated blocks.
 
-        Each request ``(entry, rows, start)`` fills ``out[key][start:start + len(rows)]``
-        for every key.  The default goes through :meth:`read_rows_many`.
+        Each request ``(entry, rows, positions)`` puts flat rows ``rows`` of the trajectory
+        into rows ``positions`` (int64) of ``out[key]``, for every key.  The default goes
+        through :meth:`read_rows_many`.
         """
         values = self.read_rows_many([(entry, rows) for entry, rows, _ in requests], keys)
-        for (_, rows, start), got in zip(requests, values, strict=True):
+        for (_, _, positions), got in zip(requests, values, strict=True):
             for key in keys:
-                out[key][start : start + len(rows)].copy_(got[key])
+                out[key].index_copy_(0, positions, got[key])
 
     @abstractmethod
     def delete(self, entry: Entry) -> None:

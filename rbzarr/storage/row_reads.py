@@ -2,9 +2,12 @@
 
 A sampled batch is a list of ``(trajectory id, flat row)`` pairs, some served by the cache
 (*hits*), the rest (*misses*) by a trajectory still waiting for its write (*pending*) or by
-the store.  :func:`plan_misses` runs under the buffer's lock and snapshots what the read
-needs (index entries, pending trajectories); :func:`read_batch` then runs without the lock:
-it reads the missed rows and assembles the batch into preallocated ``[n, ...]`` tensors.
+the store.  :func:`plan_misses` runs under the buffer's lock: one stable argsort groups the
+misses by trajectory, and it snapshots what the read needs (index entries, pending
+trajectories).  :func:`read_batch` then runs without the lock: every row lands straight
+at its place in one preallocated ``[n, ...]`` tensor per key (cached rows with one
+assignment per key, each (trajectory, key) of the misses with one gather or one batch of
+pieces), with no permutation pass afterwards.
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from rbzarr.dtypes import dtype_from_name
+from rbzarr.dtypes import byte_rows, dtype_from_name
 from rbzarr.storage.layout import Entry, TrajectoryLayout
 from rbzarr.trajectory import Schema
 
@@ -23,11 +27,11 @@ __all__ = ["MissPlan", "plan_misses", "read_batch"]
 
 @dataclass(frozen=True)
 class _Group:
-    """The missed rows of one trajectory: where they go in the batch, which rows they are."""
+    """The missed rows of one trajectory: ``[start, stop)`` of the sorted misses."""
 
-    where: torch.Tensor
     entry: Entry
-    rows: torch.Tensor
+    start: int
+    stop: int
     pending: Mapping[str, torch.Tensor] | None
 
 
@@ -35,14 +39,18 @@ class _Group:
 class MissPlan:
     """Everything :func:`read_batch` needs, snapshotted under the buffer's lock.
 
-    ``count`` is the batch size, ``hit`` the batch positions served by the cache and
-    ``cached`` their rows (``{key: [hits, ...]}``, empty when there are none).
+    ``count`` is the batch size; ``hit_positions`` the batch positions served by the cache
+    and ``cached`` their rows (``{key: [hits, ...]}``, empty when there are none);
+    ``miss_positions`` and ``miss_rows`` the missed positions and their flat rows, sorted
+    by trajectory, ``groups`` one slice of them per trajectory.
     """
 
     count: int
-    hit: torch.Tensor
+    hit_positions: torch.Tensor
     cached: dict[str, torch.Tensor]
     schema: Schema
+    miss_positions: torch.Tensor
+    miss_rows: torch.Tensor
     groups: list[_Group]
 
 
@@ -76,15 +84,28 @@ def plan_misses(
     MissPlan
         The plan for :func:`read_batch`.
     """
-    groups = []
-    miss_positions = (~hit).nonzero().squeeze(1)
-    miss_ids = ids[miss_positions]
-    for trajectory_id in torch.unique(miss_ids).tolist():
-        where = miss_positions[miss_ids == trajectory_id]
-        groups.append(
-            _Group(where, entries[trajectory_id], rows[where], pending.get(trajectory_id))
-        )
-    return MissPlan(len(ids), hit, cached, schema, groups)
+    hit_np = hit.numpy()
+    miss = np.flatnonzero(~hit_np)
+    miss_ids = ids.numpy()[miss]
+    order = np.argsort(miss_ids, kind="stable")
+    positions = miss[order]
+    sorted_ids = miss_ids[order]
+    starts = np.flatnonzero(np.diff(sorted_ids)) + 1
+    bounds = [0, *starts.tolist(), len(sorted_ids)]
+    firsts = sorted_ids[bounds[:-1]].tolist() if len(sorted_ids) else []
+    groups = [
+        _Group(entries[tid], lo, hi, pending.get(tid))
+        for tid, lo, hi in zip(firsts, bounds[:-1], bounds[1:], strict=True)
+    ]
+    return MissPlan(
+        count=len(hit_np),
+        hit_positions=torch.from_numpy(np.flatnonzero(hit_np)),
+        cached=cached,
+        schema=schema,
+        miss_positions=torch.from_numpy(positions),
+        miss_rows=torch.from_numpy(rows.numpy()[positions]),
+        groups=groups,
+    )
 
 
 def read_batch(plan: MissPlan, store: TrajectoryLayout | None) -> dict[str, torch.Tensor]:
@@ -103,40 +124,24 @@ def read_batch(plan: MissPlan, store: TrajectoryLayout | None) -> dict[str, torc
     dict
         ``{flat key: tensor[n, ...]}`` in schema order, fresh tensors.
     """
-    return _assemble(plan, _read_misses(plan, store))
-
-
-def _read_misses(
-    plan: MissPlan, store: TrajectoryLayout | None
-) -> list[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
-    keys = list(plan.schema)
-    reads = []
-    stored = []
-    for group in plan.groups:
-        if group.pending is None:
-            stored.append(group)
-            continue
-        flat = group.pending
-        reads.append((group.where, {k: flat[k].index_select(0, group.rows) for k in keys}))
-    if stored:
-        assert store is not None
-        requests = [(group.entry, group.rows) for group in stored]
-        values = store.read_rows_many(requests, keys)
-        reads.extend((group.where, v) for group, v in zip(stored, values, strict=True))
-    return reads
-
-
-def _assemble(
-    plan: MissPlan, reads: list[tuple[torch.Tensor, dict[str, torch.Tensor]]]
-) -> dict[str, torch.Tensor]:
     out = {
         key: torch.empty((plan.count, *trailing), dtype=dtype_from_name(dtype))
         for key, (dtype, trailing) in plan.schema.items()
     }
-    hit_positions = plan.hit.nonzero().squeeze(1)
-    for key, tensor in out.items():
-        if plan.cached:
-            tensor.index_copy_(0, hit_positions, plan.cached[key])
-        for where, values in reads:
-            tensor.index_copy_(0, where, values[key])
+    hits = plan.hit_positions.numpy()
+    if len(hits):
+        for key, tensor in out.items():
+            byte_rows(tensor)[hits] = byte_rows(plan.cached[key])
+    stored = []
+    for group in plan.groups:
+        rows = plan.miss_rows[group.start : group.stop]
+        positions = plan.miss_positions[group.start : group.stop]
+        if group.pending is None:
+            stored.append((group.entry, rows, positions))
+            continue
+        for key, tensor in out.items():
+            tensor.index_copy_(0, positions, group.pending[key].index_select(0, rows))
+    if stored:
+        assert store is not None
+        store.read_rows_into(stored, list(plan.schema), out)
     return out

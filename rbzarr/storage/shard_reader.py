@@ -3,17 +3,20 @@
 A shard opens once per trajectory (its size checked, its index read and checked) and is
 cached with the trajectory's handles.  Reading rows then costs:
 
-* **small uncompressed rows** (under :data:`PREAD_ROW_BYTES`): nothing but a gather out of a
-  read-only memory map of the file (``np.take`` into the batch's output);
-* **large uncompressed rows**: one ``os.preadv`` per distinct row, straight into the
-  output row;
+* **uncompressed arrays**: nothing but one numpy gather per (trajectory, key) out of a
+  read-only memory map of the shard, straight into the batch's output rows.  Maps of large
+  rows (at least :data:`RANDOM_ROW_BYTES`) are marked ``MADV_RANDOM``: a cold row read
+  then faults in that row's pages only, not the kernel's read-around window;
 * **compressed inner chunks**: one ``os.pread`` and one zstd decode per distinct chunk,
   into the output row when an inner chunk is one row.
 
-Reads and decodes of a batch are spread over a small thread pool when there are enough of
-them (both release the GIL).  On object stores the same *pieces* (offset, length, target)
-become byte ranges, coalesced and fetched in one concurrent round
-(:mod:`rbzarr.storage.shard_remote`).
+Reads and decodes are spread over a small thread pool only for batches of at least
+:data:`THREADED_PIECES` pieces: measured on 2 shared cores, handing 512 image rows to
+the pool made a warm batch 1.4x slower than one thread (``/tmp/probe2.py image``,
+``RBZ_*`` variants, one run): the hop costs more than the copies.
+
+On object stores the same *pieces* (offset, length, target) become byte ranges, coalesced
+and fetched in one concurrent round (:mod:`rbzarr.storage.shard_remote`).
 
 Handles are fork-safe: a memory map and a file descriptor read with ``pread`` (no shared
 file position) stay valid in a forked child.  Files are replaced by rename, never rewritten
@@ -39,7 +42,7 @@ from rbzarr.errors import CorruptStoreError
 from rbzarr.storage import shard_format, workers
 
 __all__ = [
-    "PREAD_ROW_BYTES",
+    "RANDOM_ROW_BYTES",
     "ArraySpec",
     "check_document",
     "LocalShard",
@@ -53,11 +56,10 @@ __all__ = [
     "read_local",
 ]
 
-# Uncompressed rows at least this large are read with preadv; smaller ones gathered from a
-# memory map (a page fault or memcpy beats a syscall per row).
-PREAD_ROW_BYTES = 4096
-# A batch with at least this many pieces is read on the worker pool.
-THREADED_PIECES = 32
+# Memory maps of rows at least this large are read with MADV_RANDOM (no read-around).
+RANDOM_ROW_BYTES = 4096
+# A batch with at least this many compressed pieces is read on the worker pool.
+THREADED_PIECES = 1024
 KINDS = ("mapped", "chunked")
 
 
@@ -206,21 +208,17 @@ class LocalShard:
             self._closer()
             raise
         self.rows: np.ndarray | None = None
-        if spec.kind == "mapped" and spec.row_bytes < PREAD_ROW_BYTES and len(spec.shape) >= 2:
+        if spec.kind == "mapped" and len(spec.shape) >= 2:
             mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+            if spec.row_bytes >= RANDOM_ROW_BYTES:
+                mapped.madvise(mmap.MADV_RANDOM)
             count = spec.data_bytes // spec.row_bytes
             self.rows = np.frombuffer(mapped, np.uint8, spec.data_bytes).reshape(count, -1)
             self._closer()  # the map keeps its own descriptor
 
     def read(self, piece: Piece) -> None:
-        """Land one piece (``pread``/``preadv``, then decode when compressed)."""
-        fd = self.fd
-        if piece.compressed:
-            land(piece, os.pread(fd, piece.nbytes, piece.offset), self.where)
-            return
-        got = os.preadv(fd, [memoryview(piece.target)], piece.offset)  # type: ignore[arg-type]
-        if got != piece.nbytes:
-            raise CorruptStoreError(f"{self.where}: the shard ended early (truncated)")
+        """Land one piece: ``pread``, then decode when compressed."""
+        land(piece, os.pread(self.fd, piece.nbytes, piece.offset), self.where)
 
 
 def land(piece: Piece, data: bytes | memoryview, where: str) -> None:
@@ -237,36 +235,42 @@ def land(piece: Piece, data: bytes | memoryview, where: str) -> None:
 
 
 def plan_rows(
-    spec: ArraySpec, index: np.ndarray, elements: np.ndarray, dst: np.ndarray, where: str
+    spec: ArraySpec,
+    index: np.ndarray,
+    elements: np.ndarray,
+    out: np.ndarray,
+    positions: np.ndarray,
+    where: str,
 ) -> RowRead:
-    """The pieces that put rows ``elements`` (``raw_t * B + b``) into ``dst`` (uint8
-    ``[len(elements), row_bytes]``), each distinct row or inner chunk read once."""
+    """The pieces that put rows ``elements`` (``raw_t * B + b``) into rows ``positions`` of
+    ``out`` (uint8 ``[n, row_bytes]``), each distinct row or inner chunk read once."""
     if spec.kind == "mapped":
         unique, first, inverse = _distinct(elements)
         base = int(index[0, 0])
         pieces = [
-            Piece(base + int(e) * spec.row_bytes, spec.row_bytes, dst[int(i)], False)
-            for e, i in zip(unique, first, strict=True)
+            Piece(base + e * spec.row_bytes, spec.row_bytes, out[p], False)
+            for e, p in zip(unique.tolist(), positions[first].tolist(), strict=True)
         ]
-        return RowRead(where, pieces, _copy_repeats(dst, first, inverse, len(elements)))
+        return RowRead(where, pieces, _copy_repeats(out, positions, first, inverse))
     k = spec.inner[0]
     steps, envs = np.divmod(elements, spec.envs)
     chunk_ids = (steps // k) * spec.envs + envs
     unique, first, inverse = _distinct(chunk_ids)
+    finish: Callable[[], None] | None
     if k == 1:
-        targets = [dst[int(i)] for i in first]
-        finish = _copy_repeats(dst, first, inverse, len(elements))
+        targets = [out[p] for p in positions[first].tolist()]
+        finish = _copy_repeats(out, positions, first, inverse)
     else:
         decoded = np.empty((len(unique), k, spec.row_bytes), dtype=np.uint8)
         targets = list(decoded.reshape(len(unique), -1))
         within = steps % k
 
         def finish() -> None:
-            dst[...] = decoded[inverse, within]
+            out[positions] = decoded[inverse, within]
 
     pieces = [
-        Piece(int(index[c, 0]), int(index[c, 1]), target, True)
-        for c, target in zip(unique, targets, strict=True)
+        Piece(int(offset), int(nbytes), target, True)
+        for (offset, nbytes), target in zip(index[unique].tolist(), targets, strict=True)
     ]
     return RowRead(where, pieces, finish)
 
@@ -277,13 +281,14 @@ def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _copy_repeats(
-    dst: np.ndarray, first: np.ndarray, inverse: np.ndarray, count: int
+    out: np.ndarray, positions: np.ndarray, first: np.ndarray, inverse: np.ndarray
 ) -> Callable[[], None] | None:
-    if len(first) == count:
+    """Rows drawn more than once are read once, then copied to their other positions."""
+    if len(first) == len(positions):
         return None
 
     def finish() -> None:
-        dst[...] = dst[first[inverse]]
+        out[positions] = out[positions[first[inverse]]]
 
     return finish
 
@@ -297,10 +302,12 @@ def read_local(reads: list[tuple[LocalShard, RowRead]]) -> None:
             read.finish()
 
 
-def gather_mapped(shard: LocalShard, elements: np.ndarray, dst: np.ndarray) -> None:
-    """Rows ``elements`` of a memory-mapped shard into ``dst``: one gather."""
+def gather_mapped(
+    shard: LocalShard, elements: np.ndarray, out: np.ndarray, positions: np.ndarray
+) -> None:
+    """Rows ``elements`` of a memory-mapped shard into rows ``positions`` of ``out``."""
     assert shard.rows is not None
-    np.take(shard.rows, elements, axis=0, out=dst)
+    out[positions] = shard.rows[elements]
 
 
 def decode_whole(spec: ArraySpec, shard: bytes, where: str) -> np.ndarray:

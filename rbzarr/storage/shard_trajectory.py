@@ -49,6 +49,8 @@ class ShardedTrajectory:
     local: dict[str, LocalShard] = field(default_factory=dict)
     remote: dict[str, RemoteShard] = field(default_factory=dict)
     arrays: dict[str, AsyncArray[Any]] = field(default_factory=dict)
+    # Row-read plans by key list, built on first use (a cache; not part of the value).
+    plans: dict[tuple[str, ...], Any] = field(default_factory=dict, compare=False)
 
     @property
     def files(self) -> int:
@@ -151,9 +153,10 @@ def _check_shape(spec: ArraySpec, T: int, B: int, where: str, entry_shape: Any) 
 
 @dataclass
 class RowBatch:
-    """Rows of several trajectories landing in byte views of the batch's output blocks.
+    """Rows of several trajectories landing in byte views of the batch's outputs.
 
-    ``out`` maps each key to a uint8 ``[n, row_bytes]`` view of its output tensor.
+    ``out`` maps each key to a uint8 ``[n, row_bytes]`` view of its output tensor; each
+    row lands at its final position (no permutation pass afterwards).
     """
 
     out: dict[str, np.ndarray]
@@ -162,24 +165,29 @@ class RowBatch:
     remote: list[tuple[RemoteShard, RowRead]] = field(default_factory=list)
 
     def add(
-        self, opened: ShardedTrajectory, key: str, elements: np.ndarray, lo: int, hi: int
+        self, opened: ShardedTrajectory, key: str, elements: np.ndarray, positions: np.ndarray
     ) -> None:
-        """Queue rows ``elements`` (``raw_t * B + b``) of ``key`` for ``out[key][lo:hi]``."""
-        if hi <= lo:
+        """Queue rows ``elements`` (``raw_t * B + b``) of ``key`` for rows ``positions`` of
+        ``out[key]``."""
+        if not len(positions):
             return
-        dst = self.out[key][lo:hi]
+        out = self.out[key]
         shard = opened.local.get(key)
         if shard is not None:
             if shard.rows is not None:
-                shard_reader.gather_mapped(shard, elements, dst)
-                self.stats.add(0, dst.nbytes)
+                shard_reader.gather_mapped(shard, elements, out, positions)
+                self.stats.add(0, len(positions) * shard.spec.row_bytes)
                 return
-            read = shard_reader.plan_rows(shard.spec, shard.index, elements, dst, shard.where)
+            read = shard_reader.plan_rows(
+                shard.spec, shard.index, elements, out, positions, shard.where
+            )
             self.stats.add(len(read.pieces), sum(p.nbytes for p in read.pieces))
             self.local.append((shard, read))
             return
         remote = opened.remote[key]
-        read = shard_reader.plan_rows(remote.spec, remote.index, elements, dst, remote.where)
+        read = shard_reader.plan_rows(
+            remote.spec, remote.index, elements, out, positions, remote.where
+        )
         self.remote.append((remote, read))
 
     def run(self, fs: Any) -> None:

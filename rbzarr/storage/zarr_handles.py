@@ -6,9 +6,9 @@ handles, chunks read by :mod:`rbzarr.storage.zarr_chunks`); one written by layou
 group's attributes say which: v2 groups carry ``rbzarr_layout``.
 
 :class:`HandleCache` keeps the most recently used ones, keyed by ``(id, uuid)``.  It is
-bounded in trajectories and in open file descriptors, forgets everything in a forked child
-(remote handles do not survive a fork) and, through a generation counter, never caches
-handles opened while a write or delete of the same store ran.
+bounded in trajectories and in open file descriptors, forgets remote handles in a forked
+child (they do not survive a fork; local maps and descriptors do) and, through a
+generation counter, never caches handles opened while a write or delete ran.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import resource
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,6 +45,8 @@ class PlainTrajectory:
     group: str
     dtypes: dict[str, torch.dtype]
     arrays: dict[str, AsyncArray[Any]]
+    # Row-read plans by key list, built on first use (a cache; not part of the value).
+    plans: dict[tuple[str, ...], Any] = field(default_factory=dict, compare=False)
 
     @property
     def files(self) -> int:
@@ -66,10 +68,12 @@ def _file_budget() -> int:
 
 class HandleCache:
     """LRU cache of opened trajectories, ``size`` at most and a quarter of the process's
-    file-descriptor limit."""
+    file-descriptor limit.  Unless ``fork_safe`` (local maps and descriptors read with
+    ``pread`` are), a forked child starts empty."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, fork_safe: bool) -> None:
         self.size = size
+        self.fork_safe = fork_safe
         self.file_budget = _file_budget()
         self._handles: OrderedDict[tuple[int, str], Opened] = OrderedDict()
         self._files = 0
@@ -107,7 +111,7 @@ class HandleCache:
                 self._files -= self._handles.pop(key).files
 
     def _check_fork(self) -> None:
-        if self._pid != os.getpid():
+        if self._pid != os.getpid() and not self.fork_safe:
             self._pid = os.getpid()
             self._handles.clear()
             self._files = 0

@@ -236,6 +236,19 @@ class ZarrLayout(ZarrInspection):
             sync(StorePath(self._opener.store(), _group(tid)).delete_dir())
         self._opener.handles.forget(tid)
 
+    def stored_version(self, entry: Entry) -> int:
+        """The layout version a committed trajectory is stored in (1 or 2)."""
+        opened = self._opener.open_many([entry])[0]
+        return 2 if isinstance(opened, sharded.ShardedTrajectory) else 1
+
+    def copy_to(self, target: TrajectoryLayout, entry: Entry) -> None:
+        """Copy one trajectory into ``target``; between zarr layouts of different versions
+        it is re-encoded (so checkpoints of a layout-1 store are written in layout 2)."""
+        if isinstance(target, ZarrLayout) and self.stored_version(entry) != target.layout_version:
+            target.write(entry, self.read(entry))
+            return
+        super().copy_to(target, entry)
+
     def forget_handles(self) -> None:
         """Drop every cached handle (after the store was emptied or replaced outside)."""
         self._opener.handles.forget()
@@ -289,7 +302,7 @@ class ZarrLayout(ZarrInspection):
     ) -> list[dict[str, torch.Tensor]]:
         """:meth:`read_rows` for several trajectories, all read in one round."""
         opened = self._opener.open_many([entry for entry, _ in requests])
-        results, placed = [], []
+        results = []
         for (entry, rows), handles in zip(requests, opened, strict=True):
             zarr_rows.check_keys(handles, keys, self.location.url, sampled=True)
             count = int(torch.as_tensor(rows).numel())
@@ -297,23 +310,21 @@ class ZarrLayout(ZarrInspection):
                 key: torch.empty((count, *handles.shape(key)[2:]), dtype=handles.dtypes[key])
                 for key in keys
             }
+            self.read_rows_into([(entry, rows, torch.arange(count))], keys, out)
             results.append(out)
-            placed.append((entry, rows, out))
-        for entry, rows, out in placed:
-            self.read_rows_into([(entry, rows, 0)], keys, out)
         return results
 
     def read_rows_into(
         self,
-        requests: Sequence[tuple[Entry, torch.Tensor, int]],
+        requests: Sequence[tuple[Entry, torch.Tensor, torch.Tensor]],
         keys: Sequence[str],
         out: Mapping[str, torch.Tensor],
     ) -> None:
         """Read rows of several trajectories into preallocated blocks, in one round.
 
-        Each request ``(entry, rows, start)`` fills ``out[key][start:start + len(rows)]``
-        for every key; at most one gather (or one batch of byte ranges) per (trajectory,
-        key).
+        Each request ``(entry, rows, positions)`` puts flat rows ``rows`` of the trajectory
+        into rows ``positions`` (int64) of ``out[key]``, for every key; at most one gather
+        (or one batch of byte ranges) per (trajectory, key), every row at its final place.
         """
         opened = self._opener.open_many([entry for entry, _, _ in requests])
         with translate_errors(self.location.url, "reading"):

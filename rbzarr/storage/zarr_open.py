@@ -70,7 +70,7 @@ class TrajectoryOpener:
         self._own_store = store is None
         self._pid = os.getpid()
         self._lock = threading.Lock()
-        self.handles = HandleCache(cache_size)
+        self.handles = HandleCache(cache_size, fork_safe=location.is_local)
         self.stats = stats
 
     def store(self) -> Store:

@@ -8,7 +8,6 @@ round of byte ranges), arrays that zarr reads (layout 1, or kind ``"zarr"``) thr
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,7 +16,7 @@ import torch
 from zarr.core.array import AsyncArray
 from zarr.core.sync import sync
 
-from rbzarr.dtypes import from_numpy, to_numpy
+from rbzarr.dtypes import byte_rows, from_numpy
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage import shard_trajectory as sharded
 from rbzarr.storage import zarr_chunks as chunk_io
@@ -25,47 +24,78 @@ from rbzarr.storage.layout import Entry
 from rbzarr.storage.location import Location
 from rbzarr.storage.shard_remote import IOStats
 from rbzarr.storage.zarr_handles import Opened, time_and_envs, trajectory_id
-from rbzarr.trajectory import raw_time_rows
 
-__all__ = ["check_keys", "read_rows_into", "zarr_arrays"]
+__all__ = ["check_keys", "read_rows_into", "reset_row_elements", "zarr_arrays"]
 
 
 def read_rows_into(
     location: Location,
     opened: Sequence[Opened],
-    requests: Sequence[tuple[Entry, torch.Tensor, int]],
+    requests: Sequence[tuple[Entry, torch.Tensor, torch.Tensor]],
     keys: Sequence[str],
     out: Mapping[str, torch.Tensor],
     stats: IOStats,
 ) -> None:
-    """Fill ``out[key][start:start + len(rows)]`` for each request ``(entry, rows, start)``.
+    """Fill rows ``positions`` of ``out[key]`` for each request ``(entry, rows, positions)``.
 
     ``opened`` holds the handles of each request's trajectory.  At most one gather or one
-    batch of pieces per (trajectory, key); every remote range in one round.
+    batch of pieces per (trajectory, key); every remote range in one round.  Rows of small
+    uncompressed keys are gathered from memory maps here directly: this loop is the cost
+    of a warm batch, so it does no more per (trajectory, key) than one numpy gather.
     """
-    views: dict[str, np.ndarray] = {}
+    views = {key: byte_rows(out[key]) for key in keys}
     batch = sharded.RowBatch(views, stats)
     plain: list[Any] = []
-    for (entry, rows, start), handles in zip(requests, opened, strict=True):
-        check_keys(handles, keys, location.url, sampled=True)
-        steps, envs, T, B = _steps_and_envs(entry, rows)
-        arrays = zarr_arrays(handles, keys)
-        plain.extend((arrays[key], key, steps, envs, T, start) for key in arrays)
-        if not isinstance(handles, sharded.ShardedTrajectory):
-            continue
-        elements: dict[int, np.ndarray] = {}
-        for key in keys:
-            if key in arrays:
+    wanted = tuple(keys)
+    gathered = 0
+    for (entry, rows, where), handles in zip(requests, opened, strict=True):
+        plan = handles.plans.get(wanted)
+        if plan is None:
+            check_keys(handles, keys, location.url, sampled=True)
+            plan = handles.plans[wanted] = _row_plan(handles, keys)
+        flat, T, B = _checked_rows(entry, rows)
+        positions = where.numpy()
+        elements = {0: flat}
+        for key, mapped, epochs, array in plan:
+            if array is not None:
+                plain.append((array, key, flat // B, flat % B, T, where))
                 continue
-            length = handles.shape(key)[0]
-            if length not in elements:
-                raw = steps if length == T else raw_time_rows(torch.from_numpy(steps), T, length)
-                elements[length] = np.asarray(raw) * B + envs
-            if key not in views:
-                views[key] = _byte_view(out[key])
-            batch.add(handles, key, elements[length], start, start + len(steps))
+            if epochs not in elements:
+                elements[epochs] = reset_row_elements(flat, T, B, epochs)
+            if mapped is not None:
+                views[key][positions] = mapped[elements[epochs]]
+                gathered += mapped.shape[1] * len(positions)
+            else:
+                assert isinstance(handles, sharded.ShardedTrajectory)
+                batch.add(handles, key, elements[epochs], positions)
+    stats.add(0, gathered)
     batch.run(location.fs)
     _read_plain(plain, out)
+
+
+def _row_plan(handles: Opened, keys: Sequence[str]) -> list[tuple[str, Any, int, Any]]:
+    """Per key: ``(key, memory-mapped rows or None, reset epochs, zarr array or None)``."""
+    arrays = zarr_arrays(handles, keys)
+    if not isinstance(handles, sharded.ShardedTrajectory):
+        return [(key, None, 0, arrays[key]) for key in keys]
+    plan: list[tuple[str, Any, int, Any]] = []
+    for key in keys:
+        if key in arrays:
+            plan.append((key, None, 0, arrays[key]))
+            continue
+        local = handles.local.get(key)
+        mapped = None if local is None else local.rows
+        plan.append((key, mapped, handles.shape(key)[0] - handles.T, None))
+    return plan
+
+
+def reset_row_elements(flat: np.ndarray, T: int, B: int, epochs: int) -> np.ndarray:
+    """Elements ``raw_t * B + b`` of flat rows ``flat`` (``t * B + b``) in a field with
+    ``T + epochs`` raw rows: numpy's :func:`rbzarr.trajectory.raw_time_rows`."""
+    if epochs <= 0:
+        return flat
+    steps = flat // B
+    return flat + (steps // (T // epochs) + 1) * B
 
 
 def _read_plain(reads: list[Any], out: Mapping[str, torch.Tensor]) -> None:
@@ -79,9 +109,8 @@ def _read_plain(reads: list[Any], out: Mapping[str, torch.Tensor]) -> None:
             )
         )
     )
-    for (_, key, steps, _, _, start), block in zip(reads, blocks, strict=True):
-        target = out[key][start : start + len(steps)]
-        target.copy_(from_numpy(block, target.dtype))
+    for (_, key, _, _, _, where), block in zip(reads, blocks, strict=True):
+        out[key].index_copy_(0, where, from_numpy(block, out[key].dtype))
 
 
 def check_keys(opened: Opened, keys: Sequence[str], url: str, sampled: bool = False) -> None:
@@ -104,7 +133,8 @@ def zarr_arrays(opened: Opened, keys: Sequence[str]) -> dict[str, AsyncArray[Any
     return {key: opened.arrays[key] for key in keys if key in opened.arrays}
 
 
-def _steps_and_envs(entry: Entry, rows: torch.Tensor) -> tuple[np.ndarray, np.ndarray, int, int]:
+def _checked_rows(entry: Entry, rows: torch.Tensor) -> tuple[np.ndarray, int, int]:
+    """The flat rows as numpy, with the entry's ``T, B``; out-of-range rows raise."""
     T, B = time_and_envs(entry)
     flat = torch.as_tensor(rows, dtype=torch.int64).reshape(-1).numpy()
     if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= T * B):
@@ -112,12 +142,4 @@ def _steps_and_envs(entry: Entry, rows: torch.Tensor) -> tuple[np.ndarray, np.nd
             f"trajectory {trajectory_id(entry)}: rows must be in [0, {T * B}), "
             f"got min {int(flat.min())}, max {int(flat.max())}"
         )
-    steps, envs = np.divmod(flat, B)
-    return steps, envs, T, B
-
-
-def _byte_view(tensor: torch.Tensor) -> np.ndarray:
-    """``tensor`` as writable uint8 rows ``[len, row_bytes]`` (its own memory)."""
-    array = to_numpy(tensor)
-    flat = array.reshape(array.shape[0], math.prod(array.shape[1:]))
-    return flat.view(np.uint8)
+    return flat, T, B

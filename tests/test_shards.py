@@ -1,0 +1,298 @@
+"""Layout 2 (one Zarr v3 shard per array): zarr compatibility, xarray, versions, damage, fork."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import struct
+from pathlib import Path
+from typing import Any
+
+import google_crc32c
+import numpy as np
+import pytest
+import torch
+import xarray
+import zarr
+from conftest import assert_rows_consistent, assert_same_trajectory, make_trajectory
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from zarr.codecs import ZstdCodec
+
+from rbzarr import CorruptStoreError, TrajectoryReplayBuffer
+from rbzarr.analysis import open_buffer
+from rbzarr.dtypes import to_numpy
+from rbzarr.storage import shard_format
+from rbzarr.storage.location import Location
+from rbzarr.storage.shard_reader import ArraySpec, decode_whole
+from rbzarr.storage.zarr_layout import ZarrLayout
+from rbzarr.storage.zarr_rows import reset_row_elements
+from rbzarr.trajectory import raw_time_rows
+
+pytestmark = pytest.mark.timeout(120)
+
+KEY = "curr_obs/state"
+ZSTD = {"curr_obs/state": ZstdCodec(level=1, checksum=True)}
+
+
+def build(path: Path, codecs: dict[str, Any] | None = None, version: int = 2) -> Path:
+    options = {"layout_version": version, **({"codecs": codecs} if codecs else {})}
+    with TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=path, layout_options=options
+    ) as buffer:
+        buffer.add_trajectories([make_trajectory(4, 3, 100 * i, epochs=2) for i in range(3)])
+    return path
+
+
+def shard(store: Path, tid: int = 1, key: str = KEY) -> Path:
+    return store / "trajectories" / str(tid) / key / "c" / "0" / "0" / "0"
+
+
+def description(store: Path, tid: int = 1, key: str = KEY) -> dict[str, Any]:
+    group = json.loads((store / "trajectories" / str(tid) / "zarr.json").read_bytes())
+    return group["attributes"]["rbzarr_layout"]["arrays"][key]
+
+
+def sample_from_storage(store: Path) -> dict[str, Any]:
+    buffer = TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=store, enable_cache=False, cache_size=0
+    )
+    buffer.load_checkpoint(store)
+    try:
+        return buffer.sample(64)
+    finally:
+        buffer.close()
+
+
+# -- zarr and xarray read what rbzarr writes --------------------------------------------
+def test_plain_zarr_reads_every_array(tmp_path: Path) -> None:
+    store = build(tmp_path / "s", codecs=ZSTD)
+    root = zarr.open_group(str(store), mode="r")
+    for tid in range(3):
+        want = make_trajectory(4, 3, 100 * tid, epochs=2).tensors()
+        group = root[f"trajectories/{tid}"]
+        assert isinstance(group, zarr.Group)
+        for key, value in want.items():
+            array = group[key]
+            assert isinstance(array, zarr.Array)
+            assert array.shards == tuple(value.shape)  # one shard: the whole array
+            np.testing.assert_array_equal(array[...], to_numpy(value))
+    metadata = json.loads((store / "metadata.json").read_bytes())
+    assert metadata["layout_version"] == 2
+    assert root.attrs["rbzarr"]["metadata"]["layout_version"] == 2
+
+
+@pytest.mark.parametrize("level", [None, 1])
+def test_shards_match_zarrs_own_writer(tmp_path: Path, level: int | None) -> None:
+    data = np.arange(6 * 3 * 4, dtype="<f4").reshape(6, 3, 4)
+    inner = (6, 3, 4) if level is None else (6, 1, 4)  # small rows: k steps of one env
+    codecs = {} if level is None else {"default": ZstdCodec(level=level)}
+    layout = ZarrLayout(Location.from_url(tmp_path / "ours"), codecs=codecs)
+    trajectory = make_trajectory(6, 3, 0)
+    trajectory.curr_obs["state"] = torch.from_numpy(data)
+    entry = _entry(trajectory)
+    layout.write(entry, trajectory)
+    ours = shard(tmp_path / "ours", 0).read_bytes()
+
+    theirs_array = zarr.create_array(
+        zarr.storage.LocalStore(tmp_path / "theirs"),
+        name="a",
+        shape=data.shape,
+        dtype=data.dtype,
+        chunks=inner,
+        shards=data.shape,
+        compressors=None if level is None else ZstdCodec(level=level),
+    )
+    theirs_array[...] = data
+    theirs = (tmp_path / "theirs" / "a" / "c" / "0" / "0" / "0").read_bytes()
+    assert len(ours) == len(theirs)
+    chunks = int(np.prod([s // i for s, i in zip(data.shape, inner, strict=True)]))
+    ours_index, theirs_index = (_index(blob, chunks) for blob in (ours, theirs))
+    if level is None:
+        assert ours == theirs  # one inner chunk: byte for byte
+    # zarr may store inner chunks in another order; each one's bytes are the same.
+    for (a, n), (b, m) in zip(ours_index, theirs_index, strict=True):
+        assert ours[a : a + n] == theirs[b : b + m]
+    # And rbzarr's reader reads zarr's shard.
+    spec = ArraySpec.parse(KEY, {**description(tmp_path / "ours", 0)}, "t")
+    np.testing.assert_array_equal(decode_whole(spec, theirs, "theirs"), data)
+
+
+def _index(blob: bytes, chunks: int) -> list[tuple[int, int]]:
+    raw = blob[-shard_format.index_size(chunks) :]
+    assert google_crc32c.value(raw[:-4]) == int.from_bytes(raw[-4:], "little")
+    values = struct.unpack(f"<{2 * chunks}Q", raw[:-4])
+    return list(zip(values[::2], values[1::2], strict=True))
+
+
+def _entry(trajectory: Any, tid: int = 0) -> dict[str, Any]:
+    T, B = trajectory.rewards.shape[:2]
+    return {
+        "uuid": f"u{tid}",
+        "trajectory_id": tid,
+        "num_samples": T * B,
+        "shape": [T, B, 1],
+        "max_episode_length": T,
+        "model_weights_id": "w",
+    }
+
+
+def test_xarray_opens_a_trajectory(tmp_path: Path) -> None:
+    store = build(tmp_path / "s")
+    group = xarray.open_zarr(str(store), group="trajectories/1", consolidated=False)
+    assert group["rewards"].dims == ("time", "env", "rewards_dim2")
+    assert group["dones"].dims == ("time_with_resets", "env", "dones_dim2")
+    assert dict(group.sizes)["time"] == 4 and dict(group.sizes)["time_with_resets"] == 6
+    want = make_trajectory(4, 3, 100, epochs=2)
+    np.testing.assert_array_equal(group["prev_logprobs"].values, want.prev_logprobs.numpy())
+
+    dataset = open_buffer(store).xarray_dataset(1)
+    assert dataset["curr_obs/state"].dims == ("time", "env", "curr_obs_state_dim2")
+    np.testing.assert_array_equal(dataset["curr_obs/state"].values, want.curr_obs["state"])
+    np.testing.assert_array_equal(dataset["dones"].values, want.dones.numpy())
+
+
+# -- versions ---------------------------------------------------------------------------
+def test_v1_store_opens_loads_samples_and_appends_in_v2(tmp_path: Path) -> None:
+    store = build(tmp_path / "s", version=1)
+    assert "layout_version" not in json.loads((store / "metadata.json").read_bytes())
+    assert not (store / "trajectories" / "0" / "rewards" / "c" / "0" / "0").is_file()
+    buffer = TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=store, enable_cache=False, cache_size=0
+    )
+    buffer.load_checkpoint(store)
+    buffer.add_trajectories([make_trajectory(4, 3, 300, epochs=2)])
+    buffer.flush()
+    assert description(store, 3, "rewards")["kind"] == "mapped"  # appended in layout 2
+    numbers = assert_rows_consistent(buffer.sample(200))
+    assert set(numbers.tolist()) <= {100 * i + r for i in range(4) for r in range(12)}
+    assert len({int(n) // 100 for n in numbers}) == 4  # rows of both versions
+    buffer.save_checkpoint(tmp_path / "ckpt")
+    buffer.close()
+    # The checkpoint is written in layout 2, the v1 trajectories converted on the way.
+    for tid in range(4):
+        assert description(tmp_path / "ckpt", tid, "rewards")["kind"] == "mapped"
+        got = open_buffer(tmp_path / "ckpt").trajectory(tid)
+        assert_same_trajectory(got, make_trajectory(4, 3, 100 * tid, epochs=2))
+    info = json.loads((tmp_path / "ckpt" / "metadata.json").read_bytes())
+    assert info["layout_version"] == 2
+
+
+def test_rewritten_trajectory_is_not_read_through_a_stale_map(tmp_path: Path) -> None:
+    layout = ZarrLayout(Location.from_url(tmp_path))
+    first, second = make_trajectory(4, 3, 0), make_trajectory(4, 3, 500)
+    entry = _entry(first)
+    layout.write(entry, first)
+    rows = torch.tensor([0, 7, 11])
+    assert layout.read_rows(entry, rows, ["prev_logprobs"])["prev_logprobs"].tolist() == [0, 7, 11]
+    layout.write(entry, second)  # same id and uuid
+    got = layout.read_rows(entry, rows, ["prev_logprobs"])["prev_logprobs"]
+    assert got.tolist() == [500, 507, 511]
+
+
+def _sample_in_child(store: str, queue: Any) -> None:
+    try:
+        generator = torch.Generator().manual_seed(5)
+        queue.put(assert_rows_consistent(_SHARED[0].sample(50, generator=generator)).tolist())
+    except BaseException as exc:  # reported to the parent
+        queue.put(repr(exc))
+
+
+_SHARED: list[TrajectoryReplayBuffer] = []
+
+
+def test_handles_survive_fork(tmp_path: Path) -> None:
+    store = build(tmp_path / "s")
+    buffer = TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=store, enable_cache=False, cache_size=0
+    )
+    buffer.load_checkpoint(store)
+    buffer.sample(64)  # opens and caches every shard in the parent
+    _SHARED[:] = [buffer]
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_sample_in_child, args=(str(store), queue))
+    child.start()
+    got = queue.get(timeout=60)
+    child.join(timeout=60)
+    want = assert_rows_consistent(buffer.sample(50, generator=torch.Generator().manual_seed(5)))
+    assert got == want.tolist()
+    buffer.close()
+    _SHARED.clear()
+
+
+@settings(max_examples=30, deadline=None)
+@given(T=st.integers(1, 12), B=st.integers(1, 5), epochs=st.integers(1, 4), data=st.data())
+def test_reset_row_elements_match_raw_time_rows(T: int, B: int, epochs: int, data: Any) -> None:
+    T = T * epochs
+    flat = np.array(data.draw(st.lists(st.integers(0, T * B - 1), max_size=20)), dtype=np.int64)
+    raw = raw_time_rows(torch.from_numpy(flat // B), T, T + epochs).numpy()
+    np.testing.assert_array_equal(reset_row_elements(flat, T, B, epochs), raw * B + flat % B)
+
+
+# -- bad input: one test per kind of damage ---------------------------------------------
+def _rewrite_index(path: Path, transform: Any) -> None:
+    blob = bytearray(path.read_bytes())
+    spec_chunks = 1
+    index = np.frombuffer(bytes(blob[-shard_format.index_size(spec_chunks) : -4]), "<u8")
+    offsets, nbytes = transform(index[0::2].copy(), index[1::2].copy())
+    blob[-shard_format.index_size(spec_chunks) :] = shard_format.encode_index(offsets, nbytes)
+    path.write_bytes(bytes(blob))
+
+
+DAMAGE = {
+    "truncated": (lambda p: p.write_bytes(p.read_bytes()[:-30]), "truncated"),
+    "wrong_size": (lambda p: p.write_bytes(p.read_bytes() + b"\0" * 16), "larger than written"),
+    "damaged_index": (
+        lambda p: p.write_bytes(p.read_bytes()[:-6] + b"\xff\xff" + p.read_bytes()[-4:]),
+        "crc32c",
+    ),
+    "index_out_of_range": (
+        lambda p: _rewrite_index(p, lambda offsets, nbytes: (offsets, nbytes + 4096)),
+        "points past",
+    ),
+    "index_marks_empty": (
+        lambda p: _rewrite_index(
+            p, lambda o, n: (o * 0 + shard_format.EMPTY, n * 0 + shard_format.EMPTY)
+        ),
+        "missing",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_damaged_shard_is_a_named_error(tmp_path: Path, damage: str) -> None:
+    store = build(tmp_path / "s")
+    apply, message = DAMAGE[damage]
+    apply(shard(store))
+    with pytest.raises(CorruptStoreError, match=message) as info:
+        sample_from_storage(store)
+    assert "trajectories/1/curr_obs/state" in str(info.value)
+    with pytest.raises(CorruptStoreError, match="trajectories/1/curr_obs/state"):
+        open_buffer(store).trajectory(1)
+
+
+def test_inner_chunk_that_does_not_decode_is_a_named_error(tmp_path: Path) -> None:
+    store = build(tmp_path / "s", codecs=ZSTD)
+    path = shard(store)
+    blob = bytearray(path.read_bytes())
+    described = description(store)
+    chunks = int(np.prod(described["shape"]) // np.prod(described["inner"]))
+    offset, nbytes = _index(bytes(blob), chunks)[1]
+    blob[offset + 4 : offset + nbytes] = b"\x55" * (nbytes - 4)  # keeps the frame magic
+    path.write_bytes(bytes(blob))
+    with pytest.raises(CorruptStoreError, match="does not decode") as info:
+        sample_from_storage(store)  # 64 draws of 36 rows: the damaged chunk's 4 are hit
+    assert "trajectories/1/curr_obs/state" in str(info.value)
+    with pytest.raises(CorruptStoreError, match="trajectories/1/curr_obs/state"):
+        open_buffer(store).trajectory(1)
+
+
+def test_damaged_layout_description_is_a_named_error(tmp_path: Path) -> None:
+    store = build(tmp_path / "s")
+    group = store / "trajectories" / "1" / "zarr.json"
+    document = json.loads(group.read_bytes())
+    document["attributes"]["rbzarr_layout"]["arrays"][KEY]["inner"] = [3, 1, 1]
+    group.write_text(json.dumps(document))
+    with pytest.raises(CorruptStoreError, match="trajectories/1"):
+        sample_from_storage(store)
