@@ -322,11 +322,14 @@ class BufferView:
         """
         import xarray  # noqa: PLC0415 (optional dependency)
 
-        fields = list(self.zarr_group(trajectory_id).attrs.get(FIELDS_ATTR) or {})
+        entry = self.entry(trajectory_id)
+        self.layout.zarr_group(entry)  # a clear error if the store is not zarr
+        fields = self.layout.field_names(entry)
+        root = self.layout.trajectory_path(entry)
         store = self.layout.location.zarr_store(read_only=True)
         parts = []
         for group in sorted({key.rpartition("/")[0] for key in fields}):
-            path = "/".join(part for part in (TRAJECTORIES, str(trajectory_id), group) if part)
+            path = "/".join(part for part in (*root, group) if part)
             try:
                 data = xarray.open_zarr(store, group=path, consolidated=False)
             except KeyError as exc:  # layout-1 arrays carry no dimension names

@@ -31,6 +31,10 @@ def _print_json(document: Any) -> None:
     click.echo(json.dumps(document, indent=2))
 
 
+def _echo_lines(lines: list[str]) -> None:
+    click.echo("\n".join(lines))
+
+
 _json_flag = click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
 
 
@@ -56,28 +60,14 @@ def main(storage_options: dict[str, Any]) -> None:
 def info(ctx: click.Context, url: str, as_json: bool) -> None:
     """Counts, per-key dtype / shape / chunks / codec, and sizes of the store at URL."""
     from rbzarr.analysis import open_buffer  # noqa: PLC0415 (keep --help fast)
+    from rbzarr.report_text import info_lines  # noqa: PLC0415
     from rbzarr.summary import describe_store  # noqa: PLC0415
 
     report = describe_store(open_buffer(url, _options(ctx)))
     if as_json:
         _print_json(report)
         return
-    ratio = report["compression_ratio"]
-    layout = "" if report["layout_version"] is None else f"  layout={report['layout_version']}"
-    click.echo(f"{report['url']}  format={report['format']}{layout}")
-    click.echo(
-        f"trajectories={report['trajectories']}  samples={report['total_samples']}  "
-        f"next id={report['trajectory_counter']}  seed={report['seed']}"
-    )
-    click.echo(
-        f"data: {report['bytes_on_disk']} bytes on disk, {report['raw_bytes']} raw, "
-        f"ratio {'-' if ratio is None else f'{ratio:.2f}'}"
-    )
-    for key, item in report["keys"].items():
-        click.echo(
-            f"  {key:<28} {item['dtype']:<9} shape={item['shape']} chunks={item['chunks']} "
-            f"codec={item['codec']} raw={item['raw_bytes']} disk={item['bytes_on_disk']}"
-        )
+    _echo_lines(info_lines(report))
 
 
 @main.command(name="ls")
@@ -87,18 +77,14 @@ def info(ctx: click.Context, url: str, as_json: bool) -> None:
 def list_command(ctx: click.Context, url: str, as_json: bool) -> None:
     """One line per committed trajectory: id, uuid, shape, samples, weights id, bytes."""
     from rbzarr.analysis import open_buffer  # noqa: PLC0415
+    from rbzarr.report_text import ls_lines  # noqa: PLC0415
     from rbzarr.summary import list_trajectories  # noqa: PLC0415
 
     rows = list_trajectories(open_buffer(url, _options(ctx)))
     if as_json:
         _print_json(rows)
         return
-    click.echo(f"{'id':>6}  {'uuid':<36}  {'shape':<14} {'samples':>9}  {'bytes':>12}  weights")
-    for row in rows:
-        click.echo(
-            f"{row['trajectory_id']:>6}  {row['uuid']!s:<36}  {row['shape']!s:<14} "
-            f"{row['num_samples']:>9}  {row['bytes']:>12}  {row['model_weights_id']}"
-        )
+    _echo_lines(ls_lines(rows))
 
 
 _per_trajectory_flag = click.option(
@@ -123,6 +109,7 @@ def stats(
     ctx: click.Context, url: str, keys: tuple[str, ...], per_trajectory: bool, as_json: bool
 ) -> None:
     """Per-key mean / std / min / max and episode returns and lengths (streaming)."""
+    from rbzarr.report_text import stats_lines  # noqa: PLC0415
     from rbzarr.stats import compute_stats  # noqa: PLC0415
 
     wanted = [key for item in keys for key in item.split(",") if key] or None
@@ -136,26 +123,7 @@ def stats(
     if as_json:
         _print_json(report)
         return
-    click.echo(f"trajectories={report['trajectories']}  samples={report['total_samples']}")
-    for key, item in report["keys"].items():
-        click.echo(f"  {key:<28} {_stats_text(item)}")
-    episodes = report["episodes"]
-    if episodes is None:
-        click.echo("episodes: no 'dones' field")
-        return
-    click.echo(f"episodes: {episodes['complete']} complete, {episodes['incomplete']} incomplete")
-    click.echo(f"  {'length':<28} {_stats_text(episodes['length'])}")
-    if episodes["return"] is not None:
-        click.echo(f"  {'return':<28} {_stats_text(episodes['return'])}")
-
-
-def _stats_text(item: dict[str, Any]) -> str:
-    if not item["count"]:
-        return "n=0"
-    return (
-        f"n={item['count']} mean={item['mean']:.6g} std={item['std']:.6g} "
-        f"min={item['min']:.6g} max={item['max']:.6g}"
-    )
+    _echo_lines(stats_lines(report))
 
 
 @main.command()
@@ -171,6 +139,7 @@ def _stats_text(item: dict[str, Any]) -> str:
 @click.pass_context
 def verify(ctx: click.Context, url: str, repair: bool, drop_damaged: bool, as_json: bool) -> None:
     """Check index against data; exit 1 while problems remain."""
+    from rbzarr.report_text import verify_lines  # noqa: PLC0415
     from rbzarr.verify import verify_store  # noqa: PLC0415
 
     if drop_damaged and not repair:
@@ -179,14 +148,7 @@ def verify(ctx: click.Context, url: str, repair: bool, drop_damaged: bool, as_js
     if as_json:
         _print_json(report.to_dict())
     else:
-        click.echo(f"{report.url}: {report.trajectories} indexed trajectories checked")
-        for problem in report.repaired:
-            click.echo(f"repaired  {problem.kind:<20} {problem.path}: {problem.message}")
-        for problem in report.problems:
-            click.echo(f"PROBLEM   {problem.kind:<20} {problem.path}: {problem.message}")
-        if report.dropped_ids:
-            click.echo(f"dropped from the index: ids {report.dropped_ids}")
-        click.echo("ok" if report.ok else f"{len(report.problems)} problem(s)")
+        _echo_lines(verify_lines(report))
     if not report.ok:
         ctx.exit(1)
 
