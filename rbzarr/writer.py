@@ -9,13 +9,22 @@ writer is healthy, :meth:`~BackgroundWriter.wait_for_room` blocks until a call's
 fails too, before its caller has changed anything.  :meth:`~BackgroundWriter.flush` and
 :meth:`~BackgroundWriter.close` wait a bounded time, then raise naming how many writes are
 uncommitted; they report the same on every later call until the writes are committed.
+
+The thread is a daemon (it never keeps a process alive on its own), so at interpreter exit
+every writer still holding tasks is given :data:`DEFAULT_TIMEOUT` to finish them, and
+what is left is reported on stderr: a script that ends without ``close()`` keeps its data.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
+import contextlib
+import functools
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 
 from rbzarr.errors import BufferClosedError, WriterFailedError
@@ -26,6 +35,29 @@ Task = Callable[[], None]
 
 # Seconds flush() and close() wait for queued writes by default.
 DEFAULT_TIMEOUT = 60.0
+
+# Writers whose thread may still hold tasks (a running thread keeps its writer alive).
+_LIVE_WRITERS: weakref.WeakSet[BackgroundWriter] = weakref.WeakSet()
+
+
+def _finish_at_exit() -> None:
+    for writer in list(_LIVE_WRITERS):
+        writer.finish_at_exit()
+
+
+@functools.cache
+def _register_exit_hook() -> None:
+    """Run :func:`_finish_at_exit` at interpreter exit, early enough to still write.
+
+    Storage backends write through executors (zarr's local store via ``asyncio.to_thread``),
+    and ``concurrent.futures`` refuses new work once its own exit hook has run; that hook is
+    a *threading* exit hook, run before ``atexit``.  The writers' hook is registered the
+    same way, later, so it runs first (the hooks run last-registered first).
+    """
+    register = getattr(threading, "_register_atexit", atexit.register)
+    # Refused once the interpreter is shutting down: then it is too late to wait anyway.
+    with contextlib.suppress(RuntimeError):
+        register(_finish_at_exit)
 
 
 class BackgroundWriter:
@@ -159,6 +191,17 @@ class BackgroundWriter:
         if thread is not None:
             thread.join()
 
+    def finish_at_exit(self) -> None:
+        """Interpreter exit: wait for the queued tasks (bounded), report what is left."""
+        with self._cond:
+            thread = self._thread
+            if not self._tasks or thread is None or not thread.is_alive():
+                return
+        try:
+            self.flush()
+        except WriterFailedError as error:
+            print(f"rbzarr: at exit: {error}", file=sys.stderr)
+
     def _uncommitted(self, timeout: float) -> WriterFailedError:
         cause = f"; last error: {self._error}" if self._error is not None else ""
         error = WriterFailedError(
@@ -177,6 +220,8 @@ class BackgroundWriter:
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
             self._thread.start()
+            _LIVE_WRITERS.add(self)
+            _register_exit_hook()
 
     def _loop(self) -> None:
         while True:

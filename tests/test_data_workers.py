@@ -27,7 +27,7 @@ def numbers(batch: dict[str, Any]) -> tuple[int, ...]:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize(("context", "seed"), [("fork", 0), ("spawn", None)])
+@pytest.mark.parametrize(("context", "seed"), [("fork", 0), ("spawn", None), ("forkserver", 1)])
 def test_workers_draw_distinct_batches_and_see_new_commits(tmp_path, context, seed):
     with TrajectoryReplayBuffer(
         seed=0, sample_window_size=1, auto_save=True, auto_save_path=tmp_path / "store"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -205,3 +207,21 @@ def test_every_trajectory_accepted_during_an_s3_outage_is_stored(
     assert_stored(url, accepted, s3_direct_options)
     metadata = json.loads(Location.from_url(url, s3_direct_options).read_bytes("metadata.json"))
     assert metadata["size"] == len(accepted)
+
+
+EXIT_WITHOUT_CLOSE = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from conftest import make_trajectory
+from rbzarr import TrajectoryReplayBuffer
+buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path={store!r}, max_pending_writes=16)
+buffer.add_trajectories([make_trajectory(16, 8, 128 * k) for k in range(12)])
+# the script ends without close(): the queued writes must still commit
+"""
+
+
+def test_a_script_that_exits_without_close_keeps_its_trajectories(tmp_path):
+    store = tmp_path / "s"
+    script = EXIT_WITHOUT_CLOSE.format(tests=str(Path(__file__).parent), store=str(store))
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
+    assert_stored(str(store), [make_trajectory(16, 8, 128 * k) for k in range(12)])
