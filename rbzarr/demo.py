@@ -233,6 +233,17 @@ def run_demo(settings: DemoSettings, log: Callable[[str], None] = tqdm.write) ->
     DemoResult
         Where its data is, how fast it went and its evaluations.
     """
+    # One intra-op thread: the small network gains nothing from more, and the results then
+    # do not depend on the machine's core count (reductions split across threads differ).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _run(settings, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(settings: DemoSettings, log: Callable[[str], None]) -> DemoResult:
     run_dir = settings.store / time.strftime("run-%Y%m%d-%H%M%S")
     store, checkpoint_path = run_dir / "auto_save", run_dir / "checkpoint"
     learner = _Learner(settings, log)

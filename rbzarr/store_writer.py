@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from rbzarr.checkpoint import is_rbzarr_store, schema_from_json
-from rbzarr.errors import StoreExistsError
+from rbzarr.checkpoint import LoadedCheckpoint, is_rbzarr_store, schema_from_json
+from rbzarr.errors import CheckpointConflictError, StoreExistsError
 from rbzarr.index import TrajectoryIndex
 from rbzarr.storage.layout import METADATA_FILE, Entry, TrajectoryLayout, read_documents
 from rbzarr.storage.location import Location, translate_errors
@@ -193,6 +193,37 @@ class StoreWriter:
             documents = committed.to_documents(self.layout.format, self._metadata)
         if last:
             self.layout.write_documents(documents)
+
+    def copy_to(self, target: TrajectoryLayout, entry: Entry) -> None:
+        """Copy one trajectory into ``target`` (a checkpoint), whether committed or not.
+
+        A trajectory still being written may be half-written in the store: its in-memory
+        copy is saved.  It leaves the pending set only once its data is complete.
+        """
+        pending = self.pending_trajectory(int(entry["trajectory_id"]))
+        if pending is not None:
+            target.write(entry, pending.trajectory)
+        else:
+            self.layout.copy_to(target, entry)
+
+    def adopt(self, loaded: LoadedCheckpoint) -> None:
+        """Make the store hold a loaded checkpoint's trajectories, so it stays self-contained.
+
+        Raises
+        ------
+        CheckpointConflictError
+            A rank's share of this very store: ranks appending to one store would write the
+            same new ids.
+        StoreExistsError
+            See :meth:`import_trajectories`.
+        """
+        if loaded.source.location.url == self.url and loaded.is_partial:
+            raise CheckpointConflictError(
+                f"{self.url}: a rank's share cannot continue in place in the shared "
+                "auto_save store: ranks appending to one store would write the same new ids; "
+                "give each rank its own auto_save_path"
+            )
+        self.import_trajectories(loaded.source, loaded.share)
 
     def import_trajectories(self, source: TrajectoryLayout, index: TrajectoryIndex) -> None:
         """Make the store hold ``index``'s trajectories too, copied from ``source``.

@@ -26,8 +26,10 @@ _RESERVED = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata
 def leaves(tree: Tree, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """Yield ``(path, value)`` for every non-dict value of ``tree``, depth first.
 
-    Keys must be non-empty strings without ``"/"``; anything else raises ``ValueError``
-    naming the offending path.
+    Keys become path parts in a store, so each must be a plain name: a non-empty string
+    that is not ``"."`` or ``".."``, not a Zarr metadata document name (``zarr.json``,
+    ``.zarray``, ``.zgroup``, ``.zattrs``, ``.zmetadata``) and holds no ``"/"``, ``"\\"``
+    or NUL.  Anything else raises ``ValueError`` naming the key and where it is.
     """
     for key, value in tree.items():
         if (
@@ -37,8 +39,9 @@ def leaves(tree: Tree, prefix: str = "") -> Iterator[tuple[str, Any]]:
             or any(ch in key for ch in (SEP, "\\", "\x00"))
         ):
             raise ValueError(
-                f"invalid key {key!r} under {prefix or '<root>'!r}: keys must be "
-                f"non-empty strings without {SEP!r}"
+                f"invalid key {key!r} under {prefix or '<root>'!r}: keys must be plain "
+                f"names (non-empty strings, not '.', '..' or a Zarr metadata name, without "
+                f"{SEP!r}, '\\' or NUL)"
             )
         path = f"{prefix}{SEP}{key}" if prefix else key
         if isinstance(value, Mapping):

@@ -225,3 +225,22 @@ def test_a_script_that_exits_without_close_keeps_its_trajectories(tmp_path):
     script = EXIT_WITHOUT_CLOSE.format(tests=str(Path(__file__).parent), store=str(store))
     subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
     assert_stored(str(store), [make_trajectory(16, 8, 128 * k) for k in range(12)])
+
+
+def test_clear_keeps_the_users_objects_and_the_store_on_s3(
+    s3_bucket: str, s3_options: dict[str, Any], s3_direct_options: dict
+):
+    url = f"s3://{s3_bucket}/run"
+    user_file = Location.from_url(url, s3_direct_options)
+    user_file.write_bytes(b"epoch 1\n", "train.log")
+    buffer = TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=url, storage_options=s3_options, sample_window_size=0
+    )
+    added = [make_trajectory(2, 2, 4 * k) for k in range(3)]
+    buffer.add_trajectories(added[:2])
+    buffer.clear()
+    buffer.add_trajectories(added[2:])
+    assert buffer.trajectory_counter == 3
+    buffer.close()
+    assert user_file.read_bytes("train.log") == b"epoch 1\n"
+    assert_stored(url, added, s3_direct_options)

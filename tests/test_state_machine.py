@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
 from rbzarr import TrajectoryReplayBuffer
+from rbzarr.storage.layout import read_documents
+from rbzarr.storage.location import Location
 
 SEED = 11
 
@@ -32,15 +34,25 @@ class BufferModel(RuleBasedStateMachine):
         self.saved = 0
         self.buffer: TrajectoryReplayBuffer | None = None
 
-    @initialize(window=st.integers(0, 4), fmt=st.sampled_from(["zarr", "pt"]))
-    def start(self, window: int, fmt: str) -> None:
+    @initialize(
+        window=st.integers(0, 4), fmt=st.sampled_from(["zarr", "pt"]), auto_save=st.booleans()
+    )
+    def start(self, window: int, fmt: str, auto_save: bool) -> None:
         self.window = window
+        self.auto_save = auto_save
         self.buffer = TrajectoryReplayBuffer(
-            seed=SEED, sample_window_size=window, trajectory_format=fmt
+            seed=SEED,
+            sample_window_size=window,
+            trajectory_format=fmt,
+            auto_save=auto_save,
+            auto_save_path=self.root / "store" if auto_save else "",
+            cache_size=2,
         )
         self.generator = torch.Generator().manual_seed(SEED)
         self.listed: list[tuple[int, int, int]] = []  # (id, T, B) in insertion order
         self.counter = 0
+        self.stored = 0  # with auto_save: one past the highest id the store holds
+        self.added: list[int] = []  # every id ever handed out, in order
 
     def windowed(self) -> list[tuple[int, int, int]]:
         return self.listed if self.window <= 0 else self.listed[-self.window :]
@@ -50,7 +62,9 @@ class BufferModel(RuleBasedStateMachine):
         assert self.buffer is not None
         self.buffer.add_trajectories([make_trajectory(T, B, base=1000 * self.counter)])
         self.listed.append((self.counter, T, B))
+        self.added.append(self.counter)
         self.counter += 1
+        self.stored = max(self.stored, self.counter) if self.auto_save else 0
 
     @rule(n=st.integers(1, 40))
     def sample(self, n: int) -> None:
@@ -79,14 +93,16 @@ class BufferModel(RuleBasedStateMachine):
         assert self.buffer is not None
         path, listed, counter, state = checkpoint
         self.buffer.load_checkpoint(path)
-        self.listed, self.counter = list(listed), counter
+        # With auto_save the store keeps every id: new ones continue past all of them.
+        self.listed, self.counter = list(listed), max(counter, self.stored)
         self.generator.set_state(state)
 
     @rule()
     def clear(self) -> None:
         assert self.buffer is not None
         self.buffer.clear()
-        self.listed, self.counter = [], 0
+        # clear() keeps the auto-save store, so its ids are never handed out again.
+        self.listed, self.counter = [], self.stored
 
     @invariant()
     def counters_agree(self) -> None:
@@ -97,9 +113,15 @@ class BufferModel(RuleBasedStateMachine):
         assert self.buffer.trajectory_counter == self.counter
 
     def teardown(self) -> None:
-        if self.buffer is not None:
-            self.buffer.close()
-        shutil.rmtree(self.root, ignore_errors=True)
+        try:
+            if self.buffer is not None:
+                self.buffer.close()
+                if self.auto_save and self.added:
+                    # The store holds every trajectory ever added, each id once.
+                    documents = read_documents(Location.from_url(self.root / "store"))
+                    assert documents.trajectory_index["trajectory_id_list"] == self.added
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
 BufferModel.TestCase.settings = settings(

@@ -128,3 +128,11 @@ def test_split_then_join_is_identity(traj):
         assert back[key].dtype == value.dtype and torch.equal(back[key], value), key
     assert rebuilt.max_episode_length == traj.max_episode_length
     assert rebuilt.model_weights_id == traj.model_weights_id
+
+
+@pytest.mark.parametrize("key", ["", ".", "..", "zarr.json", ".zattrs", "a/b", "a\\b", "a\x00b", 3])
+def test_a_key_that_is_not_a_plain_name_is_refused_with_the_rule_it_breaks(key):
+    traj = Trajectory(rewards=torch.zeros(3, 2), curr_obs={key: torch.zeros(3, 2)})
+    with pytest.raises(InvalidTrajectoryError, match="keys must be plain names") as caught:
+        validate(traj)
+    assert repr(key) in str(caught.value)

@@ -5,10 +5,11 @@ layout; both buffers share seed, window and cache, so they draw the same rows.  
 
 * ``warm``: the stores were just written (page cache warm).  Peers: TorchRL's
   ``LazyMemmapStorage`` holding the window's flat rows, read by the same row ids, and its
-  ``ReplayBuffer.sample``; the limit is ``os.pread`` of the byte ranges the batch needs;
+  ``ReplayBuffer.sample``;
 * ``cold``: the page cache is emptied before every timed batch (:mod:`.page_cache`), and the
   bytes the process read from disk are compared with the compressed size of the inner
-  chunks that hold the missed rows (:mod:`.accounting`).
+  chunks that hold the missed rows (:mod:`.accounting`); the limit is ``os.pread`` of
+  exactly the byte ranges the batch needs, after the same eviction.
 
 Writing the Zarr store gives the write figures: ``add_trajectories`` latency against a
 clone, writer MB/s (raw bytes / time from the first add until ``flush`` returns) and bytes
@@ -36,6 +37,7 @@ from rbzarr.bench.settings import Settings
 from rbzarr.bench.torchrl_peer import TorchRLPeer, torchrl_missing
 from rbzarr.bench.workloads import Workload, trajectory_sequence
 from rbzarr.buffer import TrajectoryReplayBuffer
+from rbzarr.storage.shard_remote import IOStats
 from rbzarr.trajectory import flatten_trajectory, validate
 
 __all__ = ["DiskRun", "run_disk"]
@@ -57,6 +59,7 @@ class DiskRun:
         counts = [validate(t).num_samples for t in window]
         self.draws = DrawSequence(counts, workload.batch, settings.seed)
         self.zarr_root, self.pt_root = str(self.root / "zarr"), str(self.root / "pt")
+        self.io_stats = IOStats()  # what the Zarr layout's own reads asked for
         self.zarr, self.writes = self._write(self.zarr_root, "zarr")
         self.pt, self.writes_pt = self._write(self.pt_root, "pt")
         spec = validate(self.trajectories[0])
@@ -65,6 +68,7 @@ class DiskRun:
         self.reader = RangeReader(self.zarr_root)
 
     def _write(self, root: str, fmt: str) -> tuple[TrackedBuffer, dict[str, Any]]:
+        options = {"io_stats": self.io_stats} if fmt == "zarr" else {}
         buffer = TrajectoryReplayBuffer(
             seed=self.settings.seed,
             cache_size=self.settings.cache,
@@ -73,6 +77,7 @@ class DiskRun:
             auto_save_path=root,
             trajectory_format=fmt,
             max_pending_writes=len(self.trajectories) + 1,  # the call, not the backpressure
+            layout_options=options,
         )
         raw = nbytes(v for t in self.trajectories for v in t.tensors().values())
         start = time.perf_counter()
@@ -154,17 +159,24 @@ def _warm(run: DiskRun) -> dict[str, Any]:
     settings, batch, per_row = run.settings, run.workload.batch, run.row_bytes
     calls, budget = settings.warm_calls, settings.budget_s
     first = run.zarr.calls
+    before = (run.io_stats.requests, run.io_stats.bytes)
     zarr_latencies = timed(run.zarr.sample, calls, budget)
     timed_calls = range(first + 1, first + 1 + len(zarr_latencies))
     out: dict[str, Any] = {"zarr": stats(zarr_latencies, batch, per_row)}
+    out["zarr"].update(_layout_reads(run, before, len(zarr_latencies) + 1))
     out["needed"] = _needed_summary(run, timed_calls)
     # The same batches as the buffer's (same count, no budget), so both stay in step.
     out["pt"] = stats(timed(run.pt.sample, len(zarr_latencies), float("inf")), batch, per_row)
-    batches = itertools.cycle([run.needed(k).coalesced_pieces() for k in timed_calls])
-    latencies = timed(lambda: run.reader.read(next(batches)), len(timed_calls), float("inf"))
-    out["limit"] = stats(latencies, batch, per_row)
     out.update(_torchrl_warm(run, first, len(zarr_latencies), budget))
     return out
+
+
+def _layout_reads(run: DiskRun, before: tuple[int, int], calls: int) -> dict[str, float]:
+    """Requests and bytes the layout's reads asked for per call (warm-up included)."""
+    return {
+        "layout_requests_per_batch": (run.io_stats.requests - before[0]) / calls,
+        "layout_bytes_per_batch": (run.io_stats.bytes - before[1]) / calls,
+    }
 
 
 def _torchrl_warm(run: DiskRun, first: int, calls: int, budget: float) -> dict[str, Any]:
@@ -212,6 +224,7 @@ def _cold(run: DiskRun) -> dict[str, Any]:
     calls, budget = settings.cold_calls, settings.budget_s
     roots, whole = [run.zarr_root, run.pt_root], settings.drop_caches
     first = run.zarr.calls
+    before = (run.io_stats.requests, run.io_stats.bytes)
     latencies, read, method = _timed_cold(run.zarr.sample, roots, calls, budget, whole)
     timed_calls = range(first + 1, first + 1 + len(latencies))
     needed = _needed_summary(run, timed_calls)
@@ -219,6 +232,7 @@ def _cold(run: DiskRun) -> dict[str, Any]:
     out["zarr"] = {
         **stats(latencies, batch, per_row),
         "bytes_read_per_batch": statistics.mean(read),
+        **_layout_reads(run, before, len(latencies) + 1),
     }
     out["read_vs_needed"] = out["zarr"]["bytes_read_per_batch"] / needed["page_bytes_per_batch"]
     latencies, read, _ = _timed_cold(run.pt.sample, roots, len(timed_calls), float("inf"), whole)

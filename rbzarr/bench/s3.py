@@ -1,6 +1,7 @@
 """Sampling from S3: requests, bytes and rows/s per batch, against what the rows need.
 
-The server is moto's (real HTTP on 127.0.0.1) behind the counting proxy of the test suite
+The server is moto's (real HTTP on 127.0.0.1, in its own process so that it does not share
+the client's interpreter lock) behind the counting proxy of the test suite
 (``tests/s3_server.py``, found next to the package in a source checkout), which holds every
 request ``delay_s`` (20 ms by default) before forwarding it.  Image trajectories are written
 with ``auto_save`` (no delay), then sampled with the cache off, so every row comes from S3.
@@ -8,25 +9,29 @@ Per batch: requests by method, the bytes the server sent, seconds and rows/s, be
 distinct coalesced byte ranges the rows need and their bytes (compressed inner chunks, or the
 rows' own bytes in uncompressed ones: :mod:`.accounting`, read around the proxy).  The
 first batch also opens each trajectory's metadata and shard indexes; it is reported apart
-from the steady batches.
+from the steady batches.  Two more batches without the delay show what moto and the client
+cost by themselves (moto is far slower per request than S3).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.util
 import logging
 import math
+import socket
 import statistics
+import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
-
-import zarr
 
 import rbzarr
 from rbzarr.bench.accounting import StoreGeometry
@@ -37,7 +42,7 @@ from rbzarr.bench.workloads import image_trajectory
 from rbzarr.buffer import TrajectoryReplayBuffer
 from rbzarr.trajectory import validate
 
-__all__ = ["concurrency_limit", "load_s3_server", "run_s3"]
+__all__ = ["concurrency_limit", "load_s3_server", "moto_process", "run_s3"]
 
 SERVER_MODULE = Path(rbzarr.__file__).resolve().parents[1] / "tests" / "s3_server.py"
 
@@ -60,9 +65,13 @@ def load_s3_server() -> ModuleType | str:
     return module
 
 
-def concurrency_limit() -> int:
-    """How many requests of one batch may be in flight at once (zarr's async concurrency)."""
-    return int(zarr.config.get("async.concurrency"))
+def concurrency_limit(options: dict[str, Any]) -> int:
+    """How many requests of one batch may be in flight at once: the layout fetches a batch's
+    ranges with one ``fs.cat_ranges``, which s3fs runs over botocore's connection pool
+    (``max_pool_connections`` in ``config_kwargs``, botocore's default otherwise)."""
+    from botocore.config import Config  # noqa: PLC0415  (with s3fs)
+
+    return int(Config(**options.get("config_kwargs", {})).max_pool_connections)
 
 
 def run_s3(settings: Settings, quick: bool) -> dict[str, Any]:
@@ -72,19 +81,51 @@ def run_s3(settings: Settings, quick: bool) -> dict[str, Any]:
         return {"unavailable": server_module}
     import s3fs  # noqa: PLC0415
 
-    server, endpoint = server_module.start_moto()
-    proxy = server_module.S3Proxy(endpoint)
-    try:
-        bucket = server_module.unique_bucket_name("bench")
-        server_module.create_bucket(endpoint, bucket)
-        s3fs.S3FileSystem.clear_instance_cache()
-        options = server_module.s3_storage_options(proxy.endpoint_url, timeout=60.0)
-        direct = s3fs.S3FileSystem(**server_module.s3_storage_options(endpoint, timeout=60.0))
-        return _measure(settings, quick, proxy, f"{bucket}/store", options, direct)
-    finally:
-        proxy.close()
-        server.stop()
-        _drop_filesystems(s3fs)
+    with moto_process() as endpoint:
+        proxy = server_module.S3Proxy(endpoint)
+        try:
+            bucket = server_module.unique_bucket_name("bench")
+            server_module.create_bucket(endpoint, bucket)
+            s3fs.S3FileSystem.clear_instance_cache()
+            options = server_module.s3_storage_options(proxy.endpoint_url, timeout=60.0)
+            direct = s3fs.S3FileSystem(**server_module.s3_storage_options(endpoint, timeout=60.0))
+            return _measure(settings, quick, proxy, f"{bucket}/store", options, direct)
+        finally:
+            proxy.close()
+            _drop_filesystems(s3fs)
+
+
+@contextlib.contextmanager
+def moto_process() -> Iterator[str]:
+    """moto's S3 server in a child process on a free port of 127.0.0.1; yields its URL.
+
+    Raises
+    ------
+    RuntimeError
+        The server exited before it said it was serving.
+    """
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    with subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    ) as process:
+        assert process.stderr is not None
+        drain = threading.Thread(target=process.stderr.read, daemon=True)
+        try:
+            for line in process.stderr:  # werkzeug announces "Running on http://..." when ready
+                if "Running on" in line:
+                    break
+            else:
+                raise RuntimeError(f"moto's server exited with status {process.wait()}")
+            drain.start()  # it logs every request on stderr: keep draining so it never blocks
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+            if drain.is_alive():
+                drain.join(timeout=30)
 
 
 def _drop_filesystems(s3fs: Any) -> None:
@@ -134,11 +175,14 @@ def _measure(
             [spec.num_samples] * len(trajectories), settings.s3_batch, settings.seed
         )
         tracked = TrackedBuffer(buffer, settings.s3_batch)
+        limit = concurrency_limit(options)
         batches = [
-            _batch(tracked, proxy, geometry, draws, settings.s3_delay_s)
+            _batch(tracked, proxy, geometry, draws, settings.s3_delay_s, limit)
             for _ in range(settings.s3_batches + 1)
         ]
+        # The same kind of batch without the delay: what the server and client cost alone.
         proxy.slow_down(0.0)
+        undelayed = [_batch(tracked, proxy, geometry, draws, 0.0, limit) for _ in range(2)]
     steady = batches[1:]
     return {
         "T": T,
@@ -146,7 +190,7 @@ def _measure(
         "trajectories": len(trajectories),
         "batch": settings.s3_batch,
         "delay_s": settings.s3_delay_s,
-        "concurrency_limit": concurrency_limit(),
+        "concurrency_limit": concurrency_limit(options),
         "write": {
             "seconds": seconds,
             "raw_mb_s": raw / 1e6 / seconds,
@@ -155,6 +199,7 @@ def _measure(
         "first_batch": batches[0],
         "steady_median": {key: statistics.median(b[key] for b in steady) for key in STEADY_KEYS},
         "steady_batches": steady,
+        "undelayed_seconds": statistics.median(b["seconds"] for b in undelayed),
     }
 
 
@@ -172,7 +217,12 @@ STEADY_KEYS = (
 
 
 def _batch(
-    tracked: TrackedBuffer, proxy: Any, geometry: StoreGeometry, draws: DrawSequence, delay: float
+    tracked: TrackedBuffer,
+    proxy: Any,
+    geometry: StoreGeometry,
+    draws: DrawSequence,
+    delay: float,
+    limit: int,
 ) -> dict[str, Any]:
     """One timed batch through the proxy, and what its rows need."""
     k = tracked.calls
@@ -187,7 +237,6 @@ def _batch(
     for position, row in zip(positions.tolist(), rows.tolist(), strict=True):
         wanted.setdefault(position, []).append(row)
     needed = geometry.needed(wanted)
-    limit = concurrency_limit()
     rounds = math.ceil(len(requests) / limit)
     return {
         "requests": len(requests),
