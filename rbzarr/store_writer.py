@@ -124,12 +124,6 @@ class StoreWriter:
             return max(self._committed.trajectory_counter, max(self._pending, default=-1) + 1)
 
     @property
-    def committed_ids(self) -> list[int]:
-        """Ids the store's documents list (or will list once the current burst commits)."""
-        with self._lock:
-            return list(self._committed.id_list)
-
-    @property
     def pending(self) -> int:
         """Writes queued or running."""
         return self._writer.pending
