@@ -18,8 +18,10 @@ __all__ = [
     "RbzarrError",
     "StorageUnavailableError",
     "StoreExistsError",
+    "UncommittedWritesWarning",
     "UnsafePathError",
     "UnsafePickleError",
+    "WorkerProcessError",
     "WriterFailedError",
 ]
 
@@ -79,3 +81,12 @@ class ChannelClosedError(RbzarrError, RuntimeError):
 
 class ChannelTimeoutError(RbzarrError, TimeoutError):
     """A channel ``put`` or ``get`` did not complete within its timeout."""
+
+
+class WorkerProcessError(RbzarrError, RuntimeError):
+    """A dataset that samples the buffer in its own process was iterated in a DataLoader
+    worker process (which would sample a frozen copy)."""
+
+
+class UncommittedWritesWarning(UserWarning):
+    """``close(wait=False)`` returned while writes were not committed yet."""
