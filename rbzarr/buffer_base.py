@@ -162,7 +162,11 @@ class BufferBase:
         Parameters
         ----------
         wait
-            Wait for the queued writes (``False``: they finish in the background).
+            Wait for the queued writes.  ``False`` does not wait: the writes go on in the
+            background, but one that fails is not retried; it and those behind it stay
+            uncommitted (not in the store) unless ``close()`` is called again, and are lost
+            when the process ends.  Writes uncommitted at the call are warned about
+            (:class:`~rbzarr.UncommittedWritesWarning`, with their count and the store).
         timeout
             Seconds to wait at most.
 
