@@ -18,6 +18,7 @@ __all__ = [
     "RbzarrError",
     "StorageUnavailableError",
     "StoreExistsError",
+    "TrajectoryListError",
     "UncommittedWritesWarning",
     "UnsafePathError",
     "UnsafePickleError",
@@ -32,6 +33,11 @@ class RbzarrError(Exception):
 
 class InvalidTrajectoryError(RbzarrError, ValueError):
     """A trajectory's fields disagree with each other or with the buffer's schema."""
+
+
+class TrajectoryListError(InvalidTrajectoryError, TypeError):
+    """``add_trajectories`` got no list of trajectories (one trajectory, a str, a dict,
+    ``None``); a ``TypeError`` too, as RLinf raises for it."""
 
 
 class UnsafePathError(RbzarrError, ValueError):
