@@ -2,7 +2,7 @@
 
 The buffer is a coordinator.  It validates, takes its lock and delegates: ids and counters
 to :class:`~rbzarr.index.TrajectoryIndex`, draws to :class:`~rbzarr.sampler.WindowSampler`,
-hot rows to :class:`~rbzarr.cache.TrajectoryCache`, persistence to the
+hot rows to :class:`~rbzarr.cache.SlotCache`, persistence to the
 :class:`~rbzarr.store_writer.StoreWriter`, and checkpoints to :mod:`rbzarr.checkpoint`.
 The components, views and lifecycle live in :class:`~rbzarr.buffer_base.BufferBase`.
 """

@@ -16,7 +16,7 @@ from typing import Any, Self
 import torch
 
 from rbzarr import checkpoint
-from rbzarr.cache import TrajectoryCache
+from rbzarr.cache import SlotCache
 from rbzarr.errors import BufferClosedError
 from rbzarr.index import TrajectoryIndex
 from rbzarr.sampler import WindowSampler
@@ -66,7 +66,7 @@ class BufferBase:
             capacity: int | None = sample_window_size if sample_window_size > 0 else None
         else:
             capacity = max(cache_size, 0) if enable_cache else 0
-        self._cache = TrajectoryCache(capacity)
+        self._cache = SlotCache(capacity)
         self._sampler = WindowSampler(seed)
         self._lock = threading.RLock()  # index, cache, schema, sampler
         self._add_lock = threading.Lock()  # serialises adders, loads, clear and close
