@@ -177,7 +177,7 @@ class StoreWriter:
                 documents = self._committed.to_documents(self.layout.format, self._metadata)
             self.layout.write_documents(documents)
             self._claimed = True
-        self.layout.write(entry, trajectory.trajectory)
+        self.layout.write(entry, trajectory)  # validated once, on add: not again
         trajectory_id = int(entry["trajectory_id"])
         with self._lock:
             committed = self._committed
@@ -201,7 +201,7 @@ class StoreWriter:
         """
         pending = self.pending_trajectory(int(entry["trajectory_id"]))
         if pending is not None:
-            target.write(entry, pending.trajectory)
+            target.write(entry, pending)
         else:
             self.layout.copy_to(target, entry)
 
