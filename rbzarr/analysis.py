@@ -2,8 +2,8 @@
 
 :func:`open_buffer` opens any rbzarr store or checkpoint (zarr, pt or pkl layout; a local
 path or an fsspec URL) without a writer.  The view trusts only the index: it lists the
-committed trajectories of ``trajectory_index.json`` and nothing else, and :meth:`BufferView.
-refresh` re-reads the index to pick up trajectories committed since.
+committed trajectories of ``trajectory_index.json`` and nothing else, and
+:meth:`BufferView.refresh` re-reads the index to pick up trajectories committed since.
 
 **Episodes** are cut as :mod:`rbzarr.episodes` describes: an episode that runs from one
 trajectory into the next (consecutive ids, same ``B``) is one episode; one still running
@@ -23,6 +23,7 @@ from tqdm import tqdm
 from rbzarr import tree
 from rbzarr.checkpoint import schema_from_json
 from rbzarr.episodes import DONES, Episode, EpisodeTracker, continues, time_steps
+from rbzarr.errors import EmptyBufferError
 from rbzarr.export import open_layout
 from rbzarr.index import TrajectoryIndex
 from rbzarr.sampler import WindowSampler
@@ -115,7 +116,15 @@ class BufferView:
             "sample_window_size": self.sample_window_size,
             "refresh_interval": self.refresh_interval,
         }
-        return (_reopen, (self.url, self.storage_options, options, self._sampler.state_dict()))
+        return (_reopen, (self.url, self.storage_options, options, self.state_dict()["sampler"]))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The view's sampling state: ``{"sampler": ...}`` (seed and generator state)."""
+        return {"sampler": self._sampler.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a state from :meth:`state_dict`: the next draws continue that stream."""
+        self._sampler.load_state_dict(state["sampler"])
 
     def __repr__(self) -> str:
         return f"BufferView({self.url!r}, format={self.format!r}, trajectories={len(self)})"
@@ -176,7 +185,7 @@ class BufferView:
         ------
         ValueError
             ``num_chunks`` is not positive.
-        RuntimeError
+        EmptyBufferError
             The index lists no trajectory.
         """
         if num_chunks <= 0:
@@ -186,7 +195,7 @@ class BufferView:
             self.refresh()
         window = self._index.window(self.sample_window_size)
         if not window:
-            raise RuntimeError(f"{self.url}: no committed trajectory to sample from")
+            raise EmptyBufferError(f"{self.url}: no committed trajectory to sample from")
         counts = self._index.sample_counts(window)
         positions, rows = self._sampler.draw(num_chunks, counts, generator)
         ids = torch.tensor(window, dtype=torch.int64)[positions]
@@ -358,5 +367,5 @@ def _reopen(
 ) -> BufferView:
     """Unpickle a :class:`BufferView`: open the store again, restore the generator."""
     view = open_buffer(url, storage_options, **options)
-    view._sampler.load_state_dict(sampler)
+    view.load_state_dict({"sampler": sampler})
     return view

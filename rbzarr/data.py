@@ -39,6 +39,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from rbzarr import tree
 from rbzarr.analysis import BufferView, open_buffer
 from rbzarr.buffer import TrajectoryReplayBuffer
+from rbzarr.errors import CheckpointNotFoundError
 from rbzarr.index import shard_bounds
 from rbzarr.prefetch import ReplayLoader
 
@@ -105,12 +106,19 @@ class _StoreSpec:
     sample_window_size: int
 
     def open(self, refresh_interval: float) -> BufferView:
-        return open_buffer(
-            self.url,
-            self.storage_options,
-            sample_window_size=self.sample_window_size,
-            refresh_interval=refresh_interval,
-        )
+        try:
+            return open_buffer(
+                self.url,
+                self.storage_options,
+                sample_window_size=self.sample_window_size,
+                refresh_interval=refresh_interval,
+            )
+        except CheckpointNotFoundError as exc:
+            raise CheckpointNotFoundError(
+                f"ReplayDataset: DataLoader workers sample the store at {self.url}, which has "
+                "no committed trajectory yet; add trajectories to the buffer (and flush()) "
+                "before iterating the DataLoader"
+            ) from exc
 
 
 def _store_spec(source: object) -> _StoreSpec | None:

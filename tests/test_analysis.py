@@ -14,7 +14,7 @@ from conftest import make_trajectory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rbzarr import CheckpointNotFoundError, Trajectory, TrajectoryReplayBuffer
+from rbzarr import CheckpointNotFoundError, EmptyBufferError, Trajectory, TrajectoryReplayBuffer
 from rbzarr.analysis import open_buffer
 from rbzarr.cli import main
 from rbzarr.episodes import episode_segments
@@ -264,3 +264,18 @@ def test_stats_cli_and_plot_agree_on_episodes_across_trajectories(tmp_path):
     assert plot_store(open_buffer(url), tmp_path / "p.png")["episodes"] == 4
     view = open_buffer(url)
     assert sum(e.done for e in view.iter_episodes(["rewards"])) == 4
+
+
+def test_view_state_dict_continues_the_stream_and_empty_view_is_empty_buffer_error(tmp_path):
+    path = build(tmp_path / "s", "zarr", [make_trajectory(4, 4, 0), make_trajectory(4, 4, 9)])
+    view, other = open_buffer(path, seed=5), open_buffer(path, seed=99)
+    view.sample(3)
+    other.load_state_dict(view.state_dict())
+    assert torch.equal(other.sample(11)["rewards"], view.sample(11)["rewards"])
+    (tmp_path / "e").mkdir()
+    shutil.copy(tmp_path / "s" / "metadata.json", tmp_path / "e")
+    (tmp_path / "e" / "trajectory_index.json").write_text(
+        json.dumps({"trajectory_index": {}, "trajectory_id_list": []})
+    )
+    with pytest.raises(EmptyBufferError, match="no committed trajectory"):
+        open_buffer(tmp_path / "e").sample(1)

@@ -14,7 +14,7 @@ import torch
 from conftest import assert_rows_consistent, make_trajectory
 from torch.utils.data import DataLoader
 
-from rbzarr import ReplayDataset, TrajectoryReplayBuffer, open_buffer
+from rbzarr import CheckpointNotFoundError, ReplayDataset, TrajectoryReplayBuffer, open_buffer
 
 # Batches a DataLoader of two workers can hold that were drawn before a given moment: per
 # worker the prefetch queue (2), the batch its thread is putting (1) and the one the
@@ -70,6 +70,18 @@ def test_in_memory_buffer_in_workers_is_a_clear_error(context):
     # The documented way: the prefetch thread in this process.
     batch = next(iter(dataset.data_loader()))
     assert batch["rewards"].shape == (4, 1)
+
+
+@pytest.mark.timeout(60)
+def test_workers_on_a_store_without_commits_say_so(tmp_path):
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "s") as buffer:
+        dataset = ReplayDataset(buffer, batch_size=4, seed=0)
+        batches = None
+        with pytest.raises(CheckpointNotFoundError, match="no committed trajectory yet") as caught:
+            batches = iter(dataset.data_loader(num_workers=1, multiprocessing_context="fork"))
+            next(batches)
+        caught.value.__traceback__ = None  # see test_in_memory_buffer_in_workers_...
+        del batches, caught
 
 
 def test_data_loader_keeps_the_batch_shape():
