@@ -20,8 +20,9 @@ from rbzarr.cache import SlotCache
 from rbzarr.errors import BufferClosedError
 from rbzarr.index import TrajectoryIndex
 from rbzarr.sampler import WindowSampler
-from rbzarr.storage.layout import TrajectoryLayout, layout_class
+from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
+from rbzarr.storage.registry import layout_class
 from rbzarr.store_writer import StoreWriter, format_at
 from rbzarr.trajectory import Schema, Trajectory
 from rbzarr.validated import clone_trajectory

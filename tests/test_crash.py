@@ -28,8 +28,8 @@ from crash_writer import expected_trajectory
 from rbzarr import TrajectoryReplayBuffer, UncommittedWritesWarning
 from rbzarr.cli import main as cli_main
 from rbzarr.dtypes import to_numpy
-from rbzarr.storage.layout import layout_class
 from rbzarr.storage.location import Location
+from rbzarr.storage.registry import layout_class
 from rbzarr.verify import verify_store
 
 WORKER = Path(__file__).with_name("crash_writer.py")
