@@ -7,8 +7,8 @@ import torch
 from conftest import make_trajectory
 
 from rbzarr import InvalidTrajectoryError
-from rbzarr.storage.layout import layout_class
 from rbzarr.storage.location import Location
+from rbzarr.storage.registry import layout_class
 from rbzarr.validated import ValidatedTrajectory, rows_to_write
 
 
