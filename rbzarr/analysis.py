@@ -24,13 +24,12 @@ from rbzarr import tree
 from rbzarr.checkpoint import schema_from_json
 from rbzarr.episodes import DONES, Episode, EpisodeTracker, continues, time_steps
 from rbzarr.errors import EmptyBufferError
-from rbzarr.export import open_layout
 from rbzarr.index import TrajectoryIndex
 from rbzarr.sampler import WindowSampler
 from rbzarr.storage.layout import Documents, TrajectoryLayout
 from rbzarr.storage.location import Location
+from rbzarr.storage.registry import open_store
 from rbzarr.storage.row_reads import plan_misses, read_batch
-from rbzarr.storage.zarr_layout import FIELDS_ATTR, TRAJECTORIES, ZarrLayout
 from rbzarr.trajectory import Schema, Trajectory, validate
 
 __all__ = ["BufferView", "open_buffer"]
@@ -70,7 +69,7 @@ def open_buffer(
     CorruptStoreError
         A document is unparsable or the index is malformed.
     """
-    layout, documents = open_layout(url, storage_options)
+    layout, documents = open_store(url, storage_options)
     return BufferView(
         layout,
         documents,
@@ -227,12 +226,7 @@ class BufferView:
         """Flat field keys (``"rewards"``, ``"curr_obs/image"``) of the first trajectory."""
         if not self._index.id_list:
             return []
-        first = self._index.id_list[0]
-        if isinstance(self.layout, ZarrLayout):
-            fields = self.zarr_group(first).attrs.get(FIELDS_ATTR)
-            if isinstance(fields, dict):
-                return list(fields)
-        return list(self.trajectory(first).tensors())
+        return self.layout.field_names(self.entry(self._index.id_list[0]))
 
     def trajectory(self, trajectory_id: int, keys: Sequence[str] | None = None) -> Trajectory:
         """Read one committed trajectory (raw rows), optionally only the flat ``keys``."""
@@ -319,21 +313,14 @@ class BufferView:
         chunked like the store; ``bfloat16`` fields appear as their ``uint16`` bits.
         Needs the zarr layout and the ``analysis`` extra (dask).
         """
-        if not isinstance(self.layout, ZarrLayout):
-            raise ValueError(
-                f"{self.url}: dask arrays need the zarr layout, this store is {self.format!r}; "
-                "convert it with `rbzarr export SRC DST --format zarr`"
-            )
+        groups = {i: self.zarr_group(i) for i in self.ids}  # a clear error if not zarr
         import dask.array as da  # noqa: PLC0415 (optional dependency)
 
-        return {i: da.from_zarr(self.zarr_group(i)[key]) for i in self.ids}
+        return {i: da.from_zarr(group[key]) for i, group in groups.items()}
 
     def zarr_group(self, trajectory_id: int) -> Any:
-        """The read-only Zarr group of one trajectory (zarr layout only)."""
-        import zarr  # noqa: PLC0415
-
-        store = self.layout.location.zarr_store(read_only=True)
-        return zarr.open_group(store=store, path=f"{TRAJECTORIES}/{trajectory_id}", mode="r")
+        """The read-only Zarr group of one trajectory (zarr layout only; else ValueError)."""
+        return self.layout.zarr_group(self.entry(trajectory_id))
 
     def xarray_dataset(self, trajectory_id: int) -> Any:
         """One trajectory as a lazy ``xarray.Dataset``, one variable per flat key.
@@ -344,11 +331,14 @@ class BufferView:
         """
         import xarray  # noqa: PLC0415 (optional dependency)
 
-        fields = list(self.zarr_group(trajectory_id).attrs.get(FIELDS_ATTR) or {})
+        entry = self.entry(trajectory_id)
+        self.layout.zarr_group(entry)  # a clear error if the store is not zarr
+        fields = self.layout.field_names(entry)
+        root = self.layout.trajectory_path(entry)
         store = self.layout.location.zarr_store(read_only=True)
         parts = []
         for group in sorted({key.rpartition("/")[0] for key in fields}):
-            path = "/".join(part for part in (TRAJECTORIES, str(trajectory_id), group) if part)
+            path = "/".join(part for part in (*root, group) if part)
             try:
                 data = xarray.open_zarr(store, group=path, consolidated=False)
             except KeyError as exc:  # layout-1 arrays carry no dimension names

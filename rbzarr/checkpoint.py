@@ -24,14 +24,9 @@ from rbzarr.errors import (
     StoreExistsError,
 )
 from rbzarr.index import TrajectoryIndex
-from rbzarr.storage.layout import (
-    Entry,
-    TrajectoryLayout,
-    check_entry_shape,
-    read_documents,
-    stored_format,
-)
+from rbzarr.storage.layout import Entry, TrajectoryLayout, check_entry_shape, read_documents
 from rbzarr.storage.location import Location
+from rbzarr.storage.registry import stored_format
 from rbzarr.trajectory import Schema
 from rbzarr.validated import ValidatedTrajectory
 

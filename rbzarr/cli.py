@@ -2,8 +2,10 @@
 
 Each subcommand parses its arguments, calls one library function and prints the result
 (``--json`` prints it as JSON on stdout).  A user error -- a bad URL, a directory that is
-not a store, a corrupt store -- prints one line on stderr and exits with status 1.  Add a
-subcommand with one ``@main.command()`` function.
+not a store, a corrupt store, an unreachable backend, missing credentials -- prints one
+line ``Error: ...`` on stderr and exits with status 1; a reader that closes the pipe
+(``rbzarr ls URL | head``) ends the command quietly.  Progress bars are drawn only when
+stderr is a terminal.  Add a subcommand with one ``@main.command()`` function.
 """
 
 from __future__ import annotations
@@ -16,47 +18,9 @@ from typing import Any
 
 import click
 
-from rbzarr.errors import RbzarrError
+from rbzarr.console import OneLineErrors, parse_ids, parse_storage_options, progress_wanted
 
 __all__ = ["main"]
-
-# Errors a user can cause; anything else is a bug and keeps its traceback.
-_USER_ERRORS = (RbzarrError, OSError, ValueError, KeyError, ImportError)
-
-
-class _Main(click.Group):
-    """A group that turns user errors into one clear line instead of a traceback."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except _USER_ERRORS as exc:
-            message = " ".join(str(exc).split()) or type(exc).__name__
-            raise click.ClickException(message) from None
-
-
-def _parse_storage_options(
-    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
-) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for item in values:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}")
-        try:
-            options[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            options[key] = raw
-    return options
-
-
-def _parse_ids(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
-    if value is None:
-        return None
-    try:
-        return [int(part) for part in value.split(",") if part.strip()]
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
 
 
 def _options(ctx: click.Context) -> dict[str, Any]:
@@ -67,16 +31,20 @@ def _print_json(document: Any) -> None:
     click.echo(json.dumps(document, indent=2))
 
 
+def _echo_lines(lines: list[str]) -> None:
+    click.echo("\n".join(lines))
+
+
 _json_flag = click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
 
 
-@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--storage-option",
     "storage_options",
     multiple=True,
     metavar="KEY=VALUE",
-    callback=_parse_storage_options,
+    callback=parse_storage_options,
     help="fsspec option for every URL (repeatable; VALUE is parsed as JSON if it can be), "
     "e.g. --storage-option endpoint_url=http://localhost:9000 --storage-option anon=false.",
 )
@@ -92,28 +60,14 @@ def main(storage_options: dict[str, Any]) -> None:
 def info(ctx: click.Context, url: str, as_json: bool) -> None:
     """Counts, per-key dtype / shape / chunks / codec, and sizes of the store at URL."""
     from rbzarr.analysis import open_buffer  # noqa: PLC0415 (keep --help fast)
+    from rbzarr.report_text import info_lines  # noqa: PLC0415
     from rbzarr.summary import describe_store  # noqa: PLC0415
 
     report = describe_store(open_buffer(url, _options(ctx)))
     if as_json:
         _print_json(report)
         return
-    ratio = report["compression_ratio"]
-    layout = "" if report["layout_version"] is None else f"  layout={report['layout_version']}"
-    click.echo(f"{report['url']}  format={report['format']}{layout}")
-    click.echo(
-        f"trajectories={report['trajectories']}  samples={report['total_samples']}  "
-        f"next id={report['trajectory_counter']}  seed={report['seed']}"
-    )
-    click.echo(
-        f"data: {report['bytes_on_disk']} bytes on disk, {report['raw_bytes']} raw, "
-        f"ratio {'-' if ratio is None else f'{ratio:.2f}'}"
-    )
-    for key, item in report["keys"].items():
-        click.echo(
-            f"  {key:<28} {item['dtype']:<9} shape={item['shape']} chunks={item['chunks']} "
-            f"codec={item['codec']} raw={item['raw_bytes']} disk={item['bytes_on_disk']}"
-        )
+    _echo_lines(info_lines(report))
 
 
 @main.command(name="ls")
@@ -123,18 +77,14 @@ def info(ctx: click.Context, url: str, as_json: bool) -> None:
 def list_command(ctx: click.Context, url: str, as_json: bool) -> None:
     """One line per committed trajectory: id, uuid, shape, samples, weights id, bytes."""
     from rbzarr.analysis import open_buffer  # noqa: PLC0415
+    from rbzarr.report_text import ls_lines  # noqa: PLC0415
     from rbzarr.summary import list_trajectories  # noqa: PLC0415
 
     rows = list_trajectories(open_buffer(url, _options(ctx)))
     if as_json:
         _print_json(rows)
         return
-    click.echo(f"{'id':>6}  {'uuid':<36}  {'shape':<14} {'samples':>9}  {'bytes':>12}  weights")
-    for row in rows:
-        click.echo(
-            f"{row['trajectory_id']:>6}  {row['uuid']!s:<36}  {row['shape']!s:<14} "
-            f"{row['num_samples']:>9}  {row['bytes']:>12}  {row['model_weights_id']}"
-        )
+    _echo_lines(ls_lines(rows))
 
 
 _per_trajectory_flag = click.option(
@@ -159,60 +109,46 @@ def stats(
     ctx: click.Context, url: str, keys: tuple[str, ...], per_trajectory: bool, as_json: bool
 ) -> None:
     """Per-key mean / std / min / max and episode returns and lengths (streaming)."""
+    from rbzarr.report_text import stats_lines  # noqa: PLC0415
     from rbzarr.stats import compute_stats  # noqa: PLC0415
 
     wanted = [key for item in keys for key in item.split(",") if key] or None
     report = compute_stats(
         url,
         wanted,
-        progress=True,
+        progress=progress_wanted(),
         across_trajectories=not per_trajectory,
         storage_options=_options(ctx),
     )
     if as_json:
         _print_json(report)
         return
-    click.echo(f"trajectories={report['trajectories']}  samples={report['total_samples']}")
-    for key, item in report["keys"].items():
-        click.echo(f"  {key:<28} {_stats_text(item)}")
-    episodes = report["episodes"]
-    if episodes is None:
-        click.echo("episodes: no 'dones' field")
-        return
-    click.echo(f"episodes: {episodes['complete']} complete, {episodes['incomplete']} incomplete")
-    click.echo(f"  {'length':<28} {_stats_text(episodes['length'])}")
-    if episodes["return"] is not None:
-        click.echo(f"  {'return':<28} {_stats_text(episodes['return'])}")
-
-
-def _stats_text(item: dict[str, Any]) -> str:
-    if not item["count"]:
-        return "n=0"
-    return (
-        f"n={item['count']} mean={item['mean']:.6g} std={item['std']:.6g} "
-        f"min={item['min']:.6g} max={item['max']:.6g}"
-    )
+    _echo_lines(stats_lines(report))
 
 
 @main.command()
 @click.argument("url")
-@click.option("--repair", is_flag=True, help="Remove orphans (never indexed data).")
+@click.option("--repair", is_flag=True, help="Remove orphans and temp files, never indexed data.")
+@click.option(
+    "--drop-damaged",
+    is_flag=True,
+    help="With --repair: remove the index entries of trajectories whose data cannot be read "
+    "(their data stays, as orphans).",
+)
 @_json_flag
 @click.pass_context
-def verify(ctx: click.Context, url: str, repair: bool, as_json: bool) -> None:
+def verify(ctx: click.Context, url: str, repair: bool, drop_damaged: bool, as_json: bool) -> None:
     """Check index against data; exit 1 while problems remain."""
+    from rbzarr.report_text import verify_lines  # noqa: PLC0415
     from rbzarr.verify import verify_store  # noqa: PLC0415
 
-    report = verify_store(url, _options(ctx), repair=repair)
+    if drop_damaged and not repair:
+        raise click.UsageError("--drop-damaged changes the index: use it with --repair")
+    report = verify_store(url, _options(ctx), repair=repair, drop_damaged=drop_damaged)
     if as_json:
         _print_json(report.to_dict())
     else:
-        click.echo(f"{report.url}: {report.trajectories} indexed trajectories checked")
-        for problem in report.repaired:
-            click.echo(f"repaired  {problem.kind:<20} {problem.path}: {problem.message}")
-        for problem in report.problems:
-            click.echo(f"PROBLEM   {problem.kind:<20} {problem.path}: {problem.message}")
-        click.echo("ok" if report.ok else f"{len(report.problems)} problem(s)")
+        _echo_lines(verify_lines(report))
     if not report.ok:
         ctx.exit(1)
 
@@ -224,7 +160,7 @@ _format_choice = click.Choice(["zarr", "pt", "pkl"])
 @click.argument("source")
 @click.argument("destination")
 @click.option("--format", "trajectory_format", type=_format_choice, required=True)
-@click.option("--ids", callback=_parse_ids, help="Only these ids, e.g. 1,2,5.")
+@click.option("--ids", callback=parse_ids, help="Only these ids, e.g. 1,2,5.")
 @click.option("--last", type=click.IntRange(min=0), help="Only the last N trajectories.")
 @click.pass_context
 def export(
@@ -247,7 +183,7 @@ def export(
         last=last,
         storage_options=options,
         destination_options=options,
-        progress=True,
+        progress=progress_wanted(),
     )
     click.echo(f"exported {documents.metadata['size']} trajectories to {destination}")
 
@@ -261,9 +197,11 @@ def merge(
     ctx: click.Context, destination: str, sources: tuple[str, ...], trajectory_format: str | None
 ) -> None:
     """Merge SOURCES into a new store DESTINATION; ids are renumbered 0..N-1."""
-    from rbzarr.combine import merge_stores  # noqa: PLC0415
+    from rbzarr.reshard import merge_stores  # noqa: PLC0415
 
-    documents = merge_stores(destination, sources, trajectory_format, _options(ctx), progress=True)
+    documents = merge_stores(
+        destination, sources, trajectory_format, _options(ctx), progress=progress_wanted()
+    )
     click.echo(f"merged {documents.metadata['size']} trajectories into {destination}")
 
 
@@ -274,15 +212,21 @@ def merge(
 @click.pass_context
 def split(ctx: click.Context, source: str, destination: str, count: int) -> None:
     """Split SOURCE into COUNT stores DESTINATION/part_<k> (the load_checkpoint shards)."""
-    from rbzarr.combine import split_store  # noqa: PLC0415
+    from rbzarr.reshard import split_store  # noqa: PLC0415
 
-    for part in split_store(source, destination, count, _options(ctx), progress=True):
+    for part in split_store(source, destination, count, _options(ctx), progress=progress_wanted()):
         click.echo(part)
 
 
 @main.command()
 @click.argument("url")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="PNG file.")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Image file; its suffix picks the format (.png, .jpg / .jpeg, .svg, .pdf).",
+)
 @_per_trajectory_flag
 @click.pass_context
 def plot(ctx: click.Context, url: str, output: str, per_trajectory: bool) -> None:
@@ -291,7 +235,9 @@ def plot(ctx: click.Context, url: str, output: str, per_trajectory: bool) -> Non
     from rbzarr.plotting import plot_store  # noqa: PLC0415
 
     view = open_buffer(url, _options(ctx))
-    counts = plot_store(view, output, progress=True, across_trajectories=not per_trajectory)
+    counts = plot_store(
+        view, output, progress=progress_wanted(), across_trajectories=not per_trajectory
+    )
     click.echo(f"wrote {output} ({counts['rewards']} rewards, {counts['episodes']} episodes)")
 
 

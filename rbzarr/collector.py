@@ -35,12 +35,12 @@ import torch
 from rbzarr import tree
 from rbzarr.autoreset import NEXT_STEP, aligned_rows, autoreset_mode_name
 from rbzarr.collected import max_episode_length, model_weights_id, split
-from rbzarr.step_checks import Signature, StepChecks, fail, signature_of
+from rbzarr.errors import InvalidTrajectoryError
+from rbzarr.fields import RESET_ROW_FIELDS
+from rbzarr.step_checks import Signature, StepChecks, signature_of
 from rbzarr.trajectory import Trajectory, trajectory_from_raw
 
 __all__ = ["TrajectoryCollector", "max_episode_length", "model_weights_id", "split"]
-
-_RESET_FIELDS = ("terminations", "truncations", "dones")
 
 
 def _stacked(steps: list[dict[str, torch.Tensor]], paths: list[str]) -> dict[str, torch.Tensor]:
@@ -156,7 +156,7 @@ class TrajectoryCollector:
         the collection and may not be called while steps are pending (:meth:`clear` first).
         """
         if self.autoreset_mode == NEXT_STEP and self.num_steps:
-            raise fail(
+            raise InvalidTrajectoryError(
                 f"reset() with {self.num_steps} steps pending: in next-step autoreset mode "
                 "the collector carries on across build() calls; call clear() to drop them "
                 "(e.g. after envs.reset())"
@@ -208,9 +208,11 @@ class TrajectoryCollector:
         """
         previous = self._obs
         if previous is None or self._obs_signature is None:
-            raise fail("add_step before reset: call reset(obs) to start a rollout epoch")
+            raise InvalidTrajectoryError(
+                "add_step before reset: call reset(obs) to start a rollout epoch"
+            )
         if final_obs is not None and self.autoreset_mode == NEXT_STEP:
-            raise fail(
+            raise InvalidTrajectoryError(
                 "final_obs in next-step autoreset mode: the done step's next_obs already is "
                 "the final observation; drop final_obs (it is for same-step mode)"
             )
@@ -225,7 +227,7 @@ class TrajectoryCollector:
             "versions": self._checks.optional_rows("versions", versions),
         }
         if terminations.shape != truncations.shape:
-            raise fail(
+            raise InvalidTrajectoryError(
                 f"field 'truncations': expected the shape of 'terminations' "
                 f"{tuple(terminations.shape)}, got {tuple(truncations.shape)}"
             )
@@ -262,18 +264,20 @@ class TrajectoryCollector:
         """
         lengths = [len(epoch.steps) for epoch in self._epochs]
         if not lengths or sum(lengths) == 0:
-            raise fail("cannot build a trajectory: no steps were added since the last build")
+            raise InvalidTrajectoryError(
+                "cannot build a trajectory: no steps were added since the last build"
+            )
         if self.autoreset_mode == NEXT_STEP:
             return self._build_aligned()
         if len(set(lengths)) != 1:
-            raise fail(
+            raise InvalidTrajectoryError(
                 f"rollout epochs differ in length: {lengths} steps; every epoch started by "
                 "reset() must have the same number of steps"
             )
         rows = [step for epoch in self._epochs for step in epoch.steps]
         signature = signature_of(rows[0])
-        fields = _stacked(rows, [path for path in signature if path not in _RESET_FIELDS])
-        for name in _RESET_FIELDS:
+        fields = _stacked(rows, [path for path in signature if path not in RESET_ROW_FIELDS])
+        for name in RESET_ROW_FIELDS:
             fields[name] = torch.cat(
                 [
                     self._epoch_rows(epoch, name, signature, _stacked(epoch.steps, [name])[name])
@@ -289,7 +293,7 @@ class TrajectoryCollector:
         (epoch,) = self._epochs  # reset() refuses a second epoch while steps are pending
         steps, left = aligned_rows(torch.stack(epoch.valid).cpu())
         if steps.shape[0] == 0:
-            raise fail(
+            raise InvalidTrajectoryError(
                 "cannot build a trajectory: some environment has made no transition yet "
                 "(in next-step mode its reset steps are not transitions); add more steps"
             )
@@ -298,13 +302,13 @@ class TrajectoryCollector:
         stacked = _stacked(epoch.steps, list(signature))
         fields = {path: value[steps, envs] for path, value in stacked.items()}
         step_dones = fields["dones"]
-        for name in _RESET_FIELDS:
+        for name in RESET_ROW_FIELDS:
             fields[name] = self._epoch_rows(epoch, name, signature, fields[name])
         trajectory = self._trajectory(fields, step_dones)
         # Keep the steps from the first one still holding an untaken transition.
         pending = left.any(dim=1).nonzero().flatten()
         first = int(pending[0]) if len(pending) else len(epoch.steps)
-        zeros: dict[str, torch.Tensor | None] = dict.fromkeys(_RESET_FIELDS)
+        zeros: dict[str, torch.Tensor | None] = dict.fromkeys(RESET_ROW_FIELDS)
         self._epochs = [_Epoch(zeros, epoch.steps[first:], list(left[first:].to(self.device)))]
         return trajectory
 

@@ -15,33 +15,15 @@ from tqdm import tqdm
 
 from rbzarr.errors import StoreExistsError
 from rbzarr.index import TrajectoryIndex
-from rbzarr.storage.layout import (
-    Documents,
-    TrajectoryLayout,
-    layout_class,
-    read_documents,
-    stored_format,
-)
+from rbzarr.storage.layout import Documents
 from rbzarr.storage.location import Location
+from rbzarr.storage.registry import layout_class, open_store
 
-__all__ = ["export_store", "open_layout"]
+__all__ = ["export_store"]
 
 # Metadata keys the exported index recomputes; the rest are carried over unchanged.
 # Written anew by the target (``layout_version`` is the target layout's own, if any).
 _RECOMPUTED = ("trajectory_format", "size", "total_samples", "trajectory_counter", "layout_version")
-
-
-def open_layout(
-    url: str | os.PathLike[str] | Location, storage_options: Mapping[str, Any] | None = None
-) -> tuple[TrajectoryLayout, Documents]:
-    """Open an existing store in whatever layout its ``metadata.json`` names.
-
-    Returns the layout and the store's documents; a missing document raises
-    :class:`~rbzarr.errors.CheckpointNotFoundError`.
-    """
-    location = Location.from_url(url, storage_options)
-    documents = read_documents(location)
-    return layout_class(stored_format(documents))(location), documents
 
 
 def _select(
@@ -89,7 +71,7 @@ def export_store(
     storage_options, destination_options
         fsspec options for the source and the destination.
     progress
-        Show a progress bar.
+        Show a progress bar on stderr.
 
     Returns
     -------
@@ -102,9 +84,13 @@ def export_store(
         ``destination`` already holds a store or trajectory data (nothing is written).
     ValueError
         Unknown format, both ``ids`` and ``last``, or ids the source does not list.
+    CheckpointNotFoundError
+        ``source`` is not a store, or a listed trajectory's data is missing.
+    StorageUnavailableError
+        A backend failed.
     """
     target_class = layout_class(trajectory_format)
-    reader, documents = open_layout(source, storage_options)
+    reader, documents = open_store(source, storage_options)
     index = TrajectoryIndex.from_documents(documents, reader.location.url)
     selected = index.subset(_select(index, ids, last, reader.location.url))
     writer = target_class(Location.from_url(destination, destination_options))

@@ -44,7 +44,8 @@ TENSOR_FIELDS = (
 )
 # The order RLinf emits nested dicts in a sampled batch (not the dataclass order).
 DICT_FIELDS = ("curr_obs", "next_obs", "forward_inputs")
-RESET_ROW_FIELDS = frozenset({"dones", "terminations", "truncations"})
+# Fields that may carry one reset row per rollout epoch, in field order.
+RESET_ROW_FIELDS = ("terminations", "truncations", "dones")
 # RLinf's dataclass order.
 FIELD_NAMES = (*SCALAR_FIELDS, *TENSOR_FIELDS, "forward_inputs", "curr_obs", "next_obs")
 

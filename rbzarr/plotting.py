@@ -18,7 +18,14 @@ import torch
 from rbzarr.analysis import BufferView
 from rbzarr.episodes import DONES, REWARDS
 
-__all__ = ["FIGURE_SIZE", "DPI", "plot_learning_curve", "plot_store"]
+__all__ = [
+    "DPI",
+    "FIGURE_SIZE",
+    "IMAGE_FORMATS",
+    "image_format_of",
+    "plot_learning_curve",
+    "plot_store",
+]
 
 FIGURE_SIZE = (10.0, 8.0)  # inches
 DPI = 100
@@ -61,18 +68,61 @@ def _collect(
     return flat, episodes
 
 
+# File suffixes and the image formats they name.
+IMAGE_FORMATS = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".svg": "svg", ".pdf": "pdf"}
+
+
+def image_format_of(path: str | os.PathLike[str]) -> str:
+    """The image format ``path``'s suffix names, e.g. ``"jpeg"`` for ``x.jpg``.
+
+    Raises
+    ------
+    ValueError
+        The suffix is not one of :data:`IMAGE_FORMATS` (named in the message).
+    """
+    suffix = os.path.splitext(os.fspath(path))[1].lower()
+    try:
+        return IMAGE_FORMATS[suffix]
+    except KeyError:
+        raise ValueError(
+            f"{os.fspath(path)!r}: unknown image suffix {suffix!r}; expected one of "
+            f"{sorted(IMAGE_FORMATS)}"
+        ) from None
+
+
 def plot_store(
     view: BufferView,
     path: str | os.PathLike[str],
     progress: bool = False,
     across_trajectories: bool = True,
 ) -> dict[str, int]:
-    """Draw the four panels of ``view`` into the PNG file ``path`` (1000 x 800 pixels).
+    """Draw the four panels of ``view`` into the image file ``path`` (1000 x 800 pixels).
 
     Episodes are followed across trajectories (:mod:`rbzarr.episodes`) unless
-    ``across_trajectories`` is false.  Returns ``{"rewards": n, "episodes": m}``, the
-    numbers of values plotted.
+    ``across_trajectories`` is false.
+
+    Parameters
+    ----------
+    view
+        The store, opened with :func:`~rbzarr.analysis.open_buffer`.
+    path
+        The image to write; its suffix picks the format (see :data:`IMAGE_FORMATS`).
+    progress
+        Show a progress bar on stderr.
+    across_trajectories
+        Join an episode's steps across consecutive trajectories.
+
+    Returns
+    -------
+    dict
+        ``{"rewards": n, "episodes": m}``, the numbers of values plotted.
+
+    Raises
+    ------
+    ValueError
+        The suffix names no known image format (checked before any data is read).
     """
+    image_format = image_format_of(path)
     plt = _pyplot()
     rewards, episodes = _collect(view, progress, across_trajectories)
     figure, axes = plt.subplots(2, 2, figsize=FIGURE_SIZE, dpi=DPI)
@@ -82,7 +132,7 @@ def plot_store(
         _histogram(axes[0, 1], np.array([e[2] for e in episodes]), "episode return")
         _histogram(axes[1, 0], np.array([e[1] for e in episodes]), "episode length")
         _returns_by_trajectory(axes[1, 1], episodes)
-        figure.savefig(os.fspath(path), dpi=DPI, format="png")
+        figure.savefig(os.fspath(path), dpi=DPI, format=image_format)
     finally:
         plt.close(figure)
     return {"rewards": int(rewards.size), "episodes": len(episodes)}

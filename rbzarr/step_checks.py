@@ -13,15 +13,10 @@ import torch
 from rbzarr import tree
 from rbzarr.errors import InvalidTrajectoryError
 
-__all__ = ["Signature", "StepChecks", "fail", "signature_of"]
+__all__ = ["Signature", "StepChecks", "signature_of"]
 
 # field name -> (torch dtype, shape after the B dimension)
 Signature = dict[str, tuple[torch.dtype, tuple[int, ...]]]
-
-
-def fail(message: str) -> InvalidTrajectoryError:
-    """The error a bad step raises."""
-    return InvalidTrajectoryError(message)
 
 
 def signature_of(flat: Mapping[str, torch.Tensor]) -> Signature:
@@ -42,11 +37,15 @@ class StepChecks:
     def rows(self, name: str, value: Any) -> torch.Tensor:
         """``value`` if it is a ``[B, ...]`` tensor."""
         if value is None:
-            raise fail(f"field {name!r}: missing; expected a tensor [B={self.num_envs}, ...]")
+            raise InvalidTrajectoryError(
+                f"field {name!r}: missing; expected a tensor [B={self.num_envs}, ...]"
+            )
         if not isinstance(value, torch.Tensor):
-            raise fail(f"field {name!r}: expected a torch.Tensor, got {type(value).__name__}")
+            raise InvalidTrajectoryError(
+                f"field {name!r}: expected a torch.Tensor, got {type(value).__name__}"
+            )
         if value.dim() < 1 or value.shape[0] != self.num_envs:
-            raise fail(
+            raise InvalidTrajectoryError(
                 f"field {name!r}: expected [B={self.num_envs}, ...], got {tuple(value.shape)}"
             )
         return value
@@ -58,11 +57,13 @@ class StepChecks:
     def observation(self, name: str, obs: Any) -> dict[str, torch.Tensor]:
         """A (nested) dict of ``[B, ...]`` tensors, flattened."""
         if not isinstance(obs, Mapping):
-            raise fail(f"field {name!r}: expected a dict of tensors, got {type(obs).__name__}")
+            raise InvalidTrajectoryError(
+                f"field {name!r}: expected a dict of tensors, got {type(obs).__name__}"
+            )
         try:
             flat = tree.flatten(obs)
         except ValueError as exc:
-            raise fail(f"field {name!r}: {exc}") from exc
+            raise InvalidTrajectoryError(f"field {name!r}: {exc}") from exc
         return {path: self.rows(f"{name}/{path}", value) for path, value in flat.items()}
 
     def forward_inputs(self, inputs: Any) -> dict[str, torch.Tensor]:
@@ -75,12 +76,12 @@ class StepChecks:
         missing = [path for path in expected if path not in got]
         unexpected = [path for path in got if path not in expected]
         if missing or unexpected:
-            raise fail(
+            raise InvalidTrajectoryError(
                 f"{name}: fields differ from {source}: missing {missing}, unexpected {unexpected}"
             )
         for path, want in expected.items():
             if got[path] != want:
-                raise fail(
+                raise InvalidTrajectoryError(
                     f"{name} field {path!r}: expected {_describe(want, self.num_envs)} "
                     f"(as in {source}), got {_describe(got[path], self.num_envs)}"
                 )
@@ -91,7 +92,7 @@ class StepChecks:
         """Refuse reset-row values whose trailing shape differs from the steps'."""
         for name, value in reset_row.items():
             if value is not None and tuple(value.shape[1:]) != signature[name][1]:
-                raise fail(
+                raise InvalidTrajectoryError(
                     f"reset row of {name!r}: expected shape "
                     f"{(self.num_envs, *signature[name][1])} to match the steps, "
                     f"got {tuple(value.shape)}"

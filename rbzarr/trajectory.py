@@ -154,16 +154,14 @@ class TrajectorySpec:
         return self.T * self.B
 
 
-def _fail(message: str) -> InvalidTrajectoryError:
-    return InvalidTrajectoryError(message)
-
-
 def _reference(fields: Mapping[str, Any]) -> tuple[str, torch.Tensor]:
     for name in ("prev_logprobs", "rewards"):
         value = fields.get(name)
         if value is not None:
             return name, value
-    raise _fail("trajectory carries no samples: it has neither 'prev_logprobs' nor 'rewards'")
+    raise InvalidTrajectoryError(
+        "trajectory carries no samples: it has neither 'prev_logprobs' nor 'rewards'"
+    )
 
 
 def _epochs(path: str, rows: int, T: int) -> int:
@@ -172,7 +170,7 @@ def _epochs(path: str, rows: int, T: int) -> int:
         return 0
     extra = rows - T
     if extra < 0 or T % extra != 0:
-        raise _fail(
+        raise InvalidTrajectoryError(
             f"field {path!r}: expected T={T} rows, or T+E rows with E dividing T, got {rows}"
         )
     return extra
@@ -203,13 +201,19 @@ def validate(traj: object, schema: Schema | None = None) -> TrajectorySpec:
     fields = trajectory_tensors(traj)
     for path, value in fields.items():
         if not isinstance(value, torch.Tensor):
-            raise _fail(f"field {path!r}: expected a torch.Tensor, got {type(value).__name__}")
+            raise InvalidTrajectoryError(
+                f"field {path!r}: expected a torch.Tensor, got {type(value).__name__}"
+            )
     ref_name, ref = _reference(fields)
     if ref.dim() < 2:
-        raise _fail(f"field {ref_name!r}: expected [T, B, ...], got shape {tuple(ref.shape)}")
+        raise InvalidTrajectoryError(
+            f"field {ref_name!r}: expected [T, B, ...], got shape {tuple(ref.shape)}"
+        )
     T, B = int(ref.shape[0]), int(ref.shape[1])
     if T * B == 0:
-        raise _fail(f"field {ref_name!r}: trajectory carries no samples, shape {tuple(ref.shape)}")
+        raise InvalidTrajectoryError(
+            f"field {ref_name!r}: trajectory carries no samples, shape {tuple(ref.shape)}"
+        )
     found: Schema = {}
     for path, value in fields.items():
         if value.dim() < 2:
@@ -217,13 +221,13 @@ def validate(traj: object, schema: Schema | None = None) -> TrajectorySpec:
         rows = int(value.shape[0])
         epochs = _epochs(path, rows, T)
         if rows - epochs != T or value.shape[1] != B:
-            raise _fail(
+            raise InvalidTrajectoryError(
                 f"field {path!r}: expected T={T}, B={B} from {ref_name!r}, got {tuple(value.shape)}"
             )
         found[path] = (_dtype(path, value), tuple(int(d) for d in value.shape[2:]))
     if schema is not None:
         if found != schema:
-            raise _fail(_schema_difference(schema, found))
+            raise InvalidTrajectoryError(_schema_difference(schema, found))
         found = dict(schema)
     return TrajectorySpec(T=T, B=B, shape=tuple(int(d) for d in ref.shape), schema=found)
 
@@ -232,7 +236,7 @@ def _dtype(path: str, value: torch.Tensor) -> str:
     try:
         return dtype_name(value.dtype)
     except ValueError as exc:
-        raise _fail(f"field {path!r}: {exc}") from exc
+        raise InvalidTrajectoryError(f"field {path!r}: {exc}") from exc
 
 
 def _schema_difference(expected: Schema, got: Schema) -> str:
@@ -311,7 +315,7 @@ def trajectory_from_raw(
     nested = tree.unflatten(fields)
     unknown = [k for k in nested if k not in TENSOR_FIELDS and k not in DICT_FIELDS]
     if unknown:
-        raise _fail(f"unknown trajectory fields {unknown}")
+        raise InvalidTrajectoryError(f"unknown trajectory fields {unknown}")
     return Trajectory(
         max_episode_length=max_episode_length, model_weights_id=model_weights_id, **nested
     )

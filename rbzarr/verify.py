@@ -4,41 +4,38 @@
 
 - both JSON documents parse and describe a well-formed index (otherwise nothing else can be
   trusted, and the check stops there);
-- ``size`` / ``total_samples`` of ``metadata.json`` agree with the index, and (zarr) the root
-  group's attributes mirror the two documents;
-- every indexed trajectory has its data, every chunk of every array exists (a missing Zarr
-  chunk would otherwise read as zeros), the data decodes, and its shape matches the entry;
+- ``size`` / ``total_samples`` of ``metadata.json`` agree with the index, and the layout's
+  own copies of the documents (the zarr layout's root group attributes) mirror them;
+- every indexed trajectory has its data, no part of it is missing (a missing Zarr chunk
+  would otherwise read as zeros), the data decodes, and its shape matches the entry;
 - no trajectory data or temporary file lies in the store without an index entry (orphans,
   left by a crash between writing data and committing the index).
 
-``repair=True`` deletes orphans and temporary files only; it never touches data the index
-lists.  Do not repair a store while a buffer is writing to it: the trajectory being written
-is an orphan until its commit.
+``repair=True`` deletes orphans and temporary files -- both written by rbzarr, and never
+data the index lists -- and rewrites documents that lag behind the index.  With
+``drop_damaged=True`` it also removes the index entries of trajectories whose data cannot
+be read (their ids are in the report); their data is left where it is, now an orphan that
+the next repair removes.  Healthy trajectories are never touched.  Do not repair a store
+while a buffer is writing to it: the trajectory being written is an orphan until its commit.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, RbzarrError
-from rbzarr.index import TrajectoryIndex
-from rbzarr.storage.file_layout import FileLayout
-from rbzarr.storage.layout import (
-    INDEX_FILE,
-    METADATA_FILE,
-    Documents,
-    TrajectoryLayout,
-    layout_class,
-    stored_format,
+from rbzarr.errors import (
+    CheckpointNotFoundError,
+    CorruptStoreError,
+    RbzarrError,
+    StorageUnavailableError,
 )
-from rbzarr.storage.layout import read_documents as read_store_documents
+from rbzarr.index import TrajectoryIndex
+from rbzarr.storage.layout import INDEX_FILE, METADATA_FILE, Documents, TrajectoryLayout
 from rbzarr.storage.location import Location
-from rbzarr.storage.zarr_layout import ROOT_ATTR, TRAJECTORIES, ZarrLayout
-from rbzarr.summary import data_path
+from rbzarr.storage.registry import open_store
 from rbzarr.trajectory import validate
 
 __all__ = ["Problem", "VerifyReport", "verify_store"]
@@ -46,20 +43,31 @@ __all__ = ["Problem", "VerifyReport", "verify_store"]
 # What reading a damaged trajectory can raise: rbzarr's errors, decode failures from the
 # codecs (RuntimeError), bad metadata (ValueError, KeyError, TypeError) and I/O (OSError).
 _READ_ERRORS = (RbzarrError, ValueError, KeyError, TypeError, RuntimeError, OSError)
-# Problems fixed by rewriting the documents from the index rather than by deleting data.
-_DOCUMENT_KINDS = frozenset({"metadata_mismatch", "root_attrs_mismatch"})
+# How a repair fixes a problem: rewrite the documents, delete rbzarr's own leftover, or
+# (with drop_damaged) drop the trajectory from the index.
+REWRITE, DELETE, DROP = "rewrite_documents", "delete", "drop_from_index"
 _TEMP_NAME = re.compile(r".+\.tmp-[0-9a-f]{32}")
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One inconsistency: its ``kind``, the path below the root, and a message."""
+    """One inconsistency: its ``kind``, the path below the root, and a message.
+
+    ``repair`` says how ``verify_store(..., repair=True)`` fixes it: ``"rewrite_documents"``,
+    ``"delete"`` (rbzarr's own orphan or temporary file), ``"drop_from_index"`` (damaged
+    data, only with ``drop_damaged``) or ``""`` (left for a person to decide).
+    """
 
     kind: str
     path: str
     message: str
     trajectory_id: int | None = None
-    repairable: bool = False
+    repair: str = ""
+
+    @property
+    def repairable(self) -> bool:
+        """Whether ``repair=True`` fixes this problem by itself."""
+        return self.repair in (REWRITE, DELETE)
 
 
 @dataclass
@@ -77,6 +85,15 @@ class VerifyReport:
         """True when no problem remains."""
         return not self.problems
 
+    @property
+    def dropped_ids(self) -> list[int]:
+        """Ids removed from the index because their data could not be read."""
+        return [
+            p.trajectory_id
+            for p in self.repaired
+            if p.repair == DROP and p.trajectory_id is not None
+        ]
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form (what ``rbzarr verify --json`` prints)."""
         return {
@@ -86,6 +103,7 @@ class VerifyReport:
             "ok": self.ok,
             "problems": [asdict(p) for p in self.problems],
             "repaired": [asdict(p) for p in self.repaired],
+            "dropped_ids": self.dropped_ids,
         }
 
 
@@ -93,14 +111,38 @@ def verify_store(
     url: str | Location,
     storage_options: Mapping[str, Any] | None = None,
     repair: bool = False,
+    drop_damaged: bool = False,
 ) -> VerifyReport:
-    """Check the store at ``url`` (see the module docs); with ``repair``, remove orphans.
+    """Check the store at ``url`` (see the module docs); with ``repair``, fix what is safe.
+
+    Parameters
+    ----------
+    url
+        A local path or an fsspec URL of a zarr, pt or pkl store.
+    storage_options
+        fsspec options for ``url``.
+    repair
+        Delete orphans and temporary files, rewrite lagging documents.
+    drop_damaged
+        With ``repair``: also remove the index entries of trajectories whose data cannot
+        be read (missing, incomplete, undecodable or of the wrong shape).
+
+    Returns
+    -------
+    VerifyReport
+        The problems left, and those repaired (``dropped_ids`` lists dropped entries).
 
     Raises
     ------
     CheckpointNotFoundError
-        Nothing at ``url`` looks like a store (no JSON document and no trajectory data).
+        Nothing at ``url`` looks like a store (no JSON document).
+    ValueError
+        ``drop_damaged`` without ``repair``.
+    StorageUnavailableError
+        The backend failed.
     """
+    if drop_damaged and not repair:
+        raise ValueError("drop_damaged needs repair=True (it changes the index)")
     location = Location.from_url(url, storage_options)
     report = VerifyReport(url=location.url, format=None)
     loaded = _load_index(location, report)
@@ -110,39 +152,40 @@ def verify_store(
     report.format = layout.format
     report.trajectories = len(index)
     _check_metadata(documents, index, report)
-    if isinstance(layout, ZarrLayout):
-        _check_root_attrs(location, documents, report)
+    report.problems.extend(
+        Problem(found.kind, found.path, found.message, repair=REWRITE)
+        for found in layout.check_documents(documents)
+    )
     for trajectory_id in index.id_list:
-        _check_trajectory(layout, index.entries[trajectory_id], report)
+        problem = _check_trajectory(layout, index.entries[trajectory_id])
+        if problem is not None:
+            report.problems.append(problem)
     report.problems.extend(_orphans(layout, index))
     if repair:
-        _repair(layout, report)
+        _repair(layout, report, drop_damaged)
     return report
 
 
 def _load_index(
     location: Location, report: VerifyReport
-) -> tuple[TrajectoryLayout, Mapping[str, Any], TrajectoryIndex] | None:
+) -> tuple[TrajectoryLayout, Documents, TrajectoryIndex] | None:
     present = [name for name in (METADATA_FILE, INDEX_FILE) if location.exists(name)]
     if not present:
         raise CheckpointNotFoundError(
             f"{location.url}: no {METADATA_FILE} or {INDEX_FILE}: not an rbzarr or RLinf store"
         )
     try:
-        documents = read_store_documents(location)
-        layout = layout_class(stored_format(documents))(location)
+        layout, documents = open_store(location)
         index = TrajectoryIndex.from_documents(documents, location.url)
     except (CheckpointNotFoundError, CorruptStoreError, ValueError) as exc:
         kind = "missing_document" if isinstance(exc, FileNotFoundError) else "unreadable_document"
         report.problems.append(Problem(kind, "", _one_line(exc)))
         return None
-    return layout, {"metadata": documents.metadata, "index": documents.trajectory_index}, index
+    return layout, documents, index
 
 
-def _check_metadata(
-    documents: Mapping[str, Any], index: TrajectoryIndex, report: VerifyReport
-) -> None:
-    metadata = documents["metadata"]
+def _check_metadata(documents: Documents, index: TrajectoryIndex, report: VerifyReport) -> None:
+    metadata = documents.metadata
     expected = {"size": len(index), "total_samples": index.total_samples}
     for key, value in expected.items():
         if key in metadata and metadata[key] != value:
@@ -151,137 +194,98 @@ def _check_metadata(
                     "metadata_mismatch",
                     METADATA_FILE,
                     f"{key} is {metadata[key]!r} but the index implies {value}",
-                    repairable=True,
+                    repair=REWRITE,
                 )
             )
 
 
-def _check_root_attrs(
-    location: Location, documents: Mapping[str, Any], report: VerifyReport
-) -> None:
-    try:
-        root = json.loads(location.read_bytes("zarr.json"))
-        mirror = root.get("attributes", {}).get(ROOT_ATTR)
-    except (FileNotFoundError, ValueError, AttributeError) as exc:
-        report.problems.append(
-            Problem("root_attrs_mismatch", "zarr.json", _one_line(exc), repairable=True)
-        )
-        return
-    expected = {"metadata": documents["metadata"], "trajectory_index": documents["index"]}
-    if mirror != expected:
-        report.problems.append(
-            Problem(
-                "root_attrs_mismatch",
-                "zarr.json",
-                f"root attributes {ROOT_ATTR!r} do not mirror {METADATA_FILE} and {INDEX_FILE}",
-                repairable=True,
-            )
-        )
-
-
-def _check_trajectory(
-    layout: TrajectoryLayout, entry: dict[str, Any], report: VerifyReport
-) -> None:
+def _check_trajectory(layout: TrajectoryLayout, entry: dict[str, Any]) -> Problem | None:
+    """The first thing wrong with one indexed trajectory's data, or ``None``."""
     trajectory_id = int(entry["trajectory_id"])
-    path = "/".join(data_path(layout, entry))
+    path = "/".join(layout.trajectory_path(entry))
+
+    def damaged(kind: str, message: str) -> Problem:
+        return Problem(kind, path, message, trajectory_id, repair=DROP)
+
     if not layout.contains(entry):
-        report.problems.append(
-            Problem("missing_data", path, "indexed but its data is missing", trajectory_id)
-        )
-        return
+        return damaged("missing_data", "indexed but its data is missing")
     try:
-        missing = _missing_chunks(layout, trajectory_id)
+        missing = layout.missing_parts(entry)
         if missing:
-            report.problems.append(
-                Problem("missing_chunks", path, "; ".join(missing), trajectory_id)
-            )
-            return
-        trajectory = layout.read(entry)
-        shape = list(validate(trajectory).shape)
+            return damaged("missing_chunks", "; ".join(missing))
+        shape = list(validate(layout.read(entry)).shape)
+    except StorageUnavailableError:
+        raise  # the store is unreachable: that says nothing about this trajectory
     except _READ_ERRORS as exc:
-        report.problems.append(Problem("unreadable_data", path, _one_line(exc), trajectory_id))
-        return
+        return damaged("unreadable_data", _one_line(exc))
     if shape != list(entry["shape"]):
-        report.problems.append(
-            Problem(
-                "shape_mismatch",
-                path,
-                f"index entry shape {list(entry['shape'])}, data shape {shape}",
-                trajectory_id,
-            )
+        return damaged(
+            "shape_mismatch", f"index entry shape {list(entry['shape'])}, data shape {shape}"
         )
-
-
-def _missing_chunks(layout: TrajectoryLayout, trajectory_id: int) -> list[str]:
-    """Arrays of a zarr trajectory with fewer stored chunks than their grid has."""
-    if not isinstance(layout, ZarrLayout):
-        return []
-    import zarr  # noqa: PLC0415
-
-    store = layout.location.zarr_store(read_only=True)
-    group = zarr.open_group(store=store, path=f"{TRAJECTORIES}/{trajectory_id}", mode="r")
-    return [
-        f"array {name!r} stores {node.nchunks_initialized} of {node.nchunks} chunks"
-        for name, node in group.members(max_depth=None)
-        if isinstance(node, zarr.Array) and node.nchunks_initialized != node.nchunks
-    ]
+    return None
 
 
 def _orphans(layout: TrajectoryLayout, index: TrajectoryIndex) -> list[Problem]:
-    location = layout.location
-    expected = {"/".join(data_path(layout, index.entries[i])) for i in index.id_list}
+    expected = {"/".join(layout.trajectory_path(index.entries[i])) for i in index.id_list}
     problems = [
-        Problem("temp_file", name, "leftover temporary file of an interrupted write", None, True)
-        for name in location.list_names()
+        Problem("temp_file", name, "leftover temporary file of an interrupted write", None, DELETE)
+        for name in layout.location.list_names()
         if _TEMP_NAME.fullmatch(name)
     ]
-    if isinstance(layout, ZarrLayout):
-        found = [
-            (f"{TRAJECTORIES}/{name}", int(name))
-            for name in location.list_names(TRAJECTORIES)
-            if name.isdigit()
-        ]
-    elif isinstance(layout, FileLayout):
-        pattern = re.compile(rf"trajectory_(\d+)_.*\.{re.escape(layout.suffix)}", re.DOTALL)
-        matches = (pattern.fullmatch(name) for name in location.list_names())
-        found = [(match.group(0), int(match.group(1))) for match in matches if match]
-    else:
-        found = []
     problems.extend(
-        Problem("orphan", path, "trajectory data not listed in the index", trajectory_id, True)
-        for path, trajectory_id in found
+        Problem("orphan", path, "trajectory data not listed in the index", trajectory_id, DELETE)
+        for path, trajectory_id in sorted(layout.stored_paths().items(), key=lambda item: item[1])
         if path not in expected
     )
     return problems
 
 
-def _repair(layout: TrajectoryLayout, report: VerifyReport) -> None:
+def _repair(layout: TrajectoryLayout, report: VerifyReport, drop_damaged: bool) -> None:
     # Re-read the index just before deleting: never remove data committed meanwhile.
     documents = layout.read_documents()
     index = TrajectoryIndex.from_documents(documents, layout.location.url)
-    committed = {"/".join(data_path(layout, index.entries[i])) for i in index.id_list}
-    remaining = []
-    stale_documents = False
+    committed = {"/".join(layout.trajectory_path(index.entries[i])) for i in index.id_list}
+    remaining: list[Problem] = []
+    rewrite = False
+    dropped: set[int] = set()
     for problem in report.problems:
-        if problem.kind in _DOCUMENT_KINDS:
-            stale_documents = True
-            report.repaired.append(problem)
-        elif problem.repairable and problem.path not in committed:
+        if problem.repair == REWRITE:
+            rewrite = True
+        elif problem.repair == DELETE and problem.path not in committed:
             layout.location.delete(*problem.path.split("/"))
-            report.repaired.append(problem)
+        elif problem.repair == DROP and drop_damaged and problem.trajectory_id is not None:
+            dropped.add(problem.trajectory_id)
         else:
             remaining.append(problem)
+            continue
+        report.repaired.append(problem)
     report.problems = remaining
-    if stale_documents:
-        # The index is the commit point: a crash between the document writes leaves the
-        # metadata (and zarr's root attributes) behind it, never ahead.
-        metadata = {
-            **documents.metadata,
-            "size": len(index),
-            "total_samples": index.total_samples,
-            "trajectory_counter": index.trajectory_counter,
-        }
-        layout.write_documents(Documents(metadata, documents.trajectory_index))
+    if rewrite or dropped:
+        layout.write_documents(_documents_without(documents, index, dropped))
+
+
+def _documents_without(
+    documents: Documents, index: TrajectoryIndex, dropped: set[int]
+) -> Documents:
+    """The documents with ``dropped`` left out and the metadata recounted from the index.
+
+    The index is the commit point: a crash between the document writes leaves the metadata
+    (and zarr's root attributes) behind it, never ahead.  The counter is kept, so a dropped
+    id is never reused.
+    """
+    kept = index.subset([i for i in index.id_list if i not in dropped])
+    metadata = {
+        **documents.metadata,
+        "size": len(kept),
+        "total_samples": kept.total_samples,
+        "trajectory_counter": index.trajectory_counter,
+    }
+    trajectory_index = {
+        **documents.trajectory_index,
+        "trajectory_index": {str(i): kept.entries[i] for i in kept.id_list},
+        "trajectory_id_list": list(kept.id_list),
+    }
+    return Documents(metadata, trajectory_index)
 
 
 def _one_line(exc: BaseException) -> str:

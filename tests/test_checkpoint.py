@@ -18,8 +18,9 @@ from rbzarr import (
     WriterFailedError,
     tree,
 )
-from rbzarr.storage.layout import Documents, TrajectoryLayout, layout_class, read_documents
+from rbzarr.storage.layout import Documents, TrajectoryLayout, read_documents
 from rbzarr.storage.location import Location
+from rbzarr.storage.registry import layout_class
 
 FORMATS = ["zarr", "pt", "pkl"]
 T, B = 2, 3

@@ -24,7 +24,7 @@ TRAJECTORIES = [
 
 def rbzarr(*args: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "rbzarr.cli", *map(str, args)],
+        [sys.executable, "-m", "rbzarr", *map(str, args)],
         capture_output=True,
         text=True,
         check=False,
@@ -216,6 +216,57 @@ def test_plot_writes_a_png(stores, tmp_path):
     result = rbzarr("plot", stores["pt"], "-o", output)
     assert result.returncode == 0, result.stderr
     assert matplotlib.image.imread(output).shape == (800, 1000, 4)
+
+
+@pytest.mark.parametrize("suffix", [".jpg", ".JPEG"])
+def test_plot_writes_a_jpeg_for_a_jpeg_suffix(stores, tmp_path, suffix):
+    from PIL import Image  # noqa: PLC0415
+
+    output = tmp_path / f"plot{suffix}"
+    result = rbzarr("plot", stores["zarr"], "-o", output)
+    assert result.returncode == 0, result.stderr
+    assert output.read_bytes()[:3] == b"\xff\xd8\xff"  # the JPEG start-of-image marker
+    with Image.open(output) as image:
+        assert (image.format, image.size) == ("JPEG", (1000, 800))
+
+
+def test_plot_refuses_an_unknown_suffix_before_reading(stores, tmp_path):
+    output = tmp_path / "plot.gif"
+    result = rbzarr("plot", stores["zarr"], "-o", output)
+    assert result.returncode == 1
+    assert result.stderr.startswith("Error: ") and "'.gif'" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not output.exists()
+
+
+def test_python_dash_m_runs_the_cli(stores):
+    result = rbzarr("--help")
+    assert result.returncode == 0 and "Usage: rbzarr" in result.stdout
+    assert [row["trajectory_id"] for row in ok_json("ls", stores["zarr"])] == [0, 1, 2]
+
+
+def test_a_closed_pipe_ends_the_command_quietly(tmp_path):
+    store = tmp_path / "many"
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store, trajectory_format="pt") as b:
+        b.add_trajectories([make_trajectory(1, 1, i) for i in range(40)])
+    with subprocess.Popen(
+        [sys.executable, "-m", "rbzarr", "ls", str(store)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as process:
+        assert process.stdout is not None and process.stderr is not None
+        process.stdout.close()  # the reader is gone before the first line is written
+        errors = process.stderr.read().decode()
+        assert process.wait(timeout=60) == 1
+    assert errors == ""
+
+
+def test_progress_bars_only_on_a_terminal(stores):
+    # stderr is a pipe here, as in a log file or CI: no progress bar may be drawn into it.
+    for args in (["stats", stores["zarr"]], ["info", stores["pt"]]):
+        result = rbzarr(*args)
+        assert result.returncode == 0, result.stderr
+        assert result.stderr == ""
 
 
 @pytest.mark.parametrize(

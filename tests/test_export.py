@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rbzarr.errors import StoreExistsError
-from rbzarr.export import export_store, open_layout
+from rbzarr.export import export_store
 from rbzarr.index import TrajectoryIndex
-from rbzarr.storage.layout import layout_class
 from rbzarr.storage.location import Location
+from rbzarr.storage.registry import layout_class, open_store
 from rbzarr.trajectory import TENSOR_FIELDS, Trajectory, validate
 
 DTYPES = [torch.bool, torch.bfloat16, torch.float16, torch.int64, torch.uint8, torch.float32]
@@ -64,7 +64,7 @@ def make_store(
 
 
 def read_all(url: str | Path) -> tuple[dict[str, Any], dict[str, Any], dict[int, Trajectory]]:
-    layout, documents = open_layout(url)
+    layout, documents = open_store(url)
     index = documents.trajectory_index
     data = {i: layout.read(index["trajectory_index"][str(i)]) for i in index["trajectory_id_list"]}
     return documents.metadata, index, data

@@ -22,8 +22,9 @@ from rbzarr.errors import (
     UnsafePickleError,
 )
 from rbzarr.storage.file_layout import FileLayout, PklLayout, PtLayout
-from rbzarr.storage.layout import layout_class
+from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
+from rbzarr.storage.registry import layout_class
 from rbzarr.trajectory import Trajectory, flatten_trajectory, validate
 
 LAYOUTS = [PtLayout, PklLayout]
@@ -343,4 +344,5 @@ def test_formats_are_registered() -> None:
     assert layout_class("pt") is PtLayout
     assert layout_class("pkl") is PklLayout
     assert (PtLayout.format, PklLayout.format) == ("pt", "pkl")
-    assert not PtLayout.supports_row_reads and not PklLayout.supports_row_reads
+    # Files are read whole: rows come from the decoded trajectory (the ABC's read_rows).
+    assert PtLayout.read_rows is PklLayout.read_rows is TrajectoryLayout.read_rows

@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 from s3_server import S3Proxy
 
 from rbzarr import BufferClosedError, Trajectory, TrajectoryReplayBuffer, WriterFailedError
-from rbzarr.storage.layout import layout_class, read_documents
+from rbzarr.storage.layout import read_documents
 from rbzarr.storage.location import Location
+from rbzarr.storage.registry import layout_class
 
 
 def block(store: Path, trajectory_id: int) -> Path:

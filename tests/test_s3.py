@@ -30,8 +30,9 @@ from rbzarr import (
     TrajectoryReplayBuffer,
     WriterFailedError,
 )
-from rbzarr.export import export_store, open_layout
+from rbzarr.export import export_store
 from rbzarr.storage.location import Location
+from rbzarr.storage.registry import open_store
 
 pytestmark = pytest.mark.s3
 
@@ -147,7 +148,7 @@ def test_lifecycle_on_s3(s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str
     assert len(restored) == len(SIZES) and restored.trajectory_counter == len(SIZES)
     assert restored.total_samples == sum(T * B for T, B in SIZES)
     assert torch.equal(assert_rows_consistent(restored.sample(50)), next_draw)
-    layout, _ = open_layout(ckpt, s3_options)
+    layout, _ = open_store(ckpt, s3_options)
     for trajectory_id, trajectory in enumerate(added):
         entry = restored.index_entries[trajectory_id]
         assert_same_trajectory(layout.read(entry), trajectory)
@@ -177,7 +178,7 @@ def test_export_between_s3_and_local(
         (str(tmp_path / "pt"), None, [0, 1, 2]),
         (back, s3_options, [1, 2]),
     ):
-        layout, documents = open_layout(url, options)
+        layout, documents = open_store(url, options)
         assert documents.trajectory_index["trajectory_id_list"] == ids
         assert documents.metadata["trajectory_counter"] == 3
         for tid in ids:
@@ -290,7 +291,7 @@ def test_outage_mid_write_is_reported_and_recovered(
     buffer.flush()
     buffer.close()
     assert read_index(url, s3_direct_options)["trajectory_id_list"] == [0, 1, 2, 3]
-    layout, documents = open_layout(url, s3_direct_options)
+    layout, documents = open_store(url, s3_direct_options)
     for tid, trajectory in enumerate(added):
         entry = documents.trajectory_index["trajectory_index"][str(tid)]
         assert_same_trajectory(layout.read(entry), trajectory)
@@ -350,7 +351,7 @@ def test_server_errors_mid_write_and_mid_sample_then_recovery(
     s3_proxy.slow_down(0.05)  # slow but within the client's timeouts: still exact
     assert_rows_consistent(buffer.sample(32))
     buffer.close()
-    layout, documents = open_layout(url, s3_direct_options)
+    layout, documents = open_store(url, s3_direct_options)
     for tid, trajectory in enumerate(added):
         entry = documents.trajectory_index["trajectory_index"][str(tid)]
         assert_same_trajectory(layout.read(entry), trajectory)

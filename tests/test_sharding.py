@@ -11,15 +11,16 @@ from hypothesis import strategies as st
 
 from rbzarr import CheckpointNotFoundError, TrajectoryReplayBuffer
 from rbzarr.index import TrajectoryIndex, shard_bounds
-from rbzarr.storage.layout import layout_class, read_documents
+from rbzarr.storage.layout import read_documents
 from rbzarr.storage.location import Location
+from rbzarr.storage.registry import layout_class
 
 FORMATS = ["zarr", "pt", "pkl"]
 T, B = 2, 3
 
 
 def expected_bounds(count: int, rank: int, world_size: int) -> tuple[int, int]:
-    """behaviour.md's formula, written out."""
+    """The formula of docs/behaviour.md (load_checkpoint, distributed), written out."""
     q, r = divmod(count, world_size)
     start = rank * q + min(rank, r)
     return start, start + q + (1 if rank < r else 0)

@@ -63,7 +63,7 @@ def test_zarr_damage_is_found_and_only_orphans_are_repaired(tmp_path):
     committed = {k: v for k, v in hashes(root).items() if not k.startswith("trajectories/7")}
     committed.pop("metadata.json.tmp-0123456789abcdef0123456789abcdef")
     result = subprocess.run(
-        [sys.executable, "-m", "rbzarr.cli", "verify", str(root), "--repair", "--json"],
+        [sys.executable, "-m", "rbzarr", "verify", str(root), "--repair", "--json"],
         capture_output=True,
         text=True,
         check=False,
@@ -118,3 +118,61 @@ def test_truncated_index_and_stale_metadata(tmp_path):
 def test_not_a_store(tmp_path):
     with pytest.raises(CheckpointNotFoundError, match="not an rbzarr or RLinf store"):
         verify_store(tmp_path)
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "pt"])
+def test_drop_damaged_removes_only_unreadable_entries(tmp_path, fmt):
+    root = build(tmp_path / "s", fmt, count=4)
+    if fmt == "zarr":
+        (root / "trajectories" / "0" / "rewards" / "c" / "0" / "0" / "0").unlink()
+        meta = root / "trajectories" / "2" / "actions" / "zarr.json"
+        meta.write_bytes(meta.read_bytes()[:40])
+    else:
+        (root / "trajectory_0_w.pt").unlink()
+        damaged = root / "trajectory_2_w.pt"
+        damaged.write_bytes(damaged.read_bytes()[:100])
+    (root / "notes.txt").write_text("the user's own file")
+    before = hashes(root)
+    healthy = {path: digest for path, digest in before.items() if "_1_" in path or "/1/" in path}
+
+    result = subprocess.run(
+        [sys.executable, "-m", "rbzarr", "verify", str(root), "--repair", "--drop-damaged"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "dropped from the index: ids [0, 2]" in result.stdout
+
+    index = json.loads((root / "trajectory_index.json").read_text())
+    metadata = json.loads((root / "metadata.json").read_text())
+    assert index["trajectory_id_list"] == [1, 3]
+    assert sorted(index["trajectory_index"]) == ["1", "3"]
+    assert (metadata["size"], metadata["trajectory_counter"]) == (2, 4)  # ids are never reused
+    after = hashes(root)
+    assert {path: after[path] for path in healthy} == healthy  # healthy data untouched
+    assert after["notes.txt"] == before["notes.txt"]
+    # The damaged data is left in place, an orphan now; nothing was deleted.
+    damaged_paths = [p for p in before if p not in healthy and "json" not in p.split("/")[0]]
+    assert all(after.get(p) == before[p] for p in damaged_paths if p != "notes.txt")
+
+    with TrajectoryReplayBuffer() as restored:
+        restored.load_checkpoint(root)
+        assert len(restored) == 2 and restored.sample(4)["rewards"].shape[0] == 4
+    orphans = verify_store(root)
+    assert {p.kind for p in orphans.problems} == {"orphan"}
+    left = [0, 2] if fmt == "zarr" else [2]  # the pt file of trajectory 0 was already gone
+    assert sorted(p.trajectory_id for p in orphans.problems) == left
+
+
+def test_drop_damaged_needs_repair(tmp_path):
+    root = build(tmp_path / "s", "zarr")
+    with pytest.raises(ValueError, match="drop_damaged needs repair"):
+        verify_store(root, drop_damaged=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "rbzarr", "verify", str(root), "--drop-damaged"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2 and "use it with --repair" in result.stderr

@@ -30,8 +30,9 @@ from rbzarr.dtypes import dtype_name, to_numpy
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
 from rbzarr.storage import zarr_chunks
 from rbzarr.storage.chunking import chunk_shape
-from rbzarr.storage.layout import Documents, layout_class
+from rbzarr.storage.layout import Documents, TrajectoryLayout
 from rbzarr.storage.location import Location
+from rbzarr.storage.registry import layout_class
 from rbzarr.storage.zarr_layout import ZarrLayout
 from rbzarr.trajectory import Trajectory, flatten_trajectory, validate
 
@@ -103,7 +104,8 @@ def _assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) ->
 
 def test_registered() -> None:
     assert layout_class("zarr") is ZarrLayout
-    assert ZarrLayout.supports_row_reads
+    # Reads only the chunks of the sampled rows: its own read_rows, not the whole-read default.
+    assert ZarrLayout.read_rows is not TrajectoryLayout.read_rows
 
 
 def test_round_trip_every_dtype(location: Location) -> None:

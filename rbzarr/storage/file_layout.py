@@ -4,7 +4,7 @@ Each file holds a dict of the trajectory's non-None dataclass fields, tensors as
 ``[T(+E), B, ...]`` rows and ``curr_obs`` / ``next_obs`` / ``forward_inputs`` as nested
 dicts (empty ones included), exactly as RLinf writes it, so either program reads the other's
 directory.  Files are written atomically beside ``metadata.json`` and
-``trajectory_index.json``; they are read whole (``supports_row_reads = False``).
+``trajectory_index.json``; they are read whole (rows are picked after decoding).
 
 Reading is strict: a file with a top-level field that :class:`~rbzarr.trajectory.Trajectory`
 does not have is refused with :class:`~rbzarr.errors.CorruptStoreError` naming the fields,
@@ -31,9 +31,10 @@ from rbzarr.errors import (
     UnsafePickleError,
 )
 from rbzarr.safe_pickle import safe_load
-from rbzarr.storage.layout import Entry, TrajectoryLayout, register_layout
+from rbzarr.storage.layout import Entry, TrajectoryLayout
 from rbzarr.storage.location import Location, safe_name
-from rbzarr.trajectory import Trajectory, trajectory_from_raw, validate
+from rbzarr.trajectory import Trajectory, trajectory_from_raw
+from rbzarr.validated import ValidatedTrajectory, rows_to_write
 
 __all__ = ["FileLayout", "PklLayout", "PtLayout"]
 
@@ -90,18 +91,20 @@ class FileLayout(TrajectoryLayout):
         name = f"trajectory_{tid}_{mwid}.{self.suffix}"
         return safe_name(name, self.location.url)
 
-    def _name_pattern(self) -> re.Pattern[str]:
-        return re.compile(rf"trajectory_(\d+)_.*\.{re.escape(self.suffix)}", re.DOTALL)
+    @classmethod
+    def name_pattern(cls) -> re.Pattern[str]:
+        """What :meth:`file_name` produces; group 1 is the trajectory id."""
+        return re.compile(rf"trajectory_(\d+)_.*\.{re.escape(cls.suffix)}", re.DOTALL)
 
     # -- TrajectoryLayout ----------------------------------------------------------------
     def trajectory_path(self, entry: Entry) -> tuple[str, ...]:
         # docstring inherited
         return (self.file_name(entry),)
 
-    def write(self, entry: Entry, trajectory: Trajectory) -> None:
+    def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
         # docstring inherited
         name = self.file_name(entry)
-        validate(trajectory)
+        trajectory = rows_to_write(trajectory)
         self.location.write_bytes(self._dumps(_to_record(trajectory)), name)
 
     def read(self, entry: Entry, keys: Sequence[str] | None = None) -> Trajectory:
@@ -125,11 +128,15 @@ class FileLayout(TrajectoryLayout):
         # docstring inherited
         self.location.delete(self.file_name(entry))
 
+    def stored_paths(self) -> dict[str, int]:
+        # docstring inherited
+        pattern = self.name_pattern()
+        matches = (pattern.fullmatch(name) for name in self.location.list_names())
+        return {match.group(0): int(match.group(1)) for match in matches if match}
+
     def list_ids(self) -> list[int]:
         # docstring inherited
-        pattern = self._name_pattern()
-        matches = (pattern.fullmatch(name) for name in self.location.list_names())
-        return sorted({int(match.group(1)) for match in matches if match})
+        return sorted(set(self.stored_paths().values()))
 
 
 def _trajectory_from_record(
@@ -168,6 +175,7 @@ class PtLayout(FileLayout):
 
     format = "pt"
     suffix = "pt"
+    codec_name = "torch.save"
 
     def _dumps(self, record: dict[str, Any]) -> bytes:
         buffer = io.BytesIO()
@@ -207,7 +215,3 @@ class PklLayout(FileLayout):
 
     def _loads(self, data: bytes, source: str) -> Any:
         return safe_load(data, allow_unsafe=self.allow_unsafe_pickle, source=source)
-
-
-register_layout(PtLayout.format, PtLayout)
-register_layout(PklLayout.format, PklLayout)

@@ -1,35 +1,45 @@
 """The storage seam: one small ABC that every on-disk layout implements.
 
 A layout stores whole trajectories under a :class:`~rbzarr.storage.location.Location` and
-reads them back, whole or by flat rows.  It also owns the two JSON documents that describe a
-store (``metadata.json`` and ``trajectory_index.json``).  Copying, exporting and verifying
-are written once on top of this interface; the buffer never asks which format it holds.
+reads them back, whole or by flat rows.  It owns its format: the two JSON documents of a
+store (``metadata.json`` and ``trajectory_index.json``), where each trajectory's data lives
+(:meth:`TrajectoryLayout.trajectory_path`, :meth:`TrajectoryLayout.stored_paths`), and how to
+describe and check it (:meth:`TrajectoryLayout.describe_keys`,
+:meth:`TrajectoryLayout.missing_parts`, :meth:`TrajectoryLayout.check_documents`).  Copying,
+exporting, summarising and verifying are written once on top of these methods, and nothing
+outside a layout asks which format it is.  Format names map to classes in
+:mod:`rbzarr.storage.registry`, which is also where an existing store is opened.
 """
 
 from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+from tqdm import tqdm
 
-from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
+from rbzarr.dtypes import dtype_name
+from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, StoreExistsError
 from rbzarr.storage.location import Location
 from rbzarr.trajectory import Trajectory, flatten_trajectory, validate
+
+if TYPE_CHECKING:
+    from rbzarr.validated import ValidatedTrajectory
 
 __all__ = [
     "INDEX_FILE",
     "METADATA_FILE",
     "Documents",
-    "check_entry_shape",
+    "Finding",
     "TrajectoryLayout",
-    "layout_class",
+    "bytes_by_prefix",
+    "check_entry_shape",
     "read_documents",
-    "stored_format",
-    "register_layout",
 ]
 
 METADATA_FILE = "metadata.json"
@@ -48,16 +58,37 @@ class Documents:
     trajectory_index: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Finding:
+    """Something a layout found wrong with its own data: a kind, a path, a message.
+
+    ``path`` is ``/``-joined below the store's root (``""`` for the store itself).
+    """
+
+    kind: str
+    path: str
+    message: str
+
+
 class TrajectoryLayout(ABC):
     """How trajectories are laid out below a location.
 
-    Subclasses implement :meth:`write`, :meth:`read`, :meth:`delete` and :meth:`list_ids`;
-    those that can read single rows without loading a whole trajectory override
-    :meth:`read_rows` and set ``supports_row_reads``.
+    Subclasses implement :meth:`write`, :meth:`read`, :meth:`delete`, :meth:`list_ids`,
+    :meth:`trajectory_path` and :meth:`stored_paths`.  Layouts that can read single rows
+    without loading a whole trajectory override :meth:`read_rows` / :meth:`read_rows_many`;
+    layouts that keep more than the two documents (the zarr layout mirrors them in its root
+    group) or that can find damage cheaper than by decoding override :meth:`check_documents`,
+    :meth:`missing_parts`, :meth:`describe_keys` and :meth:`field_names`.
+
+    Parameters
+    ----------
+    location
+        The store's root.
     """
 
     format: ClassVar[str]
-    supports_row_reads: ClassVar[bool] = False
+    # How describe_keys names the encoding of a whole trajectory (default: the format).
+    codec_name: ClassVar[str | None] = None
 
     def __init__(self, location: Location) -> None:
         self.location = location
@@ -67,8 +98,9 @@ class TrajectoryLayout(ABC):
 
     # -- trajectories -------------------------------------------------------------------
     @abstractmethod
-    def write(self, entry: Entry, trajectory: Trajectory) -> None:
-        """Write every tensor of ``trajectory`` (raw rows) under ``entry['trajectory_id']``.
+    def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
+        """Write every tensor of ``trajectory`` (raw rows; validated unless it is a
+        :class:`~rbzarr.validated.ValidatedTrajectory`) under ``entry['trajectory_id']``.
 
         When this returns, the data is complete; an existing trajectory with the same id is
         replaced.  It does not touch the JSON documents (see :meth:`write_documents`).
@@ -126,35 +158,134 @@ class TrajectoryLayout(ABC):
     def list_ids(self) -> list[int]:
         """Ids of the trajectories that have data here (committed or not), sorted."""
 
-    def trajectory_path(self, entry: Entry) -> tuple[str, ...] | None:
+    @abstractmethod
+    def trajectory_path(self, entry: Entry) -> tuple[str, ...]:
         """Names (below the root) of the file or directory holding one trajectory.
 
-        Layouts that keep a trajectory in one place return it, which lets
-        :meth:`copy_to` copy objects without decoding them; ``None`` disables that.
+        Raises :class:`~rbzarr.errors.UnsafePathError` when the entry would name a path
+        outside the root.
         """
-        return None
+
+    @abstractmethod
+    def stored_paths(self) -> dict[str, int]:
+        """Every trajectory's data present here, indexed or not: ``{path: trajectory_id}``.
+
+        Paths are ``/``-joined below the root, as :meth:`trajectory_path` names them.
+        """
 
     def contains(self, entry: Entry) -> bool:
         """Whether the trajectory's data is present."""
-        path = self.trajectory_path(entry)
-        if path is None:
-            return int(entry["trajectory_id"]) in self.list_ids()
-        return self.location.exists(*path)
+        return self.location.exists(*self.trajectory_path(entry))
 
     def copy_to(self, target: TrajectoryLayout, entry: Entry) -> None:
-        """Copy one trajectory into ``target``: object by object when both layouts are of
-        the same kind, else by decoding and re-encoding it."""
+        """Copy one trajectory into ``target``.
+
+        Between layouts of the same class the objects are copied as they are (fsspec's
+        copy, no decoding); otherwise the trajectory is read and written again.
+
+        Raises
+        ------
+        CheckpointNotFoundError
+            The trajectory's data is missing here.
+        StoreExistsError
+            ``target`` already holds data at the trajectory's path (nothing is overwritten).
+        """
         if not self.contains(entry):
             raise CheckpointNotFoundError(
                 f"{self.location.url}: trajectory {entry['trajectory_id']} is indexed but its "
                 "data is missing"
             )
-        path = self.trajectory_path(entry)
-        if type(target) is type(self) and path is not None:
-            target.location.delete(*path)
-            self.location.child(*path).copy_tree(target.location.child(*path))
-        else:
+        if type(target) is not type(self):
             target.write(entry, self.read(entry))
+            return
+        path = self.trajectory_path(entry)
+        if target.location.exists(*path):
+            raise StoreExistsError(
+                f"{target.location.url}/{'/'.join(path)} already exists; a copy never "
+                "overwrites data"
+            )
+        self.location.child(*path).copy_into(target.location.child(*path))
+
+    # -- format knowledge: describing and checking ----------------------------------------
+    def field_names(self, entry: Entry) -> list[str]:
+        """Flat field keys of one trajectory (``"rewards"``, ``"curr_obs/image"``), in order.
+
+        The default reads the trajectory; layouts with field metadata override it.
+        """
+        return list(self.read(entry).tensors())
+
+    def missing_parts(self, entry: Entry) -> list[str]:
+        """Parts of a present trajectory that are absent (one message each).
+
+        For damage that decoding would not reveal, such as a Zarr chunk that reads as fill
+        values when it is missing.  The default finds nothing: decoding checks the rest.
+        """
+        return []
+
+    def check_documents(self, documents: Documents) -> list[Finding]:
+        """Copies of ``documents`` this layout keeps that disagree with them.
+
+        Each finding is repaired by writing the documents again
+        (:meth:`write_documents`).  The default keeps no copies.
+        """
+        return []
+
+    def describe_keys(
+        self, entries: Iterable[Entry], sizes: Mapping[str, int], progress: bool = False
+    ) -> tuple[dict[str, dict[str, Any]], int]:
+        """Per-key layout and sizes of the trajectories ``entries``; see ``rbzarr info``.
+
+        Parameters
+        ----------
+        entries
+            Index entries of the trajectories to describe.
+        sizes
+            Size of every file below the root, by ``/``-joined path.
+        progress
+            Show a progress bar on stderr.
+
+        Returns
+        -------
+        tuple of (dict, int)
+            ``{key: {"dtype", "shape", "chunks", "shards", "codec", "raw_bytes",
+            "bytes_on_disk"}}`` (the first trajectory's dtype, shape and chunking; bytes
+            summed) and the bytes on storage of all the trajectories' data.  The default
+            reads every trajectory; its per-key ``bytes_on_disk`` is ``None`` (one file
+            holds all keys).
+        """
+        totals = bytes_by_prefix(sizes)
+        keys: dict[str, dict[str, Any]] = {}
+        disk = 0
+        for entry in tqdm(list(entries), desc="info", unit="traj", disable=not progress):
+            disk += totals.get("/".join(self.trajectory_path(entry)), 0)
+            for name, tensor in self.read(entry).tensors().items():
+                info = keys.setdefault(
+                    name,
+                    {
+                        "dtype": dtype_name(tensor.dtype),
+                        "shape": list(tensor.shape),
+                        "chunks": None,
+                        "shards": None,
+                        "codec": self.codec_name or self.format,
+                        "raw_bytes": 0,
+                        "bytes_on_disk": None,
+                    },
+                )
+                info["raw_bytes"] += tensor.numel() * tensor.element_size()
+        return keys, disk
+
+    def zarr_group(self, entry: Entry) -> Any:
+        """The read-only Zarr group of one trajectory.
+
+        Raises
+        ------
+        ValueError
+            This layout does not store Zarr groups (only the zarr layout does).
+        """
+        raise ValueError(
+            f"{self.location.url}: Zarr groups and dask arrays need the zarr layout, this "
+            f"store is {self.format!r}; convert it with `rbzarr export SRC DST --format zarr`"
+        )
 
     # -- documents ----------------------------------------------------------------------
     def write_documents(self, documents: Documents) -> Documents:
@@ -200,9 +331,18 @@ def check_entry_shape(entry: Entry, shape: Sequence[int], where: str) -> None:
         )
 
 
-def stored_format(documents: Documents) -> str:
-    """The layout a store's metadata names; RLinf's default ``"pt"`` when it names none."""
-    return str(documents.metadata.get("trajectory_format", "pt"))
+def bytes_by_prefix(sizes: Mapping[str, int]) -> dict[str, int]:
+    """Total size below every one- and two-part prefix of ``sizes``' paths.
+
+    A file counts as its own prefix, so ``totals["trajectory_3_.pt"]`` is a file's size and
+    ``totals["trajectories/3"]`` the size of a directory's files.
+    """
+    totals: dict[str, int] = defaultdict(int)
+    for path, size in sizes.items():
+        parts = path.split("/")
+        for depth in {1, min(2, len(parts))}:
+            totals["/".join(parts[:depth])] += size
+    return dict(totals)
 
 
 def read_documents(location: Location) -> Documents:
@@ -235,24 +375,3 @@ def _read_json(location: Location, name: str) -> dict[str, Any]:
 
 def _dump(document: Mapping[str, Any]) -> bytes:
     return json.dumps(document, indent=2).encode()
-
-
-_LAYOUTS: dict[str, Callable[..., TrajectoryLayout]] = {}
-
-
-def register_layout(name: str, factory: Callable[..., TrajectoryLayout]) -> None:
-    """Make a layout available under ``trajectory_format=name``."""
-    _LAYOUTS[name] = factory
-
-
-def layout_class(name: str) -> Callable[..., TrajectoryLayout]:
-    """The layout registered for ``name``; unknown formats raise ``ValueError``."""
-    # Importing the layout modules registers them.
-    from rbzarr.storage import file_layout, zarr_layout  # noqa: F401, PLC0415
-
-    try:
-        return _LAYOUTS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown trajectory_format {name!r}; expected one of {sorted(_LAYOUTS)}"
-        ) from None

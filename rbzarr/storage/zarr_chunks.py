@@ -233,4 +233,16 @@ async def read_rows(
 
 
 async def gather(*awaitables: Any) -> list[Any]:
-    return list(await asyncio.gather(*awaitables))
+    """``asyncio.gather``, but the first failure cancels the rest and waits for them.
+
+    Otherwise reads still in flight outlive the call that raised, and a process that exits
+    meanwhile prints one "Exception ignored in: <coroutine ...>" per read.
+    """
+    tasks = [asyncio.ensure_future(awaitable) for awaitable in awaitables]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

@@ -43,22 +43,23 @@ from rbzarr.storage import shard_trajectory as sharded
 from rbzarr.storage import zarr_chunks as chunk_io
 from rbzarr.storage import zarr_rows
 from rbzarr.storage.chunking import DEFAULT_CHUNK_BYTES, chunk_shape, pick_codec, plan_key
-from rbzarr.storage.layout import Documents, Entry, TrajectoryLayout, register_layout
+from rbzarr.storage.layout import Documents, Entry, TrajectoryLayout
 from rbzarr.storage.location import Location, translate_errors
 from rbzarr.storage.shard_remote import IOStats
 from rbzarr.storage.shard_writer import dimension_names
 from rbzarr.storage.zarr_handles import time_and_envs, trajectory_id
+from rbzarr.storage.zarr_inspect import ROOT_ATTR, ZarrInspection
 from rbzarr.storage.zarr_open import FIELDS_ATTR, TRAJECTORIES, TrajectoryOpener, group_path
-from rbzarr.trajectory import Trajectory, trajectory_from_raw, validate
+from rbzarr.trajectory import Trajectory, trajectory_from_raw
+from rbzarr.validated import ValidatedTrajectory, rows_to_write
 
 __all__ = ["FIELDS_ATTR", "LAYOUT_VERSION", "TRAJECTORIES", "ZarrLayout"]
 
-ROOT_ATTR = "rbzarr"
 DTYPE_ATTR = chunk_io.DTYPE_ATTR
 LAYOUT_VERSION = 2
 
 
-class ZarrLayout(TrajectoryLayout):
+class ZarrLayout(ZarrInspection):
     """Trajectories as Zarr v3 groups below ``location``; reads touch only needed bytes.
 
     Parameters
@@ -86,7 +87,6 @@ class ZarrLayout(TrajectoryLayout):
     """
 
     format = "zarr"
-    supports_row_reads = True
 
     def __init__(
         self,
@@ -114,9 +114,9 @@ class ZarrLayout(TrajectoryLayout):
         self._parents_ready = False
 
     # -- writing ------------------------------------------------------------------------
-    def write(self, entry: Entry, trajectory: Trajectory) -> None:
+    def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
         # docstring inherited
-        validate(trajectory)
+        trajectory = rows_to_write(trajectory)
         tid = trajectory_id(entry)
         fields = trajectory.tensors()
         attrs = {
@@ -254,10 +254,6 @@ class ZarrLayout(TrajectoryLayout):
         """Drop every cached handle (after the store was emptied or replaced outside)."""
         self._opener.handles.forget()
 
-    def trajectory_path(self, entry: Entry) -> tuple[str, ...]:
-        # docstring inherited
-        return (TRAJECTORIES, str(int(entry["trajectory_id"])))
-
     def list_ids(self) -> list[int]:
         # docstring inherited
         with translate_errors(self.location.url, "listing"):
@@ -340,6 +336,3 @@ class ZarrLayout(TrajectoryLayout):
 
 def _group(tid: int) -> str:
     return group_path(tid)
-
-
-register_layout("zarr", ZarrLayout)

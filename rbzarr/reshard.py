@@ -1,4 +1,5 @@
-"""Merge several stores into one, or split one into shards: ``rbzarr merge`` / ``split``.
+"""Reshard stores: merge several into one, or split one into parts (``rbzarr merge`` /
+``split``).
 
 Both validate every source before writing anything, refuse a destination that already holds
 files, and write data before the documents that list it (commit last), so an interrupted run
@@ -29,8 +30,9 @@ from rbzarr.checkpoint import schema_from_json, schema_to_json
 from rbzarr.errors import CorruptStoreError, StoreExistsError
 from rbzarr.export import export_store
 from rbzarr.index import TrajectoryIndex, shard_bounds
-from rbzarr.storage.layout import Documents, layout_class
+from rbzarr.storage.layout import Documents
 from rbzarr.storage.location import Location
+from rbzarr.storage.registry import layout_class
 from rbzarr.trajectory import Schema, validate
 
 __all__ = ["merge_stores", "split_store"]

@@ -1,0 +1,95 @@
+"""How the command line meets a terminal: one-line errors, closed pipes, progress, options.
+
+:class:`OneLineErrors` is the ``rbzarr`` group's class: a user error (a bad URL, not a store,
+a corrupt store, an unreachable backend, missing credentials) becomes one line ``Error: ...``
+on stderr and exit status 1, and a reader that closes the pipe ends the command quietly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from rbzarr.errors import RbzarrError
+from rbzarr.storage.location import backend_errors
+
+__all__ = [
+    "OneLineErrors",
+    "parse_ids",
+    "parse_storage_options",
+    "progress_wanted",
+    "silence_stdout",
+]
+
+# Errors a user can cause; anything else is a bug and keeps its traceback.
+_USER_ERRORS = (RbzarrError, OSError, ValueError, KeyError, ImportError)
+
+
+class OneLineErrors(click.Group):
+    """A group that turns user errors into one clear line instead of a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        # docstring inherited
+        handled: tuple[type[BaseException], ...] = (*_USER_ERRORS, *backend_errors())
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            silence_stdout()
+            ctx.exit(1)
+        except handled as exc:
+            message = " ".join(str(exc).split()) or type(exc).__name__
+            raise click.ClickException(message) from None
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null, so flushing it at exit raises no second broken pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def progress_wanted() -> bool:
+    """Whether to draw progress bars: only on a terminal, never into a log or a pipe."""
+    return sys.stderr.isatty()
+
+
+def parse_storage_options(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> dict[str, Any]:
+    """Click callback: ``KEY=VALUE`` pairs to a dict, each VALUE parsed as JSON if it can be.
+
+    Raises
+    ------
+    click.BadParameter
+        An item without ``=`` or without a key.
+    """
+    options: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}")
+        try:
+            options[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[key] = raw
+    return options
+
+
+def parse_ids(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
+    """Click callback: ``"1,2,5"`` to ``[1, 2, 5]`` (``None`` stays ``None``).
+
+    Raises
+    ------
+    click.BadParameter
+        A part is not an integer.
+    """
+    if value is None:
+        return None
+    try:
+        return [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None

@@ -1,0 +1,149 @@
+"""Format names to layout classes, and the one place an existing store is opened.
+
+The registry maps a ``trajectory_format`` name to a dotted path
+(``"rbzarr.storage.zarr_layout:ZarrLayout"``) and imports the module on first use, so the
+layout ABC never imports its implementations.  :func:`open_store` is how every caller opens
+a store that already exists: it reads the two documents, takes the format they name and
+builds that layout -- the format is detected here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from rbzarr.storage.layout import Documents, TrajectoryLayout, read_documents
+from rbzarr.storage.location import Location
+
+__all__ = ["known_formats", "layout_class", "open_store", "register_layout", "stored_format"]
+
+# RLinf writes no format marker and saves ``pt`` files by default.
+DEFAULT_STORED_FORMAT = "pt"
+
+_LAYOUTS: dict[str, str | type[TrajectoryLayout]] = {
+    "zarr": "rbzarr.storage.zarr_layout:ZarrLayout",
+    "pt": "rbzarr.storage.file_layout:PtLayout",
+    "pkl": "rbzarr.storage.file_layout:PklLayout",
+}
+
+
+def register_layout(name: str, target: str | type[TrajectoryLayout]) -> None:
+    """Make a layout available as ``trajectory_format=name``.
+
+    Parameters
+    ----------
+    name
+        The format name stored in ``metadata.json``.
+    target
+        The layout class, or ``"package.module:ClassName"`` to import on first use.
+
+    Raises
+    ------
+    ValueError
+        ``name`` is already registered to something else, or ``target`` is a string
+        without a ``module:Class`` form.
+    """
+    if isinstance(target, str) and target.count(":") != 1:
+        raise ValueError(f"layout target {target!r}: expected 'package.module:ClassName'")
+    current = _LAYOUTS.get(name)
+    if current is not None and current != target:
+        raise ValueError(f"trajectory_format {name!r} is already registered to {current!r}")
+    _LAYOUTS[name] = target
+
+
+def known_formats() -> list[str]:
+    """The registered format names, sorted.
+
+    Returns
+    -------
+    list of str
+        E.g. ``["pkl", "pt", "zarr"]``.
+    """
+    return sorted(_LAYOUTS)
+
+
+def layout_class(name: str) -> type[TrajectoryLayout]:
+    """The layout class registered as ``name``, importing its module on first use.
+
+    Parameters
+    ----------
+    name
+        A format name such as ``"zarr"``, ``"pt"`` or ``"pkl"``.
+
+    Returns
+    -------
+    type
+        A :class:`~rbzarr.storage.layout.TrajectoryLayout` subclass.
+
+    Raises
+    ------
+    ValueError
+        ``name`` is not a registered format.
+    """
+    target = _LAYOUTS.get(name) if isinstance(name, str) else None
+    if target is None:
+        raise ValueError(f"unknown trajectory_format {name!r}; expected one of {known_formats()}")
+    if isinstance(target, str):
+        module_name, _, class_name = target.partition(":")
+        target = getattr(importlib.import_module(module_name), class_name)
+        if not (isinstance(target, type) and issubclass(target, TrajectoryLayout)):
+            raise TypeError(f"{_LAYOUTS[name]!r} is not a TrajectoryLayout subclass")
+        _LAYOUTS[name] = target
+    return target
+
+
+def stored_format(documents: Documents) -> str:
+    """The format a store's ``metadata.json`` names (RLinf's ``"pt"`` when it names none).
+
+    Parameters
+    ----------
+    documents
+        The store's two documents.
+
+    Returns
+    -------
+    str
+        The ``trajectory_format`` to open the store with.
+    """
+    return str(documents.metadata.get("trajectory_format", DEFAULT_STORED_FORMAT))
+
+
+def open_store(
+    url: str | os.PathLike[str] | Location,
+    storage_options: Mapping[str, Any] | None = None,
+    layout_options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> tuple[TrajectoryLayout, Documents]:
+    """Open the existing store at ``url`` in the layout its metadata names.
+
+    Parameters
+    ----------
+    url
+        A local path, an fsspec URL or a :class:`~rbzarr.storage.location.Location`.
+    storage_options
+        fsspec options for ``url``.
+    layout_options
+        Keyword arguments for the layout, by format name (only the stored format's apply).
+
+    Returns
+    -------
+    tuple of (TrajectoryLayout, Documents)
+        The layout and the documents it was opened from.
+
+    Raises
+    ------
+    CheckpointNotFoundError
+        ``metadata.json`` or ``trajectory_index.json`` is missing.
+    CorruptStoreError
+        A document is not a JSON object.
+    ValueError
+        The metadata names a format no layout is registered for.
+    StorageUnavailableError
+        The backend failed.
+    """
+    location = Location.from_url(url, storage_options)
+    documents = read_documents(location)
+    fmt = stored_format(documents)
+    options = dict((layout_options or {}).get(fmt, {}))
+    return layout_class(fmt)(location, **options), documents
