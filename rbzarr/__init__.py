@@ -22,8 +22,10 @@ from rbzarr.errors import (
     RbzarrError,
     StorageUnavailableError,
     StoreExistsError,
+    UncommittedWritesWarning,
     UnsafePathError,
     UnsafePickleError,
+    WorkerProcessError,
     WriterFailedError,
 )
 from rbzarr.export import export_store
@@ -57,8 +59,10 @@ __all__ = [
     "TrajectoryCache",
     "TrajectoryCollector",
     "TrajectoryReplayBuffer",
+    "UncommittedWritesWarning",
     "UnsafePathError",
     "UnsafePickleError",
+    "WorkerProcessError",
     "WriterFailedError",
     "export_store",
     "open_buffer",

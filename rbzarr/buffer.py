@@ -2,7 +2,7 @@
 
 The buffer is a coordinator.  It validates, takes its lock and delegates: ids and counters
 to :class:`~rbzarr.index.TrajectoryIndex`, draws to :class:`~rbzarr.sampler.WindowSampler`,
-hot rows to :class:`~rbzarr.cache.TrajectoryCache`, persistence to the
+hot rows to :class:`~rbzarr.cache.SlotCache`, persistence to the
 :class:`~rbzarr.store_writer.StoreWriter`, and checkpoints to :mod:`rbzarr.checkpoint`.
 The components, views and lifecycle live in :class:`~rbzarr.buffer_base.BufferBase`.
 """
@@ -10,7 +10,7 @@ The components, views and lifecycle live in :class:`~rbzarr.buffer_base.BufferBa
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -18,7 +18,7 @@ import torch
 from rbzarr import checkpoint, tree
 from rbzarr.buffer_base import BufferBase
 from rbzarr.compat import RLinfCompatMixin
-from rbzarr.errors import EmptyBufferError
+from rbzarr.errors import EmptyBufferError, TrajectoryListError
 from rbzarr.storage import row_reads
 from rbzarr.storage.layout import Entry, TrajectoryLayout
 from rbzarr.storage.location import Location
@@ -26,6 +26,16 @@ from rbzarr.trajectory import Trajectory
 from rbzarr.validated import ValidatedTrajectory
 
 __all__ = ["TrajectoryReplayBuffer"]
+
+
+def _listed(trajectories: object) -> list[Trajectory]:
+    """``trajectories`` as a list; refuse what is not a collection of trajectories."""
+    if isinstance(trajectories, str | bytes | Mapping) or not isinstance(trajectories, Iterable):
+        raise TrajectoryListError(
+            "add_trajectories takes a list of trajectories, got "
+            f"{type(trajectories).__name__}: pass [trajectory] to add one; nothing was added"
+        )
+    return list(trajectories)
 
 
 class TrajectoryReplayBuffer(BufferBase, RLinfCompatMixin):
@@ -77,14 +87,16 @@ class TrajectoryReplayBuffer(BufferBase, RLinfCompatMixin):
         Raises
         ------
         InvalidTrajectoryError
-            A trajectory is malformed or disagrees with the buffer's schema.
+            A trajectory is malformed or disagrees with the buffer's schema, or
+            ``trajectories`` is not a list of them (:class:`~rbzarr.errors.TrajectoryListError`,
+            also a ``TypeError``, e.g. for one trajectory not in a list): nothing changed.
         WriterFailedError
             Storage is failing and the write queue is full: none of these trajectories was
             added (nothing changed); they are accepted again once queued writes commit.
         BufferClosedError
             The buffer is closed.
         """
-        trajectories = list(trajectories)
+        trajectories = _listed(trajectories)
         with self._add_lock:
             self._check_open()
             accepted = self._validate_all(trajectories)

@@ -16,7 +16,7 @@ from typing import Any, Self
 import torch
 
 from rbzarr import checkpoint
-from rbzarr.cache import TrajectoryCache
+from rbzarr.cache import SlotCache
 from rbzarr.errors import BufferClosedError
 from rbzarr.index import TrajectoryIndex
 from rbzarr.sampler import WindowSampler
@@ -67,7 +67,7 @@ class BufferBase:
             capacity: int | None = sample_window_size if sample_window_size > 0 else None
         else:
             capacity = max(cache_size, 0) if enable_cache else 0
-        self._cache = TrajectoryCache(capacity)
+        self._cache = SlotCache(capacity)
         self._sampler = WindowSampler(seed)
         self._lock = threading.RLock()  # index, cache, schema, sampler
         self._add_lock = threading.Lock()  # serialises adders, loads, clear and close
@@ -163,7 +163,11 @@ class BufferBase:
         Parameters
         ----------
         wait
-            Wait for the queued writes (``False``: they finish in the background).
+            Wait for the queued writes.  ``False`` does not wait: the writes go on in the
+            background, but one that fails is not retried; it and those behind it stay
+            uncommitted (not in the store) unless ``close()`` is called again, and are lost
+            when the process ends.  Writes uncommitted at the call are warned about
+            (:class:`~rbzarr.UncommittedWritesWarning`, with their count and the store).
         timeout
             Seconds to wait at most.
 

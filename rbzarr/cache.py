@@ -1,4 +1,4 @@
-"""TrajectoryCache: a FIFO cache of flattened trajectories in preallocated slots.
+"""SlotCache: a FIFO cache of flattened trajectories in preallocated slots.
 
 Every key has one tensor ``[slots, max_rows, ...]``; a trajectory occupies one slot.  A batch
 of cached rows is then one ``index_select`` per key over the flattened slot tensor, whatever
@@ -16,10 +16,10 @@ import torch
 from rbzarr.errors import InvalidTrajectoryError
 from rbzarr.trajectory import Residue, Trajectory, join_trajectory
 
-__all__ = ["TrajectoryCache"]
+__all__ = ["SlotCache"]
 
 
-class TrajectoryCache:
+class SlotCache:
     """FIFO cache of flat trajectories; ``capacity=None`` keeps every trajectory, 0 none.
 
     Not thread-safe on its own: the buffer serialises access.

@@ -18,8 +18,11 @@ __all__ = [
     "RbzarrError",
     "StorageUnavailableError",
     "StoreExistsError",
+    "TrajectoryListError",
+    "UncommittedWritesWarning",
     "UnsafePathError",
     "UnsafePickleError",
+    "WorkerProcessError",
     "WriterFailedError",
 ]
 
@@ -30,6 +33,11 @@ class RbzarrError(Exception):
 
 class InvalidTrajectoryError(RbzarrError, ValueError):
     """A trajectory's fields disagree with each other or with the buffer's schema."""
+
+
+class TrajectoryListError(InvalidTrajectoryError, TypeError):
+    """``add_trajectories`` got no list of trajectories (one trajectory, a str, a dict,
+    ``None``); a ``TypeError`` too, as RLinf raises for it."""
 
 
 class UnsafePathError(RbzarrError, ValueError):
@@ -79,3 +87,12 @@ class ChannelClosedError(RbzarrError, RuntimeError):
 
 class ChannelTimeoutError(RbzarrError, TimeoutError):
     """A channel ``put`` or ``get`` did not complete within its timeout."""
+
+
+class WorkerProcessError(RbzarrError, RuntimeError):
+    """A dataset that samples the buffer in its own process was iterated in a DataLoader
+    worker process (which would sample a frozen copy)."""
+
+
+class UncommittedWritesWarning(UserWarning):
+    """``close(wait=False)`` returned while writes were not committed yet."""

@@ -27,6 +27,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from rbzarr import tree
 from rbzarr.data import ReplayLoader
+from rbzarr.errors import WorkerProcessError
 
 __all__ = [
     "PreloadReplayBufferDataset",
@@ -114,7 +115,7 @@ def _sampler(
 
 def _refuse_worker_process(name: str) -> None:
     if get_worker_info() is not None:
-        raise RuntimeError(
+        raise WorkerProcessError(
             f"{name} samples the buffer in the process that owns it: use it with "
             "DataLoader(num_workers=0), as RLinf does; a worker process would sample a "
             "frozen copy. For worker processes use rbzarr.ReplayDataset"

@@ -119,12 +119,6 @@ class StoreWriter:
             return max(self._committed.trajectory_counter, max(self._pending, default=-1) + 1)
 
     @property
-    def committed_ids(self) -> list[int]:
-        """Ids the store's documents list (or will list once the current burst commits)."""
-        with self._lock:
-            return list(self._committed.id_list)
-
-    @property
     def pending(self) -> int:
         """Writes queued or running."""
         return self._writer.pending
@@ -178,7 +172,7 @@ class StoreWriter:
                 documents = self._committed.to_documents(self.layout.format, self._metadata)
             self.layout.write_documents(documents)
             self._claimed = True
-        self.layout.write(entry, trajectory.trajectory)
+        self.layout.write(entry, trajectory)  # validated once, on add: not again
         trajectory_id = int(entry["trajectory_id"])
         with self._lock:
             committed = self._committed
@@ -202,7 +196,7 @@ class StoreWriter:
         """
         pending = self.pending_trajectory(int(entry["trajectory_id"]))
         if pending is not None:
-            target.write(entry, pending.trajectory)
+            target.write(entry, pending)
         else:
             self.layout.copy_to(target, entry)
 

@@ -23,7 +23,7 @@ from rbzarr.trajectory import (
     validate,
 )
 
-__all__ = ["ValidatedTrajectory", "clone_trajectory"]
+__all__ = ["ValidatedTrajectory", "clone_trajectory", "rows_to_write"]
 
 
 def clone_trajectory(trajectory: Trajectory) -> Trajectory:
@@ -77,3 +77,18 @@ class ValidatedTrajectory:
         flat, residue = split_trajectory(trajectory, spec)
         order = spec.schema if schema is None else schema
         return cls(trajectory, spec, {key: flat[key] for key in order}, residue)
+
+
+def rows_to_write(trajectory: Trajectory | ValidatedTrajectory) -> Trajectory:
+    """The raw rows a layout writes: a :class:`ValidatedTrajectory`'s as they are (validated
+    once, on add), any other trajectory's after validating it.
+
+    Raises
+    ------
+    InvalidTrajectoryError
+        ``trajectory`` is not validated and its fields disagree with each other.
+    """
+    if isinstance(trajectory, ValidatedTrajectory):
+        return trajectory.trajectory
+    validate(trajectory)
+    return trajectory

@@ -11,8 +11,9 @@ fails too, before its caller has changed anything.  :meth:`~BackgroundWriter.flu
 uncommitted; they report the same on every later call until the writes are committed.
 
 The thread is a daemon (it never keeps a process alive on its own), so at interpreter exit
-every writer still holding tasks is given :data:`DEFAULT_TIMEOUT` to finish them, and
-what is left is reported on stderr: a script that ends without ``close()`` keeps its data.
+every writer still holding tasks is given :data:`DEFAULT_TIMEOUT` to finish them: a script
+that ends without ``close()`` keeps its data.  Writes still uncommitted then are lost with
+the process; their count and the store are reported on stderr.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ import functools
 import sys
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 
-from rbzarr.errors import BufferClosedError, WriterFailedError
+from rbzarr.errors import BufferClosedError, UncommittedWritesWarning, WriterFailedError
 
 __all__ = ["DEFAULT_TIMEOUT", "BackgroundWriter"]
 
@@ -53,6 +55,13 @@ def _register_exit_hook() -> None:
     and ``concurrent.futures`` refuses new work once its own exit hook has run; that hook is
     a *threading* exit hook, run before ``atexit``.  The writers' hook is registered the
     same way, later, so it runs first (the hooks run last-registered first).
+
+    ``threading._register_atexit`` is private, but no public hook runs early enough: with
+    ``atexit.register`` instead, a script that adds 12 trajectories to a zarr store and ends
+    without ``close()`` commits none of them: every write fails with "cannot schedule new
+    futures after interpreter shutdown" (measured with
+    ``tests/test_outage.py::test_a_script_that_exits_without_close_keeps_its_trajectories``,
+    Python 3.11).  Where it is missing, ``atexit.register`` is the fallback.
     """
     register = getattr(threading, "_register_atexit", atexit.register)
     # Refused once the interpreter is shutting down: then it is too late to wait anyway.
@@ -96,6 +105,7 @@ class BackgroundWriter:
         self._attempts = 0
         self._closed = False
         self._stopping = False
+        self._running = False
         self._thread: threading.Thread | None = None
 
     @property
@@ -159,30 +169,40 @@ class BackgroundWriter:
         Raises
         ------
         WriterFailedError
-            Writes are still uncommitted after ``timeout``; they stay queued and retried.
+            Writes are still uncommitted after ``timeout`` (they stay queued and retried),
+            or the thread stopped at a failure after ``close(wait=False)`` (at once).
         """
         deadline = time.monotonic() + timeout
         with self._cond:
             while self._tasks:
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or not self._running:
                     raise self._uncommitted(timeout)
                 self._cond.wait(left)
 
     def close(self, timeout: float = DEFAULT_TIMEOUT, wait: bool = True) -> None:
         """Refuse new tasks, wait for the queued ones, then stop the thread.
 
-        With ``wait=False`` the thread runs the queued tasks on its own and stops, at the
-        latest at the first failure (what is left stays counted by :meth:`flush`).  A close
-        that times out raises like :meth:`flush` and keeps retrying in the background; call
-        it again to wait again.
+        With ``wait=False`` it does not wait: the thread goes on writing the queued tasks and
+        stops at the first failure instead of retrying.  Tasks not committed then stay in
+        memory but are not written unless ``close()`` is called again (which retries and
+        waits); when the process ends first, they are lost (reported on stderr at exit).
+        When tasks are uncommitted at the call, it warns (:class:`UncommittedWritesWarning`)
+        with their count and the target.  A close that times out raises like :meth:`flush`
+        and keeps retrying in the background; call it again to wait again.
         """
         with self._cond:
             self._closed = True
             self._cond.notify_all()
             if not wait:
                 self._stopping = True
+                if self._tasks:
+                    warnings.warn(self._not_waited(), UncommittedWritesWarning, stacklevel=4)
                 return
+            # Retry what a close(wait=False) left when its thread stopped at a failure.
+            self._stopping = False
+            if self._tasks:
+                self._start()
         self.flush(timeout)
         with self._cond:
             self._stopping = True
@@ -192,32 +212,59 @@ class BackgroundWriter:
             thread.join()
 
     def finish_at_exit(self) -> None:
-        """Interpreter exit: wait for the queued tasks (bounded), report what is left."""
+        """Interpreter exit: wait for the queued tasks (bounded), report what is lost."""
         with self._cond:
-            thread = self._thread
-            if not self._tasks or thread is None or not thread.is_alive():
+            if not self._tasks:
                 return
-        try:
-            self.flush()
-        except WriterFailedError as error:
-            print(f"rbzarr: at exit: {error}", file=sys.stderr)
+            running = self._running
+        if running:
+            with contextlib.suppress(WriterFailedError):  # what is left is reported below
+                self.flush()
+        with self._cond:
+            if self._tasks:
+                print(
+                    f"rbzarr: at exit: {len(self._tasks)} write(s) to {self._target} were not "
+                    f"committed{self._cause()}; the process is ending, so they are lost: the "
+                    "store keeps only the trajectories committed before",
+                    file=sys.stderr,
+                )
+
+    def _cause(self) -> str:
+        return f" (last error: {self._error})" if self._error is not None else ""
 
     def _uncommitted(self, timeout: float) -> WriterFailedError:
-        cause = f"; last error: {self._error}" if self._error is not None else ""
-        error = WriterFailedError(
-            f"{len(self._tasks)} write(s) to {self._target} not committed after waiting "
-            f"{timeout:g} s{cause}; "
-            "they stay queued and are retried: call flush() or close() again to wait again"
-        )
+        if self._running:
+            message = (
+                f"{len(self._tasks)} write(s) to {self._target} not committed after waiting "
+                f"{timeout:g} s{self._cause()}; "
+                "they stay queued and are retried: call flush() or close() again to wait again"
+            )
+        else:
+            message = (
+                f"{len(self._tasks)} write(s) to {self._target} not committed{self._cause()}: "
+                "after close(wait=False) the writer stopped at this failure; call close() to "
+                "retry them and wait, else they are lost when the process ends"
+            )
+        error = WriterFailedError(message)
         error.__cause__ = self._error
         return error
+
+    def _not_waited(self) -> str:
+        return (
+            f"close(wait=False): {len(self._tasks)} write(s) to {self._target} are not "
+            f"committed yet{self._cause()}; they go on in the background and stop at the first "
+            "failure: what is uncommitted then is not retried and is lost when the process "
+            "ends; call close() to wait for them"
+        )
 
     def _raise_if_closed(self) -> None:
         if self._closed:
             raise BufferClosedError("the buffer is closed; it accepts no more trajectories")
 
     def _start(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
+        """Start the thread unless it runs (call holding ``_cond``)."""
+        if not self._running:
+            self._running = True
             self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
             self._thread.start()
             _LIVE_WRITERS.add(self)
@@ -229,6 +276,7 @@ class BackgroundWriter:
                 while not self._tasks and not self._stopping:
                     self._cond.wait()
                 if not self._tasks:
+                    self._running = False
                     return
                 task = self._tasks[0]
             try:
@@ -250,6 +298,7 @@ class BackgroundWriter:
             self._attempts += 1
             self._cond.notify_all()
             if self._stopping:
+                self._running = False
                 return False
             delay = min(self.retry_delay * 2 ** (self._attempts - 1), self.max_retry_delay)
             self._cond.wait(delay)

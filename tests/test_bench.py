@@ -162,7 +162,7 @@ def assert_sampling_results(document: dict[str, Any]) -> None:
     assert "cold" in embodied and "warm" not in embodied
     for entry in (image, embodied):
         cold = entry["cold"]
-        assert cold["evict_method"] == "posix_fadvise"  # quick runs never drop the whole cache
+        assert cold["evict_method"].startswith("posix_fadvise")  # quick: never the whole cache
         assert cold["needed"]["bytes_per_batch"] > 0
         assert cold["needed"]["ranges_per_batch"] <= cold["needed"]["chunks_per_batch"]
     missing = torchrl_missing()

@@ -71,6 +71,31 @@ def test_bad_trajectory_in_a_call_changes_nothing(tmp_path):
     buffer.close()
 
 
+@pytest.mark.parametrize(
+    ("argument", "kind"),
+    [
+        (make_trajectory(2, 2, 8), "Trajectory"),
+        ("trajectories", "str"),
+        ({"actions": torch.zeros(2, 2)}, "dict"),
+        (None, "NoneType"),
+    ],
+)
+def test_a_call_without_a_list_is_refused_and_changes_nothing(tmp_path, argument, kind):
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "s", seed=1)
+    buffer.add_trajectories([make_trajectory(2, 2, 0)])
+    buffer.flush()
+    before = state(buffer)
+    message = rf"takes a list of trajectories, got {kind}: pass \[trajectory\] to add one"
+    with pytest.raises(InvalidTrajectoryError, match=message) as info:
+        buffer.add_trajectories(argument)
+    assert isinstance(info.value, TypeError)  # what RLinf raises for it
+    buffer.flush()
+    assert state(buffer) == before
+    buffer.add_trajectories(iter([make_trajectory(2, 2, 4)]))  # any other iterable is fine
+    assert len(buffer) == 2
+    buffer.close()
+
+
 def test_caller_may_mutate_tensors_after_add(tmp_path):
     buffer = TrajectoryReplayBuffer(
         auto_save=True, auto_save_path=tmp_path / "s", enable_cache=False, seed=0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -24,7 +25,7 @@ from click.testing import CliRunner
 from conftest import assert_rows_consistent
 from crash_writer import expected_trajectory
 
-from rbzarr import TrajectoryReplayBuffer
+from rbzarr import TrajectoryReplayBuffer, UncommittedWritesWarning
 from rbzarr.cli import main as cli_main
 from rbzarr.dtypes import to_numpy
 from rbzarr.storage.location import Location
@@ -287,7 +288,10 @@ def torn_first_write(store: Path, fmt: str) -> None:
     buffer.add_trajectories([expected_trajectory(0)])
     with pytest.raises(Exception, match="killed"):
         buffer.close(timeout=0.5)
-    buffer.close(wait=False)  # the process is gone: no more retries
+    with pytest.warns(
+        UncommittedWritesWarning, match=rf"1 write\(s\) to {re.escape(str(store))}.*killed"
+    ):
+        buffer.close(wait=False)  # the process is gone: no more retries
 
 
 @pytest.mark.parametrize("fmt", ["zarr", "pt"])

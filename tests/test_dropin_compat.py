@@ -91,6 +91,7 @@ def test_rlinfs_cleanup_sequence_runs(tmp_path):
     assert len(buffer) == 0
 
 
+@pytest.mark.filterwarnings("ignore::rbzarr.UncommittedWritesWarning")  # the write may be queued
 @pytest.mark.parametrize("wait", [True, False])
 def test_close_takes_wait(tmp_path, wait):
     buffer = new_buffer(tmp_path, "zarr")

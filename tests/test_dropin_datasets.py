@@ -13,10 +13,12 @@ from torch.utils.data import DataLoader
 from rbzarr import (
     PreloadReplayBufferDataset,
     PriorityStore,
+    RbzarrError,
     ReplayBufferDataset,
     Trajectory,
     TrajectoryCache,
     TrajectoryReplayBuffer,
+    WorkerProcessError,
     replay_buffer_collate_fn,
 )
 
@@ -197,8 +199,9 @@ def test_worker_processes_are_refused_with_a_clear_error():
         collate_fn=replay_buffer_collate_fn,
         multiprocessing_context="fork",
     )
-    with pytest.raises(RuntimeError, match="num_workers=0"):
+    with pytest.raises(WorkerProcessError, match="num_workers=0") as info:
         next(iter(loader))
+    assert isinstance(info.value, RuntimeError) and isinstance(info.value, RbzarrError)
 
 
 def test_bad_sizes_are_refused():

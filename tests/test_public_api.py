@@ -28,8 +28,10 @@ def test_public_api_is_pinned():
         "TrajectoryCache",
         "TrajectoryCollector",
         "TrajectoryReplayBuffer",
+        "UncommittedWritesWarning",
         "UnsafePathError",
         "UnsafePickleError",
+        "WorkerProcessError",
         "WriterFailedError",
         "export_store",
         "open_buffer",
@@ -48,5 +50,11 @@ def test_errors_are_catchable_as_builtins():
     assert issubclass(rbzarr.StoreExistsError, FileExistsError)
     assert issubclass(rbzarr.EmptyBufferError, RuntimeError)
     assert issubclass(rbzarr.CheckpointConflictError, ValueError)
-    for name in ("EmptyBufferError", "CheckpointConflictError", "WriterFailedError"):
+    assert issubclass(rbzarr.WorkerProcessError, RuntimeError)
+    for name in (
+        "EmptyBufferError",
+        "CheckpointConflictError",
+        "WriterFailedError",
+        "WorkerProcessError",
+    ):
         assert issubclass(getattr(rbzarr, name), rbzarr.RbzarrError)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import pytest
 
-from rbzarr import BufferClosedError, WriterFailedError
+from rbzarr import BufferClosedError, UncommittedWritesWarning, WriterFailedError
 from rbzarr.writer import BackgroundWriter
 
 
@@ -84,3 +86,68 @@ def test_failing_task_is_retried_until_it_succeeds_and_nothing_is_dropped():
     assert done == ["first", "second"] and writer.last_error is None
     writer.close()
     writer.flush()
+
+
+def test_close_without_waiting_warns_and_a_later_close_retries():
+    writer = BackgroundWriter(retry_delay=0.01, target="file:///runs/a")
+    fixed, retried = threading.Event(), threading.Event()
+    done: list[str] = []
+    attempts = {"n": 0}
+
+    def flaky() -> None:
+        attempts["n"] += 1
+        if attempts["n"] > 1:
+            retried.set()  # by now the first failure is recorded
+        if not fixed.is_set():
+            raise OSError("disk gone")
+        done.append("first")
+
+    writer.submit([flaky, lambda: done.append("second")])
+    assert retried.wait(10)
+    with pytest.warns(
+        UncommittedWritesWarning,
+        match=r"close\(wait=False\): 2 write\(s\) to file:///runs/a are not committed yet "
+        r"\(last error: disk gone\).*lost when the process ends",
+    ):
+        writer.close(wait=False)
+    # The thread stops at the next failure: flush says so at once, without waiting.
+    with pytest.raises(WriterFailedError, match=r"2 write\(s\).*stopped at this failure"):
+        writer.flush(timeout=60)
+    assert done == []
+    fixed.set()
+    writer.close()  # retries what was left, and waits
+    assert done == ["first", "second"] and writer.pending == 0
+
+
+def test_close_without_waiting_is_silent_when_everything_is_committed():
+    writer = BackgroundWriter()
+    writer.submit([lambda: None])
+    writer.flush()
+    writer.close(wait=False)  # warnings are errors in this suite
+
+
+LOST_AT_EXIT = """
+from rbzarr.writer import BackgroundWriter
+def fail():
+    raise OSError("disk gone")
+writer = BackgroundWriter(retry_delay=0.01, target="file:///runs/a")
+writer.submit([fail, fail, fail])
+writer.close(wait=False)
+"""
+
+
+def test_writes_lost_at_exit_are_reported_as_lost():
+    result = subprocess.run(
+        [sys.executable, "-c", LOST_AT_EXIT],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "UncommittedWritesWarning: close(wait=False): 3 write(s)" in result.stderr
+    assert (
+        "rbzarr: at exit: 3 write(s) to file:///runs/a were not committed "
+        "(last error: disk gone); the process is ending, so they are lost"
+    ) in result.stderr
+    assert "are retried" not in result.stderr

@@ -2,12 +2,16 @@
 
 As root, ``sync; echo 1 > /proc/sys/vm/drop_caches`` drops every clean cached page of the
 machine.  Elsewhere :func:`os.posix_fadvise` with ``POSIX_FADV_DONTNEED`` on each file of the
-store asks the kernel to drop that file's pages.  Either way, pages a process keeps memory
-mapped may stay cached: what :func:`process_read_bytes` counts is what really came from disk.
+store asks the kernel to drop that file's pages.  Neither drops pages that are memory
+mapped (the Zarr layout maps its shards), so first this process's mappings of the store's
+files are released with ``madvise(MADV_DONTNEED)`` (for read-only shared file mappings
+that only drops page-table entries: the next access faults the page in again, from disk
+once it is evicted).  What :func:`process_read_bytes` counts is what really came from disk.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -15,6 +19,7 @@ from pathlib import Path
 __all__ = ["evict", "process_read_bytes"]
 
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+MADV_DONTNEED = 4  # Linux
 
 
 def evict(roots: Iterable[str | os.PathLike[str]], whole_cache: bool = True) -> str:
@@ -32,21 +37,44 @@ def evict(roots: Iterable[str | os.PathLike[str]], whole_cache: bool = True) -> 
     -------
     str
         ``"drop_caches"`` (the whole page cache, as root) or ``"posix_fadvise"`` (the
-        files below ``roots`` only).
+        files below ``roots`` only), with ``"+madvise"`` when mappings were released first.
     """
+    folders = [os.path.realpath(root) for root in roots]
+    unmapped = _release_mappings(folders)
     os.sync()
+    suffix = "+madvise" if unmapped else ""
     if whole_cache:
         try:
             DROP_CACHES.write_text("1\n")
         except OSError:
             pass
         else:
-            return "drop_caches"
-    for root in roots:
+            return "drop_caches" + suffix
+    for root in folders:
         for folder, _, names in os.walk(root):
             for name in names:
                 _fadvise_dontneed(os.path.join(folder, name))
-    return "posix_fadvise"
+    return "posix_fadvise" + suffix
+
+
+def _release_mappings(roots: list[str]) -> int:
+    """``madvise(MADV_DONTNEED)`` every mapping of this process of a file below ``roots``;
+    return how many there were (0 where ``/proc/self/maps`` is unavailable)."""
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    released = 0
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        path = fields[5] if len(fields) == 6 else ""
+        if not any(path.startswith(root + os.sep) for root in roots):
+            continue
+        start, end = (int(bound, 16) for bound in fields[0].split("-"))
+        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_DONTNEED)
+        released += 1
+    return released
 
 
 def _fadvise_dontneed(path: str) -> None:

@@ -33,7 +33,8 @@ from rbzarr.errors import (
 from rbzarr.safe_pickle import safe_load
 from rbzarr.storage.layout import Entry, TrajectoryLayout
 from rbzarr.storage.location import Location, safe_name
-from rbzarr.trajectory import Trajectory, trajectory_from_raw, validate
+from rbzarr.trajectory import Trajectory, trajectory_from_raw
+from rbzarr.validated import ValidatedTrajectory, rows_to_write
 
 __all__ = ["FileLayout", "PklLayout", "PtLayout"]
 
@@ -100,10 +101,10 @@ class FileLayout(TrajectoryLayout):
         # docstring inherited
         return (self.file_name(entry),)
 
-    def write(self, entry: Entry, trajectory: Trajectory) -> None:
+    def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
         # docstring inherited
         name = self.file_name(entry)
-        validate(trajectory)
+        trajectory = rows_to_write(trajectory)
         self.location.write_bytes(self._dumps(_to_record(trajectory)), name)
 
     def read(self, entry: Entry, keys: Sequence[str] | None = None) -> Trajectory:

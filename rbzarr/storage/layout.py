@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from tqdm import tqdm
@@ -27,6 +27,9 @@ from rbzarr.dtypes import dtype_name
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, StoreExistsError
 from rbzarr.storage.location import Location
 from rbzarr.trajectory import Trajectory, flatten_trajectory, validate
+
+if TYPE_CHECKING:
+    from rbzarr.validated import ValidatedTrajectory
 
 __all__ = [
     "INDEX_FILE",
@@ -95,8 +98,9 @@ class TrajectoryLayout(ABC):
 
     # -- trajectories -------------------------------------------------------------------
     @abstractmethod
-    def write(self, entry: Entry, trajectory: Trajectory) -> None:
-        """Write every tensor of ``trajectory`` (raw rows) under ``entry['trajectory_id']``.
+    def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
+        """Write every tensor of ``trajectory`` (raw rows; validated unless it is a
+        :class:`~rbzarr.validated.ValidatedTrajectory`) under ``entry['trajectory_id']``.
 
         When this returns, the data is complete; an existing trajectory with the same id is
         replaced.  It does not touch the JSON documents (see :meth:`write_documents`).

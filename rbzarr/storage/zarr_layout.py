@@ -50,7 +50,8 @@ from rbzarr.storage.shard_writer import dimension_names
 from rbzarr.storage.zarr_handles import time_and_envs, trajectory_id
 from rbzarr.storage.zarr_inspect import ROOT_ATTR, ZarrInspection
 from rbzarr.storage.zarr_open import FIELDS_ATTR, TRAJECTORIES, TrajectoryOpener, group_path
-from rbzarr.trajectory import Trajectory, trajectory_from_raw, validate
+from rbzarr.trajectory import Trajectory, trajectory_from_raw
+from rbzarr.validated import ValidatedTrajectory, rows_to_write
 
 __all__ = ["FIELDS_ATTR", "LAYOUT_VERSION", "TRAJECTORIES", "ZarrLayout"]
 
@@ -113,9 +114,9 @@ class ZarrLayout(ZarrInspection):
         self._parents_ready = False
 
     # -- writing ------------------------------------------------------------------------
-    def write(self, entry: Entry, trajectory: Trajectory) -> None:
+    def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
         # docstring inherited
-        validate(trajectory)
+        trajectory = rows_to_write(trajectory)
         tid = trajectory_id(entry)
         fields = trajectory.tensors()
         attrs = {

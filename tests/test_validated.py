@@ -1,0 +1,46 @@
+"""A trajectory is validated once, on add; the validated form travels to the layouts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_trajectory
+
+from rbzarr import InvalidTrajectoryError
+from rbzarr.storage.location import Location
+from rbzarr.storage.registry import layout_class
+from rbzarr.validated import ValidatedTrajectory, rows_to_write
+
+
+def entry_of(validated: ValidatedTrajectory) -> dict:
+    return {
+        "trajectory_id": 0,
+        "model_weights_id": validated.trajectory.model_weights_id,
+        "max_episode_length": validated.trajectory.max_episode_length,
+        "shape": list(validated.spec.shape),
+        "num_samples": validated.spec.T * validated.spec.B,
+    }
+
+
+def test_rows_to_write_takes_a_validated_trajectorys_rows_as_they_are():
+    validated = ValidatedTrajectory.check(make_trajectory(3, 2, 0))
+    assert rows_to_write(validated) is validated.trajectory
+    raw = make_trajectory(3, 2, 0)
+    assert rows_to_write(raw) is raw
+    raw.actions = torch.zeros(4, 2, 2, dtype=torch.int64)
+    with pytest.raises(InvalidTrajectoryError, match="actions"):
+        rows_to_write(raw)
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "pt"])
+def test_layouts_write_the_validated_form_and_still_refuse_a_bad_raw_one(tmp_path, fmt):
+    layout = layout_class(fmt)(Location.from_url(tmp_path / "s"))
+    validated = ValidatedTrajectory.check(make_trajectory(3, 2, 0))
+    entry = entry_of(validated)
+    layout.write(entry, validated)
+    assert layout.read(entry) == validated.trajectory
+    bad = make_trajectory(3, 2, 0)
+    bad.actions = torch.zeros(4, 2, 2, dtype=torch.int64)
+    with pytest.raises(InvalidTrajectoryError, match="actions"):
+        layout.write({**entry, "trajectory_id": 1}, bad)
+    assert layout.list_ids() == [0]
