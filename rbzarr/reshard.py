@@ -158,7 +158,25 @@ def split_store(
     """Split the store at ``source`` into ``count`` stores ``destination/part_<k>``.
 
     Parts keep the source's layout, ids, entries and metadata (see the module docs for
-    which ids go where).  Returns the parts' URLs.
+    which ids go where).
+
+    Parameters
+    ----------
+    source
+        The store to split.
+    destination
+        A new (or empty) directory or URL; part ``k`` goes to ``destination/part_<k>``.
+    count
+        Number of parts.
+    storage_options
+        fsspec options for every location.
+    progress
+        Show a progress bar on stderr.
+
+    Returns
+    -------
+    list of str
+        The parts' URLs, in order.
 
     Raises
     ------

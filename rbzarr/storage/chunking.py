@@ -42,17 +42,17 @@ smaller than ``chunk_bytes`` (rewards, dones, actions, log-probs) is a single ch
 *Why 512 KiB.* A cold row read fetches and decodes every chunk holding a sampled row, so
 smaller chunks read and decode fewer unneeded rows, with the same number of requests (one
 per touched chunk); the cost of small chunks is more files or objects per trajectory to
-write.  Measured with zarr 3.1.6 on 2 shared cores in one run of
-``benchmarks/bench_sampling.py --workloads image --chunk-sweep 524288,1048576,262144``
+write.  Measured with zarr 3.1.6 on 2 shared cores in one run of the layout-1 benchmark
+(``bench_sampling.py --workloads image --chunk-sweep 524288,1048576,262144``, since retired)
 (``T=32, B=16``, ``3x84x84`` uint8 frames, one step 339 KB; batch 256 from a window of 100
 trajectories, cache 5): 2 MiB chunks (4 steps) read 112 MB per batch at 433 rows/s and wrote
 424 MB/s; 1 MiB (2 steps) 61 MB, 560 rows/s, 291 MB/s; 512 KiB (1 step) 33 MB, 794 rows/s,
 282 MB/s; 256 KiB is the same single step here (833 rows/s, 221 MB/s).
 
 *Codecs.* Lossless ``zstd`` at level 1 by default in layout 1 (:func:`default_codec`).
-Measured on 2 cores with zarr 3.1.6 (``benchmarks/bench_row_reads.py``): on image-like
-``uint8`` frames zstd-1 compressed as well as levels 3-5 (within a few percent) and ~3x
-better than blosc-lz4, at the same write speed.  The layout reads and writes ``zstd`` and
+Measured on 2 cores with zarr 3.1.6 (``benchmarks/bench_row_reads.py``, since retired): on
+image-like ``uint8`` frames zstd-1 compressed as well as levels 3-5 (within a few percent)
+and ~3x better than blosc-lz4, at the same write speed.  The layout reads and writes ``zstd`` and
 uncompressed chunks directly; any other codec goes through zarr.
 """
 
