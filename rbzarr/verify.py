@@ -21,7 +21,6 @@ while a buffer is writing to it: the trajectory being written is an orphan until
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -34,7 +33,7 @@ from rbzarr.errors import (
 )
 from rbzarr.index import TrajectoryIndex
 from rbzarr.storage.layout import INDEX_FILE, METADATA_FILE, Documents, TrajectoryLayout
-from rbzarr.storage.location import Location
+from rbzarr.storage.location import Location, is_temporary_name
 from rbzarr.storage.registry import open_store
 from rbzarr.trajectory import validate
 
@@ -46,7 +45,6 @@ _READ_ERRORS = (RbzarrError, ValueError, KeyError, TypeError, RuntimeError, OSEr
 # How a repair fixes a problem: rewrite the documents, delete rbzarr's own leftover, or
 # (with drop_damaged) drop the trajectory from the index.
 REWRITE, DELETE, DROP = "rewrite_documents", "delete", "drop_from_index"
-_TEMP_NAME = re.compile(r".+\.tmp-[0-9a-f]{32}")
 
 
 @dataclass(frozen=True)
@@ -230,13 +228,21 @@ def _orphans(layout: TrajectoryLayout, index: TrajectoryIndex) -> list[Problem]:
     problems = [
         Problem("temp_file", name, "leftover temporary file of an interrupted write", None, DELETE)
         for name in layout.location.list_names()
-        if _TEMP_NAME.fullmatch(name)
+        if is_temporary_name(name)
     ]
-    problems.extend(
-        Problem("orphan", path, "trajectory data not listed in the index", trajectory_id, DELETE)
-        for path, trajectory_id in sorted(layout.stored_paths().items(), key=lambda item: item[1])
-        if path not in expected
-    )
+    for path, trajectory_id in sorted(layout.stored_paths().items(), key=lambda item: item[1]):
+        if path in expected:
+            continue
+        foreign = layout.foreign_files(path)
+        if foreign:
+            message = (
+                "trajectory data not listed in the index, holding files rbzarr did not write "
+                f"({', '.join(foreign[:3])}): left for you to remove"
+            )
+            problems.append(Problem("orphan", path, message, trajectory_id))
+        else:
+            message = "trajectory data not listed in the index"
+            problems.append(Problem("orphan", path, message, trajectory_id, DELETE))
     return problems
 
 

@@ -176,3 +176,27 @@ def test_drop_damaged_needs_repair(tmp_path):
         check=False,
     )
     assert result.returncode == 2 and "use it with --repair" in result.stderr
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "pt", "pkl"])
+def test_repair_never_deletes_a_users_file_that_looks_like_an_orphan(tmp_path, fmt):
+    root = build(tmp_path / "s", fmt)
+    if fmt == "zarr":
+        mine = root / "trajectories" / "99" / "my.txt"
+        mine.parent.mkdir()
+        shutil.copytree(root / "trajectories" / "2", root / "trajectories" / "98")
+        (root / "trajectories" / "98" / "notes.md").write_text("mine too")
+        yours = [mine, root / "trajectories" / "98" / "notes.md"]
+    else:
+        mine = root / f"trajectory_77_x.{fmt}"
+        yours = [mine]
+    mine.write_text("mine")
+    before = {path: path.read_bytes() for path in yours}
+    report = verify_store(root, repair=True)
+    assert all(path.read_bytes() == data for path, data in before.items())
+    assert report.repaired == []
+    left = {p.path: p for p in report.problems}
+    assert all(p.kind == "orphan" and not p.repairable for p in left.values())
+    assert all("rbzarr did not write" in p.message for p in left.values())
+    expected = {"trajectories/98", "trajectories/99"} if fmt == "zarr" else {mine.name}
+    assert set(left) == expected

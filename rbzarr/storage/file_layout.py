@@ -28,6 +28,7 @@ from rbzarr.errors import (
     CheckpointNotFoundError,
     CorruptStoreError,
     InvalidTrajectoryError,
+    RbzarrError,
     UnsafePickleError,
 )
 from rbzarr.safe_pickle import safe_load
@@ -133,6 +134,16 @@ class FileLayout(TrajectoryLayout):
         pattern = self.name_pattern()
         matches = (pattern.fullmatch(name) for name in self.location.list_names())
         return {match.group(0): int(match.group(1)) for match in matches if match}
+
+    def foreign_files(self, path: str) -> list[str]:
+        # docstring inherited
+        # A file only named like a trajectory is the user's unless it loads as one.
+        source = f"{self.location.url}/{path}"
+        try:
+            record = self._loads(self.location.read_bytes(path), source)
+        except (RbzarrError, OSError):
+            return [path]
+        return [] if isinstance(record, dict) else [path]
 
     def list_ids(self) -> list[int]:
         # docstring inherited

@@ -173,6 +173,14 @@ class TrajectoryLayout(ABC):
         Paths are ``/``-joined below the root, as :meth:`trajectory_path` names them.
         """
 
+    def foreign_files(self, path: str) -> list[str]:
+        """Files at or below the trajectory path ``path`` that rbzarr did not write.
+
+        A repair deletes an orphan only when this is empty: a user's file that happens to
+        lie there is never removed.  Names are relative to ``path``.
+        """
+        return []
+
     def contains(self, entry: Entry) -> bool:
         """Whether the trajectory's data is present."""
         return self.location.exists(*self.trajectory_path(entry))

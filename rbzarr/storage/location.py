@@ -16,6 +16,7 @@ import contextlib
 import functools
 import importlib
 import os
+import re
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -35,10 +36,22 @@ __all__ = [
     "S3_DEFAULTS",
     "Location",
     "backend_errors",
+    "is_temporary_name",
     "safe_name",
     "translate_errors",
     "with_s3_defaults",
 ]
+
+# Temporary files of an interrupted atomic write: ours (``<name>.tmp-<hex>``) and those of
+# zarr's LocalStore (``<stem>.<hex>.partial``).
+TEMP_SUFFIX = ".tmp-"
+_TEMPORARY_NAME = re.compile(r".+\.tmp-[0-9a-f]{32}|.+\.[0-9a-f]{32}\.partial")
+
+
+def is_temporary_name(name: str) -> bool:
+    """Whether ``name`` is a leftover temporary file of an interrupted atomic write."""
+    return _TEMPORARY_NAME.fullmatch(name) is not None
+
 
 _FORBIDDEN = ("/", "\\", "\x00")
 
@@ -274,7 +287,7 @@ class Location:
                 self.fs.pipe_file(target, data)
                 return
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            temp = f"{target}.tmp-{uuid.uuid4().hex}"
+            temp = f"{target}{TEMP_SUFFIX}{uuid.uuid4().hex}"
             try:
                 with open(temp, "wb") as handle:
                     handle.write(data)
@@ -299,6 +312,18 @@ class Location:
             except FileNotFoundError:
                 return []
         return sorted(PurePosixPath(str(entry)).name for entry in entries)
+
+    def list_files(self, *names: str) -> list[str]:
+        """Every file below ``names`` (or the file ``names`` itself), as ``/``-joined names
+        relative to ``names``; empty if missing."""
+        target = self.join(*names).rstrip("/")
+        with translate_errors(self.url, "listing"):
+            found = [str(path).rstrip("/") for path in self.fs.find(target)]
+        prefix = f"{target}/"
+        return sorted(
+            path.removeprefix(prefix) if path != target else PurePosixPath(path).name
+            for path in found
+        )
 
     def copy_into(self, destination: Location) -> None:
         """Copy the file or tree at this root to ``destination``, which must not exist.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from pathlib import PurePosixPath
 from typing import Any
 
 import zarr
@@ -23,6 +24,7 @@ from rbzarr.storage.layout import (
     Finding,
     TrajectoryLayout,
 )
+from rbzarr.storage.location import is_temporary_name
 from rbzarr.storage.zarr_chunks import DTYPE_ATTR
 from rbzarr.storage.zarr_open import FIELDS_ATTR, TRAJECTORIES
 
@@ -42,6 +44,14 @@ class ZarrInspection(TrajectoryLayout):
     def stored_paths(self) -> dict[str, int]:
         # docstring inherited
         return {f"{TRAJECTORIES}/{tid}": tid for tid in self.list_ids()}
+
+    def foreign_files(self, path: str) -> list[str]:
+        # docstring inherited
+        return [
+            name
+            for name in self.location.list_files(*path.split("/"))
+            if not _written_by_rbzarr(PurePosixPath(name))
+        ]
 
     def zarr_group(self, entry: Entry) -> zarr.Group:
         # docstring inherited
@@ -170,3 +180,9 @@ def _owning_key(relative: str, keys: Mapping[str, Any]) -> str | None:
         if candidate in keys:
             return candidate
     return None
+
+
+def _written_by_rbzarr(name: PurePosixPath) -> bool:
+    """Node documents (``zarr.json``), chunk or shard objects below ``c/``, and temporary
+    files of an interrupted write: what rbzarr writes below a trajectory group."""
+    return name.name == "zarr.json" or "c" in name.parts[:-1] or is_temporary_name(name.name)
