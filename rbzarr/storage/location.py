@@ -24,8 +24,6 @@ from pathlib import PurePosixPath
 from typing import Any
 
 import fsspec
-import zarr
-import zarr.abc.store
 import zarr.storage
 from fsspec.implementations.local import LocalFileSystem
 from zarr.abc.store import Store
