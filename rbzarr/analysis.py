@@ -26,7 +26,8 @@ from rbzarr.episodes import DONES, Episode, EpisodeTracker, continues, time_step
 from rbzarr.errors import EmptyBufferError
 from rbzarr.index import TrajectoryIndex
 from rbzarr.sampler import WindowSampler
-from rbzarr.storage.layout import Documents, TrajectoryLayout
+from rbzarr.storage.documents import Documents
+from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import open_store
 from rbzarr.storage.row_reads import plan_misses, read_batch

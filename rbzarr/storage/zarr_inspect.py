@@ -16,14 +16,8 @@ from typing import Any
 import zarr
 from tqdm import tqdm
 
-from rbzarr.storage.layout import (
-    INDEX_FILE,
-    METADATA_FILE,
-    Documents,
-    Entry,
-    Finding,
-    TrajectoryLayout,
-)
+from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents, Entry, Finding
+from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import is_temporary_name
 from rbzarr.storage.zarr_chunks import DTYPE_ATTR
 from rbzarr.storage.zarr_open import FIELDS_ATTR, TRAJECTORIES

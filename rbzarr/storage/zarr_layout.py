@@ -46,7 +46,8 @@ from rbzarr.storage import shard_trajectory as sharded
 from rbzarr.storage import zarr_chunks as chunk_io
 from rbzarr.storage import zarr_rows
 from rbzarr.storage.chunking import DEFAULT_CHUNK_BYTES, chunk_shape, pick_codec, plan_key
-from rbzarr.storage.layout import Documents, Entry, TrajectoryLayout
+from rbzarr.storage.documents import Documents, Entry
+from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location, translate_errors
 from rbzarr.storage.plain_codec import PlainCodec
 from rbzarr.storage.shard_remote import IOStats
