@@ -23,9 +23,10 @@ import torch
 from rbzarr.checkpoint import LoadedCheckpoint, is_rbzarr_store, schema_from_json
 from rbzarr.errors import CheckpointConflictError, StoreExistsError
 from rbzarr.index import TrajectoryIndex
+from rbzarr.storage.backends import translate_errors
 from rbzarr.storage.documents import METADATA_FILE, Entry, read_documents
 from rbzarr.storage.layout import TrajectoryLayout
-from rbzarr.storage.location import Location, translate_errors
+from rbzarr.storage.location import Location
 from rbzarr.storage.registry import stored_format
 from rbzarr.trajectory import Schema
 from rbzarr.validated import ValidatedTrajectory
