@@ -81,10 +81,6 @@ class ZarrReads(ZarrInspection):
         opened = self._opener.open_many([entry])[0]
         return 2 if isinstance(opened, sharded.ShardedTrajectory) else 1
 
-    def forget_handles(self) -> None:
-        """Drop every cached handle (after the store was emptied or replaced outside)."""
-        self._opener.handles.forget()
-
     def list_ids(self) -> list[int]:
         """Ids of the trajectory groups below ``trajectories/`` (committed or not), sorted.
 
