@@ -21,7 +21,8 @@ import torch
 from rbzarr.bench.accounting import ByteRange
 from rbzarr.bench.draws import DrawSequence
 from rbzarr.bench.measure import clone_trajectory, stats, timed
-from rbzarr.trajectory import Trajectory, flatten_trajectory, validate
+from rbzarr.flat_view import flatten_trajectory
+from rbzarr.trajectory import Trajectory, validate
 
 __all__ = ["RangeReader", "draws", "hot_limit", "per_row_loop", "rlinf_hot"]
 

@@ -17,7 +17,8 @@ from rbzarr.bench.settings import Settings
 from rbzarr.bench.torchrl_peer import TorchRLPeer, torchrl_missing
 from rbzarr.bench.workloads import Workload, trajectory_sequence
 from rbzarr.buffer import TrajectoryReplayBuffer
-from rbzarr.trajectory import flatten_trajectory, validate
+from rbzarr.flat_view import flatten_trajectory
+from rbzarr.trajectory import validate
 
 __all__ = ["run_hot"]
 

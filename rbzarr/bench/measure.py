@@ -21,7 +21,8 @@ import zarr
 
 import rbzarr
 from rbzarr.buffer import TrajectoryReplayBuffer
-from rbzarr.trajectory import Trajectory, flatten_trajectory, trajectory_from_raw, validate
+from rbzarr.flat_view import flatten_trajectory
+from rbzarr.trajectory import Trajectory, trajectory_from_raw, validate
 
 __all__ = [
     "add_all",
