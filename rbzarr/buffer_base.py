@@ -23,7 +23,7 @@ from rbzarr.sampler import WindowSampler
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
-from rbzarr.store_writer import StoreWriter, format_at
+from rbzarr.store_writer import StoreWriter
 from rbzarr.trajectory import Schema, Trajectory
 from rbzarr.validated import clone_trajectory
 from rbzarr.writer import DEFAULT_TIMEOUT
@@ -103,7 +103,7 @@ class BufferBase:
         self._closed = False
         location = Location.from_url(auto_save_path, self.storage_options) if auto_save else None
         if location is not None and trajectory_format is None:
-            self.trajectory_format = format_at(location) or DEFAULT_FORMAT
+            self.trajectory_format = checkpoint.format_at(location) or DEFAULT_FORMAT
         # The format layout_options are meant for (loading may adopt another one).
         self._options_format = self.trajectory_format
         self._store: StoreWriter | None = None

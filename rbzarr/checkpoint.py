@@ -24,7 +24,13 @@ from rbzarr.errors import (
     StoreExistsError,
 )
 from rbzarr.index import TrajectoryIndex
-from rbzarr.storage.layout import Entry, TrajectoryLayout, check_entry_shape, read_documents
+from rbzarr.storage.layout import (
+    METADATA_FILE,
+    Entry,
+    TrajectoryLayout,
+    check_entry_shape,
+    read_documents,
+)
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import stored_format
 from rbzarr.trajectory import Schema
@@ -33,6 +39,7 @@ from rbzarr.validated import ValidatedTrajectory
 __all__ = [
     "LoadedCheckpoint",
     "check_target",
+    "format_at",
     "is_rbzarr_store",
     "load",
     "save",
@@ -98,6 +105,32 @@ def is_rbzarr_store(metadata: Mapping[str, Any]) -> bool:
         True when it holds ``rbzarr_format_version``; false for a store RLinf wrote.
     """
     return "rbzarr_format_version" in metadata
+
+
+def format_at(location: Location) -> str | None:
+    """The format of the store at ``location``, or ``None`` when there is none.
+
+    Parameters
+    ----------
+    location
+        Where a store may be; there is one when ``metadata.json`` exists.
+
+    Returns
+    -------
+    str or None
+        The ``trajectory_format`` its metadata names (``"pt"`` when it names none, as
+        RLinf writes), or ``None`` without ``metadata.json``.
+
+    Raises
+    ------
+    CheckpointNotFoundError
+        ``metadata.json`` exists but ``trajectory_index.json`` does not.
+    CorruptStoreError
+        A document is not a JSON object.
+    """
+    if not location.exists(METADATA_FILE):
+        return None
+    return stored_format(read_documents(location))
 
 
 # -- saving -----------------------------------------------------------------------------------

@@ -23,40 +23,14 @@ import torch
 from rbzarr.checkpoint import LoadedCheckpoint, is_rbzarr_store, schema_from_json
 from rbzarr.errors import CheckpointConflictError, StoreExistsError
 from rbzarr.index import TrajectoryIndex
-from rbzarr.storage.layout import METADATA_FILE, Entry, TrajectoryLayout, read_documents
-from rbzarr.storage.location import Location, translate_errors
+from rbzarr.storage.layout import Entry, TrajectoryLayout, read_documents
+from rbzarr.storage.location import translate_errors
 from rbzarr.storage.registry import stored_format
 from rbzarr.trajectory import Schema
 from rbzarr.validated import ValidatedTrajectory
 from rbzarr.writer import DEFAULT_TIMEOUT, BackgroundWriter
 
-__all__ = ["StoreWriter", "format_at"]
-
-
-def format_at(location: Location) -> str | None:
-    """The format of the store at ``location``, or ``None`` when there is none.
-
-    Parameters
-    ----------
-    location
-        Where a store may be; there is one when ``metadata.json`` exists.
-
-    Returns
-    -------
-    str or None
-        The ``trajectory_format`` its metadata names (``"pt"`` when it names none, as
-        RLinf writes), or ``None`` without ``metadata.json``.
-
-    Raises
-    ------
-    CheckpointNotFoundError
-        ``metadata.json`` exists but ``trajectory_index.json`` does not.
-    CorruptStoreError
-        A document is not a JSON object.
-    """
-    if not location.exists(METADATA_FILE):
-        return None
-    return stored_format(read_documents(location))
+__all__ = ["StoreWriter"]
 
 
 class StoreWriter:
