@@ -87,6 +87,8 @@ def merge_stores(
         No source, a source given twice, or sources whose schemas differ.
     StoreExistsError
         ``destination`` is not empty.
+    CorruptStoreError
+        A source's index lists a trajectory whose data is missing (nothing is written).
     """
     if not sources:
         raise ValueError("merge needs at least one source store")
@@ -129,6 +131,11 @@ def _common_schema(views: Sequence[BufferView]) -> Schema | None:
     """The sources' common schema (``None`` when all are empty); any difference raises.
 
     A source's schema is the one its metadata records, else its first trajectory's.
+
+    Raises
+    ------
+    ValueError
+        If two sources' schemas differ (both are named in the message).
     """
     found: Schema | None = None
     first_url = ""
@@ -184,6 +191,8 @@ def split_store(
         ``count < 1``.
     StoreExistsError
         ``destination`` is not empty.
+    CorruptStoreError
+        The source's index lists a trajectory whose data is missing (nothing is written).
     """
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
