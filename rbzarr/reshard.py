@@ -54,6 +54,28 @@ def _require_data(view: BufferView) -> None:
         )
 
 
+def _require_distinct_trajectories(views: Sequence[BufferView]) -> None:
+    """Refuse sources that share a trajectory: the merged store would list it twice.
+
+    Raises
+    ------
+    ValueError
+        Two sources (or one, twice) list the same trajectory uuid.
+    """
+    seen: dict[str, tuple[str, int]] = {}
+    for view in views:
+        for trajectory_id in view.ids:
+            uuid = str(view.entry(trajectory_id)["uuid"])
+            if uuid in seen:
+                url, first_id = seen[uuid]
+                raise ValueError(
+                    f"cannot merge: trajectory {uuid} is id {first_id} of {url} and id "
+                    f"{trajectory_id} of {view.url} (is one an export of the other?); merge "
+                    "stores that hold different trajectories"
+                )
+            seen[uuid] = (view.url, trajectory_id)
+
+
 def merge_stores(
     destination: str | os.PathLike[str],
     sources: Sequence[str | os.PathLike[str]],
@@ -84,7 +106,8 @@ def merge_stores(
     Raises
     ------
     ValueError
-        No source, a source given twice, or sources whose schemas differ.
+        No source, a source given twice, sources whose schemas differ, or a trajectory
+        (by uuid) in more than one source -- e.g. a store and its export.
     StoreExistsError
         ``destination`` is not empty.
     CorruptStoreError
@@ -99,6 +122,7 @@ def merge_stores(
     schema = _common_schema(views)
     for view in views:
         _require_data(view)
+    _require_distinct_trajectories(views)
     fmt = trajectory_format or views[0].format
     target = layout_class(fmt)(Location.from_url(destination, storage_options))
     _require_empty(target.location)

@@ -292,10 +292,6 @@ class ZarrLayout(ZarrInspection):
             return
         super().copy_to(target, entry)
 
-    def forget_handles(self) -> None:
-        """Drop every cached handle (after the store was emptied or replaced outside)."""
-        self._opener.handles.forget()
-
     def list_ids(self) -> list[int]:
         # docstring inherited
         with translate_errors(self.location.url, "listing"):
