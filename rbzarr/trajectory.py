@@ -68,7 +68,8 @@ class Trajectory:
         Which policy weights collected the rollouts.
     actions, intervene_flags, rewards, prev_logprobs, prev_values, versions
         ``[T, B, ...]`` per-step tensors, or ``None`` when not collected;
-        ``intervene_flags`` is ``[T, B, D]``.  ``prev_logprobs`` or ``rewards`` is required.
+        ``intervene_flags`` is ``[T, B, D]``.  Validation needs ``prev_logprobs`` or
+        ``rewards``: the first present sets ``T`` and ``B``.
     terminations, truncations, dones
         ``[T, B, ...]``, or ``[T + E, B, ...]`` with one reset row leading each of ``E``
         rollout epochs; ``None`` when not collected.
