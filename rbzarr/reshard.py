@@ -110,6 +110,8 @@ def merge_stores(
         (by uuid) in more than one source -- e.g. a store and its export.
     StoreExistsError
         ``destination`` is not empty.
+    CorruptStoreError
+        A source's index lists a trajectory whose data is missing (nothing is written).
     """
     if not sources:
         raise ValueError("merge needs at least one source store")
@@ -153,6 +155,11 @@ def _common_schema(views: Sequence[BufferView]) -> Schema | None:
     """The sources' common schema (``None`` when all are empty); any difference raises.
 
     A source's schema is the one its metadata records, else its first trajectory's.
+
+    Raises
+    ------
+    ValueError
+        If two sources' schemas differ (both are named in the message).
     """
     found: Schema | None = None
     first_url = ""
@@ -208,6 +215,8 @@ def split_store(
         ``count < 1``.
     StoreExistsError
         ``destination`` is not empty.
+    CorruptStoreError
+        The source's index lists a trajectory whose data is missing (nothing is written).
     """
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")

@@ -28,6 +28,7 @@ from zarr.storage import WrapperStore
 
 from rbzarr.dtypes import dtype_name, to_numpy
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
+from rbzarr.flat_view import flatten_trajectory
 from rbzarr.storage import zarr_chunks
 from rbzarr.storage.chunking import chunk_shape
 from rbzarr.storage.documents import Documents
@@ -36,7 +37,7 @@ from rbzarr.storage.location import Location
 from rbzarr.storage.plain_codec import PlainCodec
 from rbzarr.storage.registry import layout_class
 from rbzarr.storage.zarr_layout import ZarrLayout
-from rbzarr.trajectory import Trajectory, flatten_trajectory, validate
+from rbzarr.trajectory import Trajectory, validate
 
 T, B, E = 6, 3, 2
 
