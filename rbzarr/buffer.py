@@ -20,7 +20,8 @@ from rbzarr.buffer_base import BufferBase
 from rbzarr.compat import RLinfCompatMixin
 from rbzarr.errors import EmptyBufferError, TrajectoryListError
 from rbzarr.storage import row_reads
-from rbzarr.storage.layout import Entry, TrajectoryLayout
+from rbzarr.storage.documents import Entry
+from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.trajectory import Trajectory
 from rbzarr.validated import ValidatedTrajectory
@@ -29,7 +30,13 @@ __all__ = ["TrajectoryReplayBuffer"]
 
 
 def _listed(trajectories: object) -> list[Trajectory]:
-    """``trajectories`` as a list; refuse what is not a collection of trajectories."""
+    """``trajectories`` as a list; refuse what is not a collection of trajectories.
+
+    Raises
+    ------
+    TrajectoryListError
+        ``trajectories`` is a string, bytes, a mapping or not iterable (e.g. one trajectory).
+    """
     if isinstance(trajectories, str | bytes | Mapping) or not isinstance(trajectories, Iterable):
         raise TrajectoryListError(
             "add_trajectories takes a list of trajectories, got "

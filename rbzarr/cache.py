@@ -21,7 +21,8 @@ import torch
 
 from rbzarr.dtypes import dtype_name
 from rbzarr.errors import InvalidTrajectoryError
-from rbzarr.trajectory import Residue, Schema, Trajectory, join_trajectory
+from rbzarr.flat_view import Residue, join_trajectory
+from rbzarr.trajectory import Schema, Trajectory
 from rbzarr.validated import ValidatedTrajectory
 
 __all__ = ["SlotCache"]
@@ -34,6 +35,17 @@ class SlotCache:
     """FIFO cache of flat trajectories; ``capacity=None`` keeps every trajectory, 0 none.
 
     Not thread-safe on its own: the buffer serialises access.
+
+    Parameters
+    ----------
+    capacity
+        The most trajectories kept (the oldest is evicted first); ``None``: no limit,
+        ``0``: the cache is disabled.
+
+    Raises
+    ------
+    ValueError
+        ``capacity`` is negative.
     """
 
     def __init__(self, capacity: int | None) -> None:
@@ -57,7 +69,13 @@ class SlotCache:
         return trajectory_id in self._slot_of
 
     def ids(self) -> list[int]:
-        """Cached ids, oldest first."""
+        """Cached ids, oldest first.
+
+        Returns
+        -------
+        list of int
+            A new list of the trajectory ids in insertion order.
+        """
         return list(self._slot_of)
 
     @property
@@ -73,16 +91,17 @@ class SlotCache:
     def check(self, schema: Schema) -> None:
         """Refuse rows of ``schema`` that do not fit the slots.
 
+        Keys are matched by name, whatever their order.  An empty cache accepts anything.
+
         Parameters
         ----------
         schema
-            Each key's dtype name and trailing shape; keys are matched by name, whatever
-            their order.
+            Each key's dtype name and trailing shape.
 
         Raises
         ------
         InvalidTrajectoryError
-            The keys, a dtype or a trailing shape differ from the cached trajectories'.
+            The keys differ from the cached ones, or a key's dtype or row shape differs.
         """
         if self._schema is None:
             return
@@ -104,6 +123,27 @@ class SlotCache:
         """Copy a flat trajectory into a slot; return the ids evicted to make room.
 
         A disabled cache (capacity 0) keeps nothing.
+
+        Parameters
+        ----------
+        trajectory_id
+            The id to cache the trajectory under.
+        flat
+            Its ``[T*B, ...]`` rows by flat key; copied into the slot.
+        residue
+            What the flat view leaves out (copied), to rebuild the raw trajectory.
+        width
+            Its number of environments ``B``.
+
+        Returns
+        -------
+        list of int
+            The ids evicted (oldest first) to stay within the capacity.
+
+        Raises
+        ------
+        InvalidTrajectoryError
+            ``flat`` does not fit the cached schema (see :meth:`check`).
         """
         if not self.enabled:
             return []
@@ -121,6 +161,24 @@ class SlotCache:
         Its tensors must be a private copy that nobody changes (the store writer's): its rows
         are copied into a slot by :meth:`materialize` or when first read.  A disabled cache
         (capacity 0) keeps nothing.
+
+        Parameters
+        ----------
+        trajectory_id
+            The id to cache the trajectory under.
+        trajectory
+            The validated trajectory; the cache keeps a reference, not a copy, until its rows
+            are copied.
+
+        Returns
+        -------
+        list of int
+            The ids evicted (oldest first) to stay within the capacity.
+
+        Raises
+        ------
+        InvalidTrajectoryError
+            Its schema does not fit the cached one (see :meth:`check`).
         """
         if not self.enabled:
             return []
@@ -134,6 +192,11 @@ class SlotCache:
         """Copy the rows of a shared trajectory into its slot (nothing if there are none).
 
         The cache then no longer refers to the shared tensors.
+
+        Parameters
+        ----------
+        trajectory_id
+            A cached id; one whose rows are copied already, or not cached, is left alone.
         """
         trajectory = self._shared.pop(trajectory_id, None)
         if trajectory is not None:
@@ -205,6 +268,16 @@ class SlotCache:
         """The slot of each id (``-1`` where not cached), as an int64 tensor.
 
         Shared trajectories among ``trajectory_ids`` are copied into their slots first.
+
+        Parameters
+        ----------
+        trajectory_ids
+            The ids to look up.
+
+        Returns
+        -------
+        torch.Tensor
+            1-D ``int64``, one slot per id in the order given.
         """
         self._materialize_all(trajectory_ids)
         return torch.tensor([self._slot_of.get(i, -1) for i in trajectory_ids], dtype=torch.int64)
@@ -213,6 +286,18 @@ class SlotCache:
         """Rows ``rows`` of the trajectories in ``slots`` (from :meth:`slots`, all cached).
 
         One ``index_select`` per key; the results are fresh tensors.
+
+        Parameters
+        ----------
+        slots
+            ``int64`` slot of each wanted row; every slot must hold a trajectory.
+        rows
+            ``int64`` flat row of each wanted row inside its trajectory.
+
+        Returns
+        -------
+        dict of str to torch.Tensor
+            ``[len(rows), ...]`` per key, in the cache's key order.
         """
         flat_index = slots * self._max_rows + rows
         return {
@@ -221,7 +306,18 @@ class SlotCache:
         }
 
     def trajectory(self, trajectory_id: int) -> Trajectory:
-        """The raw ``[T, B, ...]`` trajectory rebuilt from its slot (copies)."""
+        """The raw ``[T, B, ...]`` trajectory rebuilt from its slot (copies).
+
+        Parameters
+        ----------
+        trajectory_id
+            A cached id (``KeyError`` otherwise).
+
+        Returns
+        -------
+        Trajectory
+            With its reset rows, unsampled fields and scalars restored.
+        """
         self.materialize(trajectory_id)
         slot, rows = self._slot_of[trajectory_id], self._rows[trajectory_id]
         flat = {key: slots[slot, :rows].clone() for key, slots in self._storage.items()}
@@ -230,7 +326,11 @@ class SlotCache:
     def state_dict(self) -> dict[str, Any]:
         """The cached trajectories, oldest first: ``{"capacity", "trajectories"}``.
 
-        Each trajectory is ``(id, flat rows, residue, B)``; the tensors are copies.
+        Returns
+        -------
+        dict of str to Any
+            ``{"capacity": int or None, "trajectories": [(id, flat rows, residue, B), ...]}``;
+            the tensors are copies.
         """
         self._materialize_all(list(self._shared))
         trajectories = []
@@ -242,7 +342,14 @@ class SlotCache:
         return {"capacity": self.capacity, "trajectories": trajectories}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Replace the content by :meth:`state_dict`'s (the capacity stays this cache's)."""
+        """Replace the content by :meth:`state_dict`'s (the capacity stays this cache's).
+
+        Parameters
+        ----------
+        state
+            A dict from :meth:`state_dict`; trajectories beyond this cache's capacity evict
+            the oldest, as :meth:`put` does.
+        """
         self.clear()
         for trajectory_id, flat, residue, width in state["trajectories"]:
             self.put(trajectory_id, flat, residue, width)

@@ -13,13 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
+from rbzarr.flat_view import Residue, split_trajectory
 from rbzarr.trajectory import (
-    Residue,
     Schema,
     Trajectory,
     TrajectorySpec,
     as_trajectory,
-    split_trajectory,
     trajectory_from_raw,
     validate,
 )
@@ -28,7 +27,18 @@ __all__ = ["ValidatedTrajectory", "clone_trajectory", "rows_to_write"]
 
 
 def clone_trajectory(trajectory: Trajectory) -> Trajectory:
-    """A :class:`~rbzarr.trajectory.Trajectory` owning copies of every tensor."""
+    """A :class:`~rbzarr.trajectory.Trajectory` owning copies of every tensor.
+
+    Parameters
+    ----------
+    trajectory
+        The trajectory to copy; its tensors are detached and cloned (same device).
+
+    Returns
+    -------
+    Trajectory
+        Same fields and scalars, sharing no memory with ``trajectory``.
+    """
     # One torch call per tensor: each call may wait for the GIL while the writer thread runs,
     # so a tensor that autograd does not track is not detached first (nothing to detach).
     fields = {
@@ -42,9 +52,16 @@ def clone_trajectory(trajectory: Trajectory) -> Trajectory:
 class ValidatedTrajectory:
     """A validated trajectory: raw rows, what validation learnt, and the flat view.
 
-    ``flat`` (keys in schema order) and ``residue`` share memory with ``trajectory``.  They
-    are split off on first use, not on ``add_trajectories``: with ``auto_save`` the cache and
-    the writer thread use them, after the call has returned.
+    Build one with :meth:`check`.  ``flat`` and ``residue`` share memory with
+    ``trajectory``.  They are split off on first use, not on ``add_trajectories``: with
+    ``auto_save`` the cache and the writer thread use them after the call has returned.
+
+    Parameters
+    ----------
+    trajectory
+        The raw rows as added (or their copy), reset rows included.
+    spec
+        What validation learnt: ``T``, ``B`` and the schema.
     """
 
     trajectory: Trajectory
@@ -68,7 +85,7 @@ class ValidatedTrajectory:
     def check(
         cls, trajectory: object, schema: Schema | None = None, *, copy: bool = False
     ) -> ValidatedTrajectory:
-        """Validate ``trajectory`` against ``schema`` and split it, optionally copying first.
+        """Validate ``trajectory`` against ``schema``, optionally copying it first.
 
         Parameters
         ----------
@@ -101,6 +118,16 @@ class ValidatedTrajectory:
 def rows_to_write(trajectory: Trajectory | ValidatedTrajectory) -> Trajectory:
     """The raw rows a layout writes: a :class:`ValidatedTrajectory`'s as they are (validated
     once, on add), any other trajectory's after validating it.
+
+    Parameters
+    ----------
+    trajectory
+        A validated trajectory, or a plain :class:`~rbzarr.trajectory.Trajectory`.
+
+    Returns
+    -------
+    Trajectory
+        The trajectory whose rows are written (no copy is made).
 
     Raises
     ------

@@ -14,7 +14,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from rbzarr.storage.layout import Documents, TrajectoryLayout, read_documents
+from rbzarr.storage.documents import Documents, read_documents
+from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 
 __all__ = ["known_formats", "layout_class", "open_store", "register_layout", "stored_format"]
@@ -81,6 +82,8 @@ def layout_class(name: str) -> type[TrajectoryLayout]:
     ------
     ValueError
         ``name`` is not a registered format.
+    TypeError
+        The registered ``"module:Class"`` target is not a ``TrajectoryLayout`` subclass.
     """
     target = _LAYOUTS.get(name) if isinstance(name, str) else None
     if target is None:
