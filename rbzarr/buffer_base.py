@@ -36,9 +36,16 @@ DEFAULT_FORMAT = "zarr"
 
 def _materialize(lock: threading.RLock, cache: SlotCache, trajectory_id: int) -> None:
     """Writer thread: the store holds the trajectory; the cache copies its rows now (if it
-    still keeps them) and stops sharing the writer's copy, which can then be freed."""
-    with lock:
-        cache.materialize(trajectory_id)
+    still keeps them) and stops sharing the writer's copy, which can then be freed.
+
+    The writer never waits for the buffer: while another thread holds the lock (a sample, a
+    checkpoint being saved), the rows stay shared and are copied when first read.
+    """
+    if lock.acquire(blocking=False):
+        try:
+            cache.materialize(trajectory_id)
+        finally:
+            lock.release()
 
 
 class BufferBase:

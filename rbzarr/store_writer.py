@@ -47,7 +47,8 @@ class StoreWriter:
         Extra ``metadata.json`` keys (seed, schema, ...); see :meth:`set_metadata`.
     on_committed
         Called on the writer thread with each trajectory's id once it is committed and the
-        writer no longer holds its in-memory copy (holding none of this object's locks).
+        writer no longer holds its in-memory copy (holding none of this object's locks); it
+        must not block, or the writes behind it wait.
 
     Raises
     ------
