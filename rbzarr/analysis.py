@@ -13,24 +13,17 @@ where its run ends is *incomplete* (``Episode.done`` is false).
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from rbzarr import tree
-from rbzarr.checkpoint import schema_from_json
 from rbzarr.episodes import DONES, Episode, EpisodeTracker, continues, time_steps
-from rbzarr.errors import EmptyBufferError
-from rbzarr.index import TrajectoryIndex
-from rbzarr.sampler import WindowSampler
-from rbzarr.storage.layout import Documents, TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import open_store
-from rbzarr.storage.row_reads import plan_misses, read_batch
-from rbzarr.trajectory import Schema, Trajectory, validate
+from rbzarr.trajectory import Trajectory
+from rbzarr.view_base import ViewBase
 
 __all__ = ["BufferView", "open_buffer"]
 
@@ -62,6 +55,11 @@ def open_buffer(
         read is older than this (0: before every sample), so a view of a live store picks
         up new commits.  ``None`` (default): only :meth:`BufferView.refresh` re-reads it.
 
+    Returns
+    -------
+    BufferView
+        The view, with the index as read now.
+
     Raises
     ------
     CheckpointNotFoundError
@@ -79,35 +77,28 @@ def open_buffer(
     )
 
 
-class BufferView:
+class BufferView(ViewBase):
     """A read-only view of a store's committed trajectories; see :func:`open_buffer`.
 
     A view pickles as its URL, options, window and generator state; unpickling opens the
     store again (in the new process: S3 clients are never shared across a fork or spawn).
+
+    Parameters
+    ----------
+    layout
+        The store's layout, opened read-only.
+    documents
+        Its two documents, as just read.
+    seed, sample_window_size, refresh_interval
+        As for :func:`open_buffer`.
+
+    Raises
+    ------
+    ValueError
+        ``refresh_interval`` is negative.
+    CorruptStoreError
+        The index is malformed, or of a newer format than this rbzarr knows.
     """
-
-    def __init__(
-        self,
-        layout: TrajectoryLayout,
-        documents: Documents,
-        *,
-        seed: int | None = None,
-        sample_window_size: int = 0,
-        refresh_interval: float | None = None,
-    ) -> None:
-        if refresh_interval is not None and not refresh_interval >= 0:
-            raise ValueError(f"refresh_interval must be >= 0 seconds, got {refresh_interval}")
-        self.layout = layout
-        self.sample_window_size = sample_window_size
-        self.refresh_interval = refresh_interval
-        self._sampler = WindowSampler(seed)
-        self._schema: Schema | None = None
-        self._set_documents(documents)
-
-    def _set_documents(self, documents: Documents) -> None:
-        self._documents = documents
-        self._index = TrajectoryIndex.from_documents(documents, self.url)
-        self._read_at = time.monotonic()
 
     def __reduce__(self) -> tuple[Any, ...]:
         options = {
@@ -117,127 +108,25 @@ class BufferView:
         }
         return (_reopen, (self.url, self.storage_options, options, self.state_dict()["sampler"]))
 
-    def state_dict(self) -> dict[str, Any]:
-        """The view's sampling state: ``{"sampler": ...}`` (seed and generator state)."""
-        return {"sampler": self._sampler.state_dict()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a state from :meth:`state_dict`: the next draws continue that stream."""
-        self._sampler.load_state_dict(state["sampler"])
-
     def __repr__(self) -> str:
         return f"BufferView({self.url!r}, format={self.format!r}, trajectories={len(self)})"
-
-    def __len__(self) -> int:
-        return len(self._index)
-
-    @property
-    def url(self) -> str:
-        """The store's location."""
-        return self.layout.location.url
-
-    @property
-    def storage_options(self) -> dict[str, Any]:
-        """The fsspec options the store was opened with (a copy)."""
-        return dict(self.layout.location.storage_options)
-
-    @property
-    def format(self) -> str:
-        """The store's layout: ``"zarr"``, ``"pt"`` or ``"pkl"``."""
-        return self.layout.format
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        """A copy of ``metadata.json``."""
-        return dict(self._documents.metadata)
-
-    @property
-    def ids(self) -> list[int]:
-        """Committed trajectory ids, in the index's (insertion) order."""
-        return list(self._index.id_list)
-
-    @property
-    def entries(self) -> dict[int, dict[str, Any]]:
-        """Index entries by id (copies)."""
-        return {i: dict(self._index.entries[i]) for i in self._index.id_list}
-
-    @property
-    def total_samples(self) -> int:
-        """``T * B`` summed over the committed trajectories."""
-        return self._index.total_samples
-
-    def refresh(self) -> None:
-        """Re-read the index, picking up trajectories committed since the view was opened."""
-        self._set_documents(self.layout.read_documents())
-
-    def sample(
-        self, num_chunks: int, *, generator: torch.Generator | None = None
-    ) -> dict[str, Any]:
-        """Sample ``num_chunks`` committed rows, as ``TrajectoryReplayBuffer.sample`` does.
-
-        The draw is the buffer's (uniform over the window's rows, the same output keys,
-        order and dtypes); every row is read from storage.  ``generator`` replaces the
-        view's own generator for this call.  With a ``refresh_interval`` the index is
-        re-read first when it is older than that.
-
-        Raises
-        ------
-        ValueError
-            ``num_chunks`` is not positive.
-        EmptyBufferError
-            The index lists no trajectory.
-        """
-        if num_chunks <= 0:
-            raise ValueError(f"num_chunks must be positive, got {num_chunks}")
-        interval = self.refresh_interval
-        if interval is not None and time.monotonic() - self._read_at >= interval:
-            self.refresh()
-        window = self._index.window(self.sample_window_size)
-        if not window:
-            raise EmptyBufferError(f"{self.url}: no committed trajectory to sample from")
-        counts = self._index.sample_counts(window)
-        positions, rows = self._sampler.draw(num_chunks, counts, generator)
-        ids = torch.tensor(window, dtype=torch.int64)[positions]
-        nothing_cached = torch.zeros(len(ids), dtype=torch.bool)
-        plan = plan_misses(ids, rows, nothing_cached, {}, self.schema(), self._index.entries, {})
-        return tree.unflatten(read_batch(plan, self.layout))
-
-    def schema(self) -> Schema:
-        """Sampled keys (in batch order) with their dtype names and trailing shapes.
-
-        From ``metadata.json`` when rbzarr wrote the store, else from its first trajectory.
-        """
-        if self._schema is None:
-            schema = schema_from_json(self._documents.metadata.get("schema"))
-            if schema is None and self._index.id_list:
-                schema = validate(self.trajectory(self._index.id_list[0])).schema
-            if schema is None:
-                return {}
-            self._schema = schema
-        return dict(self._schema)
-
-    def entry(self, trajectory_id: int) -> dict[str, Any]:
-        """The index entry of ``trajectory_id``; ``KeyError`` if the index does not list it."""
-        if trajectory_id not in self._index.entries or trajectory_id not in self._index.id_list:
-            raise KeyError(f"{self.url}: trajectory {trajectory_id} is not in the index")
-        return self._index.entries[trajectory_id]
-
-    def keys(self) -> list[str]:
-        """Flat field keys (``"rewards"``, ``"curr_obs/image"``) of the first trajectory."""
-        if not self._index.id_list:
-            return []
-        return self.layout.field_names(self.entry(self._index.id_list[0]))
-
-    def trajectory(self, trajectory_id: int, keys: Sequence[str] | None = None) -> Trajectory:
-        """Read one committed trajectory (raw rows), optionally only the flat ``keys``."""
-        return self.layout.read(self.entry(trajectory_id), keys)
 
     def iter_trajectories(
         self, keys: Sequence[str] | None = None, progress: bool = False
     ) -> Iterator[tuple[int, Trajectory]]:
         """Yield ``(trajectory_id, trajectory)`` in index order, reading one at a time.
 
-        ``progress`` shows a tqdm bar on stderr.
+        Parameters
+        ----------
+        keys
+            Flat keys to read; ``None`` reads every field.
+        progress
+            Show a tqdm bar on stderr.
+
+        Yields
+        ------
+        tuple of (int, Trajectory)
+            Each committed id with its raw trajectory.
         """
         for trajectory_id in tqdm(self.ids, desc="trajectories", disable=not progress):
             yield trajectory_id, self.trajectory(trajectory_id, keys)
@@ -245,15 +134,39 @@ class BufferView:
     def iter_steps(
         self, keys: Sequence[str] | None = None, progress: bool = False
     ) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
-        """Yield ``(trajectory_id, steps)`` in index order: every (or each flat ``keys``)
-        field's ``T`` time steps, the reset rows of ``dones``-like fields dropped."""
+        """Yield ``(trajectory_id, steps)`` in index order: each field's ``T`` time steps.
+
+        Parameters
+        ----------
+        keys
+            Flat keys to read; ``None`` reads every field.
+        progress
+            Show a tqdm bar on stderr.
+
+        Yields
+        ------
+        tuple of (int, dict of str to torch.Tensor)
+            Each committed id with its ``[T, ...]`` fields by flat key, the reset rows of
+            ``dones``-like fields dropped.
+        """
         for trajectory_id, trajectory in self.iter_trajectories(keys, progress):
             T = int(self.entry(trajectory_id)["shape"][0])
             yield trajectory_id, {k: time_steps(v, T) for k, v in trajectory.tensors().items()}
 
     def run_continues(self, across_trajectories: bool = True) -> list[bool]:
-        """Per id of :attr:`ids`: whether the next trajectory continues its run
-        (:func:`rbzarr.episodes.continues`); all false without ``across_trajectories``."""
+        """Per id of :attr:`ids`: whether the next trajectory continues its run.
+
+        Parameters
+        ----------
+        across_trajectories
+            ``False`` makes every trajectory a run of its own.
+
+        Returns
+        -------
+        list of bool
+            One flag per id, in index order (:func:`rbzarr.episodes.continues` of it and
+            the next id); the last is always false.
+        """
         entries = [self._index.entries[i] for i in self._index.id_list]
         return [
             across_trajectories and i + 1 < len(entries) and continues(entry, entries[i + 1])
@@ -272,6 +185,24 @@ class BufferView:
         Episodes carry the ``[T, B, ...]`` fields among ``episode_keys`` (default: ``keys``;
         ``dones`` is always read); see :mod:`rbzarr.episodes` for how they are cut and
         followed across a run.
+
+        Parameters
+        ----------
+        keys
+            Flat keys to read; ``None`` reads every field.
+        progress
+            Show a tqdm bar on stderr.
+        across_trajectories
+            Follow episodes into the next trajectory of their run; ``False`` cuts them at
+            trajectory boundaries.
+        episode_keys
+            Flat keys the episodes carry; ``None``: every per-environment field read.
+
+        Yields
+        ------
+        tuple of (int, dict of str to torch.Tensor, list of Episode)
+            Each committed id, its time steps (as :meth:`iter_steps`) and the episodes
+            that end in it.
 
         Raises
         ------
@@ -300,8 +231,22 @@ class BufferView:
     ) -> Iterator[Episode]:
         """Yield every episode, in the order they end (see :mod:`rbzarr.episodes`).
 
-        ``keys`` limits the fields read (``dones`` is always read); ``None`` reads all.
-        ``across_trajectories=False`` cuts episodes at trajectory boundaries.
+        Parameters
+        ----------
+        keys
+            Flat keys to read (``dones`` is always read); ``None`` reads all.
+        across_trajectories
+            ``False`` cuts episodes at trajectory boundaries.
+
+        Yields
+        ------
+        Episode
+            Complete episodes, and incomplete ones where their run ends.
+
+        Raises
+        ------
+        ValueError
+            A trajectory has no ``dones`` field.
         """
         for _, _, episodes in self.iter_steps_and_episodes(keys, False, across_trajectories):
             yield from episodes
@@ -312,6 +257,21 @@ class BufferView:
         Each is the raw ``[T(+E), B, ...]`` array (reset rows of ``dones`` included),
         chunked like the store; ``bfloat16`` fields appear as their ``uint16`` bits.
         Needs the zarr layout and the ``analysis`` extra (dask).
+
+        Parameters
+        ----------
+        key
+            A flat key, e.g. ``"rewards"`` or ``"curr_obs/image"``.
+
+        Returns
+        -------
+        dict of int to dask.array.Array
+            One lazy array per committed id, in index order.
+
+        Raises
+        ------
+        ValueError
+            The store is not in the zarr layout.
         """
         groups = {i: self.zarr_group(i) for i in self.ids}  # a clear error if not zarr
         import dask.array as da  # noqa: PLC0415 (optional dependency)
@@ -319,7 +279,25 @@ class BufferView:
         return {i: da.from_zarr(group[key]) for i, group in groups.items()}
 
     def zarr_group(self, trajectory_id: int) -> Any:
-        """The read-only Zarr group of one trajectory (zarr layout only; else ValueError)."""
+        """The read-only Zarr group of one trajectory (zarr layout only).
+
+        Parameters
+        ----------
+        trajectory_id
+            A committed id.
+
+        Returns
+        -------
+        zarr.Group
+            The trajectory's group, one array per field.
+
+        Raises
+        ------
+        KeyError
+            The index does not list ``trajectory_id``.
+        ValueError
+            The store is not in the zarr layout.
+        """
         return self.layout.zarr_group(self.entry(trajectory_id))
 
     def xarray_dataset(self, trajectory_id: int) -> Any:
@@ -328,6 +306,24 @@ class BufferView:
         Dimensions are the arrays' ``dimension_names`` (``time``, ``env``, then per-key
         names; reset-row fields use ``time_with_resets``).  Needs a trajectory written by
         zarr layout 2 and the ``analysis`` extra (xarray, dask).
+
+        Parameters
+        ----------
+        trajectory_id
+            A committed id.
+
+        Returns
+        -------
+        xarray.Dataset
+            Lazy variables named by flat key, in the trajectory's field order.
+
+        Raises
+        ------
+        KeyError
+            The index does not list ``trajectory_id``.
+        ValueError
+            The store is not in the zarr layout, or the trajectory was written by layout 1
+            (its arrays carry no dimension names).
         """
         import xarray  # noqa: PLC0415 (optional dependency)
 

@@ -31,6 +31,17 @@ SAME_STEP = "same_step"
 def autoreset_mode_name(mode: Any) -> str:
     """``"next_step"`` or ``"same_step"`` for a name or a gymnasium ``AutoresetMode``.
 
+    Parameters
+    ----------
+    mode
+        A mode name (case, ``_`` and ``-`` ignored, e.g. ``"NextStep"``) or a gymnasium
+        ``AutoresetMode`` member.
+
+    Returns
+    -------
+    str
+        :data:`NEXT_STEP` or :data:`SAME_STEP`.
+
     Raises
     ------
     ValueError

@@ -29,7 +29,13 @@ __all__ = ["TrajectoryReplayBuffer"]
 
 
 def _listed(trajectories: object) -> list[Trajectory]:
-    """``trajectories`` as a list; refuse what is not a collection of trajectories."""
+    """``trajectories`` as a list; refuse what is not a collection of trajectories.
+
+    Raises
+    ------
+    TrajectoryListError
+        ``trajectories`` is a string, bytes, a mapping or not iterable (e.g. one trajectory).
+    """
     if isinstance(trajectories, str | bytes | Mapping) or not isinstance(trajectories, Iterable):
         raise TrajectoryListError(
             "add_trajectories takes a list of trajectories, got "

@@ -23,7 +23,7 @@ from rbzarr.sampler import WindowSampler
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
-from rbzarr.store_writer import StoreWriter, format_at
+from rbzarr.store_writer import StoreWriter
 from rbzarr.trajectory import Schema, Trajectory
 from rbzarr.validated import clone_trajectory
 from rbzarr.writer import DEFAULT_TIMEOUT
@@ -36,7 +36,36 @@ DEFAULT_FORMAT = "zarr"
 class BufferBase:
     """Components, settings, views and lifecycle of a replay buffer.
 
-    See :class:`~rbzarr.buffer.TrajectoryReplayBuffer` for the constructor's parameters.
+    :class:`~rbzarr.buffer.TrajectoryReplayBuffer` documents the parameters at length.
+
+    Parameters
+    ----------
+    seed
+        Seed of the sampling generator; ``None`` draws nondeterministically.
+    enable_cache, cache_size
+        With ``auto_save``, keep the last ``cache_size`` trajectories in memory; without
+        it the cache holds the whole window and these are ignored.
+    sample_window_size
+        Sample from the most recent trajectories only; 0 or negative means all.
+    auto_save, auto_save_path
+        Persist every trajectory in the background under ``auto_save_path`` (a local path
+        or fsspec URL), appending to a store already there.
+    trajectory_format
+        ``"zarr"``, ``"pt"`` or ``"pkl"``; ``None``: the existing store's, else ``"zarr"``.
+    storage_options
+        fsspec options for every URL.
+    max_pending_writes
+        Bound of the background write queue.
+    layout_options
+        Keyword arguments for the layout of ``trajectory_format``.
+
+    Raises
+    ------
+    ValueError
+        ``trajectory_format`` is not a registered format, or ``auto_save`` is set without
+        ``auto_save_path``.
+    StoreExistsError
+        ``auto_save_path`` is a file, or holds a store of another ``trajectory_format``.
     """
 
     def __init__(
@@ -74,7 +103,7 @@ class BufferBase:
         self._closed = False
         location = Location.from_url(auto_save_path, self.storage_options) if auto_save else None
         if location is not None and trajectory_format is None:
-            self.trajectory_format = format_at(location) or DEFAULT_FORMAT
+            self.trajectory_format = checkpoint.format_at(location) or DEFAULT_FORMAT
         # The format layout_options are meant for (loading may adopt another one).
         self._options_format = self.trajectory_format
         self._store: StoreWriter | None = None
@@ -202,7 +231,16 @@ class BufferBase:
                 self._schema = None
 
     def get_stats(self) -> dict[str, Any]:
-        """Counters for logging."""
+        """Counters for logging.
+
+        Returns
+        -------
+        dict of str to Any
+            ``num_trajectories``, ``total_samples``, ``cache_size`` (trajectories cached),
+            ``cache_capacity``, ``cache_bytes``, ``sample_window_size``,
+            ``trajectory_counter``, ``pending_writes`` and ``write_error`` (the message of
+            the error the current write keeps failing with, else ``None``).
+        """
         with self._lock:
             error = None if self._store is None else self._store.last_error
             return {
@@ -242,6 +280,16 @@ class BufferBase:
 
     def trajectory(self, trajectory_id: int) -> Trajectory:
         """The raw ``[T, B, ...]`` trajectory ``trajectory_id`` (copies), from memory or storage.
+
+        Parameters
+        ----------
+        trajectory_id
+            An id in the index.
+
+        Returns
+        -------
+        Trajectory
+            From the cache, the pending writes, or else read from the store.
 
         Raises
         ------

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from rbzarr.errors import InvalidTrajectoryError
-from rbzarr.trajectory import Residue, Trajectory, join_trajectory
+from rbzarr.flat_view import Residue, join_trajectory
+from rbzarr.trajectory import Trajectory
 
 __all__ = ["SlotCache"]
 
@@ -23,6 +24,17 @@ class SlotCache:
     """FIFO cache of flat trajectories; ``capacity=None`` keeps every trajectory, 0 none.
 
     Not thread-safe on its own: the buffer serialises access.
+
+    Parameters
+    ----------
+    capacity
+        The most trajectories kept (the oldest is evicted first); ``None``: no limit,
+        ``0``: the cache is disabled.
+
+    Raises
+    ------
+    ValueError
+        ``capacity`` is negative.
     """
 
     def __init__(self, capacity: int | None) -> None:
@@ -43,7 +55,13 @@ class SlotCache:
         return trajectory_id in self._slot_of
 
     def ids(self) -> list[int]:
-        """Cached ids, oldest first."""
+        """Cached ids, oldest first.
+
+        Returns
+        -------
+        list of int
+            A new list of the trajectory ids in insertion order.
+        """
         return list(self._slot_of)
 
     @property
@@ -59,7 +77,17 @@ class SlotCache:
     def check(self, flat: dict[str, torch.Tensor]) -> None:
         """Raise :class:`InvalidTrajectoryError` if ``flat`` does not fit the slots' schema.
 
-        Keys are matched by name, whatever their order.
+        Keys are matched by name, whatever their order.  An empty cache accepts anything.
+
+        Parameters
+        ----------
+        flat
+            A trajectory's ``[T*B, ...]`` rows by flat key.
+
+        Raises
+        ------
+        InvalidTrajectoryError
+            The keys differ from the cached ones, or a key's dtype or row shape differs.
         """
         if not self._storage:
             return
@@ -81,6 +109,27 @@ class SlotCache:
         """Copy a flat trajectory into a slot; return the ids evicted to make room.
 
         A disabled cache (capacity 0) keeps nothing.
+
+        Parameters
+        ----------
+        trajectory_id
+            The id to cache the trajectory under.
+        flat
+            Its ``[T*B, ...]`` rows by flat key; copied into the slot.
+        residue
+            What the flat view leaves out (copied), to rebuild the raw trajectory.
+        width
+            Its number of environments ``B``.
+
+        Returns
+        -------
+        list of int
+            The ids evicted (oldest first) to stay within the capacity.
+
+        Raises
+        ------
+        InvalidTrajectoryError
+            ``flat`` does not fit the cached schema (see :meth:`check`).
         """
         if not self.enabled:
             return []
@@ -133,13 +182,36 @@ class SlotCache:
             self._storage[key] = new
 
     def slots(self, trajectory_ids: list[int]) -> torch.Tensor:
-        """The slot of each id (``-1`` where not cached), as an int64 tensor."""
+        """The slot of each id (``-1`` where not cached), as an int64 tensor.
+
+        Parameters
+        ----------
+        trajectory_ids
+            The ids to look up.
+
+        Returns
+        -------
+        torch.Tensor
+            1-D ``int64``, one slot per id in the order given.
+        """
         return torch.tensor([self._slot_of.get(i, -1) for i in trajectory_ids], dtype=torch.int64)
 
     def gather(self, slots: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """Rows ``rows`` of the trajectories in ``slots`` (from :meth:`slots`, all cached).
 
         One ``index_select`` per key; the results are fresh tensors.
+
+        Parameters
+        ----------
+        slots
+            ``int64`` slot of each wanted row; every slot must hold a trajectory.
+        rows
+            ``int64`` flat row of each wanted row inside its trajectory.
+
+        Returns
+        -------
+        dict of str to torch.Tensor
+            ``[len(rows), ...]`` per key, in the cache's key order.
         """
         flat_index = slots * self._max_rows + rows
         return {
@@ -148,7 +220,18 @@ class SlotCache:
         }
 
     def trajectory(self, trajectory_id: int) -> Trajectory:
-        """The raw ``[T, B, ...]`` trajectory rebuilt from its slot (copies)."""
+        """The raw ``[T, B, ...]`` trajectory rebuilt from its slot (copies).
+
+        Parameters
+        ----------
+        trajectory_id
+            A cached id (``KeyError`` otherwise).
+
+        Returns
+        -------
+        Trajectory
+            With its reset rows, unsampled fields and scalars restored.
+        """
         slot, rows = self._slot_of[trajectory_id], self._rows[trajectory_id]
         flat = {key: slots[slot, :rows].clone() for key, slots in self._storage.items()}
         return join_trajectory(flat, self._residues[trajectory_id], self._width[trajectory_id])
@@ -156,7 +239,11 @@ class SlotCache:
     def state_dict(self) -> dict[str, Any]:
         """The cached trajectories, oldest first: ``{"capacity", "trajectories"}``.
 
-        Each trajectory is ``(id, flat rows, residue, B)``; the tensors are copies.
+        Returns
+        -------
+        dict of str to Any
+            ``{"capacity": int or None, "trajectories": [(id, flat rows, residue, B), ...]}``;
+            the tensors are copies.
         """
         trajectories = []
         for trajectory_id, slot in self._slot_of.items():
@@ -167,7 +254,14 @@ class SlotCache:
         return {"capacity": self.capacity, "trajectories": trajectories}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Replace the content by :meth:`state_dict`'s (the capacity stays this cache's)."""
+        """Replace the content by :meth:`state_dict`'s (the capacity stays this cache's).
+
+        Parameters
+        ----------
+        state
+            A dict from :meth:`state_dict`; trajectories beyond this cache's capacity evict
+            the oldest, as :meth:`put` does.
+        """
         self.clear()
         for trajectory_id, flat, residue, width in state["trajectories"]:
             self.put(trajectory_id, flat, residue, width)

@@ -223,6 +223,11 @@ class Channel:
         ``"forkserver"``, ``"fork"``) whose primitives the channel uses; ``None`` for the
         default one. Children must be started from the same context.
 
+    Raises
+    ------
+    ValueError
+        For an unknown ``backend``, or a ``context`` given with ``backend="thread"``.
+
     Notes
     -----
     A process channel is asynchronous like ``multiprocessing.Queue``: an item becomes
@@ -255,8 +260,22 @@ class Channel:
     def put(self, item: Any, timeout: float | None = None) -> None:
         """Add ``item``, blocking while the channel is full (at most ``timeout`` seconds).
 
-        Raises :class:`~rbzarr.errors.ChannelClosedError` once the channel is closed and
-        :class:`~rbzarr.errors.ChannelTimeoutError` when no room appeared in time.
+        Parameters
+        ----------
+        item
+            Any object; with ``backend="process"`` it must be picklable (tensors travel
+            through shared memory).
+        timeout
+            Seconds to wait for room; ``None`` waits for ever, ``0`` does not wait.
+
+        Raises
+        ------
+        ChannelClosedError
+            Once the channel is closed (also when it closes while ``put`` waits).
+        ChannelTimeoutError
+            When no room appeared within ``timeout`` seconds.
+        ValueError
+            If ``timeout`` is negative.
         """
         _check_timeout(timeout)
         self._backend.put(item, timeout)
@@ -264,8 +283,24 @@ class Channel:
     def get(self, timeout: float | None = None) -> Any:
         """Remove and return the oldest item, blocking while none is there.
 
-        Raises :class:`~rbzarr.errors.ChannelClosedError` when the channel is closed and
-        drained, :class:`~rbzarr.errors.ChannelTimeoutError` when nothing arrived in time.
+        Parameters
+        ----------
+        timeout
+            Seconds to wait for an item; ``None`` waits for ever, ``0`` does not wait.
+
+        Returns
+        -------
+        Any
+            The oldest item (FIFO per producer).
+
+        Raises
+        ------
+        ChannelClosedError
+            When the channel is closed and drained.
+        ChannelTimeoutError
+            When nothing arrived within ``timeout`` seconds.
+        ValueError
+            If ``timeout`` is negative.
         """
         _check_timeout(timeout)
         return self._backend.get(timeout)
@@ -274,6 +309,27 @@ class Channel:
         """Wait for one item as :meth:`get` does, then take up to ``max_items`` in all.
 
         Items beyond the first are taken only if they are ready now.
+
+        Parameters
+        ----------
+        max_items
+            The most items to return, at least 1.
+        timeout
+            Seconds to wait for the first item, as in :meth:`get`.
+
+        Returns
+        -------
+        list
+            Between 1 and ``max_items`` items, oldest first.
+
+        Raises
+        ------
+        ValueError
+            If ``max_items`` is below 1 or ``timeout`` is negative.
+        ChannelClosedError
+            When the channel is closed and drained before a first item arrives.
+        ChannelTimeoutError
+            When no first item arrived within ``timeout`` seconds.
         """
         if max_items < 1:
             raise ValueError(f"max_items must be >= 1, got {max_items}")

@@ -24,7 +24,13 @@ from rbzarr.errors import (
     StoreExistsError,
 )
 from rbzarr.index import TrajectoryIndex
-from rbzarr.storage.layout import Entry, TrajectoryLayout, check_entry_shape, read_documents
+from rbzarr.storage.layout import (
+    METADATA_FILE,
+    Entry,
+    TrajectoryLayout,
+    check_entry_shape,
+    read_documents,
+)
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import stored_format
 from rbzarr.trajectory import Schema
@@ -33,6 +39,7 @@ from rbzarr.validated import ValidatedTrajectory
 __all__ = [
     "LoadedCheckpoint",
     "check_target",
+    "format_at",
     "is_rbzarr_store",
     "load",
     "save",
@@ -45,14 +52,37 @@ LayoutFactory = Callable[[Location, str], TrajectoryLayout]
 
 
 def schema_to_json(schema: Schema | None) -> dict[str, Any] | None:
-    """The buffer schema as JSON (``{key: [dtype, [trailing...]]}``)."""
+    """The buffer schema as JSON (``{key: [dtype, [trailing...]]}``).
+
+    Parameters
+    ----------
+    schema
+        Flat key to ``(dtype name, trailing shape)``; ``None`` before the first add.
+
+    Returns
+    -------
+    dict of str to Any or None
+        ``{key: [dtype name, [trailing dims]]}`` in the schema's order, or ``None``.
+    """
     if schema is None:
         return None
     return {key: [dtype, list(trailing)] for key, (dtype, trailing) in schema.items()}
 
 
 def schema_from_json(document: Any) -> Schema | None:
-    """Inverse of :func:`schema_to_json`; ``None`` when the store has no schema."""
+    """Inverse of :func:`schema_to_json`; ``None`` when the store has no schema.
+
+    Parameters
+    ----------
+    document
+        The ``"schema"`` value of ``metadata.json``; ``None`` or empty when absent (RLinf
+        records none).
+
+    Returns
+    -------
+    Schema or None
+        Flat key to ``(dtype name, trailing shape tuple)``, in the document's order.
+    """
     if not document:
         return None
     return {
@@ -62,13 +92,57 @@ def schema_from_json(document: Any) -> Schema | None:
 
 
 def is_rbzarr_store(metadata: Mapping[str, Any]) -> bool:
-    """Whether ``metadata.json`` was written by rbzarr (it carries the format marker)."""
+    """Whether ``metadata.json`` was written by rbzarr (it carries the format marker).
+
+    Parameters
+    ----------
+    metadata
+        The store's ``metadata.json``.
+
+    Returns
+    -------
+    bool
+        True when it holds ``rbzarr_format_version``; false for a store RLinf wrote.
+    """
     return "rbzarr_format_version" in metadata
+
+
+def format_at(location: Location) -> str | None:
+    """The format of the store at ``location``, or ``None`` when there is none.
+
+    Parameters
+    ----------
+    location
+        Where a store may be; there is one when ``metadata.json`` exists.
+
+    Returns
+    -------
+    str or None
+        The ``trajectory_format`` its metadata names (``"pt"`` when it names none, as
+        RLinf writes), or ``None`` without ``metadata.json``.
+
+    Raises
+    ------
+    CheckpointNotFoundError
+        ``metadata.json`` exists but ``trajectory_index.json`` does not.
+    CorruptStoreError
+        A document is not a JSON object.
+    """
+    if not location.exists(METADATA_FILE):
+        return None
+    return stored_format(read_documents(location))
 
 
 # -- saving -----------------------------------------------------------------------------------
 def check_target(target: TrajectoryLayout, auto_save_url: str | None) -> None:
     """Refuse a save path that is the auto-save store or holds a store already.
+
+    Parameters
+    ----------
+    target
+        The layout at the checkpoint's ``save_path``.
+    auto_save_url
+        The buffer's auto-save store URL; ``None`` without ``auto_save``.
 
     Raises
     ------
@@ -100,6 +174,22 @@ def save(
     """Write ``index``'s trajectories (through ``copy_trajectory``), then its documents.
 
     Unsafe file names fail before anything is written.
+
+    Parameters
+    ----------
+    target
+        The checkpoint's layout (checked with :func:`check_target` first).
+    index
+        The trajectories to save, in order, with the counters.
+    metadata
+        Extra ``metadata.json`` keys (seed, schema, sampler state).
+    copy_trajectory
+        Writes one trajectory, given the target and its entry, into ``target``.
+
+    Raises
+    ------
+    UnsafePathError
+        An entry's file name would leave ``target``; nothing was written.
     """
     for trajectory_id in index.id_list:
         target.trajectory_path(index.entries[trajectory_id])
@@ -113,11 +203,24 @@ def save(
 class LoadedCheckpoint:
     """Everything a buffer needs to adopt a checkpoint, read before anything changes.
 
-    ``full`` is the checkpoint's whole index, ``share`` this rank's part of it (the whole
-    index for a full load) with the trajectories that have data; ``warm`` holds the last
-    trajectories of ``share`` (as many as the cache keeps), validated; ``sampler`` the
-    sampler state to restore; ``is_partial`` says whether this rank's share of the id list
-    leaves out other ranks' ids.
+    Parameters
+    ----------
+    source
+        The checkpoint's layout, to copy or read more trajectories from.
+    full
+        The checkpoint's whole index.
+    share
+        This rank's part of ``full`` (all of it for a full load), keeping only the
+        trajectories that have data.
+    schema
+        The stored schema, or the one learnt from the data; ``None`` for an empty share.
+    sampler
+        The sampler state to restore (only the seed for a rank's share).
+    warm
+        ``(id, validated trajectory)`` of the last trajectories of ``share``, as many as
+        the cache keeps.
+    is_partial
+        Whether ``share`` leaves out other ranks' ids.
     """
 
     source: TrajectoryLayout
@@ -160,6 +263,7 @@ def load(
     Returns
     -------
     LoadedCheckpoint
+        Everything read; nothing in the buffer has changed yet.
 
     Raises
     ------

@@ -138,7 +138,25 @@ def stats(
 @_json_flag
 @click.pass_context
 def verify(ctx: click.Context, url: str, repair: bool, drop_damaged: bool, as_json: bool) -> None:
-    """Check index against data; exit 1 while problems remain."""
+    """Check index against data; exit 1 while problems remain.
+
+    \f
+    Parameters
+    ----------
+    ctx
+        The command's context; the group's ``--storage-option`` values are read from it.
+    url
+        The store to check.
+    repair, drop_damaged
+        ``--repair`` and ``--drop-damaged``, passed to ``verify_store``.
+    as_json
+        ``--json``: print the report as JSON instead of lines.
+
+    Raises
+    ------
+    click.UsageError
+        ``--drop-damaged`` without ``--repair`` (nothing is checked).
+    """
     from rbzarr.report_text import verify_lines  # noqa: PLC0415
     from rbzarr.verify import verify_store  # noqa: PLC0415
 
@@ -320,6 +338,20 @@ def bench(**options: Any) -> None:
 
     Prints each suite's figures and its targets (what each measures, the value against the
     threshold), and writes one JSON document per suite.
+
+    \f
+    Parameters
+    ----------
+    **options
+        The command's options by name; the sizes left after ``quick``, ``out``, ``check``,
+        ``plot``, ``suites``, ``workloads``, ``*_batch`` and ``workdir`` go to
+        ``settings_from``.
+
+    Raises
+    ------
+    click.ClickException
+        With ``--check``, when a measured target is missed (exit status 1, after the
+        results are written).
     """
     import tempfile  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415

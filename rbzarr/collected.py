@@ -21,6 +21,16 @@ def model_weights_id(versions: torch.Tensor | None) -> str:
 
     ``uuid5(NAMESPACE_DNS, hex(bytes of versions))``; without versions, the bytes of
     ``torch.zeros(1)`` (float32) are hashed, so every version-less trajectory shares one id.
+
+    Parameters
+    ----------
+    versions
+        The trajectory's ``versions`` tensor (weight versions per step), or ``None``.
+
+    Returns
+    -------
+    str
+        The canonical text form of the UUID, e.g. ``"1b4e28ba-2fa1-5ad2-..."``.
     """
     source = torch.zeros(1) if versions is None else versions
     return str(uuid.uuid5(uuid.NAMESPACE_DNS, to_numpy(source).tobytes().hex()))
@@ -33,6 +43,16 @@ def max_episode_length(step_dones: torch.Tensor) -> int:
     ``t = 0`` or right after a step where that environment is done (any entry of its
     ``dones[t, b, ...]`` set), and ends at its next done step, inclusive, or at ``T``.
     An episode still running at ``T`` counts with the steps observed so far.
+
+    Parameters
+    ----------
+    step_dones
+        ``[T, B, ...]`` done flags, one row per collector step (no reset rows).
+
+    Returns
+    -------
+    int
+        The longest episode length in steps; 0 when there are no environments.
     """
     steps, envs = int(step_dones.shape[0]), int(step_dones.shape[1])
     ended = step_dones.reshape(steps, envs, -1).bool().any(dim=2).cpu()
@@ -54,6 +74,25 @@ def split(trajectory: Trajectory, num_parts: int) -> list[Trajectory]:
     ``max_episode_length`` over its own environments (the parent's value without
     ``[T, B, ...]`` ``dones``).
     Parts may share memory with ``trajectory``.
+
+    Parameters
+    ----------
+    trajectory
+        A valid trajectory with ``B`` environments.
+    num_parts
+        How many parts to make, between 1 and ``B``.
+
+    Returns
+    -------
+    list of Trajectory
+        ``num_parts`` trajectories, in environment order.
+
+    Raises
+    ------
+    ValueError
+        If ``num_parts`` is not in ``[1, B]``.
+    InvalidTrajectoryError
+        If ``trajectory`` does not validate.
     """
     spec = validate(trajectory)
     if not 0 < num_parts <= spec.B:

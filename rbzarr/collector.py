@@ -27,7 +27,6 @@ trajectory: true when the transition ``curr_obs[t] -> next_obs[t]`` ended its ep
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,25 +36,11 @@ from rbzarr.autoreset import NEXT_STEP, aligned_rows, autoreset_mode_name
 from rbzarr.collected import max_episode_length, model_weights_id, split
 from rbzarr.errors import InvalidTrajectoryError
 from rbzarr.fields import RESET_ROW_FIELDS
+from rbzarr.rollout_epochs import RolloutEpoch, epoch_rows, stack_epochs, stacked
 from rbzarr.step_checks import Signature, StepChecks, signature_of
 from rbzarr.trajectory import Trajectory, trajectory_from_raw
 
 __all__ = ["TrajectoryCollector", "max_episode_length", "model_weights_id", "split"]
-
-
-def _stacked(steps: list[dict[str, torch.Tensor]], paths: list[str]) -> dict[str, torch.Tensor]:
-    """``[S, B, ...]`` per path from ``S`` step rows."""
-    return {path: torch.stack([step[path] for step in steps]) for path in paths}
-
-
-@dataclass
-class _Epoch:
-    """One rollout epoch: the reset row given to ``reset`` and the steps after it."""
-
-    reset_row: dict[str, torch.Tensor | None]
-    steps: list[dict[str, torch.Tensor]] = field(default_factory=list)
-    # Per step, which environments made a transition (next-step mode skips reset steps).
-    valid: list[torch.Tensor] = field(default_factory=list)
 
 
 class TrajectoryCollector:
@@ -72,6 +57,11 @@ class TrajectoryCollector:
         How the environments reset themselves (:mod:`rbzarr.autoreset`): ``"same_step"``
         (default) or ``"next_step"`` (gymnasium 1.x's default), or a gymnasium
         ``AutoresetMode``.  :meth:`for_vector_env` reads it from the env.
+
+    Raises
+    ------
+    ValueError
+        If ``num_envs`` is not positive, or for an unsupported ``autoreset_mode``.
 
     Notes
     -----
@@ -113,6 +103,18 @@ class TrajectoryCollector:
     def for_vector_env(cls, envs: Any, device: torch.device | str = "cpu") -> TrajectoryCollector:
         """A collector for a gymnasium vector env: its ``num_envs`` and autoreset mode.
 
+        Parameters
+        ----------
+        envs
+            A gymnasium vector env: ``num_envs``, ``metadata["autoreset_mode"]`` are read.
+        device
+            Where the collected rows are kept, as in the constructor.
+
+        Returns
+        -------
+        TrajectoryCollector
+            An empty collector; call :meth:`reset` with the observation of ``envs.reset()``.
+
         Raises
         ------
         ValueError
@@ -124,7 +126,7 @@ class TrajectoryCollector:
 
     def clear(self) -> None:
         """Forget every epoch, step and observation collected so far."""
-        self._epochs: list[_Epoch] = []
+        self._epochs: list[RolloutEpoch] = []
         self._obs: dict[str, torch.Tensor] | None = None
         self._obs_signature: Signature | None = None
         self._step_signature: Signature | None = None
@@ -154,6 +156,19 @@ class TrajectoryCollector:
         last step of the previous epoch); each absent one is zeros, except that ``dones``
         defaults to ``terminations | truncations``.  In next-step mode, ``reset`` starts
         the collection and may not be called while steps are pending (:meth:`clear` first).
+
+        Parameters
+        ----------
+        obs
+            The observation the epoch starts from, as returned by ``envs.reset()``.
+        dones, terminations, truncations
+            Optional ``[B, ...]`` flags for the reset row, shaped like the steps' flags.
+
+        Raises
+        ------
+        InvalidTrajectoryError
+            In next-step mode with steps pending, or when ``obs`` or a flag does not fit
+            ``B`` or the fields already collected; nothing is changed.
         """
         if self.autoreset_mode == NEXT_STEP and self.num_steps:
             raise InvalidTrajectoryError(
@@ -180,9 +195,9 @@ class TrajectoryCollector:
         self._obs_signature = signature
         self._obs = stored
         if self._epochs and not self._epochs[-1].steps:
-            self._epochs[-1] = _Epoch(reset_row)
+            self._epochs[-1] = RolloutEpoch(reset_row)
         else:
-            self._epochs.append(_Epoch(reset_row))
+            self._epochs.append(RolloutEpoch(reset_row))
 
     def add_step(
         self,
@@ -205,6 +220,33 @@ class TrajectoryCollector:
         environments that finished this step) replaces ``next_obs`` rows of done
         environments in ``next_obs[t]`` (same-step mode only). Optional fields must be given
         on every step of a trajectory or on none.
+
+        Parameters
+        ----------
+        actions
+            The actions taken this step.
+        rewards
+            The rewards the step returned.
+        next_obs
+            The observation the step returned (possibly nested dict of ``[B, ...]``).
+        terminations, truncations
+            The step's episode-end flags, of one shape; ``dones`` is their logical or.
+        final_obs
+            Same-step mode: the true last observation of the environments done this step.
+        prev_logprobs, prev_values
+            Optional log-probabilities of ``actions`` and value estimates of the policy.
+        versions
+            Optional weight versions of the acting policy; they set ``model_weights_id``.
+        forward_inputs
+            Optional (nested) dict of policy inputs, stored as ``forward_inputs/...``.
+        intervene_flags
+            Optional ``[B, D]`` flags marking human-intervened steps.
+
+        Raises
+        ------
+        InvalidTrajectoryError
+            Before :meth:`reset`, for ``final_obs`` in next-step mode, or when a tensor does
+            not fit (wrong ``B``, shapes, dtypes or fields); nothing is changed.
         """
         previous = self._obs
         if previous is None or self._obs_signature is None:
@@ -258,9 +300,16 @@ class TrajectoryCollector:
         ``T`` transitions (``T``: the fewest of any column) and keeps the rest, and the
         current observations, for the next trajectory.
 
-        Raises :class:`~rbzarr.errors.InvalidTrajectoryError` (and keeps everything) when no
-        step was added, the epochs differ in length, or (next-step) some environment has
-        no transition yet.
+        Returns
+        -------
+        Trajectory
+            ``[T, B, ...]`` fields, with ``T + E`` reset-row rows for ``E`` epochs.
+
+        Raises
+        ------
+        InvalidTrajectoryError
+            When no step was added, the epochs differ in length, or (next-step) some
+            environment has no transition yet; the collector keeps everything.
         """
         lengths = [len(epoch.steps) for epoch in self._epochs]
         if not lengths or sum(lengths) == 0:
@@ -276,20 +325,19 @@ class TrajectoryCollector:
             )
         rows = [step for epoch in self._epochs for step in epoch.steps]
         signature = signature_of(rows[0])
-        fields = _stacked(rows, [path for path in signature if path not in RESET_ROW_FIELDS])
-        for name in RESET_ROW_FIELDS:
-            fields[name] = torch.cat(
-                [
-                    self._epoch_rows(epoch, name, signature, _stacked(epoch.steps, [name])[name])
-                    for epoch in self._epochs
-                ]
-            )
+        fields = stack_epochs(self._epochs, signature, self.num_envs, self.device)
         trajectory = self._trajectory(fields, torch.stack([step["dones"] for step in rows]))
         self.clear()
         return trajectory
 
     def _build_aligned(self) -> Trajectory:
-        """Next-step mode: one epoch, each column its own environment's transitions."""
+        """Next-step mode: one epoch, each column its own environment's transitions.
+
+        Raises
+        ------
+        InvalidTrajectoryError
+            When some environment has made no transition yet.
+        """
         (epoch,) = self._epochs  # reset() refuses a second epoch while steps are pending
         steps, left = aligned_rows(torch.stack(epoch.valid).cpu())
         if steps.shape[0] == 0:
@@ -299,17 +347,20 @@ class TrajectoryCollector:
             )
         envs = torch.arange(self.num_envs).expand_as(steps)
         signature = signature_of(epoch.steps[0])
-        stacked = _stacked(epoch.steps, list(signature))
-        fields = {path: value[steps, envs] for path, value in stacked.items()}
+        rows = stacked(epoch.steps, list(signature))
+        fields = {path: value[steps, envs] for path, value in rows.items()}
         step_dones = fields["dones"]
         for name in RESET_ROW_FIELDS:
-            fields[name] = self._epoch_rows(epoch, name, signature, fields[name])
+            fields[name] = epoch_rows(
+                epoch, name, signature, fields[name], self.num_envs, self.device
+            )
         trajectory = self._trajectory(fields, step_dones)
         # Keep the steps from the first one still holding an untaken transition.
         pending = left.any(dim=1).nonzero().flatten()
         first = int(pending[0]) if len(pending) else len(epoch.steps)
         zeros: dict[str, torch.Tensor | None] = dict.fromkeys(RESET_ROW_FIELDS)
-        self._epochs = [_Epoch(zeros, epoch.steps[first:], list(left[first:].to(self.device)))]
+        kept = list(left[first:].to(self.device))
+        self._epochs = [RolloutEpoch(zeros, epoch.steps[first:], kept)]
         return trajectory
 
     def _trajectory(self, fields: dict[str, torch.Tensor], step_dones: torch.Tensor) -> Trajectory:
@@ -347,26 +398,3 @@ class TrajectoryCollector:
         epoch.steps.append(stored)
         epoch.valid.append(~self._was_done)  # all true in same-step mode
         self._obs = current
-
-    def _epoch_rows(
-        self, epoch: _Epoch, name: str, signature: Signature, step_rows: torch.Tensor
-    ) -> torch.Tensor:
-        """``name``'s rows of one epoch: its reset row, then ``step_rows`` (``[S, B, ...]``)."""
-        dtype, trailing = signature[name]
-        given = epoch.reset_row[name]
-        if given is None and name == "dones":
-            terms, truncs = epoch.reset_row["terminations"], epoch.reset_row["truncations"]
-            if terms is not None or truncs is not None:
-                given = torch.logical_or(
-                    self._reset_value(terms, signature["terminations"]),
-                    self._reset_value(truncs, signature["truncations"]),
-                )
-        first = self._reset_value(given, (dtype, trailing))
-        return torch.cat([first.unsqueeze(0), step_rows])
-
-    def _reset_value(
-        self, value: torch.Tensor | None, sig: tuple[torch.dtype, tuple[int, ...]]
-    ) -> torch.Tensor:
-        if value is None:
-            return torch.zeros((self.num_envs, *sig[1]), dtype=sig[0], device=self.device)
-        return value.detach().to(self.device, sig[0], copy=True)

@@ -15,7 +15,8 @@ from typing import Any, Protocol
 import torch
 
 from rbzarr import tree
-from rbzarr.trajectory import Trajectory, flatten_trajectory, validate
+from rbzarr.flat_view import flatten_trajectory
+from rbzarr.trajectory import Trajectory, validate
 
 __all__ = ["RLinfCompatMixin"]
 
@@ -54,15 +55,49 @@ class RLinfCompatMixin:
         ----------
         min_size
             The number of trajectories wanted.
+
+        Returns
+        -------
+        bool
+            ``len(buffer) >= min_size``.
         """
         return len(self) >= min_size
 
     async def is_ready_async(self: _Buffer, min_size: int) -> bool:
-        """:meth:`is_ready` as a coroutine, for RLinf's async workers (``await ...``)."""
+        """:meth:`is_ready` as a coroutine, for RLinf's async workers (``await ...``).
+
+        Parameters
+        ----------
+        min_size
+            The number of trajectories wanted.
+
+        Returns
+        -------
+        bool
+            ``len(buffer) >= min_size``, once awaited.
+        """
         return len(self) >= min_size
 
     def sample_chunks(self: _Buffer, num_chunks: int) -> dict[str, Any]:
-        """:meth:`sample` under RLinf's other name: ``num_chunks`` rows of the window."""
+        """:meth:`sample` under RLinf's other name: ``num_chunks`` rows of the window.
+
+        Parameters
+        ----------
+        num_chunks
+            How many rows to draw (clamped to the window's total samples).
+
+        Returns
+        -------
+        dict of str to Any
+            The batch :meth:`sample` returns: RLinf's nested dict of ``[n, ...]`` tensors.
+
+        Raises
+        ------
+        ValueError
+            ``num_chunks`` is not positive.
+        EmptyBufferError
+            The buffer holds no trajectory.
+        """
         return self.sample(num_chunks)
 
     def clear_cache(self: _Buffer) -> None:

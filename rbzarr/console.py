@@ -30,10 +30,36 @@ _USER_ERRORS = (RbzarrError, OSError, ValueError, KeyError, ImportError)
 
 
 class OneLineErrors(click.Group):
-    """A group that turns user errors into one clear line instead of a traceback."""
+    """A group that turns user errors into one clear line instead of a traceback.
+
+    Parameters
+    ----------
+    name, commands, invoke_without_command, no_args_is_help
+        Passed to :class:`click.Group` unchanged.
+    subcommand_metavar, chain, result_callback, **kwargs
+        Passed to :class:`click.Group` unchanged.
+    """
 
     def invoke(self, ctx: click.Context) -> Any:
-        # docstring inherited
+        """Run the chosen command; a user error becomes one line, a closed pipe exit 1.
+
+        Parameters
+        ----------
+        ctx
+            The group's click context.
+
+        Returns
+        -------
+        Any
+            What the command returned.
+
+        Raises
+        ------
+        click.ClickException
+            For a user error (an rbzarr error, ``OSError``, ``ValueError``, ``KeyError``,
+            ``ImportError`` or a storage backend's error), with the error's message on one
+            line and no traceback; click prints ``Error: ...`` and exits with status 1.
+        """
         handled: tuple[type[BaseException], ...] = (*_USER_ERRORS, *backend_errors())
         try:
             return super().invoke(ctx)
@@ -53,7 +79,13 @@ def silence_stdout() -> None:
 
 
 def progress_wanted() -> bool:
-    """Whether to draw progress bars: only on a terminal, never into a log or a pipe."""
+    """Whether to draw progress bars: only on a terminal, never into a log or a pipe.
+
+    Returns
+    -------
+    bool
+        Whether stderr (where the bars go) is a terminal.
+    """
     return sys.stderr.isatty()
 
 
@@ -61,6 +93,19 @@ def parse_storage_options(
     ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 ) -> dict[str, Any]:
     """Click callback: ``KEY=VALUE`` pairs to a dict, each VALUE parsed as JSON if it can be.
+
+    Parameters
+    ----------
+    ctx, param
+        The click context and option (unused; click passes them).
+    values
+        The option's values, e.g. ``("anon=true", "endpoint_url=http://...")``.
+
+    Returns
+    -------
+    dict
+        ``{KEY: value}``: VALUE as JSON (``true``, ``3``, ``{...}``), else the text itself;
+        a repeated KEY keeps its last value.
 
     Raises
     ------
@@ -81,6 +126,18 @@ def parse_storage_options(
 
 def parse_ids(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
     """Click callback: ``"1,2,5"`` to ``[1, 2, 5]`` (``None`` stays ``None``).
+
+    Parameters
+    ----------
+    ctx, param
+        The click context and option (unused; click passes them).
+    value
+        The option's text, or ``None`` when it was not given.
+
+    Returns
+    -------
+    list of int or None
+        The integers in order (empty parts skipped), or ``None``.
 
     Raises
     ------

@@ -23,13 +23,11 @@ workers, and trying raises; iterate it with the prefetch thread (``num_workers=0
 
 from __future__ import annotations
 
-import inspect
 import warnings
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,11 +35,9 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from rbzarr import tree
-from rbzarr.analysis import BufferView, open_buffer
-from rbzarr.buffer import TrajectoryReplayBuffer
-from rbzarr.errors import CheckpointNotFoundError
 from rbzarr.index import shard_bounds
 from rbzarr.prefetch import ReplayLoader
+from rbzarr.sample_sources import SampleSource, store_spec, takes_generator, worker_source
 
 __all__ = [
     "ReplayDataset",
@@ -54,19 +50,27 @@ __all__ = [
 Batch = dict[str, Any]
 
 
-class SampleSource(Protocol):
-    """Anything with ``sample(num_chunks) -> dict`` (a replay buffer, a view, a demo buffer)."""
-
-    def sample(self, num_chunks: int) -> Batch:
-        """A batch of ``num_chunks`` rows, as a (nested) dict of ``[num_chunks, ...]``."""
-        ...  # pragma: no cover - a protocol
-
-
 def derive_seed(seed: int, rank: int, worker: int, epoch: int = 0) -> int:
     """The sampling seed of ``worker`` on ``rank`` in ``epoch``: distinct, well mixed.
 
     A 63-bit value drawn from ``numpy.random.SeedSequence([seed, rank, worker, epoch])``,
     so neighbouring ranks, workers and epochs get unrelated streams.
+
+    Parameters
+    ----------
+    seed
+        The run's base seed (non-negative).
+    rank
+        The ``torch.distributed`` rank.
+    worker
+        The ``DataLoader`` worker id (0 in the main process).
+    epoch
+        The pass, as given to :meth:`ReplayDataset.set_epoch`.
+
+    Returns
+    -------
+    int
+        A seed in ``[0, 2**63)`` for ``torch.Generator.manual_seed``.
     """
     entropy = [seed, rank, worker, epoch]
     state = np.random.SeedSequence(entropy).generate_state(2, np.uint32)
@@ -74,7 +78,23 @@ def derive_seed(seed: int, rank: int, worker: int, epoch: int = 0) -> int:
 
 
 def concat_batches(first: Batch, second: Batch) -> Batch:
-    """Concatenate two sampled batches key by key (rows of ``first``, then ``second``)."""
+    """Concatenate two sampled batches key by key (rows of ``first``, then ``second``).
+
+    Parameters
+    ----------
+    first, second
+        Sampled batches, (nested) dicts of ``[n, ...]`` tensors with the same keys.
+
+    Returns
+    -------
+    dict
+        The batch nested as ``first``, each tensor ``[n_first + n_second, ...]``.
+
+    Raises
+    ------
+    ValueError
+        If the two batches have different (flattened) keys.
+    """
     left, right = tree.flatten(first), tree.flatten(second)
     if list(left) != list(right):
         raise ValueError(
@@ -83,61 +103,8 @@ def concat_batches(first: Batch, second: Batch) -> Batch:
     return tree.unflatten({path: torch.cat([left[path], right[path]]) for path in left})
 
 
-def _takes_generator(source: SampleSource) -> bool:
-    try:
-        params = inspect.signature(source.sample).parameters
-    except (TypeError, ValueError):
-        return False
-    return "generator" in params or any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
-    )
-
-
 def _pin(batch: Batch) -> Batch:
     return tree.unflatten({path: value.pin_memory() for path, value in tree.flatten(batch).items()})
-
-
-@dataclass(frozen=True)
-class _StoreSpec:
-    """Where a worker opens its view: a store's URL, fsspec options and sampling window."""
-
-    url: str
-    storage_options: dict[str, Any]
-    sample_window_size: int
-
-    def open(self, refresh_interval: float) -> BufferView:
-        try:
-            return open_buffer(
-                self.url,
-                self.storage_options,
-                sample_window_size=self.sample_window_size,
-                refresh_interval=refresh_interval,
-            )
-        except CheckpointNotFoundError as exc:
-            raise CheckpointNotFoundError(
-                f"ReplayDataset: DataLoader workers sample the store at {self.url}, which has "
-                "no committed trajectory yet; add trajectories to the buffer (and flush()) "
-                "before iterating the DataLoader"
-            ) from exc
-
-
-def _store_spec(source: object) -> _StoreSpec | None:
-    """The store a worker samples instead of ``source``; ``None`` for other sources.
-
-    Raises ``ValueError`` for a buffer without ``auto_save``.
-    """
-    if isinstance(source, BufferView):
-        return _StoreSpec(source.url, source.storage_options, source.sample_window_size)
-    if not isinstance(source, TrajectoryReplayBuffer):
-        return None
-    if source.store_url is None:
-        raise ValueError(
-            "ReplayDataset: a TrajectoryReplayBuffer without auto_save keeps its trajectories "
-            "in this process's memory, so DataLoader workers cannot sample it (each would "
-            "draw from a frozen copy). Use num_workers=0 (ReplayDataset prefetches on a "
-            "thread), or build the buffer with auto_save=True so workers read its store"
-        )
-    return _StoreSpec(source.store_url, dict(source.storage_options), source.sample_window_size)
 
 
 class ReplayDataset(IterableDataset[Batch]):
@@ -218,8 +185,15 @@ class ReplayDataset(IterableDataset[Batch]):
         self._loaders: weakref.WeakSet[ReplayLoader] = weakref.WeakSet()
 
     def set_epoch(self, epoch: int) -> None:
-        """Start the streams of ``epoch``: later iterators draw rows unrelated to earlier
-        epochs' (call it before each pass, as with ``DistributedSampler``)."""
+        """Start the streams of ``epoch``: later iterators draw rows unrelated to earlier ones.
+
+        Call it before each pass, as with ``DistributedSampler``.
+
+        Parameters
+        ----------
+        epoch
+            The pass number; it enters every iterator's :func:`derive_seed`.
+        """
         self.epoch = int(epoch)
 
     def __iter__(self) -> ReplayLoader:
@@ -246,7 +220,7 @@ class ReplayDataset(IterableDataset[Batch]):
         state = self.__dict__.copy()
         del state["_loaders"]
         for name in ("buffer", "demo_buffer"):
-            spec = _store_spec(state[name])
+            spec = store_spec(state[name])
             if spec is not None:
                 state[name] = spec
         return state
@@ -255,25 +229,12 @@ class ReplayDataset(IterableDataset[Batch]):
         self.__dict__.update(state)
         self._loaders = weakref.WeakSet()
 
-    def _worker_source(self, source: Any) -> SampleSource:
-        """In a worker: a view of ``source``'s store, opened here, or ``source`` itself."""
-        spec = source if isinstance(source, _StoreSpec) else _store_spec(source)
-        if spec is not None:
-            return spec.open(self.max_staleness)
-        if not _takes_generator(source):
-            raise ValueError(
-                f"ReplayDataset: {type(source).__name__}.sample() takes no generator, so "
-                "every DataLoader worker would draw the same batches; accept a "
-                "'generator' keyword or use num_workers=0"
-            )
-        return source
-
     def _producer(self, generator: torch.Generator, in_worker: bool) -> Callable[[], Batch]:
         replay_source, demo_source = self.buffer, self.demo_buffer
         if in_worker:
-            replay_source = self._worker_source(replay_source)
+            replay_source = worker_source(replay_source, self.max_staleness)
             if demo_source is not None:
-                demo_source = self._worker_source(demo_source)
+                demo_source = worker_source(demo_source, self.max_staleness)
         replay = _sampler(replay_source, generator)
         demo = None if demo_source is None else _sampler(demo_source, generator)
         pin = self.pin_memory and not in_worker
@@ -315,18 +276,24 @@ class ReplayDataset(IterableDataset[Batch]):
         prefetch_factor, persistent_workers
             Passed to ``DataLoader`` (``prefetch_factor`` only with workers).
 
+        Returns
+        -------
+        DataLoader
+            A loader with ``batch_size=None`` whose items are this dataset's batches.
+
         Raises
         ------
         ValueError
-            With ``num_workers > 0``, a source that workers cannot sample (a buffer
-            without ``auto_save``, a ``sample`` without a ``generator`` keyword).
+            If ``num_workers`` is negative, or with ``num_workers > 0``, a source that
+            workers cannot sample (a buffer without ``auto_save``, a ``sample`` without a
+            ``generator`` keyword).
         """
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if num_workers > 0:
             for source in (self.buffer, self.demo_buffer):
-                if source is not None and _store_spec(source) is None:
-                    self._worker_source(source)  # raises for a source workers cannot use
+                if source is not None and store_spec(source) is None:
+                    worker_source(source, self.max_staleness)  # raises if workers cannot
         pin = self.pin_memory if pin_memory is None else pin_memory
         return DataLoader(
             self,
@@ -375,6 +342,6 @@ def _check_arguments(
 
 
 def _sampler(source: SampleSource, generator: torch.Generator) -> Callable[[int], Batch]:
-    if _takes_generator(source):
+    if takes_generator(source):
         return lambda n: source.sample(n, generator=generator)  # type: ignore[call-arg]
     return source.sample

@@ -20,7 +20,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from rbzarr.analysis import open_buffer
 from rbzarr.buffer import TrajectoryReplayBuffer
 from rbzarr.channel import Channel
 from rbzarr.collector import TrajectoryCollector
+from rbzarr.demo_settings import DemoResult, DemoSettings
 from rbzarr.dqn import QNetwork, dqn_update, greedy_return
 from rbzarr.plotting import plot_learning_curve
 
@@ -39,66 +39,6 @@ __all__ = ["DemoResult", "DemoSettings", "report", "run_demo", "write_learning_c
 
 # Weights reach the rollout thread this many trajectories after the data they trained on.
 _POLICY_LAG = 2
-
-
-@dataclass(frozen=True)
-class DemoSettings:
-    """Knobs of the demo; the defaults learn CartPole in about two minutes on 2 cores."""
-
-    store: Path = Path("rbzarr-demo")
-    env_id: str = "CartPole-v1"
-    num_envs: int = 8
-    steps_per_trajectory: int = 32
-    trajectories: int = 200
-    batch_size: int = 64
-    updates_per_trajectory: int = 128
-    learning_starts: int = 1024  # env steps collected before the first update
-    sample_window_size: int = 0  # sample every trajectory of the run
-    cache_size: int = 200  # ... from memory; every trajectory is also written to the store
-    learning_rate: float = 2.3e-3
-    gamma: float = 0.99
-    hidden: int = 256
-    target_every: int = 128  # updates between target-network copies
-    epsilon_start: float = 1.0
-    epsilon_end: float = 0.04
-    exploration_fraction: float = 0.16  # of all env steps, epsilon decays linearly
-    eval_every: int = 10  # trajectories between greedy evaluations
-    eval_episodes: int = 8
-    seed: int = 0
-    progress: bool = True
-
-    @property
-    def steps_per_round(self) -> int:
-        """Env steps in one trajectory: ``num_envs * steps_per_trajectory``."""
-        return self.num_envs * self.steps_per_trajectory
-
-    def epsilon(self, env_steps: int) -> float:
-        """The exploration rate after ``env_steps`` env steps."""
-        decay = self.exploration_fraction * self.trajectories * self.steps_per_round
-        fraction = min(1.0, env_steps / decay) if decay > 0 else 1.0
-        return self.epsilon_start + fraction * (self.epsilon_end - self.epsilon_start)
-
-
-@dataclass(frozen=True)
-class DemoResult:
-    """Where the demo left its data, how fast it went and how well it learnt.
-
-    ``evaluations`` holds ``(env_steps, mean greedy return)`` pairs, in order.
-    """
-
-    store: Path
-    checkpoint: Path
-    env_steps: int
-    rows_sampled: int
-    bytes_written: int
-    seconds: float
-    final_loss: float
-    evaluations: list[tuple[int, float]]
-
-    @property
-    def final_return(self) -> float:
-        """The mean greedy return of the last evaluation (NaN without one)."""
-        return self.evaluations[-1][1] if self.evaluations else float("nan")
 
 
 def _make_env(settings: DemoSettings, num_envs: int) -> Any:
@@ -224,7 +164,7 @@ def run_demo(settings: DemoSettings, log: Callable[[str], None] = tqdm.write) ->
     Parameters
     ----------
     settings
-        The knobs.
+        The knobs: env, sizes, DQN hyper-parameters, seed and where the store goes.
     log
         Receives one line per evaluation (default: printed above the progress bar).
 
@@ -296,7 +236,19 @@ def _run(settings: DemoSettings, log: Callable[[str], None]) -> DemoResult:
 
 
 def report(result: DemoResult) -> str:
-    """A short human summary of a demo run."""
+    """A short human summary of a demo run.
+
+    Parameters
+    ----------
+    result
+        What :func:`run_demo` returned.
+
+    Returns
+    -------
+    str
+        Eight aligned lines: env steps and rows sampled (with rates), bytes written, the
+        store and checkpoint paths, the final TD loss and greedy return, the elapsed time.
+    """
     return "\n".join(
         [
             f"env steps      {result.env_steps} ({result.env_steps / result.seconds:,.0f}/s)",
@@ -314,7 +266,15 @@ def report(result: DemoResult) -> str:
 def write_learning_curve(result: DemoResult) -> Path | str:
     """Draw the run's returns over training into ``learning-curve.png`` beside its store.
 
-    Returns the file's path, or a line saying why there is none (matplotlib missing).
+    Parameters
+    ----------
+    result
+        What :func:`run_demo` returned; its store is opened read-only for the episodes.
+
+    Returns
+    -------
+    Path or str
+        The file's path, or a line saying why there is none (matplotlib missing).
     """
     path = result.store.parent / "learning-curve.png"
     try:

@@ -16,7 +16,17 @@ __all__ = ["QNetwork", "dqn_update", "greedy_return"]
 
 
 class QNetwork(torch.nn.Module):
-    """An MLP from observations to one value per discrete action."""
+    """An MLP from observations to one value per discrete action.
+
+    Parameters
+    ----------
+    obs_dim
+        Size of a (flat) observation.
+    actions
+        Number of discrete actions: one output per action.
+    hidden
+        Width of each of the two hidden ReLU layers.
+    """
 
     def __init__(self, obs_dim: int, actions: int, hidden: int = 256) -> None:
         super().__init__()
@@ -29,7 +39,18 @@ class QNetwork(torch.nn.Module):
         )
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """Action values ``[N, actions]`` of observations ``[N, obs_dim]``."""
+        """Action values ``[N, actions]`` of observations ``[N, obs_dim]``.
+
+        Parameters
+        ----------
+        obs
+            ``[N, obs_dim]`` float observations.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[N, actions]`` action values.
+        """
         return self.net(obs)
 
 
@@ -44,6 +65,26 @@ def dqn_update(
     """One TD(0) step of ``q`` towards ``r + gamma * max_a target(s', a)``; the loss.
 
     Gradients are clipped to ``max_grad_norm`` (a bootstrapped target can run away).
+
+    Parameters
+    ----------
+    q
+        The network trained; its parameters are updated in place.
+    target
+        The network that gives the bootstrap values (not updated).
+    optimiser
+        The optimiser over ``q``'s parameters; one ``step()`` is taken.
+    batch
+        A sampled batch with the fields named in the module docs.
+    gamma
+        The discount of the bootstrap value.
+    max_grad_norm
+        The largest total gradient norm of ``q`` (larger ones are scaled down).
+
+    Returns
+    -------
+    float
+        The smooth-L1 TD loss of the batch, before the step.
     """
     obs, next_obs = batch["curr_obs"]["state"], batch["next_obs"]["state"]
     actions = batch["actions"].long()
@@ -64,8 +105,22 @@ def dqn_update(
 def greedy_return(q: QNetwork, envs: Any, seed: int, max_steps: int = 10_000) -> float:
     """Mean return of the first episode of each env of ``envs`` under the greedy policy.
 
-    ``envs`` is a gymnasium vector env; it is reset with ``seed`` (the same start states for
-    the same seed).
+    Parameters
+    ----------
+    q
+        The network whose ``argmax`` action is taken.
+    envs
+        A gymnasium vector env; it is reset with ``seed`` (the same start states for the
+        same seed), and each of its environments plays one episode.
+    seed
+        The reset seed.
+    max_steps
+        Vector steps at most; episodes still running then count their return so far.
+
+    Returns
+    -------
+    float
+        The mean undiscounted return over the environments.
     """
     obs, _ = envs.reset(seed=seed)
     running = np.ones(envs.num_envs, dtype=bool)

@@ -44,9 +44,24 @@ class Episode:
 
     ``trajectory_id`` is the trajectory it begins in and ``start`` the time step there
     (reset rows not counted); ``trajectory_ids`` lists every trajectory it spans, in order.
-    ``done`` is whether a done ended it (false when its run ended first).  ``fields`` maps
-    flat keys to ``[length, ...]`` tensors; per-step fields without an environment
-    dimension are left out.
+    Per-step fields without an environment dimension are left out of ``fields``.
+
+    Parameters
+    ----------
+    trajectory_id
+        The trajectory the episode begins in.
+    env
+        The environment (column ``b`` of ``[T, B]``).
+    start
+        The time step it begins at in ``trajectory_id`` (reset rows not counted).
+    length
+        Its number of time steps, over every trajectory it spans.
+    done
+        Whether a done ended it (false when its run ended first).
+    fields
+        The episode's time steps: flat key to ``[length, ...]`` tensor.
+    trajectory_ids
+        Every trajectory it spans, in order.
     """
 
     trajectory_id: int
@@ -65,7 +80,20 @@ class Episode:
 
 
 def time_steps(raw: torch.Tensor, T: int) -> torch.Tensor:
-    """The ``T`` time steps of a raw field: the reset rows of ``dones``-like fields dropped."""
+    """The ``T`` time steps of a raw field: the reset rows of ``dones``-like fields dropped.
+
+    Parameters
+    ----------
+    raw
+        A field as stored: ``[T, ...]``, or ``[T + E, ...]`` with ``E`` reset rows.
+    T
+        The trajectory's number of time steps.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[T, ...]``; ``raw`` itself when it has no reset rows (or is 0-d).
+    """
     if raw.dim() == 0 or raw.shape[0] == T:
         return raw
     return raw.index_select(0, raw_time_rows(torch.arange(T), T, int(raw.shape[0])))
@@ -76,6 +104,17 @@ def episode_segments(dones: torch.Tensor) -> list[tuple[int, int, int, bool]]:
 
     Environment by environment, each segment ends at a true done (``done=True``) or at the
     end of the trajectory (``done=False``).
+
+    Parameters
+    ----------
+    dones
+        ``[T, B, ...]`` time-step dones (reset rows already dropped); a step ends an
+        episode when any of its trailing elements is non-zero.
+
+    Returns
+    -------
+    list of tuple of (int, int, int, bool)
+        ``(env, start, length, done)`` per segment, by environment then start.
     """
     T, B = int(dones.shape[0]), int(dones.shape[1])
     ended = (dones.reshape(T, B, -1) != 0).any(dim=-1)
@@ -93,7 +132,17 @@ def episode_segments(dones: torch.Tensor) -> list[tuple[int, int, int, bool]]:
 def continues(entry: Mapping[str, Any], following: Mapping[str, Any]) -> bool:
     """Whether the trajectory of index entry ``following`` continues that of ``entry``.
 
-    True for consecutive ids with the same number of environments ``B``.
+    Parameters
+    ----------
+    entry
+        An index entry (``"trajectory_id"``, ``"shape"`` ``[T, B]``).
+    following
+        The entry after it in index order.
+
+    Returns
+    -------
+    bool
+        True for consecutive ids with the same number of environments ``B``.
     """
     return int(following["trajectory_id"]) == int(entry["trajectory_id"]) + 1 and int(
         following["shape"][1]
@@ -127,6 +176,21 @@ class EpisodeTracker:
 
         ``run_continues`` says whether the next trajectory fed continues this one (see
         :func:`continues`); when false, episodes still running are returned incomplete.
+
+        Parameters
+        ----------
+        trajectory_id
+            The trajectory's id.
+        steps
+            Its ``[T, B, ...]`` time steps by flat key; must hold ``dones``.
+        run_continues
+            Whether the next trajectory fed continues this one.
+
+        Returns
+        -------
+        list of Episode
+            The episodes that end here (joined with their start in earlier trajectories of
+            the run), plus the cut ones when the run ends or ``B`` changed.
         """
         carried, self._open = self._open, {}
         episodes = []

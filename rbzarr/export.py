@@ -29,7 +29,13 @@ _RECOMPUTED = ("trajectory_format", "size", "total_samples", "trajectory_counter
 def _select(
     index: TrajectoryIndex, ids: Iterable[int] | None, last: int | None, where: str
 ) -> list[int]:
-    """The ids to export, in the source's insertion order."""
+    """The ids to export, in the source's insertion order.
+
+    Raises
+    ------
+    ValueError
+        Both ``ids`` and ``last``, a negative ``last``, or ids the index does not list.
+    """
     if ids is not None and last is not None:
         raise ValueError("pass either ids or last, not both")
     if last is not None:
@@ -83,7 +89,8 @@ def export_store(
     StoreExistsError
         ``destination`` already holds a store or trajectory data (nothing is written).
     ValueError
-        Unknown format, both ``ids`` and ``last``, or ids the source does not list.
+        Unknown format, both ``ids`` and ``last``, a negative ``last``, or ids the source
+        does not list.
     CheckpointNotFoundError
         ``source`` is not a store, or a listed trajectory's data is missing.
     StorageUnavailableError

@@ -65,6 +65,16 @@ def trajectory_tensors(traj: object) -> dict[str, Any]:
     and ``forward_inputs/...`` (each in its own key order): the order of a sampled batch.
     Values are returned as found (validation checks them); nothing is copied.
 
+    Parameters
+    ----------
+    traj
+        A :class:`~rbzarr.trajectory.Trajectory` or any object with its attributes.
+
+    Returns
+    -------
+    dict of str to Any
+        The present fields by flat key; fields that are ``None`` or absent are left out.
+
     Raises
     ------
     InvalidTrajectoryError
@@ -97,6 +107,16 @@ def trajectory_tensors(traj: object) -> dict[str, Any]:
 def trajectory_scalars(traj: object) -> tuple[int, str]:
     """``(max_episode_length, model_weights_id)`` of ``traj``, checked.
 
+    Parameters
+    ----------
+    traj
+        A :class:`~rbzarr.trajectory.Trajectory` or any object with its attributes.
+
+    Returns
+    -------
+    tuple of (int, str)
+        The two scalars; an absent attribute reads as ``0`` or ``""``.
+
     Raises
     ------
     InvalidTrajectoryError
@@ -121,6 +141,20 @@ def raw_time_rows(t: torch.Tensor, T: int, raw_rows: int) -> torch.Tensor:
 
     A reset-row field with E epochs stores ``T + E`` rows; step ``t`` of the flat view lives
     at raw row ``t + t // (T / E) + 1``.  Other fields map ``t`` to itself.
+
+    Parameters
+    ----------
+    t
+        Integer tensor of flat time steps, each in ``[0, T)``.
+    T
+        The trajectory's number of time steps (reset rows excluded).
+    raw_rows
+        How many rows the stored field has: ``T`` or ``T + E``.
+
+    Returns
+    -------
+    torch.Tensor
+        The raw row of each step; ``t`` itself when the field has no reset rows.
     """
     epochs = raw_rows - T
     if epochs <= 0:

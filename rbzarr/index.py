@@ -26,6 +26,25 @@ def shard_bounds(count: int, rank: int, world_size: int) -> tuple[int, int]:
     """The ``[start, end)`` slice of ``count`` items that ``rank`` of ``world_size`` owns.
 
     Shares differ by at most one item; the first ``count % world_size`` ranks get the extra.
+
+    Parameters
+    ----------
+    count
+        How many items are shared out.
+    rank
+        This rank, in ``[0, world_size)``.
+    world_size
+        How many ranks share the items; at least 1.
+
+    Returns
+    -------
+    tuple of (int, int)
+        ``(start, end)`` positions; ``start == end`` for an empty share.
+
+    Raises
+    ------
+    ValueError
+        ``world_size`` is not positive, or ``rank`` is outside ``[0, world_size)``.
     """
     if world_size <= 0:
         raise ValueError(f"world_size must be > 0, got {world_size}")
@@ -38,7 +57,17 @@ def shard_bounds(count: int, rank: int, world_size: int) -> tuple[int, int]:
 
 @dataclass
 class TrajectoryIndex:
-    """Index entries by id, their insertion order, and the id counter."""
+    """Index entries by id, their insertion order, and the id counter.
+
+    Parameters
+    ----------
+    entries
+        Index entries (RLinf's ``trajectory_index`` values) by trajectory id.
+    id_list
+        The listed ids in insertion order: the order windows and shards are cut in.
+    trajectory_counter
+        The id the next new entry gets; never below ``max(id) + 1``.
+    """
 
     entries: dict[int, dict[str, Any]] = field(default_factory=dict)
     id_list: list[int] = field(default_factory=list)
@@ -55,7 +84,22 @@ class TrajectoryIndex:
     def new_entry(
         self, shape: Iterable[int], max_episode_length: int, model_weights_id: str
     ) -> dict[str, Any]:
-        """Append an entry with the next id and a fresh uuid, and return it."""
+        """Append an entry with the next id and a fresh uuid, and return it.
+
+        Parameters
+        ----------
+        shape
+            The trajectory's ``[T, B, ...]``; ``num_samples`` is ``T * B``.
+        max_episode_length
+            Stored as an int in the entry.
+        model_weights_id
+            Stored as a str in the entry.
+
+        Returns
+        -------
+        dict of str to Any
+            The new entry (the index holds this same dict).
+        """
         shape = [int(d) for d in shape]
         trajectory_id = self.trajectory_counter
         entry: dict[str, Any] = {
@@ -72,15 +116,48 @@ class TrajectoryIndex:
         return entry
 
     def window(self, size: int) -> list[int]:
-        """The last ``size`` ids in insertion order; all of them when ``size <= 0``."""
+        """The last ``size`` ids in insertion order; all of them when ``size <= 0``.
+
+        Parameters
+        ----------
+        size
+            The window size in trajectories (``sample_window_size``).
+
+        Returns
+        -------
+        list of int
+            The ids, oldest first (a new list).
+        """
         return list(self.id_list) if size <= 0 else self.id_list[-size:]
 
     def sample_counts(self, ids: Iterable[int]) -> torch.Tensor:
-        """``num_samples`` of each id, as an int64 tensor."""
+        """``num_samples`` of each id, as an int64 tensor.
+
+        Parameters
+        ----------
+        ids
+            Listed trajectory ids (an unknown one raises ``KeyError``).
+
+        Returns
+        -------
+        torch.Tensor
+            1-D ``int64``, one count per id in the order given.
+        """
         return torch.tensor([int(self.entries[i]["num_samples"]) for i in ids], dtype=torch.int64)
 
     def subset(self, ids: Iterable[int]) -> TrajectoryIndex:
-        """An index of ``ids`` only (in the order given), keeping the counter."""
+        """An index of ``ids`` only (in the order given), keeping the counter.
+
+        Parameters
+        ----------
+        ids
+            Listed trajectory ids to keep.
+
+        Returns
+        -------
+        TrajectoryIndex
+            A new index holding copies of those entries.
+        """
         ids = list(ids)
         return TrajectoryIndex(
             entries={i: dict(self.entries[i]) for i in ids},
@@ -89,14 +166,40 @@ class TrajectoryIndex:
         )
 
     def shard(self, rank: int, world_size: int) -> TrajectoryIndex:
-        """This rank's share; its counter is ``max(id) + 1`` (0 for an empty share)."""
+        """This rank's share; its counter is ``max(id) + 1`` (0 for an empty share).
+
+        Parameters
+        ----------
+        rank
+            This rank, in ``[0, world_size)``.
+        world_size
+            How many ranks share the listed ids (contiguous slices, see
+            :func:`shard_bounds`).
+
+        Returns
+        -------
+        TrajectoryIndex
+            A new index of this rank's ids, in insertion order.
+
+        Raises
+        ------
+        ValueError
+            As :func:`shard_bounds`.
+        """
         start, end = shard_bounds(len(self.id_list), rank, world_size)
         share = self.subset(self.id_list[start:end])
         share.trajectory_counter = max(share.id_list, default=-1) + 1
         return share
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-ready state: ``{"entries", "id_list", "trajectory_counter"}`` (copies)."""
+        """JSON-ready state of the index.
+
+        Returns
+        -------
+        dict of str to Any
+            ``{"entries", "id_list", "trajectory_counter"}``; entries keyed by the id as a
+            string, all copies.
+        """
         return {
             "entries": {str(i): dict(entry) for i, entry in self.entries.items()},
             "id_list": list(self.id_list),
@@ -104,13 +207,33 @@ class TrajectoryIndex:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Replace this index by :meth:`state_dict`'s."""
+        """Replace this index by :meth:`state_dict`'s.
+
+        Parameters
+        ----------
+        state
+            A dict from :meth:`state_dict` (string or int ids).
+        """
         self.entries = {int(i): dict(entry) for i, entry in state["entries"].items()}
         self.id_list = [int(i) for i in state["id_list"]]
         self.trajectory_counter = int(state["trajectory_counter"])
 
     def to_documents(self, trajectory_format: str, extra: Mapping[str, Any]) -> Documents:
-        """Both JSON documents in RLinf's schema; ``extra`` adds metadata keys."""
+        """Both JSON documents in RLinf's schema; ``extra`` adds metadata keys.
+
+        Parameters
+        ----------
+        trajectory_format
+            The layout's format name, stored as ``trajectory_format``.
+        extra
+            More ``metadata.json`` keys (e.g. the schema); they cannot override
+            ``rbzarr_format_version``.
+
+        Returns
+        -------
+        Documents
+            ``metadata.json`` and ``trajectory_index.json`` of the listed ids.
+        """
         metadata = {
             "trajectory_format": trajectory_format,
             "size": len(self.id_list),
@@ -127,7 +250,26 @@ class TrajectoryIndex:
 
     @classmethod
     def from_documents(cls, documents: Documents, where: str) -> TrajectoryIndex:
-        """Parse the documents of the store at ``where`` (named in errors)."""
+        """Parse the documents of the store at ``where`` (named in errors).
+
+        Parameters
+        ----------
+        documents
+            The store's ``metadata.json`` and ``trajectory_index.json``.
+        where
+            The store's URL, for error messages.
+
+        Returns
+        -------
+        TrajectoryIndex
+            The listed entries; the counter is at least ``max(id) + 1``.
+
+        Raises
+        ------
+        CorruptStoreError
+            The format version is newer than this code knows, the index is malformed, an
+            id has no entry, or an entry is malformed or inconsistent with its id / shape.
+        """
         version = documents.metadata.get("rbzarr_format_version", FORMAT_VERSION)
         if not isinstance(version, int) or version > FORMAT_VERSION:
             raise CorruptStoreError(

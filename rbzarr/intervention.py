@@ -30,6 +30,18 @@ def intervention_mask(flags: torch.Tensor | None, mode: str = "any") -> torch.Te
     ``mode="any"`` marks a step where any of the ``D`` flags is set, ``"all"`` where all are.
     Flags are read as booleans (RLinf's ``~flags`` test assumes a bool tensor).
 
+    Parameters
+    ----------
+    flags
+        The trajectory's ``intervene_flags`` (``[T, B, D]``), or ``None`` when it has none.
+    mode
+        ``"any"`` or ``"all"``: how the ``D`` flags of a step combine.
+
+    Returns
+    -------
+    torch.Tensor or None
+        ``[T, B]`` booleans, or ``None`` when ``flags`` is ``None`` or no flag is set.
+
     Raises
     ------
     NotImplementedError
@@ -54,7 +66,13 @@ def intervention_mask(flags: torch.Tensor | None, mode: str = "any") -> torch.Te
 
 
 def _row_mask(path: str, rows: int, steps: torch.Tensor) -> torch.Tensor:
-    """Which raw rows of field ``path`` to keep, given the kept time ``steps`` (``[T]``)."""
+    """Which raw rows of field ``path`` to keep, given the kept time ``steps`` (``[T]``).
+
+    Raises
+    ------
+    ValueError
+        If ``rows`` is neither ``T`` nor, for a reset-row field, ``T + E`` with ``E | T``.
+    """
     T = int(steps.shape[0])
     if rows == T:
         return steps
@@ -81,6 +99,25 @@ def intervened_columns(
     ``fields`` maps field paths to raw ``[T(+E), B, ...]`` tensors; values with fewer than
     two dimensions, and ``versions``, are left out.  Each result holds ``[k(+E), 1, ...]``
     tensors: the column's intervened steps (and its reset rows), in time order.
+
+    Parameters
+    ----------
+    fields
+        Field paths to raw tensors of one trajectory.
+    mask
+        ``[T, B]`` booleans from :func:`intervention_mask`: the steps to keep.
+
+    Returns
+    -------
+    list of dict
+        One ``{path: tensor}`` per column with an intervened step, in column order; empty
+        when no step is marked.
+
+    Raises
+    ------
+    ValueError
+        If a field has neither ``T`` rows nor (for a reset-row field) ``T + E`` rows with
+        ``E`` dividing ``T``.
     """
     kept = {
         path: value

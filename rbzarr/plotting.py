@@ -46,7 +46,13 @@ def _collect(
     view: BufferView, progress: bool, across_trajectories: bool
 ) -> tuple[np.ndarray, list[tuple[int, int, float]]]:
     """All per-step reward elements, and ``(trajectory_id, length, return)`` per complete
-    episode, the id being the trajectory the episode ended in."""
+    episode, the id being the trajectory the episode ended in.
+
+    Raises
+    ------
+    ValueError
+        If the store has no ``rewards`` field.
+    """
     available = view.keys()
     if REWARDS not in available:
         raise ValueError(f"{view.url}: cannot plot rewards, the store has no 'rewards' field")
@@ -74,6 +80,16 @@ IMAGE_FORMATS = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".svg": "svg", 
 
 def image_format_of(path: str | os.PathLike[str]) -> str:
     """The image format ``path``'s suffix names, e.g. ``"jpeg"`` for ``x.jpg``.
+
+    Parameters
+    ----------
+    path
+        An image file name; its suffix is compared case-insensitively.
+
+    Returns
+    -------
+    str
+        The matplotlib format name: ``"png"``, ``"jpeg"``, ``"svg"`` or ``"pdf"``.
 
     Raises
     ------
@@ -120,7 +136,10 @@ def plot_store(
     Raises
     ------
     ValueError
-        The suffix names no known image format (checked before any data is read).
+        The suffix names no known image format (checked before any data is read), or the
+        store has no ``rewards`` field.
+    ImportError
+        Without matplotlib (the ``analysis`` extra).
     """
     image_format = image_format_of(path)
     plt = _pyplot()
@@ -169,6 +188,20 @@ def plot_learning_curve(
     ``evaluations`` are ``(env_steps, mean greedy return)`` pairs; the store's complete
     training episodes are drawn at the env steps (samples) collected up to the trajectory
     they ended in.
+
+    Parameters
+    ----------
+    evaluations
+        ``(env_steps, mean greedy return)`` pairs, drawn as a line in order.
+    view
+        The run's store; it must have ``rewards`` and ``dones`` fields.
+    path
+        The PNG file to write (whatever its suffix).
+
+    Raises
+    ------
+    ImportError
+        Without matplotlib (the ``analysis`` extra).
     """
     plt = _pyplot()
     samples_until = dict(

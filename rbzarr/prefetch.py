@@ -66,6 +66,18 @@ class ReplayLoader:
     re-raised by ``__next__`` (after the batches made before it) and ends the iteration.
     :meth:`close` (or leaving a ``with`` block) stops the thread; so does dropping the
     loader.
+
+    Parameters
+    ----------
+    produce
+        Makes one batch per call, on the prefetch thread (it starts at construction).
+    batches
+        How many batches to make before the iteration ends; ``None`` never ends.
+    prefetch
+        Batches made ahead of the consumer, at most (the bound of the hand-over queue).
+    seed
+        The seed of the stream ``produce`` samples from, kept as :attr:`seed` for the
+        caller; ``None`` when unknown.
     """
 
     def __init__(

@@ -54,6 +54,28 @@ def _require_data(view: BufferView) -> None:
         )
 
 
+def _require_distinct_trajectories(views: Sequence[BufferView]) -> None:
+    """Refuse sources that share a trajectory: the merged store would list it twice.
+
+    Raises
+    ------
+    ValueError
+        Two sources (or one, twice) list the same trajectory uuid.
+    """
+    seen: dict[str, tuple[str, int]] = {}
+    for view in views:
+        for trajectory_id in view.ids:
+            uuid = str(view.entry(trajectory_id)["uuid"])
+            if uuid in seen:
+                url, first_id = seen[uuid]
+                raise ValueError(
+                    f"cannot merge: trajectory {uuid} is id {first_id} of {url} and id "
+                    f"{trajectory_id} of {view.url} (is one an export of the other?); merge "
+                    "stores that hold different trajectories"
+                )
+            seen[uuid] = (view.url, trajectory_id)
+
+
 def merge_stores(
     destination: str | os.PathLike[str],
     sources: Sequence[str | os.PathLike[str]],
@@ -84,9 +106,12 @@ def merge_stores(
     Raises
     ------
     ValueError
-        No source, a source given twice, or sources whose schemas differ.
+        No source, a source given twice, sources whose schemas differ, or a trajectory
+        (by uuid) in more than one source -- e.g. a store and its export.
     StoreExistsError
         ``destination`` is not empty.
+    CorruptStoreError
+        A source's index lists a trajectory whose data is missing (nothing is written).
     """
     if not sources:
         raise ValueError("merge needs at least one source store")
@@ -97,6 +122,7 @@ def merge_stores(
     schema = _common_schema(views)
     for view in views:
         _require_data(view)
+    _require_distinct_trajectories(views)
     fmt = trajectory_format or views[0].format
     target = layout_class(fmt)(Location.from_url(destination, storage_options))
     _require_empty(target.location)
@@ -129,6 +155,11 @@ def _common_schema(views: Sequence[BufferView]) -> Schema | None:
     """The sources' common schema (``None`` when all are empty); any difference raises.
 
     A source's schema is the one its metadata records, else its first trajectory's.
+
+    Raises
+    ------
+    ValueError
+        If two sources' schemas differ (both are named in the message).
     """
     found: Schema | None = None
     first_url = ""
@@ -184,6 +215,8 @@ def split_store(
         ``count < 1``.
     StoreExistsError
         ``destination`` is not empty.
+    CorruptStoreError
+        The source's index lists a trajectory whose data is missing (nothing is written).
     """
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")

@@ -58,6 +58,16 @@ def concat_shared_keys(first: Batch, second: Batch) -> Batch:
 
     Keys are compared by path, in ``first``'s order; a key that only one side has is
     dropped.  (:func:`rbzarr.data.concat_batches` refuses differing keys instead.)
+
+    Parameters
+    ----------
+    first, second
+        Sampled batches: (nested) dicts of ``[n, ...]`` tensors.
+
+    Returns
+    -------
+    dict
+        The shared tensor keys, each ``[n_first + n_second, ...]``, nested as in ``first``.
     """
     left, right = tree.flatten(first), tree.flatten(second)
     return tree.unflatten(
@@ -70,7 +80,18 @@ def concat_shared_keys(first: Batch, second: Batch) -> Batch:
 
 
 def replay_buffer_collate_fn(batch: list[Batch]) -> Batch:
-    """``DataLoader`` collate function: the dataset's batch itself (``batch[0]``)."""
+    """``DataLoader`` collate function: the dataset's batch itself (``batch[0]``).
+
+    Parameters
+    ----------
+    batch
+        The list ``DataLoader(batch_size=1)`` collects: one already sampled batch.
+
+    Returns
+    -------
+    dict
+        ``batch[0]``, unchanged (no leading dimension is added).
+    """
     return batch[0]
 
 

@@ -30,6 +30,11 @@ class PriorityStore:
     ----------
     maxsize
         How many items it keeps; must be positive.
+
+    Raises
+    ------
+    ValueError
+        If ``maxsize`` is not positive.
     """
 
     def __init__(self, maxsize: int) -> None:
@@ -53,6 +58,14 @@ class PriorityStore:
     def add(self, priority: Any, data: Any) -> bool:
         """Keep ``data`` unless the store is full of items of higher priority.
 
+        Parameters
+        ----------
+        priority
+            A value comparable with the other items' (a tuple such as
+            ``(min_version, mean_version)``; :meth:`remove_below` reads its first element).
+        data
+            The item to keep, e.g. a trajectory.
+
         Returns
         -------
         bool
@@ -72,13 +85,29 @@ class PriorityStore:
         """The ``n`` highest-priority items, highest first; they count as used.
 
         ``n <= 0`` gives ``[]`` (RLinf's slice ``[-0:]`` returns every item).
+
+        Parameters
+        ----------
+        n
+            How many items to return; fewer when the store holds fewer.
+
+        Returns
+        -------
+        list
+            The items' ``data``, highest priority first (the newest first among equals).
         """
         chosen = self._items[-n:] if n > 0 else []
         self._used.update(seq for _, seq, _ in chosen)
         return [data for _, _, data in reversed(chosen)]
 
     def remove_below(self, threshold: Any) -> None:
-        """Drop every item whose priority's first element is below ``threshold``."""
+        """Drop every item whose priority's first element is below ``threshold``.
+
+        Parameters
+        ----------
+        threshold
+            Compared with ``priority[0]`` of each item, e.g. the oldest version to keep.
+        """
         kept = []
         for item in self._items:
             if item[0][0] < threshold:
@@ -123,6 +152,11 @@ class TrajectoryCache:
     ----------
     max_size
         How many trajectories it keeps; must be positive.
+
+    Raises
+    ------
+    ValueError
+        If ``max_size`` is not positive.
     """
 
     def __init__(self, max_size: int = 5) -> None:
@@ -143,6 +177,14 @@ class TrajectoryCache:
 
     def put(self, trajectory_id: int, trajectory: dict[str, Any]) -> None:
         """Cache a copy of the flattened ``trajectory`` under ``trajectory_id``.
+
+        Parameters
+        ----------
+        trajectory_id
+            The key; an id already cached is replaced in place.
+        trajectory
+            A (nested) dict of tensors; its tensors are detached and cloned, other values
+            are dropped.
 
         Raises
         ------
@@ -165,7 +207,18 @@ class TrajectoryCache:
         self._entries[trajectory_id] = flat
 
     def get(self, trajectory_id: int) -> dict[str, Any] | None:
-        """The cached flattened trajectory (nested as it was put), or ``None``."""
+        """The cached flattened trajectory (nested as it was put), or ``None``.
+
+        Parameters
+        ----------
+        trajectory_id
+            The key given to :meth:`put`.
+
+        Returns
+        -------
+        dict or None
+            The cached tensors themselves (not copies), or ``None`` for an id not cached.
+        """
         flat = self._entries.get(trajectory_id)
         return None if flat is None else tree.unflatten(flat)
 

@@ -13,7 +13,6 @@ checked to lie inside their storage before they are built.
 
 from __future__ import annotations
 
-import _compat_pickle
 import codecs
 import io
 import pickle
@@ -24,14 +23,6 @@ from typing import IO, Any
 
 import numpy as np
 import torch
-import torch._utils
-
-try:
-    from numpy._core import multiarray as _multiarray
-    from numpy._core import numeric as _numeric
-except ImportError:  # numpy < 2
-    from numpy.core import multiarray as _multiarray  # type: ignore[no-redef]
-    from numpy.core import numeric as _numeric  # type: ignore[no-redef]
 
 from rbzarr.errors import CorruptStoreError, UnsafePickleError
 
@@ -39,21 +30,24 @@ __all__ = ["RestrictedUnpickler", "safe_load"]
 
 # numpy moved its internals from numpy.core to numpy._core in 2.0; pickles name either.
 _NUMPY_PACKAGES = ("numpy.core", "numpy._core")
+# Protocols 0-2 name Python 2's builtins module; the allow-list needs no other mapping.
+_PYTHON2_MODULES = {"__builtin__": "builtins"}
 
 
-def _check_view(storage: Any, offset: int, size: Any, stride: Any) -> None:
-    """Refuse a tensor view reaching past its storage.
+def _check_view(available: int, offset: int, size: Any, stride: Any) -> None:
+    """Refuse a tensor view reaching past the ``available`` elements of its storage.
 
     torch would otherwise grow the storage to fit (uninitialised memory, or a huge
     allocation asked for by a few bytes of pickle).
+
+    Raises
+    ------
+    ValueError
+        The view is malformed or reaches past the storage.
     """
-    if not isinstance(storage, torch.storage.TypedStorage):
-        raise TypeError(f"expected a torch storage, got {type(storage).__name__}")
     dims, steps = tuple(size), tuple(stride)
     if len(dims) != len(steps) or offset < 0 or min((*dims, *steps), default=0) < 0:
         raise ValueError(f"invalid tensor view: size {dims}, stride {steps}, offset {offset}")
-    itemsize = torch.empty(0, dtype=storage.dtype).element_size()
-    available = storage._untyped_storage.nbytes() // itemsize
     last = offset + sum((d - 1) * s for d, s in zip(dims, steps, strict=True))
     if 0 not in dims and last >= available:
         raise ValueError(
@@ -63,15 +57,88 @@ def _check_view(storage: Any, offset: int, size: Any, stride: Any) -> None:
 
 
 def _rebuild_tensor(storage: Any, offset: int, size: Any, stride: Any) -> torch.Tensor:
-    _check_view(storage, offset, size, stride)
-    return torch._utils._rebuild_tensor(storage, offset, size, stride)
+    """A tensor viewing ``storage``, as the pickle's ``_rebuild_tensor`` describes it.
+
+    The storage comes from :meth:`RestrictedUnpickler._load_storage`, on the CPU.  It is
+    read through a tensor over all of it: ``TypedStorage``'s own methods are deprecated.
+
+    Raises
+    ------
+    TypeError
+        ``storage`` is not a torch storage.
+    """
+    if not isinstance(storage, torch.storage.TypedStorage):
+        raise TypeError(f"expected a torch storage, got {type(storage).__name__}")
+    tensor = torch.empty((0,), dtype=storage.dtype, device="cpu").set_(storage)
+    _check_view(tensor.numel(), offset, size, stride)
+    return tensor.set_(storage, offset, tuple(size), tuple(stride))
 
 
 def _rebuild_tensor_v2(
-    storage: Any, offset: int, size: Any, stride: Any, *rest: Any
+    storage: Any,
+    offset: int,
+    size: Any,
+    stride: Any,
+    requires_grad: bool,
+    backward_hooks: Any,
+    metadata: dict[str, Any] | None = None,
 ) -> torch.Tensor:
-    _check_view(storage, offset, size, stride)
-    return torch._utils._rebuild_tensor_v2(storage, offset, size, stride, *rest)
+    """The tensor of ``Tensor.__reduce_ex__``: a view plus its flags.
+
+    ``metadata`` carries the lazy conjugate / negative bits; hooks (callables) can never
+    reach here through the allow-list, so any hook is refused.
+
+    Raises
+    ------
+    ValueError
+        The tensor carries backward hooks or metadata other than those bits.
+    """
+    if backward_hooks:
+        raise ValueError("a pickled tensor with backward hooks")
+    unknown = set(metadata or {}) - {"conj", "neg"}
+    if unknown:
+        raise ValueError(f"a pickled tensor with unsupported metadata {sorted(unknown)}")
+    tensor = _rebuild_tensor(storage, offset, size, stride)
+    if (metadata or {}).get("conj"):
+        tensor = tensor.conj()
+    if (metadata or {}).get("neg"):
+        tensor = tensor.neg()
+    tensor.requires_grad = bool(requires_grad)
+    return tensor
+
+
+def _new_array(subtype: Any, shape: Any, dtype: Any) -> np.ndarray:
+    """The empty array ``ndarray.__reduce__`` starts from (its state is set next).
+
+    Raises
+    ------
+    TypeError
+        ``subtype`` is not ``numpy.ndarray`` (no subclass is on the allow-list).
+    """
+    if subtype is not np.ndarray:
+        raise TypeError(f"expected numpy.ndarray, got {subtype!r}")
+    return np.ndarray(shape, dtype)
+
+
+def _array_from_buffer(buffer: Any, dtype: Any, shape: Any, order: Any) -> np.ndarray:
+    """An array of protocol 5's out-of-band form: ``buffer`` read as ``dtype``, reshaped."""
+    return np.frombuffer(buffer, dtype=dtype).reshape(shape, order=order)
+
+
+def _scalar(dtype: np.dtype, data: Any) -> Any:
+    """A numpy scalar from its pickled raw bytes (an object scalar is its object).
+
+    Raises
+    ------
+    ValueError
+        ``data`` is not exactly one item of ``dtype``.
+    """
+    if dtype.hasobject:
+        return data
+    raw = data.encode("latin1") if isinstance(data, str) else bytes(data)
+    if len(raw) != dtype.itemsize:
+        raise ValueError(f"a {dtype} scalar needs {dtype.itemsize} bytes, got {len(raw)}")
+    return np.frombuffer(raw, dtype=dtype)[0]
 
 
 _ALLOWED: dict[tuple[str, str], Any] = {
@@ -91,10 +158,10 @@ _ALLOWED: dict[tuple[str, str], Any] = {
     ("numpy", "dtype"): np.dtype,
 }
 for _package in _NUMPY_PACKAGES:
-    _ALLOWED[(f"{_package}.multiarray", "_reconstruct")] = _multiarray._reconstruct
-    _ALLOWED[(f"{_package}.multiarray", "scalar")] = _multiarray.scalar
+    _ALLOWED[(f"{_package}.multiarray", "_reconstruct")] = _new_array
+    _ALLOWED[(f"{_package}.multiarray", "scalar")] = _scalar
     # protocol 5 rebuilds arrays from out-of-band style buffers
-    _ALLOWED[(f"{_package}.numeric", "_frombuffer")] = _numeric._frombuffer  # type: ignore[attr-defined]
+    _ALLOWED[(f"{_package}.numeric", "_frombuffer")] = _array_from_buffer
 
 _STORAGE_LOADER = ("torch.storage", "_load_from_bytes")
 _MALFORMED = (
@@ -126,10 +193,26 @@ class RestrictedUnpickler(pickle.Unpickler):
         self.source = source
 
     def find_class(self, module: str, name: str) -> Any:
-        # docstring inherited
-        # Protocols 0-2 name Python 2 modules (``__builtin__``); map them as pickle does.
-        module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
-        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
+        """Resolve the global ``module.name`` the pickle refers to, if it is allowed.
+
+        Parameters
+        ----------
+        module, name
+            The global as the pickle names it (Python 2's ``__builtin__`` is read as
+            ``builtins``).
+
+        Returns
+        -------
+        object
+            The allowed callable or type; tensor rebuilders and numpy's constructors are
+            replaced by checked equivalents.
+
+        Raises
+        ------
+        UnsafePickleError
+            The global is not on the allow-list; nothing was imported or called.
+        """
+        module = _PYTHON2_MODULES.get(module, module)
         if (module, name) == _STORAGE_LOADER:
             return self._load_storage
         allowed = _ALLOWED.get((module, name))
@@ -170,6 +253,11 @@ def safe_load(
         only for files you trust.
     source
         What the bytes are (a path or URL), named in errors.
+
+    Returns
+    -------
+    object
+        The unpickled object: tensors, numpy arrays, scalars and plain containers.
 
     Raises
     ------

@@ -19,8 +19,21 @@ def draw(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw ``num_chunks`` rows uniformly over trajectories holding ``sample_counts`` rows.
 
-    Returns ``(positions, rows)``: the position of each drawn row's trajectory in
-    ``sample_counts`` and the row inside it.  ``num_chunks`` is clamped to the total.
+    Parameters
+    ----------
+    num_chunks
+        How many rows to draw; clamped to ``sample_counts.sum()``.
+    sample_counts
+        1-D integer tensor: the sampleable rows of each trajectory in the window, in
+        window order.  Must not be empty.
+    generator
+        The torch generator the draw advances.
+
+    Returns
+    -------
+    tuple of (torch.Tensor, torch.Tensor)
+        ``(positions, rows)``: for each drawn row, the position of its trajectory in
+        ``sample_counts`` and the row inside that trajectory (both ``int64``).
     """
     ends = torch.cumsum(sample_counts, dim=0)
     total = int(ends[-1])
@@ -31,7 +44,13 @@ def draw(
 
 
 class WindowSampler:
-    """Owns the seeded generator; ``seed=None`` seeds it nondeterministically."""
+    """Owns the seeded generator that every :meth:`draw` without its own generator uses.
+
+    Parameters
+    ----------
+    seed
+        Seed for the generator; ``None`` seeds it nondeterministically.
+    """
 
     def __init__(self, seed: int | None) -> None:
         self.seed = seed
@@ -50,16 +69,43 @@ class WindowSampler:
         """:func:`draw` with ``generator``, or this sampler's own when it is ``None``.
 
         A caller-supplied generator leaves this sampler's stream untouched.
+
+        Parameters
+        ----------
+        num_chunks
+            How many rows to draw; clamped to the total of ``sample_counts``.
+        sample_counts
+            The sampleable rows of each trajectory in the window, in window order.
+        generator
+            Generator to draw from instead of this sampler's own.
+
+        Returns
+        -------
+        tuple of (torch.Tensor, torch.Tensor)
+            ``(positions, rows)`` as :func:`draw` returns them.
         """
         return draw(num_chunks, sample_counts, self.generator if generator is None else generator)
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-ready state: the seed and the generator's exact position in its stream."""
+        """JSON-ready state: the seed and the generator's exact position in its stream.
+
+        Returns
+        -------
+        dict of str to Any
+            ``{"seed": int or None, "generator_state": base64 str}``.
+        """
         state = self.generator.get_state().numpy().tobytes()
         return {"seed": self.seed, "generator_state": base64.b64encode(state).decode("ascii")}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`; without a generator state, reseed from the seed."""
+        """Restore :meth:`state_dict`; without a generator state, reseed from the seed.
+
+        Parameters
+        ----------
+        state
+            A dict from :meth:`state_dict`; a missing or empty ``"generator_state"``
+            reseeds from ``"seed"`` (nondeterministically when that is ``None``).
+        """
         self.seed = state.get("seed")
         encoded = state.get("generator_state")
         if encoded:

@@ -34,7 +34,14 @@ class RunningStats:
         self.max = -math.inf
 
     def update(self, values: torch.Tensor) -> None:
-        """Add every element of ``values``."""
+        """Add every element of ``values``.
+
+        Parameters
+        ----------
+        values
+            A tensor of any shape; its elements are read as float64.  An empty tensor
+            changes nothing.
+        """
         x = values.detach().reshape(-1).to(torch.float64)
         n = int(x.numel())
         if n == 0:
@@ -55,7 +62,14 @@ class RunningStats:
         return math.sqrt(self._m2 / self.count) if self.count else math.nan
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"count", "mean", "std", "min", "max"}``; the last four are ``None`` if empty."""
+        """The statistics as a JSON-ready dict.
+
+        Returns
+        -------
+        dict of str to Any
+            ``{"count", "mean", "std", "min", "max"}``; the last four are ``None`` when no
+            element was added.
+        """
         if not self.count:
             return {"count": 0, "mean": None, "std": None, "min": None, "max": None}
         return {

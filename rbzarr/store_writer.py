@@ -23,21 +23,14 @@ import torch
 from rbzarr.checkpoint import LoadedCheckpoint, is_rbzarr_store, schema_from_json
 from rbzarr.errors import CheckpointConflictError, StoreExistsError
 from rbzarr.index import TrajectoryIndex
-from rbzarr.storage.layout import METADATA_FILE, Entry, TrajectoryLayout, read_documents
-from rbzarr.storage.location import Location, translate_errors
+from rbzarr.storage.layout import Entry, TrajectoryLayout, read_documents
+from rbzarr.storage.location import translate_errors
 from rbzarr.storage.registry import stored_format
 from rbzarr.trajectory import Schema
 from rbzarr.validated import ValidatedTrajectory
 from rbzarr.writer import DEFAULT_TIMEOUT, BackgroundWriter
 
-__all__ = ["StoreWriter", "format_at"]
-
-
-def format_at(location: Location) -> str | None:
-    """The format of the store at ``location``, or ``None`` when there is none."""
-    if not location.exists(METADATA_FILE):
-        return None
-    return stored_format(read_documents(location))
+__all__ = ["StoreWriter"]
 
 
 class StoreWriter:
@@ -75,7 +68,13 @@ class StoreWriter:
         self._claimed = self.layout.has_documents()
 
     def _read_existing(self) -> TrajectoryIndex:
-        """The index of the store already here (empty if none); sets ``stored_schema``."""
+        """The index of the store already here (empty if none); sets ``stored_schema``.
+
+        Raises
+        ------
+        StoreExistsError
+            The path is a file, or holds a store of another format.
+        """
         location = self.layout.location
         with translate_errors(location.url, "opening"):
             is_file = location.fs.isfile(location.path)
@@ -129,33 +128,102 @@ class StoreWriter:
         return self._writer.last_error
 
     def pending_trajectory(self, trajectory_id: int) -> ValidatedTrajectory | None:
-        """The in-memory copy of a trajectory whose data is not complete yet."""
+        """The in-memory copy of a trajectory whose data is not complete yet.
+
+        Parameters
+        ----------
+        trajectory_id
+            The id to look up.
+
+        Returns
+        -------
+        ValidatedTrajectory or None
+            The copy held since :meth:`submit`; ``None`` once its data is in the store (or
+            for an id never submitted).
+        """
         with self._lock:
             return self._pending.get(trajectory_id)
 
     def pending_flats(self, ids: Iterable[int]) -> dict[int, dict[str, torch.Tensor]]:
-        """Flat views of those of ``ids`` that are still being written."""
+        """Flat views of those of ``ids`` that are still being written.
+
+        Parameters
+        ----------
+        ids
+            Trajectory ids, e.g. those a sample drew that the cache misses.
+
+        Returns
+        -------
+        dict of int to dict of str to torch.Tensor
+            The ``[T*B, ...]`` flat view of each pending id (not copied); other ids are
+            left out.
+        """
         with self._lock:
             return {i: self._pending[i].flat for i in ids if i in self._pending}
 
     def set_metadata(self, **values: Any) -> None:
-        """Set ``metadata.json`` keys written with the next commit."""
+        """Set ``metadata.json`` keys written with the next commit.
+
+        Parameters
+        ----------
+        **values
+            Keys and JSON-ready values (e.g. ``seed=``, ``schema=``); they replace earlier
+            values of the same keys.
+        """
         with self._lock:
             self._metadata.update(values)
 
     # -- writing ----------------------------------------------------------------------------
     def check(self, trajectory: ValidatedTrajectory) -> None:
-        """Raise if the layout cannot store ``trajectory`` (an unsafe file name)."""
+        """Raise if the layout cannot store ``trajectory`` (an unsafe file name).
+
+        Parameters
+        ----------
+        trajectory
+            A trajectory about to be accepted; its ``model_weights_id`` names pt / pkl files.
+
+        Raises
+        ------
+        UnsafePathError
+            The file name built from its ``model_weights_id`` would leave the store.
+        """
         self.layout.trajectory_path(
             {"trajectory_id": 0, "model_weights_id": trajectory.trajectory.model_weights_id}
         )
 
     def wait_for_room(self, count: int) -> None:
-        """Block until ``count`` writes fit in the queue; refuse at once while failing."""
+        """Block until ``count`` writes fit in the queue; refuse at once while failing.
+
+        Parameters
+        ----------
+        count
+            How many writes the caller is about to :meth:`submit`.
+
+        Raises
+        ------
+        BufferClosedError
+            The writer is closed.
+        WriterFailedError
+            The queue is full and the failing write failed again: nothing was queued.
+        """
         self._writer.wait_for_room(count)
 
     def submit(self, items: Sequence[tuple[Entry, ValidatedTrajectory]]) -> None:
-        """Queue the writes of ``items`` (after :meth:`wait_for_room`), in order."""
+        """Queue the writes of ``items`` (after :meth:`wait_for_room`), in order.
+
+        Each trajectory is held in memory (see :meth:`pending_trajectory`) until its data is
+        complete in the store.
+
+        Parameters
+        ----------
+        items
+            ``(index entry, trajectory)`` pairs, in id order.
+
+        Raises
+        ------
+        BufferClosedError
+            The writer is closed.
+        """
         with self._lock:
             for entry, trajectory in items:
                 self._pending[int(entry["trajectory_id"])] = trajectory
@@ -193,6 +261,13 @@ class StoreWriter:
 
         A trajectory still being written may be half-written in the store: its in-memory
         copy is saved.  It leaves the pending set only once its data is complete.
+
+        Parameters
+        ----------
+        target
+            The checkpoint's layout, written to.
+        entry
+            The trajectory's index entry.
         """
         pending = self.pending_trajectory(int(entry["trajectory_id"]))
         if pending is not None:
@@ -202,6 +277,11 @@ class StoreWriter:
 
     def adopt(self, loaded: LoadedCheckpoint) -> None:
         """Make the store hold a loaded checkpoint's trajectories, so it stays self-contained.
+
+        Parameters
+        ----------
+        loaded
+            The checkpoint just read by :func:`rbzarr.checkpoint.load`.
 
         Raises
         ------
@@ -224,6 +304,14 @@ class StoreWriter:
 
         Trajectories the store already holds (same id and uuid) are not copied again.  Call
         with no write queued (after :meth:`flush`).
+
+        Parameters
+        ----------
+        source
+            The layout the trajectories are copied from.
+        index
+            The trajectories to hold, with their entries; the store's counter becomes at
+            least ``index``'s.
 
         Raises
         ------
@@ -259,10 +347,35 @@ class StoreWriter:
         self.layout.write_documents(documents)
 
     def flush(self, timeout: float = DEFAULT_TIMEOUT) -> None:
-        """Wait until every queued write is committed (see :meth:`BackgroundWriter.flush`)."""
+        """Wait until every queued write is committed (see :meth:`BackgroundWriter.flush`).
+
+        Parameters
+        ----------
+        timeout
+            Seconds to wait at most.
+
+        Raises
+        ------
+        WriterFailedError
+            Writes are still uncommitted after ``timeout``; they stay queued and retried.
+        """
         self._writer.flush(timeout)
 
     def close(self, timeout: float = DEFAULT_TIMEOUT, wait: bool = True) -> None:
-        """Stop accepting writes and wait for the queued ones (see
-        :meth:`BackgroundWriter.close`)."""
+        """Stop accepting writes and wait for the queued ones.
+
+        See :meth:`~rbzarr.writer.BackgroundWriter.close`.
+
+        Parameters
+        ----------
+        timeout
+            Seconds to wait at most.
+        wait
+            ``False`` returns at once; the queued writes go on but are not retried.
+
+        Raises
+        ------
+        WriterFailedError
+            Writes are still uncommitted after ``timeout``; they stay queued and retried.
+        """
         self._writer.close(timeout, wait)

@@ -1,8 +1,8 @@
-"""The ``Trajectory`` dataclass, its validation, and the flatten rule.
+"""The ``Trajectory`` dataclass and its validation.
 
 A trajectory holds ``[T, B, ...]`` tensors: T time steps of B parallel environments.
 Sampling works on its *flat* view, ``[T*B, ...]`` row-major, where flat row ``i`` is time
-step ``i // B`` of environment ``i % B``.
+step ``i // B`` of environment ``i % B`` (:mod:`rbzarr.flat_view` cuts and rejoins it).
 
 ``dones``, ``terminations`` and ``truncations`` may hold ``T + E`` rows: E rollout epochs of
 ``T / E`` steps, each led by one reset row.  Flattening drops those reset rows; storage keeps
@@ -11,7 +11,7 @@ them (raw rows), and :func:`raw_time_rows` maps a flat time step to its raw row.
 Every function here takes rbzarr's :class:`Trajectory` or any object with its fields (RLinf's
 ``Trajectory`` included); see :mod:`rbzarr.fields`.  Dict fields are matched by key name,
 never by key order: :func:`validate` against a schema returns the schema's order, and
-:func:`split_trajectory` emits the flat view in that order.
+:func:`rbzarr.flat_view.split_trajectory` emits the flat view in that order.
 """
 
 from __future__ import annotations
@@ -39,15 +39,11 @@ __all__ = [
     "DICT_FIELDS",
     "RESET_ROW_FIELDS",
     "TENSOR_FIELDS",
-    "Residue",
     "Schema",
     "Trajectory",
     "TrajectorySpec",
     "as_trajectory",
-    "flatten_trajectory",
-    "join_trajectory",
     "raw_time_rows",
-    "split_trajectory",
     "trajectory_from_raw",
     "validate",
 ]
@@ -63,6 +59,23 @@ class Trajectory:
     Two trajectories are equal when every field is: the same int and str fields, the same
     present tensor fields and dict keys (in any order), each tensor with the same dtype,
     shape and values (NaN equals NaN).
+
+    Parameters
+    ----------
+    max_episode_length
+        The environments' episode length limit, as RLinf records it.
+    model_weights_id
+        Which policy weights collected the rollouts.
+    actions, intervene_flags, rewards, prev_logprobs, prev_values, versions
+        ``[T, B, ...]`` per-step tensors, or ``None`` when not collected;
+        ``intervene_flags`` is ``[T, B, D]``.  Validation needs ``prev_logprobs`` or
+        ``rewards``: the first present sets ``T`` and ``B``.
+    terminations, truncations, dones
+        ``[T, B, ...]``, or ``[T + E, B, ...]`` with one reset row leading each of ``E``
+        rollout epochs; ``None`` when not collected.
+    forward_inputs, curr_obs, next_obs
+        Nested dicts of ``[T, B, ...]`` tensors (policy inputs, observations before and
+        after each step); empty when not collected.
     """
 
     max_episode_length: int = 0
@@ -85,6 +98,16 @@ class Trajectory:
 
         Top-level fields come first in dataclass order, then ``curr_obs/...``,
         ``next_obs/...`` and ``forward_inputs/...``: the order of a sampled batch.
+
+        Returns
+        -------
+        dict of str to Any
+            The tensors by flat key, not copied; ``None`` fields are left out.
+
+        Raises
+        ------
+        InvalidTrajectoryError
+            A dict field is not a dict, or one of its keys is not a plain name.
         """
         return trajectory_tensors(self)
 
@@ -110,6 +133,16 @@ class Trajectory:
         (``mode="any"``: any of the D flags set, ``"all"``: all of them).  Otherwise, for
         each column with such a step, a ``[k, 1, ...]`` trajectory of those steps in time
         order; reset-row fields keep their reset rows, ``versions`` is not carried.
+
+        Parameters
+        ----------
+        mode
+            ``"any"`` or ``"all"``: how the ``D`` flags of a step make it intervened.
+
+        Returns
+        -------
+        list of Trajectory or None
+            One ``[k, 1, ...]`` trajectory per intervened column, in column order.
 
         Raises
         ------
@@ -141,7 +174,19 @@ def _same_value(a: Any, b: Any) -> bool:
 
 @dataclass(frozen=True)
 class TrajectorySpec:
-    """What validation learnt about a trajectory."""
+    """What validation learnt about a trajectory.
+
+    Parameters
+    ----------
+    T
+        Time steps (reset rows not counted).
+    B
+        Parallel environments.
+    shape
+        The full shape of the reference field (``prev_logprobs``, else ``rewards``).
+    schema
+        The sampled fields: flat key to ``(dtype name, shape after [T, B])``.
+    """
 
     T: int
     B: int
@@ -165,7 +210,13 @@ def _reference(fields: Mapping[str, Any]) -> tuple[str, torch.Tensor]:
 
 
 def _epochs(path: str, rows: int, T: int) -> int:
-    """Number of reset rows in a field with ``rows`` raw rows (0 unless a reset-row field)."""
+    """Number of reset rows in a field with ``rows`` raw rows (0 unless a reset-row field).
+
+    Raises
+    ------
+    InvalidTrajectoryError
+        A reset-row field's extra rows ``E`` are negative or do not divide ``T``.
+    """
     if path not in RESET_ROW_FIELDS or rows == T:
         return 0
     extra = rows - T
@@ -195,7 +246,9 @@ def validate(traj: object, schema: Schema | None = None) -> TrajectorySpec:
     Raises
     ------
     InvalidTrajectoryError
-        A ``ValueError`` naming the field and the shapes.
+        (a ``ValueError``) a field is not a tensor, has no samples, disagrees on ``T`` or
+        ``B``, has an unsupported dtype, or the fields differ from ``schema``; the message
+        names the field and the shapes.
     """
     trajectory_scalars(traj)
     fields = trajectory_tensors(traj)
@@ -253,65 +306,30 @@ def _schema_difference(expected: Schema, got: Schema) -> str:
     raise AssertionError("schemas differ only in key order")  # pragma: no cover
 
 
-@dataclass(frozen=True)
-class Residue:
-    """What the flat view leaves out of a trajectory, so it can be rebuilt exactly."""
-
-    reset_rows: dict[str, torch.Tensor]
-    unsampled: dict[str, torch.Tensor]
-    max_episode_length: int = 0
-    model_weights_id: str = ""
-
-
-def split_trajectory(traj: object, spec: TrajectorySpec) -> tuple[dict[str, torch.Tensor], Residue]:
-    """Split ``traj`` into its flat view (``[T*B, ...]``, reset rows dropped) and the rest.
-
-    ``traj`` must have passed :func:`validate`, which gave ``spec``; the flat view lists
-    the fields in ``spec.schema``'s order.  Both parts may share memory with ``traj``;
-    callers that keep them must copy.
-    """
-    fields = trajectory_tensors(traj)
-    residue = Residue({}, {}, *trajectory_scalars(traj))
-    for path, raw in fields.items():
-        if path not in spec.schema:
-            residue.unsampled[path] = raw
-    flat: dict[str, torch.Tensor] = {}
-    for path in spec.schema:
-        raw = fields[path]
-        rows = int(raw.shape[0])
-        steps = raw
-        if rows != spec.T:
-            epochs = rows - spec.T
-            blocks = raw.reshape(epochs, rows // epochs, *raw.shape[1:])
-            residue.reset_rows[path] = blocks[:, 0]
-            steps = blocks[:, 1:]
-        flat[path] = steps.reshape(spec.T * spec.B, *spec.schema[path][1])
-    return flat, residue
-
-
-def flatten_trajectory(traj: object, spec: TrajectorySpec) -> dict[str, torch.Tensor]:
-    """The sampled fields of ``traj`` as ``[T*B, ...]`` tensors, reset rows dropped."""
-    return split_trajectory(traj, spec)[0]
-
-
-def join_trajectory(flat: dict[str, torch.Tensor], residue: Residue, B: int) -> Trajectory:
-    """Rebuild the raw trajectory from :func:`split_trajectory`'s parts (the inverse)."""
-    raw: dict[str, torch.Tensor] = dict(residue.unsampled)
-    for path, rows in flat.items():
-        steps = rows.reshape(-1, B, *rows.shape[1:])
-        reset = residue.reset_rows.get(path)
-        if reset is not None:
-            epochs = int(reset.shape[0])
-            blocks = steps.reshape(epochs, -1, *steps.shape[1:])
-            steps = torch.cat([reset.unsqueeze(1), blocks], dim=1).reshape(-1, *steps.shape[1:])
-        raw[path] = steps
-    return trajectory_from_raw(raw, residue.max_episode_length, residue.model_weights_id)
-
-
 def trajectory_from_raw(
     fields: Mapping[str, torch.Tensor], max_episode_length: int = 0, model_weights_id: str = ""
 ) -> Trajectory:
-    """Rebuild a :class:`Trajectory` from the flat dict returned by :meth:`Trajectory.tensors`."""
+    """Rebuild a :class:`Trajectory` from the flat dict returned by :meth:`Trajectory.tensors`.
+
+    Parameters
+    ----------
+    fields
+        Raw tensors by flat key (``"rewards"``, ``"curr_obs/image"``, ...); not copied.
+    max_episode_length
+        The trajectory's ``max_episode_length``.
+    model_weights_id
+        The trajectory's ``model_weights_id``.
+
+    Returns
+    -------
+    Trajectory
+        Holding the given tensors; fields not in ``fields`` keep their defaults.
+
+    Raises
+    ------
+    InvalidTrajectoryError
+        A top-level key is not a trajectory field.
+    """
     nested = tree.unflatten(fields)
     unknown = [k for k in nested if k not in TENSOR_FIELDS and k not in DICT_FIELDS]
     if unknown:
@@ -323,6 +341,16 @@ def trajectory_from_raw(
 
 def as_trajectory(traj: object) -> Trajectory:
     """``traj`` itself if it is a :class:`Trajectory`, else one holding the same values.
+
+    Parameters
+    ----------
+    traj
+        A :class:`Trajectory`, or any object with its fields (RLinf's ``Trajectory``).
+
+    Returns
+    -------
+    Trajectory
+        ``traj``, or a new one sharing its tensors.
 
     Raises
     ------

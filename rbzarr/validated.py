@@ -12,13 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
+from rbzarr.flat_view import Residue, split_trajectory
 from rbzarr.trajectory import (
-    Residue,
     Schema,
     Trajectory,
     TrajectorySpec,
     as_trajectory,
-    split_trajectory,
     trajectory_from_raw,
     validate,
 )
@@ -27,7 +26,18 @@ __all__ = ["ValidatedTrajectory", "clone_trajectory", "rows_to_write"]
 
 
 def clone_trajectory(trajectory: Trajectory) -> Trajectory:
-    """A :class:`~rbzarr.trajectory.Trajectory` owning copies of every tensor."""
+    """A :class:`~rbzarr.trajectory.Trajectory` owning copies of every tensor.
+
+    Parameters
+    ----------
+    trajectory
+        The trajectory to copy; its tensors are detached and cloned (same device).
+
+    Returns
+    -------
+    Trajectory
+        Same fields and scalars, sharing no memory with ``trajectory``.
+    """
     fields = {key: value.detach().clone() for key, value in trajectory.tensors().items()}
     return trajectory_from_raw(fields, trajectory.max_episode_length, trajectory.model_weights_id)
 
@@ -36,7 +46,19 @@ def clone_trajectory(trajectory: Trajectory) -> Trajectory:
 class ValidatedTrajectory:
     """A validated trajectory: raw rows, what validation learnt, and the flat view.
 
-    ``flat`` (keys in schema order) and ``residue`` share memory with ``trajectory``.
+    Build one with :meth:`check`.  ``flat`` and ``residue`` share memory with
+    ``trajectory``.
+
+    Parameters
+    ----------
+    trajectory
+        The raw rows as added (or their copy), reset rows included.
+    spec
+        What validation learnt: ``T``, ``B`` and the schema.
+    flat
+        The ``[T*B, ...]`` view of every per-step field, keys in schema order.
+    residue
+        What the flat view leaves out: reset rows, unsampled fields and the scalars.
     """
 
     trajectory: Trajectory
@@ -82,6 +104,16 @@ class ValidatedTrajectory:
 def rows_to_write(trajectory: Trajectory | ValidatedTrajectory) -> Trajectory:
     """The raw rows a layout writes: a :class:`ValidatedTrajectory`'s as they are (validated
     once, on add), any other trajectory's after validating it.
+
+    Parameters
+    ----------
+    trajectory
+        A validated trajectory, or a plain :class:`~rbzarr.trajectory.Trajectory`.
+
+    Returns
+    -------
+    Trajectory
+        The trajectory whose rows are written (no copy is made).
 
     Raises
     ------

@@ -51,9 +51,21 @@ REWRITE, DELETE, DROP = "rewrite_documents", "delete", "drop_from_index"
 class Problem:
     """One inconsistency: its ``kind``, the path below the root, and a message.
 
-    ``repair`` says how ``verify_store(..., repair=True)`` fixes it: ``"rewrite_documents"``,
-    ``"delete"`` (rbzarr's own orphan or temporary file), ``"drop_from_index"`` (damaged
-    data, only with ``drop_damaged``) or ``""`` (left for a person to decide).
+    Parameters
+    ----------
+    kind
+        What is wrong, e.g. ``"missing_data"``, ``"missing_chunks"``, ``"shape_mismatch"``,
+        ``"orphan"``, ``"temp_file"``, ``"metadata_mismatch"``.
+    path
+        The ``/``-joined path below the store's root (``""`` for the store itself).
+    message
+        One line for a person.
+    trajectory_id
+        The trajectory concerned, if any.
+    repair
+        How ``verify_store(..., repair=True)`` fixes it: ``"rewrite_documents"``,
+        ``"delete"`` (rbzarr's own orphan or temporary file), ``"drop_from_index"``
+        (damaged data, only with ``drop_damaged``) or ``""`` (left for a person to decide).
     """
 
     kind: str
@@ -70,7 +82,21 @@ class Problem:
 
 @dataclass
 class VerifyReport:
-    """Outcome of :func:`verify_store`: the problems left and the ones repaired."""
+    """Outcome of :func:`verify_store`: the problems left and the ones repaired.
+
+    Parameters
+    ----------
+    url
+        The store's URL.
+    format
+        Its ``trajectory_format``; ``None`` when its documents could not be read.
+    trajectories
+        How many trajectories its index lists.
+    problems
+        The problems found and not repaired.
+    repaired
+        The problems the repair fixed.
+    """
 
     url: str
     format: str | None
@@ -93,7 +119,14 @@ class VerifyReport:
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready form (what ``rbzarr verify --json`` prints)."""
+        """A JSON-ready form (what ``rbzarr verify --json`` prints).
+
+        Returns
+        -------
+        dict of str to Any
+            ``url``, ``format``, ``trajectories``, ``ok``, ``problems`` and ``repaired``
+            (lists of dicts with the :class:`Problem` fields) and ``dropped_ids``.
+        """
         return {
             "url": self.url,
             "format": self.format,
@@ -198,7 +231,13 @@ def _check_metadata(documents: Documents, index: TrajectoryIndex, report: Verify
 
 
 def _check_trajectory(layout: TrajectoryLayout, entry: dict[str, Any]) -> Problem | None:
-    """The first thing wrong with one indexed trajectory's data, or ``None``."""
+    """The first thing wrong with one indexed trajectory's data, or ``None``.
+
+    Raises
+    ------
+    StorageUnavailableError
+        The backend failed: that says nothing about the trajectory, so it is not a problem.
+    """
     trajectory_id = int(entry["trajectory_id"])
     path = "/".join(layout.trajectory_path(entry))
 

@@ -123,6 +123,13 @@ class BackgroundWriter:
     def wait_for_room(self, count: int) -> None:
         """Block until ``count`` more tasks fit in the queue.
 
+        An empty queue admits any ``count``.
+
+        Parameters
+        ----------
+        count
+            How many tasks the caller is about to :meth:`submit`.
+
         Raises
         ------
         BufferClosedError
@@ -156,7 +163,20 @@ class BackgroundWriter:
         return error
 
     def submit(self, tasks: Sequence[Task]) -> None:
-        """Queue ``tasks`` without blocking (after :meth:`wait_for_room`)."""
+        """Queue ``tasks`` without blocking (after :meth:`wait_for_room`).
+
+        Starts the thread if it is not running.
+
+        Parameters
+        ----------
+        tasks
+            Callables taking no argument, run in order; each is retried until it returns.
+
+        Raises
+        ------
+        BufferClosedError
+            The writer is closed.
+        """
         with self._cond:
             self._raise_if_closed()
             self._tasks.extend(tasks)
@@ -165,6 +185,11 @@ class BackgroundWriter:
 
     def flush(self, timeout: float = DEFAULT_TIMEOUT) -> None:
         """Wait until every queued task has run, at most ``timeout`` seconds.
+
+        Parameters
+        ----------
+        timeout
+            Seconds to wait at most.
 
         Raises
         ------
@@ -190,6 +215,18 @@ class BackgroundWriter:
         When tasks are uncommitted at the call, it warns (:class:`UncommittedWritesWarning`)
         with their count and the target.  A close that times out raises like :meth:`flush`
         and keeps retrying in the background; call it again to wait again.
+
+        Parameters
+        ----------
+        timeout
+            Seconds to wait at most (with ``wait``).
+        wait
+            Wait for the queued tasks and join the thread; ``False`` returns at once.
+
+        Raises
+        ------
+        WriterFailedError
+            With ``wait``: tasks are still uncommitted after ``timeout``.
         """
         with self._cond:
             self._closed = True

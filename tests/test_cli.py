@@ -209,6 +209,21 @@ def test_export_merge_split(stores, tmp_path):
     assert [open_buffer(p).ids for p in parts] == [[0, 1], [2]]
 
 
+def test_merge_refuses_a_store_with_its_own_export(stores, tmp_path):
+    exported = tmp_path / "exported"
+    assert (
+        rbzarr("export", stores["zarr"], exported, "--format", "zarr", "--last", "2").returncode
+        == 0
+    )
+    uuid = open_buffer(stores["zarr"]).entry(1)["uuid"]
+    merged = tmp_path / "merged"
+    result = rbzarr("merge", merged, stores["zarr"], exported)
+    assert result.returncode == 1
+    assert result.stderr.startswith("Error: cannot merge: ")
+    assert f"trajectory {uuid} is id 1 of {stores['zarr']} and id 1 of {exported}" in result.stderr
+    assert not merged.exists()
+
+
 def test_plot_writes_a_png(stores, tmp_path):
     import matplotlib.image  # noqa: PLC0415
 

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from rbzarr.collector import TrajectoryCollector, max_episode_length, model_weights_id, split
 from rbzarr.errors import InvalidTrajectoryError
-from rbzarr.trajectory import Trajectory, flatten_trajectory, validate
+from rbzarr.flat_view import flatten_trajectory
+from rbzarr.trajectory import Trajectory, validate
 
 B = 3
 

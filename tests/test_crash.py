@@ -13,7 +13,6 @@ import random
 import re
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -264,19 +263,25 @@ def test_resume_after_a_kill_between_index_and_metadata_keeps_ids_unique(tmp_pat
         assert_same(layout.read(entry), trajectory_id, f"{fmt} id {trajectory_id}")
 
 
-def torn_first_write(store: Path, fmt: str) -> None:
-    """Leave what a kill during the first trajectory's data write leaves."""
-    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=store, trajectory_format=fmt)
-    layout = buffer._store.layout
-    original = layout.write
-    killed = threading.Event()
+def torn_first_write(store: Path, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Leave what a kill during the first trajectory's data write leaves.
 
-    def torn(entry, trajectory) -> None:
-        if killed.is_set():  # a killed process writes nothing more
+    The layout class's ``write`` is replaced for the rest of the test: the first call
+    writes a torn trajectory and fails, as a process killed there would, and every later
+    call on that layout (the dead process) fails at once; other layouts write normally.
+    """
+    layout_type = layout_class(fmt)
+    original = layout_type.write
+    killed: list[object] = []
+
+    def torn(layout, entry, trajectory) -> None:
+        if killed and layout is not killed[0]:
+            return original(layout, entry, trajectory)
+        if killed:  # a killed process writes nothing more
             raise OSError("killed")
-        killed.set()
+        killed.append(layout)
         if fmt == "zarr":
-            original(entry, trajectory)
+            original(layout, entry, trajectory)
             marker = store / "trajectories" / "0" / "zarr.json"
             group = json.loads(marker.read_text())
             marker.write_text(json.dumps({**group, "attributes": {}}))
@@ -284,7 +289,8 @@ def torn_first_write(store: Path, fmt: str) -> None:
             (store / f"trajectory_0_w0.pt.tmp-{'0' * 32}").write_bytes(b"PK\x03\x04 torn")
         raise OSError("killed")
 
-    layout.write = torn  # type: ignore[method-assign]
+    monkeypatch.setattr(layout_type, "write", torn)
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=store, trajectory_format=fmt)
     buffer.add_trajectories([expected_trajectory(0)])
     with pytest.raises(Exception, match="killed"):
         buffer.close(timeout=0.5)
@@ -295,9 +301,9 @@ def torn_first_write(store: Path, fmt: str) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["zarr", "pt"])
-def test_a_kill_during_the_first_write_leaves_a_resumable_store(tmp_path, fmt):
+def test_a_kill_during_the_first_write_leaves_a_resumable_store(tmp_path, fmt, monkeypatch):
     store = tmp_path / "s"
-    torn_first_write(store, fmt)
+    torn_first_write(store, fmt, monkeypatch)
     buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=store, trajectory_format=fmt)
     buffer.load_checkpoint(store)  # the user's way to continue a run in place
     assert len(buffer) == 0

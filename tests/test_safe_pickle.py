@@ -88,6 +88,28 @@ def test_tensors_arrays_and_containers_round_trip(protocol: int) -> None:
     _assert_payload_equal(got, want)
 
 
+@pytest.mark.parametrize("protocol", [2, pickle.HIGHEST_PROTOCOL])
+def test_tensor_flags_and_numpy_scalars_round_trip(protocol: int) -> None:
+    complex_values = torch.tensor([1 + 2j, -3 - 4j], dtype=torch.complex64)
+    want = {
+        "conj": complex_values.conj(),  # lazy conjugate bit
+        "neg": complex_values.conj().imag,  # lazy negative bit
+        "grad": torch.tensor([1.0, 2.0], requires_grad=True),
+    }
+    got = safe_load(pickle.dumps(want, protocol=protocol))
+    assert torch.equal(got["conj"].resolve_conj(), torch.tensor([1 - 2j, -3 + 4j]))
+    assert torch.equal(got["neg"].resolve_neg(), torch.tensor([-2.0, 4.0]))
+    assert got["grad"].requires_grad and got["grad"].is_leaf
+    scalars = [np.int64(-7), np.complex128(1 - 1j), np.bool_(True), np.void(b"\x01\x02")]
+    assert safe_load(pickle.dumps(scalars, protocol=protocol)) == scalars
+
+
+def test_a_tensor_with_backward_hooks_is_refused() -> None:
+    crafted = _View((3,), (1,), hooks=OrderedDict(hook=1))
+    with pytest.raises(CorruptStoreError, match="backward hooks"):
+        safe_load(pickle.dumps(crafted))
+
+
 def test_accepts_a_binary_file_object() -> None:
     want = {"x": torch.arange(3)}
     got = safe_load(io.BytesIO(pickle.dumps(want)))
@@ -150,14 +172,21 @@ def test_malformed_bytes_raise_corrupt_store_error(data: bytes) -> None:
 class _View:
     """Pickles as a tensor view of ``size`` over a 4-element storage."""
 
-    def __init__(self, size: tuple[int, ...], stride: tuple[int, ...], offset: int = 0) -> None:
+    def __init__(
+        self,
+        size: tuple[int, ...],
+        stride: tuple[int, ...],
+        offset: int = 0,
+        hooks: OrderedDict[str, int] | None = None,
+    ) -> None:
         self.args = (offset, size, stride)
+        self.hooks = hooks or OrderedDict()
 
     def __reduce__(self) -> tuple[object, tuple[object, ...]]:
         storage = torch.TypedStorage(
             wrap_storage=torch.arange(4.0).untyped_storage(), dtype=torch.float32, _internal=True
         )
-        return (torch._utils._rebuild_tensor_v2, (storage, *self.args, False, OrderedDict()))
+        return (torch._utils._rebuild_tensor_v2, (storage, *self.args, False, self.hooks))
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,8 @@ from rbzarr.bench.page_cache import evict
 from rbzarr.dtypes import to_numpy
 from rbzarr.storage import shard_format
 from rbzarr.storage.location import Location
-from rbzarr.storage.shard_reader import ArraySpec, decode_whole
+from rbzarr.storage.shard_reader import decode_whole
+from rbzarr.storage.shard_spec import ArraySpec
 from rbzarr.storage.zarr_layout import ZarrLayout
 from rbzarr.storage.zarr_rows import reset_row_elements
 from rbzarr.trajectory import raw_time_rows

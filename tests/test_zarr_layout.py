@@ -28,13 +28,15 @@ from zarr.storage import WrapperStore
 
 from rbzarr.dtypes import dtype_name, to_numpy
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
+from rbzarr.flat_view import flatten_trajectory
 from rbzarr.storage import zarr_chunks
 from rbzarr.storage.chunking import chunk_shape
 from rbzarr.storage.layout import Documents, TrajectoryLayout
 from rbzarr.storage.location import Location
+from rbzarr.storage.plain_codec import PlainCodec
 from rbzarr.storage.registry import layout_class
 from rbzarr.storage.zarr_layout import ZarrLayout
-from rbzarr.trajectory import Trajectory, flatten_trajectory, validate
+from rbzarr.trajectory import Trajectory, validate
 
 T, B, E = 6, 3, 2
 
@@ -453,7 +455,7 @@ def test_direct_chunk_reads_match_zarr(tmp_path: Any, monkeypatch: pytest.Monkey
     direct = layout.read_rows(entry, rows, keys), layout.read(entry).tensors()
 
     # The same store read through zarr's own pipeline (the fallback for other codecs).
-    monkeypatch.setattr(zarr_chunks.PlainCodec, "of", classmethod(lambda cls, metadata: None))
+    monkeypatch.setattr(PlainCodec, "of", classmethod(lambda cls, metadata: None))
     fallback = ZarrLayout(location)
     _assert_same(direct[0], fallback.read_rows(entry, rows, keys))
     _assert_same(direct[1], fallback.read(entry).tensors())
@@ -474,7 +476,7 @@ def test_direct_reads_of_arrays_written_by_zarr(tmp_path: Any, native: str, endi
         serializer=BytesCodec(endian=endian),
         compressors=ZstdCodec(checksum=True),
     )
-    codec = zarr_chunks.PlainCodec.of(array.metadata)
+    codec = PlainCodec.of(array.metadata)
     assert codec is not None
     assert (codec.stored.byteorder, codec.native) == (
         "<" if endian == "little" else ">",
@@ -487,7 +489,7 @@ def test_direct_reads_of_arrays_written_by_zarr(tmp_path: Any, native: str, endi
     got = sync(zarr_chunks.read_rows(array._async_array, steps, envs, 7))
     np.testing.assert_array_equal(got, data[[6, 0, 4], [2, 1, 0]])
     sharded = zarr.create_array(store, name="s", data=data, chunks=(1, 3, 2), shards=(7, 3, 2))
-    assert zarr_chunks.PlainCodec.of(sharded.metadata) is None
+    assert PlainCodec.of(sharded.metadata) is None
 
 
 @pytest.mark.parametrize("damage", ["delete", "truncate"])

@@ -10,7 +10,8 @@ and the committed results.  One module per job:
 * :mod:`~rbzarr.bench.baselines`: physical limits and other ways to sample;
 * :mod:`~rbzarr.bench.torchrl_peer`: TorchRL's storages holding the same rows;
 * :mod:`~rbzarr.bench.page_cache`: truly cold reads;
-* :mod:`~rbzarr.bench.accounting`: bytes on disk and the chunks and bytes rows need;
+* :mod:`~rbzarr.bench.accounting`: the chunks and bytes rows need;
+* :mod:`~rbzarr.bench.store_size`: bytes on disk;
 * :mod:`~rbzarr.bench.hot`, :mod:`~rbzarr.bench.disk`, :mod:`~rbzarr.bench.s3`: the modes;
 * :mod:`~rbzarr.bench.runner`: suites as results documents;
 * :mod:`~rbzarr.bench.targets`, :mod:`~rbzarr.bench.report`: targets, tables, chart.

@@ -1,4 +1,4 @@
-"""Byte accounting: what a store holds on disk and what a batch of rows needs to read.
+"""Byte accounting: what a batch of rows needs to read from a Zarr store.
 
 The needed bytes of a batch come from the store's public format only: each array's Zarr v3
 metadata (``zarr.json``: shape, chunk grid, chunk key encoding, ``sharding_indexed``
@@ -18,19 +18,16 @@ import itertools
 import json
 import math
 import mmap
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from rbzarr.bench.measure import nbytes
-from rbzarr.trajectory import Trajectory, raw_time_rows, validate
+from rbzarr.trajectory import raw_time_rows
 
-__all__ = ["ArrayGeometry", "ByteRange", "NeededReads", "StoreGeometry", "coalesce", "disk_usage"]
+__all__ = ["ArrayGeometry", "ByteRange", "NeededReads", "StoreGeometry", "coalesce"]
 
 EMPTY = 2**64 - 1
 PAGE = mmap.PAGESIZE
@@ -39,7 +36,29 @@ ByteRange = tuple[str, int, int]  # object path, start, stop
 
 @dataclass(frozen=True)
 class ArrayGeometry:
-    """Where the chunks of one array live, read from its ``zarr.json``."""
+    """Where the chunks of one array live, read from its ``zarr.json``.
+
+    Parameters
+    ----------
+    path
+        The array's path below the store root, e.g. ``trajectories/0/rewards``.
+    shape
+        The array's shape (``[T(+E), B, ...]``).
+    chunks
+        The chunk (for a sharded array: shard) shape.
+    inner
+        The inner chunk shape of a sharded array; ``None`` when unsharded.
+    index_at_end
+        Whether the shard index follows the inner chunks (else it leads).
+    index_bytes
+        Size of a shard's index, its crc32c included; 0 when unsharded.
+    key_prefix, separator
+        How chunk keys are spelt: ``"c/"`` and ``"/"`` for Zarr's default encoding.
+    itemsize
+        Bytes per element of the array's data type.
+    uncompressed
+        Whether the inner chunks are stored raw (codecs ``["bytes"]`` only).
+    """
 
     path: str
     shape: tuple[int, ...]
@@ -54,7 +73,20 @@ class ArrayGeometry:
 
     @classmethod
     def from_metadata(cls, path: str, metadata: Mapping[str, Any]) -> ArrayGeometry:
-        """Geometry of the array at ``path`` from its parsed ``zarr.json``."""
+        """Geometry of the array at ``path`` from its parsed ``zarr.json``.
+
+        Parameters
+        ----------
+        path
+            The array's path below the store root.
+        metadata
+            The parsed ``zarr.json`` document of the array.
+
+        Returns
+        -------
+        ArrayGeometry
+            The chunk grid, key encoding and (if sharded) shard configuration.
+        """
         chunks = tuple(metadata["chunk_grid"]["configuration"]["chunk_shape"])
         encoding = metadata.get("chunk_key_encoding", {"name": "default"})
         default = encoding.get("name") == "default"
@@ -83,15 +115,38 @@ class ArrayGeometry:
         )
 
     def object_key(self, coords: Sequence[int]) -> str:
-        """The store key of the chunk (or shard) at grid ``coords``."""
+        """The store key of the chunk (or shard) at grid ``coords``.
+
+        Parameters
+        ----------
+        coords
+            The chunk's grid coordinates, one per dimension.
+
+        Returns
+        -------
+        str
+            E.g. ``trajectories/0/rewards/c/0/0``.
+        """
         return f"{self.path}/{self.key_prefix}{self.separator.join(map(str, coords))}"
 
     def outer_trailing(self) -> list[tuple[int, ...]]:
-        """Grid coordinates of the chunks (shards) along the trailing (per-row) dimensions."""
+        """Grid coordinates of the chunks (shards) along the trailing (per-row) dimensions.
+
+        Returns
+        -------
+        list of tuple of int
+            Every coordinate tuple of the trailing grid, in C order (``[()]`` for none).
+        """
         return _grid(self.shape[2:], self.chunks[2:])
 
     def inner_trailing(self) -> list[tuple[int, ...]]:
-        """Grid coordinates of a shard's inner chunks along the trailing dimensions."""
+        """Grid coordinates of a shard's inner chunks along the trailing dimensions.
+
+        Returns
+        -------
+        list of tuple of int
+            Every coordinate tuple of the trailing inner grid, in C order.
+        """
         assert self.inner is not None
         return _grid(self.chunks[2:], self.inner[2:])
 
@@ -106,8 +161,18 @@ class NeededReads:
     """What a batch needs: whole chunks (``ranges``) and the rows' own bytes (``pieces``),
     each distinct and sorted.
 
-    ``chunks`` / ``bytes`` count the distinct chunk ranges and their bytes;
-    ``piece_bytes`` the distinct pieces' bytes, ``page_bytes`` the pages holding them.
+    Parameters
+    ----------
+    chunks, bytes
+        The number of distinct chunk ranges, and their bytes.
+    piece_bytes
+        The distinct pieces' bytes.
+    page_bytes
+        The bytes of the pages holding the pieces (pieces rounded out to pages, coalesced).
+    ranges
+        The distinct ``(key, start, stop)`` chunk ranges, sorted.
+    pieces
+        The distinct ``(key, start, stop)`` pieces, sorted.
     """
 
     chunks: int = 0
@@ -118,16 +183,39 @@ class NeededReads:
     pieces: list[ByteRange] = field(default_factory=list)
 
     def coalesced(self) -> list[ByteRange]:
-        """:func:`coalesce` of the needed chunk ranges."""
+        """:func:`coalesce` of the needed chunk ranges.
+
+        Returns
+        -------
+        list of ByteRange
+            The chunk ranges, adjacent or overlapping ones of an object merged.
+        """
         return coalesce(self.ranges)
 
     def coalesced_pieces(self) -> list[ByteRange]:
-        """:func:`coalesce` of the needed pieces: the requests an exact reader makes."""
+        """:func:`coalesce` of the needed pieces: the requests an exact reader makes.
+
+        Returns
+        -------
+        list of ByteRange
+            The pieces, adjacent or overlapping ones of an object merged.
+        """
         return coalesce(self.pieces)
 
 
 def coalesce(ranges: Iterable[ByteRange]) -> list[ByteRange]:
-    """Distinct ranges per object, with adjacent or overlapping ones merged."""
+    """Distinct ranges per object, with adjacent or overlapping ones merged.
+
+    Parameters
+    ----------
+    ranges
+        ``(key, start, stop)`` byte ranges, in any order, repeats allowed.
+
+    Returns
+    -------
+    list of ByteRange
+        Sorted by key and start.
+    """
     merged: list[ByteRange] = []
     for path, start, stop in sorted(set(ranges)):
         if merged and merged[-1][0] == path and start <= merged[-1][2]:
@@ -161,7 +249,20 @@ class StoreGeometry:
         self._indexes: dict[str, np.ndarray | None] = {}
 
     def array(self, tid: int, key: str) -> ArrayGeometry:
-        """The geometry of array ``key`` of trajectory ``tid`` (read once)."""
+        """The geometry of array ``key`` of trajectory ``tid`` (read once).
+
+        Parameters
+        ----------
+        tid
+            The trajectory id.
+        key
+            The flat key, e.g. ``curr_obs/image``.
+
+        Returns
+        -------
+        ArrayGeometry
+            Read from the array's ``zarr.json`` on first use, then remembered.
+        """
         found = self._arrays.get((tid, key))
         if found is None:
             path = f"trajectories/{tid}/{key}"
@@ -170,7 +271,19 @@ class StoreGeometry:
         return found
 
     def needed(self, rows_by_id: Mapping[int, Sequence[int]]) -> NeededReads:
-        """The chunks and byte ranges that the flat rows ``{trajectory id: rows}`` need."""
+        """The chunks and byte ranges that the flat rows ``{trajectory id: rows}`` need.
+
+        Parameters
+        ----------
+        rows_by_id
+            Flat (sampled) row numbers per trajectory id; row ``r`` is step ``r // B``,
+            environment ``r % B``.
+
+        Returns
+        -------
+        NeededReads
+            The distinct chunks, pieces and their bytes over every sampled key.
+        """
         out = NeededReads()
         for tid, rows in rows_by_id.items():
             flat = torch.as_tensor(list(rows), dtype=torch.int64)
@@ -239,37 +352,3 @@ class StoreGeometry:
                 pairs = np.frombuffer(raw[: array.index_bytes - (array.index_bytes % 16)], "<u8")
                 self._indexes[key] = pairs.reshape(-1, 2)
         return self._indexes[key]
-
-
-def disk_usage(root: str, trajectories: Sequence[Trajectory], fmt: str) -> dict[str, Any]:
-    """Bytes on disk (allocated blocks of every file of the store, and their sizes), per
-    sample, the compression ratio, and (zarr) the ratio per key."""
-    samples = sum(validate(t).num_samples for t in trajectories)
-    raw = nbytes(v for t in trajectories for v in t.tensors().values())
-    files = [Path(folder, name) for folder, _, names in os.walk(root) for name in names]
-    allocated = sum(f.stat().st_blocks * 512 for f in files)
-    apparent = sum(f.stat().st_size for f in files)
-    out: dict[str, Any] = {
-        "files": len(files),
-        "raw_bytes": raw,
-        "allocated_bytes": allocated,
-        "apparent_bytes": apparent,
-        "allocated_vs_raw": allocated / raw,
-        "bytes_per_sample": apparent / samples,
-        "ratio": raw / apparent,
-    }
-    if fmt == "zarr":
-        out["ratio_per_key"] = {
-            key: _ratio(trajectories, key, root) for key in trajectories[0].tensors()
-        }
-    return out
-
-
-def _ratio(trajectories: Sequence[Trajectory], key: str, root: str) -> float:
-    stored = sum(
-        f.stat().st_size
-        for f in Path(root, "trajectories").glob(f"*/{key}/**/*")
-        if f.is_file() and f.name != "zarr.json"
-    )
-    raw = nbytes(t.tensors()[key] for t in trajectories)
-    return raw / stored

@@ -28,23 +28,38 @@ from typing import Any
 import fsspec
 
 from rbzarr import tree
-from rbzarr.bench.accounting import NeededReads, StoreGeometry, disk_usage
+from rbzarr.bench.accounting import NeededReads, StoreGeometry
 from rbzarr.bench.baselines import RangeReader
 from rbzarr.bench.draws import DrawSequence, TrackedBuffer, gather_rows, same_rows
 from rbzarr.bench.measure import add_all, nbytes, row_bytes, stats, timed
 from rbzarr.bench.page_cache import evict, process_read_bytes
 from rbzarr.bench.settings import Settings
+from rbzarr.bench.store_size import disk_usage
 from rbzarr.bench.torchrl_peer import TorchRLPeer, torchrl_missing
 from rbzarr.bench.workloads import Workload, trajectory_sequence
 from rbzarr.buffer import TrajectoryReplayBuffer
+from rbzarr.flat_view import flatten_trajectory
 from rbzarr.storage.shard_remote import IOStats
-from rbzarr.trajectory import flatten_trajectory, validate
+from rbzarr.trajectory import validate
 
 __all__ = ["DiskRun", "run_disk"]
 
 
 class DiskRun:
-    """The stores, buffers and draws of one workload's disk-backed modes, under ``root``."""
+    """The stores, buffers and draws of one workload's disk-backed modes, under ``root``.
+
+    Constructing it writes the trajectories to a Zarr and a ``pt`` store (the write
+    figures are kept in ``writes`` and ``writes_pt``).
+
+    Parameters
+    ----------
+    workload
+        The trajectories and batch size.
+    settings
+        Window, cache, seed and the number of trajectories.
+    root
+        A directory for the stores (``zarr/``, ``pt/`` and TorchRL's scratch files).
+    """
 
     def __init__(self, workload: Workload, settings: Settings, root: str) -> None:
         self.workload, self.settings, self.root = workload, settings, Path(root)
@@ -92,7 +107,18 @@ class DiskRun:
         return TrackedBuffer(buffer, self.workload.batch), writes
 
     def needed(self, k: int) -> NeededReads:
-        """What the ``k``-th batch's missed rows need from the Zarr store."""
+        """What the ``k``-th batch's missed rows need from the Zarr store.
+
+        Parameters
+        ----------
+        k
+            The draw number (0 is the buffers' first ``sample()``).
+
+        Returns
+        -------
+        NeededReads
+            The chunks, byte ranges and bytes of the rows outside the cache.
+        """
         positions, rows = self.draws.at(k)
         missed: dict[int, list[int]] = {}
         for position, row in zip(positions.tolist(), rows.tolist(), strict=True):
@@ -103,6 +129,11 @@ class DiskRun:
 
     def check_same_rows(self) -> bool:
         """One batch from each buffer equals the rows the draw names.
+
+        Returns
+        -------
+        bool
+            Whether both buffers' batches equal the expected rows.
 
         Raises
         ------
@@ -126,7 +157,24 @@ class DiskRun:
 def run_disk(
     workload: Workload, settings: Settings, root: str, say: Callable[[str], None]
 ) -> dict[str, Any]:
-    """The write figures and the ``warm`` / ``cold`` modes the workload asks for."""
+    """The write figures and the ``warm`` / ``cold`` modes the workload asks for.
+
+    Parameters
+    ----------
+    workload
+        The trajectories, batch size and modes.
+    settings
+        Calls, budget, window, cache and eviction settings.
+    root
+        A temporary directory for the stores; the buffers are closed before returning.
+    say
+        Called with a short label before each step.
+
+    Returns
+    -------
+    dict
+        ``writes``, ``writes_pt``, ``same_rows`` and, per mode run, ``warm`` / ``cold``.
+    """
     say(f"[{workload.name}] writing stores")
     run = DiskRun(workload, settings, root)
     try:

@@ -22,7 +22,17 @@ Draw = tuple[torch.Tensor, torch.Tensor]
 
 class DrawSequence:
     """The ``k``-th draw of a buffer seeded ``seed`` sampling ``batch`` rows from a window
-    with ``counts`` rows per trajectory."""
+    with ``counts`` rows per trajectory.
+
+    Parameters
+    ----------
+    counts
+        Flat rows of each trajectory of the window, in window order.
+    batch
+        Rows per draw.
+    seed
+        The buffer's seed.
+    """
 
     def __init__(self, counts: Sequence[int], batch: int, seed: int) -> None:
         self.counts = torch.tensor(list(counts), dtype=torch.int64)
@@ -31,14 +41,33 @@ class DrawSequence:
         self._drawn: list[Draw] = []
 
     def at(self, k: int) -> Draw:
-        """``(positions, rows)`` of the ``k``-th call (0-based)."""
+        """``(positions, rows)`` of the ``k``-th call (0-based).
+
+        Parameters
+        ----------
+        k
+            The call number; draws up to ``k`` are made once and remembered.
+
+        Returns
+        -------
+        tuple of torch.Tensor
+            ``[batch]`` window positions and ``[batch]`` flat rows within them.
+        """
         while len(self._drawn) <= k:
             self._drawn.append(draw(self.batch, self.counts, self._generator))
         return self._drawn[k]
 
 
 class TrackedBuffer:
-    """A buffer's ``sample(batch)`` that counts its calls, to pair them with draws."""
+    """A buffer's ``sample(batch)`` that counts its calls, to pair them with draws.
+
+    Parameters
+    ----------
+    buffer
+        The buffer sampled.
+    batch
+        Rows per ``sample`` call.
+    """
 
     def __init__(self, buffer: TrajectoryReplayBuffer, batch: int) -> None:
         self.buffer = buffer
@@ -46,7 +75,13 @@ class TrackedBuffer:
         self.calls = 0
 
     def sample(self) -> dict[str, Any]:
-        """One ``sample`` call of the buffer."""
+        """One ``sample`` call of the buffer.
+
+        Returns
+        -------
+        dict
+            The buffer's batch of ``batch`` rows; ``calls`` counts it.
+        """
         self.calls += 1
         return self.buffer.sample(self.batch)
 
@@ -54,7 +89,20 @@ class TrackedBuffer:
 def gather_rows(
     flats: Sequence[Mapping[str, torch.Tensor]], positions: torch.Tensor, rows: torch.Tensor
 ) -> dict[str, torch.Tensor]:
-    """Rows ``rows`` of the flat trajectories ``flats[positions]``, in batch order."""
+    """Rows ``rows`` of the flat trajectories ``flats[positions]``, in batch order.
+
+    Parameters
+    ----------
+    flats
+        The window's flat trajectories (``{key: [rows, ...]}``), all with the same keys.
+    positions, rows
+        A draw: ``[batch]`` window positions and flat rows.
+
+    Returns
+    -------
+    dict of str to torch.Tensor
+        ``{key: [batch, ...]}``, freshly allocated.
+    """
     out = {
         key: torch.empty((len(rows), *value.shape[1:]), dtype=value.dtype)
         for key, value in flats[0].items()
@@ -67,5 +115,16 @@ def gather_rows(
 
 
 def same_rows(got: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> bool:
-    """Whether two flat batches hold the same keys and exactly equal values."""
+    """Whether two flat batches hold the same keys and exactly equal values.
+
+    Parameters
+    ----------
+    got, expected
+        Flat batches, ``{key: tensor}``.
+
+    Returns
+    -------
+    bool
+        ``True`` when the key sets match and every tensor is ``torch.equal``.
+    """
     return set(got) == set(expected) and all(torch.equal(got[k], expected[k]) for k in expected)

@@ -17,13 +17,29 @@ from rbzarr.bench.settings import Settings
 from rbzarr.bench.torchrl_peer import TorchRLPeer, torchrl_missing
 from rbzarr.bench.workloads import Workload, trajectory_sequence
 from rbzarr.buffer import TrajectoryReplayBuffer
-from rbzarr.trajectory import flatten_trajectory, validate
+from rbzarr.flat_view import flatten_trajectory
+from rbzarr.trajectory import validate
 
 __all__ = ["run_hot"]
 
 
 def run_hot(workload: Workload, settings: Settings) -> dict[str, Any]:
-    """The hot mode of ``workload``: buffer, limit, TorchRL and RLinf-style figures."""
+    """The hot mode of ``workload``: buffer, limit, TorchRL and RLinf-style figures.
+
+    Parameters
+    ----------
+    workload
+        The trajectories and batch size.
+    settings
+        Calls, budget, seed and how many trajectories are added.
+
+    Returns
+    -------
+    dict
+        ``row_bytes``, ``rows``, ``add`` latencies, ``same_rows``, the throughput of
+        ``buffer``, ``limit``, ``torchrl_tensor``, ``rlinf_style`` (and ``per_row_loop`` for
+        ``state``), and the ratios ``vs_limit`` and ``speedup_vs_rlinf_style``.
+    """
     trajectories = trajectory_sequence(workload, settings)
     per_row = row_bytes(trajectories[0])
     calls, budget, seed, batch = (

@@ -21,7 +21,8 @@ import zarr
 
 import rbzarr
 from rbzarr.buffer import TrajectoryReplayBuffer
-from rbzarr.trajectory import Trajectory, flatten_trajectory, trajectory_from_raw, validate
+from rbzarr.flat_view import flatten_trajectory
+from rbzarr.trajectory import Trajectory, trajectory_from_raw, validate
 
 __all__ = [
     "add_all",
@@ -94,24 +95,71 @@ def stats(latencies: Sequence[float], rows: int, bytes_per_row: int) -> dict[str
 
 
 def nbytes(tensors: Iterable[torch.Tensor]) -> int:
-    """Total bytes of ``tensors``."""
+    """Total bytes of ``tensors``.
+
+    Parameters
+    ----------
+    tensors
+        Any tensors.
+
+    Returns
+    -------
+    int
+        The sum of ``numel * element_size`` (the bytes of the elements, not of storage).
+    """
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def row_bytes(trajectory: Trajectory) -> int:
-    """Bytes of one sampled (flat) row of ``trajectory``."""
+    """Bytes of one sampled (flat) row of ``trajectory``.
+
+    Parameters
+    ----------
+    trajectory
+        A valid trajectory.
+
+    Returns
+    -------
+    int
+        The bytes of row 0 of every flat field together.
+    """
     flat = flatten_trajectory(trajectory, validate(trajectory))
     return sum(t[0].numel() * t.element_size() for t in flat.values())
 
 
 def clone_trajectory(trajectory: Trajectory) -> Trajectory:
-    """A copy of ``trajectory`` that shares no tensor memory with it."""
+    """A copy of ``trajectory`` that shares no tensor memory with it.
+
+    Parameters
+    ----------
+    trajectory
+        The trajectory to copy.
+
+    Returns
+    -------
+    Trajectory
+        Cloned tensors with the same ``max_episode_length`` and ``model_weights_id``.
+    """
     fields = {key: value.clone() for key, value in trajectory.tensors().items()}
     return trajectory_from_raw(fields, trajectory.max_episode_length, trajectory.model_weights_id)
 
 
 def add_all(buffer: TrajectoryReplayBuffer, trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """Add one trajectory per call; p50/p99 call latency against a ``clone`` of each."""
+    """Add one trajectory per call; p50/p99 call latency against a ``clone`` of each.
+
+    Parameters
+    ----------
+    buffer
+        The buffer to add to.
+    trajectories
+        Added one ``add_trajectories`` call each, in order.
+
+    Returns
+    -------
+    dict
+        ``add_p50_ms``, ``add_p99_ms``, ``memcpy_p50_ms`` (cloning the trajectory's
+        tensors) and ``add_vs_memcpy``, the ratio of the two medians.
+    """
     adds, copies = [], []
     for trajectory in trajectories:
         start = time.perf_counter()
@@ -131,7 +179,14 @@ def add_all(buffer: TrajectoryReplayBuffer, trajectories: Sequence[Trajectory]) 
 
 
 def machine() -> dict[str, Any]:
-    """CPU count, platform, load average and torch threads of this run."""
+    """CPU count, platform, load average and torch threads of this run.
+
+    Returns
+    -------
+    dict
+        ``cpu_count``, ``platform``, ``processor``, ``load_average`` (``None`` where the
+        system has none) and ``torch_threads``.
+    """
     return {
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
@@ -142,7 +197,14 @@ def machine() -> dict[str, Any]:
 
 
 def versions() -> dict[str, str]:
-    """Versions of Python and the libraries the figures depend on."""
+    """Versions of Python and the libraries the figures depend on.
+
+    Returns
+    -------
+    dict
+        Version strings of ``python``, ``torch``, ``zarr``, ``numcodecs``, ``numpy`` and
+        ``rbzarr``.
+    """
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,

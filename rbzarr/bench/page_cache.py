@@ -87,7 +87,13 @@ def _fadvise_dontneed(path: str) -> None:
 
 def process_read_bytes() -> int | None:
     """Bytes this process caused to be read from storage so far (Linux ``/proc/self/io``
-    ``read_bytes``: page-cache misses, read-ahead included); ``None`` where unavailable."""
+    ``read_bytes``: page-cache misses, read-ahead included); ``None`` where unavailable.
+
+    Returns
+    -------
+    int or None
+        The counter, or ``None`` without ``/proc/self/io`` or its ``read_bytes`` line.
+    """
     try:
         text = Path("/proc/self/io").read_text()
     except OSError:

@@ -35,6 +35,20 @@ Progress = Callable[[str], None]
 def parse_names(text: str, allowed: Sequence[str], what: str) -> list[str]:
     """Comma-separated names, each one of ``allowed``.
 
+    Parameters
+    ----------
+    text
+        The option's value, e.g. ``"state,image"``; blanks around names are ignored.
+    allowed
+        The names accepted.
+    what
+        What a name names (``"suite"``, ``"workload"``), for the error message.
+
+    Returns
+    -------
+    list of str
+        The names in the order given.
+
     Raises
     ------
     ValueError
@@ -79,6 +93,11 @@ def run(
     -------
     list of dict
         One results document per suite.
+
+    Raises
+    ------
+    ValueError
+        For a suite not in :data:`SUITES`, or a workload name not known.
     """
     say = progress or (lambda label: None)
     threads = torch.get_num_threads()
@@ -146,6 +165,16 @@ def _document(
 
 def save(document: dict[str, Any], out: Path, chart: bool) -> list[Path]:
     """Write ``document`` as ``<out>/<benchmark>.json`` (and, for sampling, its chart).
+
+    Parameters
+    ----------
+    document
+        A results document from :func:`run`.
+    out
+        The directory to write to; it is created if missing.
+    chart
+        Also draw ``<out>/sampling.png`` for a sampling document with results (needs
+        matplotlib).
 
     Returns
     -------

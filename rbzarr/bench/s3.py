@@ -48,7 +48,14 @@ SERVER_MODULE = Path(rbzarr.__file__).resolve().parents[1] / "tests" / "s3_serve
 
 
 def load_s3_server() -> ModuleType | str:
-    """The test suite's S3 server module, or why it cannot be used."""
+    """The test suite's S3 server module, or why it cannot be used.
+
+    Returns
+    -------
+    module or str
+        ``tests/s3_server.py`` loaded as ``s3_server`` (once), or the reason: no source
+        checkout, or moto or s3fs not installed.
+    """
     if not SERVER_MODULE.is_file():
         return f"needs a source checkout: {SERVER_MODULE} not found"
     try:
@@ -68,14 +75,39 @@ def load_s3_server() -> ModuleType | str:
 def concurrency_limit(options: dict[str, Any]) -> int:
     """How many requests of one batch may be in flight at once: the layout fetches a batch's
     ranges with one ``fs.cat_ranges``, which s3fs runs over botocore's connection pool
-    (``max_pool_connections`` in ``config_kwargs``, botocore's default otherwise)."""
+    (``max_pool_connections`` in ``config_kwargs``, botocore's default otherwise).
+
+    Parameters
+    ----------
+    options
+        The s3fs storage options of the store.
+
+    Returns
+    -------
+    int
+        The connection pool's size.
+    """
     from botocore.config import Config  # noqa: PLC0415  (with s3fs)
 
     return int(Config(**options.get("config_kwargs", {})).max_pool_connections)
 
 
 def run_s3(settings: Settings, quick: bool) -> dict[str, Any]:
-    """The S3 mode: see the module docs; ``{"unavailable": reason}`` without a server."""
+    """The S3 mode: see the module docs; ``{"unavailable": reason}`` without a server.
+
+    Parameters
+    ----------
+    settings
+        The ``s3_*`` sizes, the delay and the seed.
+    quick
+        Smaller trajectories (``T=8, B=4`` instead of ``T=32, B=16``).
+
+    Returns
+    -------
+    dict
+        The write figures, the first batch, the steady batches and their medians, and the
+        undelayed time; or ``{"unavailable": reason}``.
+    """
     server_module = load_s3_server()
     if isinstance(server_module, str):
         return {"unavailable": server_module}
@@ -98,6 +130,11 @@ def run_s3(settings: Settings, quick: bool) -> dict[str, Any]:
 @contextlib.contextmanager
 def moto_process() -> Iterator[str]:
     """moto's S3 server in a child process on a free port of 127.0.0.1; yields its URL.
+
+    Yields
+    ------
+    str
+        ``http://127.0.0.1:<port>``; the server is terminated when the block ends.
 
     Raises
     ------

@@ -129,12 +129,34 @@ def _evaluate(specs: list[Any], results: dict[str, Any]) -> list[dict[str, Any]]
 
 
 def sampling_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Targets of a sampling run (``results`` by workload name)."""
+    """Targets of a sampling run (``results`` by workload name).
+
+    Parameters
+    ----------
+    results
+        A sampling document's ``results``, by workload name.
+
+    Returns
+    -------
+    list of dict
+        Every sampling target, in a fixed order; ``met`` is ``None`` where unmeasured.
+    """
     return _evaluate(SAMPLING, results)
 
 
 def s3_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Targets of an S3 run: requests and bytes against need, time against the bound."""
+    """Targets of an S3 run: requests and bytes against need, time against the bound.
+
+    Parameters
+    ----------
+    result
+        The S3 mode's result (or ``{"unavailable": reason}``).
+
+    Returns
+    -------
+    list of dict
+        The three S3 targets; unmeasured (with the reason) without a steady median.
+    """
     out = []
     try:
         steady = _get(result, "steady_median")

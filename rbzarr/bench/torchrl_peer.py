@@ -23,7 +23,13 @@ __all__ = ["TorchRLPeer", "torchrl_missing"]
 
 
 def torchrl_missing() -> str | None:
-    """``None`` when torchrl and tensordict import, else the reason they do not."""
+    """``None`` when torchrl and tensordict import, else the reason they do not.
+
+    Returns
+    -------
+    str or None
+        The reason, naming the ``bench`` extra; ``None`` when both import.
+    """
     try:
         import tensordict  # noqa: F401, PLC0415
         import torchrl  # noqa: F401, PLC0415
@@ -68,13 +74,46 @@ class TorchRLPeer:
         self.offsets = torch.tensor([0, *counts[:-1]], dtype=torch.int64).cumsum(0)
 
     def indices(self, positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Storage indices of flat rows ``rows`` of the window's trajectories ``positions``."""
+        """Storage indices of flat rows ``rows`` of the window's trajectories ``positions``.
+
+        Parameters
+        ----------
+        positions, rows
+            A draw: ``[batch]`` window positions and flat rows within them.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[batch]`` int64 storage indices, ``offsets[positions] + rows``.
+        """
         return self.offsets[positions] + rows
 
     def get(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The storage's rows at ``indices`` as a flat ``{key: tensor}`` dict."""
+        """The storage's rows at ``indices`` as a flat ``{key: tensor}`` dict.
+
+        Parameters
+        ----------
+        indices
+            Storage indices, e.g. from :meth:`indices`.
+
+        Returns
+        -------
+        dict of str to torch.Tensor
+            ``{key: [len(indices), ...]}``, keys joined with ``/``.
+        """
         return dict(self.storage.get(indices).flatten_keys("/").items())
 
     def sample(self, batch: int) -> Any:
-        """TorchRL's own path: ``ReplayBuffer.sample`` of ``batch`` random rows."""
+        """TorchRL's own path: ``ReplayBuffer.sample`` of ``batch`` random rows.
+
+        Parameters
+        ----------
+        batch
+            Rows to sample.
+
+        Returns
+        -------
+        Any
+            TorchRL's ``TensorDict`` of ``batch`` rows.
+        """
         return self.buffer.sample(batch)

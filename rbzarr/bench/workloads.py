@@ -40,7 +40,23 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-    """A named trajectory generator: ``make(seed)`` returns one ``[T, B, ...]`` trajectory."""
+    """A named trajectory generator: ``make(seed)`` returns one ``[T, B, ...]`` trajectory.
+
+    Parameters
+    ----------
+    name
+        One of :data:`WORKLOAD_NAMES`, as results documents name it.
+    T, B
+        Time steps and environments of each trajectory ``make`` returns.
+    batch
+        Rows per ``sample()`` call.
+    make
+        Builds the trajectory of a seed, deterministically.
+    window
+        The default ``sample_window_size`` (and number of trajectories added).
+    modes
+        Which of ``"hot"``, ``"warm"`` and ``"cold"`` run for it.
+    """
 
     name: str
     T: int
@@ -64,7 +80,21 @@ def _scalars(
 
 
 def state_trajectory(seed: int, T: int = 64, B: int = 32) -> Trajectory:
-    """A state trajectory: 42 float32 observations (smooth, as from a simulator), 8 actions."""
+    """A state trajectory: 42 float32 observations (smooth, as from a simulator), 8 actions.
+
+    Parameters
+    ----------
+    seed
+        Seeds the generator: the same seed gives the same trajectory.
+    T, B
+        Time steps and environments.
+
+    Returns
+    -------
+    Trajectory
+        ``[T, B, ...]`` fields, with ``T + 1`` rows of ``dones`` (each set with chance 0.02),
+        ``model_weights_id`` ``"w<seed>"`` and ``max_episode_length`` ``T``.
+    """
     generator = torch.Generator().manual_seed(seed)
     state = torch.cumsum(0.05 * torch.randn(T + 1, B, 42, generator=generator), dim=0)
     return Trajectory(
@@ -78,7 +108,22 @@ def state_trajectory(seed: int, T: int = 64, B: int = 32) -> Trajectory:
 
 def image_frames(generator: torch.Generator, steps: int, envs: int, size: int = 84) -> torch.Tensor:
     """``[steps, envs, 3, size, size]`` uint8 frames: 7x7-pixel flat blocks, a 14-pixel
-    square moving across them and noise on 5% of the pixels."""
+    square moving across them and noise on 5% of the pixels.
+
+    Parameters
+    ----------
+    generator
+        The source of randomness (advanced by the call).
+    steps, envs
+        Frames per environment, and environments.
+    size
+        Height and width in pixels (more than 14).
+
+    Returns
+    -------
+    torch.Tensor
+        The ``uint8`` frames; the square moves 2 pixels per step along both axes.
+    """
     count = -(-size // 7)
     blocks = torch.randint(0, 8, (envs, 3, count, count), generator=generator, dtype=torch.uint8)
     base = (blocks * 32).repeat_interleave(7, dim=-1).repeat_interleave(7, dim=-2)
@@ -95,7 +140,21 @@ def image_frames(generator: torch.Generator, steps: int, envs: int, size: int = 
 
 
 def image_trajectory(seed: int, T: int = 32, B: int = 16) -> Trajectory:
-    """An image trajectory: ``3x84x84`` uint8 curr/next observations, 8 actions."""
+    """An image trajectory: ``3x84x84`` uint8 curr/next observations, 8 actions.
+
+    Parameters
+    ----------
+    seed
+        Seeds the generator: the same seed gives the same trajectory.
+    T, B
+        Time steps and environments.
+
+    Returns
+    -------
+    Trajectory
+        ``[T, B, ...]`` fields, with ``T + 1`` rows of ``dones`` (each set with chance 0.02),
+        ``model_weights_id`` ``"w<seed>"`` and ``max_episode_length`` ``T``.
+    """
     generator = torch.Generator().manual_seed(seed)
     frames = image_frames(generator, T + 1, B)
     return Trajectory(
@@ -109,7 +168,21 @@ def image_trajectory(seed: int, T: int = 32, B: int = 16) -> Trajectory:
 
 def embodied_trajectory(seed: int, T: int = 32, B: int = 16) -> Trajectory:
     """An embodied-scale trajectory: two ``3x128x128`` uint8 cameras, a 32-d state and a
-    chunk of 8 seven-d actions per step."""
+    chunk of 8 seven-d actions per step.
+
+    Parameters
+    ----------
+    seed
+        Seeds the generator: the same seed gives the same trajectory.
+    T, B
+        Time steps and environments.
+
+    Returns
+    -------
+    Trajectory
+        ``[T, B, ...]`` fields, with ``T + 1`` rows of ``dones`` (each set with chance 0.02),
+        ``model_weights_id`` ``"w<seed>"`` and ``max_episode_length`` ``T``.
+    """
     generator = torch.Generator().manual_seed(seed)
     cameras = [image_frames(generator, T + 1, B, size=128) for _ in range(2)]
     state = torch.cumsum(0.05 * torch.randn(T + 1, B, 32, generator=generator), dim=0)
@@ -128,6 +201,21 @@ def embodied_trajectory(seed: int, T: int = 32, B: int = 16) -> Trajectory:
 
 def atari_workload(T: int = 32, B: int = 16, batch: int = 256) -> Workload:
     """Frames of ALE Pong (grayscale ``1x210x160``) under random actions, ``B`` episodes.
+
+    The frames are recorded once; ``make(seed)`` rolls the episodes by ``seed % B`` and
+    draws fresh per-step scalars from ``seed``.
+
+    Parameters
+    ----------
+    T, B
+        Steps per episode recorded, and episodes (env reset seeds ``0 .. B-1``).
+    batch
+        Rows per ``sample()`` call.
+
+    Returns
+    -------
+    Workload
+        The ``"atari"`` workload (hot and warm modes, window 100).
 
     Raises
     ------
@@ -190,6 +278,12 @@ def workloads(
         Smoke-run sizes: embodied ``T=8, B=4``; default batches state 128, image and atari
         32, embodied 8.
 
+    Returns
+    -------
+    tuple
+        ``(workloads, notes)``: the workloads in the order named, and one note per
+        workload skipped (atari without ale-py or its ROMs).
+
     Raises
     ------
     ValueError
@@ -222,7 +316,21 @@ def workloads(
 def trajectory_sequence(workload: Workload, settings: Settings) -> list[Trajectory]:
     """The trajectories a mode adds: ``settings.trajectories`` (default: the workload's
     window) cycling over ``settings.pool`` distinct ones (the buffer copies each, so repeats
-    cost no memory here)."""
+    cost no memory here).
+
+    Parameters
+    ----------
+    workload
+        Makes the trajectories.
+    settings
+        ``trajectories``, ``window``, ``pool`` and ``seed`` (trajectory ``i`` of the pool
+        is ``make(seed + i)``).
+
+    Returns
+    -------
+    list of Trajectory
+        The sequence, repeating the pool's trajectories (the same objects) in order.
+    """
     count = settings.trajectories or settings.window or workload.window
     pool = [workload.make(settings.seed + i) for i in range(min(settings.pool, count))]
     return [pool[i % len(pool)] for i in range(count)]

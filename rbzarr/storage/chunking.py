@@ -84,9 +84,19 @@ INNER_CHUNK_BYTES = 64 * 2**10
 class KeyPlan:
     """How layout v2 stores one array (see the module docs).
 
-    ``kind`` is ``"mapped"`` (one uncompressed inner chunk, the whole array: read in
-    place), ``"chunked"`` (zstd inner chunks of shape ``inner``, ``level`` their level) or
-    ``"zarr"`` (anything else: regular chunks written and read by zarr's pipeline).
+    Parameters
+    ----------
+    kind
+        ``"mapped"`` (one uncompressed inner chunk, the whole array: read in place),
+        ``"chunked"`` (zstd inner chunks) or ``"zarr"`` (anything else: regular chunks
+        written and read by zarr's pipeline).
+    inner
+        The inner chunk shape: the whole array for ``"mapped"``, ``(k, 1, *trailing)`` for
+        ``"chunked"``, empty for ``"zarr"``.
+    level
+        The zstd level of a ``"chunked"`` plan, else ``None``.
+    checksum
+        Whether a ``"chunked"`` plan's zstd frames carry a checksum.
     """
 
     kind: str
@@ -96,7 +106,13 @@ class KeyPlan:
 
 
 def default_codec() -> ZstdCodec:
-    """The compressor used when nothing is configured: ``ZstdCodec(level=1)``."""
+    """The compressor used when nothing is configured: ``ZstdCodec(level=1)``.
+
+    Returns
+    -------
+    ZstdCodec
+        A new ``ZstdCodec(level=1)``.
+    """
     return ZstdCodec(level=1)
 
 
@@ -105,6 +121,25 @@ def chunk_shape(shape: Sequence[int], itemsize: int, chunk_bytes: int) -> tuple[
 
     Zero-length dimensions get a chunk length of 1 (zarr needs positive chunk lengths); a
     0-d array has the empty chunk shape.
+
+    Parameters
+    ----------
+    shape
+        The array's shape; the first dimension is the one chunks split (time steps).
+    itemsize
+        Bytes per element.
+    chunk_bytes
+        The most bytes a chunk should hold (at least one step is always taken).
+
+    Returns
+    -------
+    tuple of int
+        ``(k, *shape[1:])`` with ``k`` steps per chunk, or ``()`` for a 0-d array.
+
+    Raises
+    ------
+    ValueError
+        ``chunk_bytes`` is not positive.
     """
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
@@ -121,7 +156,20 @@ def chunk_shape(shape: Sequence[int], itemsize: int, chunk_bytes: int) -> tuple[
 
 def pick_codec(codecs: Mapping[str, Any], key: str) -> Any:
     """The compressor for flat ``key``: ``codecs[key]``, else ``codecs["default"]``, else
-    :func:`default_codec`.  A ``None`` value means "store uncompressed"."""
+    :func:`default_codec`.
+
+    Parameters
+    ----------
+    codecs
+        Compressors by flat key, with an optional ``"default"`` entry.
+    key
+        The flat key (``"curr_obs/image"``).
+
+    Returns
+    -------
+    Any
+        The codec to use; ``None`` means "store uncompressed".
+    """
     if key in codecs:
         return codecs[key]
     if "default" in codecs:
@@ -141,6 +189,12 @@ def plan_key(shape: Sequence[int], itemsize: int, codecs: Mapping[str, Any], key
         them names is stored uncompressed, read in place.
     key
         The flat key.
+
+    Returns
+    -------
+    KeyPlan
+        ``"zarr"`` for 0-d, zero-size or non-zstd arrays, ``"mapped"`` when uncompressed,
+        else ``"chunked"`` with the inner chunk shape and zstd settings.
     """
     if not shape or 0 in shape:
         return KeyPlan("zarr")

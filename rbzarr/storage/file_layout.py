@@ -72,7 +72,13 @@ def _to_record(trajectory: Trajectory) -> dict[str, Any]:
 
 
 class FileLayout(TrajectoryLayout):
-    """One file per trajectory at the location's root; subclasses pick the serializer."""
+    """One file per trajectory at the location's root; subclasses pick the serializer.
+
+    Parameters
+    ----------
+    location
+        The store's root, where the files and the two documents live.
+    """
 
     suffix: ClassVar[str]
 
@@ -87,7 +93,23 @@ class FileLayout(TrajectoryLayout):
 
     # -- naming --------------------------------------------------------------------------
     def file_name(self, entry: Entry) -> str:
-        """``trajectory_{id}_{model_weights_id}.{suffix}``, or ``UnsafePathError``."""
+        """The name of a trajectory's file: ``trajectory_{id}_{model_weights_id}.{suffix}``.
+
+        Parameters
+        ----------
+        entry
+            The trajectory's index entry.
+
+        Returns
+        -------
+        str
+            A plain file name at the root.
+
+        Raises
+        ------
+        UnsafePathError
+            The ``model_weights_id`` would make a name outside the root.
+        """
         tid, mwid = int(entry["trajectory_id"]), entry.get("model_weights_id", "")
         name = f"trajectory_{tid}_{mwid}.{self.suffix}"
         return safe_name(name, self.location.url)
@@ -99,17 +121,75 @@ class FileLayout(TrajectoryLayout):
 
     # -- TrajectoryLayout ----------------------------------------------------------------
     def trajectory_path(self, entry: Entry) -> tuple[str, ...]:
-        # docstring inherited
+        """The trajectory's file name, as a one-part path below the root.
+
+        Parameters
+        ----------
+        entry
+            The trajectory's index entry.
+
+        Returns
+        -------
+        tuple of str
+            ``(file_name(entry),)``.
+
+        Raises
+        ------
+        UnsafePathError
+            The entry would name a file outside the root.
+        """
         return (self.file_name(entry),)
 
     def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
-        # docstring inherited
+        """Write the trajectory's non-None fields as one file, atomically, replacing any.
+
+        Parameters
+        ----------
+        entry
+            The trajectory's index entry (names the file).
+        trajectory
+            The trajectory; validated unless it is a ``ValidatedTrajectory``.
+
+        Raises
+        ------
+        InvalidTrajectoryError
+            ``trajectory`` is not a valid trajectory.
+        UnsafePathError
+            The entry would name a file outside the root.
+        StorageUnavailableError
+            The backend failed.
+        """
         name = self.file_name(entry)
         trajectory = rows_to_write(trajectory)
         self.location.write_bytes(self._dumps(_to_record(trajectory)), name)
 
     def read(self, entry: Entry, keys: Sequence[str] | None = None) -> Trajectory:
-        # docstring inherited
+        """Load the trajectory's file and rebuild the trajectory from it.
+
+        Parameters
+        ----------
+        entry
+            The trajectory's index entry; it supplies ``max_episode_length`` and
+            ``model_weights_id`` when the file lacks them.
+        keys
+            Flat keys to keep, or ``None`` for every field.
+
+        Returns
+        -------
+        Trajectory
+            Raw ``[T(+E), B, ...]`` rows.
+
+        Raises
+        ------
+        CheckpointNotFoundError
+            The file is missing.
+        CorruptStoreError
+            The file does not decode, is not a dict of trajectory fields, or lacks a key.
+        UnsafePickleError
+            The file needs a global the restricted unpickler refuses.
+        StorageUnavailableError
+            The backend failed.
+        """
         name = self.file_name(entry)
         source = f"{self.location.url}/{name}"
         try:
@@ -126,18 +206,54 @@ class FileLayout(TrajectoryLayout):
         return _trajectory_from_record(record, entry, keys, source)
 
     def delete(self, entry: Entry) -> None:
-        # docstring inherited
+        """Remove the trajectory's file; a missing file is not an error.
+
+        Parameters
+        ----------
+        entry
+            The trajectory's index entry.
+
+        Raises
+        ------
+        UnsafePathError
+            The entry would name a file outside the root.
+        StorageUnavailableError
+            The backend failed.
+        """
         self.location.delete(self.file_name(entry))
 
     def stored_paths(self) -> dict[str, int]:
-        # docstring inherited
+        """Every file at the root named like a trajectory file of this format.
+
+        Returns
+        -------
+        dict
+            ``{file name: trajectory id}``, indexed or not.
+
+        Raises
+        ------
+        StorageUnavailableError
+            The backend failed.
+        """
         pattern = self.name_pattern()
         matches = (pattern.fullmatch(name) for name in self.location.list_names())
         return {match.group(0): int(match.group(1)) for match in matches if match}
 
     def foreign_files(self, path: str) -> list[str]:
-        # docstring inherited
-        # A file only named like a trajectory is the user's unless it loads as one.
+        """The file ``path`` itself when it does not load as a trajectory dict.
+
+        A file only named like a trajectory is the user's unless it loads as one.
+
+        Parameters
+        ----------
+        path
+            A file name from :meth:`stored_paths`.
+
+        Returns
+        -------
+        list of str
+            ``[path]`` when the file is missing, unreadable or not a dict, else ``[]``.
+        """
         source = f"{self.location.url}/{path}"
         try:
             record = self._loads(self.location.read_bytes(path), source)
@@ -146,14 +262,31 @@ class FileLayout(TrajectoryLayout):
         return [] if isinstance(record, dict) else [path]
 
     def list_ids(self) -> list[int]:
-        # docstring inherited
+        """Ids of the trajectory files at the root, sorted and distinct.
+
+        Returns
+        -------
+        list of int
+            The ids of :meth:`stored_paths`.
+
+        Raises
+        ------
+        StorageUnavailableError
+            The backend failed.
+        """
         return sorted(set(self.stored_paths().values()))
 
 
 def _trajectory_from_record(
     record: dict[str, Any], entry: Entry, keys: Sequence[str] | None, source: str
 ) -> Trajectory:
-    """Check a loaded dict and build the trajectory (only ``keys``, if given)."""
+    """Check a loaded dict and build the trajectory (only ``keys``, if given).
+
+    Raises
+    ------
+    CorruptStoreError
+        The dict does not hold a valid trajectory, or lacks one of ``keys``.
+    """
     scalars = {name: record.pop(name, entry.get(name)) for name in _SCALAR_FIELDS}
     mel, mwid = scalars["max_episode_length"], scalars["model_weights_id"]
     if not isinstance(mel, int) or isinstance(mel, bool) or not isinstance(mwid, str):
@@ -182,7 +315,13 @@ def _trajectory_from_record(
 
 
 class PtLayout(FileLayout):
-    """RLinf's ``pt`` layout: ``torch.save`` files, read with ``weights_only=True``."""
+    """RLinf's ``pt`` layout: ``torch.save`` files, read with ``weights_only=True``.
+
+    Parameters
+    ----------
+    location
+        Where the files live.
+    """
 
     format = "pt"
     suffix = "pt"

@@ -25,8 +25,9 @@ from tqdm import tqdm
 
 from rbzarr.dtypes import dtype_name
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, StoreExistsError
+from rbzarr.flat_view import flatten_trajectory
 from rbzarr.storage.location import Location
-from rbzarr.trajectory import Trajectory, flatten_trajectory, validate
+from rbzarr.trajectory import Trajectory, validate
 
 if TYPE_CHECKING:
     from rbzarr.validated import ValidatedTrajectory

@@ -81,6 +81,8 @@ def layout_class(name: str) -> type[TrajectoryLayout]:
     ------
     ValueError
         ``name`` is not a registered format.
+    TypeError
+        The registered ``"module:Class"`` target is not a ``TrajectoryLayout`` subclass.
     """
     target = _LAYOUTS.get(name) if isinstance(name, str) else None
     if target is None:

@@ -39,10 +39,22 @@ class _Group:
 class MissPlan:
     """Everything :func:`read_batch` needs, snapshotted under the buffer's lock.
 
-    ``count`` is the batch size; ``hit_positions`` the batch positions served by the cache
-    and ``cached`` their rows (``{key: [hits, ...]}``, empty when there are none);
-    ``miss_positions`` and ``miss_rows`` the missed positions and their flat rows, sorted
-    by trajectory, ``groups`` one slice of them per trajectory.
+    Parameters
+    ----------
+    count
+        The batch size ``n``.
+    hit_positions
+        The batch positions served by the cache (int64).
+    cached
+        Their rows, ``{key: [hits, ...]}`` (empty when there are none).
+    schema
+        The buffer's schema (flat key -> dtype name and trailing shape).
+    miss_positions
+        The missed batch positions, sorted by trajectory (int64).
+    miss_rows
+        Their flat rows, in the same order.
+    groups
+        One slice of the misses per trajectory, with its entry and pending rows.
     """
 
     count: int
@@ -70,7 +82,9 @@ def plan_misses(
     ids, rows
         Trajectory id and flat row of every sampled position (int64, length ``n``).
     hit
-        Boolean mask of the positions the cache serves; ``cached`` holds their rows.
+        Boolean mask of the positions the cache serves.
+    cached
+        The rows of the hits, ``{key: [hits, ...]}`` in position order.
     schema
         The buffer's schema (flat key -> dtype name and trailing shape).
     entries
@@ -123,6 +137,15 @@ def read_batch(plan: MissPlan, store: TrajectoryLayout | None) -> dict[str, torc
     -------
     dict
         ``{flat key: tensor[n, ...]}`` in schema order, fresh tensors.
+
+    Raises
+    ------
+    CheckpointNotFoundError
+        A missed trajectory's data is missing from ``store``.
+    CorruptStoreError
+        Its data is damaged.
+    StorageUnavailableError
+        The backend failed.
     """
     out = {
         key: torch.empty((plan.count, *trailing), dtype=dtype_from_name(dtype))

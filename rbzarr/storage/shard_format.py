@@ -39,12 +39,36 @@ _ENTRY = np.dtype("<u8")
 
 
 def index_size(chunks: int) -> int:
-    """Bytes of the index of a shard with ``chunks`` inner chunks (16 each, plus 4)."""
+    """Bytes of the index of a shard with ``chunks`` inner chunks (16 each, plus 4).
+
+    Parameters
+    ----------
+    chunks
+        Number of inner chunks in the shard.
+
+    Returns
+    -------
+    int
+        ``16 * chunks + 4``: an offset and a byte count per chunk, then the crc32c.
+    """
     return 16 * chunks + 4
 
 
 def encode_index(offsets: np.ndarray, nbytes: np.ndarray) -> bytes:
-    """The index of a shard: ``(offset, nbytes)`` per inner chunk, then their crc32c."""
+    """The index of a shard: ``(offset, nbytes)`` per inner chunk, then their crc32c.
+
+    Parameters
+    ----------
+    offsets
+        Byte offset of each inner chunk in the shard, in C order of the inner-chunk grid.
+    nbytes
+        Byte count of each inner chunk, same order and length as ``offsets``.
+
+    Returns
+    -------
+    bytes
+        ``index_size(len(offsets))`` bytes, little-endian ``uint64`` pairs then the crc32c.
+    """
     pairs = np.empty((len(offsets), 2), dtype=_ENTRY)
     pairs[:, 0] = offsets
     pairs[:, 1] = nbytes
@@ -65,6 +89,11 @@ def decode_index(raw: bytes, chunks: int, data_end: int, where: str) -> np.ndarr
         Where the index starts in the shard: every inner chunk must end at or before it.
     where
         Names the array in errors (``trajectories/<id>/<key>``).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``int64 [chunks, 2]``: each inner chunk's offset and byte count.
 
     Raises
     ------
@@ -102,10 +131,34 @@ def sharded_metadata(
 ) -> bytes:
     """The ``zarr.json`` of an array stored as one shard of ``inner``-shaped chunks.
 
-    ``level`` is the zstd level of the inner chunks, ``None`` for uncompressed ones;
-    ``checksum`` whether their frames carry zstd's content checksum; ``torch_dtype`` goes
-    in the attributes.  Documents are cached: trajectories of one schema share them.
-    Zarr checks the document (an inner chunk shape must divide the array's shape).
+    Documents are cached: trajectories of one schema share them.
+
+    Parameters
+    ----------
+    shape
+        The array's shape; the outer (shard) chunk is the whole array.
+    dtype
+        The stored numpy dtype (little endian).
+    inner
+        The inner chunk shape; it must divide ``shape``.
+    level
+        The zstd level of the inner chunks, ``None`` for uncompressed ones.
+    checksum
+        Whether the zstd frames carry zstd's content checksum.
+    torch_dtype
+        The torch dtype name stored in the attributes under :data:`DTYPE_ATTR`.
+    dimension_names
+        One name per dimension (see :func:`rbzarr.storage.shard_writer.dimension_names`).
+
+    Returns
+    -------
+    bytes
+        The ``zarr.json`` document, as zarr itself serializes it.
+
+    Raises
+    ------
+    ValueError
+        Zarr rejects the metadata, e.g. ``inner`` does not divide ``shape``.
     """
     compressors: tuple[Any, ...] = (
         () if level is None else (ZstdCodec(level=level, checksum=checksum),)

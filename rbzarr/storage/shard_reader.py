@@ -32,32 +32,27 @@ handles of a trajectory it writes or deletes.
 
 from __future__ import annotations
 
-import json
-import math
 import mmap
 import os
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from numcodecs import zstd
 
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage import shard_format, workers
+from rbzarr.storage.shard_spec import ArraySpec
 
 __all__ = [
     "PREFETCH_ROW_BYTES",
-    "ArraySpec",
-    "check_document",
     "LocalShard",
     "Piece",
     "RowRead",
     "decode_whole",
     "gather_mapped",
     "land",
-    "parse_specs",
     "plan_rows",
     "read_local",
 ]
@@ -66,107 +61,23 @@ __all__ = [
 PREFETCH_ROW_BYTES = 4096
 # A batch with at least this many compressed pieces is read on the worker pool.
 THREADED_PIECES = 1024
-KINDS = ("mapped", "chunked")
-
-
-@dataclass(frozen=True)
-class ArraySpec:
-    """One stored array as its trajectory group's attributes describe it."""
-
-    key: str
-    kind: str
-    shape: tuple[int, ...]
-    dtype: np.dtype[Any]
-    inner: tuple[int, ...]
-    shard_bytes: int
-
-    @classmethod
-    def parse(cls, key: str, description: Any, where: str) -> ArraySpec:
-        """Check and convert a description written by :mod:`rbzarr.storage.shard_writer`."""
-        try:
-            spec = cls(
-                key=key,
-                kind=str(description["kind"]),
-                shape=tuple(int(d) for d in description["shape"]),
-                dtype=np.dtype(str(description["dtype"])),
-                inner=tuple(int(d) for d in description["inner"]),
-                shard_bytes=int(description["shard_bytes"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptStoreError(f"{where}: unreadable layout description: {exc}") from exc
-        grid_ok = len(spec.inner) == len(spec.shape) and all(
-            i > 0 and s % i == 0 for s, i in zip(spec.shape, spec.inner, strict=False)
-        )
-        if spec.kind not in KINDS or not spec.shape or not grid_ok:
-            raise CorruptStoreError(f"{where}: invalid layout description {description!r}")
-        return spec
-
-    @property
-    def chunks(self) -> int:
-        """Number of inner chunks."""
-        return math.prod(s // i for s, i in zip(self.shape, self.inner, strict=True))
-
-    @property
-    def envs(self) -> int:
-        """``B`` (1 for a 1-D array)."""
-        return self.shape[1] if len(self.shape) >= 2 else 1
-
-    @property
-    def row_bytes(self) -> int:
-        """Bytes of one row ``(t, b)``."""
-        return math.prod(self.shape[2:]) * self.dtype.itemsize
-
-    @property
-    def chunk_bytes(self) -> int:
-        """Bytes of one decoded inner chunk."""
-        return math.prod(self.inner) * self.dtype.itemsize
-
-    @property
-    def data_bytes(self) -> int:
-        """Bytes of the whole array, uncompressed."""
-        return math.prod(self.shape) * self.dtype.itemsize
-
-    @property
-    def index_offset(self) -> int:
-        """Where the index starts in the shard."""
-        return self.shard_bytes - shard_format.index_size(self.chunks)
-
-    def check_index(self, raw: bytes, where: str) -> np.ndarray:
-        """Parse the shard's index bytes; a mapped array must be one chunk at offset 0."""
-        index = shard_format.decode_index(raw, self.chunks, self.index_offset, where)
-        if self.kind == "mapped" and index.tolist() != [[0, self.data_bytes]]:
-            raise CorruptStoreError(
-                f"{where}: shard index {index.tolist()} does not describe the uncompressed "
-                f"array ([0, {self.data_bytes}])"
-            )
-        return index
-
-
-def check_document(raw: bytes | None, spec: ArraySpec, where: str) -> None:
-    """Refuse an array's ``zarr.json`` that is missing, unparsable or describes other data
-    than its group's layout description (plain zarr readers rely on it)."""
-    name = f"{where}/zarr.json"
-    if raw is None:
-        raise CorruptStoreError(f"{name} is missing")
-    try:
-        document = json.loads(raw)
-        sharding = document["codecs"][0]
-        inner = sharding["configuration"]["chunk_shape"]
-        agrees = (
-            document.get("node_type") == "array"
-            and tuple(document["shape"]) == spec.shape
-            and sharding["name"] == "sharding_indexed"
-            and tuple(inner) == spec.inner
-        )
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-        raise CorruptStoreError(f"{name} is not a valid array document: {exc}") from exc
-    if not agrees:
-        raise CorruptStoreError(f"{name} disagrees with its trajectory's layout description")
 
 
 @dataclass
 class Piece:
-    """``nbytes`` at ``offset`` of a shard, landing in ``target`` (decoded if compressed)."""
+    """``nbytes`` at ``offset`` of a shard, landing in ``target`` (decoded if compressed).
+
+    Parameters
+    ----------
+    offset
+        Where the bytes start in the shard.
+    nbytes
+        How many bytes to read.
+    target
+        The uint8 array the bytes (or their decoded chunk) fill exactly.
+    compressed
+        Whether the bytes are one zstd frame to decode into ``target``.
+    """
 
     offset: int
     nbytes: int
@@ -176,7 +87,18 @@ class Piece:
 
 @dataclass
 class RowRead:
-    """The pieces that fill one output block, and what to do once they have landed."""
+    """The pieces that fill one output block, and what to do once they have landed.
+
+    Parameters
+    ----------
+    where
+        Names the array in errors.
+    pieces
+        The pieces to read.
+    finish
+        Called once every piece has landed (copies repeated rows, or moves rows out of
+        decoded chunks); ``None`` when there is nothing to do.
+    """
 
     where: str
     pieces: list[Piece]
@@ -184,10 +106,24 @@ class RowRead:
 
 
 class LocalShard:
-    """An open local shard: its checked index, a descriptor and (small rows) a memory map.
+    """An open local shard: its checked index, a descriptor or a memory map.
 
-    Raises :class:`CorruptStoreError` naming ``where`` when the file is missing, has the
-    wrong size or a damaged index.
+    An uncompressed array of at least two dimensions is memory-mapped (``rows``: one uint8
+    row per element ``raw_t * B + b``); other shards keep a descriptor read with ``pread``.
+
+    Parameters
+    ----------
+    path
+        The shard file's path.
+    spec
+        The array it holds.
+    where
+        Names the array in errors.
+
+    Raises
+    ------
+    CorruptStoreError
+        The file is missing, has the wrong size or a damaged index.
     """
 
     def __init__(self, path: str, spec: ArraySpec, where: str) -> None:
@@ -226,12 +162,26 @@ class LocalShard:
 
     @property
     def prefetches(self) -> bool:
-        """Whether :meth:`prefetch` helps: large rows, read through a memory map."""
+        """Whether :meth:`prefetch` helps.
+
+        Returns
+        -------
+        bool
+            ``True`` for a memory map of rows of at least :data:`PREFETCH_ROW_BYTES`.
+        """
         return self._map is not None
 
     def prefetch(self, elements: np.ndarray) -> None:
         """Ask the kernel to start reading rows ``elements`` (``MADV_WILLNEED``), so the
-        pages of a cold batch arrive in parallel instead of one fault at a time."""
+        pages of a cold batch arrive in parallel instead of one fault at a time.
+
+        Only for shards whose :attr:`prefetches` is true.
+
+        Parameters
+        ----------
+        elements
+            Rows ``raw_t * B + b`` about to be gathered.
+        """
         assert self._map is not None
         size = self.spec.row_bytes
         for element in np.unique(elements).tolist():
@@ -240,12 +190,39 @@ class LocalShard:
             self._map.madvise(mmap.MADV_WILLNEED, page, start + size - page)
 
     def read(self, piece: Piece) -> None:
-        """Land one piece: ``pread``, then decode when compressed."""
+        """Land one piece: ``pread``, then decode when compressed.
+
+        Parameters
+        ----------
+        piece
+            A piece of this shard.
+
+        Raises
+        ------
+        CorruptStoreError
+            The file ended early or the chunk does not decode.
+        """
         land(piece, os.pread(self.fd, piece.nbytes, piece.offset), self.where)
 
 
 def land(piece: Piece, data: bytes | memoryview, where: str) -> None:
-    """Put fetched bytes in their target, decoding compressed ones."""
+    """Put fetched bytes in their target, decoding compressed ones.
+
+    Parameters
+    ----------
+    piece
+        What the bytes are and where they go.
+    data
+        The bytes read for the piece.
+    where
+        Names the array in errors.
+
+    Raises
+    ------
+    CorruptStoreError
+        Fewer or more bytes than ``piece.nbytes`` arrived, or a compressed chunk does not
+        decode.
+    """
     if len(data) != piece.nbytes:
         raise CorruptStoreError(f"{where}: the shard ended early (truncated)")
     if not piece.compressed:
@@ -265,8 +242,30 @@ def plan_rows(
     positions: np.ndarray,
     where: str,
 ) -> RowRead:
-    """The pieces that put rows ``elements`` (``raw_t * B + b``) into rows ``positions`` of
-    ``out`` (uint8 ``[n, row_bytes]``), each distinct row or inner chunk read once."""
+    """The pieces that put rows ``elements`` into rows ``positions`` of ``out``.
+
+    Each distinct row (uncompressed) or inner chunk (compressed) is read once.
+
+    Parameters
+    ----------
+    spec
+        The array.
+    index
+        Its checked shard index.
+    elements
+        Rows ``raw_t * B + b`` to read.
+    out
+        The output block, uint8 ``[n, row_bytes]``.
+    positions
+        The row of ``out`` each element goes to.
+    where
+        Names the array in errors.
+
+    Returns
+    -------
+    RowRead
+        The pieces, and the step that completes the block once they have landed.
+    """
     if spec.kind == "mapped":
         unique, first, inverse = _distinct(elements)
         base = int(index[0, 0])
@@ -317,7 +316,18 @@ def _copy_repeats(
 
 
 def read_local(reads: list[tuple[LocalShard, RowRead]]) -> None:
-    """Land every piece of ``reads`` (on the pool when there are many), then finish each."""
+    """Land every piece of ``reads`` (on the pool when there are many), then finish each.
+
+    Parameters
+    ----------
+    reads
+        ``(shard, read)`` pairs; each read's pieces belong to its shard.
+
+    Raises
+    ------
+    CorruptStoreError
+        A shard ended early or a chunk does not decode.
+    """
     work = [(shard, piece) for shard, read in reads for piece in read.pieces]
     workers.run_all(lambda job: job[0].read(job[1]), work, len(work) >= THREADED_PIECES)
     for _, read in reads:
@@ -328,13 +338,45 @@ def read_local(reads: list[tuple[LocalShard, RowRead]]) -> None:
 def gather_mapped(
     shard: LocalShard, elements: np.ndarray, out: np.ndarray, positions: np.ndarray
 ) -> None:
-    """Rows ``elements`` of a memory-mapped shard into rows ``positions`` of ``out``."""
+    """Rows ``elements`` of a memory-mapped shard into rows ``positions`` of ``out``.
+
+    Parameters
+    ----------
+    shard
+        A shard with a memory map (``shard.rows`` set).
+    elements
+        Rows ``raw_t * B + b`` to gather.
+    out
+        The output block, uint8 ``[n, row_bytes]``.
+    positions
+        The row of ``out`` each element goes to.
+    """
     assert shard.rows is not None
     out[positions] = shard.rows[elements]
 
 
 def decode_whole(spec: ArraySpec, shard: bytes, where: str) -> np.ndarray:
-    """A whole array from its shard's bytes (the index checked), in the stored dtype."""
+    """A whole array from its shard's bytes (the index checked), in the stored dtype.
+
+    Parameters
+    ----------
+    spec
+        The array.
+    shard
+        The whole shard object.
+    where
+        Names the array in errors.
+
+    Returns
+    -------
+    numpy.ndarray
+        The array of ``spec.shape``, a fresh copy.
+
+    Raises
+    ------
+    CorruptStoreError
+        The shard has the wrong size, a damaged index or a chunk that does not decode.
+    """
     if len(shard) != spec.shard_bytes:
         state = "truncated" if len(shard) < spec.shard_bytes else "larger than written"
         raise CorruptStoreError(
@@ -359,18 +401,3 @@ def _from_inner_chunks(chunks: np.ndarray, spec: ArraySpec) -> np.ndarray:
         return values.reshape(spec.shape)
     blocks = values.reshape(rows // k, spec.envs, k, -1).transpose(0, 2, 1, 3)
     return np.ascontiguousarray(blocks).reshape(spec.shape)
-
-
-def parse_specs(layout: Mapping[str, Any], where: str) -> dict[str, ArraySpec | None]:
-    """The specs of a v2 group's arrays (``None`` for those zarr reads)."""
-    arrays = layout.get("arrays")
-    if not isinstance(arrays, dict):
-        raise CorruptStoreError(f"{where}: layout description without arrays")
-    return {
-        key: (
-            None
-            if isinstance(d, dict) and d.get("kind") == "zarr"
-            else ArraySpec.parse(key, d, f"{where}/{key}")
-        )
-        for key, d in arrays.items()
-    }

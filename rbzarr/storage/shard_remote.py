@@ -16,27 +16,56 @@ from typing import Any
 import numpy as np
 
 from rbzarr.errors import CorruptStoreError
-from rbzarr.storage.shard_reader import ArraySpec, Piece, RowRead, check_document, land
+from rbzarr.storage.shard_reader import Piece, RowRead, land
+from rbzarr.storage.shard_spec import ArraySpec, check_document
 
 __all__ = ["IOStats", "RemoteShard", "coalesce", "fetch_rows", "open_remote"]
 
 
 @dataclass
 class IOStats:
-    """Requests and bytes the layout's reads asked for (reset them freely)."""
+    """Requests and bytes the layout's reads asked for (reset them freely).
+
+    Parameters
+    ----------
+    requests
+        Reads issued (files, byte ranges or objects); memory-map gathers count none.
+    bytes
+        Bytes those reads asked for, plus the bytes gathered from memory maps.
+    """
 
     requests: int = 0
     bytes: int = 0
 
     def add(self, requests: int, nbytes: int) -> None:
-        """Count ``requests`` reads of ``nbytes`` in all."""
+        """Count ``requests`` reads of ``nbytes`` in all.
+
+        Parameters
+        ----------
+        requests
+            Reads to add (0 for bytes gathered without a request).
+        nbytes
+            Bytes they asked for, in all.
+        """
         self.requests += requests
         self.bytes += nbytes
 
 
 @dataclass(frozen=True)
 class RemoteShard:
-    """A shard on an object store: its path and its checked index."""
+    """A shard on an object store: its path and its checked index.
+
+    Parameters
+    ----------
+    spec
+        The array the shard holds.
+    path
+        The shard object's path on the filesystem.
+    where
+        Names the array in errors (``<url>/trajectories/<id>/<key>``).
+    index
+        The checked shard index, ``int64 [chunks, 2]`` (offset, nbytes).
+    """
 
     spec: ArraySpec
     path: str
@@ -50,7 +79,28 @@ def open_remote(
     """Fetch and check the indexes of ``shards`` (``(path, spec, where)``) in one round.
 
     Each read asks for one byte past the written size, so a shard of the wrong size is
-    caught by the same request: too few bytes come back (truncated) or one too many.
+    caught by the same request: too few bytes come back (truncated) or one too many.  The
+    arrays' ``zarr.json`` documents are fetched and checked in the same round.
+
+    Parameters
+    ----------
+    fs
+        The fsspec filesystem holding the shards.
+    shards
+        ``(path, spec, where)`` per shard.
+    stats
+        Counts the requests and bytes asked for.
+
+    Returns
+    -------
+    list of RemoteShard
+        One per item of ``shards``, in order.
+
+    Raises
+    ------
+    CorruptStoreError
+        A shard or its document is missing, a shard has the wrong size, or an index or
+        document is damaged.
     """
     if not shards:
         return []
@@ -80,7 +130,13 @@ def open_remote(
 
 
 def _checked(data: Any, where: str) -> bytes:
-    """A ``cat_ranges`` result, or the error it stands for."""
+    """A ``cat_ranges`` result, or the error it stands for.
+
+    Raises
+    ------
+    CorruptStoreError
+        The object is missing or the range lies past its end.
+    """
     if isinstance(data, FileNotFoundError):
         raise CorruptStoreError(f"{where}: the shard is missing") from data
     if isinstance(data, BaseException):
@@ -107,8 +163,19 @@ class _Range:
 
 
 def coalesce(pieces: Sequence[tuple[str, Piece, str]]) -> list[_Range]:
-    """Merge pieces (``(path, piece, where)``) into ranges: sorted, touching or overlapping
-    pieces of one object become one range."""
+    """Merge pieces into byte ranges: touching or overlapping pieces of one object become one.
+
+    Parameters
+    ----------
+    pieces
+        ``(path, piece, where)`` per piece, in any order.
+
+    Returns
+    -------
+    list
+        Ranges sorted by path and offset, each with its ``path``, ``[start, end)`` and
+        member ``(piece, where)`` pairs.
+    """
     ranges: list[_Range] = []
     for path, piece, where in sorted(pieces, key=lambda item: (item[0], item[1].offset)):
         last = ranges[-1] if ranges else None
@@ -123,7 +190,22 @@ def coalesce(pieces: Sequence[tuple[str, Piece, str]]) -> list[_Range]:
 
 def fetch_rows(fs: Any, reads: Sequence[tuple[RemoteShard, RowRead]], stats: IOStats) -> None:
     """Fetch every piece of ``reads`` (coalesced, one ``cat_ranges`` round), land them,
-    then finish each read."""
+    then finish each read.
+
+    Parameters
+    ----------
+    fs
+        The fsspec filesystem holding the shards.
+    reads
+        ``(shard, read)`` pairs; each read's pieces are byte ranges of its shard.
+    stats
+        Counts the coalesced requests and their bytes.
+
+    Raises
+    ------
+    CorruptStoreError
+        A shard is missing or truncated, or an inner chunk does not decode.
+    """
     ranges = coalesce(
         [(shard.path, piece, shard.where) for shard, read in reads for piece in read.pieces]
     )

@@ -18,10 +18,11 @@ import torch
 from zarr.core.array import AsyncArray
 
 from rbzarr.errors import CorruptStoreError
-from rbzarr.storage import shard_reader, shard_writer
+from rbzarr.storage import shard_reader, shard_spec, shard_writer
 from rbzarr.storage.chunking import KeyPlan
-from rbzarr.storage.shard_reader import ArraySpec, LocalShard, RowRead
+from rbzarr.storage.shard_reader import LocalShard, RowRead
 from rbzarr.storage.shard_remote import IOStats, RemoteShard, fetch_rows, open_remote
+from rbzarr.storage.shard_spec import ArraySpec
 
 __all__ = [
     "LAYOUT_ATTR",
@@ -39,7 +40,27 @@ VERSION = 2
 
 @dataclass(frozen=True)
 class ShardedTrajectory:
-    """Open handles of one committed layout-v2 trajectory (immutable once built)."""
+    """Open handles of one committed layout-v2 trajectory (immutable once built).
+
+    Parameters
+    ----------
+    group
+        The trajectory group's path below the root (``trajectories/<id>``).
+    T, B
+        Time steps and environments, from the index entry.
+    dtypes
+        The torch dtype of every flat key, in the trajectory's field order.
+    specs
+        The layout description of every key; ``None`` for arrays zarr reads.
+    local
+        Open local shards by key (local stores).
+    remote
+        Shards with fetched indexes by key (object stores).
+    arrays
+        zarr's array handles of the keys whose spec is ``None``.
+    plans
+        Row-read plans by key tuple, filled on first use (a cache, not compared).
+    """
 
     group: str
     T: int
@@ -49,16 +70,32 @@ class ShardedTrajectory:
     local: dict[str, LocalShard] = field(default_factory=dict)
     remote: dict[str, RemoteShard] = field(default_factory=dict)
     arrays: dict[str, AsyncArray[Any]] = field(default_factory=dict)
-    # Row-read plans by key list, built on first use (a cache; not part of the value).
     plans: dict[tuple[str, ...], Any] = field(default_factory=dict, compare=False)
 
     @property
     def files(self) -> int:
-        """Open file descriptors held."""
+        """Open file descriptors held.
+
+        Returns
+        -------
+        int
+            One per local shard.
+        """
         return len(self.local)
 
     def shape(self, key: str) -> tuple[int, ...]:
-        """The stored shape of ``key``."""
+        """The stored shape of ``key``.
+
+        Parameters
+        ----------
+        key
+            A flat key of the trajectory.
+
+        Returns
+        -------
+        tuple of int
+            The raw ``[T(+E), B, ...]`` shape of its array.
+        """
         spec = self.specs[key]
         return spec.shape if spec is not None else tuple(self.arrays[key].shape)
 
@@ -66,9 +103,24 @@ class ShardedTrajectory:
 def encode_trajectory(
     fields: Mapping[str, torch.Tensor], plans: Mapping[str, KeyPlan], T: int, B: int
 ) -> tuple[dict[str, list[Any]], dict[str, Any]]:
-    """The documents and shards of the ``mapped``/``chunked`` fields (each a list of
-    byte-like parts) by path below the trajectory group, and the layout description for
-    the group's attributes (arrays of kind ``"zarr"`` listed, to be written by zarr)."""
+    """Encode the ``mapped`` and ``chunked`` fields of one trajectory as shards.
+
+    Parameters
+    ----------
+    fields
+        The raw tensors by flat key.
+    plans
+        The plan of every key (see :func:`rbzarr.storage.chunking.plan_key`).
+    T, B
+        The trajectory's time steps and environments.
+
+    Returns
+    -------
+    tuple of (dict, dict)
+        The files to write, each a list of byte-like parts, by path below the trajectory
+        group (``<key>/zarr.json`` and ``<key>/c/0/...``); and the layout description for
+        the group's attributes (arrays of kind ``"zarr"`` listed, to be written by zarr).
+    """
     files: dict[str, list[Any]] = {}
     arrays: dict[str, Any] = {}
     for key, value in fields.items():
@@ -90,13 +142,35 @@ def describe_sharded(
     fields: Mapping[str, torch.dtype],
     layout: Mapping[str, Any],
 ) -> tuple[ShardedTrajectory, list[tuple[str, str, ArraySpec, str]]]:
-    """A v2 trajectory from its group's attributes, and the shards it still has to open:
-    ``(key, path, spec, where)``.  Local shards are opened here already.
+    """A v2 trajectory from its group's attributes; local shards are opened here already.
 
-    ``location`` is the store's :class:`~rbzarr.storage.location.Location`.
+    Parameters
+    ----------
+    location
+        The store's :class:`~rbzarr.storage.location.Location`.
+    group
+        The trajectory group's path below the root.
+    entry_shape
+        ``(T, B)`` from the index entry.
+    fields
+        The torch dtype of every flat key, from the group's attributes.
+    layout
+        The group's ``rbzarr_layout`` attribute.
+
+    Returns
+    -------
+    tuple of (ShardedTrajectory, list)
+        The handles, and the remote shards still to open, ``(key, path, spec, where)``
+        each (see :func:`open_pending`).
+
+    Raises
+    ------
+    CorruptStoreError
+        The description disagrees with the fields or the entry's shape, or a local
+        shard or its document is missing or damaged.
     """
     where = f"{location.url}/{group}"
-    specs = shard_reader.parse_specs(layout, where)
+    specs = shard_spec.parse_specs(layout, where)
     if list(specs) != list(fields):
         raise CorruptStoreError(
             f"{where}: the layout describes {sorted(specs)}, the fields are {sorted(fields)}"
@@ -113,7 +187,7 @@ def describe_sharded(
             document = _read_file(
                 os.path.join(location.path, *group.split("/"), *key.split("/"), "zarr.json")
             )
-            shard_reader.check_document(document, spec, f"{where}/{key}")
+            shard_spec.check_document(document, spec, f"{where}/{key}")
             opened.local[key] = LocalShard(path, spec, f"{where}/{key}")
         else:
             pending.append((key, path, spec, f"{where}/{key}"))
@@ -125,7 +199,23 @@ def open_pending(
     pending: Sequence[tuple[ShardedTrajectory, tuple[str, str, ArraySpec, str]]],
     stats: IOStats,
 ) -> None:
-    """Open remote shards of several trajectories, every index fetched in one round."""
+    """Open remote shards of several trajectories, every index fetched in one round.
+
+    Parameters
+    ----------
+    fs
+        The fsspec filesystem holding the shards.
+    pending
+        ``(handles, shard)`` pairs: the trajectory and one item :func:`describe_sharded`
+        left to open; the opened shard goes into ``handles.remote``.
+    stats
+        Counts the requests and bytes.
+
+    Raises
+    ------
+    CorruptStoreError
+        A shard or its document is missing, has the wrong size or is damaged.
+    """
     requests = [(path, spec, where) for _, (_, path, spec, where) in pending]
     for (opened, (key, *_)), shard in zip(pending, open_remote(fs, requests, stats), strict=True):
         opened.remote[key] = shard
@@ -155,8 +245,18 @@ def _check_shape(spec: ArraySpec, T: int, B: int, where: str, entry_shape: Any) 
 class RowBatch:
     """Rows of several trajectories landing in byte views of the batch's outputs.
 
-    ``out`` maps each key to a uint8 ``[n, row_bytes]`` view of its output tensor; each
-    row lands at its final position (no permutation pass afterwards).
+    Each row lands at its final position (no permutation pass afterwards).
+
+    Parameters
+    ----------
+    out
+        A uint8 ``[n, row_bytes]`` view of each key's output tensor.
+    stats
+        Counts the requests and bytes of the reads.
+    local
+        Queued reads of local shards (filled by :meth:`add`).
+    remote
+        Queued reads of remote shards (filled by :meth:`add`).
     """
 
     out: dict[str, np.ndarray]
@@ -167,8 +267,21 @@ class RowBatch:
     def add(
         self, opened: ShardedTrajectory, key: str, elements: np.ndarray, positions: np.ndarray
     ) -> None:
-        """Queue rows ``elements`` (``raw_t * B + b``) of ``key`` for rows ``positions`` of
-        ``out[key]``."""
+        """Queue rows ``elements`` of ``key`` for rows ``positions`` of ``out[key]``.
+
+        Rows of memory-mapped shards are gathered at once instead.
+
+        Parameters
+        ----------
+        opened
+            The trajectory's handles.
+        key
+            A flat key described in the trajectory's layout (not read by zarr).
+        elements
+            Rows ``raw_t * B + b`` of the array.
+        positions
+            The row of ``out[key]`` each element goes to.
+        """
         if not len(positions):
             return
         out = self.out[key]
@@ -191,7 +304,18 @@ class RowBatch:
         self.remote.append((remote, read))
 
     def run(self, fs: Any) -> None:
-        """Land every queued piece: local ones with ``pread``, remote ones in one round."""
+        """Land every queued piece: local ones with ``pread``, remote ones in one round.
+
+        Parameters
+        ----------
+        fs
+            The filesystem of the remote shards.
+
+        Raises
+        ------
+        CorruptStoreError
+            A shard ended early, is missing or holds a chunk that does not decode.
+        """
         if self.local:
             shard_reader.read_local(self.local)
         if self.remote:
@@ -201,7 +325,27 @@ class RowBatch:
 def read_whole_shards(
     location: Any, opened: ShardedTrajectory, keys: Sequence[str]
 ) -> dict[str, np.ndarray]:
-    """Whole arrays of the described ``keys`` (each shard fetched in one read)."""
+    """Whole arrays of the described ``keys`` (each shard fetched in one read).
+
+    Parameters
+    ----------
+    location
+        The store's :class:`~rbzarr.storage.location.Location`.
+    opened
+        The trajectory's handles.
+    keys
+        Flat keys with a layout description (not read by zarr).
+
+    Returns
+    -------
+    dict
+        ``{key: numpy array}`` in the stored dtype.
+
+    Raises
+    ------
+    CorruptStoreError
+        A shard is missing, has the wrong size or is damaged.
+    """
     paths = [_shard_path(location, opened.group, key, _spec(opened, key)) for key in keys]
     if location.is_local:
         blobs = [_read_file(path) for path in paths]

@@ -28,9 +28,19 @@ THREADED_BYTES = 1 << 20
 
 @dataclass(frozen=True)
 class EncodedArray:
-    """One array, ready to store: ``document`` at ``<key>/zarr.json``, ``shard`` (its
-    parts, written one after the other, uncopied) at ``<key>/<shard_key>``,
-    ``description`` for the group's attributes."""
+    """One array, ready to store.
+
+    Parameters
+    ----------
+    document
+        The array's ``zarr.json``, stored at ``<key>/zarr.json``.
+    shard
+        The shard's parts (buffers, then the index), written one after the other uncopied
+        to ``<key>/<shard_key>``.
+    description
+        What the trajectory group's attributes record of the array: ``kind``, ``shape``,
+        ``dtype``, ``inner``, ``checksum`` and ``shard_bytes``.
+    """
 
     document: bytes
     shard: list[Any]
@@ -38,18 +48,57 @@ class EncodedArray:
 
 
 def stored_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
-    """The dtype of the stored bytes: little endian."""
+    """The dtype of the stored bytes: little endian.
+
+    Parameters
+    ----------
+    dtype
+        The array's numpy dtype.
+
+    Returns
+    -------
+    numpy.dtype
+        ``dtype`` in little-endian byte order (single-byte dtypes unchanged).
+    """
     return dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
 
 
 def shard_key(ndim: int) -> str:
-    """The chunk key of an array's only shard: ``c/0/0/...``."""
+    """The chunk key of an array's only shard: ``c/0/0/...``.
+
+    Parameters
+    ----------
+    ndim
+        The array's number of dimensions (one ``0`` each; ``"c"`` for a 0-d array).
+
+    Returns
+    -------
+    str
+        E.g. ``"c/0/0/0"`` for a 3-d array.
+    """
     return "/".join(["c", *("0" * ndim)])
 
 
 def dimension_names(key: str, shape: tuple[int, ...], T: int, B: int) -> list[str]:
-    """``time``, ``env``, then per-key names; reset-row fields (``T + E`` rows) use
-    ``time_with_resets`` for their first dimension (xarray needs one length per name)."""
+    """The Zarr dimension names of array ``key``: ``time``, ``env``, then per-key names.
+
+    Reset-row fields (``T + E`` rows) use ``time_with_resets`` for their first dimension
+    (xarray needs one length per name).
+
+    Parameters
+    ----------
+    key
+        The flat key (``"curr_obs/image"``); per-key names are ``curr_obs_image_dim<axis>``.
+    shape
+        The array's shape.
+    T, B
+        The trajectory's time steps and environments.
+
+    Returns
+    -------
+    list of str
+        One name per dimension of ``shape``.
+    """
     name = key.replace("/", "_")
     names = [f"{name}_dim{axis}" for axis in range(len(shape))]
     if shape:
@@ -65,7 +114,23 @@ def dimension_names(key: str, shape: tuple[int, ...], T: int, B: int) -> list[st
 def encode_array(key: str, value: torch.Tensor, plan: KeyPlan, T: int, B: int) -> EncodedArray:
     """Encode ``value`` (the raw field ``key``) as one shard following ``plan``.
 
-    ``plan.kind`` must be ``"mapped"`` or ``"chunked"``.
+    Large chunked arrays are compressed on the worker pool.
+
+    Parameters
+    ----------
+    key
+        The flat key (names dimensions).
+    value
+        The raw ``[T(+E), B, ...]`` tensor.
+    plan
+        The key's plan; ``plan.kind`` must be ``"mapped"`` or ``"chunked"``.
+    T, B
+        The trajectory's time steps and environments.
+
+    Returns
+    -------
+    EncodedArray
+        The array's document, shard parts and description.
     """
     data = to_numpy(value)
     stored = stored_dtype(data.dtype)

@@ -35,6 +35,21 @@ def run_all(fn: Callable[[_T], _R], items: Sequence[_T], threaded: bool) -> list
     """``[fn(item) for item in items]``, on the pool when ``threaded`` and worth it.
 
     The calling thread takes the first share itself, so a single item never hops.
+
+    Parameters
+    ----------
+    fn
+        The work for one item; it should release the GIL to gain from the pool.
+    items
+        The items, split into at most :data:`WORKERS` contiguous shares.
+    threaded
+        Use the pool; ``False`` (or fewer than two items) runs everything here.
+
+    Returns
+    -------
+    list
+        ``fn(item)`` for every item, in the order of ``items``.  An exception from ``fn``
+        propagates unchanged.
     """
     if not threaded or len(items) < 2:
         return [fn(item) for item in items]

@@ -10,106 +10,40 @@ rows, each once, is what makes a row read cheap.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from numcodecs.zstd import Zstd
 from zarr.abc.store import Store
-from zarr.codecs import BytesCodec, ZstdCodec
+from zarr.codecs import BytesCodec
 from zarr.core.array import AsyncArray
 from zarr.core.buffer import Buffer, default_buffer_prototype
-from zarr.core.chunk_grids import RegularChunkGrid
 from zarr.core.group import GroupMetadata
 from zarr.core.metadata.v3 import ArrayV3Metadata
 from zarr.dtype import parse_data_type
 
 from rbzarr.dtypes import dtype_name
 from rbzarr.errors import CorruptStoreError
+from rbzarr.storage.plain_codec import PlainCodec
 from rbzarr.storage.shard_format import DTYPE_ATTR
 from rbzarr.trajectory import raw_time_rows
 
+__all__ = [
+    "DTYPE_ATTR",
+    "THREAD_BYTES",
+    "array_metadata",
+    "chunks_of",
+    "gather",
+    "group_document",
+    "read_chunk",
+    "read_rows",
+    "read_time_chunks",
+    "read_whole",
+    "write_chunk",
+]
+
 # DTYPE_ATTR: the array attribute recording the torch dtype (bfloat16 stored as uint16 bits).
-
-
-@dataclass(frozen=True)
-class PlainCodec:
-    """The common chunk encoding, read and written without zarr's codec pipeline.
-
-    A regular grid chunked along time only (every trailing dimension one chunk wide), the
-    ``bytes`` codec, then nothing or one ``zstd`` codec, no storage transformers or
-    sharding: a chunk is the C-order bytes of a full-size chunk (zarr v3 pads edge chunks to
-    the chunk shape), optionally one zstd frame.  Zarr spends most of a cold row read on
-    per-chunk bookkeeping; a direct ``store.get`` plus one decode measured 2-8x faster.
-    """
-
-    shape: tuple[int, ...]
-    stored: np.dtype[Any]  # the dtype with the byte order of the stored bytes
-    native: np.dtype[Any]  # the dtype zarr hands out for the array
-    zstd: Zstd | None
-
-    @classmethod
-    def of(cls, metadata: Any) -> PlainCodec | None:
-        """The plain codec of an array's ``metadata``, or ``None`` when zarr must decode."""
-        if not isinstance(metadata, ArrayV3Metadata) or metadata.storage_transformers:
-            return None
-        grid = metadata.chunk_grid
-        if not isinstance(grid, RegularChunkGrid) or not metadata.shape:
-            return None
-        if tuple(grid.chunk_shape[1:]) != tuple(metadata.shape[1:]):
-            return None
-        first, *rest = metadata.codecs
-        if not isinstance(first, BytesCodec) or len(rest) > 1:
-            return None
-        compressor = rest[0] if rest else None
-        if compressor is not None and not isinstance(compressor, ZstdCodec):
-            return None
-        native = metadata.data_type.to_native_dtype()
-        if native.kind not in "biufc":
-            return None
-        stored = native
-        if native.itemsize > 1:
-            if first.endian is None:
-                return None
-            stored = native.newbyteorder("<" if first.endian.value == "little" else ">")
-        zstd = None
-        if compressor is not None:
-            zstd = Zstd(level=compressor.level, checksum=compressor.checksum)
-        return cls(tuple(grid.chunk_shape), stored, native, zstd)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of one decoded chunk."""
-        return math.prod(self.shape) * self.stored.itemsize
-
-    def encode(self, part: np.ndarray) -> bytes:
-        """The stored bytes of one chunk (``part`` is its rows; a short edge chunk is padded
-        with the fill value, zero)."""
-        if part.shape != self.shape:
-            padded = np.zeros(self.shape, dtype=self.stored)
-            padded[: part.shape[0]] = part
-            part = padded
-        raw = np.ascontiguousarray(part, dtype=self.stored)
-        return raw.tobytes() if self.zstd is None else bytes(self.zstd.encode(raw))
-
-    def decode(self, data: Buffer, where: str) -> np.ndarray:
-        """One chunk as an array of the chunk shape; ``where`` names it in errors."""
-        raw = data.as_numpy_array()
-        if self.zstd is not None:
-            try:
-                raw = np.frombuffer(self.zstd.decode(raw), dtype=np.uint8)
-            except (RuntimeError, ValueError) as exc:
-                raise CorruptStoreError(f"chunk {where} is not a valid zstd frame: {exc}") from exc
-        if raw.nbytes != self.nbytes:
-            raise CorruptStoreError(
-                f"chunk {where} holds {raw.nbytes} bytes, expected {self.nbytes} "
-                f"(shape {self.shape}, dtype {self.stored})"
-            )
-        chunk = raw.view(self.stored).reshape(self.shape)
-        return chunk if self.stored == self.native else chunk.astype(self.native)
 
 
 # Chunks at least this large are encoded/decoded in a worker thread (zstd releases the
@@ -124,7 +58,26 @@ def array_metadata(
     torch_dtype: torch.dtype,
     dimension_names: Sequence[str] | None = None,
 ) -> ArrayV3Metadata:
-    """The zarr v3 metadata of a new array holding ``data`` (as ``create_array`` writes it)."""
+    """The zarr v3 metadata of a new array holding ``data`` (as ``create_array`` writes it).
+
+    Parameters
+    ----------
+    data
+        The array's values (shape and numpy dtype are taken from it).
+    chunks
+        The chunk shape.
+    compressor
+        A codec, a list or tuple of codecs, or ``None`` for uncompressed chunks.
+    torch_dtype
+        Recorded in the attributes under :data:`DTYPE_ATTR`.
+    dimension_names
+        One name per dimension, or ``None`` for none.
+
+    Returns
+    -------
+    ArrayV3Metadata
+        Regular chunks, ``/`` chunk keys, a zero fill value, little-endian ``bytes`` codec.
+    """
     data_type = parse_data_type(data.dtype, zarr_format=3)
     if compressor is None:
         compressors: tuple[Any, ...] = ()
@@ -145,7 +98,18 @@ def array_metadata(
 
 
 def group_document(attrs: dict[str, Any]) -> Buffer:
-    """The ``zarr.json`` of a zarr v3 group with ``attrs``."""
+    """The ``zarr.json`` of a zarr v3 group with ``attrs``.
+
+    Parameters
+    ----------
+    attrs
+        The group's attributes (JSON-ready).
+
+    Returns
+    -------
+    Buffer
+        The document, ready for ``store.set``.
+    """
     metadata = GroupMetadata(attributes=attrs, zarr_format=3)
     return metadata.to_buffer_dict(default_buffer_prototype())["zarr.json"]
 
@@ -153,7 +117,20 @@ def group_document(attrs: dict[str, Any]) -> Buffer:
 def chunks_of(
     data: np.ndarray, chunks: tuple[int, ...]
 ) -> Iterator[tuple[tuple[int, ...], np.ndarray]]:
-    """``(chunk index, rows)`` of ``data`` chunked along its first axis only."""
+    """Split ``data`` into chunks along its first axis only.
+
+    Parameters
+    ----------
+    data
+        The array, at least 1-d.
+    chunks
+        The chunk shape; only ``chunks[0]`` is used.
+
+    Yields
+    ------
+    tuple of (tuple of int, numpy.ndarray)
+        The chunk's grid index ``(i, 0, ...)`` and its rows (the last may be short).
+    """
     k = chunks[0]
     rest = (0,) * (data.ndim - 1)
     for i in range(-(-data.shape[0] // k)):
@@ -161,6 +138,19 @@ def chunks_of(
 
 
 async def write_chunk(store: Store, key: str, codec: PlainCodec, part: np.ndarray) -> None:
+    """Encode one chunk and set it in ``store`` (large chunks encode in a worker thread).
+
+    Parameters
+    ----------
+    store
+        The zarr store.
+    key
+        The chunk's key below the store's root.
+    codec
+        The array's plain codec.
+    part
+        The chunk's rows (see :meth:`PlainCodec.encode`).
+    """
     if codec.nbytes >= THREAD_BYTES:
         encoded = await asyncio.to_thread(codec.encode, part)
     else:
@@ -169,7 +159,27 @@ async def write_chunk(store: Store, key: str, codec: PlainCodec, part: np.ndarra
 
 
 async def read_chunk(array: AsyncArray[Any], codec: PlainCodec, index: int) -> np.ndarray:
-    """Chunk ``index`` (along time) of ``array``, fetched and decoded without zarr."""
+    """Chunk ``index`` (along time) of ``array``, fetched and decoded without zarr.
+
+    Parameters
+    ----------
+    array
+        The array; its chunks must follow ``codec``.
+    codec
+        The array's plain codec.
+    index
+        The chunk's index along the first axis.
+
+    Returns
+    -------
+    numpy.ndarray
+        The full-size chunk.
+
+    Raises
+    ------
+    CorruptStoreError
+        The chunk is missing (arrays are written with every chunk) or damaged.
+    """
     name = array.metadata.encode_chunk_key((index,) + (0,) * (array.ndim - 1))
     store_path = array.store_path
     key = f"{store_path.path}/{name}" if store_path.path else name
@@ -188,6 +198,23 @@ async def read_time_chunks(array: AsyncArray[Any], chunks: np.ndarray) -> np.nda
 
     Every chunk has ``array.chunks[0]`` rows except possibly the array's last one, which is
     then last in the result.
+
+    Parameters
+    ----------
+    array
+        A zarr array of at least one dimension.
+    chunks
+        Chunk indices along the first axis, sorted and distinct.
+
+    Returns
+    -------
+    numpy.ndarray
+        The chunks' rows, stacked.
+
+    Raises
+    ------
+    CorruptStoreError
+        A chunk is missing or damaged (plain codecs; zarr's reader reports its own errors).
     """
     codec = PlainCodec.of(array.metadata)
     if codec is not None:
@@ -204,7 +231,23 @@ async def read_time_chunks(array: AsyncArray[Any], chunks: np.ndarray) -> np.nda
 
 
 async def read_whole(array: AsyncArray[Any]) -> np.ndarray:
-    """All of ``array``."""
+    """All of ``array``.
+
+    Parameters
+    ----------
+    array
+        A zarr array.
+
+    Returns
+    -------
+    numpy.ndarray
+        Its values, writable.
+
+    Raises
+    ------
+    CorruptStoreError
+        A chunk is missing or damaged.
+    """
     if PlainCodec.of(array.metadata) is None or 0 in array.shape:
         return np.asarray(await array.getitem(...))
     chunks = np.arange(-(-int(array.shape[0]) // int(array.chunks[0])))
@@ -221,6 +264,28 @@ async def read_rows(
     Each needed chunk is fetched once, all concurrently, then rows are gathered with a
     single fancy index.  This measured 3-5x faster than an orthogonal selection of the
     distinct time steps, which zarr 3.1 indexes element-wise over every dimension.
+
+    Parameters
+    ----------
+    array
+        A zarr array of at least two dimensions, ``[T(+E), B, ...]``.
+    steps
+        The time step of each row (``t`` of a flat row), mapped to raw rows when the array
+        has reset rows.
+    envs
+        The environment of each row.
+    T
+        The trajectory's time steps.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``[len(steps), *array.shape[2:]]``, contiguous.
+
+    Raises
+    ------
+    CorruptStoreError
+        A chunk holding a row is missing or damaged.
     """
     raw = raw_time_rows(steps, T, int(array.shape[0])).numpy()
     if raw.size == 0 or 0 in array.shape[2:]:
@@ -237,6 +302,16 @@ async def gather(*awaitables: Any) -> list[Any]:
 
     Otherwise reads still in flight outlive the call that raised, and a process that exits
     meanwhile prints one "Exception ignored in: <coroutine ...>" per read.
+
+    Parameters
+    ----------
+    *awaitables
+        The coroutines or futures to run concurrently.
+
+    Returns
+    -------
+    list
+        Their results, in order.  The first failure is raised once the others are done.
     """
     tasks = [asyncio.ensure_future(awaitable) for awaitable in awaitables]
     try:

@@ -40,7 +40,19 @@ __all__ = [
 
 @dataclass(frozen=True)
 class PlainTrajectory:
-    """Open handles of one committed layout-v1 trajectory (immutable, so safe to share)."""
+    """Open handles of one committed layout-v1 trajectory (immutable, so safe to share).
+
+    Parameters
+    ----------
+    group
+        The trajectory group's path below the root (``trajectories/<id>``).
+    dtypes
+        The torch dtype of every flat key, in the trajectory's field order.
+    arrays
+        zarr's array handle of every flat key.
+    plans
+        Row-read plans by key tuple, filled on first use (a cache, not compared).
+    """
 
     group: str
     dtypes: dict[str, torch.dtype]
@@ -54,7 +66,18 @@ class PlainTrajectory:
         return 0
 
     def shape(self, key: str) -> tuple[int, ...]:
-        """The stored shape of ``key``."""
+        """The stored shape of ``key``.
+
+        Parameters
+        ----------
+        key
+            A flat key of the trajectory.
+
+        Returns
+        -------
+        tuple of int
+            The raw ``[T(+E), B, ...]`` shape of its array.
+        """
         return tuple(self.arrays[key].shape)
 
 
@@ -67,9 +90,17 @@ def _file_budget() -> int:
 
 
 class HandleCache:
-    """LRU cache of opened trajectories, ``size`` at most and a quarter of the process's
-    file-descriptor limit.  Unless ``fork_safe`` (local maps and descriptors read with
-    ``pread`` are), a forked child starts empty."""
+    """LRU cache of opened trajectories, bounded in count and in open file descriptors.
+
+    Parameters
+    ----------
+    size
+        The most trajectories kept (0 keeps none).  The handles together also hold at most
+        a quarter of the process's file-descriptor limit (at least 64).
+    fork_safe
+        Whether the handles stay valid in a forked child (local memory maps and
+        descriptors read with ``pread`` do); when ``False`` a forked child starts empty.
+    """
 
     def __init__(self, size: int, fork_safe: bool) -> None:
         self.size = size
@@ -82,7 +113,20 @@ class HandleCache:
         self._lock = threading.Lock()
 
     def get(self, key: tuple[int, str]) -> tuple[Opened | None, int]:
-        """The cached handles of ``key`` (or ``None``) and the current generation."""
+        """The cached handles of ``key`` (or ``None``) and the current generation.
+
+        A hit becomes the most recently used entry.
+
+        Parameters
+        ----------
+        key
+            ``(trajectory id, uuid)`` of the index entry.
+
+        Returns
+        -------
+        tuple of (Opened or None, int)
+            The handles, and the generation to pass to :meth:`put` with handles opened now.
+        """
         with self._lock:
             self._check_fork()
             opened = self._handles.get(key)
@@ -91,7 +135,20 @@ class HandleCache:
             return opened, self._generation
 
     def put(self, key: tuple[int, str], opened: Opened, generation: int) -> None:
-        """Cache ``opened`` unless a write or delete ran since ``generation``."""
+        """Cache ``opened`` unless a write or delete ran since ``generation``.
+
+        The least recently used entries are evicted beyond the bounds; a key already cached
+        keeps its handles.
+
+        Parameters
+        ----------
+        key
+            ``(trajectory id, uuid)`` of the index entry.
+        opened
+            The handles to keep.
+        generation
+            What :meth:`get` returned before ``opened`` was opened.
+        """
         with self._lock:
             if generation != self._generation or self.size == 0 or key in self._handles:
                 return
@@ -104,7 +161,15 @@ class HandleCache:
                 self._files -= evicted.files
 
     def forget(self, tid: int | None = None) -> None:
-        """Drop the handles of trajectory ``tid`` (every trajectory when ``None``)."""
+        """Drop the handles of trajectory ``tid`` and start a new generation.
+
+        Handles being opened meanwhile are then not cached (see :meth:`put`).
+
+        Parameters
+        ----------
+        tid
+            The trajectory id, or ``None`` for every trajectory.
+        """
         with self._lock:
             self._generation += 1
             for key in [key for key in self._handles if tid is None or key[0] == tid]:
@@ -119,7 +184,23 @@ class HandleCache:
 
 
 def trajectory_id(entry: Entry) -> int:
-    """The entry's id; a missing or invalid one raises :class:`CorruptStoreError`."""
+    """The trajectory id of an index entry.
+
+    Parameters
+    ----------
+    entry
+        An index entry.
+
+    Returns
+    -------
+    int
+        ``int(entry["trajectory_id"])``.
+
+    Raises
+    ------
+    CorruptStoreError
+        The entry has no ``trajectory_id``, or one that is not an integer.
+    """
     try:
         return int(entry["trajectory_id"])
     except (KeyError, TypeError, ValueError) as exc:
@@ -127,7 +208,23 @@ def trajectory_id(entry: Entry) -> int:
 
 
 def time_and_envs(entry: Entry) -> tuple[int, int]:
-    """``(T, B)`` of an index entry."""
+    """``(T, B)`` of an index entry.
+
+    Parameters
+    ----------
+    entry
+        An index entry.
+
+    Returns
+    -------
+    tuple of (int, int)
+        The first two numbers of its ``shape``.
+
+    Raises
+    ------
+    CorruptStoreError
+        The entry has no ``shape`` with at least two dimensions.
+    """
     shape = entry.get("shape")
     if not isinstance(shape, Sequence) or len(shape) < 2:
         raise CorruptStoreError(f"index entry has no [T, B, ...] 'shape': {entry!r}")
@@ -135,7 +232,25 @@ def time_and_envs(entry: Entry) -> tuple[int, int]:
 
 
 def check_plain_shapes(arrays: Mapping[str, AsyncArray[Any]], entry: Entry, where: str) -> None:
-    """Refuse data whose [T, B] disagrees with its index entry (reset rows allowed)."""
+    """Refuse layout-1 arrays whose ``[T, B]`` disagrees with their index entry.
+
+    An array may have ``T + E`` rows (reset rows) when ``E`` divides ``T``; 0-d and 1-d
+    arrays are not checked.
+
+    Parameters
+    ----------
+    arrays
+        The trajectory's zarr arrays by flat key.
+    entry
+        Its index entry.
+    where
+        Names the trajectory group in errors.
+
+    Raises
+    ------
+    CorruptStoreError
+        An array's shape disagrees, or the entry has no valid ``shape``.
+    """
     T, B = time_and_envs(entry)
     for key, array in arrays.items():
         if array.ndim < 2:

@@ -48,6 +48,7 @@ from rbzarr.storage import zarr_rows
 from rbzarr.storage.chunking import DEFAULT_CHUNK_BYTES, chunk_shape, pick_codec, plan_key
 from rbzarr.storage.layout import Documents, Entry, TrajectoryLayout
 from rbzarr.storage.location import Location, translate_errors
+from rbzarr.storage.plain_codec import PlainCodec
 from rbzarr.storage.shard_remote import IOStats
 from rbzarr.storage.shard_writer import dimension_names
 from rbzarr.storage.zarr_handles import time_and_envs, trajectory_id
@@ -232,7 +233,7 @@ class ZarrLayout(ZarrInspection):
         metadata = chunk_io.array_metadata(data, chunks, compressor, value.dtype, names)
         prototype = default_buffer_prototype()
         document = metadata.to_buffer_dict(prototype)["zarr.json"]
-        codec = chunk_io.PlainCodec.of(metadata)
+        codec = PlainCodec.of(metadata)
         if codec is None or data.ndim == 0:
             array = AsyncArray(metadata, StorePath(store, path), {"write_empty_chunks": True})
             await asyncio.gather(store.set(f"{path}/zarr.json", document), array.setitem(..., data))
@@ -290,10 +291,6 @@ class ZarrLayout(ZarrInspection):
             target.write(entry, self.read(entry))
             return
         super().copy_to(target, entry)
-
-    def forget_handles(self) -> None:
-        """Drop every cached handle (after the store was emptied or replaced outside)."""
-        self._opener.handles.forget()
 
     def list_ids(self) -> list[int]:
         # docstring inherited

@@ -43,7 +43,18 @@ FIELDS_ATTR = "fields"
 
 
 def group_path(tid: int) -> str:
-    """``trajectories/<tid>``."""
+    """The path of a trajectory's group below the root.
+
+    Parameters
+    ----------
+    tid
+        The trajectory id.
+
+    Returns
+    -------
+    str
+        ``trajectories/<tid>``.
+    """
     return f"{TRAJECTORIES}/{tid}"
 
 
@@ -75,12 +86,24 @@ class TrajectoryOpener:
 
     @property
     def local_files(self) -> bool:
-        """Whether the store is this opener's own local store (files may be written
-        directly, bypassing zarr's store)."""
+        """Whether the store is this opener's own local store.
+
+        Returns
+        -------
+        bool
+            ``True`` when files may be written directly, bypassing zarr's store.
+        """
         return self._own_store and self._location.is_local
 
     def store(self) -> Store:
-        """The zarr store (reopened in a forked child when this opener created it)."""
+        """The zarr store, opened on first use.
+
+        Returns
+        -------
+        Store
+            The store given to the constructor, or this opener's own, which a forked child
+            reopens (with a new filesystem client).
+        """
         with self._lock:
             if self._own_store and self._pid != os.getpid():
                 self._zarr_store = None
@@ -93,19 +116,38 @@ class TrajectoryOpener:
             return self._zarr_store
 
     def location(self) -> Location:
-        """The store's location (with this process's filesystem client)."""
+        """The store's location.
+
+        Returns
+        -------
+        Location
+            The root, with this process's filesystem client.
+        """
         self.store()
         return self._location
 
     def open_many(self, entries: Sequence[Entry]) -> list[Opened]:
         """Handles of ``entries`` (cached ones reused); new ones open in one round.
 
+        Parameters
+        ----------
+        entries
+            Index entries of committed trajectories.
+
+        Returns
+        -------
+        list of Opened
+            One :class:`~rbzarr.storage.zarr_handles.PlainTrajectory` or
+            :class:`~rbzarr.storage.shard_trajectory.ShardedTrajectory` per entry, in order.
+
         Raises
         ------
         CheckpointNotFoundError
             A trajectory is missing or its write never finished.
         CorruptStoreError
-            Its metadata, a shard or a shard index is damaged.
+            Its metadata, a shard or a shard index is damaged, or an entry is invalid.
+        StorageUnavailableError
+            The backend failed.
         """
         found: list[Opened | None] = []
         missing: list[tuple[int, Entry, int]] = []
