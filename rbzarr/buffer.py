@@ -20,7 +20,8 @@ from rbzarr.buffer_base import BufferBase
 from rbzarr.compat import RLinfCompatMixin
 from rbzarr.errors import EmptyBufferError, TrajectoryListError
 from rbzarr.storage import row_reads
-from rbzarr.storage.layout import Entry, TrajectoryLayout
+from rbzarr.storage.documents import Entry
+from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.trajectory import Trajectory
 from rbzarr.validated import ValidatedTrajectory

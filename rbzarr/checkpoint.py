@@ -24,13 +24,8 @@ from rbzarr.errors import (
     StoreExistsError,
 )
 from rbzarr.index import TrajectoryIndex
-from rbzarr.storage.layout import (
-    METADATA_FILE,
-    Entry,
-    TrajectoryLayout,
-    check_entry_shape,
-    read_documents,
-)
+from rbzarr.storage.documents import METADATA_FILE, Entry, read_documents
+from rbzarr.storage.layout import TrajectoryLayout, check_entry_shape
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import stored_format
 from rbzarr.trajectory import Schema

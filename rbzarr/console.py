@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from rbzarr.errors import RbzarrError
-from rbzarr.storage.location import backend_errors
+from rbzarr.storage.backends import backend_errors
 
 __all__ = [
     "OneLineErrors",

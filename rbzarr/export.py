@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from rbzarr.errors import StoreExistsError
 from rbzarr.index import TrajectoryIndex
-from rbzarr.storage.layout import Documents
+from rbzarr.storage.documents import Documents
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class, open_store
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from rbzarr.errors import CorruptStoreError
-from rbzarr.storage.layout import Documents
+from rbzarr.storage.documents import Documents
 
 __all__ = ["FORMAT_VERSION", "TrajectoryIndex", "shard_bounds"]
 

@@ -30,7 +30,7 @@ from rbzarr.checkpoint import schema_from_json, schema_to_json
 from rbzarr.errors import CorruptStoreError, StoreExistsError
 from rbzarr.export import export_store
 from rbzarr.index import TrajectoryIndex, shard_bounds
-from rbzarr.storage.layout import Documents
+from rbzarr.storage.documents import Documents
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
 from rbzarr.trajectory import Schema, validate

@@ -23,8 +23,9 @@ import torch
 from rbzarr.checkpoint import LoadedCheckpoint, is_rbzarr_store, schema_from_json
 from rbzarr.errors import CheckpointConflictError, StoreExistsError
 from rbzarr.index import TrajectoryIndex
-from rbzarr.storage.layout import Entry, TrajectoryLayout, read_documents
-from rbzarr.storage.location import translate_errors
+from rbzarr.storage.backends import translate_errors
+from rbzarr.storage.documents import Entry, read_documents
+from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.registry import stored_format
 from rbzarr.trajectory import Schema
 from rbzarr.validated import ValidatedTrajectory

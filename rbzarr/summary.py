@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from rbzarr.analysis import BufferView
+from rbzarr.storage.backends import translate_errors
 from rbzarr.storage.layout import bytes_by_prefix
-from rbzarr.storage.location import Location, translate_errors
+from rbzarr.storage.location import Location
 
 __all__ = ["describe_store", "file_sizes", "list_trajectories"]
 

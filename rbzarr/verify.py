@@ -32,8 +32,10 @@ from rbzarr.errors import (
     StorageUnavailableError,
 )
 from rbzarr.index import TrajectoryIndex
-from rbzarr.storage.layout import INDEX_FILE, METADATA_FILE, Documents, TrajectoryLayout
-from rbzarr.storage.location import Location, is_temporary_name
+from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents
+from rbzarr.storage.layout import TrajectoryLayout
+from rbzarr.storage.location import Location
+from rbzarr.storage.names import is_temporary_name
 from rbzarr.storage.registry import open_store
 from rbzarr.trajectory import validate
 

@@ -18,7 +18,8 @@ from rbzarr.checkpoint import schema_from_json
 from rbzarr.errors import EmptyBufferError
 from rbzarr.index import TrajectoryIndex
 from rbzarr.sampler import WindowSampler
-from rbzarr.storage.layout import Documents, TrajectoryLayout
+from rbzarr.storage.documents import Documents
+from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.row_reads import plan_misses, read_batch
 from rbzarr.trajectory import Schema, Trajectory, validate
 

@@ -18,7 +18,7 @@ import sys
 import torch
 from crash_writer import expected_trajectory
 
-from rbzarr.storage.layout import read_documents
+from rbzarr.storage.documents import read_documents
 from rbzarr.storage.location import Location
 from rbzarr.storage.zarr_layout import ZarrLayout
 

@@ -18,7 +18,8 @@ from rbzarr import (
     WriterFailedError,
     tree,
 )
-from rbzarr.storage.layout import Documents, TrajectoryLayout, read_documents
+from rbzarr.storage.documents import Documents, read_documents
+from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from s3_server import S3Proxy
 
 from rbzarr import BufferClosedError, Trajectory, TrajectoryReplayBuffer, WriterFailedError
-from rbzarr.storage.layout import read_documents
+from rbzarr.storage.documents import read_documents
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
 

@@ -17,7 +17,7 @@ import torch
 from conftest import assert_rows_consistent, assert_same_trajectory, make_trajectory
 
 from rbzarr import CheckpointNotFoundError, Trajectory, TrajectoryReplayBuffer
-from rbzarr.storage.layout import read_documents
+from rbzarr.storage.documents import read_documents
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
 

@@ -3,7 +3,7 @@
 Faults are real: moto's server sits behind the test's :class:`~s3_server.S3Proxy`, which
 drops every request (``go_down``) or stops listening (``close``: connection refused).  The
 options here set no timeouts or retries of their own, so every bound comes from rbzarr's
-defaults (``S3_DEFAULTS`` in ``rbzarr/storage/location.py``).  Times are asserted loosely
+defaults (``S3_DEFAULTS`` in ``rbzarr/storage/backends.py``).  Times are asserted loosely
 ("surfaces well within 30 s"): this checks that nothing hangs, not how fast it fails.
 """
 
@@ -25,7 +25,8 @@ from s3_server import S3Proxy
 
 from rbzarr import StorageUnavailableError, TrajectoryReplayBuffer
 from rbzarr.analysis import open_buffer
-from rbzarr.storage.location import S3_DEFAULTS, Location, with_s3_defaults
+from rbzarr.storage.backends import S3_DEFAULTS, with_s3_defaults
+from rbzarr.storage.location import Location
 from rbzarr.verify import verify_store
 
 pytestmark = pytest.mark.s3

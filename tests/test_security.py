@@ -21,7 +21,8 @@ from rbzarr import (
     UnsafePickleError,
 )
 from rbzarr.analysis import open_buffer
-from rbzarr.storage.location import Location, safe_name
+from rbzarr.storage.location import Location
+from rbzarr.storage.names import safe_name
 from rbzarr.verify import verify_store
 
 pytestmark = pytest.mark.timeout(60)

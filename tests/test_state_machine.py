@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
 from rbzarr import TrajectoryReplayBuffer
-from rbzarr.storage.layout import read_documents
+from rbzarr.storage.documents import read_documents
 from rbzarr.storage.location import Location
 
 SEED = 11

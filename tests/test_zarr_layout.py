@@ -31,7 +31,8 @@ from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
 from rbzarr.flat_view import flatten_trajectory
 from rbzarr.storage import zarr_chunks
 from rbzarr.storage.chunking import chunk_shape
-from rbzarr.storage.layout import Documents, TrajectoryLayout
+from rbzarr.storage.documents import Documents
+from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.plain_codec import PlainCodec
 from rbzarr.storage.registry import layout_class

@@ -193,8 +193,8 @@ def plan_key(shape: Sequence[int], itemsize: int, codecs: Mapping[str, Any], key
     Returns
     -------
     KeyPlan
-        ``"zarr"`` for 0-d, zero-size or non-zstd arrays, ``"mapped"`` when uncompressed,
-        else ``"chunked"`` with the inner chunk shape and zstd settings.
+        ``"zarr"`` for 0-d or zero-size arrays and codecs other than zstd, ``"mapped"``
+        when uncompressed, else ``"chunked"`` with the inner chunk shape and zstd settings.
     """
     if not shape or 0 in shape:
         return KeyPlan("zarr")

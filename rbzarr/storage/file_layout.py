@@ -32,8 +32,10 @@ from rbzarr.errors import (
     UnsafePickleError,
 )
 from rbzarr.safe_pickle import safe_load
-from rbzarr.storage.layout import Entry, TrajectoryLayout
-from rbzarr.storage.location import Location, safe_name
+from rbzarr.storage.documents import Entry
+from rbzarr.storage.layout import TrajectoryLayout
+from rbzarr.storage.location import Location
+from rbzarr.storage.names import safe_name
 from rbzarr.trajectory import Trajectory, trajectory_from_raw
 from rbzarr.validated import ValidatedTrajectory, rows_to_write
 

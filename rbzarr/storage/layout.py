@@ -1,11 +1,11 @@
-"""The storage seam: one small ABC that every on-disk layout implements.
+"""Every layout's behaviour written once, on top of the six methods a layout implements.
 
 A layout stores whole trajectories under a :class:`~rbzarr.storage.location.Location` and
 reads them back, whole or by flat rows.  It owns its format: the two JSON documents of a
-store (``metadata.json`` and ``trajectory_index.json``), where each trajectory's data lives
-(:meth:`TrajectoryLayout.trajectory_path`, :meth:`TrajectoryLayout.stored_paths`), and how to
-describe and check it (:meth:`TrajectoryLayout.describe_keys`,
-:meth:`TrajectoryLayout.missing_parts`, :meth:`TrajectoryLayout.check_documents`).  Copying,
+store (:class:`~rbzarr.storage.documents.StoreDocuments`), where each trajectory's data
+lives and how it is written and read (:class:`~rbzarr.storage.layout_core.LayoutCore`), and
+how to describe and check it (:meth:`TrajectoryLayout.describe_keys`,
+:meth:`TrajectoryLayout.missing_parts`, :meth:`~StoreDocuments.check_documents`).  Copying,
 exporting, summarising and verifying are written once on top of these methods, and nothing
 outside a layout asks which format it is.  Format names map to classes in
 :mod:`rbzarr.storage.registry`, which is also where an existing store is opened.
@@ -13,12 +13,9 @@ outside a layout asks which format it is.  Format names map to classes in
 
 from __future__ import annotations
 
-import json
-from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from tqdm import tqdm
@@ -26,56 +23,19 @@ from tqdm import tqdm
 from rbzarr.dtypes import dtype_name
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, StoreExistsError
 from rbzarr.flat_view import flatten_trajectory
-from rbzarr.storage.location import Location
-from rbzarr.trajectory import Trajectory, validate
+from rbzarr.storage.documents import Entry
+from rbzarr.storage.layout_core import LayoutCore
+from rbzarr.trajectory import validate
 
-if TYPE_CHECKING:
-    from rbzarr.validated import ValidatedTrajectory
-
-__all__ = [
-    "INDEX_FILE",
-    "METADATA_FILE",
-    "Documents",
-    "Finding",
-    "TrajectoryLayout",
-    "bytes_by_prefix",
-    "check_entry_shape",
-    "read_documents",
-]
-
-METADATA_FILE = "metadata.json"
-INDEX_FILE = "trajectory_index.json"
-
-# An index entry: {"uuid", "trajectory_id", "num_samples", "shape", "max_episode_length",
-# "model_weights_id"} (JSON-ready values).
-Entry = Mapping[str, Any]
+__all__ = ["TrajectoryLayout", "bytes_by_prefix", "check_entry_shape"]
 
 
-@dataclass(frozen=True)
-class Documents:
-    """The two JSON documents of a store, as plain dicts in RLinf's schema."""
-
-    metadata: dict[str, Any]
-    trajectory_index: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Finding:
-    """Something a layout found wrong with its own data: a kind, a path, a message.
-
-    ``path`` is ``/``-joined below the store's root (``""`` for the store itself).
-    """
-
-    kind: str
-    path: str
-    message: str
-
-
-class TrajectoryLayout(ABC):
+class TrajectoryLayout(LayoutCore):
     """How trajectories are laid out below a location.
 
     Subclasses implement :meth:`write`, :meth:`read`, :meth:`delete`, :meth:`list_ids`,
-    :meth:`trajectory_path` and :meth:`stored_paths`.  Layouts that can read single rows
+    :meth:`trajectory_path` and :meth:`stored_paths` (see
+    :class:`~rbzarr.storage.layout_core.LayoutCore`).  Layouts that can read single rows
     without loading a whole trajectory override :meth:`read_rows` / :meth:`read_rows_many`;
     layouts that keep more than the two documents (the zarr layout mirrors them in its root
     group) or that can find damage cheaper than by decoding override :meth:`check_documents`,
@@ -87,40 +47,40 @@ class TrajectoryLayout(ABC):
         The store's root.
     """
 
-    format: ClassVar[str]
     # How describe_keys names the encoding of a whole trajectory (default: the format).
     codec_name: ClassVar[str | None] = None
 
-    def __init__(self, location: Location) -> None:
-        self.location = location
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.location.url!r})"
-
-    # -- trajectories -------------------------------------------------------------------
-    @abstractmethod
-    def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
-        """Write every tensor of ``trajectory`` (raw rows; validated unless it is a
-        :class:`~rbzarr.validated.ValidatedTrajectory`) under ``entry['trajectory_id']``.
-
-        When this returns, the data is complete; an existing trajectory with the same id is
-        replaced.  It does not touch the JSON documents (see :meth:`write_documents`).
-        """
-
-    @abstractmethod
-    def read(self, entry: Entry, keys: Sequence[str] | None = None) -> Trajectory:
-        """Read a whole trajectory (raw rows), optionally only the flat ``keys`` given.
-
-        Missing data raises :class:`~rbzarr.errors.CheckpointNotFoundError` naming it.
-        """
-
+    # -- rows -----------------------------------------------------------------------------
     def read_rows(
         self, entry: Entry, rows: torch.Tensor, keys: Sequence[str]
     ) -> dict[str, torch.Tensor]:
         """Read flat rows ``rows`` (int64, any order, repeats allowed) of the sampled ``keys``.
 
-        Returns ``{key: tensor[len(rows), ...]}``.  The default loads the whole trajectory
-        (flattening needs the reference field and T, whichever keys are asked for).
+        The default loads the whole trajectory (flattening needs the reference field and T,
+        whichever keys are asked for).
+
+        Parameters
+        ----------
+        entry
+            The trajectory's index entry.
+        rows
+            Flat rows ``t * B + b``.
+        keys
+            Flat keys with ``[T, B, ...]`` rows.
+
+        Returns
+        -------
+        dict
+            ``{key: tensor[len(rows), ...]}``.
+
+        Raises
+        ------
+        CheckpointNotFoundError
+            The trajectory's data is missing.
+        CorruptStoreError
+            The data is damaged or disagrees with the entry's shape.
+        IndexError
+            A row is outside ``[0, T * B)``.
         """
         trajectory = self.read(entry)
         spec = validate(trajectory)
@@ -131,7 +91,27 @@ class TrajectoryLayout(ABC):
     def read_rows_many(
         self, requests: Sequence[tuple[Entry, torch.Tensor]], keys: Sequence[str]
     ) -> list[dict[str, torch.Tensor]]:
-        """:meth:`read_rows` for several trajectories; layouts may fetch them concurrently."""
+        """:meth:`read_rows` for several trajectories; layouts may fetch them concurrently.
+
+        Parameters
+        ----------
+        requests
+            ``(entry, rows)`` per trajectory.
+        keys
+            Flat keys with ``[T, B, ...]`` rows.
+
+        Returns
+        -------
+        list of dict
+            ``{key: tensor[len(rows), ...]}`` per request, in order.
+
+        Raises
+        ------
+        CheckpointNotFoundError
+            A trajectory's data is missing.
+        CorruptStoreError
+            A trajectory's data is damaged.
+        """
         return [self.read_rows(entry, rows, keys) for entry, rows in requests]
 
     def read_rows_into(
@@ -145,45 +125,59 @@ class TrajectoryLayout(ABC):
         Each request ``(entry, rows, positions)`` puts flat rows ``rows`` of the trajectory
         into rows ``positions`` (int64) of ``out[key]``, for every key.  The default goes
         through :meth:`read_rows_many`.
+
+        Parameters
+        ----------
+        requests
+            ``(entry, rows, positions)`` per trajectory.
+        keys
+            Flat keys with ``[T, B, ...]`` rows.
+        out
+            Preallocated ``[n, ...]`` tensors by key, filled in place.
+
+        Raises
+        ------
+        CheckpointNotFoundError
+            A trajectory's data is missing.
+        CorruptStoreError
+            A trajectory's data is damaged.
         """
         values = self.read_rows_many([(entry, rows) for entry, rows, _ in requests], keys)
         for (_, _, positions), got in zip(requests, values, strict=True):
             for key in keys:
                 out[key].index_copy_(0, positions, got[key])
 
-    @abstractmethod
-    def delete(self, entry: Entry) -> None:
-        """Remove a trajectory's data; missing data is not an error."""
-
-    @abstractmethod
-    def list_ids(self) -> list[int]:
-        """Ids of the trajectories that have data here (committed or not), sorted."""
-
-    @abstractmethod
-    def trajectory_path(self, entry: Entry) -> tuple[str, ...]:
-        """Names (below the root) of the file or directory holding one trajectory.
-
-        Raises :class:`~rbzarr.errors.UnsafePathError` when the entry would name a path
-        outside the root.
-        """
-
-    @abstractmethod
-    def stored_paths(self) -> dict[str, int]:
-        """Every trajectory's data present here, indexed or not: ``{path: trajectory_id}``.
-
-        Paths are ``/``-joined below the root, as :meth:`trajectory_path` names them.
-        """
-
     def foreign_files(self, path: str) -> list[str]:
         """Files at or below the trajectory path ``path`` that rbzarr did not write.
 
         A repair deletes an orphan only when this is empty: a user's file that happens to
-        lie there is never removed.  Names are relative to ``path``.
+        lie there is never removed.  The default finds none.
+
+        Parameters
+        ----------
+        path
+            A trajectory path from :meth:`stored_paths`.
+
+        Returns
+        -------
+        list of str
+            The foreign files, relative to ``path``.
         """
         return []
 
     def contains(self, entry: Entry) -> bool:
-        """Whether the trajectory's data is present."""
+        """Whether the trajectory's data is present.
+
+        Parameters
+        ----------
+        entry
+            The trajectory's index entry.
+
+        Returns
+        -------
+        bool
+            Whether its :meth:`trajectory_path` exists.
+        """
         return self.location.exists(*self.trajectory_path(entry))
 
     def copy_to(self, target: TrajectoryLayout, entry: Entry) -> None:
@@ -191,6 +185,13 @@ class TrajectoryLayout(ABC):
 
         Between layouts of the same class the objects are copied as they are (fsspec's
         copy, no decoding); otherwise the trajectory is read and written again.
+
+        Parameters
+        ----------
+        target
+            The layout to copy into.
+        entry
+            The trajectory's index entry.
 
         Raises
         ------
@@ -220,6 +221,16 @@ class TrajectoryLayout(ABC):
         """Flat field keys of one trajectory (``"rewards"``, ``"curr_obs/image"``), in order.
 
         The default reads the trajectory; layouts with field metadata override it.
+
+        Parameters
+        ----------
+        entry
+            The trajectory's index entry.
+
+        Returns
+        -------
+        list of str
+            The flat keys.
         """
         return list(self.read(entry).tensors())
 
@@ -228,14 +239,16 @@ class TrajectoryLayout(ABC):
 
         For damage that decoding would not reveal, such as a Zarr chunk that reads as fill
         values when it is missing.  The default finds nothing: decoding checks the rest.
-        """
-        return []
 
-    def check_documents(self, documents: Documents) -> list[Finding]:
-        """Copies of ``documents`` this layout keeps that disagree with them.
+        Parameters
+        ----------
+        entry
+            The index entry of a trajectory whose data is present.
 
-        Each finding is repaired by writing the documents again
-        (:meth:`write_documents`).  The default keeps no copies.
+        Returns
+        -------
+        list of str
+            One message per missing part.
         """
         return []
 
@@ -286,6 +299,16 @@ class TrajectoryLayout(ABC):
     def zarr_group(self, entry: Entry) -> Any:
         """The read-only Zarr group of one trajectory.
 
+        Parameters
+        ----------
+        entry
+            The trajectory's index entry.
+
+        Returns
+        -------
+        zarr.Group
+            The group (only the zarr layout has one).
+
         Raises
         ------
         ValueError
@@ -296,43 +319,42 @@ class TrajectoryLayout(ABC):
             f"store is {self.format!r}; convert it with `rbzarr export SRC DST --format zarr`"
         )
 
-    # -- documents ----------------------------------------------------------------------
-    def write_documents(self, documents: Documents) -> Documents:
-        """Commit: write the index, then the metadata, each atomically.
-
-        Call only after every trajectory the index lists is completely written.  Returns
-        the documents as written (a layout may add what describes its format).
-        """
-        self.location.write_bytes(_dump(documents.trajectory_index), INDEX_FILE)
-        self.location.write_bytes(_dump(documents.metadata), METADATA_FILE)
-        return documents
-
-    def read_documents(self) -> Documents:
-        """Read both documents; a missing one raises ``CheckpointNotFoundError`` naming it."""
-        return read_documents(self.location)
-
-    def listed_ids(self) -> list[int] | None:
-        """Ids the index document lists, or ``None`` when there is no index document."""
-        if not self.location.exists(INDEX_FILE):
-            return None
-        ids = _read_json(self.location, INDEX_FILE).get("trajectory_id_list")
-        if not isinstance(ids, list):
-            raise CorruptStoreError(f"{self.location.url}/{INDEX_FILE}: no trajectory_id_list")
-        return ids
-
+    # -- presence -------------------------------------------------------------------------
     def holds_data(self) -> bool:
-        """Whether anything would be overwritten here: an index listing trajectories, or
-        (without an index) a metadata document or trajectory data."""
+        """Whether anything would be overwritten here.
+
+        Returns
+        -------
+        bool
+            ``True`` for an index listing trajectories or, without an index, a metadata
+            document or trajectory data.
+
+        Raises
+        ------
+        CorruptStoreError
+            The index document is damaged.
+        """
         listed = self.listed_ids()
         return bool(listed) or (listed is None and (self.has_documents() or bool(self.list_ids())))
 
-    def has_documents(self) -> bool:
-        """Whether a store already exists here (either JSON document present)."""
-        return self.location.exists(METADATA_FILE) or self.location.exists(INDEX_FILE)
-
 
 def check_entry_shape(entry: Entry, shape: Sequence[int], where: str) -> None:
-    """Raise :class:`CorruptStoreError` when data of ``shape`` disagrees with its entry."""
+    """Refuse data whose shape disagrees with its index entry.
+
+    Parameters
+    ----------
+    entry
+        The trajectory's index entry.
+    shape
+        The ``[T, B]`` shape found in the data.
+    where
+        Names the store in errors.
+
+    Raises
+    ------
+    CorruptStoreError
+        ``shape`` differs from ``entry["shape"]``.
+    """
     if list(shape) != [int(d) for d in entry["shape"]]:
         raise CorruptStoreError(
             f"{where}: trajectory {entry['trajectory_id']}: its data has shape {list(shape)} "
@@ -345,6 +367,16 @@ def bytes_by_prefix(sizes: Mapping[str, int]) -> dict[str, int]:
 
     A file counts as its own prefix, so ``totals["trajectory_3_.pt"]`` is a file's size and
     ``totals["trajectories/3"]`` the size of a directory's files.
+
+    Parameters
+    ----------
+    sizes
+        File sizes in bytes by ``/``-joined path below the root.
+
+    Returns
+    -------
+    dict
+        Total bytes by prefix.
     """
     totals: dict[str, int] = defaultdict(int)
     for path, size in sizes.items():
@@ -352,35 +384,3 @@ def bytes_by_prefix(sizes: Mapping[str, int]) -> dict[str, int]:
         for depth in {1, min(2, len(parts))}:
             totals["/".join(parts[:depth])] += size
     return dict(totals)
-
-
-def read_documents(location: Location) -> Documents:
-    """Read a store's two documents, whatever its layout.
-
-    A missing one raises :class:`CheckpointNotFoundError`, an unparsable one
-    :class:`CorruptStoreError`; both name the file.
-    """
-    return Documents(
-        metadata=_read_json(location, METADATA_FILE),
-        trajectory_index=_read_json(location, INDEX_FILE),
-    )
-
-
-def _read_json(location: Location, name: str) -> dict[str, Any]:
-    try:
-        raw = location.read_bytes(name)
-    except FileNotFoundError as exc:
-        raise CheckpointNotFoundError(
-            f"{location.url}/{name} not found: not an rbzarr or RLinf store"
-        ) from exc
-    try:
-        document = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptStoreError(f"{location.url}/{name} is not valid JSON: {exc}") from exc
-    if not isinstance(document, dict):
-        raise CorruptStoreError(f"{location.url}/{name}: expected a JSON object")
-    return document
-
-
-def _dump(document: Mapping[str, Any]) -> bytes:
-    return json.dumps(document, indent=2).encode()

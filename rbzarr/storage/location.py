@@ -1,24 +1,18 @@
-"""From a path or URL to a place to read and write: the one resolver, and the one boundary.
+"""From a path or URL to a place to read and write: the one resolver.
 
 A :class:`Location` pairs an fsspec filesystem with a root path inside it.  It is the only
 way rbzarr builds child paths: :meth:`Location.child` accepts plain names only and rejects
-anything that could leave the root (``..``, separators, absolute parts, NUL).
-
-It is also where backend failures become rbzarr's: :func:`translate_errors` turns anything
-that means "the storage failed" into :class:`~rbzarr.errors.StorageUnavailableError` naming
-the URL (the backend's error is its ``__cause__``), and :data:`S3_DEFAULTS` bounds how long
-an unreachable S3 endpoint can stall a call (see "S3" in the README to tune it).
+anything that could leave the root (``..``, separators, absolute parts, NUL; see
+:func:`~rbzarr.storage.names.safe_name`).  Every call that touches the backend goes through
+:func:`~rbzarr.storage.backends.translate_errors`, so a failed backend reads as
+:class:`~rbzarr.errors.StorageUnavailableError`, never as "missing".
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import importlib
 import os
-import re
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
@@ -28,92 +22,11 @@ import zarr.storage
 from fsspec.implementations.local import LocalFileSystem
 from zarr.abc.store import Store
 
-from rbzarr.errors import RbzarrError, StorageUnavailableError, StoreExistsError, UnsafePathError
+from rbzarr.errors import StoreExistsError
+from rbzarr.storage.backends import bound_retries, translate_errors, with_s3_defaults
+from rbzarr.storage.names import TEMP_SUFFIX, safe_name
 
-__all__ = [
-    "S3_DEFAULTS",
-    "Location",
-    "backend_errors",
-    "is_temporary_name",
-    "safe_name",
-    "translate_errors",
-    "with_s3_defaults",
-]
-
-# Temporary files of an interrupted atomic write: ours (``<name>.tmp-<hex>``) and those of
-# zarr's LocalStore (``<stem>.<hex>.partial``).
-TEMP_SUFFIX = ".tmp-"
-_TEMPORARY_NAME = re.compile(r".+\.tmp-[0-9a-f]{32}|.+\.[0-9a-f]{32}\.partial")
-
-
-def is_temporary_name(name: str) -> bool:
-    """Whether ``name`` is a leftover temporary file of an interrupted atomic write."""
-    return _TEMPORARY_NAME.fullmatch(name) is not None
-
-
-_FORBIDDEN = ("/", "\\", "\x00")
-
-
-def safe_name(name: str, root: str = "") -> str:
-    """Return ``name`` if it is a plain file name, else raise :class:`UnsafePathError`."""
-    if (
-        not isinstance(name, str)
-        or name in ("", ".", "..")
-        or any(ch in name for ch in _FORBIDDEN)
-        or PurePosixPath(name).is_absolute()
-    ):
-        raise UnsafePathError(f"unsafe name {name!r}: it must be a plain file name inside {root!r}")
-    return name
-
-
-# botocore's own settings for every S3 location unless the caller sets them: give up
-# connecting after 5 s and waiting for a response after 20 s, 2 attempts per request.
-# s3fs retries a failed request itself (S3_RETRIES times here); the product bounds a call.
-S3_DEFAULTS: dict[str, Any] = {
-    "connect_timeout": 5,
-    "read_timeout": 20,
-    "retries": {"max_attempts": 2, "mode": "standard"},
-}
-S3_RETRIES = 3
-_S3_PROTOCOLS = ("s3", "s3a")
-
-# Transport failures of optional backends, none of which derives from OSError: botocore's
-# (connection, timeouts, credentials) and aiohttp's.
-_TRANSPORT_ERRORS = (("botocore.exceptions", "BotoCoreError"), ("aiohttp", "ClientError"))
-_CREDENTIAL_ERRORS = ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError")
-
-
-def with_s3_defaults(url: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` with :data:`S3_DEFAULTS` filled into ``config_kwargs`` for S3 URLs.
-
-    Keys the caller sets win, one by one; other URLs get ``options`` unchanged.
-
-    Parameters
-    ----------
-    url
-        The location's URL.
-    options
-        The caller's fsspec storage options.
-
-    Returns
-    -------
-    dict
-        The options to open the filesystem with.
-    """
-    merged = dict(options)
-    protocol = fsspec.core.split_protocol(url)[0]
-    if protocol in _S3_PROTOCOLS:
-        merged["config_kwargs"] = {**S3_DEFAULTS, **dict(merged.get("config_kwargs") or {})}
-    return merged
-
-
-def _bound_retries(fs: fsspec.AbstractFileSystem) -> None:
-    """Cap s3fs's own retries of a failed request at :data:`S3_RETRIES` (5 by default).
-
-    s3fs takes no constructor argument for it: it is an attribute of the instance.
-    """
-    if type(fs).__name__ == "S3FileSystem":
-        fs.retries = min(int(getattr(fs, "retries", S3_RETRIES)), S3_RETRIES)
+__all__ = ["Location"]
 
 
 def _same_filesystem(one: fsspec.AbstractFileSystem, other: fsspec.AbstractFileSystem) -> bool:
@@ -121,72 +34,23 @@ def _same_filesystem(one: fsspec.AbstractFileSystem, other: fsspec.AbstractFileS
     return type(one) is type(other) and one.storage_options == other.storage_options
 
 
-@functools.cache
-def backend_errors() -> tuple[type[BaseException], ...]:
-    """Exception types that mean "the backend failed", not "the thing is missing".
+@dataclass(frozen=True)
+class Location:
+    """A root path on an fsspec filesystem.
 
-    Returns
-    -------
-    tuple of exception types
-        ``OSError``, timeouts, and the transport errors of the installed backends
-        (botocore's, aiohttp's).  ``FileNotFoundError`` is an ``OSError`` too: callers
-        that treat "missing" as a value catch it first.
-    """
-    found: list[type[BaseException]] = [OSError, TimeoutError, ConnectionError]
-    for module_name, name in _TRANSPORT_ERRORS:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        found.append(getattr(module, name))
-    return tuple(found)
-
-
-def _describe_failure(exc: BaseException) -> str:
-    """The backend error in one line, with advice where the cause is a usual one."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    if type(exc).__name__ in _CREDENTIAL_ERRORS:
-        return (
-            f"no usable credentials ({text}); set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
-            "or AWS_PROFILE, pass storage_options key= and secret=, or anon=True for a "
-            "public bucket"
-        )
-    return text
-
-
-@contextlib.contextmanager
-def translate_errors(url: str, action: str) -> Iterator[None]:
-    """Turn backend failures into :class:`StorageUnavailableError` naming ``url``.
-
-    ``FileNotFoundError`` (a value: "missing") and rbzarr's own errors pass through.  Besides
-    ``OSError`` and timeouts, every botocore error (unreachable endpoint, closed connection,
-    timeouts, missing credentials) and aiohttp's client errors are translated, so an
-    unreachable object store never reads as "empty" or "not found".  The backend error is
-    kept as ``__cause__``.
+    Build one with :meth:`from_url`; :meth:`child` is the only way to go below it.
 
     Parameters
     ----------
     url
-        The location named in the error.
-    action
-        What was being done, e.g. ``"reading"``.
-
-    Raises
-    ------
-    StorageUnavailableError
-        The backend failed inside the block.
+        The location as users name it (an absolute path for local ones), no trailing ``/``.
+    fs
+        The fsspec filesystem.
+    path
+        The root's path inside ``fs``.
+    storage_options
+        The fsspec options ``fs`` was opened with (a forked child reopens with them).
     """
-    try:
-        yield
-    except (FileNotFoundError, RbzarrError):
-        raise
-    except backend_errors() as exc:
-        raise StorageUnavailableError(f"{action} {url!r} failed: {_describe_failure(exc)}") from exc
-
-
-@dataclass(frozen=True)
-class Location:
-    """A root path on an fsspec filesystem."""
 
     url: str
     fs: fsspec.AbstractFileSystem = field(repr=False, compare=False)
@@ -228,7 +92,7 @@ class Location:
         options = with_s3_defaults(text, storage_options or {})
         with translate_errors(text, "opening"):
             fs, path = fsspec.core.url_to_fs(text, **options)
-        _bound_retries(fs)
+        bound_retries(fs)
         if isinstance(fs, LocalFileSystem):
             path = os.path.abspath(path)
             text = path
@@ -241,11 +105,33 @@ class Location:
 
     @property
     def is_local(self) -> bool:
-        """True on the local filesystem (where rename is atomic)."""
+        """Whether this is the local filesystem (where rename is atomic).
+
+        Returns
+        -------
+        bool
+            ``True`` for fsspec's ``LocalFileSystem``.
+        """
         return isinstance(self.fs, LocalFileSystem)
 
     def child(self, *names: str) -> Location:
-        """The location ``names`` below this one; each name must be a plain name."""
+        """The location ``names`` below this one.
+
+        Parameters
+        ----------
+        *names
+            Path parts, each a plain name (see :func:`safe_name`).
+
+        Returns
+        -------
+        Location
+            On the same filesystem, with the same options.
+
+        Raises
+        ------
+        UnsafePathError
+            A name could leave the root.
+        """
         for name in names:
             safe_name(name, self.url)
         suffix = "/".join(names)
@@ -257,16 +143,70 @@ class Location:
         )
 
     def join(self, *names: str) -> str:
-        """The filesystem path of ``names`` below the root (each a plain name)."""
+        """The filesystem path of ``names`` below the root.
+
+        Parameters
+        ----------
+        *names
+            Path parts, each a plain name; none gives the root's path.
+
+        Returns
+        -------
+        str
+            The path inside :attr:`fs`.
+
+        Raises
+        ------
+        UnsafePathError
+            A name could leave the root.
+        """
         return self.child(*names).path if names else self.path
 
     def exists(self, *names: str) -> bool:
-        """Whether the root (or ``names`` below it) exists."""
+        """Whether the root (or ``names`` below it) exists.
+
+        Parameters
+        ----------
+        *names
+            Path parts below the root, each a plain name.
+
+        Returns
+        -------
+        bool
+            Whether a file or directory is there.
+
+        Raises
+        ------
+        UnsafePathError
+            A name could leave the root.
+        StorageUnavailableError
+            The backend failed.
+        """
         with translate_errors(self.url, "checking"):
             return bool(self.fs.exists(self.join(*names)))
 
     def read_bytes(self, *names: str) -> bytes:
-        """The bytes of a file below the root; ``FileNotFoundError`` names it if missing."""
+        """The bytes of a file below the root.
+
+        Parameters
+        ----------
+        *names
+            The file's path parts below the root, each a plain name.
+
+        Returns
+        -------
+        bytes
+            The whole file.
+
+        Raises
+        ------
+        FileNotFoundError
+            The file is missing (its URL is named).
+        UnsafePathError
+            A name could leave the root.
+        StorageUnavailableError
+            The backend failed.
+        """
         target = self.join(*names)
         with translate_errors(self.url, "reading"):
             try:
@@ -277,7 +217,22 @@ class Location:
     def write_bytes(self, data: bytes, *names: str) -> None:
         """Write a file below the root atomically: readers see the old or the new bytes.
 
-        Locally that is a temporary file renamed into place; on object stores a single PUT.
+        Locally that is a temporary file renamed into place (parent directories created);
+        on object stores a single PUT.
+
+        Parameters
+        ----------
+        data
+            The file's new contents.
+        *names
+            The file's path parts below the root, each a plain name.
+
+        Raises
+        ------
+        UnsafePathError
+            A name could leave the root.
+        StorageUnavailableError
+            The backend failed.
         """
         target = self.join(*names)
         with translate_errors(self.url, "writing"):
@@ -295,14 +250,45 @@ class Location:
                     os.remove(temp)
 
     def delete(self, *names: str) -> None:
-        """Remove a file or a directory tree below the root; missing is not an error."""
+        """Remove a file or a directory tree below the root; missing is not an error.
+
+        Parameters
+        ----------
+        *names
+            The path parts below the root, each a plain name; none removes the root.
+
+        Raises
+        ------
+        UnsafePathError
+            A name could leave the root.
+        StorageUnavailableError
+            The backend failed.
+        """
         target = self.join(*names)
         with translate_errors(self.url, "deleting"):
             if self.fs.exists(target):
                 self.fs.rm(target, recursive=True)
 
     def list_names(self, *names: str) -> list[str]:
-        """Names directly below the root (or below ``names``); empty if missing."""
+        """Names directly below the root (or below ``names``).
+
+        Parameters
+        ----------
+        *names
+            A directory's path parts below the root, each a plain name.
+
+        Returns
+        -------
+        list of str
+            The entries' names, sorted; empty when the directory is missing.
+
+        Raises
+        ------
+        UnsafePathError
+            A name could leave the root.
+        StorageUnavailableError
+            The backend failed.
+        """
         target = self.join(*names)
         with translate_errors(self.url, "listing"):
             try:
@@ -312,8 +298,26 @@ class Location:
         return sorted(PurePosixPath(str(entry)).name for entry in entries)
 
     def list_files(self, *names: str) -> list[str]:
-        """Every file below ``names`` (or the file ``names`` itself), as ``/``-joined names
-        relative to ``names``; empty if missing."""
+        """Every file below ``names``, or the file ``names`` itself.
+
+        Parameters
+        ----------
+        *names
+            Path parts below the root, each a plain name.
+
+        Returns
+        -------
+        list of str
+            ``/``-joined paths relative to ``names`` (a file: its own name), sorted; empty
+            when nothing is there.
+
+        Raises
+        ------
+        UnsafePathError
+            A name could leave the root.
+        StorageUnavailableError
+            The backend failed.
+        """
         target = self.join(*names).rstrip("/")
         with translate_errors(self.url, "listing"):
             found = [str(path).rstrip("/") for path in self.fs.find(target)]
@@ -369,11 +373,22 @@ class Location:
                 )
 
     def zarr_store(self, read_only: bool = False) -> Store:
-        """A zarr store rooted here: ``LocalStore`` locally, ``FsspecStore`` elsewhere."""
+        """A zarr store rooted here: ``LocalStore`` locally, ``FsspecStore`` elsewhere.
+
+        Parameters
+        ----------
+        read_only
+            Open the store read-only.
+
+        Returns
+        -------
+        Store
+            A new store (s3fs retries bounded as in :meth:`from_url`).
+        """
         if self.is_local:
             return zarr.storage.LocalStore(self.path, read_only=read_only)
         store = zarr.storage.FsspecStore.from_url(
             self.url, storage_options=dict(self.storage_options), read_only=read_only
         )
-        _bound_retries(store.fs)
+        bound_retries(store.fs)
         return store

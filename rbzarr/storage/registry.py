@@ -14,7 +14,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from rbzarr.storage.layout import Documents, TrajectoryLayout, read_documents
+from rbzarr.storage.documents import Documents, read_documents
+from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 
 __all__ = ["known_formats", "layout_class", "open_store", "register_layout", "stored_format"]

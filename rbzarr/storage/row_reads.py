@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from rbzarr.dtypes import byte_rows, dtype_from_name
-from rbzarr.storage.layout import Entry, TrajectoryLayout
+from rbzarr.storage.documents import Entry
+from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.trajectory import Schema
 
 __all__ = ["MissPlan", "plan_misses", "read_batch"]

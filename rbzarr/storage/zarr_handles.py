@@ -25,7 +25,7 @@ import torch
 from zarr.core.array import AsyncArray
 
 from rbzarr.errors import CorruptStoreError
-from rbzarr.storage.layout import Entry
+from rbzarr.storage.documents import Entry
 from rbzarr.storage.shard_trajectory import ShardedTrajectory
 
 __all__ = [

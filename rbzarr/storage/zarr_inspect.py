@@ -16,15 +16,9 @@ from typing import Any
 import zarr
 from tqdm import tqdm
 
-from rbzarr.storage.layout import (
-    INDEX_FILE,
-    METADATA_FILE,
-    Documents,
-    Entry,
-    Finding,
-    TrajectoryLayout,
-)
-from rbzarr.storage.location import is_temporary_name
+from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents, Entry, Finding
+from rbzarr.storage.layout import TrajectoryLayout
+from rbzarr.storage.names import is_temporary_name
 from rbzarr.storage.zarr_chunks import DTYPE_ATTR
 from rbzarr.storage.zarr_open import FIELDS_ATTR, TRAJECTORIES
 
@@ -35,18 +29,65 @@ ROOT_ATTR = "rbzarr"
 
 
 class ZarrInspection(TrajectoryLayout):
-    """The zarr layout's format knowledge; :class:`ZarrLayout` adds reading and writing."""
+    """The zarr layout's format knowledge; :class:`ZarrLayout` adds reading and writing.
+
+    Parameters
+    ----------
+    location
+        The store's root (a Zarr v3 group).
+    """
 
     def trajectory_path(self, entry: Entry) -> tuple[str, ...]:
-        # docstring inherited
+        """The trajectory's group below the root.
+
+        Parameters
+        ----------
+        entry
+            The trajectory's index entry.
+
+        Returns
+        -------
+        tuple of str
+            ``("trajectories", "<id>")``.
+        """
         return (TRAJECTORIES, str(int(entry["trajectory_id"])))
 
     def stored_paths(self) -> dict[str, int]:
-        # docstring inherited
+        """Every trajectory group present, indexed or not.
+
+        Returns
+        -------
+        dict
+            ``{"trajectories/<id>": id}`` for the ids of :meth:`list_ids`.
+
+        Raises
+        ------
+        StorageUnavailableError
+            The backend failed.
+        """
         return {f"{TRAJECTORIES}/{tid}": tid for tid in self.list_ids()}
 
     def foreign_files(self, path: str) -> list[str]:
-        # docstring inherited
+        """Files below a trajectory group that rbzarr did not write.
+
+        rbzarr writes node documents (``zarr.json``), chunk and shard objects below ``c/``
+        and, when interrupted, temporary files; anything else is the user's.
+
+        Parameters
+        ----------
+        path
+            A trajectory group's path from :meth:`stored_paths`.
+
+        Returns
+        -------
+        list of str
+            The other files, ``/``-joined relative to ``path``.
+
+        Raises
+        ------
+        StorageUnavailableError
+            The backend failed.
+        """
         return [
             name
             for name in self.location.list_files(*path.split("/"))
@@ -54,19 +95,62 @@ class ZarrInspection(TrajectoryLayout):
         ]
 
     def zarr_group(self, entry: Entry) -> zarr.Group:
-        # docstring inherited
+        """The read-only Zarr group of one trajectory.
+
+        Parameters
+        ----------
+        entry
+            The trajectory's index entry.
+
+        Returns
+        -------
+        zarr.Group
+            Opened with ``mode="r"`` on a read-only store.
+
+        Raises
+        ------
+        FileNotFoundError
+            The group does not exist (zarr's ``GroupNotFoundError``).
+        """
         store = self.location.zarr_store(read_only=True)
         return zarr.open_group(store=store, path="/".join(self.trajectory_path(entry)), mode="r")
 
     def field_names(self, entry: Entry) -> list[str]:
-        # docstring inherited
+        """Flat field keys of one trajectory, from its group's ``fields`` attribute.
+
+        Parameters
+        ----------
+        entry
+            The trajectory's index entry.
+
+        Returns
+        -------
+        list of str
+            The keys, in the trajectory's field order.
+
+        Raises
+        ------
+        ValueError
+            The group has no ``fields`` attribute (an unfinished write).
+        """
         fields = self.zarr_group(entry).attrs.get(FIELDS_ATTR)
         if not isinstance(fields, dict):
             raise ValueError(f"{self.location.url}: trajectory group has no {FIELDS_ATTR!r}")
         return list(fields)
 
     def missing_parts(self, entry: Entry) -> list[str]:
-        # docstring inherited
+        """Arrays of a present trajectory that lack chunks (they would read as fill values).
+
+        Parameters
+        ----------
+        entry
+            The trajectory's index entry.
+
+        Returns
+        -------
+        list of str
+            One message per array, naming how many of its chunks are stored.
+        """
         return [
             f"array {name!r} stores {node.nchunks_initialized} of {node.nchunks} chunks"
             for name, node in self.zarr_group(entry).members(max_depth=None)
@@ -74,7 +158,19 @@ class ZarrInspection(TrajectoryLayout):
         ]
 
     def check_documents(self, documents: Documents) -> list[Finding]:
-        # docstring inherited
+        """Whether the root group's ``rbzarr`` attribute mirrors the two documents.
+
+        Parameters
+        ----------
+        documents
+            The store's documents, as read from the JSON files.
+
+        Returns
+        -------
+        list of Finding
+            One ``root_attrs_mismatch`` finding when the root ``zarr.json`` is missing,
+            unparsable or mirrors other documents, else none.
+        """
         try:
             root = json.loads(self.location.read_bytes("zarr.json"))
             mirror = root.get("attributes", {}).get(ROOT_ATTR)
@@ -94,7 +190,25 @@ class ZarrInspection(TrajectoryLayout):
     def describe_keys(
         self, entries: Iterable[Entry], sizes: Mapping[str, int], progress: bool = False
     ) -> tuple[dict[str, dict[str, Any]], int]:
-        # docstring inherited
+        """Per-key layout and sizes of the trajectories ``entries``, from Zarr metadata.
+
+        Parameters
+        ----------
+        entries
+            Index entries of the trajectories to describe.
+        sizes
+            Size of every file below the root, by ``/``-joined path.
+        progress
+            Show a progress bar on stderr.
+
+        Returns
+        -------
+        tuple of (dict, int)
+            ``{key: {"dtype", "shape", "chunks", "shards", "codec", "raw_bytes",
+            "bytes_on_disk"}}`` in field order (the first trajectory's dtype, shape and
+            chunking; bytes summed over the trajectories), and the bytes on storage of all
+            the trajectories' groups.
+        """
         keys: dict[str, dict[str, Any]] = {}
         disk = 0
         by_trajectory = _sizes_by_trajectory(sizes)

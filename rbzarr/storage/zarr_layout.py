@@ -21,40 +21,37 @@ of ``chunk_bytes`` (:mod:`rbzarr.storage.zarr_chunks`).  Reads follow each traje
 version, so stores of either version, or both, open, load and sample.  ``metadata.json``
 and the root attributes record ``layout_version`` (absent: 1).  Chunking and codecs follow
 :mod:`rbzarr.storage.chunking`.
+
+The class is built in layers: :class:`~rbzarr.storage.zarr_inspect.ZarrInspection` (what
+the metadata says), :class:`~rbzarr.storage.zarr_reads.ZarrReads` (reading) and
+:class:`ZarrLayout` (writing, through :class:`~rbzarr.storage.zarr_write.GroupWriter`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import os
-import shutil
-import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-import torch
 from zarr.abc.store import Store
 from zarr.api import asynchronous as zarr_async
-from zarr.core.array import AsyncArray
-from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import StorePath
 
-from rbzarr.dtypes import dtype_name, from_numpy, to_numpy
+from rbzarr.dtypes import dtype_name
 from rbzarr.storage import shard_trajectory as sharded
 from rbzarr.storage import zarr_chunks as chunk_io
-from rbzarr.storage import zarr_rows
-from rbzarr.storage.chunking import DEFAULT_CHUNK_BYTES, chunk_shape, pick_codec, plan_key
-from rbzarr.storage.layout import Documents, Entry, TrajectoryLayout
-from rbzarr.storage.location import Location, translate_errors
-from rbzarr.storage.plain_codec import PlainCodec
+from rbzarr.storage.backends import translate_errors
+from rbzarr.storage.chunking import DEFAULT_CHUNK_BYTES, plan_key
+from rbzarr.storage.documents import Documents, Entry
+from rbzarr.storage.layout import TrajectoryLayout
+from rbzarr.storage.location import Location
 from rbzarr.storage.shard_remote import IOStats
-from rbzarr.storage.shard_writer import dimension_names
 from rbzarr.storage.zarr_handles import time_and_envs, trajectory_id
-from rbzarr.storage.zarr_inspect import ROOT_ATTR, ZarrInspection
-from rbzarr.storage.zarr_open import FIELDS_ATTR, TRAJECTORIES, TrajectoryOpener, group_path
-from rbzarr.trajectory import Trajectory, trajectory_from_raw
+from rbzarr.storage.zarr_inspect import ROOT_ATTR
+from rbzarr.storage.zarr_open import FIELDS_ATTR, TRAJECTORIES, group_path
+from rbzarr.storage.zarr_reads import ZarrReads
+from rbzarr.storage.zarr_write import GroupWriter
+from rbzarr.trajectory import Trajectory
 from rbzarr.validated import ValidatedTrajectory, rows_to_write
 
 __all__ = ["FIELDS_ATTR", "LAYOUT_VERSION", "TRAJECTORIES", "ZarrLayout"]
@@ -63,7 +60,7 @@ DTYPE_ATTR = chunk_io.DTYPE_ATTR
 LAYOUT_VERSION = 2
 
 
-class ZarrLayout(ZarrInspection):
+class ZarrLayout(ZarrReads):
     """Trajectories as Zarr v3 groups below ``location``; reads touch only needed bytes.
 
     Parameters
@@ -88,6 +85,12 @@ class ZarrLayout(ZarrInspection):
         Counts the requests and bytes of layout-2 reads (index reads when a trajectory
         opens, then the pieces of each batch; memory-map gathers count bytes only).  A
         fresh :class:`~rbzarr.storage.shard_remote.IOStats` when not given.
+
+    Raises
+    ------
+    ValueError
+        ``chunk_bytes`` is not positive, ``handle_cache_size`` is negative or
+        ``layout_version`` is neither 1 nor 2.
     """
 
     format = "zarr"
@@ -103,7 +106,6 @@ class ZarrLayout(ZarrInspection):
         layout_version: int = LAYOUT_VERSION,
         io_stats: IOStats | None = None,
     ) -> None:
-        super().__init__(location)
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
         if handle_cache_size < 0:
@@ -113,13 +115,34 @@ class ZarrLayout(ZarrInspection):
         self.codecs = dict(codecs or {})
         self.chunk_bytes = chunk_bytes
         self.layout_version = layout_version
-        self.io_stats = IOStats() if io_stats is None else io_stats
-        self._opener = TrajectoryOpener(location, store, handle_cache_size, self.io_stats)
-        self._parents_ready = False
+        super().__init__(location, store, handle_cache_size, io_stats)
+        self._writer = GroupWriter()
 
     # -- writing ------------------------------------------------------------------------
     def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
-        # docstring inherited
+        """Write the trajectory as the group ``trajectories/<id>``, replacing any.
+
+        Layout 2 stores each ``mapped`` / ``chunked`` array as one shard, the rest through
+        zarr; layout 1 stores regular chunks.  The group's attributes (the entry and the
+        field dtypes) are written last: until then the trajectory reads as missing.
+
+        Parameters
+        ----------
+        entry
+            The trajectory's index entry (its id and ``shape`` are used).
+        trajectory
+            The trajectory; validated unless it is a ``ValidatedTrajectory``.
+
+        Raises
+        ------
+        InvalidTrajectoryError
+            ``trajectory`` is not a valid trajectory.
+        CorruptStoreError
+            ``entry`` has no valid ``trajectory_id`` or ``shape``.
+        StorageUnavailableError
+            The backend failed, or something rbzarr did not write is in the way of the
+            group (it is left alone).
+        """
         trajectory = rows_to_write(trajectory)
         tid = trajectory_id(entry)
         fields = trajectory.tensors()
@@ -140,119 +163,42 @@ class ZarrLayout(ZarrInspection):
         self._opener.handles.forget(tid)
         with translate_errors(self.location.url, "writing"):
             if files and not zarr_keys and self._opener.local_files:
-                self._write_files(_group(tid), fields, attrs, files)
+                self._writer.write_files(self.location.path, _group(tid), fields, attrs, files)
             else:
-                sync(self._write_group(_group(tid), fields, attrs, files, zarr_keys))
-        self._opener.handles.forget(tid)
-
-    def _write_files(
-        self,
-        group: str,
-        fields: Mapping[str, torch.Tensor],
-        attrs: dict[str, Any],
-        files: Mapping[str, list[Any]],
-    ) -> None:
-        """:meth:`_write_group` on the local filesystem, without the event loop: each
-        file written to a temporary name and renamed (readers see whole files only), in
-        the same order (groups, data, then the group's attributes)."""
-        root = self.location.path
-        folder = os.path.join(root, *group.split("/"))
-        if os.path.islink(folder) or (os.path.lexists(folder) and not os.path.isdir(folder)):
-            raise NotADirectoryError(
-                f"delete_dir {folder}: not a directory rbzarr wrote (something else is in the "
-                "way of the trajectory group; it is left alone)"
-            )
-        shutil.rmtree(folder, ignore_errors=True)
-        empty = bytes(chunk_io.group_document({}).to_bytes())
-        if not self._parents_ready:
-            for name in ("zarr.json", f"{TRAJECTORIES}/zarr.json"):
-                if not os.path.exists(os.path.join(root, name)):
-                    _put_file(root, name, empty)
-            self._parents_ready = True
-        parts = [key.split("/") for key in fields]
-        subgroups = sorted({"/".join([group, *p[:n]]) for p in parts for n in range(len(p))})
-        for sub in subgroups:
-            _put_file(root, f"{sub}/zarr.json", empty)
-        for name, parts in files.items():
-            _put_file(root, f"{group}/{name}", *parts)
-        _put_file(root, f"{group}/zarr.json", bytes(chunk_io.group_document(attrs).to_bytes()))
-
-    async def _write_group(
-        self,
-        group: str,
-        fields: Mapping[str, torch.Tensor],
-        attrs: dict[str, Any],
-        files: Mapping[str, list[Any]],
-        zarr_keys: Sequence[str],
-    ) -> None:
-        store = self._opener.store()
-        await StorePath(store, group).delete_dir()
-        await self._ensure_parents(store)
-        # Every document, shard and chunk is set directly and concurrently: no existence
-        # checks or listings per array (zarr's create_array costs ~4 extra requests each).
-        # The groups first appear without attributes (an unfinished write), then the data.
-        parts = [key.split("/") for key in fields]
-        subgroups = {"/".join([group, *part[:n]]) for part in parts for n in range(len(part))}
-        T, B = (int(d) for d in attrs["shape"][:2])
-        from_bytes = default_buffer_prototype().buffer.from_bytes
-        await asyncio.gather(
-            *(store.set(f"{sub}/zarr.json", chunk_io.group_document({})) for sub in subgroups)
-        )
-        await asyncio.gather(
-            *(
-                store.set(f"{group}/{name}", from_bytes(b"".join(parts)))
-                for name, parts in files.items()
-            ),
-            *(
-                self._write_array(store, f"{group}/{key}", key, fields[key], (T, B))
-                for key in zarr_keys
-            ),
-        )
-        # The group's attributes are its commit marker: written only after every array.
-        await store.set(f"{group}/zarr.json", chunk_io.group_document(attrs))
-
-    async def _ensure_parents(self, store: Store) -> None:
-        """Create the root and ``trajectories`` groups if missing (once per instance)."""
-        if self._parents_ready:
-            return
-        await asyncio.gather(
-            *(
-                store.set_if_not_exists(name, chunk_io.group_document({}))
-                for name in ("zarr.json", f"{TRAJECTORIES}/zarr.json")
-            )
-        )
-        self._parents_ready = True
-
-    async def _write_array(
-        self, store: Store, path: str, key: str, value: torch.Tensor, size: tuple[int, int]
-    ) -> None:
-        data = to_numpy(value)
-        chunks = chunk_shape(data.shape, data.dtype.itemsize, self.chunk_bytes)
-        names = dimension_names(key, data.shape, *size) if self.layout_version >= 2 else None
-        compressor = pick_codec(self.codecs, key)
-        metadata = chunk_io.array_metadata(data, chunks, compressor, value.dtype, names)
-        prototype = default_buffer_prototype()
-        document = metadata.to_buffer_dict(prototype)["zarr.json"]
-        codec = PlainCodec.of(metadata)
-        if codec is None or data.ndim == 0:
-            array = AsyncArray(metadata, StorePath(store, path), {"write_empty_chunks": True})
-            await asyncio.gather(store.set(f"{path}/zarr.json", document), array.setitem(..., data))
-            return
-        await asyncio.gather(
-            store.set(f"{path}/zarr.json", document),
-            *(
-                chunk_io.write_chunk(
-                    store, f"{path}/{metadata.encode_chunk_key(index)}", codec, part
+                write = self._writer.write_group(
+                    self._opener.store(),
+                    _group(tid),
+                    fields,
+                    attrs,
+                    files,
+                    zarr_keys,
+                    self.codecs,
+                    self.chunk_bytes,
+                    self.layout_version,
                 )
-                for index, part in chunk_io.chunks_of(data, chunks)
-            ),
-        )
+                sync(write)
+        self._opener.handles.forget(tid)
 
     def write_documents(self, documents: Documents) -> Documents:
         """Commit: set the root group's attributes, then write the two JSON mirrors.
 
         Layout 2 adds ``layout_version`` to the metadata.  Call only after every trajectory
         the index lists is completely written.
+
+        Parameters
+        ----------
+        documents
+            The documents to commit.
+
+        Returns
+        -------
+        Documents
+            The documents as written (with ``layout_version`` in layout 2).
+
+        Raises
+        ------
+        StorageUnavailableError
+            The backend failed.
         """
         if self.layout_version >= 2:
             metadata = {**documents.metadata, "layout_version": self.layout_version}
@@ -272,120 +218,48 @@ class ZarrLayout(ZarrInspection):
         await root.update_attributes(attrs)
 
     def delete(self, entry: Entry) -> None:
-        # docstring inherited
+        """Remove the trajectory's group and drop its cached handles; missing is no error.
+
+        Parameters
+        ----------
+        entry
+            The trajectory's index entry.
+
+        Raises
+        ------
+        CorruptStoreError
+            ``entry`` has no valid ``trajectory_id``.
+        StorageUnavailableError
+            The backend failed.
+        """
         tid = trajectory_id(entry)
         self._opener.handles.forget(tid)
         with translate_errors(self.location.url, "deleting"):
             sync(StorePath(self._opener.store(), _group(tid)).delete_dir())
         self._opener.handles.forget(tid)
 
-    def stored_version(self, entry: Entry) -> int:
-        """The layout version a committed trajectory is stored in (1 or 2)."""
-        opened = self._opener.open_many([entry])[0]
-        return 2 if isinstance(opened, sharded.ShardedTrajectory) else 1
-
     def copy_to(self, target: TrajectoryLayout, entry: Entry) -> None:
         """Copy one trajectory into ``target``; between zarr layouts of different versions
-        it is re-encoded (so checkpoints of a layout-1 store are written in layout 2)."""
+        it is re-encoded (so checkpoints of a layout-1 store are written in layout 2).
+
+        Parameters
+        ----------
+        target
+            The layout to copy into.
+        entry
+            The trajectory's index entry.
+
+        Raises
+        ------
+        CheckpointNotFoundError
+            The trajectory's data is missing here.
+        StoreExistsError
+            ``target`` already holds data at the trajectory's path.
+        """
         if isinstance(target, ZarrLayout) and self.stored_version(entry) != target.layout_version:
             target.write(entry, self.read(entry))
             return
         super().copy_to(target, entry)
-
-    def list_ids(self) -> list[int]:
-        # docstring inherited
-        with translate_errors(self.location.url, "listing"):
-            names = sync(self._list_names(TRAJECTORIES))
-        return sorted(int(name) for name in names if name.isdigit() and str(int(name)) == name)
-
-    async def _list_names(self, prefix: str) -> list[str]:
-        return [name async for name in self._opener.store().list_dir(prefix)]
-
-    # -- reading ------------------------------------------------------------------------
-    def read(self, entry: Entry, keys: Sequence[str] | None = None) -> Trajectory:
-        # docstring inherited
-        opened = self._opener.open_many([entry])[0]
-        wanted = list(opened.dtypes) if keys is None else list(keys)
-        zarr_rows.check_keys(opened, wanted, self.location.url)
-        arrays = zarr_rows.zarr_arrays(opened, wanted)
-        with translate_errors(self.location.url, "reading"):
-            values = dict(
-                zip(
-                    arrays,
-                    sync(chunk_io.gather(*(chunk_io.read_whole(a) for a in arrays.values()))),
-                    strict=True,
-                )
-            )
-            if isinstance(opened, sharded.ShardedTrajectory):
-                described = [key for key in wanted if key not in arrays]
-                values.update(sharded.read_whole_shards(self._opener.location(), opened, described))
-        fields = {key: from_numpy(np.asarray(values[key]), opened.dtypes[key]) for key in wanted}
-        return trajectory_from_raw(
-            fields,
-            max_episode_length=int(entry.get("max_episode_length", 0)),
-            model_weights_id=str(entry.get("model_weights_id", "")),
-        )
-
-    def read_rows(
-        self, entry: Entry, rows: torch.Tensor, keys: Sequence[str]
-    ) -> dict[str, torch.Tensor]:
-        """Read flat rows ``rows`` (int64, any order, repeats allowed) of the sampled ``keys``.
-
-        Only the bytes holding the rows are read (layout 1: the chunks holding them, each
-        once).  Returns ``{key: tensor[len(rows), ...]}``.
-        """
-        return self.read_rows_many([(entry, rows)], keys)[0]
-
-    def read_rows_many(
-        self, requests: Sequence[tuple[Entry, torch.Tensor]], keys: Sequence[str]
-    ) -> list[dict[str, torch.Tensor]]:
-        """:meth:`read_rows` for several trajectories, all read in one round."""
-        opened = self._opener.open_many([entry for entry, _ in requests])
-        results = []
-        for (entry, rows), handles in zip(requests, opened, strict=True):
-            zarr_rows.check_keys(handles, keys, self.location.url, sampled=True)
-            count = int(torch.as_tensor(rows).numel())
-            out = {
-                key: torch.empty((count, *handles.shape(key)[2:]), dtype=handles.dtypes[key])
-                for key in keys
-            }
-            self.read_rows_into([(entry, rows, torch.arange(count))], keys, out)
-            results.append(out)
-        return results
-
-    def read_rows_into(
-        self,
-        requests: Sequence[tuple[Entry, torch.Tensor, torch.Tensor]],
-        keys: Sequence[str],
-        out: Mapping[str, torch.Tensor],
-    ) -> None:
-        """Read rows of several trajectories into preallocated blocks, in one round.
-
-        Each request ``(entry, rows, positions)`` puts flat rows ``rows`` of the trajectory
-        into rows ``positions`` (int64) of ``out[key]``, for every key; at most one gather
-        (or one batch of byte ranges) per (trajectory, key), every row at its final place.
-        """
-        opened = self._opener.open_many([entry for entry, _, _ in requests])
-        with translate_errors(self.location.url, "reading"):
-            zarr_rows.read_rows_into(
-                self._opener.location(), opened, requests, keys, out, self.io_stats
-            )
-
-
-def _put_file(root: str, name: str, *parts: Any) -> None:
-    """Write ``parts`` (byte-like) to ``root/name`` atomically: a temporary file renamed
-    into place."""
-    path = os.path.join(root, *name.split("/"))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    temp = f"{path}.tmp-{uuid.uuid4().hex}"
-    try:
-        with open(temp, "wb") as handle:
-            for part in parts:
-                handle.write(part)
-        os.replace(temp, path)
-    finally:
-        if os.path.exists(temp):
-            os.remove(temp)
 
 
 def _group(tid: int) -> str:

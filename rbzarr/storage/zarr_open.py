@@ -24,8 +24,9 @@ from rbzarr.dtypes import dtype_from_name
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, RbzarrError
 from rbzarr.storage import shard_trajectory as sharded
 from rbzarr.storage import zarr_chunks as chunk_io
-from rbzarr.storage.layout import Entry
-from rbzarr.storage.location import Location, translate_errors
+from rbzarr.storage.backends import translate_errors
+from rbzarr.storage.documents import Entry
+from rbzarr.storage.location import Location
 from rbzarr.storage.shard_remote import IOStats
 from rbzarr.storage.zarr_handles import (
     HandleCache,

@@ -20,7 +20,7 @@ from rbzarr.dtypes import byte_rows, from_numpy
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage import shard_trajectory as sharded
 from rbzarr.storage import zarr_chunks as chunk_io
-from rbzarr.storage.layout import Entry
+from rbzarr.storage.documents import Entry
 from rbzarr.storage.location import Location
 from rbzarr.storage.shard_remote import IOStats
 from rbzarr.storage.zarr_handles import Opened, time_and_envs, trajectory_id

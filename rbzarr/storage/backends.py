@@ -1,0 +1,155 @@
+"""fsspec backends: how long S3 may stall a call, and which failures mean "storage failed".
+
+:data:`S3_DEFAULTS` (filled in by :func:`with_s3_defaults`) and :func:`bound_retries` bound
+how long an unreachable S3 endpoint can stall a call (see "S3" in the README to tune it).
+:func:`translate_errors` is the one boundary where backend failures become rbzarr's: anything
+that means "the storage failed" becomes :class:`~rbzarr.errors.StorageUnavailableError`
+naming the URL (the backend's error is its ``__cause__``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import fsspec
+
+from rbzarr.errors import RbzarrError, StorageUnavailableError
+
+__all__ = [
+    "S3_DEFAULTS",
+    "S3_RETRIES",
+    "backend_errors",
+    "bound_retries",
+    "translate_errors",
+    "with_s3_defaults",
+]
+
+# botocore's own settings for every S3 location unless the caller sets them: give up
+# connecting after 5 s and waiting for a response after 20 s, 2 attempts per request.
+# s3fs retries a failed request itself (S3_RETRIES times here); the product bounds a call.
+S3_DEFAULTS: dict[str, Any] = {
+    "connect_timeout": 5,
+    "read_timeout": 20,
+    "retries": {"max_attempts": 2, "mode": "standard"},
+}
+S3_RETRIES = 3
+_S3_PROTOCOLS = ("s3", "s3a")
+
+# Transport failures of optional backends, none of which derives from OSError: botocore's
+# (connection, timeouts, credentials) and aiohttp's.
+_TRANSPORT_ERRORS = (("botocore.exceptions", "BotoCoreError"), ("aiohttp", "ClientError"))
+_CREDENTIAL_ERRORS = ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError")
+
+
+def with_s3_defaults(url: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with :data:`S3_DEFAULTS` filled into ``config_kwargs`` for S3 URLs.
+
+    Keys the caller sets win, one by one; other URLs get ``options`` unchanged.
+
+    Parameters
+    ----------
+    url
+        The location's URL.
+    options
+        The caller's fsspec storage options.
+
+    Returns
+    -------
+    dict
+        The options to open the filesystem with.
+    """
+    merged = dict(options)
+    protocol = fsspec.core.split_protocol(url)[0]
+    if protocol in _S3_PROTOCOLS:
+        merged["config_kwargs"] = {**S3_DEFAULTS, **dict(merged.get("config_kwargs") or {})}
+    return merged
+
+
+def bound_retries(fs: fsspec.AbstractFileSystem) -> None:
+    """Cap s3fs's own retries of a failed request at :data:`S3_RETRIES` (5 by default).
+
+    s3fs takes no constructor argument for it: it is an attribute of the instance.
+
+    Parameters
+    ----------
+    fs
+        A filesystem; anything but an ``S3FileSystem`` is left as it is.
+    """
+    if type(fs).__name__ == "S3FileSystem":
+        fs.retries = min(int(getattr(fs, "retries", S3_RETRIES)), S3_RETRIES)
+
+
+@functools.cache
+def backend_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that mean "the backend failed", not "the thing is missing".
+
+    Returns
+    -------
+    tuple of exception types
+        ``OSError``, timeouts, and the transport errors of the installed backends
+        (botocore's, aiohttp's).  ``FileNotFoundError`` is an ``OSError`` too: callers
+        that treat "missing" as a value catch it first.
+    """
+    found: list[type[BaseException]] = [OSError, TimeoutError, ConnectionError]
+    for module_name, name in _TRANSPORT_ERRORS:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        found.append(getattr(module, name))
+    return tuple(found)
+
+
+def _describe_failure(exc: BaseException) -> str:
+    """The backend error in one line, with advice where the cause is a usual one."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if type(exc).__name__ in _CREDENTIAL_ERRORS:
+        return (
+            f"no usable credentials ({text}); set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
+            "or AWS_PROFILE, pass storage_options key= and secret=, or anon=True for a "
+            "public bucket"
+        )
+    return text
+
+
+@contextlib.contextmanager
+def translate_errors(url: str, action: str) -> Iterator[None]:
+    """Turn backend failures into :class:`StorageUnavailableError` naming ``url``.
+
+    ``FileNotFoundError`` (a value: "missing") and rbzarr's own errors pass through.  Besides
+    ``OSError`` and timeouts, every botocore error (unreachable endpoint, closed connection,
+    timeouts, missing credentials) and aiohttp's client errors are translated, so an
+    unreachable object store never reads as "empty" or "not found".  The backend error is
+    kept as ``__cause__``.
+
+    Parameters
+    ----------
+    url
+        The location named in the error.
+    action
+        What was being done, e.g. ``"reading"``.
+
+    Yields
+    ------
+    None
+        Control to the block.
+
+    Raises
+    ------
+    StorageUnavailableError
+        The backend failed inside the block.
+    FileNotFoundError
+        Raised in the block: passed through unchanged.
+    RbzarrError
+        Raised in the block: passed through unchanged.
+    """
+    try:
+        yield
+    except (FileNotFoundError, RbzarrError):
+        raise
+    except backend_errors() as exc:
+        raise StorageUnavailableError(f"{action} {url!r} failed: {_describe_failure(exc)}") from exc
