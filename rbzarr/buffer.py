@@ -116,15 +116,19 @@ class TrajectoryReplayBuffer(BufferBase, RLinfCompatMixin):
                     self._schema = accepted[0].spec.schema
                     self._set_store_metadata()
                 items = [(self._index_entry(t), t) for t in accepted]
+                if self._store is None:
+                    for entry, trajectory in items:  # the caller's tensors: the cache copies
+                        self._cache.put(
+                            entry["trajectory_id"],
+                            trajectory.flat,
+                            trajectory.residue,
+                            trajectory.spec.B,
+                        )
+                    return
+                # The one copy was made on validation; the cache shares it with the writer.
                 for entry, trajectory in items:
-                    self._cache.put(
-                        entry["trajectory_id"],
-                        trajectory.flat,
-                        trajectory.residue,
-                        trajectory.spec.B,
-                    )
-                if self._store is not None:
-                    self._store.submit(items)
+                    self._cache.put_shared(entry["trajectory_id"], trajectory)
+                self._store.submit(items)
 
     def _index_entry(self, trajectory: ValidatedTrajectory) -> dict[str, Any]:
         raw = trajectory.trajectory
@@ -142,7 +146,7 @@ class TrajectoryReplayBuffer(BufferBase, RLinfCompatMixin):
                 validated = ValidatedTrajectory.check(
                     trajectory, schema, copy=self._store is not None
                 )
-                self._cache.check(validated.flat)
+                self._cache.check(validated.spec.schema)
                 if self._store is not None:
                     self._store.check(validated)
             except ValueError as exc:

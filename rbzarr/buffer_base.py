@@ -8,6 +8,7 @@ the settings derived from the constructor, the read-only views, ``clear``, ``flu
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Mapping
@@ -31,6 +32,13 @@ from rbzarr.writer import DEFAULT_TIMEOUT
 __all__ = ["DEFAULT_FORMAT", "BufferBase"]
 
 DEFAULT_FORMAT = "zarr"
+
+
+def _materialize(lock: threading.RLock, cache: SlotCache, trajectory_id: int) -> None:
+    """Writer thread: the store holds the trajectory; the cache copies its rows now (if it
+    still keeps them) and stops sharing the writer's copy, which can then be freed."""
+    with lock:
+        cache.materialize(trajectory_id)
 
 
 class BufferBase:
@@ -112,6 +120,8 @@ class BufferBase:
                 self._layout(location, self.trajectory_format),
                 max_pending_writes=max_pending_writes,
                 metadata={"seed": seed},
+                # Not a bound method: the writer would keep the whole buffer alive.
+                on_committed=functools.partial(_materialize, self._lock, self._cache),
             )
         self._schema: Schema | None = None if self._store is None else self._store.stored_schema
         self._index = TrajectoryIndex(trajectory_counter=self._first_free_id())

@@ -4,6 +4,12 @@ Every key has one tensor ``[slots, max_rows, ...]``; a trajectory occupies one s
 of cached rows is then one ``index_select`` per key over the flattened slot tensor, whatever
 the mix of trajectories.  Slots are allocated lazily and grow (in count up to the capacity,
 and in rows when a longer trajectory arrives).
+
+A trajectory the store writer holds a private copy of is cached *shared*
+(:meth:`SlotCache.put_shared`): it takes its place in the FIFO order at once, and its rows are
+copied into a slot only when the writer is done with that copy (:meth:`SlotCache.materialize`)
+or when they are first read, whichever comes first.  One that is evicted before either is
+never copied, and ``add_trajectories`` copies each trajectory once, not twice.
 """
 
 from __future__ import annotations
@@ -13,11 +19,16 @@ from typing import Any
 
 import torch
 
+from rbzarr.dtypes import dtype_name
 from rbzarr.errors import InvalidTrajectoryError
 from rbzarr.flat_view import Residue, join_trajectory
-from rbzarr.trajectory import Trajectory
+from rbzarr.trajectory import Schema, Trajectory
+from rbzarr.validated import ValidatedTrajectory
 
 __all__ = ["SlotCache"]
+
+# The slot of a shared trajectory whose rows are not copied into the slots yet.
+_NOT_COPIED = -1
 
 
 class SlotCache:
@@ -41,7 +52,10 @@ class SlotCache:
         if capacity is not None and capacity < 0:
             raise ValueError(f"cache capacity must be >= 0 or None, got {capacity}")
         self.capacity = capacity
-        self._slot_of: OrderedDict[int, int] = OrderedDict()  # id -> slot, insertion order
+        # id -> slot (_NOT_COPIED while shared), insertion order
+        self._slot_of: OrderedDict[int, int] = OrderedDict()
+        self._shared: dict[int, ValidatedTrajectory] = {}  # ids whose rows are not copied yet
+        self._schema: Schema | None = None  # what the slots hold, from the first trajectory
         self._rows: dict[int, int] = {}
         self._residues: dict[int, Residue] = {}
         self._width: dict[int, int] = {}  # id -> B, to rebuild raw trajectories
@@ -66,7 +80,7 @@ class SlotCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes allocated for slots."""
+        """Bytes allocated for slots (a shared trajectory not copied yet takes none)."""
         return sum(t.numel() * t.element_size() for t in self._storage.values())
 
     @property
@@ -74,33 +88,33 @@ class SlotCache:
         """Whether the cache keeps anything (its capacity is not 0)."""
         return self.capacity != 0
 
-    def check(self, flat: dict[str, torch.Tensor]) -> None:
-        """Raise :class:`InvalidTrajectoryError` if ``flat`` does not fit the slots' schema.
+    def check(self, schema: Schema) -> None:
+        """Refuse rows of ``schema`` that do not fit the slots.
 
         Keys are matched by name, whatever their order.  An empty cache accepts anything.
 
         Parameters
         ----------
-        flat
-            A trajectory's ``[T*B, ...]`` rows by flat key.
+        schema
+            Each key's dtype name and trailing shape.
 
         Raises
         ------
         InvalidTrajectoryError
             The keys differ from the cached ones, or a key's dtype or row shape differs.
         """
-        if not self._storage:
+        if self._schema is None:
             return
-        if set(flat) != set(self._storage):
+        if set(schema) != set(self._schema):
             raise InvalidTrajectoryError(
-                f"cache schema mismatch: expected keys {list(self._storage)}, got {list(flat)}"
+                f"cache schema mismatch: expected keys {list(self._schema)}, got {list(schema)}"
             )
-        for key, rows in flat.items():
-            slots = self._storage[key]
-            if rows.dtype != slots.dtype or rows.shape[1:] != slots.shape[2:]:
+        for key, (dtype, shape) in schema.items():
+            held, held_shape = self._schema[key]
+            if (dtype, tuple(shape)) != (held, tuple(held_shape)):
                 raise InvalidTrajectoryError(
-                    f"field {key!r}: cache holds {slots.dtype} rows of shape "
-                    f"{tuple(slots.shape[2:])}, got {rows.dtype} {tuple(rows.shape[1:])}"
+                    f"field {key!r}: cache holds {held} rows of shape {tuple(held_shape)}, "
+                    f"got {dtype} {tuple(shape)}"
                 )
 
     def put(
@@ -133,12 +147,80 @@ class SlotCache:
         """
         if not self.enabled:
             return []
-        self.check(flat)
-        rows = int(next(iter(flat.values())).shape[0])
+        schema = {
+            key: (dtype_name(rows.dtype), tuple(rows.shape[1:])) for key, rows in flat.items()
+        }
+        self.check(schema)
+        evicted = self._make_room(schema)
+        self._copy_in(trajectory_id, flat, residue, width)
+        return evicted
+
+    def put_shared(self, trajectory_id: int, trajectory: ValidatedTrajectory) -> list[int]:
+        """Cache ``trajectory`` without copying it yet; return the ids evicted to make room.
+
+        Its tensors must be a private copy that nobody changes (the store writer's): its rows
+        are copied into a slot by :meth:`materialize` or when first read.  A disabled cache
+        (capacity 0) keeps nothing.
+
+        Parameters
+        ----------
+        trajectory_id
+            The id to cache the trajectory under.
+        trajectory
+            The validated trajectory; the cache keeps a reference, not a copy, until its rows
+            are copied.
+
+        Returns
+        -------
+        list of int
+            The ids evicted (oldest first) to stay within the capacity.
+
+        Raises
+        ------
+        InvalidTrajectoryError
+            Its schema does not fit the cached one (see :meth:`check`).
+        """
+        if not self.enabled:
+            return []
+        self.check(trajectory.spec.schema)
+        evicted = self._make_room(trajectory.spec.schema)
+        self._slot_of[trajectory_id] = _NOT_COPIED
+        self._shared[trajectory_id] = trajectory
+        return evicted
+
+    def materialize(self, trajectory_id: int) -> None:
+        """Copy the rows of a shared trajectory into its slot (nothing if there are none).
+
+        The cache then no longer refers to the shared tensors.
+
+        Parameters
+        ----------
+        trajectory_id
+            A cached id; one whose rows are copied already, or not cached, is left alone.
+        """
+        trajectory = self._shared.pop(trajectory_id, None)
+        if trajectory is not None:
+            self._copy_in(trajectory_id, trajectory.flat, trajectory.residue, trajectory.spec.B)
+
+    def _materialize_all(self, trajectory_ids: list[int]) -> None:
+        for trajectory_id in [i for i in trajectory_ids if i in self._shared]:
+            self.materialize(trajectory_id)
+
+    def _make_room(self, schema: Schema) -> list[int]:
+        """Evict the oldest until one more trajectory fits; remember the first schema."""
+        if self._schema is None:
+            self._schema = dict(schema)
         evicted: list[int] = []
         if self.capacity is not None:
             while len(self._slot_of) >= self.capacity:
                 evicted.append(self._evict_oldest())
+        return evicted
+
+    def _copy_in(
+        self, trajectory_id: int, flat: dict[str, torch.Tensor], residue: Residue, width: int
+    ) -> None:
+        """Copy ``flat`` into a free slot (an id already listed keeps its FIFO place)."""
+        rows = int(next(iter(flat.values())).shape[0])
         slot = self._claim_slot(flat, rows)
         for key, slots in self._storage.items():
             slots[slot, :rows].copy_(flat[key])
@@ -146,26 +228,27 @@ class SlotCache:
         self._rows[trajectory_id] = rows
         self._residues[trajectory_id] = _copy_residue(residue)
         self._width[trajectory_id] = width
-        return evicted
 
     def _evict_oldest(self) -> int:
         oldest, slot = self._slot_of.popitem(last=False)
+        if slot == _NOT_COPIED:
+            del self._shared[oldest]
+            return oldest
         del self._rows[oldest], self._residues[oldest], self._width[oldest]
         self._free.append(slot)
         return oldest
 
     def _claim_slot(self, flat: dict[str, torch.Tensor], rows: int) -> int:
-        if self._free:
-            slots = next(iter(self._storage.values())).shape[0]
-            self._grow(slots, max(rows, self._max_rows), flat)
-            return self._free.pop()
-        used = len(self._slot_of)
-        wanted = max(1, used * 2)
-        if self.capacity is not None:
-            wanted = min(wanted, self.capacity)
-        self._grow(wanted, max(rows, self._max_rows), flat)
-        self._free.extend(range(wanted - 1, used, -1))
-        return used
+        allocated = next(iter(self._storage.values())).shape[0] if self._storage else 0
+        if not self._free:
+            # Every allocated slot is taken: double them (up to the capacity).
+            wanted = max(1, allocated * 2)
+            if self.capacity is not None:
+                wanted = min(wanted, self.capacity)
+            self._free.extend(range(wanted - 1, allocated - 1, -1))
+            allocated = wanted
+        self._grow(allocated, max(rows, self._max_rows), flat)
+        return self._free.pop()
 
     @property
     def _max_rows(self) -> int:
@@ -184,6 +267,8 @@ class SlotCache:
     def slots(self, trajectory_ids: list[int]) -> torch.Tensor:
         """The slot of each id (``-1`` where not cached), as an int64 tensor.
 
+        Shared trajectories among ``trajectory_ids`` are copied into their slots first.
+
         Parameters
         ----------
         trajectory_ids
@@ -194,6 +279,7 @@ class SlotCache:
         torch.Tensor
             1-D ``int64``, one slot per id in the order given.
         """
+        self._materialize_all(trajectory_ids)
         return torch.tensor([self._slot_of.get(i, -1) for i in trajectory_ids], dtype=torch.int64)
 
     def gather(self, slots: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -232,6 +318,7 @@ class SlotCache:
         Trajectory
             With its reset rows, unsampled fields and scalars restored.
         """
+        self.materialize(trajectory_id)
         slot, rows = self._slot_of[trajectory_id], self._rows[trajectory_id]
         flat = {key: slots[slot, :rows].clone() for key, slots in self._storage.items()}
         return join_trajectory(flat, self._residues[trajectory_id], self._width[trajectory_id])
@@ -245,6 +332,7 @@ class SlotCache:
             ``{"capacity": int or None, "trajectories": [(id, flat rows, residue, B), ...]}``;
             the tensors are copies.
         """
+        self._materialize_all(list(self._shared))
         trajectories = []
         for trajectory_id, slot in self._slot_of.items():
             rows = self._rows[trajectory_id]
@@ -269,6 +357,8 @@ class SlotCache:
     def clear(self) -> None:
         """Drop every trajectory and free the slots."""
         self._slot_of.clear()
+        self._shared.clear()
+        self._schema = None
         self._rows.clear()
         self._residues.clear()
         self._width.clear()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -45,6 +45,9 @@ class StoreWriter:
         Bound of the write queue (see :class:`~rbzarr.writer.BackgroundWriter`).
     metadata
         Extra ``metadata.json`` keys (seed, schema, ...); see :meth:`set_metadata`.
+    on_committed
+        Called on the writer thread with each trajectory's id once it is committed and the
+        writer no longer holds its in-memory copy (holding none of this object's locks).
 
     Raises
     ------
@@ -58,8 +61,10 @@ class StoreWriter:
         *,
         max_pending_writes: int = 8,
         metadata: Mapping[str, Any] | None = None,
+        on_committed: Callable[[int], None] | None = None,
     ) -> None:
         self.layout = layout
+        self._on_committed = on_committed
         self._writer = BackgroundWriter(max_pending=max_pending_writes, target=layout.location.url)
         self._lock = threading.Lock()
         self._metadata = dict(metadata or {})
@@ -256,6 +261,8 @@ class StoreWriter:
             documents = committed.to_documents(self.layout.format, self._metadata)
         if last:
             self.layout.write_documents(documents)
+        if self._on_committed is not None:
+            self._on_committed(trajectory_id)
 
     def copy_to(self, target: TrajectoryLayout, entry: Entry) -> None:
         """Copy one trajectory into ``target`` (a checkpoint), whether committed or not.

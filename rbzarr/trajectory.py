@@ -257,6 +257,11 @@ def validate(traj: object, schema: Schema | None = None) -> TrajectorySpec:
             raise InvalidTrajectoryError(
                 f"field {path!r}: expected a torch.Tensor, got {type(value).__name__}"
             )
+        if value.layout != torch.strided:
+            # Refused here, not later: the flat view is split off after add_trajectories.
+            raise InvalidTrajectoryError(
+                f"field {path!r}: expected a dense (strided) tensor, got layout {value.layout}"
+            )
     ref_name, ref = _reference(fields)
     if ref.dim() < 2:
         raise InvalidTrajectoryError(

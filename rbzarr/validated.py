@@ -8,6 +8,7 @@ validates or flattens it again.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +39,12 @@ def clone_trajectory(trajectory: Trajectory) -> Trajectory:
     Trajectory
         Same fields and scalars, sharing no memory with ``trajectory``.
     """
-    fields = {key: value.detach().clone() for key, value in trajectory.tensors().items()}
+    # One torch call per tensor: each call may wait for the GIL while the writer thread runs,
+    # so a tensor that autograd does not track is not detached first (nothing to detach).
+    fields = {
+        key: (value.detach() if value.requires_grad else value).clone()
+        for key, value in trajectory.tensors().items()
+    }
     return trajectory_from_raw(fields, trajectory.max_episode_length, trajectory.model_weights_id)
 
 
@@ -47,7 +53,8 @@ class ValidatedTrajectory:
     """A validated trajectory: raw rows, what validation learnt, and the flat view.
 
     Build one with :meth:`check`.  ``flat`` and ``residue`` share memory with
-    ``trajectory``.
+    ``trajectory``.  They are split off on first use, not on ``add_trajectories``: with
+    ``auto_save`` the cache and the writer thread use them after the call has returned.
 
     Parameters
     ----------
@@ -55,22 +62,30 @@ class ValidatedTrajectory:
         The raw rows as added (or their copy), reset rows included.
     spec
         What validation learnt: ``T``, ``B`` and the schema.
-    flat
-        The ``[T*B, ...]`` view of every per-step field, keys in schema order.
-    residue
-        What the flat view leaves out: reset rows, unsampled fields and the scalars.
     """
 
     trajectory: Trajectory
     spec: TrajectorySpec
-    flat: dict[str, torch.Tensor]
-    residue: Residue
+
+    @functools.cached_property
+    def _split(self) -> tuple[dict[str, torch.Tensor], Residue]:
+        return split_trajectory(self.trajectory, self.spec)
+
+    @property
+    def flat(self) -> dict[str, torch.Tensor]:
+        """The ``[T*B, ...]`` rows of every sampled field, in schema order, reset rows dropped."""
+        return self._split[0]
+
+    @property
+    def residue(self) -> Residue:
+        """What :attr:`flat` leaves out (reset rows, unsampled fields, scalars)."""
+        return self._split[1]
 
     @classmethod
     def check(
         cls, trajectory: object, schema: Schema | None = None, *, copy: bool = False
     ) -> ValidatedTrajectory:
-        """Validate ``trajectory`` against ``schema`` and split it, optionally copying first.
+        """Validate ``trajectory`` against ``schema``, optionally copying it first.
 
         Parameters
         ----------
@@ -96,9 +111,8 @@ class ValidatedTrajectory:
         spec = validate(trajectory, schema)
         if copy:
             trajectory = clone_trajectory(trajectory)
-        flat, residue = split_trajectory(trajectory, spec)
-        order = spec.schema if schema is None else schema
-        return cls(trajectory, spec, {key: flat[key] for key in order}, residue)
+        # validate() lists the schema in ``schema``'s order, and the split follows it.
+        return cls(trajectory, spec)
 
 
 def rows_to_write(trajectory: Trajectory | ValidatedTrajectory) -> Trajectory:

@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 import zarr
-from conftest import assert_rows_consistent, make_trajectory
+from conftest import assert_rows_consistent, assert_same_trajectory, make_trajectory
 
 from rbzarr import (
     BufferClosedError,
@@ -17,6 +17,8 @@ from rbzarr import (
     Trajectory,
     TrajectoryReplayBuffer,
 )
+from rbzarr.storage.registry import open_store
+from rbzarr.validated import clone_trajectory
 
 
 def state(buffer: TrajectoryReplayBuffer) -> tuple:
@@ -106,6 +108,67 @@ def test_caller_may_mutate_tensors_after_add(tmp_path):
         tensor.fill_(77)
     buffer.flush()
     assert set(assert_rows_consistent(buffer.sample(64)).tolist()) <= set(range(6))
+    buffer.close()
+
+
+@pytest.mark.parametrize("auto_save", [False, True])
+def test_a_sparse_field_is_refused_before_anything_changes(tmp_path, auto_save):
+    options = {"auto_save_path": tmp_path / "s"} if auto_save else {}
+    buffer = TrajectoryReplayBuffer(auto_save=auto_save, seed=1, **options)
+    buffer.add_trajectories([make_trajectory(2, 2, 0)])
+    buffer.flush()
+    before = state(buffer)
+    sparse = make_trajectory(2, 2, 4)
+    sparse.rewards = sparse.rewards.to_sparse()
+    message = r"trajectory 1 of this call: field 'rewards': expected a dense \(strided\) tensor"
+    with pytest.raises(InvalidTrajectoryError, match=message):
+        buffer.add_trajectories([make_trajectory(2, 2, 8), sparse])
+    buffer.flush()
+    assert state(buffer) == before
+    buffer.close()
+
+
+def test_the_cache_shares_the_writers_copy_not_the_callers_tensors(tmp_path):
+    """One copy per add: the cache takes its rows from the writer's copy, never from the
+    caller's tensors, and holds them itself once the write committed."""
+    buffer = TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=tmp_path / "s", cache_size=2, sample_window_size=2, seed=3
+    )
+    added = [make_trajectory(3, 2, 0), make_trajectory(3, 2, 6)]
+    kept = [clone_trajectory(t) for t in added]
+    buffer.add_trajectories(added)
+    for trajectory in added:
+        for tensor in trajectory.tensors().values():
+            tensor.fill_(77)
+    assert set(assert_rows_consistent(buffer.sample(64)).tolist()) <= set(range(12))
+    buffer.flush()
+    assert buffer.get_stats()["cache_bytes"] > 0  # copied into the slots on commit
+    seen: set[int] = set()
+    for _ in range(10):
+        seen |= set(assert_rows_consistent(buffer.sample(64)).tolist())
+    assert seen == set(range(12))
+    layout, documents = open_store(tmp_path / "s")
+    entries = documents.trajectory_index["trajectory_index"]
+    for trajectory_id, want in enumerate(kept):
+        assert_same_trajectory(buffer.trajectory(trajectory_id), want)
+        assert_same_trajectory(layout.read(entries[str(trajectory_id)]), want)
+    buffer.close()
+
+
+def test_trajectories_evicted_before_their_write_commits_are_still_sampled(tmp_path):
+    buffer = TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=tmp_path / "s", cache_size=1, sample_window_size=3, seed=5
+    )
+    # One call: the first two leave the cache before any of the three is written.
+    buffer.add_trajectories([make_trajectory(2, 3, 6 * k) for k in range(3)])
+    seen: set[int] = set()
+    for _ in range(10):
+        seen |= set(assert_rows_consistent(buffer.sample(64)).tolist())
+    buffer.flush()
+    for _ in range(10):
+        seen |= set(assert_rows_consistent(buffer.sample(64)).tolist())
+    assert seen == set(range(18))
+    assert buffer.get_stats()["cache_size"] == 1
     buffer.close()
 
 
