@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
 import multiprocessing
+import os
 import struct
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,7 @@ from zarr.codecs import ZstdCodec
 
 from rbzarr import CorruptStoreError, TrajectoryReplayBuffer
 from rbzarr.analysis import open_buffer
+from rbzarr.bench.page_cache import evict
 from rbzarr.dtypes import to_numpy
 from rbzarr.storage import shard_format
 from rbzarr.storage.location import Location
@@ -189,6 +194,43 @@ def test_rewritten_trajectory_is_not_read_through_a_stale_map(tmp_path: Path) ->
     layout.write(entry, second)  # same id and uuid
     got = layout.read_rows(entry, rows, ["prev_logprobs"])["prev_logprobs"]
     assert got.tolist() == [500, 507, 511]
+
+
+def _resident_pages(path: Path) -> int:
+    """Pages of ``path`` in the page cache (``mincore`` of a fresh shared mapping)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, *[ctypes.c_int] * 3, ctypes.c_long]
+    size, pages = path.stat().st_size, -(-path.stat().st_size // mmap.PAGESIZE)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        vector = (ctypes.c_ubyte * pages)()
+        assert libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(size), vector) == 0
+        libc.munmap(ctypes.c_void_p(address), ctypes.c_size_t(size))
+    finally:
+        os.close(fd)
+    return sum(v & 1 for v in vector)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="page-cache residency is Linux's mincore")
+def test_a_cold_small_row_reads_its_own_page_not_its_whole_shard(tmp_path: Path) -> None:
+    # Without MADV_RANDOM a fault on a mapped shard reads the kernel's read-around window
+    # (read_ahead_kb, up to MiBs), so one 24-byte row read its whole 96 KiB shard.
+    layout = ZarrLayout(Location.from_url(tmp_path))
+    trajectory = make_trajectory(64, 64, 0)
+    entry = _entry(trajectory)
+    layout.write(entry, trajectory)
+    path = shard(tmp_path, tid=0)
+    rows = torch.tensor([2049])
+    assert layout.read_rows(entry, rows, [KEY])[KEY][0, 0].item() == 2049  # maps it
+    evict([tmp_path], whole_cache=False)
+    if _resident_pages(path) != 0:
+        pytest.skip("this filesystem keeps the shard cached after posix_fadvise(DONTNEED)")
+    got = layout.read_rows(entry, torch.tensor([2050]), [KEY])[KEY]
+    assert got[0].tolist() == [2050.0] * 3
+    resident, pages = _resident_pages(path), -(-path.stat().st_size // mmap.PAGESIZE)
+    assert resident <= 2, f"one row read {resident} of its shard's {pages} pages"
 
 
 def _sample_in_child(store: str, queue: Any) -> None:
