@@ -80,8 +80,18 @@ class SlotCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes allocated for slots (a shared trajectory not copied yet takes none)."""
-        return sum(t.numel() * t.element_size() for t in self._storage.values())
+        """Bytes the cache holds: its slots, plus the tensors of shared trajectories.
+
+        A shared trajectory's tensors are the writer's copy until its commit; counted here,
+        since the cache may keep them alive after it.
+        """
+        slots = sum(t.numel() * t.element_size() for t in self._storage.values())
+        shared = sum(
+            value.numel() * value.element_size()
+            for trajectory in self._shared.values()
+            for value in trajectory.trajectory.tensors().values()
+        )
+        return slots + shared
 
     @property
     def enabled(self) -> bool:
@@ -103,14 +113,15 @@ class SlotCache:
         InvalidTrajectoryError
             The keys differ from the cached ones, or a key's dtype or row shape differs.
         """
-        if self._schema is None:
+        expected = self._schema  # read once: release() may reset it from another thread
+        if expected is None:
             return
-        if set(schema) != set(self._schema):
+        if set(schema) != set(expected):
             raise InvalidTrajectoryError(
-                f"cache schema mismatch: expected keys {list(self._schema)}, got {list(schema)}"
+                f"cache schema mismatch: expected keys {list(expected)}, got {list(schema)}"
             )
         for key, (dtype, shape) in schema.items():
-            held, held_shape = self._schema[key]
+            held, held_shape = expected[key]
             if (dtype, tuple(shape)) != (held, tuple(held_shape)):
                 raise InvalidTrajectoryError(
                     f"field {key!r}: cache holds {held} rows of shape {tuple(held_shape)}, "
@@ -198,9 +209,11 @@ class SlotCache:
         trajectory_id
             A cached id; one whose rows are copied already, or not cached, is left alone.
         """
-        trajectory = self._shared.pop(trajectory_id, None)
+        trajectory = self._shared.get(trajectory_id)
         if trajectory is not None:
+            # Stop sharing only once copied: a failed copy leaves a consistent shared entry.
             self._copy_in(trajectory_id, trajectory.flat, trajectory.residue, trajectory.spec.B)
+            del self._shared[trajectory_id]
 
     def _materialize_all(self, trajectory_ids: list[int]) -> None:
         for trajectory_id in [i for i in trajectory_ids if i in self._shared]:
@@ -232,7 +245,7 @@ class SlotCache:
     def _evict_oldest(self) -> int:
         oldest, slot = self._slot_of.popitem(last=False)
         if slot == _NOT_COPIED:
-            del self._shared[oldest]
+            self._shared.pop(oldest, None)
             return oldest
         del self._rows[oldest], self._residues[oldest], self._width[oldest]
         self._free.append(slot)

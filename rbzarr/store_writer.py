@@ -13,6 +13,7 @@ trajectory never gets the id of data already in the store.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -48,7 +49,8 @@ class StoreWriter:
     on_committed
         Called on the writer thread with each trajectory's id once it is committed and the
         writer no longer holds its in-memory copy (holding none of this object's locks); it
-        must not block, or the writes behind it wait.
+        must not block, or the writes behind it wait.  What it raises is ignored: the commit
+        stands.
 
     Raises
     ------
@@ -263,7 +265,10 @@ class StoreWriter:
         if last:
             self.layout.write_documents(documents)
         if self._on_committed is not None:
-            self._on_committed(trajectory_id)
+            # The commit stands whatever the callback does: a failure must not make the
+            # writer retry (and rewrite) a trajectory that is already listed.
+            with contextlib.suppress(Exception):
+                self._on_committed(trajectory_id)
 
     def copy_to(self, target: TrajectoryLayout, entry: Entry) -> None:
         """Copy one trajectory into ``target`` (a checkpoint), whether committed or not.

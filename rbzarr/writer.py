@@ -316,10 +316,15 @@ class BackgroundWriter:
                     self._running = False
                     return
                 task = self._tasks[0]
+            failure: Exception | None = None
             try:
                 task()
             except Exception as exc:  # kept, reported by flush/close, and retried
-                if not self._record_failure(exc):
+                failure = exc
+            # The thread waits for the next task: it must not keep this one's objects alive.
+            del task
+            if failure is not None:
+                if not self._record_failure(failure):
                     return
                 continue
             with self._cond:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 
@@ -17,8 +18,12 @@ from rbzarr import (
     Trajectory,
     TrajectoryReplayBuffer,
 )
-from rbzarr.storage.registry import open_store
-from rbzarr.validated import clone_trajectory
+from rbzarr.cache import SlotCache
+from rbzarr.index import TrajectoryIndex
+from rbzarr.storage.location import Location
+from rbzarr.storage.registry import layout_class, open_store
+from rbzarr.store_writer import StoreWriter
+from rbzarr.validated import ValidatedTrajectory, clone_trajectory
 
 
 def state(buffer: TrajectoryReplayBuffer) -> tuple:
@@ -279,3 +284,47 @@ def test_stats_and_readiness():
     stats = buffer.get_stats()
     assert (stats["num_trajectories"], stats["total_samples"], stats["cache_size"]) == (2, 10, 2)
     assert buffer.is_ready(2) and not buffer.is_ready(3)
+
+
+def test_a_buffer_dropped_without_close_frees_its_cache(tmp_path):
+    def live_caches() -> int:
+        gc.collect()
+        return sum(type(o) is SlotCache for o in gc.get_objects())
+
+    before = live_caches()
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "s", cache_size=4)
+    buffer.add_trajectories([make_trajectory(4, 3, 0), make_trajectory(4, 3, 12)])
+    buffer.flush()  # the writer thread now waits for work: it must not hold the last task
+    assert live_caches() == before + 1
+    del buffer
+    assert live_caches() == before
+
+
+def test_a_failing_commit_callback_neither_fails_nor_repeats_the_commit(tmp_path, monkeypatch):
+    layout_type = layout_class("zarr")
+    original = layout_type.write
+    writes: list[int] = []
+
+    def counted(layout, entry, trajectory) -> None:
+        writes.append(int(entry["trajectory_id"]))
+        original(layout, entry, trajectory)
+
+    def failing_callback(trajectory_id: int) -> None:
+        raise MemoryError(f"no room to copy trajectory {trajectory_id}")
+
+    monkeypatch.setattr(layout_type, "write", counted)
+    layout = layout_type(Location.from_url(tmp_path / "s"))
+    writer = StoreWriter(layout, on_committed=failing_callback)
+    trajectory = ValidatedTrajectory.check(make_trajectory(4, 3, 0), None, copy=True)
+    raw = trajectory.trajectory
+    entry = TrajectoryIndex().new_entry(
+        trajectory.spec.shape, raw.max_episode_length, raw.model_weights_id
+    )
+    writer.submit([(entry, trajectory)])
+    writer.close()
+    assert writes == [0]
+    layout, documents = open_store(tmp_path / "s")
+    assert documents.trajectory_index["trajectory_id_list"] == [0]
+    assert_same_trajectory(
+        layout.read(documents.trajectory_index["trajectory_index"]["0"]), trajectory.trajectory
+    )
