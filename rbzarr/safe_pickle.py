@@ -95,13 +95,14 @@ def _rebuild_tensor_v2(
     """
     if backward_hooks:
         raise ValueError("a pickled tensor with backward hooks")
-    unknown = set(metadata or {}) - {"conj", "neg"}
+    flags = metadata or {}
+    unknown = set(flags) - {"conj", "neg"}
     if unknown:
         raise ValueError(f"a pickled tensor with unsupported metadata {sorted(unknown)}")
     tensor = _rebuild_tensor(storage, offset, size, stride)
-    if (metadata or {}).get("conj"):
+    if flags.get("conj"):
         tensor = tensor.conj()
-    if (metadata or {}).get("neg"):
+    if flags.get("neg"):
         tensor = tensor.neg()
     tensor.requires_grad = bool(requires_grad)
     return tensor
