@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from rbzarr.cli import main
+from rbzarr.cli.main import main
 
 if __name__ == "__main__":
     main(["bench", "--suites", "sampling", *sys.argv[1:]], prog_name="bench_sampling.py")

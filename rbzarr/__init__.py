@@ -5,11 +5,16 @@ sampled batches and checkpoint files, on a Zarr storage engine that reads only t
 holding sampled rows, on local disk or any fsspec URL (``s3://bucket/prefix``).
 """
 
-from rbzarr.analysis import open_buffer
-from rbzarr.buffer import TrajectoryReplayBuffer
-from rbzarr.channel import Channel
-from rbzarr.collector import TrajectoryCollector, split
-from rbzarr.data import ReplayDataset, ReplayLoader
+from rbzarr.analysis.export import export_store
+from rbzarr.analysis.view import open_buffer
+from rbzarr.buffer.buffer import TrajectoryReplayBuffer
+from rbzarr.data.datasets import ReplayDataset, ReplayLoader
+from rbzarr.data.rlinf_datasets import (
+    PreloadReplayBufferDataset,
+    ReplayBufferDataset,
+    replay_buffer_collate_fn,
+)
+from rbzarr.data.rlinf_stores import PriorityStore, TrajectoryCache
 from rbzarr.errors import (
     BufferClosedError,
     ChannelClosedError,
@@ -28,14 +33,9 @@ from rbzarr.errors import (
     WorkerProcessError,
     WriterFailedError,
 )
-from rbzarr.export import export_store
-from rbzarr.rlinf_datasets import (
-    PreloadReplayBufferDataset,
-    ReplayBufferDataset,
-    replay_buffer_collate_fn,
-)
-from rbzarr.rlinf_stores import PriorityStore, TrajectoryCache
-from rbzarr.trajectory import Trajectory
+from rbzarr.rollout.channel import Channel
+from rbzarr.rollout.collector import TrajectoryCollector, split
+from rbzarr.trajectory.model import Trajectory
 
 __all__ = [
     "BufferClosedError",

@@ -1,6 +1,6 @@
 """``python -m rbzarr``: the same command line as the ``rbzarr`` script."""
 
-from rbzarr.cli import main
+from rbzarr.cli.main import main
 
 if __name__ == "__main__":
     main(prog_name="rbzarr")

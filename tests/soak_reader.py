@@ -20,7 +20,7 @@ from crash_writer import expected_trajectory
 
 from rbzarr.storage.documents import read_documents
 from rbzarr.storage.location import Location
-from rbzarr.storage.zarr_layout import ZarrLayout
+from rbzarr.storage.zarr.layout import ZarrLayout
 
 
 def main(store: str, final: int) -> None:

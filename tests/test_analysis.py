@@ -15,11 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rbzarr import CheckpointNotFoundError, EmptyBufferError, Trajectory, TrajectoryReplayBuffer
-from rbzarr.analysis import open_buffer
-from rbzarr.cli import main
-from rbzarr.episodes import episode_segments
-from rbzarr.plotting import plot_store
-from rbzarr.stats import RunningStats, compute_stats
+from rbzarr.analysis.episodes import episode_segments
+from rbzarr.analysis.plotting import plot_store
+from rbzarr.analysis.stats import RunningStats, compute_stats
+from rbzarr.analysis.view import open_buffer
+from rbzarr.cli.main import main
 
 
 def build(path, fmt: str, trajectories: list[Trajectory]) -> str:

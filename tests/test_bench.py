@@ -28,8 +28,8 @@ from rbzarr import bench
 from rbzarr.bench.accounting import StoreGeometry, coalesce
 from rbzarr.bench.report import aligned, target
 from rbzarr.bench.torchrl_peer import torchrl_missing
-from rbzarr.cli import main
-from rbzarr.trajectory import validate
+from rbzarr.cli.main import main
+from rbzarr.trajectory.model import validate
 
 STATS = {"calls", "rows_s", "mb_s", "p50_ms", "p99_ms"}
 TORCHRL_TARGETS = {

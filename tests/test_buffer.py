@@ -18,12 +18,12 @@ from rbzarr import (
     Trajectory,
     TrajectoryReplayBuffer,
 )
-from rbzarr.cache import SlotCache
-from rbzarr.index import TrajectoryIndex
+from rbzarr.buffer.cache import SlotCache
+from rbzarr.buffer.commits import StoreWriter
+from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class, open_store
-from rbzarr.store_writer import StoreWriter
-from rbzarr.validated import ValidatedTrajectory, clone_trajectory
+from rbzarr.trajectory.validated import ValidatedTrajectory, clone_trajectory
 
 
 def state(buffer: TrajectoryReplayBuffer) -> tuple:

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.multiprocessing as torch_mp
 
-from rbzarr.channel import Channel
 from rbzarr.errors import ChannelClosedError, ChannelTimeoutError, RbzarrError
-from rbzarr.trajectory import Trajectory
+from rbzarr.rollout.channel import Channel
+from rbzarr.trajectory.model import Trajectory
 
 BACKENDS = [
     pytest.param({"backend": "thread"}, id="thread"),

@@ -16,12 +16,12 @@ from rbzarr import (
     Trajectory,
     TrajectoryReplayBuffer,
     WriterFailedError,
-    tree,
 )
 from rbzarr.storage.documents import Documents, read_documents
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
+from rbzarr.trajectory import tree
 
 FORMATS = ["zarr", "pt", "pkl"]
 T, B = 2, 3

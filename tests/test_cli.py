@@ -13,7 +13,7 @@ import torch
 from conftest import make_trajectory
 
 from rbzarr import TrajectoryReplayBuffer
-from rbzarr.analysis import open_buffer
+from rbzarr.analysis.view import open_buffer
 
 TRAJECTORIES = [
     make_trajectory(4, 2, 0, epochs=2),

@@ -10,10 +10,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rbzarr.collector import TrajectoryCollector, max_episode_length, model_weights_id, split
 from rbzarr.errors import InvalidTrajectoryError
-from rbzarr.flat_view import flatten_trajectory
-from rbzarr.trajectory import Trajectory, validate
+from rbzarr.rollout.collector import (
+    TrajectoryCollector,
+    max_episode_length,
+    model_weights_id,
+    split,
+)
+from rbzarr.trajectory.flat_view import flatten_trajectory
+from rbzarr.trajectory.model import Trajectory, validate
 
 B = 3
 

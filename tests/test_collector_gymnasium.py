@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from rbzarr import TrajectoryReplayBuffer
-from rbzarr.collector import TrajectoryCollector
 from rbzarr.errors import InvalidTrajectoryError
-from rbzarr.trajectory import Trajectory
+from rbzarr.rollout.collector import TrajectoryCollector
+from rbzarr.trajectory.model import Trajectory
 
 NUM_ENVS = 4
 STEPS = 40

@@ -25,11 +25,11 @@ from conftest import assert_rows_consistent
 from crash_writer import expected_trajectory
 
 from rbzarr import TrajectoryReplayBuffer, UncommittedWritesWarning
-from rbzarr.cli import main as cli_main
-from rbzarr.dtypes import to_numpy
+from rbzarr.analysis.verify import verify_store
+from rbzarr.cli.main import main as cli_main
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
-from rbzarr.verify import verify_store
+from rbzarr.trajectory.dtypes import to_numpy
 
 WORKER = Path(__file__).with_name("crash_writer.py")
 KILLS_PER_FORMAT = 26

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from rbzarr.data import ReplayDataset, concat_batches, derive_seed
+from rbzarr.data.datasets import ReplayDataset, concat_batches, derive_seed
 
 
 class CountingBuffer:

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from rbzarr import TrajectoryReplayBuffer, open_buffer
-from rbzarr.demo import DemoSettings, report, run_demo, write_learning_curve
-from rbzarr.dqn import QNetwork, dqn_update, greedy_return
+from rbzarr.demo.demo import DemoSettings, report, run_demo, write_learning_curve
+from rbzarr.demo.dqn import QNetwork, dqn_update, greedy_return
 
 
 @pytest.mark.timeout(120)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from rlinf_shapes import RLinfTrajectory, make_rlinf_trajectory
 
 from rbzarr import InvalidTrajectoryError, TrajectoryReplayBuffer
-from rbzarr.trajectory import as_trajectory
+from rbzarr.trajectory.model import as_trajectory
 
 MODES = ["memory", "zarr", "pt"]
 

@@ -11,7 +11,7 @@ from conftest import assert_rows_consistent, assert_same_trajectory, make_trajec
 from rlinf_shapes import make_rlinf_trajectory
 
 from rbzarr import TrajectoryReplayBuffer
-from rbzarr.trajectory import as_trajectory
+from rbzarr.trajectory.model import as_trajectory
 
 MODES = ["memory", "zarr", "pt", "pkl"]
 

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from rlinf_shapes import RLinfTrajectory, rlinf_copy
 
 from rbzarr import InvalidTrajectoryError, Trajectory
-from rbzarr.flat_view import join_trajectory, split_trajectory
-from rbzarr.trajectory import as_trajectory, validate
+from rbzarr.trajectory.flat_view import join_trajectory, split_trajectory
+from rbzarr.trajectory.model import as_trajectory, validate
 
 
 def test_fields_order_and_defaults_are_rlinfs():

@@ -20,7 +20,7 @@ from rbzarr import (  # was: from rlinf.data.storage.replay import (
     TrajectoryReplayBuffer,
     replay_buffer_collate_fn,
 )
-from rbzarr.trajectory import as_trajectory
+from rbzarr.trajectory.model import as_trajectory
 
 T, B = 4, 3
 

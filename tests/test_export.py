@@ -13,12 +13,12 @@ from conftest import assert_same_trajectory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rbzarr.analysis.export import export_store
+from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.errors import StoreExistsError
-from rbzarr.export import export_store
-from rbzarr.index import TrajectoryIndex
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class, open_store
-from rbzarr.trajectory import TENSOR_FIELDS, Trajectory, validate
+from rbzarr.trajectory.model import TENSOR_FIELDS, Trajectory, validate
 
 DTYPES = [torch.bool, torch.bfloat16, torch.float16, torch.int64, torch.uint8, torch.float32]
 

@@ -21,12 +21,12 @@ from rbzarr.errors import (
     UnsafePathError,
     UnsafePickleError,
 )
-from rbzarr.flat_view import flatten_trajectory
 from rbzarr.storage.file_layout import FileLayout, PklLayout, PtLayout
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
-from rbzarr.trajectory import Trajectory, validate
+from rbzarr.trajectory.flat_view import flatten_trajectory
+from rbzarr.trajectory.model import Trajectory, validate
 
 LAYOUTS = [PtLayout, PklLayout]
 

@@ -30,7 +30,7 @@ from rbzarr import (
     TrajectoryReplayBuffer,
     WriterFailedError,
 )
-from rbzarr.export import export_store
+from rbzarr.analysis.export import export_store
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import open_store
 

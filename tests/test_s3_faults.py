@@ -24,10 +24,10 @@ from conftest import make_trajectory
 from s3_server import S3Proxy
 
 from rbzarr import StorageUnavailableError, TrajectoryReplayBuffer
-from rbzarr.analysis import open_buffer
+from rbzarr.analysis.verify import verify_store
+from rbzarr.analysis.view import open_buffer
 from rbzarr.storage.backends import S3_DEFAULTS, with_s3_defaults
 from rbzarr.storage.location import Location
-from rbzarr.verify import verify_store
 
 pytestmark = pytest.mark.s3
 

@@ -7,10 +7,11 @@ import pytest
 import torch
 from conftest import assert_rows_consistent, make_trajectory
 
-from rbzarr import TrajectoryReplayBuffer, open_buffer, tree
-from rbzarr.analysis import BufferView
-from rbzarr.index import TrajectoryIndex
-from rbzarr.sampler import draw
+from rbzarr import TrajectoryReplayBuffer, open_buffer
+from rbzarr.analysis.view import BufferView
+from rbzarr.buffer.index import TrajectoryIndex
+from rbzarr.buffer.sampler import draw
+from rbzarr.trajectory import tree
 
 SIZES = [(4, 3), (2, 5), (6, 2), (3, 3), (5, 1), (1, 7), (8, 4)]
 

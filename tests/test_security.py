@@ -20,10 +20,10 @@ from rbzarr import (
     UnsafePathError,
     UnsafePickleError,
 )
-from rbzarr.analysis import open_buffer
+from rbzarr.analysis.verify import verify_store
+from rbzarr.analysis.view import open_buffer
 from rbzarr.storage.location import Location
 from rbzarr.storage.names import safe_name
-from rbzarr.verify import verify_store
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rbzarr import CheckpointNotFoundError, TrajectoryReplayBuffer
-from rbzarr.index import TrajectoryIndex, shard_bounds
+from rbzarr.buffer.index import TrajectoryIndex, shard_bounds
 from rbzarr.storage.documents import read_documents
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class

@@ -24,16 +24,16 @@ from hypothesis import strategies as st
 from zarr.codecs import ZstdCodec
 
 from rbzarr import CorruptStoreError, TrajectoryReplayBuffer
-from rbzarr.analysis import open_buffer
+from rbzarr.analysis.view import open_buffer
 from rbzarr.bench.page_cache import evict
-from rbzarr.dtypes import to_numpy
-from rbzarr.storage import shard_format
 from rbzarr.storage.location import Location
-from rbzarr.storage.shard_reader import decode_whole
-from rbzarr.storage.shard_spec import ArraySpec
-from rbzarr.storage.zarr_layout import ZarrLayout
-from rbzarr.storage.zarr_rows import reset_row_elements
-from rbzarr.trajectory import raw_time_rows
+from rbzarr.storage.zarr import shard_index as shard_format
+from rbzarr.storage.zarr.layout import ZarrLayout
+from rbzarr.storage.zarr.local import decode_whole
+from rbzarr.storage.zarr.rows import reset_row_elements
+from rbzarr.storage.zarr.spec import ArraySpec
+from rbzarr.trajectory.dtypes import to_numpy
+from rbzarr.trajectory.model import raw_time_rows
 
 pytestmark = pytest.mark.timeout(120)
 

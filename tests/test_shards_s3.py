@@ -14,8 +14,8 @@ from zarr.codecs import ZstdCodec
 
 from rbzarr import CorruptStoreError, TrajectoryReplayBuffer
 from rbzarr.storage.location import Location
-from rbzarr.storage.shard_remote import IOStats
-from rbzarr.storage.zarr_rows import reset_row_elements
+from rbzarr.storage.zarr.remote import IOStats
+from rbzarr.storage.zarr.rows import reset_row_elements
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(120)]
 

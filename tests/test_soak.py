@@ -18,7 +18,7 @@ from conftest import assert_rows_consistent
 from crash_writer import B, expected_trajectory
 
 from rbzarr import TrajectoryReplayBuffer
-from rbzarr.verify import verify_store
+from rbzarr.analysis.verify import verify_store
 
 COUNT = 80
 SAMPLERS = 3

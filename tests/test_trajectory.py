@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rbzarr import InvalidTrajectoryError, Trajectory
-from rbzarr.flat_view import flatten_trajectory, join_trajectory, split_trajectory
-from rbzarr.trajectory import raw_time_rows, validate
+from rbzarr.trajectory.flat_view import flatten_trajectory, join_trajectory, split_trajectory
+from rbzarr.trajectory.model import raw_time_rows, validate
 
 
 def test_flat_row_is_t_times_b_plus_b():

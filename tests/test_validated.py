@@ -9,7 +9,7 @@ from conftest import make_trajectory
 from rbzarr import InvalidTrajectoryError
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
-from rbzarr.validated import ValidatedTrajectory, rows_to_write
+from rbzarr.trajectory.validated import ValidatedTrajectory, rows_to_write
 
 
 def entry_of(validated: ValidatedTrajectory) -> dict:

@@ -14,7 +14,7 @@ import pytest
 from conftest import make_trajectory
 
 from rbzarr import CheckpointNotFoundError, TrajectoryReplayBuffer
-from rbzarr.verify import verify_store
+from rbzarr.analysis.verify import verify_store
 
 
 def build(path: Path, fmt: str, count: int = 3) -> Path:

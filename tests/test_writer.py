@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from rbzarr import BufferClosedError, UncommittedWritesWarning, WriterFailedError
-from rbzarr.writer import BackgroundWriter
+from rbzarr.buffer.background import BackgroundWriter
 
 
 def test_tasks_run_in_order():
@@ -127,7 +127,7 @@ def test_close_without_waiting_is_silent_when_everything_is_committed():
 
 
 LOST_AT_EXIT = """
-from rbzarr.writer import BackgroundWriter
+from rbzarr.buffer.background import BackgroundWriter
 def fail():
     raise OSError("disk gone")
 writer = BackgroundWriter(retry_delay=0.01, target="file:///runs/a")

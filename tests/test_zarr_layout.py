@@ -26,18 +26,18 @@ from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.core.sync import sync
 from zarr.storage import WrapperStore
 
-from rbzarr.dtypes import dtype_name, to_numpy
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
-from rbzarr.flat_view import flatten_trajectory
-from rbzarr.storage import zarr_chunks
-from rbzarr.storage.chunking import chunk_shape
 from rbzarr.storage.documents import Documents
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
-from rbzarr.storage.plain_codec import PlainCodec
 from rbzarr.storage.registry import layout_class
-from rbzarr.storage.zarr_layout import ZarrLayout
-from rbzarr.trajectory import Trajectory, validate
+from rbzarr.storage.zarr import chunks as zarr_chunks
+from rbzarr.storage.zarr.chunking import chunk_shape
+from rbzarr.storage.zarr.layout import ZarrLayout
+from rbzarr.storage.zarr.plain_codec import PlainCodec
+from rbzarr.trajectory.dtypes import dtype_name, to_numpy
+from rbzarr.trajectory.flat_view import flatten_trajectory
+from rbzarr.trajectory.model import Trajectory, validate
 
 T, B, E = 6, 3, 2
 

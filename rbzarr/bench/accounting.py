@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbzarr.trajectory import raw_time_rows
+from rbzarr.trajectory.model import raw_time_rows
 
 __all__ = ["ArrayGeometry", "ByteRange", "NeededReads", "StoreGeometry", "coalesce"]
 

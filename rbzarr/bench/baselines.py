@@ -21,8 +21,8 @@ import torch
 from rbzarr.bench.accounting import ByteRange
 from rbzarr.bench.draws import DrawSequence
 from rbzarr.bench.measure import clone_trajectory, stats, timed
-from rbzarr.flat_view import flatten_trajectory
-from rbzarr.trajectory import Trajectory, validate
+from rbzarr.trajectory.flat_view import flatten_trajectory
+from rbzarr.trajectory.model import Trajectory, validate
 
 __all__ = ["RangeReader", "draws", "hot_limit", "per_row_loop", "rlinf_hot"]
 

@@ -27,7 +27,6 @@ from typing import Any
 
 import fsspec
 
-from rbzarr import tree
 from rbzarr.bench.accounting import NeededReads, StoreGeometry
 from rbzarr.bench.baselines import RangeReader
 from rbzarr.bench.draws import DrawSequence, TrackedBuffer, gather_rows, same_rows
@@ -37,10 +36,11 @@ from rbzarr.bench.settings import Settings
 from rbzarr.bench.store_size import disk_usage
 from rbzarr.bench.torchrl_peer import TorchRLPeer, torchrl_missing
 from rbzarr.bench.workloads import Workload, trajectory_sequence
-from rbzarr.buffer import TrajectoryReplayBuffer
-from rbzarr.flat_view import flatten_trajectory
-from rbzarr.storage.shard_remote import IOStats
-from rbzarr.trajectory import validate
+from rbzarr.buffer.buffer import TrajectoryReplayBuffer
+from rbzarr.storage.zarr.remote import IOStats
+from rbzarr.trajectory import tree
+from rbzarr.trajectory.flat_view import flatten_trajectory
+from rbzarr.trajectory.model import validate
 
 __all__ = ["DiskRun", "run_disk"]
 

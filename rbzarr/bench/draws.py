@@ -1,6 +1,6 @@
 """The buffer's draws, replayed: which rows each ``sample`` call of a seeded buffer returns.
 
-A buffer seeded with ``seed`` makes one :func:`rbzarr.sampler.draw` per ``sample`` over its
+A buffer seeded with ``seed`` makes one :func:`rbzarr.buffer.sampler.draw` per ``sample`` over its
 window's sample counts, so a generator seeded the same way replays every batch.  That is how
 the baselines read *the same rows* as the buffer.
 """
@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from rbzarr.buffer import TrajectoryReplayBuffer
-from rbzarr.sampler import draw
+from rbzarr.buffer.buffer import TrajectoryReplayBuffer
+from rbzarr.buffer.sampler import draw
 
 __all__ = ["DrawSequence", "TrackedBuffer", "gather_rows", "same_rows"]
 

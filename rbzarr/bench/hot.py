@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from rbzarr import tree
 from rbzarr.bench import baselines
 from rbzarr.bench.draws import DrawSequence, TrackedBuffer, gather_rows, same_rows
 from rbzarr.bench.measure import add_all, row_bytes, stats, timed
 from rbzarr.bench.settings import Settings
 from rbzarr.bench.torchrl_peer import TorchRLPeer, torchrl_missing
 from rbzarr.bench.workloads import Workload, trajectory_sequence
-from rbzarr.buffer import TrajectoryReplayBuffer
-from rbzarr.flat_view import flatten_trajectory
-from rbzarr.trajectory import validate
+from rbzarr.buffer.buffer import TrajectoryReplayBuffer
+from rbzarr.trajectory import tree
+from rbzarr.trajectory.flat_view import flatten_trajectory
+from rbzarr.trajectory.model import validate
 
 __all__ = ["run_hot"]
 

@@ -20,9 +20,9 @@ import torch
 import zarr
 
 import rbzarr
-from rbzarr.buffer import TrajectoryReplayBuffer
-from rbzarr.flat_view import flatten_trajectory
-from rbzarr.trajectory import Trajectory, trajectory_from_raw, validate
+from rbzarr.buffer.buffer import TrajectoryReplayBuffer
+from rbzarr.trajectory.flat_view import flatten_trajectory
+from rbzarr.trajectory.model import Trajectory, trajectory_from_raw, validate
 
 __all__ = [
     "add_all",

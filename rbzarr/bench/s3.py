@@ -39,8 +39,8 @@ from rbzarr.bench.draws import DrawSequence, TrackedBuffer
 from rbzarr.bench.measure import nbytes
 from rbzarr.bench.settings import Settings
 from rbzarr.bench.workloads import image_trajectory
-from rbzarr.buffer import TrajectoryReplayBuffer
-from rbzarr.trajectory import validate
+from rbzarr.buffer.buffer import TrajectoryReplayBuffer
+from rbzarr.trajectory.model import validate
 
 __all__ = ["concurrency_limit", "load_s3_server", "moto_process", "run_s3"]
 

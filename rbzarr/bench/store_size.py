@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rbzarr.bench.measure import nbytes
-from rbzarr.trajectory import Trajectory, validate
+from rbzarr.trajectory.model import Trajectory, validate
 
 __all__ = ["disk_usage"]
 

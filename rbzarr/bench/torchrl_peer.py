@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from rbzarr import tree
+from rbzarr.trajectory import tree
 
 __all__ = ["TorchRLPeer", "torchrl_missing"]
 

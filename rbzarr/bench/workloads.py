@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from rbzarr.bench.settings import Settings
-from rbzarr.trajectory import Trajectory
+from rbzarr.trajectory.model import Trajectory
 
 __all__ = [
     "WORKLOAD_NAMES",

@@ -6,7 +6,7 @@ dicts (empty ones included), exactly as RLinf writes it, so either program reads
 directory.  Files are written atomically beside ``metadata.json`` and
 ``trajectory_index.json``; they are read whole (rows are picked after decoding).
 
-Reading is strict: a file with a top-level field that :class:`~rbzarr.trajectory.Trajectory`
+Reading is strict: a file with a top-level field that :class:`~rbzarr.trajectory.model.Trajectory`
 does not have is refused with :class:`~rbzarr.errors.CorruptStoreError` naming the fields,
 rather than silently dropping data.  Missing fields keep the dataclass defaults.
 """
@@ -23,7 +23,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from rbzarr import tree
 from rbzarr.errors import (
     CheckpointNotFoundError,
     CorruptStoreError,
@@ -31,13 +30,14 @@ from rbzarr.errors import (
     RbzarrError,
     UnsafePickleError,
 )
-from rbzarr.safe_pickle import safe_load
 from rbzarr.storage.documents import Entry
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.names import safe_name
-from rbzarr.trajectory import Trajectory, trajectory_from_raw
-from rbzarr.validated import ValidatedTrajectory, rows_to_write
+from rbzarr.storage.safe_pickle import safe_load
+from rbzarr.trajectory import tree
+from rbzarr.trajectory.model import Trajectory, trajectory_from_raw
+from rbzarr.trajectory.validated import ValidatedTrajectory, rows_to_write
 
 __all__ = ["FileLayout", "PklLayout", "PtLayout"]
 

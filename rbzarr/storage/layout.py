@@ -20,12 +20,12 @@ from typing import Any, ClassVar
 import torch
 from tqdm import tqdm
 
-from rbzarr.dtypes import dtype_name
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, StoreExistsError
-from rbzarr.flat_view import flatten_trajectory
 from rbzarr.storage.documents import Entry
 from rbzarr.storage.layout_core import LayoutCore
-from rbzarr.trajectory import validate
+from rbzarr.trajectory.dtypes import dtype_name
+from rbzarr.trajectory.flat_view import flatten_trajectory
+from rbzarr.trajectory.model import validate
 
 __all__ = ["TrajectoryLayout", "bytes_by_prefix", "check_entry_shape"]
 

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 from rbzarr.storage.documents import Entry, StoreDocuments
-from rbzarr.trajectory import Trajectory
+from rbzarr.trajectory.model import Trajectory
 
 if TYPE_CHECKING:
-    from rbzarr.validated import ValidatedTrajectory
+    from rbzarr.trajectory.validated import ValidatedTrajectory
 
 __all__ = ["LayoutCore"]
 
@@ -43,7 +43,7 @@ class LayoutCore(StoreDocuments, ABC):
     @abstractmethod
     def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
         """Write every tensor of ``trajectory`` (raw rows; validated unless it is a
-        :class:`~rbzarr.validated.ValidatedTrajectory`) under ``entry['trajectory_id']``.
+        :class:`~rbzarr.trajectory.validated.ValidatedTrajectory`) under ``entry['trajectory_id']``.
 
         When this returns, the data is complete; an existing trajectory with the same id is
         replaced.  It does not touch the JSON documents (see :meth:`write_documents`).

@@ -1,7 +1,7 @@
 """Format names to layout classes, and the one place an existing store is opened.
 
 The registry maps a ``trajectory_format`` name to a dotted path
-(``"rbzarr.storage.zarr_layout:ZarrLayout"``) and imports the module on first use, so the
+(``"rbzarr.storage.zarr.layout:ZarrLayout"``) and imports the module on first use, so the
 layout ABC never imports its implementations.  :func:`open_store` is how every caller opens
 a store that already exists: it reads the two documents, takes the format they name and
 builds that layout -- the format is detected here and nowhere else.
@@ -24,7 +24,7 @@ __all__ = ["known_formats", "layout_class", "open_store", "register_layout", "st
 DEFAULT_STORED_FORMAT = "pt"
 
 _LAYOUTS: dict[str, str | type[TrajectoryLayout]] = {
-    "zarr": "rbzarr.storage.zarr_layout:ZarrLayout",
+    "zarr": "rbzarr.storage.zarr.layout:ZarrLayout",
     "pt": "rbzarr.storage.file_layout:PtLayout",
     "pkl": "rbzarr.storage.file_layout:PklLayout",
 }

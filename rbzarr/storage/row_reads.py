@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rbzarr.dtypes import byte_rows, dtype_from_name
 from rbzarr.storage.documents import Entry
 from rbzarr.storage.layout import TrajectoryLayout
-from rbzarr.trajectory import Schema
+from rbzarr.trajectory.dtypes import byte_rows, dtype_from_name
+from rbzarr.trajectory.model import Schema
 
 __all__ = ["MissPlan", "plan_misses", "read_batch"]
 

@@ -1,0 +1,115 @@
+"""Convert a store from one layout to another (zarr, pt, pkl), whole or a subset.
+
+Ids, uuids and index entries are kept; ``metadata.json`` keeps every key of the source
+(``trajectory_counter`` and ``seed`` included) except that ``trajectory_format`` names the
+new layout and ``size`` / ``total_samples`` count the exported trajectories.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from tqdm import tqdm
+
+from rbzarr.buffer.index import TrajectoryIndex
+from rbzarr.errors import StoreExistsError
+from rbzarr.storage.documents import Documents
+from rbzarr.storage.location import Location
+from rbzarr.storage.registry import layout_class, open_store
+
+__all__ = ["export_store"]
+
+# Metadata keys the exported index recomputes; the rest are carried over unchanged.
+# Written anew by the target (``layout_version`` is the target layout's own, if any).
+_RECOMPUTED = ("trajectory_format", "size", "total_samples", "trajectory_counter", "layout_version")
+
+
+def _select(
+    index: TrajectoryIndex, ids: Iterable[int] | None, last: int | None, where: str
+) -> list[int]:
+    """The ids to export, in the source's insertion order.
+
+    Raises
+    ------
+    ValueError
+        Both ``ids`` and ``last``, a negative ``last``, or ids the index does not list.
+    """
+    if ids is not None and last is not None:
+        raise ValueError("pass either ids or last, not both")
+    if last is not None:
+        if last < 0:
+            raise ValueError(f"last must be >= 0, got {last}")
+        return index.id_list[len(index.id_list) - last :] if last else []
+    if ids is None:
+        return list(index.id_list)
+    wanted = {int(i) for i in ids}
+    missing = sorted(wanted.difference(index.id_list))
+    if missing:
+        raise ValueError(f"{where}: ids {missing} are not in the store's trajectory_id_list")
+    return [i for i in index.id_list if i in wanted]
+
+
+def export_store(
+    source: str | os.PathLike[str] | Location,
+    destination: str | os.PathLike[str] | Location,
+    trajectory_format: str,
+    *,
+    ids: Iterable[int] | None = None,
+    last: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    destination_options: Mapping[str, Any] | None = None,
+    progress: bool = False,
+) -> Documents:
+    """Copy the store at ``source`` to a new store at ``destination`` in another layout.
+
+    Parameters
+    ----------
+    source, destination
+        Local paths or fsspec URLs; ``destination`` must not hold a store yet.
+    trajectory_format
+        The destination's layout: ``"zarr"``, ``"pt"`` or ``"pkl"``.
+    ids
+        Export only these trajectory ids (kept in the source's order).
+    last
+        Export only the last ``last`` ids of the source's trajectory_id_list.
+    storage_options, destination_options
+        fsspec options for the source and the destination.
+    progress
+        Show a progress bar on stderr.
+
+    Returns
+    -------
+    Documents
+        The documents written to ``destination``.
+
+    Raises
+    ------
+    StoreExistsError
+        ``destination`` already holds a store or trajectory data (nothing is written).
+    ValueError
+        Unknown format, both ``ids`` and ``last``, a negative ``last``, or ids the source
+        does not list.
+    CheckpointNotFoundError
+        ``source`` is not a store, or a listed trajectory's data is missing.
+    StorageUnavailableError
+        A backend failed.
+    """
+    target_class = layout_class(trajectory_format)
+    reader, documents = open_store(source, storage_options)
+    index = TrajectoryIndex.from_documents(documents, reader.location.url)
+    selected = index.subset(_select(index, ids, last, reader.location.url))
+    writer = target_class(Location.from_url(destination, destination_options))
+    if writer.has_documents() or writer.list_ids():
+        raise StoreExistsError(
+            f"{writer.location.url} already holds a store; export writes only to a new location"
+        )
+    entries = [selected.entries[i] for i in selected.id_list]
+    for entry in tqdm(entries, desc="export", unit="traj", disable=not progress):
+        # Decode and re-encode even between equal formats: every trajectory passes the
+        # safe loaders and validation on its way, so an export is also a check.
+        writer.write(entry, reader.read(entry))
+    extra = {k: v for k, v in documents.metadata.items() if k not in _RECOMPUTED}
+    exported = selected.to_documents(trajectory_format, extra=extra)
+    return writer.write_documents(exported)

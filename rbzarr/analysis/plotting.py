@@ -1,0 +1,229 @@
+"""Plots of a store's rewards and episodes; needs the ``analysis`` extra.
+
+:func:`plot_store` (``rbzarr plot``) draws four panels: the histogram of per-step rewards,
+of episode returns and of episode lengths (complete episodes, as defined in
+:mod:`rbzarr.analysis.episodes`), and every episode's return against the id of the trajectory it
+ended in, with the per-trajectory mean.  :func:`plot_learning_curve` draws returns over
+training (``rbzarr demo``): evaluation returns and the episodes of the store.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from rbzarr.analysis.episodes import DONES, REWARDS
+from rbzarr.analysis.view import BufferView
+
+__all__ = [
+    "DPI",
+    "FIGURE_SIZE",
+    "IMAGE_FORMATS",
+    "image_format_of",
+    "plot_learning_curve",
+    "plot_store",
+]
+
+FIGURE_SIZE = (10.0, 8.0)  # inches
+DPI = 100
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError as exc:
+        raise ImportError("plotting needs matplotlib: pip install 'rbzarr[analysis]'") from exc
+    return plt
+
+
+def _collect(
+    view: BufferView, progress: bool, across_trajectories: bool
+) -> tuple[np.ndarray, list[tuple[int, int, float]]]:
+    """All per-step reward elements, and ``(trajectory_id, length, return)`` per complete
+    episode, the id being the trajectory the episode ended in.
+
+    Raises
+    ------
+    ValueError
+        If the store has no ``rewards`` field.
+    """
+    available = view.keys()
+    if REWARDS not in available:
+        raise ValueError(f"{view.url}: cannot plot rewards, the store has no 'rewards' field")
+    keys = [key for key in (REWARDS, DONES) if key in available]
+    rewards: list[np.ndarray] = []
+    episodes: list[tuple[int, int, float]] = []
+    if DONES in available:
+        stream = view.iter_steps_and_episodes(keys, progress, across_trajectories)
+    else:
+        stream = ((i, steps, []) for i, steps in view.iter_steps(keys, progress))
+    for _, steps, ended in stream:
+        rewards.append(steps[REWARDS].to(torch.float64).reshape(-1).numpy())
+        episodes.extend(
+            (e.trajectory_ids[-1], e.length, float(e.episode_return or 0.0))
+            for e in ended
+            if e.done
+        )
+    flat = np.concatenate(rewards) if rewards else np.empty(0)
+    return flat, episodes
+
+
+# File suffixes and the image formats they name.
+IMAGE_FORMATS = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".svg": "svg", ".pdf": "pdf"}
+
+
+def image_format_of(path: str | os.PathLike[str]) -> str:
+    """The image format ``path``'s suffix names, e.g. ``"jpeg"`` for ``x.jpg``.
+
+    Parameters
+    ----------
+    path
+        An image file name; its suffix is compared case-insensitively.
+
+    Returns
+    -------
+    str
+        The matplotlib format name: ``"png"``, ``"jpeg"``, ``"svg"`` or ``"pdf"``.
+
+    Raises
+    ------
+    ValueError
+        The suffix is not one of :data:`IMAGE_FORMATS` (named in the message).
+    """
+    suffix = os.path.splitext(os.fspath(path))[1].lower()
+    try:
+        return IMAGE_FORMATS[suffix]
+    except KeyError:
+        raise ValueError(
+            f"{os.fspath(path)!r}: unknown image suffix {suffix!r}; expected one of "
+            f"{sorted(IMAGE_FORMATS)}"
+        ) from None
+
+
+def plot_store(
+    view: BufferView,
+    path: str | os.PathLike[str],
+    progress: bool = False,
+    across_trajectories: bool = True,
+) -> dict[str, int]:
+    """Draw the four panels of ``view`` into the image file ``path`` (1000 x 800 pixels).
+
+    Episodes are followed across trajectories (:mod:`rbzarr.analysis.episodes`) unless
+    ``across_trajectories`` is false.
+
+    Parameters
+    ----------
+    view
+        The store, opened with :func:`~rbzarr.analysis.view.open_buffer`.
+    path
+        The image to write; its suffix picks the format (see :data:`IMAGE_FORMATS`).
+    progress
+        Show a progress bar on stderr.
+    across_trajectories
+        Join an episode's steps across consecutive trajectories.
+
+    Returns
+    -------
+    dict
+        ``{"rewards": n, "episodes": m}``, the numbers of values plotted.
+
+    Raises
+    ------
+    ValueError
+        The suffix names no known image format (checked before any data is read), or the
+        store has no ``rewards`` field.
+    ImportError
+        Without matplotlib (the ``analysis`` extra).
+    """
+    image_format = image_format_of(path)
+    plt = _pyplot()
+    rewards, episodes = _collect(view, progress, across_trajectories)
+    figure, axes = plt.subplots(2, 2, figsize=FIGURE_SIZE, dpi=DPI)
+    try:
+        figure.suptitle(f"{view.url} ({len(view)} trajectories)")
+        _histogram(axes[0, 0], rewards, "per-step reward")
+        _histogram(axes[0, 1], np.array([e[2] for e in episodes]), "episode return")
+        _histogram(axes[1, 0], np.array([e[1] for e in episodes]), "episode length")
+        _returns_by_trajectory(axes[1, 1], episodes)
+        figure.savefig(os.fspath(path), dpi=DPI, format=image_format)
+    finally:
+        plt.close(figure)
+    return {"rewards": int(rewards.size), "episodes": len(episodes)}
+
+
+def _histogram(axis: Any, values: np.ndarray, label: str) -> None:
+    axis.set_xlabel(label)
+    axis.set_ylabel("count")
+    if values.size == 0:
+        axis.text(0.5, 0.5, "no data", ha="center", va="center", transform=axis.transAxes)
+        return
+    axis.hist(values, bins=min(50, max(1, int(np.unique(values).size))))
+
+
+def _returns_by_trajectory(axis: Any, episodes: list[tuple[int, int, float]]) -> None:
+    axis.set_xlabel("trajectory id")
+    axis.set_ylabel("episode return")
+    if not episodes:
+        axis.text(0.5, 0.5, "no episodes", ha="center", va="center", transform=axis.transAxes)
+        return
+    ids = np.array([e[0] for e in episodes])
+    returns = np.array([e[2] for e in episodes])
+    axis.scatter(ids, returns, s=6, alpha=0.4, label="episode")
+    order = np.unique(ids)
+    axis.plot(order, [returns[ids == i].mean() for i in order], color="C1", label="mean")
+    axis.legend(loc="best")
+
+
+def plot_learning_curve(
+    evaluations: list[tuple[int, float]], view: BufferView, path: str | os.PathLike[str]
+) -> None:
+    """Returns over training into the PNG file ``path`` (1000 x 500 pixels).
+
+    ``evaluations`` are ``(env_steps, mean greedy return)`` pairs; the store's complete
+    training episodes are drawn at the env steps (samples) collected up to the trajectory
+    they ended in.
+
+    Parameters
+    ----------
+    evaluations
+        ``(env_steps, mean greedy return)`` pairs, drawn as a line in order.
+    view
+        The run's store; it must have ``rewards`` and ``dones`` fields.
+    path
+        The PNG file to write (whatever its suffix).
+
+    Raises
+    ------
+    ImportError
+        Without matplotlib (the ``analysis`` extra).
+    """
+    plt = _pyplot()
+    samples_until = dict(
+        zip(view.ids, np.cumsum([view.entry(i)["num_samples"] for i in view.ids]), strict=True)
+    )
+    keys = [REWARDS, DONES]
+    steps, returns = [], []
+    for _, _, ended in view.iter_steps_and_episodes(keys, episode_keys=keys):
+        for episode in ended:
+            if episode.done:
+                steps.append(samples_until[episode.trajectory_ids[-1]])
+                returns.append(episode.episode_return or 0.0)
+    figure, axis = plt.subplots(figsize=(FIGURE_SIZE[0], FIGURE_SIZE[1] / 1.6), dpi=DPI)
+    try:
+        axis.scatter(steps, returns, s=4, alpha=0.25, color="C0", label="training episode")
+        if evaluations:
+            x, y = zip(*evaluations, strict=True)
+            axis.plot(x, y, marker="o", color="C1", label="greedy evaluation (mean)")
+        axis.set_xlabel("env steps")
+        axis.set_ylabel("episode return")
+        axis.set_title(f"returns over training ({view.url})")
+        axis.legend(loc="upper left")
+        figure.savefig(os.fspath(path), dpi=DPI, format="png")
+    finally:
+        plt.close(figure)

@@ -1,0 +1,122 @@
+"""The plain-text forms of the reports the command line prints (without ``--json``).
+
+Each function takes the JSON-ready report of one library call (``describe_store``,
+``list_trajectories``, ``compute_stats``, ``verify_store``) and returns its lines.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rbzarr.analysis.verify import VerifyReport
+
+__all__ = ["info_lines", "ls_lines", "stats_lines", "verify_lines"]
+
+
+def info_lines(report: dict[str, Any]) -> list[str]:
+    """``rbzarr info``: the store, its counts and sizes, then one line per key.
+
+    Parameters
+    ----------
+    report
+        What ``describe_store`` returns.
+
+    Returns
+    -------
+    list of str
+        Three summary lines, then one line per key: dtype, shape, chunks, codec, sizes.
+    """
+    ratio = report["compression_ratio"]
+    layout = "" if report.get("layout_version") is None else f"  layout={report['layout_version']}"
+    lines = [
+        f"{report['url']}  format={report['format']}{layout}",
+        f"trajectories={report['trajectories']}  samples={report['total_samples']}  "
+        f"next id={report['trajectory_counter']}  seed={report['seed']}",
+        f"data: {report['bytes_on_disk']} bytes on disk, {report['raw_bytes']} raw, "
+        f"ratio {'-' if ratio is None else f'{ratio:.2f}'}",
+    ]
+    lines.extend(
+        f"  {key:<28} {item['dtype']:<9} shape={item['shape']} chunks={item['chunks']} "
+        f"codec={item['codec']} raw={item['raw_bytes']} disk={item['bytes_on_disk']}"
+        for key, item in report["keys"].items()
+    )
+    return lines
+
+
+def ls_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """``rbzarr ls``: a header, then one line per trajectory.
+
+    Parameters
+    ----------
+    rows
+        What ``list_trajectories`` returns: one dict per trajectory.
+
+    Returns
+    -------
+    list of str
+        A header, then id, uuid, shape, samples, bytes and weights id per trajectory.
+    """
+    header = f"{'id':>6}  {'uuid':<36}  {'shape':<14} {'samples':>9}  {'bytes':>12}  weights"
+    return [header] + [
+        f"{row['trajectory_id']:>6}  {row['uuid']!s:<36}  {row['shape']!s:<14} "
+        f"{row['num_samples']:>9}  {row['bytes']:>12}  {row['model_weights_id']}"
+        for row in rows
+    ]
+
+
+def stats_lines(report: dict[str, Any]) -> list[str]:
+    """``rbzarr stats``: counts, one line per key, then the episodes' lengths and returns.
+
+    Parameters
+    ----------
+    report
+        What ``compute_stats`` returns.
+
+    Returns
+    -------
+    list of str
+        Counts, ``n mean std min max`` per key, then the episodes' lines (or one line
+        saying the store has no ``dones`` field).
+    """
+    lines = [f"trajectories={report['trajectories']}  samples={report['total_samples']}"]
+    lines.extend(f"  {key:<28} {_stats_text(item)}" for key, item in report["keys"].items())
+    episodes = report["episodes"]
+    if episodes is None:
+        return [*lines, "episodes: no 'dones' field"]
+    lines.append(f"episodes: {episodes['complete']} complete, {episodes['incomplete']} incomplete")
+    lines.append(f"  {'length':<28} {_stats_text(episodes['length'])}")
+    if episodes["return"] is not None:
+        lines.append(f"  {'return':<28} {_stats_text(episodes['return'])}")
+    return lines
+
+
+def verify_lines(report: VerifyReport) -> list[str]:
+    """``rbzarr verify``: what was checked, repaired, what remains, the dropped ids.
+
+    Parameters
+    ----------
+    report
+        What ``verify_store`` returns.
+
+    Returns
+    -------
+    list of str
+        A summary line, one line per repair and per problem, the ids dropped from the
+        index (if any), then ``ok`` or the number of problems.
+    """
+    lines = [f"{report.url}: {report.trajectories} indexed trajectories checked"]
+    lines.extend(f"repaired  {p.kind:<20} {p.path}: {p.message}" for p in report.repaired)
+    lines.extend(f"PROBLEM   {p.kind:<20} {p.path}: {p.message}" for p in report.problems)
+    if report.dropped_ids:
+        lines.append(f"dropped from the index: ids {report.dropped_ids}")
+    lines.append("ok" if report.ok else f"{len(report.problems)} problem(s)")
+    return lines
+
+
+def _stats_text(item: dict[str, Any]) -> str:
+    if not item["count"]:
+        return "n=0"
+    return (
+        f"n={item['count']} mean={item['mean']:.6g} std={item['std']:.6g} "
+        f"min={item['min']:.6g} max={item['max']:.6g}"
+    )

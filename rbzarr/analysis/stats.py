@@ -1,0 +1,163 @@
+"""Streaming statistics of a store: per-key moments and episode returns and lengths.
+
+The data behind ``rbzarr stats``; episodes are cut and followed across trajectories as
+:mod:`rbzarr.analysis.episodes` describes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from rbzarr.analysis.episodes import DONES, REWARDS
+from rbzarr.analysis.view import BufferView, open_buffer
+
+__all__ = ["RunningStats", "compute_stats"]
+
+
+class RunningStats:
+    """Count, mean, population std, min and max of a stream of tensors (float64).
+
+    Batches merge with Chan et al.'s parallel update, so the result does not depend on how
+    the values are split.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.mean = 0.0
+        self._m2 = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+
+    def update(self, values: torch.Tensor) -> None:
+        """Add every element of ``values``.
+
+        Parameters
+        ----------
+        values
+            A tensor of any shape; its elements are read as float64.  An empty tensor
+            changes nothing.
+        """
+        x = values.detach().reshape(-1).to(torch.float64)
+        n = int(x.numel())
+        if n == 0:
+            return
+        mean = float(x.mean())
+        m2 = float(((x - mean) ** 2).sum())
+        total = self.count + n
+        delta = mean - self.mean
+        self._m2 += m2 + delta * delta * self.count * n / total
+        self.mean += delta * n / total
+        self.count = total
+        self.min = min(self.min, float(x.min()))
+        self.max = max(self.max, float(x.max()))
+
+    @property
+    def std(self) -> float:
+        """Population standard deviation (``ddof=0``)."""
+        return math.sqrt(self._m2 / self.count) if self.count else math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        """The statistics as a JSON-ready dict.
+
+        Returns
+        -------
+        dict of str to Any
+            ``{"count", "mean", "std", "min", "max"}``; the last four are ``None`` when no
+            element was added.
+        """
+        if not self.count:
+            return {"count": 0, "mean": None, "std": None, "min": None, "max": None}
+        return {
+            "count": self.count,
+            "mean": self.mean,
+            "std": self.std,
+            "min": self.min,
+            "max": self.max,
+        }
+
+
+def compute_stats(
+    view: BufferView | str | os.PathLike[str],
+    keys: Sequence[str] | None = None,
+    progress: bool = False,
+    across_trajectories: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Per-key statistics and episode returns / lengths, streaming trajectory by trajectory.
+
+    Statistics run over every element of a key's time steps (reset rows excluded); complex
+    fields are not supported.  Episodes (:mod:`rbzarr.analysis.episodes`) need ``dones``; returns
+    need ``rewards``; incomplete episodes are counted but not in the statistics.
+
+    Parameters
+    ----------
+    view
+        The store: a view, or a path or URL to open with ``storage_options``.
+    keys
+        Flat keys to describe; ``None``: every key.
+    progress
+        Show a tqdm bar on stderr.
+    across_trajectories
+        Follow episodes into the next trajectory of their run (default); ``False`` cuts
+        them at trajectory boundaries.
+    storage_options
+        fsspec options, when ``view`` is a path or URL.
+
+    Returns
+    -------
+    dict
+        ``{"trajectories", "total_samples", "keys": {key: RunningStats.to_dict()},
+        "episodes": {"complete", "incomplete", "length", "return"} or None}``.
+
+    Raises
+    ------
+    ValueError
+        A key the store does not have.
+    """
+    if not isinstance(view, BufferView):
+        view = open_buffer(view, storage_options)
+    available = view.keys()
+    wanted = available if keys is None else list(keys)
+    unknown = [key for key in wanted if key not in available]
+    if unknown:
+        raise ValueError(f"{view.url}: unknown keys {unknown}; the store has {available}")
+    extra = [key for key in (REWARDS, DONES) if key in available and key not in wanted]
+    per_key = {key: RunningStats() for key in wanted}
+    lengths, returns = RunningStats(), RunningStats()
+    incomplete = 0
+    read = [*wanted, *extra]
+    if DONES in available:
+        episode_keys = [key for key in (REWARDS, DONES) if key in available]
+        stream = view.iter_steps_and_episodes(read, progress, across_trajectories, episode_keys)
+    else:
+        stream = ((i, steps, []) for i, steps in view.iter_steps(read, progress))
+    for _, steps, episodes in stream:
+        for key in wanted:
+            per_key[key].update(steps[key])
+        for episode in episodes:
+            if not episode.done:
+                incomplete += 1
+                continue
+            lengths.update(torch.tensor([episode.length]))
+            episode_return = episode.episode_return
+            if episode_return is not None:
+                returns.update(torch.tensor([episode_return]))
+    episodes_report = None
+    if DONES in available:
+        episodes_report = {
+            "complete": lengths.count,
+            "incomplete": incomplete,
+            "length": lengths.to_dict(),
+            "return": returns.to_dict() if REWARDS in available else None,
+        }
+    return {
+        "trajectories": len(view),
+        "total_samples": view.total_samples,
+        "keys": {key: stats.to_dict() for key, stats in per_key.items()},
+        "episodes": episodes_report,
+    }

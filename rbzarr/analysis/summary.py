@@ -1,0 +1,126 @@
+"""What a store holds and what it costs: the data behind ``rbzarr info`` and ``rbzarr ls``.
+
+Sizes come from one recursive listing of the store; per-key shapes, dtypes, codecs and
+chunking from the layout (:meth:`~rbzarr.storage.layout.TrajectoryLayout.describe_keys`:
+Zarr metadata in the zarr layout, each file decoded in the pt / pkl layouts).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rbzarr.analysis.view import BufferView
+from rbzarr.storage.backends import translate_errors
+from rbzarr.storage.layout import bytes_by_prefix
+from rbzarr.storage.location import Location
+
+__all__ = ["describe_store", "file_sizes", "list_trajectories"]
+
+
+def file_sizes(location: Location) -> dict[str, int]:
+    """Size of every file below ``location``.
+
+    Parameters
+    ----------
+    location
+        The store's root.
+
+    Returns
+    -------
+    dict
+        ``{"/"-joined path relative to the root: size in bytes}``; empty if nothing is there.
+
+    Raises
+    ------
+    StorageUnavailableError
+        The backend failed.
+    """
+    with translate_errors(location.url, "listing"):
+        if not location.fs.exists(location.path):
+            return {}
+        found = location.fs.find(location.path, detail=True)
+    root = location.path.rstrip("/") + "/"
+    return {
+        str(path)[len(root) :]: int(info.get("size") or 0)
+        for path, info in found.items()
+        if str(path).startswith(root)
+    }
+
+
+def list_trajectories(view: BufferView) -> list[dict[str, Any]]:
+    """One row per committed trajectory, in index order, with its bytes on storage.
+
+    Parameters
+    ----------
+    view
+        The store, opened with :func:`~rbzarr.analysis.view.open_buffer`.
+
+    Returns
+    -------
+    list of dict
+        ``{"trajectory_id", "uuid", "shape", "num_samples", "model_weights_id", "bytes"}``.
+
+    Raises
+    ------
+    StorageUnavailableError
+        The backend failed.
+    """
+    totals = bytes_by_prefix(file_sizes(view.layout.location))
+    return [
+        {
+            "trajectory_id": trajectory_id,
+            "uuid": entry.get("uuid"),
+            "shape": list(entry["shape"]),
+            "num_samples": int(entry["num_samples"]),
+            "model_weights_id": entry.get("model_weights_id", ""),
+            "bytes": totals.get("/".join(view.layout.trajectory_path(entry)), 0),
+        }
+        for trajectory_id, entry in view.entries.items()
+    ]
+
+
+def describe_store(view: BufferView, progress: bool = False) -> dict[str, Any]:
+    """Counts, per-key layout and sizes of a store; see ``rbzarr info``.
+
+    Each key reports the dtype, shape, chunk shape and codec of its first trajectory, and
+    ``raw_bytes`` (uncompressed) and ``bytes_on_disk`` summed over every committed
+    trajectory (``bytes_on_disk`` is ``None`` per key in pt / pkl layouts, whose files hold
+    all keys together).  The totals count trajectory data only, not the JSON documents.
+
+    Parameters
+    ----------
+    view
+        The store, opened with :func:`~rbzarr.analysis.view.open_buffer`.
+    progress
+        Show a progress bar on stderr.
+
+    Returns
+    -------
+    dict
+        ``{"url", "format", "trajectories", "total_samples", "trajectory_counter", "seed",
+        "keys", "raw_bytes", "bytes_on_disk", "compression_ratio"}``.
+
+    Raises
+    ------
+    StorageUnavailableError
+        The backend failed.
+    CorruptStoreError
+        A trajectory cannot be read.
+    """
+    sizes = file_sizes(view.layout.location)
+    keys, disk = view.layout.describe_keys(view.entries.values(), sizes, progress)
+    raw = sum(int(info["raw_bytes"]) for info in keys.values())
+    metadata = view.metadata
+    return {
+        "url": view.url,
+        "format": view.format,
+        "layout_version": metadata.get("layout_version", 1 if view.format == "zarr" else None),
+        "trajectories": len(view),
+        "total_samples": view.total_samples,
+        "trajectory_counter": metadata.get("trajectory_counter"),
+        "seed": metadata.get("seed"),
+        "keys": keys,
+        "raw_bytes": raw,
+        "bytes_on_disk": disk,
+        "compression_ratio": raw / disk if disk else None,
+    }

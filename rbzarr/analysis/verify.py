@@ -1,0 +1,339 @@
+"""Store consistency: does the data match the index, and can every committed byte be read?
+
+:func:`verify_store` checks, in order:
+
+- both JSON documents parse and describe a well-formed index (otherwise nothing else can be
+  trusted, and the check stops there);
+- ``size`` / ``total_samples`` of ``metadata.json`` agree with the index, and the layout's
+  own copies of the documents (the zarr layout's root group attributes) mirror them;
+- every indexed trajectory has its data, no part of it is missing (a missing Zarr chunk
+  would otherwise read as zeros), the data decodes, and its shape matches the entry;
+- no trajectory data or temporary file lies in the store without an index entry (orphans,
+  left by a crash between writing data and committing the index).
+
+``repair=True`` deletes orphans and temporary files -- both written by rbzarr, and never
+data the index lists -- and rewrites documents that lag behind the index.  With
+``drop_damaged=True`` it also removes the index entries of trajectories whose data cannot
+be read (their ids are in the report); their data is left where it is, now an orphan that
+the next repair removes.  Healthy trajectories are never touched.  Do not repair a store
+while a buffer is writing to it: the trajectory being written is an orphan until its commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rbzarr.buffer.index import TrajectoryIndex
+from rbzarr.errors import (
+    CheckpointNotFoundError,
+    CorruptStoreError,
+    RbzarrError,
+    StorageUnavailableError,
+)
+from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents
+from rbzarr.storage.layout import TrajectoryLayout
+from rbzarr.storage.location import Location
+from rbzarr.storage.names import is_temporary_name
+from rbzarr.storage.registry import open_store
+from rbzarr.trajectory.model import validate
+
+__all__ = ["Problem", "VerifyReport", "verify_store"]
+
+# What reading a damaged trajectory can raise: rbzarr's errors, decode failures from the
+# codecs (RuntimeError), bad metadata (ValueError, KeyError, TypeError) and I/O (OSError).
+_READ_ERRORS = (RbzarrError, ValueError, KeyError, TypeError, RuntimeError, OSError)
+# How a repair fixes a problem: rewrite the documents, delete rbzarr's own leftover, or
+# (with drop_damaged) drop the trajectory from the index.
+REWRITE, DELETE, DROP = "rewrite_documents", "delete", "drop_from_index"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One inconsistency: its ``kind``, the path below the root, and a message.
+
+    Parameters
+    ----------
+    kind
+        What is wrong, e.g. ``"missing_data"``, ``"missing_chunks"``, ``"shape_mismatch"``,
+        ``"orphan"``, ``"temp_file"``, ``"metadata_mismatch"``.
+    path
+        The ``/``-joined path below the store's root (``""`` for the store itself).
+    message
+        One line for a person.
+    trajectory_id
+        The trajectory concerned, if any.
+    repair
+        How ``verify_store(..., repair=True)`` fixes it: ``"rewrite_documents"``,
+        ``"delete"`` (rbzarr's own orphan or temporary file), ``"drop_from_index"``
+        (damaged data, only with ``drop_damaged``) or ``""`` (left for a person to decide).
+    """
+
+    kind: str
+    path: str
+    message: str
+    trajectory_id: int | None = None
+    repair: str = ""
+
+    @property
+    def repairable(self) -> bool:
+        """Whether ``repair=True`` fixes this problem by itself."""
+        return self.repair in (REWRITE, DELETE)
+
+
+@dataclass
+class VerifyReport:
+    """Outcome of :func:`verify_store`: the problems left and the ones repaired.
+
+    Parameters
+    ----------
+    url
+        The store's URL.
+    format
+        Its ``trajectory_format``; ``None`` when its documents could not be read.
+    trajectories
+        How many trajectories its index lists.
+    problems
+        The problems found and not repaired.
+    repaired
+        The problems the repair fixed.
+    """
+
+    url: str
+    format: str | None
+    trajectories: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    repaired: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when no problem remains."""
+        return not self.problems
+
+    @property
+    def dropped_ids(self) -> list[int]:
+        """Ids removed from the index because their data could not be read."""
+        return [
+            p.trajectory_id
+            for p in self.repaired
+            if p.repair == DROP and p.trajectory_id is not None
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready form (what ``rbzarr verify --json`` prints).
+
+        Returns
+        -------
+        dict of str to Any
+            ``url``, ``format``, ``trajectories``, ``ok``, ``problems`` and ``repaired``
+            (lists of dicts with the :class:`Problem` fields) and ``dropped_ids``.
+        """
+        return {
+            "url": self.url,
+            "format": self.format,
+            "trajectories": self.trajectories,
+            "ok": self.ok,
+            "problems": [asdict(p) for p in self.problems],
+            "repaired": [asdict(p) for p in self.repaired],
+            "dropped_ids": self.dropped_ids,
+        }
+
+
+def verify_store(
+    url: str | Location,
+    storage_options: Mapping[str, Any] | None = None,
+    repair: bool = False,
+    drop_damaged: bool = False,
+) -> VerifyReport:
+    """Check the store at ``url`` (see the module docs); with ``repair``, fix what is safe.
+
+    Parameters
+    ----------
+    url
+        A local path or an fsspec URL of a zarr, pt or pkl store.
+    storage_options
+        fsspec options for ``url``.
+    repair
+        Delete orphans and temporary files, rewrite lagging documents.
+    drop_damaged
+        With ``repair``: also remove the index entries of trajectories whose data cannot
+        be read (missing, incomplete, undecodable or of the wrong shape).
+
+    Returns
+    -------
+    VerifyReport
+        The problems left, and those repaired (``dropped_ids`` lists dropped entries).
+
+    Raises
+    ------
+    CheckpointNotFoundError
+        Nothing at ``url`` looks like a store (no JSON document).
+    ValueError
+        ``drop_damaged`` without ``repair``.
+    StorageUnavailableError
+        The backend failed.
+    """
+    if drop_damaged and not repair:
+        raise ValueError("drop_damaged needs repair=True (it changes the index)")
+    location = Location.from_url(url, storage_options)
+    report = VerifyReport(url=location.url, format=None)
+    loaded = _load_index(location, report)
+    if loaded is None:
+        return report
+    layout, documents, index = loaded
+    report.format = layout.format
+    report.trajectories = len(index)
+    _check_metadata(documents, index, report)
+    report.problems.extend(
+        Problem(found.kind, found.path, found.message, repair=REWRITE)
+        for found in layout.check_documents(documents)
+    )
+    for trajectory_id in index.id_list:
+        problem = _check_trajectory(layout, index.entries[trajectory_id])
+        if problem is not None:
+            report.problems.append(problem)
+    report.problems.extend(_orphans(layout, index))
+    if repair:
+        _repair(layout, report, drop_damaged)
+    return report
+
+
+def _load_index(
+    location: Location, report: VerifyReport
+) -> tuple[TrajectoryLayout, Documents, TrajectoryIndex] | None:
+    present = [name for name in (METADATA_FILE, INDEX_FILE) if location.exists(name)]
+    if not present:
+        raise CheckpointNotFoundError(
+            f"{location.url}: no {METADATA_FILE} or {INDEX_FILE}: not an rbzarr or RLinf store"
+        )
+    try:
+        layout, documents = open_store(location)
+        index = TrajectoryIndex.from_documents(documents, location.url)
+    except (CheckpointNotFoundError, CorruptStoreError, ValueError) as exc:
+        kind = "missing_document" if isinstance(exc, FileNotFoundError) else "unreadable_document"
+        report.problems.append(Problem(kind, "", _one_line(exc)))
+        return None
+    return layout, documents, index
+
+
+def _check_metadata(documents: Documents, index: TrajectoryIndex, report: VerifyReport) -> None:
+    metadata = documents.metadata
+    expected = {"size": len(index), "total_samples": index.total_samples}
+    for key, value in expected.items():
+        if key in metadata and metadata[key] != value:
+            report.problems.append(
+                Problem(
+                    "metadata_mismatch",
+                    METADATA_FILE,
+                    f"{key} is {metadata[key]!r} but the index implies {value}",
+                    repair=REWRITE,
+                )
+            )
+
+
+def _check_trajectory(layout: TrajectoryLayout, entry: dict[str, Any]) -> Problem | None:
+    """The first thing wrong with one indexed trajectory's data, or ``None``.
+
+    Raises
+    ------
+    StorageUnavailableError
+        The backend failed: that says nothing about the trajectory, so it is not a problem.
+    """
+    trajectory_id = int(entry["trajectory_id"])
+    path = "/".join(layout.trajectory_path(entry))
+
+    def damaged(kind: str, message: str) -> Problem:
+        return Problem(kind, path, message, trajectory_id, repair=DROP)
+
+    if not layout.contains(entry):
+        return damaged("missing_data", "indexed but its data is missing")
+    try:
+        missing = layout.missing_parts(entry)
+        if missing:
+            return damaged("missing_chunks", "; ".join(missing))
+        shape = list(validate(layout.read(entry)).shape)
+    except StorageUnavailableError:
+        raise  # the store is unreachable: that says nothing about this trajectory
+    except _READ_ERRORS as exc:
+        return damaged("unreadable_data", _one_line(exc))
+    if shape != list(entry["shape"]):
+        return damaged(
+            "shape_mismatch", f"index entry shape {list(entry['shape'])}, data shape {shape}"
+        )
+    return None
+
+
+def _orphans(layout: TrajectoryLayout, index: TrajectoryIndex) -> list[Problem]:
+    expected = {"/".join(layout.trajectory_path(index.entries[i])) for i in index.id_list}
+    problems = [
+        Problem("temp_file", name, "leftover temporary file of an interrupted write", None, DELETE)
+        for name in layout.location.list_names()
+        if is_temporary_name(name)
+    ]
+    for path, trajectory_id in sorted(layout.stored_paths().items(), key=lambda item: item[1]):
+        if path in expected:
+            continue
+        foreign = layout.foreign_files(path)
+        if foreign:
+            message = (
+                "trajectory data not listed in the index, holding files rbzarr did not write "
+                f"({', '.join(foreign[:3])}): left for you to remove"
+            )
+            problems.append(Problem("orphan", path, message, trajectory_id))
+        else:
+            message = "trajectory data not listed in the index"
+            problems.append(Problem("orphan", path, message, trajectory_id, DELETE))
+    return problems
+
+
+def _repair(layout: TrajectoryLayout, report: VerifyReport, drop_damaged: bool) -> None:
+    # Re-read the index just before deleting: never remove data committed meanwhile.
+    documents = layout.read_documents()
+    index = TrajectoryIndex.from_documents(documents, layout.location.url)
+    committed = {"/".join(layout.trajectory_path(index.entries[i])) for i in index.id_list}
+    remaining: list[Problem] = []
+    rewrite = False
+    dropped: set[int] = set()
+    for problem in report.problems:
+        if problem.repair == REWRITE:
+            rewrite = True
+        elif problem.repair == DELETE and problem.path not in committed:
+            layout.location.delete(*problem.path.split("/"))
+        elif problem.repair == DROP and drop_damaged and problem.trajectory_id is not None:
+            dropped.add(problem.trajectory_id)
+        else:
+            remaining.append(problem)
+            continue
+        report.repaired.append(problem)
+    report.problems = remaining
+    if rewrite or dropped:
+        layout.write_documents(_documents_without(documents, index, dropped))
+
+
+def _documents_without(
+    documents: Documents, index: TrajectoryIndex, dropped: set[int]
+) -> Documents:
+    """The documents with ``dropped`` left out and the metadata recounted from the index.
+
+    The index is the commit point: a crash between the document writes leaves the metadata
+    (and zarr's root attributes) behind it, never ahead.  The counter is kept, so a dropped
+    id is never reused.
+    """
+    kept = index.subset([i for i in index.id_list if i not in dropped])
+    metadata = {
+        **documents.metadata,
+        "size": len(kept),
+        "total_samples": kept.total_samples,
+        "trajectory_counter": index.trajectory_counter,
+    }
+    trajectory_index = {
+        **documents.trajectory_index,
+        "trajectory_index": {str(i): kept.entries[i] for i in kept.id_list},
+        "trajectory_id_list": list(kept.id_list),
+    }
+    return Documents(metadata, trajectory_index)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__

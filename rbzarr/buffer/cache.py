@@ -1,0 +1,388 @@
+"""SlotCache: a FIFO cache of flattened trajectories in preallocated slots.
+
+Every key has one tensor ``[slots, max_rows, ...]``; a trajectory occupies one slot.  A batch
+of cached rows is then one ``index_select`` per key over the flattened slot tensor, whatever
+the mix of trajectories.  Slots are allocated lazily and grow (in count up to the capacity,
+and in rows when a longer trajectory arrives).
+
+A trajectory the store writer holds a private copy of is cached *shared*
+(:meth:`SlotCache.put_shared`): it takes its place in the FIFO order at once, and its rows are
+copied into a slot only when the writer is done with that copy (:meth:`SlotCache.materialize`)
+or when they are first read, whichever comes first.  One that is evicted before either is
+never copied, and ``add_trajectories`` copies each trajectory once, not twice.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from rbzarr.errors import InvalidTrajectoryError
+from rbzarr.trajectory.dtypes import dtype_name
+from rbzarr.trajectory.flat_view import Residue, join_trajectory
+from rbzarr.trajectory.model import Schema, Trajectory
+from rbzarr.trajectory.validated import ValidatedTrajectory
+
+__all__ = ["SlotCache"]
+
+# The slot of a shared trajectory whose rows are not copied into the slots yet.
+_NOT_COPIED = -1
+
+
+class SlotCache:
+    """FIFO cache of flat trajectories; ``capacity=None`` keeps every trajectory, 0 none.
+
+    Not thread-safe on its own: the buffer serialises access.
+
+    Parameters
+    ----------
+    capacity
+        The most trajectories kept (the oldest is evicted first); ``None``: no limit,
+        ``0``: the cache is disabled.
+
+    Raises
+    ------
+    ValueError
+        ``capacity`` is negative.
+    """
+
+    def __init__(self, capacity: int | None) -> None:
+        if capacity is not None and capacity < 0:
+            raise ValueError(f"cache capacity must be >= 0 or None, got {capacity}")
+        self.capacity = capacity
+        # id -> slot (_NOT_COPIED while shared), insertion order
+        self._slot_of: OrderedDict[int, int] = OrderedDict()
+        self._shared: dict[int, ValidatedTrajectory] = {}  # ids whose rows are not copied yet
+        self._schema: Schema | None = None  # what the slots hold, from the first trajectory
+        self._rows: dict[int, int] = {}
+        self._residues: dict[int, Residue] = {}
+        self._width: dict[int, int] = {}  # id -> B, to rebuild raw trajectories
+        self._storage: dict[str, torch.Tensor] = {}
+        self._free: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._slot_of)
+
+    def __contains__(self, trajectory_id: object) -> bool:
+        return trajectory_id in self._slot_of
+
+    def ids(self) -> list[int]:
+        """Cached ids, oldest first.
+
+        Returns
+        -------
+        list of int
+            A new list of the trajectory ids in insertion order.
+        """
+        return list(self._slot_of)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the cache holds: its slots, plus the tensors of shared trajectories.
+
+        A shared trajectory's tensors are the writer's copy until its commit; counted here,
+        since the cache may keep them alive after it.
+        """
+        slots = sum(t.numel() * t.element_size() for t in self._storage.values())
+        shared = sum(
+            value.numel() * value.element_size()
+            for trajectory in self._shared.values()
+            for value in trajectory.trajectory.tensors().values()
+        )
+        return slots + shared
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the cache keeps anything (its capacity is not 0)."""
+        return self.capacity != 0
+
+    def check(self, schema: Schema) -> None:
+        """Refuse rows of ``schema`` that do not fit the slots.
+
+        Keys are matched by name, whatever their order.  An empty cache accepts anything.
+
+        Parameters
+        ----------
+        schema
+            Each key's dtype name and trailing shape.
+
+        Raises
+        ------
+        InvalidTrajectoryError
+            The keys differ from the cached ones, or a key's dtype or row shape differs.
+        """
+        expected = self._schema  # read once: release() may reset it from another thread
+        if expected is None:
+            return
+        if set(schema) != set(expected):
+            raise InvalidTrajectoryError(
+                f"cache schema mismatch: expected keys {list(expected)}, got {list(schema)}"
+            )
+        for key, (dtype, shape) in schema.items():
+            held, held_shape = expected[key]
+            if (dtype, tuple(shape)) != (held, tuple(held_shape)):
+                raise InvalidTrajectoryError(
+                    f"field {key!r}: cache holds {held} rows of shape {tuple(held_shape)}, "
+                    f"got {dtype} {tuple(shape)}"
+                )
+
+    def put(
+        self, trajectory_id: int, flat: dict[str, torch.Tensor], residue: Residue, width: int
+    ) -> list[int]:
+        """Copy a flat trajectory into a slot; return the ids evicted to make room.
+
+        A disabled cache (capacity 0) keeps nothing.
+
+        Parameters
+        ----------
+        trajectory_id
+            The id to cache the trajectory under.
+        flat
+            Its ``[T*B, ...]`` rows by flat key; copied into the slot.
+        residue
+            What the flat view leaves out (copied), to rebuild the raw trajectory.
+        width
+            Its number of environments ``B``.
+
+        Returns
+        -------
+        list of int
+            The ids evicted (oldest first) to stay within the capacity.
+
+        Raises
+        ------
+        InvalidTrajectoryError
+            ``flat`` does not fit the cached schema (see :meth:`check`).
+        """
+        if not self.enabled:
+            return []
+        schema = {
+            key: (dtype_name(rows.dtype), tuple(rows.shape[1:])) for key, rows in flat.items()
+        }
+        self.check(schema)
+        evicted = self._make_room(schema)
+        self._copy_in(trajectory_id, flat, residue, width)
+        return evicted
+
+    def put_shared(self, trajectory_id: int, trajectory: ValidatedTrajectory) -> list[int]:
+        """Cache ``trajectory`` without copying it yet; return the ids evicted to make room.
+
+        Its tensors must be a private copy that nobody changes (the store writer's): its rows
+        are copied into a slot by :meth:`materialize` or when first read.  A disabled cache
+        (capacity 0) keeps nothing.
+
+        Parameters
+        ----------
+        trajectory_id
+            The id to cache the trajectory under.
+        trajectory
+            The validated trajectory; the cache keeps a reference, not a copy, until its rows
+            are copied.
+
+        Returns
+        -------
+        list of int
+            The ids evicted (oldest first) to stay within the capacity.
+
+        Raises
+        ------
+        InvalidTrajectoryError
+            Its schema does not fit the cached one (see :meth:`check`).
+        """
+        if not self.enabled:
+            return []
+        self.check(trajectory.spec.schema)
+        evicted = self._make_room(trajectory.spec.schema)
+        self._slot_of[trajectory_id] = _NOT_COPIED
+        self._shared[trajectory_id] = trajectory
+        return evicted
+
+    def materialize(self, trajectory_id: int) -> None:
+        """Copy the rows of a shared trajectory into its slot (nothing if there are none).
+
+        The cache then no longer refers to the shared tensors.
+
+        Parameters
+        ----------
+        trajectory_id
+            A cached id; one whose rows are copied already, or not cached, is left alone.
+        """
+        trajectory = self._shared.get(trajectory_id)
+        if trajectory is not None:
+            # Stop sharing only once copied: a failed copy leaves a consistent shared entry.
+            self._copy_in(trajectory_id, trajectory.flat, trajectory.residue, trajectory.spec.B)
+            del self._shared[trajectory_id]
+
+    def _materialize_all(self, trajectory_ids: list[int]) -> None:
+        for trajectory_id in [i for i in trajectory_ids if i in self._shared]:
+            self.materialize(trajectory_id)
+
+    def _make_room(self, schema: Schema) -> list[int]:
+        """Evict the oldest until one more trajectory fits; remember the first schema."""
+        if self._schema is None:
+            self._schema = dict(schema)
+        evicted: list[int] = []
+        if self.capacity is not None:
+            while len(self._slot_of) >= self.capacity:
+                evicted.append(self._evict_oldest())
+        return evicted
+
+    def _copy_in(
+        self, trajectory_id: int, flat: dict[str, torch.Tensor], residue: Residue, width: int
+    ) -> None:
+        """Copy ``flat`` into a free slot (an id already listed keeps its FIFO place)."""
+        rows = int(next(iter(flat.values())).shape[0])
+        slot = self._claim_slot(flat, rows)
+        for key, slots in self._storage.items():
+            slots[slot, :rows].copy_(flat[key])
+        self._slot_of[trajectory_id] = slot
+        self._rows[trajectory_id] = rows
+        self._residues[trajectory_id] = _copy_residue(residue)
+        self._width[trajectory_id] = width
+
+    def _evict_oldest(self) -> int:
+        oldest, slot = self._slot_of.popitem(last=False)
+        if slot == _NOT_COPIED:
+            self._shared.pop(oldest, None)
+            return oldest
+        del self._rows[oldest], self._residues[oldest], self._width[oldest]
+        self._free.append(slot)
+        return oldest
+
+    def _claim_slot(self, flat: dict[str, torch.Tensor], rows: int) -> int:
+        allocated = next(iter(self._storage.values())).shape[0] if self._storage else 0
+        if not self._free:
+            # Every allocated slot is taken: double them (up to the capacity).
+            wanted = max(1, allocated * 2)
+            if self.capacity is not None:
+                wanted = min(wanted, self.capacity)
+            self._free.extend(range(wanted - 1, allocated - 1, -1))
+            allocated = wanted
+        self._grow(allocated, max(rows, self._max_rows), flat)
+        return self._free.pop()
+
+    @property
+    def _max_rows(self) -> int:
+        return next(iter(self._storage.values())).shape[1] if self._storage else 0
+
+    def _grow(self, slots: int, max_rows: int, flat: dict[str, torch.Tensor]) -> None:
+        for key, tensor in flat.items():
+            old = self._storage.get(key)
+            if old is not None and old.shape[0] >= slots and old.shape[1] >= max_rows:
+                continue
+            new = torch.empty((slots, max_rows, *tensor.shape[1:]), dtype=tensor.dtype)
+            if old is not None:
+                new[: old.shape[0], : old.shape[1]].copy_(old)
+            self._storage[key] = new
+
+    def slots(self, trajectory_ids: list[int]) -> torch.Tensor:
+        """The slot of each id (``-1`` where not cached), as an int64 tensor.
+
+        Shared trajectories among ``trajectory_ids`` are copied into their slots first.
+
+        Parameters
+        ----------
+        trajectory_ids
+            The ids to look up.
+
+        Returns
+        -------
+        torch.Tensor
+            1-D ``int64``, one slot per id in the order given.
+        """
+        self._materialize_all(trajectory_ids)
+        return torch.tensor([self._slot_of.get(i, -1) for i in trajectory_ids], dtype=torch.int64)
+
+    def gather(self, slots: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Rows ``rows`` of the trajectories in ``slots`` (from :meth:`slots`, all cached).
+
+        One ``index_select`` per key; the results are fresh tensors.
+
+        Parameters
+        ----------
+        slots
+            ``int64`` slot of each wanted row; every slot must hold a trajectory.
+        rows
+            ``int64`` flat row of each wanted row inside its trajectory.
+
+        Returns
+        -------
+        dict of str to torch.Tensor
+            ``[len(rows), ...]`` per key, in the cache's key order.
+        """
+        flat_index = slots * self._max_rows + rows
+        return {
+            key: slots_tensor.view(-1, *slots_tensor.shape[2:]).index_select(0, flat_index)
+            for key, slots_tensor in self._storage.items()
+        }
+
+    def trajectory(self, trajectory_id: int) -> Trajectory:
+        """The raw ``[T, B, ...]`` trajectory rebuilt from its slot (copies).
+
+        Parameters
+        ----------
+        trajectory_id
+            A cached id (``KeyError`` otherwise).
+
+        Returns
+        -------
+        Trajectory
+            With its reset rows, unsampled fields and scalars restored.
+        """
+        self.materialize(trajectory_id)
+        slot, rows = self._slot_of[trajectory_id], self._rows[trajectory_id]
+        flat = {key: slots[slot, :rows].clone() for key, slots in self._storage.items()}
+        return join_trajectory(flat, self._residues[trajectory_id], self._width[trajectory_id])
+
+    def state_dict(self) -> dict[str, Any]:
+        """The cached trajectories, oldest first: ``{"capacity", "trajectories"}``.
+
+        Returns
+        -------
+        dict of str to Any
+            ``{"capacity": int or None, "trajectories": [(id, flat rows, residue, B), ...]}``;
+            the tensors are copies.
+        """
+        self._materialize_all(list(self._shared))
+        trajectories = []
+        for trajectory_id, slot in self._slot_of.items():
+            rows = self._rows[trajectory_id]
+            flat = {key: slots[slot, :rows].clone() for key, slots in self._storage.items()}
+            residue = _copy_residue(self._residues[trajectory_id])
+            trajectories.append((trajectory_id, flat, residue, self._width[trajectory_id]))
+        return {"capacity": self.capacity, "trajectories": trajectories}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace the content by :meth:`state_dict`'s (the capacity stays this cache's).
+
+        Parameters
+        ----------
+        state
+            A dict from :meth:`state_dict`; trajectories beyond this cache's capacity evict
+            the oldest, as :meth:`put` does.
+        """
+        self.clear()
+        for trajectory_id, flat, residue, width in state["trajectories"]:
+            self.put(trajectory_id, flat, residue, width)
+
+    def clear(self) -> None:
+        """Drop every trajectory and free the slots."""
+        self._slot_of.clear()
+        self._shared.clear()
+        self._schema = None
+        self._rows.clear()
+        self._residues.clear()
+        self._width.clear()
+        self._storage.clear()
+        self._free.clear()
+
+
+def _copy_residue(residue: Residue) -> Residue:
+    return Residue(
+        reset_rows={k: v.clone() for k, v in residue.reset_rows.items()},
+        unsampled={k: v.clone() for k, v in residue.unsampled.items()},
+        max_episode_length=residue.max_episode_length,
+        model_weights_id=residue.model_weights_id,
+    )

@@ -1,0 +1,320 @@
+"""Checkpoints: what ``save_checkpoint`` writes and what ``load_checkpoint`` reads back.
+
+A checkpoint is the state of the index, the sampler and the schema (in ``metadata.json`` and
+``trajectory_index.json``) plus the trajectories' data.  :func:`save` writes one from states
+the buffer hands it; :func:`load` reads one completely, this rank's share only, *before*
+anything changes, and returns a :class:`LoadedCheckpoint` that the buffer adopts.
+
+RLinf lists every id it ever added but saves only its window: in a store written by RLinf
+(no rbzarr format marker) listed ids without data are skipped with one warning, unless
+``strict``; in a store written by rbzarr, missing data is always an error.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rbzarr.buffer.index import TrajectoryIndex
+from rbzarr.errors import (
+    CheckpointConflictError,
+    CheckpointNotFoundError,
+    InvalidTrajectoryError,
+    StoreExistsError,
+)
+from rbzarr.storage.documents import METADATA_FILE, Entry, read_documents
+from rbzarr.storage.layout import TrajectoryLayout, check_entry_shape
+from rbzarr.storage.location import Location
+from rbzarr.storage.registry import stored_format
+from rbzarr.trajectory.model import Schema
+from rbzarr.trajectory.validated import ValidatedTrajectory
+
+__all__ = [
+    "LoadedCheckpoint",
+    "check_target",
+    "format_at",
+    "is_rbzarr_store",
+    "load",
+    "save",
+    "schema_from_json",
+    "schema_to_json",
+]
+
+# A layout for a location and a format name (the buffer's options applied where they fit).
+LayoutFactory = Callable[[Location, str], TrajectoryLayout]
+
+
+def schema_to_json(schema: Schema | None) -> dict[str, Any] | None:
+    """The buffer schema as JSON (``{key: [dtype, [trailing...]]}``).
+
+    Parameters
+    ----------
+    schema
+        Flat key to ``(dtype name, trailing shape)``; ``None`` before the first add.
+
+    Returns
+    -------
+    dict of str to Any or None
+        ``{key: [dtype name, [trailing dims]]}`` in the schema's order, or ``None``.
+    """
+    if schema is None:
+        return None
+    return {key: [dtype, list(trailing)] for key, (dtype, trailing) in schema.items()}
+
+
+def schema_from_json(document: Any) -> Schema | None:
+    """Inverse of :func:`schema_to_json`; ``None`` when the store has no schema.
+
+    Parameters
+    ----------
+    document
+        The ``"schema"`` value of ``metadata.json``; ``None`` or empty when absent (RLinf
+        records none).
+
+    Returns
+    -------
+    Schema or None
+        Flat key to ``(dtype name, trailing shape tuple)``, in the document's order.
+    """
+    if not document:
+        return None
+    return {
+        key: (str(dtype), tuple(int(d) for d in trailing))
+        for key, (dtype, trailing) in document.items()
+    }
+
+
+def is_rbzarr_store(metadata: Mapping[str, Any]) -> bool:
+    """Whether ``metadata.json`` was written by rbzarr (it carries the format marker).
+
+    Parameters
+    ----------
+    metadata
+        The store's ``metadata.json``.
+
+    Returns
+    -------
+    bool
+        True when it holds ``rbzarr_format_version``; false for a store RLinf wrote.
+    """
+    return "rbzarr_format_version" in metadata
+
+
+def format_at(location: Location) -> str | None:
+    """The format of the store at ``location``, or ``None`` when there is none.
+
+    Parameters
+    ----------
+    location
+        Where a store may be; there is one when ``metadata.json`` exists.
+
+    Returns
+    -------
+    str or None
+        The ``trajectory_format`` its metadata names (``"pt"`` when it names none, as
+        RLinf writes), or ``None`` without ``metadata.json``.
+
+    Raises
+    ------
+    CheckpointNotFoundError
+        ``metadata.json`` exists but ``trajectory_index.json`` does not.
+    CorruptStoreError
+        A document is not a JSON object.
+    """
+    if not location.exists(METADATA_FILE):
+        return None
+    return stored_format(read_documents(location))
+
+
+# -- saving -----------------------------------------------------------------------------------
+def check_target(target: TrajectoryLayout, auto_save_url: str | None) -> None:
+    """Refuse a save path that is the auto-save store or holds a store already.
+
+    Parameters
+    ----------
+    target
+        The layout at the checkpoint's ``save_path``.
+    auto_save_url
+        The buffer's auto-save store URL; ``None`` without ``auto_save``.
+
+    Raises
+    ------
+    CheckpointConflictError
+        ``target`` is the auto-save store (a checkpoint there would drop older trajectories
+        from its index).
+    StoreExistsError
+        ``target`` holds a store: a checkpoint never overwrites data.
+    """
+    url = target.location.url
+    if url == auto_save_url:
+        raise CheckpointConflictError(
+            f"save_path {url!r} is the auto_save_path: a checkpoint there would drop older "
+            "trajectories from the store's index; choose another path"
+        )
+    if target.holds_data():
+        raise StoreExistsError(
+            f"{url} already holds a store; a checkpoint never overwrites data: choose a new "
+            "save_path or delete the old checkpoint first"
+        )
+
+
+def save(
+    target: TrajectoryLayout,
+    index: TrajectoryIndex,
+    metadata: Mapping[str, Any],
+    copy_trajectory: Callable[[TrajectoryLayout, Entry], None],
+) -> None:
+    """Write ``index``'s trajectories (through ``copy_trajectory``), then its documents.
+
+    Unsafe file names fail before anything is written.
+
+    Parameters
+    ----------
+    target
+        The checkpoint's layout (checked with :func:`check_target` first).
+    index
+        The trajectories to save, in order, with the counters.
+    metadata
+        Extra ``metadata.json`` keys (seed, schema, sampler state).
+    copy_trajectory
+        Writes one trajectory, given the target and its entry, into ``target``.
+
+    Raises
+    ------
+    UnsafePathError
+        An entry's file name would leave ``target``; nothing was written.
+    """
+    for trajectory_id in index.id_list:
+        target.trajectory_path(index.entries[trajectory_id])
+    for trajectory_id in index.id_list:
+        copy_trajectory(target, index.entries[trajectory_id])
+    target.write_documents(index.to_documents(target.format, metadata))
+
+
+# -- loading ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """Everything a buffer needs to adopt a checkpoint, read before anything changes.
+
+    Parameters
+    ----------
+    source
+        The checkpoint's layout, to copy or read more trajectories from.
+    full
+        The checkpoint's whole index.
+    share
+        This rank's part of ``full`` (all of it for a full load), keeping only the
+        trajectories that have data.
+    schema
+        The stored schema, or the one learnt from the data; ``None`` for an empty share.
+    sampler
+        The sampler state to restore (only the seed for a rank's share).
+    warm
+        ``(id, validated trajectory)`` of the last trajectories of ``share``, as many as
+        the cache keeps.
+    is_partial
+        Whether ``share`` leaves out other ranks' ids.
+    """
+
+    source: TrajectoryLayout
+    full: TrajectoryIndex
+    share: TrajectoryIndex
+    schema: Schema | None
+    sampler: dict[str, Any]
+    warm: list[tuple[int, ValidatedTrajectory]]
+    is_partial: bool = False
+
+    @property
+    def trajectory_format(self) -> str:
+        """The format stored at the checkpoint's path."""
+        return self.source.format
+
+
+def load(
+    location: Location,
+    open_layout: LayoutFactory,
+    *,
+    share_of: tuple[int, int] | None = None,
+    warm_capacity: int | None = None,
+    strict: bool = False,
+) -> LoadedCheckpoint:
+    """Read the checkpoint at ``location`` (or this rank's share of it).
+
+    Parameters
+    ----------
+    location
+        The checkpoint's root.
+    open_layout
+        Builds the layout of the format the checkpoint's metadata names.
+    share_of
+        ``(local_rank, world_size)`` for a distributed load, ``None`` for a full one.
+    warm_capacity
+        How many of the share's last trajectories to read for the cache (``None``: all).
+    strict
+        Raise instead of skipping ids an RLinf checkpoint lists without data.
+
+    Returns
+    -------
+    LoadedCheckpoint
+        Everything read; nothing in the buffer has changed yet.
+
+    Raises
+    ------
+    CheckpointNotFoundError
+        A document is missing, or listed data is missing (always in rbzarr's stores).
+    CorruptStoreError, InvalidTrajectoryError
+        The documents or the data are malformed or disagree.
+    """
+    documents = read_documents(location)
+    full = TrajectoryIndex.from_documents(documents, location.url)
+    share = full if share_of is None else full.shard(*share_of)
+    is_partial = share.id_list != full.id_list
+    source = open_layout(location, stored_format(documents))
+    missing = [i for i in share.id_list if not source.contains(share.entries[i])]
+    if missing:
+        if strict or is_rbzarr_store(documents.metadata):
+            raise CheckpointNotFoundError(
+                f"{location.url}: the index lists trajectories {missing} but their data is missing"
+            )
+        warnings.warn(
+            f"{location.url}: skipped trajectories {missing}: the index lists them but their "
+            "data was never saved (RLinf saves only its window); pass strict=True to refuse",
+            UserWarning,
+            stacklevel=3,
+        )
+        share = share.subset(i for i in share.id_list if i not in set(missing))
+    schema = schema_from_json(documents.metadata.get("schema"))
+    warm_ids = share.id_list if warm_capacity is None else share.id_list[-warm_capacity:]
+    if warm_capacity == 0:
+        warm_ids = []
+    warm = _read_validated(source, share, warm_ids, schema)
+    if schema is None and warm:
+        schema = warm[-1][1].spec.schema
+    elif schema is None and share.id_list:
+        # An RLinf checkpoint records no schema and nothing was warmed: learn it from data.
+        ((_, last),) = _read_validated(source, share, share.id_list[-1:], None)
+        schema = last.spec.schema
+    sampler = documents.metadata.get("sampler")
+    if share_of is not None or not isinstance(sampler, dict):
+        # Only the seed (if recorded): a rank restarts the stream from it.
+        sampler = {k: v for k, v in documents.metadata.items() if k == "seed"}
+    return LoadedCheckpoint(source, full, share, schema, dict(sampler), warm, is_partial)
+
+
+def _read_validated(
+    source: TrajectoryLayout, index: TrajectoryIndex, ids: list[int], schema: Schema | None
+) -> list[tuple[int, ValidatedTrajectory]]:
+    loaded = []
+    where = source.location.url
+    for trajectory_id in ids:
+        entry = index.entries[trajectory_id]
+        try:
+            validated = ValidatedTrajectory.check(source.read(entry), schema)
+        except InvalidTrajectoryError as exc:
+            raise InvalidTrajectoryError(f"{where}: trajectory {trajectory_id}: {exc}") from exc
+        check_entry_shape(entry, list(validated.spec.shape), where)
+        schema = validated.spec.schema
+        loaded.append((trajectory_id, validated))
+    return loaded

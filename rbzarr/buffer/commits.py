@@ -1,0 +1,396 @@
+"""StoreWriter: the one owner of writing an auto-save store.
+
+It opens the store (appending to one that exists, refusing one it cannot append to), writes
+each accepted trajectory on a :class:`~rbzarr.buffer.background.BackgroundWriter` and
+commits in order:
+the trajectory's data, then its group attributes (the layout's commit marker), then the two
+documents that list it, once per burst of writes.  It keeps the in-memory copy of every
+trajectory until that trajectory's data is complete, so sampling never waits for storage.
+
+Nothing outside this module writes or deletes in the store, and this module deletes nothing
+but what it wrote: a user's files in or beside a store are never touched, and a new
+trajectory never gets the id of data already in the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from rbzarr.buffer.background import DEFAULT_TIMEOUT, BackgroundWriter
+from rbzarr.buffer.checkpoint import LoadedCheckpoint, is_rbzarr_store, schema_from_json
+from rbzarr.buffer.index import TrajectoryIndex
+from rbzarr.errors import CheckpointConflictError, StoreExistsError
+from rbzarr.storage.backends import translate_errors
+from rbzarr.storage.documents import Entry, read_documents
+from rbzarr.storage.layout import TrajectoryLayout
+from rbzarr.storage.registry import stored_format
+from rbzarr.trajectory.model import Schema
+from rbzarr.trajectory.validated import ValidatedTrajectory
+
+__all__ = ["StoreWriter"]
+
+
+class StoreWriter:
+    """Writes accepted trajectories into one store, in order, committing last.
+
+    Parameters
+    ----------
+    layout
+        The store's layout; an existing store there must be of the layout's format.
+    max_pending_writes
+        Bound of the write queue (see :class:`~rbzarr.buffer.background.BackgroundWriter`).
+    metadata
+        Extra ``metadata.json`` keys (seed, schema, ...); see :meth:`set_metadata`.
+    on_committed
+        Called on the writer thread with each trajectory's id once it is committed and the
+        writer no longer holds its in-memory copy (holding none of this object's locks); it
+        must not block, or the writes behind it wait.  What it raises is ignored: the commit
+        stands.
+
+    Raises
+    ------
+    StoreExistsError
+        The path is a file, or holds a store of another format: nothing can be appended.
+    """
+
+    def __init__(
+        self,
+        layout: TrajectoryLayout,
+        *,
+        max_pending_writes: int = 8,
+        metadata: Mapping[str, Any] | None = None,
+        on_committed: Callable[[int], None] | None = None,
+    ) -> None:
+        self.layout = layout
+        self._on_committed = on_committed
+        self._writer = BackgroundWriter(max_pending=max_pending_writes, target=layout.location.url)
+        self._lock = threading.Lock()
+        self._metadata = dict(metadata or {})
+        self._pending: dict[int, ValidatedTrajectory] = {}
+        self.stored_schema: Schema | None = None
+        self._committed = self._read_existing()
+        self._claimed = self.layout.has_documents()
+
+    def _read_existing(self) -> TrajectoryIndex:
+        """The index of the store already here (empty if none); sets ``stored_schema``.
+
+        Raises
+        ------
+        StoreExistsError
+            The path is a file, or holds a store of another format.
+        """
+        location = self.layout.location
+        with translate_errors(location.url, "opening"):
+            is_file = location.fs.isfile(location.path)
+        if is_file:
+            raise StoreExistsError(
+                f"auto_save_path {location.url} is a file: it must be a folder (new, or holding "
+                "a store to append to); choose another auto_save_path"
+            )
+        committed = TrajectoryIndex()
+        if self.layout.has_documents():
+            documents = read_documents(location)
+            fmt = stored_format(documents)
+            if fmt != self.layout.format:
+                raise StoreExistsError(
+                    f"auto_save_path {location.url} holds a {fmt!r} store and this buffer "
+                    f"writes {self.layout.format!r}: build it with trajectory_format={fmt!r} to "
+                    "append to that store, or choose another auto_save_path"
+                )
+            committed = TrajectoryIndex.from_documents(documents, location.url)
+            self.stored_schema = schema_from_json(documents.metadata.get("schema"))
+            if not is_rbzarr_store(documents.metadata):
+                # RLinf lists ids it never saved; rbzarr's documents list only what exists.
+                present = set(self.layout.list_ids())
+                committed = committed.subset(i for i in committed.id_list if i in present)
+        # Data the documents do not list (an interrupted write) keeps its id too.
+        committed.trajectory_counter = max(
+            committed.trajectory_counter, max(self.layout.list_ids(), default=-1) + 1
+        )
+        return committed
+
+    # -- what the store holds ---------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        """The store's URL."""
+        return self.layout.location.url
+
+    @property
+    def next_id(self) -> int:
+        """The smallest id above everything committed or queued here."""
+        with self._lock:
+            return max(self._committed.trajectory_counter, max(self._pending, default=-1) + 1)
+
+    @property
+    def pending(self) -> int:
+        """Writes queued or running."""
+        return self._writer.pending
+
+    @property
+    def last_error(self) -> BaseException | None:
+        """The error the current write keeps failing with, if any."""
+        return self._writer.last_error
+
+    def pending_trajectory(self, trajectory_id: int) -> ValidatedTrajectory | None:
+        """The in-memory copy of a trajectory whose data is not complete yet.
+
+        Parameters
+        ----------
+        trajectory_id
+            The id to look up.
+
+        Returns
+        -------
+        ValidatedTrajectory or None
+            The copy held since :meth:`submit`; ``None`` once its data is in the store (or
+            for an id never submitted).
+        """
+        with self._lock:
+            return self._pending.get(trajectory_id)
+
+    def pending_flats(self, ids: Iterable[int]) -> dict[int, dict[str, torch.Tensor]]:
+        """Flat views of those of ``ids`` that are still being written.
+
+        Parameters
+        ----------
+        ids
+            Trajectory ids, e.g. those a sample drew that the cache misses.
+
+        Returns
+        -------
+        dict of int to dict of str to torch.Tensor
+            The ``[T*B, ...]`` flat view of each pending id (not copied); other ids are
+            left out.
+        """
+        with self._lock:
+            return {i: self._pending[i].flat for i in ids if i in self._pending}
+
+    def set_metadata(self, **values: Any) -> None:
+        """Set ``metadata.json`` keys written with the next commit.
+
+        Parameters
+        ----------
+        **values
+            Keys and JSON-ready values (e.g. ``seed=``, ``schema=``); they replace earlier
+            values of the same keys.
+        """
+        with self._lock:
+            self._metadata.update(values)
+
+    # -- writing ----------------------------------------------------------------------------
+    def check(self, trajectory: ValidatedTrajectory) -> None:
+        """Raise if the layout cannot store ``trajectory`` (an unsafe file name).
+
+        Parameters
+        ----------
+        trajectory
+            A trajectory about to be accepted; its ``model_weights_id`` names pt / pkl files.
+
+        Raises
+        ------
+        UnsafePathError
+            The file name built from its ``model_weights_id`` would leave the store.
+        """
+        self.layout.trajectory_path(
+            {"trajectory_id": 0, "model_weights_id": trajectory.trajectory.model_weights_id}
+        )
+
+    def wait_for_room(self, count: int) -> None:
+        """Block until ``count`` writes fit in the queue; refuse at once while failing.
+
+        Parameters
+        ----------
+        count
+            How many writes the caller is about to :meth:`submit`.
+
+        Raises
+        ------
+        BufferClosedError
+            The writer is closed.
+        WriterFailedError
+            The queue is full and the failing write failed again: nothing was queued.
+        """
+        self._writer.wait_for_room(count)
+
+    def submit(self, items: Sequence[tuple[Entry, ValidatedTrajectory]]) -> None:
+        """Queue the writes of ``items`` (after :meth:`wait_for_room`), in order.
+
+        Each trajectory is held in memory (see :meth:`pending_trajectory`) until its data is
+        complete in the store.
+
+        Parameters
+        ----------
+        items
+            ``(index entry, trajectory)`` pairs, in id order.
+
+        Raises
+        ------
+        BufferClosedError
+            The writer is closed.
+        """
+        with self._lock:
+            for entry, trajectory in items:
+                self._pending[int(entry["trajectory_id"])] = trajectory
+        self._writer.submit([functools.partial(self._commit, dict(e), t) for e, t in items])
+
+    def _commit(self, entry: dict[str, Any], trajectory: ValidatedTrajectory) -> None:
+        """Writer thread: the data, then (last of a burst) the documents that list it.
+
+        A new store is first committed empty (claimed), so a crash during its first write
+        leaves a store that loads.
+        """
+        if not self._claimed:
+            with self._lock:
+                documents = self._committed.to_documents(self.layout.format, self._metadata)
+            self.layout.write_documents(documents)
+            self._claimed = True
+        self.layout.write(entry, trajectory)  # validated once, on add: not again
+        trajectory_id = int(entry["trajectory_id"])
+        with self._lock:
+            committed = self._committed
+            if trajectory_id not in committed.entries:
+                committed.entries[trajectory_id] = entry
+                committed.id_list.append(trajectory_id)
+            committed.trajectory_counter = max(committed.trajectory_counter, trajectory_id + 1)
+            # The data is complete and readable from the store from here on.
+            self._pending.pop(trajectory_id, None)
+            # With more writes queued behind this one, the last of them commits for all.
+            last = self._writer.pending <= 1
+            documents = committed.to_documents(self.layout.format, self._metadata)
+        if last:
+            self.layout.write_documents(documents)
+        if self._on_committed is not None:
+            # The commit stands whatever the callback does: a failure must not make the
+            # writer retry (and rewrite) a trajectory that is already listed.
+            with contextlib.suppress(Exception):
+                self._on_committed(trajectory_id)
+
+    def copy_to(self, target: TrajectoryLayout, entry: Entry) -> None:
+        """Copy one trajectory into ``target`` (a checkpoint), whether committed or not.
+
+        A trajectory still being written may be half-written in the store: its in-memory
+        copy is saved.  It leaves the pending set only once its data is complete.
+
+        Parameters
+        ----------
+        target
+            The checkpoint's layout, written to.
+        entry
+            The trajectory's index entry.
+        """
+        pending = self.pending_trajectory(int(entry["trajectory_id"]))
+        if pending is not None:
+            target.write(entry, pending)
+        else:
+            self.layout.copy_to(target, entry)
+
+    def adopt(self, loaded: LoadedCheckpoint) -> None:
+        """Make the store hold a loaded checkpoint's trajectories, so it stays self-contained.
+
+        Parameters
+        ----------
+        loaded
+            The checkpoint just read by :func:`rbzarr.buffer.checkpoint.load`.
+
+        Raises
+        ------
+        CheckpointConflictError
+            A rank's share of this very store: ranks appending to one store would write the
+            same new ids.
+        StoreExistsError
+            See :meth:`import_trajectories`.
+        """
+        if loaded.source.location.url == self.url and loaded.is_partial:
+            raise CheckpointConflictError(
+                f"{self.url}: a rank's share cannot continue in place in the shared "
+                "auto_save store: ranks appending to one store would write the same new ids; "
+                "give each rank its own auto_save_path"
+            )
+        self.import_trajectories(loaded.source, loaded.share)
+
+    def import_trajectories(self, source: TrajectoryLayout, index: TrajectoryIndex) -> None:
+        """Make the store hold ``index``'s trajectories too, copied from ``source``.
+
+        Trajectories the store already holds (same id and uuid) are not copied again.  Call
+        with no write queued (after :meth:`flush`).
+
+        Parameters
+        ----------
+        source
+            The layout the trajectories are copied from.
+        index
+            The trajectories to hold, with their entries; the store's counter becomes at
+            least ``index``'s.
+
+        Raises
+        ------
+        StoreExistsError
+            The store holds another trajectory under one of the ids; nothing was written.
+        """
+        with self._lock:
+            known = dict(self._committed.entries)
+        unlisted = set(self.layout.list_ids()) - set(known)
+        clashes = [
+            i
+            for i in index.id_list
+            if i in unlisted or (i in known and known[i].get("uuid") != index.entries[i]["uuid"])
+        ]
+        if clashes:
+            raise StoreExistsError(
+                f"auto_save_path {self.url} already holds other trajectories with the ids "
+                f"{clashes} of the checkpoint {source.location.url}; nothing was loaded: build "
+                "the buffer with a new auto_save_path to load this checkpoint"
+            )
+        for trajectory_id in index.id_list:
+            if trajectory_id not in known:
+                source.copy_to(self.layout, index.entries[trajectory_id])
+        with self._lock:
+            for trajectory_id in index.id_list:
+                if trajectory_id not in self._committed.entries:
+                    self._committed.entries[trajectory_id] = dict(index.entries[trajectory_id])
+                    self._committed.id_list.append(trajectory_id)
+            self._committed.trajectory_counter = max(
+                self._committed.trajectory_counter, index.trajectory_counter
+            )
+            documents = self._committed.to_documents(self.layout.format, self._metadata)
+        self.layout.write_documents(documents)
+
+    def flush(self, timeout: float = DEFAULT_TIMEOUT) -> None:
+        """Wait until every queued write is committed (see :meth:`BackgroundWriter.flush`).
+
+        Parameters
+        ----------
+        timeout
+            Seconds to wait at most.
+
+        Raises
+        ------
+        WriterFailedError
+            Writes are still uncommitted after ``timeout``; they stay queued and retried.
+        """
+        self._writer.flush(timeout)
+
+    def close(self, timeout: float = DEFAULT_TIMEOUT, wait: bool = True) -> None:
+        """Stop accepting writes and wait for the queued ones.
+
+        See :meth:`~rbzarr.buffer.background.BackgroundWriter.close`.
+
+        Parameters
+        ----------
+        timeout
+            Seconds to wait at most.
+        wait
+            ``False`` returns at once; the queued writes go on but are not retried.
+
+        Raises
+        ------
+        WriterFailedError
+            Writes are still uncommitted after ``timeout``; they stay queued and retried.
+        """
+        self._writer.close(timeout, wait)

@@ -1,0 +1,399 @@
+"""The ``rbzarr`` command: inspect, check, convert, merge, split and plot stores.
+
+Each subcommand parses its arguments, calls one library function and prints the result
+(``--json`` prints it as JSON on stdout).  A user error -- a bad URL, a directory that is
+not a store, a corrupt store, an unreachable backend, missing credentials -- prints one
+line ``Error: ...`` on stderr and exits with status 1; a reader that closes the pipe
+(``rbzarr ls URL | head``) ends the command quietly.  Progress bars are drawn only when
+stderr is a terminal.  Add a subcommand with one ``@main.command()`` function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import click
+
+from rbzarr.cli.console import OneLineErrors, parse_ids, parse_storage_options, progress_wanted
+
+__all__ = ["main"]
+
+
+def _options(ctx: click.Context) -> dict[str, Any]:
+    return dict(ctx.find_root().params.get("storage_options") or {})
+
+
+def _print_json(document: Any) -> None:
+    click.echo(json.dumps(document, indent=2))
+
+
+def _echo_lines(lines: list[str]) -> None:
+    click.echo("\n".join(lines))
+
+
+_json_flag = click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
+
+
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--storage-option",
+    "storage_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=parse_storage_options,
+    help="fsspec option for every URL (repeatable; VALUE is parsed as JSON if it can be), "
+    "e.g. --storage-option endpoint_url=http://localhost:9000 --storage-option anon=false.",
+)
+@click.version_option(package_name="rbzarr")
+def main(storage_options: dict[str, Any]) -> None:
+    """Inspect and manage rbzarr / RLinf trajectory stores (local paths or fsspec URLs)."""
+
+
+@main.command()
+@click.argument("url")
+@_json_flag
+@click.pass_context
+def info(ctx: click.Context, url: str, as_json: bool) -> None:
+    """Counts, per-key dtype / shape / chunks / codec, and sizes of the store at URL."""
+    from rbzarr.analysis.report_text import info_lines  # noqa: PLC0415
+    from rbzarr.analysis.summary import describe_store  # noqa: PLC0415
+    from rbzarr.analysis.view import open_buffer  # noqa: PLC0415 (keep --help fast)
+
+    report = describe_store(open_buffer(url, _options(ctx)))
+    if as_json:
+        _print_json(report)
+        return
+    _echo_lines(info_lines(report))
+
+
+@main.command(name="ls")
+@click.argument("url")
+@_json_flag
+@click.pass_context
+def list_command(ctx: click.Context, url: str, as_json: bool) -> None:
+    """One line per committed trajectory: id, uuid, shape, samples, weights id, bytes."""
+    from rbzarr.analysis.report_text import ls_lines  # noqa: PLC0415
+    from rbzarr.analysis.summary import list_trajectories  # noqa: PLC0415
+    from rbzarr.analysis.view import open_buffer  # noqa: PLC0415
+
+    rows = list_trajectories(open_buffer(url, _options(ctx)))
+    if as_json:
+        _print_json(rows)
+        return
+    _echo_lines(ls_lines(rows))
+
+
+_per_trajectory_flag = click.option(
+    "--per-trajectory",
+    is_flag=True,
+    help="Cut episodes at trajectory boundaries instead of following them into the next "
+    "trajectory of their run (consecutive ids, same number of envs).",
+)
+
+
+@main.command()
+@click.argument("url")
+@click.option(
+    "--keys",
+    multiple=True,
+    help="Only these flat keys (comma-separated or repeated), e.g. rewards,curr_obs/state.",
+)
+@_per_trajectory_flag
+@_json_flag
+@click.pass_context
+def stats(
+    ctx: click.Context, url: str, keys: tuple[str, ...], per_trajectory: bool, as_json: bool
+) -> None:
+    """Per-key mean / std / min / max and episode returns and lengths (streaming)."""
+    from rbzarr.analysis.report_text import stats_lines  # noqa: PLC0415
+    from rbzarr.analysis.stats import compute_stats  # noqa: PLC0415
+
+    wanted = [key for item in keys for key in item.split(",") if key] or None
+    report = compute_stats(
+        url,
+        wanted,
+        progress=progress_wanted(),
+        across_trajectories=not per_trajectory,
+        storage_options=_options(ctx),
+    )
+    if as_json:
+        _print_json(report)
+        return
+    _echo_lines(stats_lines(report))
+
+
+@main.command()
+@click.argument("url")
+@click.option("--repair", is_flag=True, help="Remove orphans and temp files, never indexed data.")
+@click.option(
+    "--drop-damaged",
+    is_flag=True,
+    help="With --repair: remove the index entries of trajectories whose data cannot be read "
+    "(their data stays, as orphans).",
+)
+@_json_flag
+@click.pass_context
+def verify(ctx: click.Context, url: str, repair: bool, drop_damaged: bool, as_json: bool) -> None:
+    """Check index against data; exit 1 while problems remain.
+
+    \f
+    Parameters
+    ----------
+    ctx
+        The command's context; the group's ``--storage-option`` values are read from it.
+    url
+        The store to check.
+    repair, drop_damaged
+        ``--repair`` and ``--drop-damaged``, passed to ``verify_store``.
+    as_json
+        ``--json``: print the report as JSON instead of lines.
+
+    Raises
+    ------
+    click.UsageError
+        ``--drop-damaged`` without ``--repair`` (nothing is checked).
+    """
+    from rbzarr.analysis.report_text import verify_lines  # noqa: PLC0415
+    from rbzarr.analysis.verify import verify_store  # noqa: PLC0415
+
+    if drop_damaged and not repair:
+        raise click.UsageError("--drop-damaged changes the index: use it with --repair")
+    report = verify_store(url, _options(ctx), repair=repair, drop_damaged=drop_damaged)
+    if as_json:
+        _print_json(report.to_dict())
+    else:
+        _echo_lines(verify_lines(report))
+    if not report.ok:
+        ctx.exit(1)
+
+
+_format_choice = click.Choice(["zarr", "pt", "pkl"])
+
+
+@main.command()
+@click.argument("source")
+@click.argument("destination")
+@click.option("--format", "trajectory_format", type=_format_choice, required=True)
+@click.option("--ids", callback=parse_ids, help="Only these ids, e.g. 1,2,5.")
+@click.option("--last", type=click.IntRange(min=0), help="Only the last N trajectories.")
+@click.pass_context
+def export(
+    ctx: click.Context,
+    source: str,
+    destination: str,
+    trajectory_format: str,
+    ids: list[int] | None,
+    last: int | None,
+) -> None:
+    """Copy SOURCE into a new store DESTINATION in another layout."""
+    from rbzarr.analysis.export import export_store  # noqa: PLC0415
+
+    options = _options(ctx)
+    documents = export_store(
+        source,
+        destination,
+        trajectory_format,
+        ids=ids,
+        last=last,
+        storage_options=options,
+        destination_options=options,
+        progress=progress_wanted(),
+    )
+    click.echo(f"exported {documents.metadata['size']} trajectories to {destination}")
+
+
+@main.command()
+@click.argument("destination")
+@click.argument("sources", nargs=-1, required=True)
+@click.option("--format", "trajectory_format", type=_format_choice, help="Default: first source's.")
+@click.pass_context
+def merge(
+    ctx: click.Context, destination: str, sources: tuple[str, ...], trajectory_format: str | None
+) -> None:
+    """Merge SOURCES into a new store DESTINATION; ids are renumbered 0..N-1."""
+    from rbzarr.analysis.reshard import merge_stores  # noqa: PLC0415
+
+    documents = merge_stores(
+        destination, sources, trajectory_format, _options(ctx), progress=progress_wanted()
+    )
+    click.echo(f"merged {documents.metadata['size']} trajectories into {destination}")
+
+
+@main.command()
+@click.argument("source")
+@click.argument("destination")
+@click.option("--count", type=click.IntRange(min=1), required=True, help="Number of parts.")
+@click.pass_context
+def split(ctx: click.Context, source: str, destination: str, count: int) -> None:
+    """Split SOURCE into COUNT stores DESTINATION/part_<k> (the load_checkpoint shards)."""
+    from rbzarr.analysis.reshard import split_store  # noqa: PLC0415
+
+    for part in split_store(source, destination, count, _options(ctx), progress=progress_wanted()):
+        click.echo(part)
+
+
+@main.command()
+@click.argument("url")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Image file; its suffix picks the format (.png, .jpg / .jpeg, .svg, .pdf).",
+)
+@_per_trajectory_flag
+@click.pass_context
+def plot(ctx: click.Context, url: str, output: str, per_trajectory: bool) -> None:
+    """Histograms of rewards, episode returns and lengths; return over trajectory id."""
+    from rbzarr.analysis.plotting import plot_store  # noqa: PLC0415
+    from rbzarr.analysis.view import open_buffer  # noqa: PLC0415
+
+    view = open_buffer(url, _options(ctx))
+    counts = plot_store(
+        view, output, progress=progress_wanted(), across_trajectories=not per_trajectory
+    )
+    click.echo(f"wrote {output} ({counts['rewards']} rewards, {counts['episodes']} episodes)")
+
+
+@main.command()
+@click.option(
+    "--store",
+    default="rbzarr-demo",
+    show_default=True,
+    type=click.Path(),
+    help="Directory for the run (a new run-<time> folder inside).",
+)
+@click.option("--env", "env_id", default="CartPole-v1", show_default=True)
+@click.option("--num-envs", default=8, show_default=True)
+@click.option(
+    "--steps",
+    "steps_per_trajectory",
+    default=32,
+    show_default=True,
+    help="Time steps per trajectory.",
+)
+@click.option("--trajectories", default=200, show_default=True)
+@click.option("--batch-size", default=64, show_default=True)
+@click.option("--seed", default=0, show_default=True)
+def demo(store: str, **settings: Any) -> None:
+    """Train a DQN on a gymnasium env through a Zarr-backed buffer; print greedy returns.
+
+    Writes the store, a checkpoint and (with matplotlib) learning-curve.png in a new run
+    folder.
+    """
+    from pathlib import Path  # noqa: PLC0415
+
+    from rbzarr.demo.demo import DemoSettings, report, run_demo, write_learning_curve  # noqa: PLC0415
+
+    result = run_demo(DemoSettings(store=Path(store), **settings))
+    click.echo(report(result))
+    click.echo(f"learning curve {write_learning_curve(result)}")
+
+
+@main.command()
+@click.option("--quick", is_flag=True, help="A tiny run (seconds) for smoke tests.")
+@click.option(
+    "--suites", default="sampling,s3", show_default=True, help="Comma-separated: sampling, s3."
+)
+@click.option(
+    "--workloads",
+    default="state,image,embodied",
+    show_default=True,
+    help="Sampling workloads, comma-separated: state, image, embodied, atari.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Directory for the JSON results (and chart); default: a new temporary directory. "
+    "The committed results change only when named here (--out benchmarks/results).",
+)
+@click.option("--check", is_flag=True, help="Exit with status 1 when a measured target is missed.")
+@click.option("--plot/--no-plot", default=True, show_default=True, help="Write a PNG chart.")
+@click.option("--trajectories", type=int, help="Trajectories added per mode (default: window).")
+@click.option("--window", type=int, help="sample_window_size (default 100; embodied 40).")
+@click.option("--cache", type=int, help="cache_size of the disk-backed modes (default 5).")
+@click.option("--pool", type=int, help="Distinct trajectories generated and cycled (default 8).")
+@click.option("--hot-calls", type=int, help="sample() calls per hot variant (default 200).")
+@click.option("--warm-calls", type=int, help="sample() calls per warm variant (default 30).")
+@click.option("--cold-calls", type=int, help="sample() calls per cold variant (default 6).")
+@click.option("--budget", "budget_s", type=float, help="Seconds per timed variant (default 6).")
+@click.option("--state-batch", type=int, help="Rows per state sample() (default 4096).")
+@click.option("--image-batch", type=int, help="Rows per image sample() (default 256).")
+@click.option("--embodied-batch", type=int, help="Rows per embodied sample() (default 64).")
+@click.option("--s3-batch", type=int, help="Rows per S3 sample() (default 256).")
+@click.option("--s3-batches", type=int, help="Steady S3 batches measured (default 5).")
+@click.option("--threads", type=int, help="torch intra-op threads (default 1; 0 keeps torch's).")
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False),
+    help="Directory for the temporary stores (default: the system's).",
+)
+def bench(**options: Any) -> None:
+    """Sampling, write and S3 benchmarks against baselines and limits (benchmarks/README.md).
+
+    Prints each suite's figures and its targets (what each measures, the value against the
+    threshold), and writes one JSON document per suite.
+
+    \f
+    Parameters
+    ----------
+    **options
+        The command's options by name; the sizes left after ``quick``, ``out``, ``check``,
+        ``plot``, ``suites``, ``workloads``, ``*_batch`` and ``workdir`` go to
+        ``settings_from``.
+
+    Raises
+    ------
+    click.ClickException
+        With ``--check``, when a measured target is missed (exit status 1, after the
+        results are written).
+    """
+    import tempfile  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from rbzarr import bench as benchmarks  # noqa: PLC0415
+
+    quick, out, check, chart = (options.pop(name) for name in ("quick", "out", "check", "plot"))
+    suites = benchmarks.parse_names(options.pop("suites"), benchmarks.SUITES, "suite")
+    names = benchmarks.parse_names(options.pop("workloads"), benchmarks.WORKLOAD_NAMES, "workload")
+    batches = {name: options.pop(f"{name}_batch") for name in ("state", "image", "embodied")}
+    batches = {name: rows for name, rows in batches.items() if rows is not None}
+    workdir = options.pop("workdir")
+    settings = benchmarks.settings_from(quick, **options)
+    with _progress() as say:
+        documents = benchmarks.run(suites, names, settings, batches, quick, workdir, say)
+    folder = Path(out) if out else Path(tempfile.mkdtemp(prefix="rbzarr-bench-"))
+    for document in documents:
+        click.echo(benchmarks.table(document) + "\n")
+        for path in benchmarks.save(document, folder, chart):
+            click.echo(f"wrote {path}")
+    missed = benchmarks.failed_targets(documents)
+    if check and missed:
+        names_missed = "; ".join(t["target"] for t in missed)
+        raise click.ClickException(f"{len(missed)} target(s) not met: {names_missed}")
+
+
+@contextlib.contextmanager
+def _progress() -> Iterator[Callable[[str], None] | None]:
+    """A progress bar on stderr when it is a terminal; nothing otherwise."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from tqdm import tqdm  # noqa: PLC0415
+
+    with tqdm(file=sys.stderr, bar_format="{desc} [{elapsed}]", leave=False) as bar:
+
+        def say(label: str) -> None:
+            bar.set_description_str(label)
+            bar.update()
+
+        yield say
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,347 @@
+"""Feed training from a replay buffer: one sample stream per rank and DataLoader worker.
+
+:class:`ReplayDataset` is a ``torch.utils.data.IterableDataset`` whose items are whole
+sampled batches (dicts from ``buffer.sample(n)``).  Iterated directly, or by a DataLoader
+without workers, each iterator is a :class:`~rbzarr.data.prefetch.ReplayLoader` that samples on
+a background thread.  :meth:`ReplayDataset.data_loader` builds the right DataLoader
+(``batch_size=None``: a plain ``DataLoader(dataset)`` would add a leading dimension of 1).
+
+**Streams.**  Every iterator draws with its own ``torch.Generator`` seeded with
+:func:`derive_seed` ``(seed, rank, worker, epoch)``, so no two ranks or workers draw the
+same rows, and a run is reproducible from one seed.
+
+**Workers.**  A worker process never samples the training process's buffer: it samples a
+read-only :class:`~rbzarr.analysis.view.BufferView` of the buffer's ``auto_save`` store, opened
+inside the worker (so S3 filesystems are created after the fork) with any start method
+(fork, spawn, forkserver).  The view sees committed trajectories only, and re-reads the
+store's index at most ``max_staleness`` seconds before each draw, so a committed trajectory
+is drawn from within ``max_staleness`` seconds (batches already queued ahead of the
+consumer, ``prefetch`` per worker plus DataLoader's ``prefetch_factor``, are older).  A
+buffer without ``auto_save`` lives in one process's memory: it cannot be sampled from
+workers, and trying raises; iterate it with the prefetch thread (``num_workers=0``).
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from rbzarr.buffer.index import shard_bounds
+from rbzarr.data.prefetch import ReplayLoader
+from rbzarr.data.sources import SampleSource, store_spec, takes_generator, worker_source
+from rbzarr.trajectory import tree
+
+__all__ = [
+    "ReplayDataset",
+    "ReplayLoader",
+    "SampleSource",
+    "concat_batches",
+    "derive_seed",
+]
+
+Batch = dict[str, Any]
+
+
+def derive_seed(seed: int, rank: int, worker: int, epoch: int = 0) -> int:
+    """The sampling seed of ``worker`` on ``rank`` in ``epoch``: distinct, well mixed.
+
+    A 63-bit value drawn from ``numpy.random.SeedSequence([seed, rank, worker, epoch])``,
+    so neighbouring ranks, workers and epochs get unrelated streams.
+
+    Parameters
+    ----------
+    seed
+        The run's base seed (non-negative).
+    rank
+        The ``torch.distributed`` rank.
+    worker
+        The ``DataLoader`` worker id (0 in the main process).
+    epoch
+        The pass, as given to :meth:`ReplayDataset.set_epoch`.
+
+    Returns
+    -------
+    int
+        A seed in ``[0, 2**63)`` for ``torch.Generator.manual_seed``.
+    """
+    entropy = [seed, rank, worker, epoch]
+    state = np.random.SeedSequence(entropy).generate_state(2, np.uint32)
+    return (int(state[0]) << 31) ^ int(state[1])
+
+
+def concat_batches(first: Batch, second: Batch) -> Batch:
+    """Concatenate two sampled batches key by key (rows of ``first``, then ``second``).
+
+    Parameters
+    ----------
+    first, second
+        Sampled batches, (nested) dicts of ``[n, ...]`` tensors with the same keys.
+
+    Returns
+    -------
+    dict
+        The batch nested as ``first``, each tensor ``[n_first + n_second, ...]``.
+
+    Raises
+    ------
+    ValueError
+        If the two batches have different (flattened) keys.
+    """
+    left, right = tree.flatten(first), tree.flatten(second)
+    if list(left) != list(right):
+        raise ValueError(
+            f"cannot mix batches with different keys: {sorted(left)} and {sorted(right)}"
+        )
+    return tree.unflatten({path: torch.cat([left[path], right[path]]) for path in left})
+
+
+def _pin(batch: Batch) -> Batch:
+    return tree.unflatten({path: value.pin_memory() for path, value in tree.flatten(batch).items()})
+
+
+class ReplayDataset(IterableDataset[Batch]):
+    """Sampled batches of ``batch_size`` rows from ``buffer`` (and optionally a demo buffer).
+
+    Parameters
+    ----------
+    buffer
+        A :class:`~rbzarr.TrajectoryReplayBuffer`, a :class:`~rbzarr.analysis.view.BufferView`,
+        or any object with ``sample(num_chunks) -> dict``.  When its ``sample`` accepts a
+        ``generator`` keyword, it receives this iterator's seeded ``torch.Generator``.
+        DataLoader workers sample a view of a buffer's ``auto_save`` store (module docs).
+    batch_size
+        Rows per batch. A buffer that clamps to the rows it holds may return fewer.
+    num_batches
+        Batches per pass on this rank, shared out among ``DataLoader`` workers (the first
+        ``num_batches % num_workers`` workers make one more); ``None`` never stops.
+    prefetch
+        Batches sampled ahead of the consumer, at most, per iterator.
+    pin_memory
+        Pin each batch's tensors on the prefetch thread (needs an accelerator; without one
+        a warning is issued and batches are not pinned).  Workers never pin: the
+        DataLoader of :meth:`data_loader` pins in the training process instead.
+    seed
+        Base seed. Each iterator uses :func:`derive_seed` ``(seed, rank, worker, epoch)``
+        where ``rank`` is the ``torch.distributed`` rank (0 if not initialised), ``worker``
+        the ``DataLoader`` worker id (0 in the main process) and ``epoch`` the value of
+        :meth:`set_epoch` (0 until called).  ``None``: nondeterministic, still one stream
+        per iterator.  It only affects sampling through a ``generator``-accepting
+        ``sample``.
+    demo_buffer, demo_fraction
+        Mix demonstrations in: each batch takes ``round(batch_size * demo_fraction)`` rows
+        from ``demo_buffer`` and the rest from ``buffer``, concatenated key by key (replay
+        rows first). The two sizes always sum to ``batch_size``.
+    max_staleness
+        Seconds: a worker's view re-reads the store's index before a draw when its last
+        read is older than this (0: before every draw).
+
+    Raises
+    ------
+    ValueError
+        Bad sizes or fractions.
+    """
+
+    def __init__(
+        self,
+        buffer: SampleSource,
+        batch_size: int,
+        num_batches: int | None = None,
+        prefetch: int = 2,
+        pin_memory: bool = False,
+        seed: int | None = None,
+        demo_buffer: SampleSource | None = None,
+        demo_fraction: float = 0.0,
+        max_staleness: float = 1.0,
+    ) -> None:
+        super().__init__()
+        _check_arguments(batch_size, num_batches, prefetch, demo_fraction, max_staleness)
+        if demo_fraction > 0 and demo_buffer is None:
+            raise ValueError(f"demo_fraction={demo_fraction} needs a demo_buffer")
+        if pin_memory and not torch.cuda.is_available():
+            warnings.warn(
+                "pin_memory=True but no CUDA device is available; batches are not pinned",
+                stacklevel=2,
+            )
+            pin_memory = False
+        self.buffer = buffer
+        self.batch_size = batch_size
+        self.num_batches = num_batches
+        self.prefetch = prefetch
+        self.pin_memory = pin_memory
+        self.seed = seed
+        self.demo_buffer = demo_buffer
+        self.demo_rows = round(batch_size * demo_fraction)
+        self.replay_rows = batch_size - self.demo_rows
+        self.max_staleness = max_staleness
+        self.epoch = 0
+        self._loaders: weakref.WeakSet[ReplayLoader] = weakref.WeakSet()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the streams of ``epoch``: later iterators draw rows unrelated to earlier ones.
+
+        Call it before each pass, as with ``DistributedSampler``.
+
+        Parameters
+        ----------
+        epoch
+            The pass number; it enters every iterator's :func:`derive_seed`.
+        """
+        self.epoch = int(epoch)
+
+    def __iter__(self) -> ReplayLoader:
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        batches = self.num_batches
+        if batches is not None:
+            start, end = shard_bounds(batches, worker, workers)
+            batches = end - start
+        generator = torch.Generator()
+        if self.seed is None:
+            seed = generator.seed()
+        else:
+            seed = derive_seed(self.seed, rank, worker, self.epoch)
+            generator.manual_seed(seed)
+        produce = self._producer(generator, in_worker=info is not None)
+        loader = ReplayLoader(produce, batches, self.prefetch, seed)
+        self._loaders.add(loader)
+        return loader
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A worker gets the stores to open, not this process's buffers or iterators.
+        state = self.__dict__.copy()
+        del state["_loaders"]
+        for name in ("buffer", "demo_buffer"):
+            spec = store_spec(state[name])
+            if spec is not None:
+                state[name] = spec
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._loaders = weakref.WeakSet()
+
+    def _producer(self, generator: torch.Generator, in_worker: bool) -> Callable[[], Batch]:
+        replay_source, demo_source = self.buffer, self.demo_buffer
+        if in_worker:
+            replay_source = worker_source(replay_source, self.max_staleness)
+            if demo_source is not None:
+                demo_source = worker_source(demo_source, self.max_staleness)
+        replay = _sampler(replay_source, generator)
+        demo = None if demo_source is None else _sampler(demo_source, generator)
+        pin = self.pin_memory and not in_worker
+
+        def produce() -> Batch:
+            parts = []
+            if self.replay_rows:
+                parts.append(replay(self.replay_rows))
+            if demo is not None and self.demo_rows:
+                parts.append(demo(self.demo_rows))
+            batch = parts[0] if len(parts) == 1 else concat_batches(*parts)
+            return _pin(batch) if pin else batch
+
+        return produce
+
+    def data_loader(
+        self,
+        num_workers: int = 0,
+        *,
+        pin_memory: bool | None = None,
+        multiprocessing_context: str | None = None,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+    ) -> DataLoader[Batch]:
+        """A ``DataLoader`` over this dataset that yields its batches as they are.
+
+        It passes ``batch_size=None`` (each item already is a batch), spreads sampling over
+        ``num_workers`` processes (each with its own stream and a view of the store), and
+        pins batches in this process.
+
+        Parameters
+        ----------
+        num_workers
+            Worker processes; 0 samples on this dataset's prefetch thread.
+        pin_memory
+            Pin batches (for fast copies to a GPU); default: this dataset's ``pin_memory``.
+        multiprocessing_context
+            ``"fork"``, ``"spawn"`` or ``"forkserver"``; default: the platform's.
+        prefetch_factor, persistent_workers
+            Passed to ``DataLoader`` (``prefetch_factor`` only with workers).
+
+        Returns
+        -------
+        DataLoader
+            A loader with ``batch_size=None`` whose items are this dataset's batches.
+
+        Raises
+        ------
+        ValueError
+            If ``num_workers`` is negative, or with ``num_workers > 0``, a source that
+            workers cannot sample (a buffer without ``auto_save``, a ``sample`` without a
+            ``generator`` keyword).
+        """
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        if num_workers > 0:
+            for source in (self.buffer, self.demo_buffer):
+                if source is not None and store_spec(source) is None:
+                    worker_source(source, self.max_staleness)  # raises if workers cannot
+        pin = self.pin_memory if pin_memory is None else pin_memory
+        return DataLoader(
+            self,
+            batch_size=None,
+            num_workers=num_workers,
+            pin_memory=pin and torch.cuda.is_available(),
+            multiprocessing_context=multiprocessing_context if num_workers else None,
+            prefetch_factor=prefetch_factor if num_workers else None,
+            persistent_workers=persistent_workers and num_workers > 0,
+        )
+
+    def close(self) -> None:
+        """Close every iterator this dataset made in this process."""
+        for loader in list(self._loaders):
+            loader.close()
+
+    def __enter__(self) -> ReplayDataset:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _check_arguments(
+    batch_size: int,
+    num_batches: int | None,
+    prefetch: int,
+    demo_fraction: float,
+    max_staleness: float,
+) -> None:
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be > 0, got {batch_size}")
+    if num_batches is not None and num_batches < 0:
+        raise ValueError(f"num_batches must be >= 0 or None, got {num_batches}")
+    if prefetch <= 0:
+        raise ValueError(f"prefetch must be > 0, got {prefetch}")
+    if not 0.0 <= demo_fraction <= 1.0:
+        raise ValueError(f"demo_fraction must be in [0, 1], got {demo_fraction}")
+    if not max_staleness >= 0:
+        raise ValueError(f"max_staleness must be >= 0 seconds, got {max_staleness}")
+
+
+def _sampler(source: SampleSource, generator: torch.Generator) -> Callable[[int], Batch]:
+    if takes_generator(source):
+        return lambda n: source.sample(n, generator=generator)  # type: ignore[call-arg]
+    return source.sample

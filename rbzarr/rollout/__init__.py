@@ -1,0 +1,9 @@
+"""From environment steps to trajectories: the collector, autoreset, step checks.
+
+And the channel that carries trajectories from rollout workers to the learner.
+"""
+
+from rbzarr.rollout.channel import Channel
+from rbzarr.rollout.collector import TrajectoryCollector
+
+__all__ = ["Channel", "TrajectoryCollector"]

@@ -1,0 +1,187 @@
+"""Layout v2 encoding: each array of a trajectory becomes one Zarr v3 shard object.
+
+:func:`encode_array` turns one ``[T(+E), B, ...]`` array into its ``zarr.json`` document,
+its shard bytes and the short description the trajectory group's attributes carry (so a
+reader opens a trajectory with one request and needs no array document).  The plan of each
+key comes from :func:`rbzarr.storage.zarr.chunking.plan_key`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from numcodecs import zstd
+
+from rbzarr.storage import workers
+from rbzarr.storage.zarr import shard_index as shard_format
+from rbzarr.storage.zarr.chunking import KeyPlan
+from rbzarr.trajectory.dtypes import dtype_name, to_numpy
+from rbzarr.trajectory.model import RESET_ROW_FIELDS
+
+__all__ = ["EncodedArray", "dimension_names", "encode_array", "shard_key", "stored_dtype"]
+
+# Arrays at least this large are compressed on the worker pool (zstd releases the GIL).
+THREADED_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class EncodedArray:
+    """One array, ready to store.
+
+    Parameters
+    ----------
+    document
+        The array's ``zarr.json``, stored at ``<key>/zarr.json``.
+    shard
+        The shard's parts (buffers, then the index), written one after the other uncopied
+        to ``<key>/<shard_key>``.
+    description
+        What the trajectory group's attributes record of the array: ``kind``, ``shape``,
+        ``dtype``, ``inner``, ``checksum`` and ``shard_bytes``.
+    """
+
+    document: bytes
+    shard: list[Any]
+    description: dict[str, Any]
+
+
+def stored_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """The dtype of the stored bytes: little endian.
+
+    Parameters
+    ----------
+    dtype
+        The array's numpy dtype.
+
+    Returns
+    -------
+    numpy.dtype
+        ``dtype`` in little-endian byte order (single-byte dtypes unchanged).
+    """
+    return dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
+
+
+def shard_key(ndim: int) -> str:
+    """The chunk key of an array's only shard: ``c/0/0/...``.
+
+    Parameters
+    ----------
+    ndim
+        The array's number of dimensions (one ``0`` each; ``"c"`` for a 0-d array).
+
+    Returns
+    -------
+    str
+        E.g. ``"c/0/0/0"`` for a 3-d array.
+    """
+    return "/".join(["c", *("0" * ndim)])
+
+
+def dimension_names(key: str, shape: tuple[int, ...], T: int, B: int) -> list[str]:
+    """The Zarr dimension names of array ``key``: ``time``, ``env``, then per-key names.
+
+    Reset-row fields (``T + E`` rows) use ``time_with_resets`` for their first dimension
+    (xarray needs one length per name).
+
+    Parameters
+    ----------
+    key
+        The flat key (``"curr_obs/image"``); per-key names are ``curr_obs_image_dim<axis>``.
+    shape
+        The array's shape.
+    T, B
+        The trajectory's time steps and environments.
+
+    Returns
+    -------
+    list of str
+        One name per dimension of ``shape``.
+    """
+    name = key.replace("/", "_")
+    names = [f"{name}_dim{axis}" for axis in range(len(shape))]
+    if shape:
+        if shape[0] == T:
+            names[0] = "time"
+        elif key.rsplit("/", maxsplit=1)[-1] in RESET_ROW_FIELDS and shape[0] > T:
+            names[0] = "time_with_resets"
+    if len(shape) >= 2 and shape[1] == B:
+        names[1] = "env"
+    return names
+
+
+def encode_array(key: str, value: torch.Tensor, plan: KeyPlan, T: int, B: int) -> EncodedArray:
+    """Encode ``value`` (the raw field ``key``) as one shard following ``plan``.
+
+    Large chunked arrays are compressed on the worker pool.
+
+    Parameters
+    ----------
+    key
+        The flat key (names dimensions).
+    value
+        The raw ``[T(+E), B, ...]`` tensor.
+    plan
+        The key's plan; ``plan.kind`` must be ``"mapped"`` or ``"chunked"``.
+    T, B
+        The trajectory's time steps and environments.
+
+    Returns
+    -------
+    EncodedArray
+        The array's document, shard parts and description.
+    """
+    data = to_numpy(value)
+    stored = stored_dtype(data.dtype)
+    data = np.ascontiguousarray(data, dtype=stored)
+    parts: list[Any]
+    if plan.kind == "mapped":
+        parts = [data.reshape(-1).view(np.uint8)]
+    else:
+        parts = _compressed(_inner_chunks(data, plan.inner), plan.level or 1, plan.checksum)
+    nbytes = np.array([len(part) for part in parts], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(np.int64)
+    shard = [*(memoryview(p).cast("B") for p in parts), shard_format.encode_index(offsets, nbytes)]
+    size = sum(len(part) for part in shard)
+    shape = tuple(int(d) for d in data.shape)
+    document = shard_format.sharded_metadata(
+        shape,
+        stored,
+        plan.inner,
+        plan.level if plan.kind == "chunked" else None,
+        plan.checksum,
+        dtype_name(value.dtype),
+        tuple(dimension_names(key, shape, T, B)),
+    )
+    description = {
+        "kind": plan.kind,
+        "shape": list(shape),
+        "dtype": stored.str,
+        "inner": list(plan.inner),
+        "checksum": plan.checksum,
+        "shard_bytes": size,
+    }
+    return EncodedArray(document, shard, description)
+
+
+def _inner_chunks(data: np.ndarray, inner: tuple[int, ...]) -> np.ndarray:
+    """``[chunks, chunk_bytes]`` uint8: the inner chunks of ``data`` in C order of the grid.
+
+    Inner chunks are ``(k,)`` for a 1-D array, else ``(k, 1, *trailing)``.
+    """
+    k = inner[0]
+    rows = data.shape[0]
+    if data.ndim == 1:
+        return data.reshape(rows // k, -1).view(np.uint8).reshape(rows // k, -1)
+    envs = data.shape[1]
+    blocks = data.reshape(rows // k, k, envs, -1).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(blocks).view(np.uint8).reshape(rows // k * envs, -1)
+
+
+def _compressed(chunks: np.ndarray, level: int, checksum: bool) -> list[bytes]:
+    threaded = chunks.nbytes >= THREADED_BYTES
+    return workers.run_all(
+        lambda chunk: zstd.compress(chunk, level, checksum), list(chunks), threaded
+    )

@@ -1,0 +1,263 @@
+"""Opened trajectories of the zarr layout, and the cache that keeps them.
+
+A trajectory group written by layout v1 opens as :class:`PlainTrajectory` (zarr array
+handles, chunks read by :mod:`rbzarr.storage.zarr.chunks`); one written by layout v2 as a
+:class:`~rbzarr.storage.zarr.sharded.ShardedTrajectory` (shards read directly).  The
+group's attributes say which: v2 groups carry ``rbzarr_layout``.
+
+:class:`HandleCache` keeps the most recently used ones, keyed by ``(id, uuid)``.  It is
+bounded in trajectories and in open file descriptors, forgets remote handles in a forked
+child (they do not survive a fork; local maps and descriptors do) and, through a
+generation counter, never caches handles opened while a write or delete ran.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from zarr.core.array import AsyncArray
+
+from rbzarr.errors import CorruptStoreError
+from rbzarr.storage.documents import Entry
+from rbzarr.storage.zarr.sharded import ShardedTrajectory
+
+__all__ = [
+    "HandleCache",
+    "Opened",
+    "PlainTrajectory",
+    "check_plain_shapes",
+    "time_and_envs",
+    "trajectory_id",
+]
+
+
+@dataclass(frozen=True)
+class PlainTrajectory:
+    """Open handles of one committed layout-v1 trajectory (immutable, so safe to share).
+
+    Parameters
+    ----------
+    group
+        The trajectory group's path below the root (``trajectories/<id>``).
+    dtypes
+        The torch dtype of every flat key, in the trajectory's field order.
+    arrays
+        zarr's array handle of every flat key.
+    plans
+        Row-read plans by key tuple, filled on first use (a cache, not compared).
+    """
+
+    group: str
+    dtypes: dict[str, torch.dtype]
+    arrays: dict[str, AsyncArray[Any]]
+    # Row-read plans by key list, built on first use (a cache; not part of the value).
+    plans: dict[tuple[str, ...], Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def files(self) -> int:
+        """Open file descriptors held (none: zarr opens files per read)."""
+        return 0
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        """The stored shape of ``key``.
+
+        Parameters
+        ----------
+        key
+            A flat key of the trajectory.
+
+        Returns
+        -------
+        tuple of int
+            The raw ``[T(+E), B, ...]`` shape of its array.
+        """
+        return tuple(self.arrays[key].shape)
+
+
+Opened = PlainTrajectory | ShardedTrajectory
+
+
+def _file_budget() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(64, (soft if soft != resource.RLIM_INFINITY else 65536) // 4)
+
+
+class HandleCache:
+    """LRU cache of opened trajectories, bounded in count and in open file descriptors.
+
+    Parameters
+    ----------
+    size
+        The most trajectories kept (0 keeps none).  The handles together also hold at most
+        a quarter of the process's file-descriptor limit (at least 64).
+    fork_safe
+        Whether the handles stay valid in a forked child (local memory maps and
+        descriptors read with ``pread`` do); when ``False`` a forked child starts empty.
+    """
+
+    def __init__(self, size: int, fork_safe: bool) -> None:
+        self.size = size
+        self.fork_safe = fork_safe
+        self.file_budget = _file_budget()
+        self._handles: OrderedDict[tuple[int, str], Opened] = OrderedDict()
+        self._files = 0
+        self._generation = 0
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[int, str]) -> tuple[Opened | None, int]:
+        """The cached handles of ``key`` (or ``None``) and the current generation.
+
+        A hit becomes the most recently used entry.
+
+        Parameters
+        ----------
+        key
+            ``(trajectory id, uuid)`` of the index entry.
+
+        Returns
+        -------
+        tuple of (Opened or None, int)
+            The handles, and the generation to pass to :meth:`put` with handles opened now.
+        """
+        with self._lock:
+            self._check_fork()
+            opened = self._handles.get(key)
+            if opened is not None:
+                self._handles.move_to_end(key)
+            return opened, self._generation
+
+    def put(self, key: tuple[int, str], opened: Opened, generation: int) -> None:
+        """Cache ``opened`` unless a write or delete ran since ``generation``.
+
+        The least recently used entries are evicted beyond the bounds; a key already cached
+        keeps its handles.
+
+        Parameters
+        ----------
+        key
+            ``(trajectory id, uuid)`` of the index entry.
+        opened
+            The handles to keep.
+        generation
+            What :meth:`get` returned before ``opened`` was opened.
+        """
+        with self._lock:
+            if generation != self._generation or self.size == 0 or key in self._handles:
+                return
+            self._handles[key] = opened
+            self._files += opened.files
+            while self._handles and (
+                len(self._handles) > self.size or self._files > self.file_budget
+            ):
+                _, evicted = self._handles.popitem(last=False)
+                self._files -= evicted.files
+
+    def forget(self, tid: int | None = None) -> None:
+        """Drop the handles of trajectory ``tid`` and start a new generation.
+
+        Handles being opened meanwhile are then not cached (see :meth:`put`).
+
+        Parameters
+        ----------
+        tid
+            The trajectory id, or ``None`` for every trajectory.
+        """
+        with self._lock:
+            self._generation += 1
+            for key in [key for key in self._handles if tid is None or key[0] == tid]:
+                self._files -= self._handles.pop(key).files
+
+    def _check_fork(self) -> None:
+        if self._pid != os.getpid() and not self.fork_safe:
+            self._pid = os.getpid()
+            self._handles.clear()
+            self._files = 0
+            self._generation += 1
+
+
+def trajectory_id(entry: Entry) -> int:
+    """The trajectory id of an index entry.
+
+    Parameters
+    ----------
+    entry
+        An index entry.
+
+    Returns
+    -------
+    int
+        ``int(entry["trajectory_id"])``.
+
+    Raises
+    ------
+    CorruptStoreError
+        The entry has no ``trajectory_id``, or one that is not an integer.
+    """
+    try:
+        return int(entry["trajectory_id"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptStoreError(f"index entry has no valid 'trajectory_id': {entry!r}") from exc
+
+
+def time_and_envs(entry: Entry) -> tuple[int, int]:
+    """``(T, B)`` of an index entry.
+
+    Parameters
+    ----------
+    entry
+        An index entry.
+
+    Returns
+    -------
+    tuple of (int, int)
+        The first two numbers of its ``shape``.
+
+    Raises
+    ------
+    CorruptStoreError
+        The entry has no ``shape`` with at least two dimensions.
+    """
+    shape = entry.get("shape")
+    if not isinstance(shape, Sequence) or len(shape) < 2:
+        raise CorruptStoreError(f"index entry has no [T, B, ...] 'shape': {entry!r}")
+    return int(shape[0]), int(shape[1])
+
+
+def check_plain_shapes(arrays: Mapping[str, AsyncArray[Any]], entry: Entry, where: str) -> None:
+    """Refuse layout-1 arrays whose ``[T, B]`` disagrees with their index entry.
+
+    An array may have ``T + E`` rows (reset rows) when ``E`` divides ``T``; 0-d and 1-d
+    arrays are not checked.
+
+    Parameters
+    ----------
+    arrays
+        The trajectory's zarr arrays by flat key.
+    entry
+        Its index entry.
+    where
+        Names the trajectory group in errors.
+
+    Raises
+    ------
+    CorruptStoreError
+        An array's shape disagrees, or the entry has no valid ``shape``.
+    """
+    T, B = time_and_envs(entry)
+    for key, array in arrays.items():
+        if array.ndim < 2:
+            continue
+        rows, envs = int(array.shape[0]), int(array.shape[1])
+        if envs != B or rows < T or (rows > T and T % (rows - T) != 0):
+            raise CorruptStoreError(
+                f"{where}/{key}: shape {tuple(array.shape)} disagrees with the "
+                f"index entry's shape {list(entry['shape'])}"
+            )

@@ -1,0 +1,244 @@
+"""Opening committed trajectories of the zarr layout, either layout version, in one round.
+
+:class:`TrajectoryOpener` owns the layout's zarr store and its handle cache.  A batch of
+trajectories opens with one concurrent fetch of their group documents, then (layout 2) one
+round for the shard indexes of all of them; cached handles are reused.  After a ``fork``
+the child opens its own store client and handles (remote clients do not survive a fork).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from zarr.abc.store import Store
+from zarr.core.array import AsyncArray
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
+from zarr.storage import StorePath
+
+from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, RbzarrError
+from rbzarr.storage.backends import translate_errors
+from rbzarr.storage.documents import Entry
+from rbzarr.storage.location import Location
+from rbzarr.storage.zarr import chunks as chunk_io
+from rbzarr.storage.zarr import sharded
+from rbzarr.storage.zarr.handles import (
+    HandleCache,
+    Opened,
+    PlainTrajectory,
+    check_plain_shapes,
+    time_and_envs,
+    trajectory_id,
+)
+from rbzarr.storage.zarr.remote import IOStats
+from rbzarr.trajectory.dtypes import dtype_from_name
+
+__all__ = ["FIELDS_ATTR", "TRAJECTORIES", "TrajectoryOpener", "group_path"]
+
+TRAJECTORIES = "trajectories"
+FIELDS_ATTR = "fields"
+
+
+def group_path(tid: int) -> str:
+    """The path of a trajectory's group below the root.
+
+    Parameters
+    ----------
+    tid
+        The trajectory id.
+
+    Returns
+    -------
+    str
+        ``trajectories/<tid>``.
+    """
+    return f"{TRAJECTORIES}/{tid}"
+
+
+class TrajectoryOpener:
+    """Opens trajectories below ``location`` and caches their handles.
+
+    Parameters
+    ----------
+    location
+        The store's root.
+    store
+        A zarr store rooted there, or ``None`` to open ``location.zarr_store()``.
+    cache_size
+        How many trajectories keep their handles.
+    stats
+        Counts the requests and bytes of shard-index reads.
+    """
+
+    def __init__(
+        self, location: Location, store: Store | None, cache_size: int, stats: IOStats
+    ) -> None:
+        self._location = location
+        self._zarr_store = store
+        self._own_store = store is None
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self.handles = HandleCache(cache_size, fork_safe=location.is_local)
+        self.stats = stats
+
+    @property
+    def local_files(self) -> bool:
+        """Whether the store is this opener's own local store.
+
+        Returns
+        -------
+        bool
+            ``True`` when files may be written directly, bypassing zarr's store.
+        """
+        return self._own_store and self._location.is_local
+
+    def store(self) -> Store:
+        """The zarr store, opened on first use.
+
+        Returns
+        -------
+        Store
+            The store given to the constructor, or this opener's own, which a forked child
+            reopens (with a new filesystem client).
+        """
+        with self._lock:
+            if self._own_store and self._pid != os.getpid():
+                self._zarr_store = None
+                self._location = Location.from_url(
+                    self._location.url, self._location.storage_options
+                )
+                self._pid = os.getpid()
+            if self._zarr_store is None:
+                self._zarr_store = self._location.zarr_store()
+            return self._zarr_store
+
+    def location(self) -> Location:
+        """The store's location.
+
+        Returns
+        -------
+        Location
+            The root, with this process's filesystem client.
+        """
+        self.store()
+        return self._location
+
+    def open_many(self, entries: Sequence[Entry]) -> list[Opened]:
+        """Handles of ``entries`` (cached ones reused); new ones open in one round.
+
+        Parameters
+        ----------
+        entries
+            Index entries of committed trajectories.
+
+        Returns
+        -------
+        list of Opened
+            One :class:`~rbzarr.storage.zarr.handles.PlainTrajectory` or
+            :class:`~rbzarr.storage.zarr.sharded.ShardedTrajectory` per entry, in order.
+
+        Raises
+        ------
+        CheckpointNotFoundError
+            A trajectory is missing or its write never finished.
+        CorruptStoreError
+            Its metadata, a shard or a shard index is damaged, or an entry is invalid.
+        StorageUnavailableError
+            The backend failed.
+        """
+        found: list[Opened | None] = []
+        missing: list[tuple[int, Entry, int]] = []
+        for position, entry in enumerate(entries):
+            opened, generation = self.handles.get(_handle_key(entry))
+            found.append(opened)
+            if opened is None:
+                missing.append((position, entry, generation))
+        if missing:
+            with translate_errors(self._location.url, "reading"):
+                new = self._open_new([entry for _, entry, _ in missing])
+            for (position, entry, generation), opened in zip(missing, new, strict=True):
+                self.handles.put(_handle_key(entry), opened, generation)
+                found[position] = opened
+        return [opened for opened in found if opened is not None]
+
+    def _open_new(self, entries: Sequence[Entry]) -> list[Opened]:
+        store = self.store()
+        location = self.location()
+        tids = [trajectory_id(entry) for entry in entries]
+        prototype = default_buffer_prototype()
+        raws = sync(
+            chunk_io.gather(*(store.get(f"{group_path(t)}/zarr.json", prototype) for t in tids))
+        )
+        opened: list[Opened] = []
+        pending: list[Any] = []
+        for tid, entry, raw in zip(tids, entries, raws, strict=True):
+            attrs = _group_attrs(tid, raw, location.url)
+            try:
+                fields = {key: dtype_from_name(name) for key, name in attrs[FIELDS_ATTR].items()}
+                layout = attrs.get(sharded.LAYOUT_ATTR)
+                if layout is None:
+                    arrays = self._open_arrays(tid, list(fields))
+                    check_plain_shapes(arrays, entry, f"{location.url}/{group_path(tid)}")
+                    opened.append(PlainTrajectory(group_path(tid), fields, arrays))
+                    continue
+                handles, remote = sharded.describe_sharded(
+                    location, group_path(tid), time_and_envs(entry), fields, layout
+                )
+            except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+                raise _unreadable(exc, tid, location.url) from exc
+            zarr_keys = [key for key, spec in handles.specs.items() if spec is None]
+            handles.arrays.update(self._open_arrays(tid, zarr_keys))
+            pending.extend((handles, request) for request in remote)
+            opened.append(handles)
+        if pending:
+            sharded.open_pending(location.fs, pending, self.stats)
+        return opened
+
+    def _open_arrays(self, tid: int, keys: Sequence[str]) -> dict[str, AsyncArray[Any]]:
+        if not keys:
+            return {}
+        store = self.store()
+        group = group_path(tid)
+        try:
+            arrays = sync(
+                chunk_io.gather(
+                    *(AsyncArray.open(StorePath(store, f"{group}/{key}")) for key in keys)
+                )
+            )
+        except FileNotFoundError as exc:
+            raise CorruptStoreError(
+                f"trajectory {tid} at {self._location.url}/{group} is committed but an array "
+                f"is missing: {exc}"
+            ) from exc
+        return dict(zip(keys, arrays, strict=True))
+
+
+def _handle_key(entry: Entry) -> tuple[int, str]:
+    return trajectory_id(entry), str(entry.get("uuid", ""))
+
+
+def _group_attrs(tid: int, raw: Any, url: str) -> dict[str, Any]:
+    group = group_path(tid)
+    if raw is None:
+        raise CheckpointNotFoundError(f"trajectory {tid} not found: {url}/{group} does not exist")
+    try:
+        attrs = json.loads(raw.to_bytes()).get("attributes", {})
+    except (ValueError, AttributeError) as exc:
+        raise _unreadable(exc, tid, url) from exc
+    if not isinstance(attrs, dict) or not isinstance(attrs.get(FIELDS_ATTR), dict):
+        raise CheckpointNotFoundError(
+            f"trajectory {tid} not found: {url}/{group} is incomplete (its write never finished)"
+        )
+    return attrs
+
+
+def _unreadable(exc: BaseException, tid: int, url: str) -> BaseException:
+    if isinstance(exc, RbzarrError):
+        return exc
+    return CorruptStoreError(
+        f"{url}/{group_path(tid)}: trajectory {tid} has unreadable metadata: {exc}"
+    )

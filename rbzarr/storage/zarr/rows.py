@@ -1,0 +1,234 @@
+"""Sampled rows of zarr-layout trajectories, read into preallocated batch blocks.
+
+Rows of several trajectories land in one call: layout-2 shards through a
+:class:`~rbzarr.storage.zarr.sharded.RowBatch` (memory-map gathers, ``pread`` or one
+round of byte ranges), arrays that zarr reads (layout 1, or kind ``"zarr"``) through
+:func:`rbzarr.storage.zarr.chunks.read_rows`, their chunks fetched in one concurrent round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from zarr.core.array import AsyncArray
+from zarr.core.sync import sync
+
+from rbzarr.errors import CorruptStoreError
+from rbzarr.storage.documents import Entry
+from rbzarr.storage.location import Location
+from rbzarr.storage.zarr import chunks as chunk_io
+from rbzarr.storage.zarr import sharded
+from rbzarr.storage.zarr.handles import Opened, time_and_envs, trajectory_id
+from rbzarr.storage.zarr.remote import IOStats
+from rbzarr.trajectory.dtypes import byte_rows, from_numpy
+
+__all__ = ["check_keys", "read_rows_into", "reset_row_elements", "zarr_arrays"]
+
+
+def read_rows_into(
+    location: Location,
+    opened: Sequence[Opened],
+    requests: Sequence[tuple[Entry, torch.Tensor, torch.Tensor]],
+    keys: Sequence[str],
+    out: Mapping[str, torch.Tensor],
+    stats: IOStats,
+) -> None:
+    """Fill rows ``positions`` of ``out[key]`` for each request ``(entry, rows, positions)``.
+
+    ``opened`` holds the handles of each request's trajectory.  At most one gather or one
+    batch of pieces per (trajectory, key); every remote range in one round.  Rows of small
+    uncompressed keys are gathered from memory maps here directly: this loop is the cost
+    of a warm batch, so it does no more per (trajectory, key) than one numpy gather.
+
+    Parameters
+    ----------
+    location
+        The store's root (its filesystem fetches remote ranges).
+    opened
+        The handles of each request's trajectory, in request order.
+    requests
+        ``(entry, rows, positions)``: flat rows ``t * B + b`` of the trajectory (int64),
+        and the rows of ``out`` they go to.
+    keys
+        The flat keys to read; every one needs ``[T, B, ...]`` rows.
+    out
+        Preallocated ``[n, ...]`` tensors by key, filled in place.
+    stats
+        Counts the requests and bytes of the reads.
+
+    Raises
+    ------
+    CorruptStoreError
+        A trajectory lacks a key, or a shard is missing or damaged.
+    ValueError
+        A key has no ``[T, B]`` rows.
+    IndexError
+        A row is outside ``[0, T * B)`` of its trajectory.
+    """
+    views = {key: byte_rows(out[key]) for key in keys}
+    batch = sharded.RowBatch(views, stats)
+    plain: list[Any] = []
+    wanted = tuple(keys)
+    gathered = 0
+    deferred: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    for (entry, rows, where), handles in zip(requests, opened, strict=True):
+        plan = handles.plans.get(wanted)
+        if plan is None:
+            check_keys(handles, keys, location.url, sampled=True)
+            plan = handles.plans[wanted] = _row_plan(handles, keys)
+        flat, T, B = _checked_rows(entry, rows)
+        positions = where.numpy()
+        elements = {0: flat}
+        for key, local, epochs, array in plan:
+            if array is not None:
+                plain.append((array, key, flat // B, flat % B, T, where))
+                continue
+            if epochs not in elements:
+                elements[epochs] = reset_row_elements(flat, T, B, epochs)
+            if local is None:
+                assert isinstance(handles, sharded.ShardedTrajectory)
+                batch.add(handles, key, elements[epochs], positions)
+            elif local.prefetches:
+                local.prefetch(elements[epochs])
+                deferred.append((views[key], positions, local.rows, elements[epochs]))
+            else:
+                views[key][positions] = local.rows[elements[epochs]]
+                gathered += local.spec.row_bytes * len(positions)
+    for view, targets, source, chosen in deferred:  # after every prefetch was issued
+        view[targets] = source[chosen]
+        gathered += source.shape[1] * len(targets)
+    stats.add(0, gathered)
+    batch.run(location.fs)
+    _read_plain(plain, out)
+
+
+def _row_plan(handles: Opened, keys: Sequence[str]) -> list[tuple[str, Any, int, Any]]:
+    """Per key: ``(key, memory-mapped local shard or None, reset epochs, zarr array or
+    None)``."""
+    arrays = zarr_arrays(handles, keys)
+    if not isinstance(handles, sharded.ShardedTrajectory):
+        return [(key, None, 0, arrays[key]) for key in keys]
+    plan: list[tuple[str, Any, int, Any]] = []
+    for key in keys:
+        if key in arrays:
+            plan.append((key, None, 0, arrays[key]))
+            continue
+        local = handles.local.get(key)
+        mapped = None if local is None or local.rows is None else local
+        plan.append((key, mapped, handles.shape(key)[0] - handles.T, None))
+    return plan
+
+
+def reset_row_elements(flat: np.ndarray, T: int, B: int, epochs: int) -> np.ndarray:
+    """Elements ``raw_t * B + b`` of flat rows in a field with ``T + epochs`` raw rows.
+
+    The numpy counterpart of :func:`rbzarr.trajectory.model.raw_time_rows`: each of the
+    ``epochs`` episodes of ``T // epochs`` steps has one extra (reset) row.
+
+    Parameters
+    ----------
+    flat
+        Flat rows ``t * B + b`` (int64).
+    T, B
+        The trajectory's time steps and environments.
+    epochs
+        Extra rows of the field (0: a plain ``[T, B, ...]`` field).
+
+    Returns
+    -------
+    numpy.ndarray
+        The element of each row in the raw field; ``flat`` itself when ``epochs <= 0``.
+    """
+    if epochs <= 0:
+        return flat
+    steps = flat // B
+    return flat + (steps // (T // epochs) + 1) * B
+
+
+def _read_plain(reads: list[Any], out: Mapping[str, torch.Tensor]) -> None:
+    if not reads:
+        return
+    blocks = sync(
+        chunk_io.gather(
+            *(
+                chunk_io.read_rows(array, torch.from_numpy(steps), envs, T)
+                for array, _, steps, envs, T, _ in reads
+            )
+        )
+    )
+    for (_, key, _, _, _, where), block in zip(reads, blocks, strict=True):
+        out[key].index_copy_(0, where, from_numpy(block, out[key].dtype))
+
+
+def check_keys(opened: Opened, keys: Sequence[str], url: str, sampled: bool = False) -> None:
+    """Refuse keys the trajectory lacks, and (``sampled``) keys without ``[T, B]`` rows.
+
+    Parameters
+    ----------
+    opened
+        The trajectory's handles.
+    keys
+        The flat keys asked for.
+    url
+        The store's URL, named in errors.
+    sampled
+        Whether the keys are read by rows (then each needs at least two dimensions).
+
+    Raises
+    ------
+    CorruptStoreError
+        The trajectory has no field ``key``.
+    ValueError
+        ``sampled`` and a field has fewer than two dimensions.
+    """
+    for key in keys:
+        if key not in opened.dtypes:
+            raise CorruptStoreError(
+                f"{url}/{opened.group} has no field {key!r}; it holds {sorted(opened.dtypes)}"
+            )
+        shape = opened.shape(key)
+        if sampled and len(shape) < 2:
+            raise ValueError(
+                f"field {key!r} of {url}/{opened.group} has shape {shape}; only [T, B, ...] "
+                "fields can be read by rows"
+            )
+
+
+def zarr_arrays(opened: Opened, keys: Sequence[str]) -> dict[str, AsyncArray[Any]]:
+    """The handles of those ``keys`` that zarr reads.
+
+    Parameters
+    ----------
+    opened
+        The trajectory's handles.
+    keys
+        Flat keys of the trajectory.
+
+    Returns
+    -------
+    dict
+        ``{key: AsyncArray}`` for every key stored as a zarr array (all of a layout-1
+        trajectory, kind ``"zarr"`` ones of layout 2), in the order of ``keys``.
+    """
+    return {key: opened.arrays[key] for key in keys if key in opened.arrays}
+
+
+def _checked_rows(entry: Entry, rows: torch.Tensor) -> tuple[np.ndarray, int, int]:
+    """The flat rows as numpy, with the entry's ``T, B``.
+
+    Raises
+    ------
+    IndexError
+        A row is outside ``[0, T * B)``.
+    """
+    T, B = time_and_envs(entry)
+    flat = torch.as_tensor(rows, dtype=torch.int64).reshape(-1).numpy()
+    if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= T * B):
+        raise IndexError(
+            f"trajectory {trajectory_id(entry)}: rows must be in [0, {T * B}), "
+            f"got min {int(flat.min())}, max {int(flat.max())}"
+        )
+    return flat, T, B

@@ -1,0 +1,180 @@
+"""The Zarr v3 ``sharding_indexed`` format, as rbzarr writes and reads it without zarr.
+
+A shard is one object holding every inner chunk of an array, followed by its *index*
+(``index_location: "end"``): for each inner chunk, in C order of the inner-chunk grid, a
+little-endian ``uint64`` offset and ``uint64`` byte count, then the little-endian crc32c of
+those bytes (``index_codecs: [bytes(little), crc32c]``).  ``2**64 - 1`` in both marks an
+empty inner chunk; rbzarr never writes one, so reading one is damage.  Zarr 3.1.6 reads these
+shards (and rbzarr reads zarr's): ``tests/test_shards.py`` checks both directions byte for
+byte.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import google_crc32c
+import numpy as np
+from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.metadata.v3 import ArrayV3Metadata
+from zarr.dtype import parse_data_type
+
+from rbzarr.errors import CorruptStoreError
+
+DTYPE_ATTR = "torch_dtype"  # the array attribute naming the torch dtype
+
+__all__ = [
+    "EMPTY",
+    "decode_index",
+    "encode_index",
+    "index_size",
+    "sharded_metadata",
+]
+
+EMPTY = 2**64 - 1
+_ENTRY = np.dtype("<u8")
+
+
+def index_size(chunks: int) -> int:
+    """Bytes of the index of a shard with ``chunks`` inner chunks (16 each, plus 4).
+
+    Parameters
+    ----------
+    chunks
+        Number of inner chunks in the shard.
+
+    Returns
+    -------
+    int
+        ``16 * chunks + 4``: an offset and a byte count per chunk, then the crc32c.
+    """
+    return 16 * chunks + 4
+
+
+def encode_index(offsets: np.ndarray, nbytes: np.ndarray) -> bytes:
+    """The index of a shard: ``(offset, nbytes)`` per inner chunk, then their crc32c.
+
+    Parameters
+    ----------
+    offsets
+        Byte offset of each inner chunk in the shard, in C order of the inner-chunk grid.
+    nbytes
+        Byte count of each inner chunk, same order and length as ``offsets``.
+
+    Returns
+    -------
+    bytes
+        ``index_size(len(offsets))`` bytes, little-endian ``uint64`` pairs then the crc32c.
+    """
+    pairs = np.empty((len(offsets), 2), dtype=_ENTRY)
+    pairs[:, 0] = offsets
+    pairs[:, 1] = nbytes
+    raw = pairs.tobytes()
+    return raw + google_crc32c.value(raw).to_bytes(4, "little")
+
+
+def decode_index(raw: bytes, chunks: int, data_end: int, where: str) -> np.ndarray:
+    """Parse and check a shard index; returns ``int64 [chunks, 2]`` (offset, nbytes).
+
+    Parameters
+    ----------
+    raw
+        The index bytes (``index_size(chunks)`` of them).
+    chunks
+        Number of inner chunks the array's metadata implies.
+    data_end
+        Where the index starts in the shard: every inner chunk must end at or before it.
+    where
+        Names the array in errors (``trajectories/<id>/<key>``).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``int64 [chunks, 2]``: each inner chunk's offset and byte count.
+
+    Raises
+    ------
+    CorruptStoreError
+        The index has the wrong size, fails its checksum, marks a chunk empty or points
+        outside the shard's data.
+    """
+    if len(raw) != index_size(chunks):
+        raise CorruptStoreError(
+            f"{where}: shard index holds {len(raw)} bytes, expected {index_size(chunks)}"
+        )
+    body, stored = raw[:-4], int.from_bytes(raw[-4:], "little")
+    if google_crc32c.value(body) != stored:
+        raise CorruptStoreError(f"{where}: shard index fails its crc32c checksum")
+    pairs = np.frombuffer(body, dtype=_ENTRY).reshape(chunks, 2)
+    if bool((pairs == EMPTY).any()):
+        raise CorruptStoreError(f"{where}: shard index marks an inner chunk as missing")
+    ends = pairs[:, 0] + pairs[:, 1]
+    if chunks and (bool((ends < pairs[:, 0]).any()) or int(ends.max()) > data_end):
+        raise CorruptStoreError(
+            f"{where}: shard index points past the shard's data ({data_end} bytes)"
+        )
+    return pairs.astype(np.int64)
+
+
+@functools.lru_cache(maxsize=256)
+def sharded_metadata(
+    shape: Sequence[int],
+    dtype: np.dtype[Any],
+    inner: Sequence[int],
+    level: int | None,
+    checksum: bool,
+    torch_dtype: str,
+    dimension_names: tuple[str, ...],
+) -> bytes:
+    """The ``zarr.json`` of an array stored as one shard of ``inner``-shaped chunks.
+
+    Documents are cached: trajectories of one schema share them.
+
+    Parameters
+    ----------
+    shape
+        The array's shape; the outer (shard) chunk is the whole array.
+    dtype
+        The stored numpy dtype (little endian).
+    inner
+        The inner chunk shape; it must divide ``shape``.
+    level
+        The zstd level of the inner chunks, ``None`` for uncompressed ones.
+    checksum
+        Whether the zstd frames carry zstd's content checksum.
+    torch_dtype
+        The torch dtype name stored in the attributes under :data:`DTYPE_ATTR`.
+    dimension_names
+        One name per dimension (see :func:`rbzarr.storage.zarr.encode.dimension_names`).
+
+    Returns
+    -------
+    bytes
+        The ``zarr.json`` document, as zarr itself serializes it.
+
+    Raises
+    ------
+    ValueError
+        Zarr rejects the metadata, e.g. ``inner`` does not divide ``shape``.
+    """
+    compressors: tuple[Any, ...] = (
+        () if level is None else (ZstdCodec(level=level, checksum=checksum),)
+    )
+    serializer = BytesCodec(endian="little" if dtype.itemsize > 1 else None)
+    sharding = ShardingCodec(chunk_shape=tuple(inner), codecs=(serializer, *compressors))
+    data_type = parse_data_type(dtype, zarr_format=3)
+    metadata = ArrayV3Metadata(
+        shape=tuple(shape),
+        data_type=data_type,
+        chunk_grid={"name": "regular", "configuration": {"chunk_shape": tuple(shape)}},
+        chunk_key_encoding={"name": "default", "configuration": {"separator": "/"}},
+        fill_value=data_type.default_scalar(),
+        codecs=(sharding,),
+        attributes={DTYPE_ATTR: torch_dtype},
+        dimension_names=tuple(dimension_names),
+    )
+    document = metadata.to_buffer_dict(default_buffer_prototype())["zarr.json"]
+    return bytes(document.to_bytes())

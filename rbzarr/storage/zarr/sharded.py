@@ -1,0 +1,379 @@
+"""One layout-v2 trajectory: its group's description, open shards, and reads into a batch.
+
+The trajectory group's attributes carry ``rbzarr_layout: {"version": 2, "arrays": {key:
+description}}`` (see :mod:`rbzarr.storage.zarr.encode`), so opening a trajectory reads one
+document and then each shard's index; arrays of kind ``"zarr"`` (zero-size, 0-d, or a
+compressor other than zstd) are opened and read through zarr's pipeline.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from zarr.core.array import AsyncArray
+
+from rbzarr.errors import CorruptStoreError
+from rbzarr.storage.zarr import encode as shard_writer
+from rbzarr.storage.zarr import local as shard_reader
+from rbzarr.storage.zarr import spec as shard_spec
+from rbzarr.storage.zarr.chunking import KeyPlan
+from rbzarr.storage.zarr.local import LocalShard, RowRead
+from rbzarr.storage.zarr.remote import IOStats, RemoteShard, fetch_rows, open_remote
+from rbzarr.storage.zarr.spec import ArraySpec
+
+__all__ = [
+    "LAYOUT_ATTR",
+    "RowBatch",
+    "ShardedTrajectory",
+    "describe_sharded",
+    "encode_trajectory",
+    "open_pending",
+    "read_whole_shards",
+]
+
+LAYOUT_ATTR = "rbzarr_layout"
+VERSION = 2
+
+
+@dataclass(frozen=True)
+class ShardedTrajectory:
+    """Open handles of one committed layout-v2 trajectory (immutable once built).
+
+    Parameters
+    ----------
+    group
+        The trajectory group's path below the root (``trajectories/<id>``).
+    T, B
+        Time steps and environments, from the index entry.
+    dtypes
+        The torch dtype of every flat key, in the trajectory's field order.
+    specs
+        The layout description of every key; ``None`` for arrays zarr reads.
+    local
+        Open local shards by key (local stores).
+    remote
+        Shards with fetched indexes by key (object stores).
+    arrays
+        zarr's array handles of the keys whose spec is ``None``.
+    plans
+        Row-read plans by key tuple, filled on first use (a cache, not compared).
+    """
+
+    group: str
+    T: int
+    B: int
+    dtypes: dict[str, torch.dtype]
+    specs: dict[str, ArraySpec | None]
+    local: dict[str, LocalShard] = field(default_factory=dict)
+    remote: dict[str, RemoteShard] = field(default_factory=dict)
+    arrays: dict[str, AsyncArray[Any]] = field(default_factory=dict)
+    plans: dict[tuple[str, ...], Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def files(self) -> int:
+        """Open file descriptors held.
+
+        Returns
+        -------
+        int
+            One per local shard.
+        """
+        return len(self.local)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        """The stored shape of ``key``.
+
+        Parameters
+        ----------
+        key
+            A flat key of the trajectory.
+
+        Returns
+        -------
+        tuple of int
+            The raw ``[T(+E), B, ...]`` shape of its array.
+        """
+        spec = self.specs[key]
+        return spec.shape if spec is not None else tuple(self.arrays[key].shape)
+
+
+def encode_trajectory(
+    fields: Mapping[str, torch.Tensor], plans: Mapping[str, KeyPlan], T: int, B: int
+) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+    """Encode the ``mapped`` and ``chunked`` fields of one trajectory as shards.
+
+    Parameters
+    ----------
+    fields
+        The raw tensors by flat key.
+    plans
+        The plan of every key (see :func:`rbzarr.storage.zarr.chunking.plan_key`).
+    T, B
+        The trajectory's time steps and environments.
+
+    Returns
+    -------
+    tuple of (dict, dict)
+        The files to write, each a list of byte-like parts, by path below the trajectory
+        group (``<key>/zarr.json`` and ``<key>/c/0/...``); and the layout description for
+        the group's attributes (arrays of kind ``"zarr"`` listed, to be written by zarr).
+    """
+    files: dict[str, list[Any]] = {}
+    arrays: dict[str, Any] = {}
+    for key, value in fields.items():
+        plan = plans[key]
+        if plan.kind == "zarr":
+            arrays[key] = {"kind": "zarr"}
+            continue
+        encoded = shard_writer.encode_array(key, value, plan, T, B)
+        files[f"{key}/zarr.json"] = [encoded.document]
+        files[f"{key}/{shard_writer.shard_key(value.dim())}"] = encoded.shard
+        arrays[key] = encoded.description
+    return files, {"version": VERSION, "arrays": arrays}
+
+
+def describe_sharded(
+    location: Any,
+    group: str,
+    entry_shape: tuple[int, int],
+    fields: Mapping[str, torch.dtype],
+    layout: Mapping[str, Any],
+) -> tuple[ShardedTrajectory, list[tuple[str, str, ArraySpec, str]]]:
+    """A v2 trajectory from its group's attributes; local shards are opened here already.
+
+    Parameters
+    ----------
+    location
+        The store's :class:`~rbzarr.storage.location.Location`.
+    group
+        The trajectory group's path below the root.
+    entry_shape
+        ``(T, B)`` from the index entry.
+    fields
+        The torch dtype of every flat key, from the group's attributes.
+    layout
+        The group's ``rbzarr_layout`` attribute.
+
+    Returns
+    -------
+    tuple of (ShardedTrajectory, list)
+        The handles, and the remote shards still to open, ``(key, path, spec, where)``
+        each (see :func:`open_pending`).
+
+    Raises
+    ------
+    CorruptStoreError
+        The description disagrees with the fields or the entry's shape, or a local
+        shard or its document is missing or damaged.
+    """
+    where = f"{location.url}/{group}"
+    specs = shard_spec.parse_specs(layout, where)
+    if list(specs) != list(fields):
+        raise CorruptStoreError(
+            f"{where}: the layout describes {sorted(specs)}, the fields are {sorted(fields)}"
+        )
+    T, B = entry_shape
+    opened = ShardedTrajectory(group, T, B, dict(fields), specs)
+    pending = []
+    for key, spec in specs.items():
+        if spec is None:
+            continue
+        _check_shape(spec, T, B, f"{where}/{key}", entry_shape)
+        path = _shard_path(location, group, key, spec)
+        if location.is_local:
+            document = _read_file(
+                os.path.join(location.path, *group.split("/"), *key.split("/"), "zarr.json")
+            )
+            shard_spec.check_document(document, spec, f"{where}/{key}")
+            opened.local[key] = LocalShard(path, spec, f"{where}/{key}")
+        else:
+            pending.append((key, path, spec, f"{where}/{key}"))
+    return opened, pending
+
+
+def open_pending(
+    fs: Any,
+    pending: Sequence[tuple[ShardedTrajectory, tuple[str, str, ArraySpec, str]]],
+    stats: IOStats,
+) -> None:
+    """Open remote shards of several trajectories, every index fetched in one round.
+
+    Parameters
+    ----------
+    fs
+        The fsspec filesystem holding the shards.
+    pending
+        ``(handles, shard)`` pairs: the trajectory and one item :func:`describe_sharded`
+        left to open; the opened shard goes into ``handles.remote``.
+    stats
+        Counts the requests and bytes.
+
+    Raises
+    ------
+    CorruptStoreError
+        A shard or its document is missing, has the wrong size or is damaged.
+    """
+    requests = [(path, spec, where) for _, (_, path, spec, where) in pending]
+    for (opened, (key, *_)), shard in zip(pending, open_remote(fs, requests, stats), strict=True):
+        opened.remote[key] = shard
+
+
+def _shard_path(location: Any, group: str, key: str, spec: ArraySpec) -> str:
+    parts = [
+        *group.split("/"),
+        *key.split("/"),
+        *shard_writer.shard_key(len(spec.shape)).split("/"),
+    ]
+    return os.path.join(location.path, *parts) if location.is_local else location.join(*parts)
+
+
+def _check_shape(spec: ArraySpec, T: int, B: int, where: str, entry_shape: Any) -> None:
+    if len(spec.shape) < 2:
+        return
+    rows, envs = spec.shape[0], spec.shape[1]
+    if envs != B or rows < T or (rows > T and T % (rows - T) != 0):
+        raise CorruptStoreError(
+            f"{where}: shape {spec.shape} disagrees with the index entry's shape "
+            f"{list(entry_shape)}"
+        )
+
+
+@dataclass
+class RowBatch:
+    """Rows of several trajectories landing in byte views of the batch's outputs.
+
+    Each row lands at its final position (no permutation pass afterwards).
+
+    Parameters
+    ----------
+    out
+        A uint8 ``[n, row_bytes]`` view of each key's output tensor.
+    stats
+        Counts the requests and bytes of the reads.
+    local
+        Queued reads of local shards (filled by :meth:`add`).
+    remote
+        Queued reads of remote shards (filled by :meth:`add`).
+    """
+
+    out: dict[str, np.ndarray]
+    stats: IOStats
+    local: list[tuple[LocalShard, RowRead]] = field(default_factory=list)
+    remote: list[tuple[RemoteShard, RowRead]] = field(default_factory=list)
+
+    def add(
+        self, opened: ShardedTrajectory, key: str, elements: np.ndarray, positions: np.ndarray
+    ) -> None:
+        """Queue rows ``elements`` of ``key`` for rows ``positions`` of ``out[key]``.
+
+        Rows of memory-mapped shards are gathered at once instead.
+
+        Parameters
+        ----------
+        opened
+            The trajectory's handles.
+        key
+            A flat key described in the trajectory's layout (not read by zarr).
+        elements
+            Rows ``raw_t * B + b`` of the array.
+        positions
+            The row of ``out[key]`` each element goes to.
+        """
+        if not len(positions):
+            return
+        out = self.out[key]
+        shard = opened.local.get(key)
+        if shard is not None:
+            if shard.rows is not None:
+                shard_reader.gather_mapped(shard, elements, out, positions)
+                self.stats.add(0, len(positions) * shard.spec.row_bytes)
+                return
+            read = shard_reader.plan_rows(
+                shard.spec, shard.index, elements, out, positions, shard.where
+            )
+            self.stats.add(len(read.pieces), sum(p.nbytes for p in read.pieces))
+            self.local.append((shard, read))
+            return
+        remote = opened.remote[key]
+        read = shard_reader.plan_rows(
+            remote.spec, remote.index, elements, out, positions, remote.where
+        )
+        self.remote.append((remote, read))
+
+    def run(self, fs: Any) -> None:
+        """Land every queued piece: local ones with ``pread``, remote ones in one round.
+
+        Parameters
+        ----------
+        fs
+            The filesystem of the remote shards.
+
+        Raises
+        ------
+        CorruptStoreError
+            A shard ended early, is missing or holds a chunk that does not decode.
+        """
+        if self.local:
+            shard_reader.read_local(self.local)
+        if self.remote:
+            fetch_rows(fs, self.remote, self.stats)
+
+
+def read_whole_shards(
+    location: Any, opened: ShardedTrajectory, keys: Sequence[str]
+) -> dict[str, np.ndarray]:
+    """Whole arrays of the described ``keys`` (each shard fetched in one read).
+
+    Parameters
+    ----------
+    location
+        The store's :class:`~rbzarr.storage.location.Location`.
+    opened
+        The trajectory's handles.
+    keys
+        Flat keys with a layout description (not read by zarr).
+
+    Returns
+    -------
+    dict
+        ``{key: numpy array}`` in the stored dtype.
+
+    Raises
+    ------
+    CorruptStoreError
+        A shard is missing, has the wrong size or is damaged.
+    """
+    paths = [_shard_path(location, opened.group, key, _spec(opened, key)) for key in keys]
+    if location.is_local:
+        blobs = [_read_file(path) for path in paths]
+    else:
+        found = location.fs.cat(paths, on_error="return")
+        blobs = [found[path] if isinstance(found, dict) else found for path in paths]
+    out = {}
+    for key, blob in zip(keys, blobs, strict=True):
+        where = f"{location.url}/{opened.group}/{key}"
+        if isinstance(blob, FileNotFoundError) or blob is None:
+            raise CorruptStoreError(f"{where}: the shard is missing")
+        if isinstance(blob, BaseException):
+            raise blob
+        out[key] = shard_reader.decode_whole(_spec(opened, key), bytes(blob), where)
+    return out
+
+
+def _spec(opened: ShardedTrajectory, key: str) -> ArraySpec:
+    spec = opened.specs[key]
+    assert spec is not None
+    return spec
+
+
+def _read_file(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None

@@ -1,0 +1,262 @@
+"""How a layout-2 trajectory group describes its arrays, and the checks of a description.
+
+The group's ``rbzarr_layout`` attribute describes every array rbzarr reads itself (written
+by :mod:`rbzarr.storage.zarr.encode`); :class:`ArraySpec` is one such description, checked
+and converted, with the sizes a reader derives from it.  :func:`check_document` holds an
+array's ``zarr.json`` to the description, since plain zarr readers rely on the document.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rbzarr.errors import CorruptStoreError
+from rbzarr.storage.zarr import shard_index as shard_format
+
+__all__ = ["KINDS", "ArraySpec", "check_document", "parse_specs"]
+
+# The kinds of array a layout description names for rbzarr's own readers.
+KINDS = ("mapped", "chunked")
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """One stored array as its trajectory group's attributes describe it.
+
+    Parameters
+    ----------
+    key
+        The flat key (``"curr_obs/image"``).
+    kind
+        ``"mapped"`` (uncompressed, one inner chunk) or ``"chunked"`` (zstd inner chunks).
+    shape
+        The raw array's shape, ``[T(+E), B, ...]`` or ``[T]``.
+    dtype
+        The stored numpy dtype (little endian).
+    inner
+        The inner chunk shape (it divides ``shape``).
+    shard_bytes
+        The shard object's size, index included.
+    """
+
+    key: str
+    kind: str
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    inner: tuple[int, ...]
+    shard_bytes: int
+
+    @classmethod
+    def parse(cls, key: str, description: Any, where: str) -> ArraySpec:
+        """Check and convert a description written by :mod:`rbzarr.storage.zarr.encode`.
+
+        Parameters
+        ----------
+        key
+            The flat key the description belongs to.
+        description
+            The array's entry in the group's ``rbzarr_layout["arrays"]``.
+        where
+            Names the array in errors.
+
+        Returns
+        -------
+        ArraySpec
+            The checked spec.
+
+        Raises
+        ------
+        CorruptStoreError
+            A field is missing or of the wrong type, the kind is unknown, the shape is
+            empty, or the inner chunks do not tile the shape.
+        """
+        try:
+            spec = cls(
+                key=key,
+                kind=str(description["kind"]),
+                shape=tuple(int(d) for d in description["shape"]),
+                dtype=np.dtype(str(description["dtype"])),
+                inner=tuple(int(d) for d in description["inner"]),
+                shard_bytes=int(description["shard_bytes"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptStoreError(f"{where}: unreadable layout description: {exc}") from exc
+        grid_ok = len(spec.inner) == len(spec.shape) and all(
+            i > 0 and s % i == 0 for s, i in zip(spec.shape, spec.inner, strict=False)
+        )
+        if spec.kind not in KINDS or not spec.shape or not grid_ok:
+            raise CorruptStoreError(f"{where}: invalid layout description {description!r}")
+        return spec
+
+    @property
+    def chunks(self) -> int:
+        """Number of inner chunks.
+
+        Returns
+        -------
+        int
+            The product of ``shape // inner`` over the dimensions.
+        """
+        return math.prod(s // i for s, i in zip(self.shape, self.inner, strict=True))
+
+    @property
+    def envs(self) -> int:
+        """``B``, the number of environments.
+
+        Returns
+        -------
+        int
+            ``shape[1]``, or 1 for a 1-D array.
+        """
+        return self.shape[1] if len(self.shape) >= 2 else 1
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row ``(t, b)``.
+
+        Returns
+        -------
+        int
+            The product of ``shape[2:]`` times the item size.
+        """
+        return math.prod(self.shape[2:]) * self.dtype.itemsize
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of one decoded inner chunk.
+
+        Returns
+        -------
+        int
+            The product of ``inner`` times the item size.
+        """
+        return math.prod(self.inner) * self.dtype.itemsize
+
+    @property
+    def data_bytes(self) -> int:
+        """Bytes of the whole array, uncompressed.
+
+        Returns
+        -------
+        int
+            The product of ``shape`` times the item size.
+        """
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    @property
+    def index_offset(self) -> int:
+        """Where the index starts in the shard (the index ends the shard).
+
+        Returns
+        -------
+        int
+            ``shard_bytes`` minus the index size.
+        """
+        return self.shard_bytes - shard_format.index_size(self.chunks)
+
+    def check_index(self, raw: bytes, where: str) -> np.ndarray:
+        """Parse and check the shard's index bytes.
+
+        Parameters
+        ----------
+        raw
+            The index bytes, read from :attr:`index_offset` to the end of the shard.
+        where
+            Names the array in errors.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``int64 [chunks, 2]``: offset and byte count of every inner chunk.
+
+        Raises
+        ------
+        CorruptStoreError
+            The index is damaged (see :func:`~rbzarr.storage.zarr.shard_index.decode_index`),
+            or a mapped array's index is not one chunk of the whole array at offset 0.
+        """
+        index = shard_format.decode_index(raw, self.chunks, self.index_offset, where)
+        if self.kind == "mapped" and index.tolist() != [[0, self.data_bytes]]:
+            raise CorruptStoreError(
+                f"{where}: shard index {index.tolist()} does not describe the uncompressed "
+                f"array ([0, {self.data_bytes}])"
+            )
+        return index
+
+
+def check_document(raw: bytes | None, spec: ArraySpec, where: str) -> None:
+    """Refuse an array's ``zarr.json`` that is missing, unparsable or describes other data
+    than its group's layout description (plain zarr readers rely on it).
+
+    Parameters
+    ----------
+    raw
+        The document's bytes, or ``None`` when it is missing.
+    spec
+        The array's layout description.
+    where
+        Names the array in errors (``.../zarr.json`` is appended).
+
+    Raises
+    ------
+    CorruptStoreError
+        The document is missing, not a sharded array document, or its shape or inner
+        chunk shape differs from ``spec``.
+    """
+    name = f"{where}/zarr.json"
+    if raw is None:
+        raise CorruptStoreError(f"{name} is missing")
+    try:
+        document = json.loads(raw)
+        sharding = document["codecs"][0]
+        inner = sharding["configuration"]["chunk_shape"]
+        agrees = (
+            document.get("node_type") == "array"
+            and tuple(document["shape"]) == spec.shape
+            and sharding["name"] == "sharding_indexed"
+            and tuple(inner) == spec.inner
+        )
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+        raise CorruptStoreError(f"{name} is not a valid array document: {exc}") from exc
+    if not agrees:
+        raise CorruptStoreError(f"{name} disagrees with its trajectory's layout description")
+
+
+def parse_specs(layout: Mapping[str, Any], where: str) -> dict[str, ArraySpec | None]:
+    """The specs of a v2 group's arrays.
+
+    Parameters
+    ----------
+    layout
+        The group's ``rbzarr_layout`` attribute.
+    where
+        Names the trajectory group in errors.
+
+    Returns
+    -------
+    dict
+        ``{key: ArraySpec}``, ``None`` for arrays of kind ``"zarr"`` (read by zarr), in
+        the description's order.
+
+    Raises
+    ------
+    CorruptStoreError
+        The description has no ``arrays`` mapping, or an array's description is invalid.
+    """
+    arrays = layout.get("arrays")
+    if not isinstance(arrays, dict):
+        raise CorruptStoreError(f"{where}: layout description without arrays")
+    return {
+        key: (
+            None
+            if isinstance(d, dict) and d.get("kind") == "zarr"
+            else ArraySpec.parse(key, d, f"{where}/{key}")
+        )
+        for key, d in arrays.items()
+    }

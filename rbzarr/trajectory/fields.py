@@ -1,0 +1,162 @@
+"""What a trajectory is made of: RLinf's field names, and reading them from any object.
+
+rbzarr accepts its own :class:`~rbzarr.trajectory.model.Trajectory` or any object carrying the same
+attributes (RLinf's ``Trajectory`` included).  This module is the one place that reads those
+attributes, so every caller sees the same fields, in the same order, with the same errors.
+
+A field that an object does not have reads as its default (``None``, an empty dict, 0, ``""``):
+older RLinf releases, for instance, have no ``versions``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from rbzarr.errors import InvalidTrajectoryError
+from rbzarr.trajectory import tree
+
+__all__ = [
+    "DICT_FIELDS",
+    "FIELD_NAMES",
+    "RESET_ROW_FIELDS",
+    "SCALAR_FIELDS",
+    "TENSOR_FIELDS",
+    "raw_time_rows",
+    "trajectory_scalars",
+    "trajectory_tensors",
+]
+
+SCALAR_FIELDS = ("max_episode_length", "model_weights_id")
+TENSOR_FIELDS = (
+    "actions",
+    "intervene_flags",
+    "rewards",
+    "terminations",
+    "truncations",
+    "dones",
+    "prev_logprobs",
+    "prev_values",
+    "versions",
+)
+# The order RLinf emits nested dicts in a sampled batch (not the dataclass order).
+DICT_FIELDS = ("curr_obs", "next_obs", "forward_inputs")
+# Fields that may carry one reset row per rollout epoch, in field order.
+RESET_ROW_FIELDS = ("terminations", "truncations", "dones")
+# RLinf's dataclass order.
+FIELD_NAMES = (*SCALAR_FIELDS, *TENSOR_FIELDS, "forward_inputs", "curr_obs", "next_obs")
+
+
+def _check_is_trajectory(traj: object) -> None:
+    if not any(hasattr(traj, name) for name in FIELD_NAMES):
+        raise InvalidTrajectoryError(
+            f"expected a Trajectory (or an object with its fields {list(FIELD_NAMES)}), "
+            f"got {type(traj).__name__}"
+        )
+
+
+def trajectory_tensors(traj: object) -> dict[str, Any]:
+    """Every present tensor field of ``traj`` as a flat dict of raw ``[T(+E), B, ...]`` values.
+
+    Top-level fields come first in dataclass order, then ``curr_obs/...``, ``next_obs/...``
+    and ``forward_inputs/...`` (each in its own key order): the order of a sampled batch.
+    Values are returned as found (validation checks them); nothing is copied.
+
+    Parameters
+    ----------
+    traj
+        A :class:`~rbzarr.trajectory.model.Trajectory` or any object with its attributes.
+
+    Returns
+    -------
+    dict of str to Any
+        The present fields by flat key; fields that are ``None`` or absent are left out.
+
+    Raises
+    ------
+    InvalidTrajectoryError
+        If ``traj`` has none of the trajectory fields, a dict field is not a dict, or a key
+        is not a valid name.
+    """
+    _check_is_trajectory(traj)
+    fields: dict[str, Any] = {}
+    for name in TENSOR_FIELDS:
+        value = getattr(traj, name, None)
+        if value is not None:
+            fields[name] = value
+    nested: dict[str, Mapping[str, Any]] = {}
+    for name in DICT_FIELDS:
+        value = getattr(traj, name, None)
+        if value is None:
+            continue
+        if not isinstance(value, Mapping):
+            raise InvalidTrajectoryError(
+                f"field {name!r}: expected a dict of tensors, got {type(value).__name__}"
+            )
+        nested[name] = value
+    try:
+        fields.update(tree.flatten(nested))
+    except ValueError as exc:
+        raise InvalidTrajectoryError(str(exc)) from exc
+    return fields
+
+
+def trajectory_scalars(traj: object) -> tuple[int, str]:
+    """``(max_episode_length, model_weights_id)`` of ``traj``, checked.
+
+    Parameters
+    ----------
+    traj
+        A :class:`~rbzarr.trajectory.model.Trajectory` or any object with its attributes.
+
+    Returns
+    -------
+    tuple of (int, str)
+        The two scalars; an absent attribute reads as ``0`` or ``""``.
+
+    Raises
+    ------
+    InvalidTrajectoryError
+        If ``max_episode_length`` is not an integer or ``model_weights_id`` not a string.
+    """
+    _check_is_trajectory(traj)
+    length = getattr(traj, "max_episode_length", 0)
+    weights_id = getattr(traj, "model_weights_id", "")
+    if isinstance(length, bool) or not isinstance(length, numbers.Integral):
+        raise InvalidTrajectoryError(
+            f"field 'max_episode_length': expected an int, got {type(length).__name__}"
+        )
+    if not isinstance(weights_id, str):
+        raise InvalidTrajectoryError(
+            f"field 'model_weights_id': expected a str, got {type(weights_id).__name__}"
+        )
+    return int(length), weights_id
+
+
+def raw_time_rows(t: torch.Tensor, T: int, raw_rows: int) -> torch.Tensor:
+    """Map flat time steps ``t`` to rows of a raw field holding ``raw_rows`` rows.
+
+    A reset-row field with E epochs stores ``T + E`` rows; step ``t`` of the flat view lives
+    at raw row ``t + t // (T / E) + 1``.  Other fields map ``t`` to itself.
+
+    Parameters
+    ----------
+    t
+        Integer tensor of flat time steps, each in ``[0, T)``.
+    T
+        The trajectory's number of time steps (reset rows excluded).
+    raw_rows
+        How many rows the stored field has: ``T`` or ``T + E``.
+
+    Returns
+    -------
+    torch.Tensor
+        The raw row of each step; ``t`` itself when the field has no reset rows.
+    """
+    epochs = raw_rows - T
+    if epochs <= 0:
+        return t
+    return t + torch.div(t, T // epochs, rounding_mode="floor") + 1

@@ -1,0 +1,367 @@
+"""The ``Trajectory`` dataclass and its validation.
+
+A trajectory holds ``[T, B, ...]`` tensors: T time steps of B parallel environments.
+Sampling works on its *flat* view, ``[T*B, ...]`` row-major, where flat row ``i`` is time
+step ``i // B`` of environment ``i % B`` (:mod:`rbzarr.trajectory.flat_view` cuts and rejoins it).
+
+``dones``, ``terminations`` and ``truncations`` may hold ``T + E`` rows: E rollout epochs of
+``T / E`` steps, each led by one reset row.  Flattening drops those reset rows; storage keeps
+them (raw rows), and :func:`raw_time_rows` maps a flat time step to its raw row.
+
+Every function here takes rbzarr's :class:`Trajectory` or any object with its fields (RLinf's
+``Trajectory`` included); see :mod:`rbzarr.trajectory.fields`.  Dict fields are matched by key name,
+never by key order: :func:`validate` against a schema returns the schema's order, and
+:func:`rbzarr.trajectory.flat_view.split_trajectory` emits the flat view in that order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rbzarr.errors import InvalidTrajectoryError
+from rbzarr.trajectory import tree
+from rbzarr.trajectory.dtypes import dtype_name
+from rbzarr.trajectory.fields import (
+    DICT_FIELDS,
+    RESET_ROW_FIELDS,
+    TENSOR_FIELDS,
+    raw_time_rows,
+    trajectory_scalars,
+    trajectory_tensors,
+)
+from rbzarr.trajectory.intervention import intervened_columns, intervention_mask
+
+__all__ = [
+    "DICT_FIELDS",
+    "RESET_ROW_FIELDS",
+    "TENSOR_FIELDS",
+    "Schema",
+    "Trajectory",
+    "TrajectorySpec",
+    "as_trajectory",
+    "raw_time_rows",
+    "trajectory_from_raw",
+    "validate",
+]
+
+# path -> (torch dtype name, trailing shape after the sample dimension)
+Schema = dict[str, tuple[str, tuple[int, ...]]]
+
+
+@dataclass(eq=False)
+class Trajectory:
+    """A batch of rollouts shaped ``[T, B, ...]``; field names, order and defaults follow RLinf.
+
+    Two trajectories are equal when every field is: the same int and str fields, the same
+    present tensor fields and dict keys (in any order), each tensor with the same dtype,
+    shape and values (NaN equals NaN).
+
+    Parameters
+    ----------
+    max_episode_length
+        The environments' episode length limit, as RLinf records it.
+    model_weights_id
+        Which policy weights collected the rollouts.
+    actions, intervene_flags, rewards, prev_logprobs, prev_values, versions
+        ``[T, B, ...]`` per-step tensors, or ``None`` when not collected;
+        ``intervene_flags`` is ``[T, B, D]``.  Validation needs ``prev_logprobs`` or
+        ``rewards``: the first present sets ``T`` and ``B``.
+    terminations, truncations, dones
+        ``[T, B, ...]``, or ``[T + E, B, ...]`` with one reset row leading each of ``E``
+        rollout epochs; ``None`` when not collected.
+    forward_inputs, curr_obs, next_obs
+        Nested dicts of ``[T, B, ...]`` tensors (policy inputs, observations before and
+        after each step); empty when not collected.
+    """
+
+    max_episode_length: int = 0
+    model_weights_id: str = ""
+    actions: torch.Tensor | None = None
+    intervene_flags: torch.Tensor | None = None
+    rewards: torch.Tensor | None = None
+    terminations: torch.Tensor | None = None
+    truncations: torch.Tensor | None = None
+    dones: torch.Tensor | None = None
+    prev_logprobs: torch.Tensor | None = None
+    prev_values: torch.Tensor | None = None
+    versions: torch.Tensor | None = None
+    forward_inputs: dict[str, Any] = field(default_factory=dict)
+    curr_obs: dict[str, Any] = field(default_factory=dict)
+    next_obs: dict[str, Any] = field(default_factory=dict)
+
+    def tensors(self) -> dict[str, Any]:
+        """Every present tensor field as a flat dict of raw ``[T(+E), B, ...]`` values.
+
+        Top-level fields come first in dataclass order, then ``curr_obs/...``,
+        ``next_obs/...`` and ``forward_inputs/...``: the order of a sampled batch.
+
+        Returns
+        -------
+        dict of str to Any
+            The tensors by flat key, not copied; ``None`` fields are left out.
+
+        Raises
+        ------
+        InvalidTrajectoryError
+            A dict field is not a dict, or one of its keys is not a plain name.
+        """
+        return trajectory_tensors(self)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Trajectory):
+            return NotImplemented
+        if (self.max_episode_length, self.model_weights_id) != (
+            other.max_episode_length,
+            other.model_weights_id,
+        ):
+            return False
+        mine, theirs = self.tensors(), other.tensors()
+        return mine.keys() == theirs.keys() and all(
+            _same_value(value, theirs[path]) for path, value in mine.items()
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # compared by value, so unhashable
+
+    def extract_intervene_traj(self, mode: str = "any") -> list[Trajectory] | None:
+        """RLinf's method, same results: the intervened steps, one trajectory per env column.
+
+        ``None`` without ``intervene_flags`` ``[T, B, D]`` or without an intervened step
+        (``mode="any"``: any of the D flags set, ``"all"``: all of them).  Otherwise, for
+        each column with such a step, a ``[k, 1, ...]`` trajectory of those steps in time
+        order; reset-row fields keep their reset rows, ``versions`` is not carried.
+
+        Parameters
+        ----------
+        mode
+            ``"any"`` or ``"all"``: how the ``D`` flags of a step make it intervened.
+
+        Returns
+        -------
+        list of Trajectory or None
+            One ``[k, 1, ...]`` trajectory per intervened column, in column order.
+
+        Raises
+        ------
+        NotImplementedError
+            For a ``mode`` other than ``"any"`` and ``"all"``, as RLinf.
+        ValueError
+            If ``intervene_flags`` is not ``[T, B, D]`` or a field has a wrong length.
+        """
+        mask = intervention_mask(self.intervene_flags, mode)
+        if mask is None:
+            return None
+        parts = [
+            trajectory_from_raw(fields, self.max_episode_length, self.model_weights_id)
+            for fields in intervened_columns(self.tensors(), mask)
+        ]
+        return parts or None
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return type(a) is type(b) and bool(a == b)
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    a, b = a.detach().cpu(), b.detach().cpu()
+    if a.is_floating_point() or a.is_complex():
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
+    return torch.equal(a, b)
+
+
+@dataclass(frozen=True)
+class TrajectorySpec:
+    """What validation learnt about a trajectory.
+
+    Parameters
+    ----------
+    T
+        Time steps (reset rows not counted).
+    B
+        Parallel environments.
+    shape
+        The full shape of the reference field (``prev_logprobs``, else ``rewards``).
+    schema
+        The sampled fields: flat key to ``(dtype name, shape after [T, B])``.
+    """
+
+    T: int
+    B: int
+    shape: tuple[int, ...]
+    schema: Schema
+
+    @property
+    def num_samples(self) -> int:
+        """Rows in the flat view: ``T * B``."""
+        return self.T * self.B
+
+
+def _reference(fields: Mapping[str, Any]) -> tuple[str, torch.Tensor]:
+    for name in ("prev_logprobs", "rewards"):
+        value = fields.get(name)
+        if value is not None:
+            return name, value
+    raise InvalidTrajectoryError(
+        "trajectory carries no samples: it has neither 'prev_logprobs' nor 'rewards'"
+    )
+
+
+def _epochs(path: str, rows: int, T: int) -> int:
+    """Number of reset rows in a field with ``rows`` raw rows (0 unless a reset-row field).
+
+    Raises
+    ------
+    InvalidTrajectoryError
+        A reset-row field's extra rows ``E`` are negative or do not divide ``T``.
+    """
+    if path not in RESET_ROW_FIELDS or rows == T:
+        return 0
+    extra = rows - T
+    if extra < 0 or T % extra != 0:
+        raise InvalidTrajectoryError(
+            f"field {path!r}: expected T={T} rows, or T+E rows with E dividing T, got {rows}"
+        )
+    return extra
+
+
+def validate(traj: object, schema: Schema | None = None) -> TrajectorySpec:
+    """Check that every field agrees on T and B (and with ``schema``, if given).
+
+    Parameters
+    ----------
+    traj
+        A :class:`Trajectory` or any object with its fields (RLinf's ``Trajectory``).
+    schema
+        The buffer's schema; dict keys are matched by name, in any order.
+
+    Returns
+    -------
+    TrajectorySpec
+        Its ``schema`` lists the sampled fields in ``schema``'s order when one is given,
+        else in the order of :meth:`Trajectory.tensors`.
+
+    Raises
+    ------
+    InvalidTrajectoryError
+        (a ``ValueError``) a field is not a tensor, has no samples, disagrees on ``T`` or
+        ``B``, has an unsupported dtype, or the fields differ from ``schema``; the message
+        names the field and the shapes.
+    """
+    trajectory_scalars(traj)
+    fields = trajectory_tensors(traj)
+    for path, value in fields.items():
+        if not isinstance(value, torch.Tensor):
+            raise InvalidTrajectoryError(
+                f"field {path!r}: expected a torch.Tensor, got {type(value).__name__}"
+            )
+        if value.layout != torch.strided:
+            # Refused here, not later: the flat view is split off after add_trajectories.
+            raise InvalidTrajectoryError(
+                f"field {path!r}: expected a dense (strided) tensor, got layout {value.layout}"
+            )
+    ref_name, ref = _reference(fields)
+    if ref.dim() < 2:
+        raise InvalidTrajectoryError(
+            f"field {ref_name!r}: expected [T, B, ...], got shape {tuple(ref.shape)}"
+        )
+    T, B = int(ref.shape[0]), int(ref.shape[1])
+    if T * B == 0:
+        raise InvalidTrajectoryError(
+            f"field {ref_name!r}: trajectory carries no samples, shape {tuple(ref.shape)}"
+        )
+    found: Schema = {}
+    for path, value in fields.items():
+        if value.dim() < 2:
+            continue
+        rows = int(value.shape[0])
+        epochs = _epochs(path, rows, T)
+        if rows - epochs != T or value.shape[1] != B:
+            raise InvalidTrajectoryError(
+                f"field {path!r}: expected T={T}, B={B} from {ref_name!r}, got {tuple(value.shape)}"
+            )
+        found[path] = (_dtype(path, value), tuple(int(d) for d in value.shape[2:]))
+    if schema is not None:
+        if found != schema:
+            raise InvalidTrajectoryError(_schema_difference(schema, found))
+        found = dict(schema)
+    return TrajectorySpec(T=T, B=B, shape=tuple(int(d) for d in ref.shape), schema=found)
+
+
+def _dtype(path: str, value: torch.Tensor) -> str:
+    try:
+        return dtype_name(value.dtype)
+    except ValueError as exc:
+        raise InvalidTrajectoryError(f"field {path!r}: {exc}") from exc
+
+
+def _schema_difference(expected: Schema, got: Schema) -> str:
+    missing = [k for k in expected if k not in got]
+    extra = [k for k in got if k not in expected]
+    if missing or extra:
+        return f"fields differ from the buffer's schema: missing {missing}, unexpected {extra}"
+    for path, want in expected.items():
+        if got[path] != want:
+            return (
+                f"field {path!r}: expected dtype {want[0]} and trailing shape {want[1]}, "
+                f"got dtype {got[path][0]} and trailing shape {got[path][1]}"
+            )
+    raise AssertionError("schemas differ only in key order")  # pragma: no cover
+
+
+def trajectory_from_raw(
+    fields: Mapping[str, torch.Tensor], max_episode_length: int = 0, model_weights_id: str = ""
+) -> Trajectory:
+    """Rebuild a :class:`Trajectory` from the flat dict returned by :meth:`Trajectory.tensors`.
+
+    Parameters
+    ----------
+    fields
+        Raw tensors by flat key (``"rewards"``, ``"curr_obs/image"``, ...); not copied.
+    max_episode_length
+        The trajectory's ``max_episode_length``.
+    model_weights_id
+        The trajectory's ``model_weights_id``.
+
+    Returns
+    -------
+    Trajectory
+        Holding the given tensors; fields not in ``fields`` keep their defaults.
+
+    Raises
+    ------
+    InvalidTrajectoryError
+        A top-level key is not a trajectory field.
+    """
+    nested = tree.unflatten(fields)
+    unknown = [k for k in nested if k not in TENSOR_FIELDS and k not in DICT_FIELDS]
+    if unknown:
+        raise InvalidTrajectoryError(f"unknown trajectory fields {unknown}")
+    return Trajectory(
+        max_episode_length=max_episode_length, model_weights_id=model_weights_id, **nested
+    )
+
+
+def as_trajectory(traj: object) -> Trajectory:
+    """``traj`` itself if it is a :class:`Trajectory`, else one holding the same values.
+
+    Parameters
+    ----------
+    traj
+        A :class:`Trajectory`, or any object with its fields (RLinf's ``Trajectory``).
+
+    Returns
+    -------
+    Trajectory
+        ``traj``, or a new one sharing its tensors.
+
+    Raises
+    ------
+    InvalidTrajectoryError
+        If ``traj`` has no trajectory fields, or malformed dict or scalar fields.
+    """
+    if isinstance(traj, Trajectory):
+        return traj
+    return trajectory_from_raw(trajectory_tensors(traj), *trajectory_scalars(traj))
