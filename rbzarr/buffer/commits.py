@@ -1,15 +1,19 @@
-"""StoreWriter: the one owner of writing an auto-save store.
+"""StoreCommitter: the commit protocol, i.e. what each write does to the auto-save store.
 
-It opens the store (appending to one that exists, refusing one it cannot append to), writes
-each accepted trajectory on a :class:`~rbzarr.buffer.background.BackgroundWriter` and
-commits in order:
-the trajectory's data, then its group attributes (the layout's commit marker), then the two
-documents that list it, once per burst of writes.  It keeps the in-memory copy of every
-trajectory until that trajectory's data is complete, so sampling never waits for storage.
+It opens the store (appending to one that exists, refusing one it cannot append to), runs
+each accepted trajectory's write on a :class:`~rbzarr.buffer.background.BackgroundWriter`
+and commits in order: the trajectory's data, then its group attributes (the layout's commit
+marker), then the two documents that list it, once per burst of writes.  It keeps the
+in-memory copy of every trajectory until its data is complete, so sampling never waits for
+storage.
 
-Nothing outside this module writes or deletes in the store, and this module deletes nothing
-but what it wrote: a user's files in or beside a store are never touched, and a new
-trajectory never gets the id of data already in the store.
+While a buffer runs, this is the only writer of its store.  Deletions have two owners, and
+both delete only what rbzarr wrote: here, rewriting a trajectory (a retried write) first
+clears what an earlier attempt left in that trajectory's own group; offline,
+``rbzarr verify --repair`` (:mod:`rbzarr.analysis.verify`) deletes orphan groups (data no
+index lists, left by a crash before the commit) and temporary files.  A user's files in or
+beside a store are never touched, and a new trajectory never gets the id of data already in
+the store.
 """
 
 from __future__ import annotations
@@ -33,10 +37,10 @@ from rbzarr.storage.registry import stored_format
 from rbzarr.trajectory.model import Schema
 from rbzarr.trajectory.validated import ValidatedTrajectory
 
-__all__ = ["StoreWriter"]
+__all__ = ["StoreCommitter"]
 
 
-class StoreWriter:
+class StoreCommitter:
     """Writes accepted trajectories into one store, in order, committing last.
 
     Parameters
