@@ -19,7 +19,7 @@ from rbzarr import (
     TrajectoryReplayBuffer,
 )
 from rbzarr.buffer.cache import SlotCache
-from rbzarr.buffer.commits import StoreWriter
+from rbzarr.buffer.commits import StoreCommitter
 from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class, open_store
@@ -314,7 +314,7 @@ def test_a_failing_commit_callback_neither_fails_nor_repeats_the_commit(tmp_path
 
     monkeypatch.setattr(layout_type, "write", counted)
     layout = layout_type(Location.from_url(tmp_path / "s"))
-    writer = StoreWriter(layout, on_committed=failing_callback)
+    writer = StoreCommitter(layout, on_committed=failing_callback)
     trajectory = ValidatedTrajectory.check(make_trajectory(4, 3, 0), None, copy=True)
     raw = trajectory.trajectory
     entry = TrajectoryIndex().new_entry(

@@ -1,19 +1,10 @@
-"""BackgroundWriter: one thread that runs write tasks in submission order, retrying each
-until it succeeds.
+"""BackgroundWriter: one thread that runs write tasks in order, retrying each until it succeeds.
 
-A failing task stays at the head of the queue and is retried with exponential backoff
-(``retry_delay`` doubling up to ``max_retry_delay``) until it succeeds or the writer is
-stopped: an outage delays writes, it never drops them.  The queue is bounded: while the
-writer is healthy, :meth:`~BackgroundWriter.wait_for_room` blocks until a call's tasks fit
-(backpressure); while it is failing, a call that does not fit is refused when the next retry
-fails too, before its caller has changed anything.  :meth:`~BackgroundWriter.flush` and
-:meth:`~BackgroundWriter.close` wait a bounded time, then raise naming how many writes are
-uncommitted; they report the same on every later call until the writes are committed.
-
-The thread is a daemon (it never keeps a process alive on its own), so at interpreter exit
-every writer still holding tasks is given :data:`DEFAULT_TIMEOUT` to finish them: a script
-that ends without ``close()`` keeps its data.  Writes still uncommitted then are lost with
-the process; their count and the store are reported on stderr.
+A failing task stays at the head of the queue and is retried with exponential backoff: an
+outage delays writes, it never drops them.  The queue is bounded (backpressure while healthy,
+refusal while failing).  The thread is a daemon, so at interpreter exit every writer still
+holding tasks is given :data:`DEFAULT_TIMEOUT` to finish them: a script that ends without
+``close()`` keeps its data.
 """
 
 from __future__ import annotations
@@ -49,20 +40,14 @@ def _finish_at_exit() -> None:
 
 @functools.cache
 def _register_exit_hook() -> None:
-    """Run :func:`_finish_at_exit` at interpreter exit, early enough to still write.
-
-    Storage backends write through executors (zarr's local store via ``asyncio.to_thread``),
-    and ``concurrent.futures`` refuses new work once its own exit hook has run; that hook is
-    a *threading* exit hook, run before ``atexit``.  The writers' hook is registered the
-    same way, later, so it runs first (the hooks run last-registered first).
-
-    ``threading._register_atexit`` is private, but no public hook runs early enough: with
-    ``atexit.register`` instead, a script that adds 12 trajectories to a zarr store and ends
-    without ``close()`` commits none of them: every write fails with "cannot schedule new
-    futures after interpreter shutdown" (measured with
-    ``tests/test_outage.py::test_a_script_that_exits_without_close_keeps_its_trajectories``,
-    Python 3.11).  Where it is missing, ``atexit.register`` is the fallback.
-    """
+    """Run :func:`_finish_at_exit` at interpreter exit, early enough to still write."""
+    # concurrent.futures refuses new work once its own threading exit hook has run, and the
+    # storage backends write through executors (zarr's local store via asyncio.to_thread).
+    # threading's hooks run before atexit's, last-registered first, so this one runs before
+    # that one.  It is private, but with atexit.register a script that adds 12 trajectories
+    # and ends without close() commits none ("cannot schedule new futures after interpreter
+    # shutdown"; measured with test_outage.py::
+    # test_a_script_that_exits_without_close_keeps_its_trajectories, Python 3.11).
     register = getattr(threading, "_register_atexit", atexit.register)
     # Refused once the interpreter is shutting down: then it is too late to wait anyway.
     with contextlib.suppress(RuntimeError):
@@ -70,19 +55,7 @@ def _register_exit_hook() -> None:
 
 
 class BackgroundWriter:
-    """Runs tasks on a single background thread, in order, retrying failures with backoff.
-
-    Parameters
-    ----------
-    max_pending
-        Most tasks queued or running at once (a call with more tasks is admitted alone).
-    retry_delay, max_retry_delay
-        First delay after a failed attempt and its cap; the delay doubles in between.
-    name
-        Name of the thread.
-    target
-        What the tasks write to (a URL), named in errors.
-    """
+    """Runs tasks on one daemon thread, in order, retrying each failure with backoff."""
 
     def __init__(
         self,
@@ -121,23 +94,7 @@ class BackgroundWriter:
             return self._error
 
     def wait_for_room(self, count: int) -> None:
-        """Block until ``count`` more tasks fit in the queue.
-
-        An empty queue admits any ``count``.
-
-        Parameters
-        ----------
-        count
-            How many tasks the caller is about to :meth:`submit`.
-
-        Raises
-        ------
-        BufferClosedError
-            The writer is closed.
-        WriterFailedError
-            The queue has no room and the current task failed again on its next retry:
-            nothing was queued.
-        """
+        """Block until ``count`` more tasks fit; refuse when a failing task fails again."""
         with self._cond:
             failures_seen: int | None = None
             while True:
@@ -163,20 +120,7 @@ class BackgroundWriter:
         return error
 
     def submit(self, tasks: Sequence[Task]) -> None:
-        """Queue ``tasks`` without blocking (after :meth:`wait_for_room`).
-
-        Starts the thread if it is not running.
-
-        Parameters
-        ----------
-        tasks
-            Callables taking no argument, run in order; each is retried until it returns.
-
-        Raises
-        ------
-        BufferClosedError
-            The writer is closed.
-        """
+        """Queue ``tasks`` without blocking (after :meth:`wait_for_room`); start the thread."""
         with self._cond:
             self._raise_if_closed()
             self._tasks.extend(tasks)
@@ -184,19 +128,7 @@ class BackgroundWriter:
             self._cond.notify_all()
 
     def flush(self, timeout: float = DEFAULT_TIMEOUT) -> None:
-        """Wait until every queued task has run, at most ``timeout`` seconds.
-
-        Parameters
-        ----------
-        timeout
-            Seconds to wait at most.
-
-        Raises
-        ------
-        WriterFailedError
-            Writes are still uncommitted after ``timeout`` (they stay queued and retried),
-            or the thread stopped at a failure after ``close(wait=False)`` (at once).
-        """
+        """Wait until every queued task has run; raise after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while self._tasks:
@@ -206,32 +138,12 @@ class BackgroundWriter:
                 self._cond.wait(left)
 
     def close(self, timeout: float = DEFAULT_TIMEOUT, wait: bool = True) -> None:
-        """Refuse new tasks, wait for the queued ones, then stop the thread.
-
-        With ``wait=False`` it does not wait: the thread goes on writing the queued tasks and
-        stops at the first failure instead of retrying.  Tasks not committed then stay in
-        memory but are not written unless ``close()`` is called again (which retries and
-        waits); when the process ends first, they are lost (reported on stderr at exit).
-        When tasks are uncommitted at the call, it warns (:class:`UncommittedWritesWarning`)
-        with their count and the target.  A close that times out raises like :meth:`flush`
-        and keeps retrying in the background; call it again to wait again.
-
-        Parameters
-        ----------
-        timeout
-            Seconds to wait at most (with ``wait``).
-        wait
-            Wait for the queued tasks and join the thread; ``False`` returns at once.
-
-        Raises
-        ------
-        WriterFailedError
-            With ``wait``: tasks are still uncommitted after ``timeout``.
-        """
+        """Refuse new tasks; with ``wait``, run the queued ones, then stop the thread."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
             if not wait:
+                # The thread goes on with the queued tasks but stops at the first failure.
                 self._stopping = True
                 if self._tasks:
                     warnings.warn(self._not_waited(), UncommittedWritesWarning, stacklevel=4)

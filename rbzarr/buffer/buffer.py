@@ -2,33 +2,43 @@
 
 The buffer is a coordinator.  It validates, takes its lock and delegates: ids and counters
 to :class:`~rbzarr.buffer.index.TrajectoryIndex`, draws to
-:class:`~rbzarr.buffer.sampler.WindowSampler`,
-hot rows to :class:`~rbzarr.buffer.cache.SlotCache`, persistence to the
-:class:`~rbzarr.buffer.commits.StoreWriter`, and checkpoints to :mod:`rbzarr.buffer.checkpoint`.
-The components, views and lifecycle live in :class:`~rbzarr.buffer.buffer_base.BufferBase`.
+:class:`~rbzarr.buffer.sampler.WindowSampler`, hot rows to
+:class:`~rbzarr.buffer.cache.SlotCache`, persistence to the
+:class:`~rbzarr.buffer.commits.StoreCommitter`, and checkpoints to
+:mod:`rbzarr.buffer.checkpoint`.  RLinf's other names for its calls come from
+:class:`~rbzarr.buffer.rlinf_compat.RLinfCompatMixin`.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Self
 
 import torch
 
 from rbzarr.buffer import checkpoint
-from rbzarr.buffer.buffer_base import BufferBase
+from rbzarr.buffer.background import DEFAULT_TIMEOUT
+from rbzarr.buffer.cache import SlotCache
+from rbzarr.buffer.commits import StoreCommitter
+from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.buffer.rlinf_compat import RLinfCompatMixin
-from rbzarr.errors import EmptyBufferError, TrajectoryListError
+from rbzarr.buffer.sampler import WindowSampler
+from rbzarr.errors import BufferClosedError, EmptyBufferError, TrajectoryListError
 from rbzarr.storage import row_reads
 from rbzarr.storage.documents import Entry
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
+from rbzarr.storage.registry import layout_class
 from rbzarr.trajectory import tree
-from rbzarr.trajectory.model import Trajectory
-from rbzarr.trajectory.validated import ValidatedTrajectory
+from rbzarr.trajectory.model import Schema, Trajectory
+from rbzarr.trajectory.validated import ValidatedTrajectory, clone_trajectory
 
 __all__ = ["TrajectoryReplayBuffer"]
+
+DEFAULT_FORMAT = "zarr"
 
 
 def _listed(trajectories: object) -> list[Trajectory]:
@@ -47,7 +57,18 @@ def _listed(trajectories: object) -> list[Trajectory]:
     return list(trajectories)
 
 
-class TrajectoryReplayBuffer(BufferBase, RLinfCompatMixin):
+def _materialize(lock: threading.RLock, cache: SlotCache, trajectory_id: int) -> None:
+    """Writer thread, after a commit: copy the trajectory's rows into the cache, if it is free."""
+    # The writer never waits for the buffer: while another thread holds the lock (a sample,
+    # a checkpoint being saved), the rows stay shared and are copied when first read.
+    if lock.acquire(blocking=False):
+        try:
+            cache.materialize(trajectory_id)
+        finally:
+            lock.release()
+
+
+class TrajectoryReplayBuffer(RLinfCompatMixin):
     """A trajectory-level replay buffer with window sampling, a FIFO cache and async writes.
 
     Parameters
@@ -77,10 +98,121 @@ class TrajectoryReplayBuffer(BufferBase, RLinfCompatMixin):
 
     Raises
     ------
+    ValueError
+        ``trajectory_format`` is not a registered format, or ``auto_save`` is set without
+        ``auto_save_path``.
     StoreExistsError
         ``auto_save_path`` is a file, or holds a store of another ``trajectory_format``.
     """
 
+    def __init__(
+        self,
+        seed: int | None = 1234,
+        enable_cache: bool = True,
+        cache_size: int = 5,
+        sample_window_size: int = 100,
+        auto_save: bool = False,
+        auto_save_path: str | os.PathLike[str] = "",
+        trajectory_format: str | None = None,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        max_pending_writes: int = 8,
+        layout_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if trajectory_format is not None:
+            layout_class(trajectory_format)  # unknown formats fail here, before anything else
+        if auto_save and not os.fspath(auto_save_path):
+            raise ValueError("auto_save=True requires auto_save_path (a local path or URL)")
+        self.sample_window_size = sample_window_size
+        self.auto_save = auto_save
+        self.storage_options = dict(storage_options or {})
+        self.layout_options = dict(layout_options or {})
+        self.trajectory_format = trajectory_format or DEFAULT_FORMAT
+        if not auto_save:
+            # The cache is the storage: it must hold the whole sampling window.
+            capacity: int | None = sample_window_size if sample_window_size > 0 else None
+        else:
+            capacity = max(cache_size, 0) if enable_cache else 0
+        self._cache = SlotCache(capacity)
+        self._sampler = WindowSampler(seed)
+        self._lock = threading.RLock()  # index, cache, schema, sampler
+        self._add_lock = threading.Lock()  # serialises adders, loads, clear and close
+        self._closed = False
+        location = Location.from_url(auto_save_path, self.storage_options) if auto_save else None
+        if location is not None and trajectory_format is None:
+            self.trajectory_format = checkpoint.format_at(location) or DEFAULT_FORMAT
+        # The format layout_options are meant for (loading may adopt another one).
+        self._options_format = self.trajectory_format
+        self._committer: StoreCommitter | None = None
+        if location is not None:
+            self._committer = StoreCommitter(
+                self._layout(location, self.trajectory_format),
+                max_pending_writes=max_pending_writes,
+                metadata={"seed": seed},
+                # Not a bound method: the writer would keep the whole buffer alive.
+                on_committed=functools.partial(_materialize, self._lock, self._cache),
+            )
+        self._schema: Schema | None = (
+            None if self._committer is None else self._committer.stored_schema
+        )
+        self._index = TrajectoryIndex(trajectory_counter=self._first_free_id())
+
+    # -- plumbing -----------------------------------------------------------------------
+    def _layout(self, location: Location, trajectory_format: str) -> TrajectoryLayout:
+        """A layout at ``location``; this buffer's layout options apply to its format only."""
+        options = self.layout_options if trajectory_format == self._options_format else {}
+        return layout_class(trajectory_format)(location, **options)
+
+    def _first_free_id(self) -> int:
+        return 0 if self._committer is None else self._committer.next_id
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BufferClosedError("the buffer is closed")
+
+    def _set_store_metadata(self) -> None:
+        if self._committer is not None:
+            self._committer.set_metadata(
+                seed=self.seed, schema=checkpoint.schema_to_json(self._schema)
+            )
+
+    # -- settings -----------------------------------------------------------------------
+    @property
+    def seed(self) -> int | None:
+        """The seed of the sampling generator."""
+        return self._sampler.seed
+
+    @property
+    def enable_cache(self) -> bool:
+        """Whether trajectories are kept in memory."""
+        return self._cache.enabled
+
+    @property
+    def cache_size(self) -> int:
+        """How many trajectories the cache keeps (0 for "all" without ``auto_save``)."""
+        return self._cache.capacity or 0
+
+    # -- size and counters -------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @property
+    def size(self) -> int:
+        """Number of trajectories in the index."""
+        return len(self._index)
+
+    @property
+    def total_samples(self) -> int:
+        """Number of samples (``T * B`` summed) in the index."""
+        with self._lock:
+            return self._index.total_samples
+
+    @property
+    def trajectory_counter(self) -> int:
+        """The id the next trajectory will get."""
+        return self._index.trajectory_counter
+
+    # -- adding and sampling ------------------------------------------------------------
     def add_trajectories(self, trajectories: Iterable[Trajectory]) -> None:
         """Add trajectories in order; all are validated before any state changes.
 
@@ -111,14 +243,14 @@ class TrajectoryReplayBuffer(BufferBase, RLinfCompatMixin):
             accepted = self._validate_all(trajectories)
             if not accepted:
                 return
-            if self._store is not None:
-                self._store.wait_for_room(len(accepted))
+            if self._committer is not None:
+                self._committer.wait_for_room(len(accepted))
             with self._lock:
                 if self._schema is None:
                     self._schema = accepted[0].spec.schema
                     self._set_store_metadata()
                 items = [(self._index_entry(t), t) for t in accepted]
-                if self._store is None:
+                if self._committer is None:
                     for entry, trajectory in items:  # the caller's tensors: the cache copies
                         self._cache.put(
                             entry["trajectory_id"],
@@ -130,7 +262,7 @@ class TrajectoryReplayBuffer(BufferBase, RLinfCompatMixin):
                 # The one copy was made on validation; the cache shares it with the writer.
                 for entry, trajectory in items:
                     self._cache.put_shared(entry["trajectory_id"], trajectory)
-                self._store.submit(items)
+                self._committer.submit(items)
 
     def _index_entry(self, trajectory: ValidatedTrajectory) -> dict[str, Any]:
         raw = trajectory.trajectory
@@ -139,18 +271,17 @@ class TrajectoryReplayBuffer(BufferBase, RLinfCompatMixin):
         )
 
     def _validate_all(self, trajectories: list[Trajectory]) -> list[ValidatedTrajectory]:
-        """Every check of every trajectory, before anything changes (called under
-        ``_add_lock``, which every writer of the schema holds)."""
+        """Every check of every trajectory, before anything changes (under ``_add_lock``)."""
         schema = self._schema
         accepted: list[ValidatedTrajectory] = []
         for position, trajectory in enumerate(trajectories):
             try:
                 validated = ValidatedTrajectory.check(
-                    trajectory, schema, copy=self._store is not None
+                    trajectory, schema, copy=self._committer is not None
                 )
                 self._cache.check(validated.spec.schema)
-                if self._store is not None:
-                    self._store.check(validated)
+                if self._committer is not None:
+                    self._committer.check(validated)
             except ValueError as exc:
                 raise type(exc)(f"trajectory {position} of this call: {exc}") from exc
             schema = validated.spec.schema if schema is None else schema
@@ -199,12 +330,77 @@ class TrajectoryReplayBuffer(BufferBase, RLinfCompatMixin):
             cached = self._cache.gather(slots[hit], rows[hit]) if bool(hit.any()) else {}
             ids = torch.tensor(window, dtype=torch.int64)[positions]
             assert self._schema is not None
-            pending = {} if self._store is None else self._store.pending_flats(ids.tolist())
+            pending = {} if self._committer is None else self._committer.pending_flats(ids.tolist())
             plan = row_reads.plan_misses(
                 ids, rows, hit, cached, self._schema, self._index.entries, pending
             )
-        layout = None if self._store is None else self._store.layout
+        layout = None if self._committer is None else self._committer.layout
         return tree.unflatten(row_reads.read_batch(plan, layout))
+
+    # -- reading (rlinf_compat builds RLinf's names on these) -------------------------
+    @property
+    def trajectory_ids(self) -> list[int]:
+        """Ids in the index, in insertion order (a copy)."""
+        with self._lock:
+            return list(self._index.id_list)
+
+    @property
+    def index_entries(self) -> dict[int, dict[str, Any]]:
+        """The index entry of every listed trajectory, by id, in insertion order (copies)."""
+        with self._lock:
+            return {i: dict(self._index.entries[i]) for i in self._index.id_list}
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The generator :meth:`sample` draws from."""
+        return self._sampler.generator
+
+    @property
+    def store_url(self) -> str | None:
+        """The auto-save store's path or URL; ``None`` without ``auto_save``."""
+        return None if self._committer is None else self._committer.url
+
+    def trajectory(self, trajectory_id: int) -> Trajectory:
+        """The raw ``[T, B, ...]`` trajectory ``trajectory_id`` (copies), from memory or storage.
+
+        Parameters
+        ----------
+        trajectory_id
+            An id in the index.
+
+        Returns
+        -------
+        Trajectory
+            From the cache, the pending writes, or else read from the store.
+
+        Raises
+        ------
+        KeyError
+            If ``trajectory_id`` is not in the index.
+        """
+        with self._lock:
+            if trajectory_id not in self._index.entries:
+                raise KeyError(f"trajectory {trajectory_id} is not in the buffer")
+            if trajectory_id in self._cache:
+                return self._cache.trajectory(trajectory_id)
+            entry = dict(self._index.entries[trajectory_id])
+        assert self._committer is not None  # not cached: pending or committed to the store
+        pending = self._committer.pending_trajectory(trajectory_id)
+        if pending is not None:
+            return clone_trajectory(pending.trajectory)
+        return self._committer.layout.read(entry)
+
+    def release_cache(self) -> None:
+        """Free the cached trajectories; with ``auto_save`` they are read from storage.
+
+        Without ``auto_save`` the cache holds the only copy, so the buffer is emptied as by
+        :meth:`clear`.
+        """
+        if self._committer is None:
+            self.clear()
+            return
+        with self._lock:
+            self._cache.clear()
 
     # -- checkpoints --------------------------------------------------------------------
     def save_checkpoint(self, save_path: str | os.PathLike[str]) -> None:
@@ -225,11 +421,11 @@ class TrajectoryReplayBuffer(BufferBase, RLinfCompatMixin):
         target = self._layout(
             Location.from_url(save_path, self.storage_options), self.trajectory_format
         )
-        checkpoint.check_target(target, None if self._store is None else self._store.url)
+        checkpoint.check_target(target, None if self._committer is None else self._committer.url)
         # Hold the lock throughout: the saved set is the one at save time, and no concurrent
         # add may evict a cached trajectory half-way through.
         with self._lock:
-            if self._store is not None:
+            if self._committer is not None:
                 ids = self._index.window(self.sample_window_size)
             else:
                 ids = self._cache.ids()
@@ -242,10 +438,10 @@ class TrajectoryReplayBuffer(BufferBase, RLinfCompatMixin):
 
     def _copy_trajectory(self, target: TrajectoryLayout, entry: Entry) -> None:
         trajectory_id = int(entry["trajectory_id"])
-        if self._store is None:
+        if self._committer is None:
             target.write(entry, self._cache.trajectory(trajectory_id))
             return
-        self._store.copy_to(target, entry)
+        self._committer.copy_to(target, entry)
 
     def load_checkpoint(
         self,
@@ -291,9 +487,9 @@ class TrajectoryReplayBuffer(BufferBase, RLinfCompatMixin):
         )
         with self._add_lock:
             self._check_open()
-            if self._store is not None:
-                self._store.flush()
-                self._store.adopt(loaded)
+            if self._committer is not None:
+                self._committer.flush()
+                self._committer.adopt(loaded)
             with self._lock:
                 self._adopt(loaded)
 
@@ -308,6 +504,93 @@ class TrajectoryReplayBuffer(BufferBase, RLinfCompatMixin):
             }
         )
         self._sampler.load_state_dict({"seed": self.seed, **loaded.sampler})
-        if self._store is None:
+        if self._committer is None:
             self.trajectory_format = loaded.trajectory_format
         self._set_store_metadata()
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def flush(self, timeout: float = DEFAULT_TIMEOUT) -> None:
+        """Wait until every queued write is committed.
+
+        Parameters
+        ----------
+        timeout
+            Seconds to wait at most.
+
+        Raises
+        ------
+        WriterFailedError
+            Writes are still uncommitted after ``timeout`` (the message says how many and
+            the last storage error); they stay queued and retried.
+        """
+        if self._committer is not None:
+            self._committer.flush(timeout)
+
+    def close(self, wait: bool = True, timeout: float = DEFAULT_TIMEOUT) -> None:
+        """Refuse further adds, wait for the queued writes, and stop the writer.
+
+        Parameters
+        ----------
+        wait
+            Wait for the queued writes.  ``False`` does not wait: the writes go on in the
+            background, but one that fails is not retried; it and those behind it stay
+            uncommitted (not in the store) unless ``close()`` is called again, and are lost
+            when the process ends.  Writes uncommitted at the call are warned about
+            (:class:`~rbzarr.UncommittedWritesWarning`, with their count and the store).
+        timeout
+            Seconds to wait at most.
+
+        Raises
+        ------
+        WriterFailedError
+            Writes are still uncommitted after ``timeout``: they stay queued and retried,
+            and every later ``close()`` or ``flush()`` waits again and reports the same.
+        """
+        with self._add_lock:
+            self._closed = True
+        if self._committer is not None:
+            self._committer.close(timeout, wait)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def clear(self) -> None:
+        """Empty the index and the cache, and reset the counters.
+
+        The auto-save store is left as it is: every trajectory written or queued stays
+        there, and the id counter continues after the store's ids, so no later add
+        overwrites one.  Without ``auto_save`` the counter restarts at 0.
+        """
+        with self._add_lock, self._lock:
+            self._index = TrajectoryIndex(trajectory_counter=self._first_free_id())
+            self._cache.clear()
+            if self._committer is None:
+                self._schema = None
+
+    def get_stats(self) -> dict[str, Any]:
+        """Counters for logging.
+
+        Returns
+        -------
+        dict of str to Any
+            ``num_trajectories``, ``total_samples``, ``cache_size`` (trajectories cached),
+            ``cache_capacity``, ``cache_bytes``, ``sample_window_size``,
+            ``trajectory_counter``, ``pending_writes`` and ``write_error`` (the message of
+            the error the current write keeps failing with, else ``None``).
+        """
+        with self._lock:
+            error = None if self._committer is None else self._committer.last_error
+            return {
+                "num_trajectories": len(self._index),
+                "total_samples": self._index.total_samples,
+                "cache_size": len(self._cache),
+                "cache_capacity": self.cache_size,
+                "cache_bytes": self._cache.nbytes,
+                "sample_window_size": self.sample_window_size,
+                "trajectory_counter": self._index.trajectory_counter,
+                "pending_writes": 0 if self._committer is None else self._committer.pending,
+                "write_error": None if error is None else str(error),
+            }

@@ -5,7 +5,7 @@ of cached rows is then one ``index_select`` per key over the flattened slot tens
 the mix of trajectories.  Slots are allocated lazily and grow (in count up to the capacity,
 and in rows when a longer trajectory arrives).
 
-A trajectory the store writer holds a private copy of is cached *shared*
+A trajectory the store committer holds a private copy of is cached *shared*
 (:meth:`SlotCache.put_shared`): it takes its place in the FIFO order at once, and its rows are
 copied into a slot only when the writer is done with that copy (:meth:`SlotCache.materialize`)
 or when they are first read, whichever comes first.  One that is evicted before either is
@@ -32,21 +32,7 @@ _NOT_COPIED = -1
 
 
 class SlotCache:
-    """FIFO cache of flat trajectories; ``capacity=None`` keeps every trajectory, 0 none.
-
-    Not thread-safe on its own: the buffer serialises access.
-
-    Parameters
-    ----------
-    capacity
-        The most trajectories kept (the oldest is evicted first); ``None``: no limit,
-        ``0``: the cache is disabled.
-
-    Raises
-    ------
-    ValueError
-        ``capacity`` is negative.
-    """
+    """FIFO cache of flat trajectories; ``capacity=None`` keeps all, 0 none; not thread-safe."""
 
     def __init__(self, capacity: int | None) -> None:
         if capacity is not None and capacity < 0:
@@ -69,22 +55,14 @@ class SlotCache:
         return trajectory_id in self._slot_of
 
     def ids(self) -> list[int]:
-        """Cached ids, oldest first.
-
-        Returns
-        -------
-        list of int
-            A new list of the trajectory ids in insertion order.
-        """
+        """Cached ids, oldest first (a new list)."""
         return list(self._slot_of)
 
     @property
     def nbytes(self) -> int:
-        """Bytes the cache holds: its slots, plus the tensors of shared trajectories.
-
-        A shared trajectory's tensors are the writer's copy until its commit; counted here,
-        since the cache may keep them alive after it.
-        """
+        """Bytes the cache holds: its slots plus the tensors of shared trajectories."""
+        # A shared trajectory's tensors are the writer's copy until its commit, but the
+        # cache may keep them alive after it.
         slots = sum(t.numel() * t.element_size() for t in self._storage.values())
         shared = sum(
             value.numel() * value.element_size()
@@ -99,20 +77,7 @@ class SlotCache:
         return self.capacity != 0
 
     def check(self, schema: Schema) -> None:
-        """Refuse rows of ``schema`` that do not fit the slots.
-
-        Keys are matched by name, whatever their order.  An empty cache accepts anything.
-
-        Parameters
-        ----------
-        schema
-            Each key's dtype name and trailing shape.
-
-        Raises
-        ------
-        InvalidTrajectoryError
-            The keys differ from the cached ones, or a key's dtype or row shape differs.
-        """
+        """Refuse rows of ``schema`` (keys matched by name) that do not fit the slots."""
         expected = self._schema  # read once: release() may reset it from another thread
         if expected is None:
             return
@@ -131,31 +96,7 @@ class SlotCache:
     def put(
         self, trajectory_id: int, flat: dict[str, torch.Tensor], residue: Residue, width: int
     ) -> list[int]:
-        """Copy a flat trajectory into a slot; return the ids evicted to make room.
-
-        A disabled cache (capacity 0) keeps nothing.
-
-        Parameters
-        ----------
-        trajectory_id
-            The id to cache the trajectory under.
-        flat
-            Its ``[T*B, ...]`` rows by flat key; copied into the slot.
-        residue
-            What the flat view leaves out (copied), to rebuild the raw trajectory.
-        width
-            Its number of environments ``B``.
-
-        Returns
-        -------
-        list of int
-            The ids evicted (oldest first) to stay within the capacity.
-
-        Raises
-        ------
-        InvalidTrajectoryError
-            ``flat`` does not fit the cached schema (see :meth:`check`).
-        """
+        """Copy a flat trajectory into a slot; return the ids evicted to make room."""
         if not self.enabled:
             return []
         schema = {
@@ -167,30 +108,7 @@ class SlotCache:
         return evicted
 
     def put_shared(self, trajectory_id: int, trajectory: ValidatedTrajectory) -> list[int]:
-        """Cache ``trajectory`` without copying it yet; return the ids evicted to make room.
-
-        Its tensors must be a private copy that nobody changes (the store writer's): its rows
-        are copied into a slot by :meth:`materialize` or when first read.  A disabled cache
-        (capacity 0) keeps nothing.
-
-        Parameters
-        ----------
-        trajectory_id
-            The id to cache the trajectory under.
-        trajectory
-            The validated trajectory; the cache keeps a reference, not a copy, until its rows
-            are copied.
-
-        Returns
-        -------
-        list of int
-            The ids evicted (oldest first) to stay within the capacity.
-
-        Raises
-        ------
-        InvalidTrajectoryError
-            Its schema does not fit the cached one (see :meth:`check`).
-        """
+        """Cache the committer's unchanging copy without copying it; return the evicted ids."""
         if not self.enabled:
             return []
         self.check(trajectory.spec.schema)
@@ -200,15 +118,7 @@ class SlotCache:
         return evicted
 
     def materialize(self, trajectory_id: int) -> None:
-        """Copy the rows of a shared trajectory into its slot (nothing if there are none).
-
-        The cache then no longer refers to the shared tensors.
-
-        Parameters
-        ----------
-        trajectory_id
-            A cached id; one whose rows are copied already, or not cached, is left alone.
-        """
+        """Copy the rows of a shared trajectory into its slot and stop sharing it."""
         trajectory = self._shared.get(trajectory_id)
         if trajectory is not None:
             # Stop sharing only once copied: a failed copy leaves a consistent shared entry.
@@ -278,40 +188,12 @@ class SlotCache:
             self._storage[key] = new
 
     def slots(self, trajectory_ids: list[int]) -> torch.Tensor:
-        """The slot of each id (``-1`` where not cached), as an int64 tensor.
-
-        Shared trajectories among ``trajectory_ids`` are copied into their slots first.
-
-        Parameters
-        ----------
-        trajectory_ids
-            The ids to look up.
-
-        Returns
-        -------
-        torch.Tensor
-            1-D ``int64``, one slot per id in the order given.
-        """
+        """The slot of each id (``-1`` where not cached), copying shared ones in first."""
         self._materialize_all(trajectory_ids)
         return torch.tensor([self._slot_of.get(i, -1) for i in trajectory_ids], dtype=torch.int64)
 
     def gather(self, slots: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Rows ``rows`` of the trajectories in ``slots`` (from :meth:`slots`, all cached).
-
-        One ``index_select`` per key; the results are fresh tensors.
-
-        Parameters
-        ----------
-        slots
-            ``int64`` slot of each wanted row; every slot must hold a trajectory.
-        rows
-            ``int64`` flat row of each wanted row inside its trajectory.
-
-        Returns
-        -------
-        dict of str to torch.Tensor
-            ``[len(rows), ...]`` per key, in the cache's key order.
-        """
+        """Rows ``rows`` of the cached trajectories in ``slots``: one ``index_select`` per key."""
         flat_index = slots * self._max_rows + rows
         return {
             key: slots_tensor.view(-1, *slots_tensor.shape[2:]).index_select(0, flat_index)
@@ -319,32 +201,14 @@ class SlotCache:
         }
 
     def trajectory(self, trajectory_id: int) -> Trajectory:
-        """The raw ``[T, B, ...]`` trajectory rebuilt from its slot (copies).
-
-        Parameters
-        ----------
-        trajectory_id
-            A cached id (``KeyError`` otherwise).
-
-        Returns
-        -------
-        Trajectory
-            With its reset rows, unsampled fields and scalars restored.
-        """
+        """The raw ``[T, B, ...]`` trajectory rebuilt from its slot (copies)."""
         self.materialize(trajectory_id)
         slot, rows = self._slot_of[trajectory_id], self._rows[trajectory_id]
         flat = {key: slots[slot, :rows].clone() for key, slots in self._storage.items()}
         return join_trajectory(flat, self._residues[trajectory_id], self._width[trajectory_id])
 
     def state_dict(self) -> dict[str, Any]:
-        """The cached trajectories, oldest first: ``{"capacity", "trajectories"}``.
-
-        Returns
-        -------
-        dict of str to Any
-            ``{"capacity": int or None, "trajectories": [(id, flat rows, residue, B), ...]}``;
-            the tensors are copies.
-        """
+        """``{"capacity", "trajectories": [(id, flat, residue, B), ...]}``, oldest first."""
         self._materialize_all(list(self._shared))
         trajectories = []
         for trajectory_id, slot in self._slot_of.items():
@@ -355,14 +219,7 @@ class SlotCache:
         return {"capacity": self.capacity, "trajectories": trajectories}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Replace the content by :meth:`state_dict`'s (the capacity stays this cache's).
-
-        Parameters
-        ----------
-        state
-            A dict from :meth:`state_dict`; trajectories beyond this cache's capacity evict
-            the oldest, as :meth:`put` does.
-        """
+        """Replace the content by :meth:`state_dict`'s; this cache's capacity applies."""
         self.clear()
         for trajectory_id, flat, residue, width in state["trajectories"]:
             self.put(trajectory_id, flat, residue, width)

@@ -47,37 +47,14 @@ LayoutFactory = Callable[[Location, str], TrajectoryLayout]
 
 
 def schema_to_json(schema: Schema | None) -> dict[str, Any] | None:
-    """The buffer schema as JSON (``{key: [dtype, [trailing...]]}``).
-
-    Parameters
-    ----------
-    schema
-        Flat key to ``(dtype name, trailing shape)``; ``None`` before the first add.
-
-    Returns
-    -------
-    dict of str to Any or None
-        ``{key: [dtype name, [trailing dims]]}`` in the schema's order, or ``None``.
-    """
+    """The schema as JSON, ``{key: [dtype, [trailing...]]}``; ``None`` before the first add."""
     if schema is None:
         return None
     return {key: [dtype, list(trailing)] for key, (dtype, trailing) in schema.items()}
 
 
 def schema_from_json(document: Any) -> Schema | None:
-    """Inverse of :func:`schema_to_json`; ``None`` when the store has no schema.
-
-    Parameters
-    ----------
-    document
-        The ``"schema"`` value of ``metadata.json``; ``None`` or empty when absent (RLinf
-        records none).
-
-    Returns
-    -------
-    Schema or None
-        Flat key to ``(dtype name, trailing shape tuple)``, in the document's order.
-    """
+    """Inverse of :func:`schema_to_json`; ``None`` when the store records none (RLinf)."""
     if not document:
         return None
     return {
@@ -87,42 +64,12 @@ def schema_from_json(document: Any) -> Schema | None:
 
 
 def is_rbzarr_store(metadata: Mapping[str, Any]) -> bool:
-    """Whether ``metadata.json`` was written by rbzarr (it carries the format marker).
-
-    Parameters
-    ----------
-    metadata
-        The store's ``metadata.json``.
-
-    Returns
-    -------
-    bool
-        True when it holds ``rbzarr_format_version``; false for a store RLinf wrote.
-    """
+    """Whether ``metadata.json`` carries rbzarr's format marker (RLinf's does not)."""
     return "rbzarr_format_version" in metadata
 
 
 def format_at(location: Location) -> str | None:
-    """The format of the store at ``location``, or ``None`` when there is none.
-
-    Parameters
-    ----------
-    location
-        Where a store may be; there is one when ``metadata.json`` exists.
-
-    Returns
-    -------
-    str or None
-        The ``trajectory_format`` its metadata names (``"pt"`` when it names none, as
-        RLinf writes), or ``None`` without ``metadata.json``.
-
-    Raises
-    ------
-    CheckpointNotFoundError
-        ``metadata.json`` exists but ``trajectory_index.json`` does not.
-    CorruptStoreError
-        A document is not a JSON object.
-    """
+    """The format of the store at ``location`` (``"pt"`` if unnamed, as RLinf), else ``None``."""
     if not location.exists(METADATA_FILE):
         return None
     return stored_format(read_documents(location))
@@ -130,23 +77,7 @@ def format_at(location: Location) -> str | None:
 
 # -- saving -----------------------------------------------------------------------------------
 def check_target(target: TrajectoryLayout, auto_save_url: str | None) -> None:
-    """Refuse a save path that is the auto-save store or holds a store already.
-
-    Parameters
-    ----------
-    target
-        The layout at the checkpoint's ``save_path``.
-    auto_save_url
-        The buffer's auto-save store URL; ``None`` without ``auto_save``.
-
-    Raises
-    ------
-    CheckpointConflictError
-        ``target`` is the auto-save store (a checkpoint there would drop older trajectories
-        from its index).
-    StoreExistsError
-        ``target`` holds a store: a checkpoint never overwrites data.
-    """
+    """Refuse a save path that is the auto-save store or holds a store already."""
     url = target.location.url
     if url == auto_save_url:
         raise CheckpointConflictError(
@@ -166,26 +97,8 @@ def save(
     metadata: Mapping[str, Any],
     copy_trajectory: Callable[[TrajectoryLayout, Entry], None],
 ) -> None:
-    """Write ``index``'s trajectories (through ``copy_trajectory``), then its documents.
-
-    Unsafe file names fail before anything is written.
-
-    Parameters
-    ----------
-    target
-        The checkpoint's layout (checked with :func:`check_target` first).
-    index
-        The trajectories to save, in order, with the counters.
-    metadata
-        Extra ``metadata.json`` keys (seed, schema, sampler state).
-    copy_trajectory
-        Writes one trajectory, given the target and its entry, into ``target``.
-
-    Raises
-    ------
-    UnsafePathError
-        An entry's file name would leave ``target``; nothing was written.
-    """
+    """Write ``index``'s trajectories (through ``copy_trajectory``), then its documents."""
+    # Unsafe file names fail before anything is written.
     for trajectory_id in index.id_list:
         target.trajectory_path(index.entries[trajectory_id])
     for trajectory_id in index.id_list:
@@ -196,35 +109,15 @@ def save(
 # -- loading ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LoadedCheckpoint:
-    """Everything a buffer needs to adopt a checkpoint, read before anything changes.
+    """Everything a buffer needs to adopt a checkpoint, read before anything changes."""
 
-    Parameters
-    ----------
-    source
-        The checkpoint's layout, to copy or read more trajectories from.
-    full
-        The checkpoint's whole index.
-    share
-        This rank's part of ``full`` (all of it for a full load), keeping only the
-        trajectories that have data.
-    schema
-        The stored schema, or the one learnt from the data; ``None`` for an empty share.
-    sampler
-        The sampler state to restore (only the seed for a rank's share).
-    warm
-        ``(id, validated trajectory)`` of the last trajectories of ``share``, as many as
-        the cache keeps.
-    is_partial
-        Whether ``share`` leaves out other ranks' ids.
-    """
-
-    source: TrajectoryLayout
+    source: TrajectoryLayout  # to copy or read more trajectories from
     full: TrajectoryIndex
-    share: TrajectoryIndex
-    schema: Schema | None
-    sampler: dict[str, Any]
-    warm: list[tuple[int, ValidatedTrajectory]]
-    is_partial: bool = False
+    share: TrajectoryIndex  # this rank's part of full (all of it), only ids that have data
+    schema: Schema | None  # stored, or learnt from the data; None for an empty share
+    sampler: dict[str, Any]  # the state to restore (only the seed for a rank's share)
+    warm: list[tuple[int, ValidatedTrajectory]]  # the share's last, as many as the cache keeps
+    is_partial: bool = False  # share leaves out other ranks' ids
 
     @property
     def trajectory_format(self) -> str:
@@ -240,33 +133,7 @@ def load(
     warm_capacity: int | None = None,
     strict: bool = False,
 ) -> LoadedCheckpoint:
-    """Read the checkpoint at ``location`` (or this rank's share of it).
-
-    Parameters
-    ----------
-    location
-        The checkpoint's root.
-    open_layout
-        Builds the layout of the format the checkpoint's metadata names.
-    share_of
-        ``(local_rank, world_size)`` for a distributed load, ``None`` for a full one.
-    warm_capacity
-        How many of the share's last trajectories to read for the cache (``None``: all).
-    strict
-        Raise instead of skipping ids an RLinf checkpoint lists without data.
-
-    Returns
-    -------
-    LoadedCheckpoint
-        Everything read; nothing in the buffer has changed yet.
-
-    Raises
-    ------
-    CheckpointNotFoundError
-        A document is missing, or listed data is missing (always in rbzarr's stores).
-    CorruptStoreError, InvalidTrajectoryError
-        The documents or the data are malformed or disagree.
-    """
+    """Read the checkpoint at ``location`` (or this rank's share) before anything changes."""
     documents = read_documents(location)
     full = TrajectoryIndex.from_documents(documents, location.url)
     share = full if share_of is None else full.shard(*share_of)

@@ -1,15 +1,19 @@
-"""StoreWriter: the one owner of writing an auto-save store.
+"""StoreCommitter: the commit protocol, i.e. what each write does to the auto-save store.
 
-It opens the store (appending to one that exists, refusing one it cannot append to), writes
-each accepted trajectory on a :class:`~rbzarr.buffer.background.BackgroundWriter` and
-commits in order:
-the trajectory's data, then its group attributes (the layout's commit marker), then the two
-documents that list it, once per burst of writes.  It keeps the in-memory copy of every
-trajectory until that trajectory's data is complete, so sampling never waits for storage.
+It opens the store (appending to one that exists, refusing one it cannot append to), runs
+each accepted trajectory's write on a :class:`~rbzarr.buffer.background.BackgroundWriter`
+and commits in order: the trajectory's data, then its group attributes (the layout's commit
+marker), then the two documents that list it, once per burst of writes.  It keeps the
+in-memory copy of every trajectory until its data is complete, so sampling never waits for
+storage.
 
-Nothing outside this module writes or deletes in the store, and this module deletes nothing
-but what it wrote: a user's files in or beside a store are never touched, and a new
-trajectory never gets the id of data already in the store.
+While a buffer runs, this is the only writer of its store.  Deletions have two owners, and
+both delete only what rbzarr wrote: here, rewriting a trajectory (a retried write) first
+clears what an earlier attempt left in that trajectory's own group; offline,
+``rbzarr verify --repair`` (:mod:`rbzarr.analysis.verify`) deletes orphan groups (data no
+index lists, left by a crash before the commit) and temporary files.  A user's files in or
+beside a store are never touched, and a new trajectory never gets the id of data already in
+the store.
 """
 
 from __future__ import annotations
@@ -33,31 +37,11 @@ from rbzarr.storage.registry import stored_format
 from rbzarr.trajectory.model import Schema
 from rbzarr.trajectory.validated import ValidatedTrajectory
 
-__all__ = ["StoreWriter"]
+__all__ = ["StoreCommitter"]
 
 
-class StoreWriter:
-    """Writes accepted trajectories into one store, in order, committing last.
-
-    Parameters
-    ----------
-    layout
-        The store's layout; an existing store there must be of the layout's format.
-    max_pending_writes
-        Bound of the write queue (see :class:`~rbzarr.buffer.background.BackgroundWriter`).
-    metadata
-        Extra ``metadata.json`` keys (seed, schema, ...); see :meth:`set_metadata`.
-    on_committed
-        Called on the writer thread with each trajectory's id once it is committed and the
-        writer no longer holds its in-memory copy (holding none of this object's locks); it
-        must not block, or the writes behind it wait.  What it raises is ignored: the commit
-        stands.
-
-    Raises
-    ------
-    StoreExistsError
-        The path is a file, or holds a store of another format: nothing can be appended.
-    """
+class StoreCommitter:
+    """Commits accepted trajectories to one store in order: the data first, the documents last."""
 
     def __init__(
         self,
@@ -68,6 +52,8 @@ class StoreWriter:
         on_committed: Callable[[int], None] | None = None,
     ) -> None:
         self.layout = layout
+        # Called on the writer thread with each committed id, holding none of this object's
+        # locks: it must not block (the writes behind it wait), and what it raises is ignored.
         self._on_committed = on_committed
         self._writer = BackgroundWriter(max_pending=max_pending_writes, target=layout.location.url)
         self._lock = threading.Lock()
@@ -78,13 +64,7 @@ class StoreWriter:
         self._claimed = self.layout.has_documents()
 
     def _read_existing(self) -> TrajectoryIndex:
-        """The index of the store already here (empty if none); sets ``stored_schema``.
-
-        Raises
-        ------
-        StoreExistsError
-            The path is a file, or holds a store of another format.
-        """
+        """The index of the store already here (empty if none); sets ``stored_schema``."""
         location = self.layout.location
         with translate_errors(location.url, "opening"):
             is_file = location.fs.isfile(location.path)
@@ -138,113 +118,42 @@ class StoreWriter:
         return self._writer.last_error
 
     def pending_trajectory(self, trajectory_id: int) -> ValidatedTrajectory | None:
-        """The in-memory copy of a trajectory whose data is not complete yet.
-
-        Parameters
-        ----------
-        trajectory_id
-            The id to look up.
-
-        Returns
-        -------
-        ValidatedTrajectory or None
-            The copy held since :meth:`submit`; ``None`` once its data is in the store (or
-            for an id never submitted).
-        """
+        """The in-memory copy of a trajectory whose data is not complete yet, else ``None``."""
         with self._lock:
             return self._pending.get(trajectory_id)
 
     def pending_flats(self, ids: Iterable[int]) -> dict[int, dict[str, torch.Tensor]]:
-        """Flat views of those of ``ids`` that are still being written.
-
-        Parameters
-        ----------
-        ids
-            Trajectory ids, e.g. those a sample drew that the cache misses.
-
-        Returns
-        -------
-        dict of int to dict of str to torch.Tensor
-            The ``[T*B, ...]`` flat view of each pending id (not copied); other ids are
-            left out.
-        """
+        """The flat views (not copies) of those of ``ids`` still being written."""
         with self._lock:
             return {i: self._pending[i].flat for i in ids if i in self._pending}
 
     def set_metadata(self, **values: Any) -> None:
-        """Set ``metadata.json`` keys written with the next commit.
-
-        Parameters
-        ----------
-        **values
-            Keys and JSON-ready values (e.g. ``seed=``, ``schema=``); they replace earlier
-            values of the same keys.
-        """
+        """Set ``metadata.json`` keys (``seed=``, ``schema=``, ...) for the next commit."""
         with self._lock:
             self._metadata.update(values)
 
     # -- writing ----------------------------------------------------------------------------
     def check(self, trajectory: ValidatedTrajectory) -> None:
-        """Raise if the layout cannot store ``trajectory`` (an unsafe file name).
-
-        Parameters
-        ----------
-        trajectory
-            A trajectory about to be accepted; its ``model_weights_id`` names pt / pkl files.
-
-        Raises
-        ------
-        UnsafePathError
-            The file name built from its ``model_weights_id`` would leave the store.
-        """
+        """Raise if the file name built from ``model_weights_id`` would leave the store."""
         self.layout.trajectory_path(
             {"trajectory_id": 0, "model_weights_id": trajectory.trajectory.model_weights_id}
         )
 
     def wait_for_room(self, count: int) -> None:
-        """Block until ``count`` writes fit in the queue; refuse at once while failing.
-
-        Parameters
-        ----------
-        count
-            How many writes the caller is about to :meth:`submit`.
-
-        Raises
-        ------
-        BufferClosedError
-            The writer is closed.
-        WriterFailedError
-            The queue is full and the failing write failed again: nothing was queued.
-        """
+        """Block until ``count`` writes fit in the queue; refuse while storage fails."""
         self._writer.wait_for_room(count)
 
     def submit(self, items: Sequence[tuple[Entry, ValidatedTrajectory]]) -> None:
-        """Queue the writes of ``items`` (after :meth:`wait_for_room`), in order.
-
-        Each trajectory is held in memory (see :meth:`pending_trajectory`) until its data is
-        complete in the store.
-
-        Parameters
-        ----------
-        items
-            ``(index entry, trajectory)`` pairs, in id order.
-
-        Raises
-        ------
-        BufferClosedError
-            The writer is closed.
-        """
+        """Queue the writes of ``items`` in order, holding each in memory until it is written."""
         with self._lock:
             for entry, trajectory in items:
                 self._pending[int(entry["trajectory_id"])] = trajectory
         self._writer.submit([functools.partial(self._commit, dict(e), t) for e, t in items])
 
     def _commit(self, entry: dict[str, Any], trajectory: ValidatedTrajectory) -> None:
-        """Writer thread: the data, then (last of a burst) the documents that list it.
-
-        A new store is first committed empty (claimed), so a crash during its first write
-        leaves a store that loads.
-        """
+        """Writer thread: the data, then (last of a burst) the documents that list it."""
+        # A new store is first committed empty (claimed), so a crash during its first write
+        # leaves a store that loads.
         if not self._claimed:
             with self._lock:
                 documents = self._committed.to_documents(self.layout.format, self._metadata)
@@ -272,18 +181,8 @@ class StoreWriter:
                 self._on_committed(trajectory_id)
 
     def copy_to(self, target: TrajectoryLayout, entry: Entry) -> None:
-        """Copy one trajectory into ``target`` (a checkpoint), whether committed or not.
-
-        A trajectory still being written may be half-written in the store: its in-memory
-        copy is saved.  It leaves the pending set only once its data is complete.
-
-        Parameters
-        ----------
-        target
-            The checkpoint's layout, written to.
-        entry
-            The trajectory's index entry.
-        """
+        """Copy one trajectory into ``target`` (a checkpoint), whether committed or not."""
+        # A trajectory still being written may be half-written in the store: save its copy.
         pending = self.pending_trajectory(int(entry["trajectory_id"]))
         if pending is not None:
             target.write(entry, pending)
@@ -291,21 +190,7 @@ class StoreWriter:
             self.layout.copy_to(target, entry)
 
     def adopt(self, loaded: LoadedCheckpoint) -> None:
-        """Make the store hold a loaded checkpoint's trajectories, so it stays self-contained.
-
-        Parameters
-        ----------
-        loaded
-            The checkpoint just read by :func:`rbzarr.buffer.checkpoint.load`.
-
-        Raises
-        ------
-        CheckpointConflictError
-            A rank's share of this very store: ranks appending to one store would write the
-            same new ids.
-        StoreExistsError
-            See :meth:`import_trajectories`.
-        """
+        """Make the store hold a loaded checkpoint's trajectories, so it stays self-contained."""
         if loaded.source.location.url == self.url and loaded.is_partial:
             raise CheckpointConflictError(
                 f"{self.url}: a rank's share cannot continue in place in the shared "
@@ -315,24 +200,9 @@ class StoreWriter:
         self.import_trajectories(loaded.source, loaded.share)
 
     def import_trajectories(self, source: TrajectoryLayout, index: TrajectoryIndex) -> None:
-        """Make the store hold ``index``'s trajectories too, copied from ``source``.
-
-        Trajectories the store already holds (same id and uuid) are not copied again.  Call
-        with no write queued (after :meth:`flush`).
-
-        Parameters
-        ----------
-        source
-            The layout the trajectories are copied from.
-        index
-            The trajectories to hold, with their entries; the store's counter becomes at
-            least ``index``'s.
-
-        Raises
-        ------
-        StoreExistsError
-            The store holds another trajectory under one of the ids; nothing was written.
-        """
+        """Make the store hold ``index``'s trajectories too, copied from ``source``."""
+        # Call with no write queued (after flush); what the store holds already (same id and
+        # uuid) is not copied again.
         with self._lock:
             known = dict(self._committed.entries)
         unlisted = set(self.layout.list_ids()) - set(known)
@@ -362,35 +232,9 @@ class StoreWriter:
         self.layout.write_documents(documents)
 
     def flush(self, timeout: float = DEFAULT_TIMEOUT) -> None:
-        """Wait until every queued write is committed (see :meth:`BackgroundWriter.flush`).
-
-        Parameters
-        ----------
-        timeout
-            Seconds to wait at most.
-
-        Raises
-        ------
-        WriterFailedError
-            Writes are still uncommitted after ``timeout``; they stay queued and retried.
-        """
+        """Wait until every queued write is committed."""
         self._writer.flush(timeout)
 
     def close(self, timeout: float = DEFAULT_TIMEOUT, wait: bool = True) -> None:
-        """Stop accepting writes and wait for the queued ones.
-
-        See :meth:`~rbzarr.buffer.background.BackgroundWriter.close`.
-
-        Parameters
-        ----------
-        timeout
-            Seconds to wait at most.
-        wait
-            ``False`` returns at once; the queued writes go on but are not retried.
-
-        Raises
-        ------
-        WriterFailedError
-            Writes are still uncommitted after ``timeout``; they stay queued and retried.
-        """
+        """Stop accepting writes and wait for the queued ones."""
         self._writer.close(timeout, wait)

@@ -23,33 +23,12 @@ FORMAT_VERSION = 1
 
 
 def shard_bounds(count: int, rank: int, world_size: int) -> tuple[int, int]:
-    """The ``[start, end)`` slice of ``count`` items that ``rank`` of ``world_size`` owns.
-
-    Shares differ by at most one item; the first ``count % world_size`` ranks get the extra.
-
-    Parameters
-    ----------
-    count
-        How many items are shared out.
-    rank
-        This rank, in ``[0, world_size)``.
-    world_size
-        How many ranks share the items; at least 1.
-
-    Returns
-    -------
-    tuple of (int, int)
-        ``(start, end)`` positions; ``start == end`` for an empty share.
-
-    Raises
-    ------
-    ValueError
-        ``world_size`` is not positive, or ``rank`` is outside ``[0, world_size)``.
-    """
+    """The ``[start, end)`` slice of ``count`` items that ``rank`` of ``world_size`` owns."""
     if world_size <= 0:
         raise ValueError(f"world_size must be > 0, got {world_size}")
     if not 0 <= rank < world_size:
         raise ValueError(f"local_rank must be in [0, {world_size}), got {rank}")
+    # Shares differ by at most one item: the first count % world_size ranks get the extra.
     quotient, remainder = divmod(count, world_size)
     start = rank * quotient + min(rank, remainder)
     return start, start + quotient + (1 if rank < remainder else 0)
@@ -57,17 +36,7 @@ def shard_bounds(count: int, rank: int, world_size: int) -> tuple[int, int]:
 
 @dataclass
 class TrajectoryIndex:
-    """Index entries by id, their insertion order, and the id counter.
-
-    Parameters
-    ----------
-    entries
-        Index entries (RLinf's ``trajectory_index`` values) by trajectory id.
-    id_list
-        The listed ids in insertion order: the order windows and shards are cut in.
-    trajectory_counter
-        The id the next new entry gets; never below ``max(id) + 1``.
-    """
+    """Index entries by id, their insertion order (windows and shards follow it), the counter."""
 
     entries: dict[int, dict[str, Any]] = field(default_factory=dict)
     id_list: list[int] = field(default_factory=list)
@@ -84,22 +53,7 @@ class TrajectoryIndex:
     def new_entry(
         self, shape: Iterable[int], max_episode_length: int, model_weights_id: str
     ) -> dict[str, Any]:
-        """Append an entry with the next id and a fresh uuid, and return it.
-
-        Parameters
-        ----------
-        shape
-            The trajectory's ``[T, B, ...]``; ``num_samples`` is ``T * B``.
-        max_episode_length
-            Stored as an int in the entry.
-        model_weights_id
-            Stored as a str in the entry.
-
-        Returns
-        -------
-        dict of str to Any
-            The new entry (the index holds this same dict).
-        """
+        """Append an entry with the next id and a fresh uuid, and return it (the index holds it)."""
         shape = [int(d) for d in shape]
         trajectory_id = self.trajectory_counter
         entry: dict[str, Any] = {
@@ -116,48 +70,15 @@ class TrajectoryIndex:
         return entry
 
     def window(self, size: int) -> list[int]:
-        """The last ``size`` ids in insertion order; all of them when ``size <= 0``.
-
-        Parameters
-        ----------
-        size
-            The window size in trajectories (``sample_window_size``).
-
-        Returns
-        -------
-        list of int
-            The ids, oldest first (a new list).
-        """
+        """The last ``size`` ids, oldest first; all of them when ``size <= 0``."""
         return list(self.id_list) if size <= 0 else self.id_list[-size:]
 
     def sample_counts(self, ids: Iterable[int]) -> torch.Tensor:
-        """``num_samples`` of each id, as an int64 tensor.
-
-        Parameters
-        ----------
-        ids
-            Listed trajectory ids (an unknown one raises ``KeyError``).
-
-        Returns
-        -------
-        torch.Tensor
-            1-D ``int64``, one count per id in the order given.
-        """
+        """``num_samples`` of each id, as an int64 tensor."""
         return torch.tensor([int(self.entries[i]["num_samples"]) for i in ids], dtype=torch.int64)
 
     def subset(self, ids: Iterable[int]) -> TrajectoryIndex:
-        """An index of ``ids`` only (in the order given), keeping the counter.
-
-        Parameters
-        ----------
-        ids
-            Listed trajectory ids to keep.
-
-        Returns
-        -------
-        TrajectoryIndex
-            A new index holding copies of those entries.
-        """
+        """An index of copies of ``ids``' entries only (in the order given), keeping the counter."""
         ids = list(ids)
         return TrajectoryIndex(
             entries={i: dict(self.entries[i]) for i in ids},
@@ -166,40 +87,14 @@ class TrajectoryIndex:
         )
 
     def shard(self, rank: int, world_size: int) -> TrajectoryIndex:
-        """This rank's share; its counter is ``max(id) + 1`` (0 for an empty share).
-
-        Parameters
-        ----------
-        rank
-            This rank, in ``[0, world_size)``.
-        world_size
-            How many ranks share the listed ids (contiguous slices, see
-            :func:`shard_bounds`).
-
-        Returns
-        -------
-        TrajectoryIndex
-            A new index of this rank's ids, in insertion order.
-
-        Raises
-        ------
-        ValueError
-            As :func:`shard_bounds`.
-        """
+        """This rank's contiguous share; its counter is ``max(id) + 1`` (0 for an empty share)."""
         start, end = shard_bounds(len(self.id_list), rank, world_size)
         share = self.subset(self.id_list[start:end])
         share.trajectory_counter = max(share.id_list, default=-1) + 1
         return share
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-ready state of the index.
-
-        Returns
-        -------
-        dict of str to Any
-            ``{"entries", "id_list", "trajectory_counter"}``; entries keyed by the id as a
-            string, all copies.
-        """
+        """JSON-ready copies: ``{"entries", "id_list", "trajectory_counter"}``."""
         return {
             "entries": {str(i): dict(entry) for i, entry in self.entries.items()},
             "id_list": list(self.id_list),
@@ -207,33 +102,13 @@ class TrajectoryIndex:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Replace this index by :meth:`state_dict`'s.
-
-        Parameters
-        ----------
-        state
-            A dict from :meth:`state_dict` (string or int ids).
-        """
+        """Replace this index by :meth:`state_dict`'s (string or int ids)."""
         self.entries = {int(i): dict(entry) for i, entry in state["entries"].items()}
         self.id_list = [int(i) for i in state["id_list"]]
         self.trajectory_counter = int(state["trajectory_counter"])
 
     def to_documents(self, trajectory_format: str, extra: Mapping[str, Any]) -> Documents:
-        """Both JSON documents in RLinf's schema; ``extra`` adds metadata keys.
-
-        Parameters
-        ----------
-        trajectory_format
-            The layout's format name, stored as ``trajectory_format``.
-        extra
-            More ``metadata.json`` keys (e.g. the schema); they cannot override
-            ``rbzarr_format_version``.
-
-        Returns
-        -------
-        Documents
-            ``metadata.json`` and ``trajectory_index.json`` of the listed ids.
-        """
+        """Both JSON documents in RLinf's schema; ``extra`` adds metadata keys."""
         metadata = {
             "trajectory_format": trajectory_format,
             "size": len(self.id_list),
@@ -250,26 +125,7 @@ class TrajectoryIndex:
 
     @classmethod
     def from_documents(cls, documents: Documents, where: str) -> TrajectoryIndex:
-        """Parse the documents of the store at ``where`` (named in errors).
-
-        Parameters
-        ----------
-        documents
-            The store's ``metadata.json`` and ``trajectory_index.json``.
-        where
-            The store's URL, for error messages.
-
-        Returns
-        -------
-        TrajectoryIndex
-            The listed entries; the counter is at least ``max(id) + 1``.
-
-        Raises
-        ------
-        CorruptStoreError
-            The format version is newer than this code knows, the index is malformed, an
-            id has no entry, or an entry is malformed or inconsistent with its id / shape.
-        """
+        """Parse and check the documents of the store at ``where`` (named in errors)."""
         version = documents.metadata.get("rbzarr_format_version", FORMAT_VERSION)
         if not isinstance(version, int) or version > FORMAT_VERSION:
             raise CorruptStoreError(

@@ -17,24 +17,7 @@ __all__ = ["WindowSampler", "draw"]
 def draw(
     num_chunks: int, sample_counts: torch.Tensor, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw ``num_chunks`` rows uniformly over trajectories holding ``sample_counts`` rows.
-
-    Parameters
-    ----------
-    num_chunks
-        How many rows to draw; clamped to ``sample_counts.sum()``.
-    sample_counts
-        1-D integer tensor: the sampleable rows of each trajectory in the window, in
-        window order.  Must not be empty.
-    generator
-        The torch generator the draw advances.
-
-    Returns
-    -------
-    tuple of (torch.Tensor, torch.Tensor)
-        ``(positions, rows)``: for each drawn row, the position of its trajectory in
-        ``sample_counts`` and the row inside that trajectory (both ``int64``).
-    """
+    """Draw ``num_chunks`` rows (clamped) uniformly: each one's trajectory position and row."""
     ends = torch.cumsum(sample_counts, dim=0)
     total = int(ends[-1])
     ids = torch.randint(0, total, (min(num_chunks, total),), generator=generator)
@@ -44,13 +27,7 @@ def draw(
 
 
 class WindowSampler:
-    """Owns the seeded generator that every :meth:`draw` without its own generator uses.
-
-    Parameters
-    ----------
-    seed
-        Seed for the generator; ``None`` seeds it nondeterministically.
-    """
+    """Owns the seeded generator that every draw without its own generator uses."""
 
     def __init__(self, seed: int | None) -> None:
         self.seed = seed
@@ -66,46 +43,16 @@ class WindowSampler:
         sample_counts: torch.Tensor,
         generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:func:`draw` with ``generator``, or this sampler's own when it is ``None``.
-
-        A caller-supplied generator leaves this sampler's stream untouched.
-
-        Parameters
-        ----------
-        num_chunks
-            How many rows to draw; clamped to the total of ``sample_counts``.
-        sample_counts
-            The sampleable rows of each trajectory in the window, in window order.
-        generator
-            Generator to draw from instead of this sampler's own.
-
-        Returns
-        -------
-        tuple of (torch.Tensor, torch.Tensor)
-            ``(positions, rows)`` as :func:`draw` returns them.
-        """
+        """:func:`draw` with ``generator``, or this sampler's own when it is ``None``."""
         return draw(num_chunks, sample_counts, self.generator if generator is None else generator)
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-ready state: the seed and the generator's exact position in its stream.
-
-        Returns
-        -------
-        dict of str to Any
-            ``{"seed": int or None, "generator_state": base64 str}``.
-        """
+        """JSON-ready state: the seed and the generator's position (base64)."""
         state = self.generator.get_state().numpy().tobytes()
         return {"seed": self.seed, "generator_state": base64.b64encode(state).decode("ascii")}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`; without a generator state, reseed from the seed.
-
-        Parameters
-        ----------
-        state
-            A dict from :meth:`state_dict`; a missing or empty ``"generator_state"``
-            reseeds from ``"seed"`` (nondeterministically when that is ``None``).
-        """
+        """Restore :meth:`state_dict`; without a generator state, reseed from the seed."""
         self.seed = state.get("seed")
         encoded = state.get("generator_state")
         if encoded:
