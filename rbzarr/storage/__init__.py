@@ -1,6 +1,5 @@
 """Storage: where trajectories live (locations, backends) and how they are laid out there.
 
-The layout interface, the pt/pkl layouts (zarr in ``zarr/``), the JSON documents, the registry.
-"""
+The layout interface, pt/pkl layouts (zarr in ``zarr/``), JSON documents, safe pickle, registry."""
 
 __all__: list[str] = []
