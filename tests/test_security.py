@@ -23,7 +23,7 @@ from rbzarr import (
 from rbzarr.analysis.verify import verify_store
 from rbzarr.analysis.view import open_buffer
 from rbzarr.storage.location import Location
-from rbzarr.storage.names import safe_name
+from rbzarr.storage.names import is_temporary_name, safe_name, temporary_name
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -56,6 +56,16 @@ def test_location_child_refuses_names_that_could_leave_the_root(tmp_path, name):
     with pytest.raises(UnsafePathError):
         root.write_bytes(b"x", name)
     assert not (tmp_path / "evil").exists() and not (tmp_path / "root").exists()
+
+
+def test_temporary_names_are_fresh_siblings_that_a_repair_recognises(tmp_path):
+    target = tmp_path / "metadata.json"
+    first, second = temporary_name(str(target)), temporary_name(str(target))
+    assert first != second
+    assert Path(first).parent == tmp_path and Path(first).name.startswith(target.name)
+    assert is_temporary_name(Path(first).name) and not is_temporary_name(target.name)
+    Location.from_url(tmp_path).write_bytes(b"{}", target.name)
+    assert files_below(tmp_path) == {target.name}
 
 
 @pytest.mark.parametrize("fmt", ["pt", "pkl"])

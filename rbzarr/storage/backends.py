@@ -46,22 +46,7 @@ _CREDENTIAL_ERRORS = ("NoCredentialsError", "PartialCredentialsError", "Credenti
 
 
 def with_s3_defaults(url: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` with :data:`S3_DEFAULTS` filled into ``config_kwargs`` for S3 URLs.
-
-    Keys the caller sets win, one by one; other URLs get ``options`` unchanged.
-
-    Parameters
-    ----------
-    url
-        The location's URL.
-    options
-        The caller's fsspec storage options.
-
-    Returns
-    -------
-    dict
-        The options to open the filesystem with.
-    """
+    """``options`` with :data:`S3_DEFAULTS` in ``config_kwargs`` for S3 URLs (caller's keys win)."""
     merged = dict(options)
     protocol = fsspec.core.split_protocol(url)[0]
     if protocol in _S3_PROTOCOLS:
@@ -70,30 +55,14 @@ def with_s3_defaults(url: str, options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def bound_retries(fs: fsspec.AbstractFileSystem) -> None:
-    """Cap s3fs's own retries of a failed request at :data:`S3_RETRIES` (5 by default).
-
-    s3fs takes no constructor argument for it: it is an attribute of the instance.
-
-    Parameters
-    ----------
-    fs
-        A filesystem; anything but an ``S3FileSystem`` is left as it is.
-    """
+    """Cap an ``S3FileSystem``'s own retries of a failed request (s3fs: 5) at :data:`S3_RETRIES`."""
     if type(fs).__name__ == "S3FileSystem":
         fs.retries = min(int(getattr(fs, "retries", S3_RETRIES)), S3_RETRIES)
 
 
 @functools.cache
 def backend_errors() -> tuple[type[BaseException], ...]:
-    """Exception types that mean "the backend failed", not "the thing is missing".
-
-    Returns
-    -------
-    tuple of exception types
-        ``OSError``, timeouts, and the transport errors of the installed backends
-        (botocore's, aiohttp's).  ``FileNotFoundError`` is an ``OSError`` too: callers
-        that treat "missing" as a value catch it first.
-    """
+    """Exception types meaning "the backend failed": OSError, timeouts, botocore's, aiohttp's."""
     found: list[type[BaseException]] = [OSError, TimeoutError, ConnectionError]
     for module_name, name in _TRANSPORT_ERRORS:
         try:
@@ -118,34 +87,11 @@ def _describe_failure(exc: BaseException) -> str:
 
 @contextlib.contextmanager
 def translate_errors(url: str, action: str) -> Iterator[None]:
-    """Turn backend failures into :class:`StorageUnavailableError` naming ``url``.
+    """Turn backend failures in the block into :class:`StorageUnavailableError` naming ``url``.
 
-    ``FileNotFoundError`` (a value: "missing") and rbzarr's own errors pass through.  Besides
-    ``OSError`` and timeouts, every botocore error (unreachable endpoint, closed connection,
-    timeouts, missing credentials) and aiohttp's client errors are translated, so an
-    unreachable object store never reads as "empty" or "not found".  The backend error is
-    kept as ``__cause__``.
-
-    Parameters
-    ----------
-    url
-        The location named in the error.
-    action
-        What was being done, e.g. ``"reading"``.
-
-    Yields
-    ------
-    None
-        Control to the block.
-
-    Raises
-    ------
-    StorageUnavailableError
-        The backend failed inside the block.
-    FileNotFoundError
-        Raised in the block: passed through unchanged.
-    RbzarrError
-        Raised in the block: passed through unchanged.
+    ``FileNotFoundError`` (a value: "missing") and rbzarr's own errors pass through unchanged;
+    the backend's error is kept as ``__cause__``, so an unreachable object store never reads as
+    "empty" or "not found".
     """
     try:
         yield

@@ -1,9 +1,9 @@
-"""A store's two JSON documents: ``metadata.json`` and ``trajectory_index.json``.
+"""A store's two JSON documents (``metadata.json``, ``trajectory_index.json``) and their I/O.
 
-Every layout keeps them at its root in RLinf's schema; writing them is the commit point of a
-store (the index first, then the metadata, each atomically).  :class:`StoreDocuments` is the
-base of every layout (:class:`~rbzarr.storage.layout.TrajectoryLayout`): it reads, writes and
-looks for the documents, and :func:`read_documents` reads them whatever the layout.
+Every layout keeps them at its root in RLinf's schema; writing them (the index first, then
+the metadata, each atomically) is a store's commit point.  These functions read and write
+them on a :class:`~rbzarr.storage.location.Location`, whatever the layout;
+:class:`~rbzarr.storage.layout.TrajectoryLayout` calls them.
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ __all__ = [
     "Documents",
     "Entry",
     "Finding",
-    "StoreDocuments",
+    "documents_exist",
     "read_documents",
+    "read_listed_ids",
+    "write_documents",
 ]
 
 METADATA_FILE = "metadata.json"
@@ -69,108 +71,6 @@ class Finding:
     message: str
 
 
-class StoreDocuments:
-    """The documents of the store at ``location``; the base of every layout.
-
-    Parameters
-    ----------
-    location
-        The store's root.
-    """
-
-    def __init__(self, location: Location) -> None:
-        self.location = location
-
-    def write_documents(self, documents: Documents) -> Documents:
-        """Commit: write the index, then the metadata, each atomically.
-
-        Call only after every trajectory the index lists is completely written.
-
-        Parameters
-        ----------
-        documents
-            The documents to commit.
-
-        Returns
-        -------
-        Documents
-            The documents as written (a layout may add what describes its format).
-
-        Raises
-        ------
-        StorageUnavailableError
-            The backend failed.
-        """
-        self.location.write_bytes(_dump(documents.trajectory_index), INDEX_FILE)
-        self.location.write_bytes(_dump(documents.metadata), METADATA_FILE)
-        return documents
-
-    def read_documents(self) -> Documents:
-        """Read both documents.
-
-        Returns
-        -------
-        Documents
-            ``metadata.json`` and ``trajectory_index.json``.
-
-        Raises
-        ------
-        CheckpointNotFoundError
-            A document is missing (named in the message).
-        CorruptStoreError
-            A document is not a JSON object.
-        """
-        return read_documents(self.location)
-
-    def listed_ids(self) -> list[int] | None:
-        """Ids the index document lists.
-
-        Returns
-        -------
-        list of int or None
-            ``trajectory_id_list``, or ``None`` when there is no index document.
-
-        Raises
-        ------
-        CorruptStoreError
-            The index is not a JSON object with a ``trajectory_id_list``.
-        """
-        if not self.location.exists(INDEX_FILE):
-            return None
-        ids = _read_json(self.location, INDEX_FILE).get("trajectory_id_list")
-        if not isinstance(ids, list):
-            raise CorruptStoreError(f"{self.location.url}/{INDEX_FILE}: no trajectory_id_list")
-        return ids
-
-    def has_documents(self) -> bool:
-        """Whether a store already exists here.
-
-        Returns
-        -------
-        bool
-            Whether either JSON document is present.
-        """
-        return self.location.exists(METADATA_FILE) or self.location.exists(INDEX_FILE)
-
-    def check_documents(self, documents: Documents) -> list[Finding]:
-        """Copies of ``documents`` this layout keeps that disagree with them.
-
-        Each finding is repaired by writing the documents again
-        (:meth:`write_documents`).  The default keeps no copies.
-
-        Parameters
-        ----------
-        documents
-            The store's documents, as read from the JSON files.
-
-        Returns
-        -------
-        list of Finding
-            One per disagreeing copy.
-        """
-        return []
-
-
 def read_documents(location: Location) -> Documents:
     """Read a store's two documents, whatever its layout.
 
@@ -199,7 +99,29 @@ def read_documents(location: Location) -> Documents:
     )
 
 
+def write_documents(location: Location, documents: Documents) -> None:
+    """Write the index, then the metadata, each atomically, at ``location``."""
+    location.write_bytes(_dump(documents.trajectory_index), INDEX_FILE)
+    location.write_bytes(_dump(documents.metadata), METADATA_FILE)
+
+
+def read_listed_ids(location: Location) -> list[int] | None:
+    """The index's ``trajectory_id_list``, or ``None`` when there is no index document."""
+    if not location.exists(INDEX_FILE):
+        return None
+    ids = _read_json(location, INDEX_FILE).get("trajectory_id_list")
+    if not isinstance(ids, list):
+        raise CorruptStoreError(f"{location.url}/{INDEX_FILE}: no trajectory_id_list")
+    return ids
+
+
+def documents_exist(location: Location) -> bool:
+    """Whether either JSON document is present at ``location``."""
+    return location.exists(METADATA_FILE) or location.exists(INDEX_FILE)
+
+
 def _read_json(location: Location, name: str) -> dict[str, Any]:
+    """The JSON object in ``location/name``; missing or malformed is a named error."""
     try:
         raw = location.read_bytes(name)
     except FileNotFoundError as exc:
@@ -216,4 +138,5 @@ def _read_json(location: Location, name: str) -> dict[str, Any]:
 
 
 def _dump(document: Mapping[str, Any]) -> bytes:
+    """``document`` as indented JSON bytes."""
     return json.dumps(document, indent=2).encode()

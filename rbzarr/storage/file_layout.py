@@ -8,7 +8,8 @@ directory.  Files are written atomically beside ``metadata.json`` and
 
 Reading is strict: a file with a top-level field that :class:`~rbzarr.trajectory.model.Trajectory`
 does not have is refused with :class:`~rbzarr.errors.CorruptStoreError` naming the fields,
-rather than silently dropping data.  Missing fields keep the dataclass defaults.
+rather than silently dropping data.  Missing fields keep the dataclass defaults.  A global
+that the safe readers refuse raises :class:`~rbzarr.errors.UnsafePickleError`.
 """
 
 from __future__ import annotations
@@ -45,10 +46,8 @@ _SCALAR_FIELDS = ("max_episode_length", "model_weights_id")
 
 
 def _compact(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` on the CPU, owning exactly its own bytes.
-
-    Pickling a view stores its whole storage, so slices of larger tensors are copied.
-    """
+    """``tensor`` on the CPU, owning exactly its own bytes."""
+    # Pickling a view stores its whole storage, so slices of larger tensors are copied.
     tensor = tensor.detach().cpu()
     owns_storage = (
         tensor.is_contiguous()
@@ -74,13 +73,7 @@ def _to_record(trajectory: Trajectory) -> dict[str, Any]:
 
 
 class FileLayout(TrajectoryLayout):
-    """One file per trajectory at the location's root; subclasses pick the serializer.
-
-    Parameters
-    ----------
-    location
-        The store's root, where the files and the two documents live.
-    """
+    """One file per trajectory at the location's root; subclasses pick the serializer."""
 
     suffix: ClassVar[str]
 
@@ -95,23 +88,7 @@ class FileLayout(TrajectoryLayout):
 
     # -- naming --------------------------------------------------------------------------
     def file_name(self, entry: Entry) -> str:
-        """The name of a trajectory's file: ``trajectory_{id}_{model_weights_id}.{suffix}``.
-
-        Parameters
-        ----------
-        entry
-            The trajectory's index entry.
-
-        Returns
-        -------
-        str
-            A plain file name at the root.
-
-        Raises
-        ------
-        UnsafePathError
-            The ``model_weights_id`` would make a name outside the root.
-        """
+        """``trajectory_{id}_{model_weights_id}.{suffix}``, refused if it is not a plain name."""
         tid, mwid = int(entry["trajectory_id"]), entry.get("model_weights_id", "")
         name = f"trajectory_{tid}_{mwid}.{self.suffix}"
         return safe_name(name, self.location.url)
@@ -123,75 +100,17 @@ class FileLayout(TrajectoryLayout):
 
     # -- TrajectoryLayout ----------------------------------------------------------------
     def trajectory_path(self, entry: Entry) -> tuple[str, ...]:
-        """The trajectory's file name, as a one-part path below the root.
-
-        Parameters
-        ----------
-        entry
-            The trajectory's index entry.
-
-        Returns
-        -------
-        tuple of str
-            ``(file_name(entry),)``.
-
-        Raises
-        ------
-        UnsafePathError
-            The entry would name a file outside the root.
-        """
+        # docstring inherited
         return (self.file_name(entry),)
 
     def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
-        """Write the trajectory's non-None fields as one file, atomically, replacing any.
-
-        Parameters
-        ----------
-        entry
-            The trajectory's index entry (names the file).
-        trajectory
-            The trajectory; validated unless it is a ``ValidatedTrajectory``.
-
-        Raises
-        ------
-        InvalidTrajectoryError
-            ``trajectory`` is not a valid trajectory.
-        UnsafePathError
-            The entry would name a file outside the root.
-        StorageUnavailableError
-            The backend failed.
-        """
+        """Write the trajectory's non-None fields as one file, atomically."""
         name = self.file_name(entry)
         trajectory = rows_to_write(trajectory)
         self.location.write_bytes(self._dumps(_to_record(trajectory)), name)
 
     def read(self, entry: Entry, keys: Sequence[str] | None = None) -> Trajectory:
-        """Load the trajectory's file and rebuild the trajectory from it.
-
-        Parameters
-        ----------
-        entry
-            The trajectory's index entry; it supplies ``max_episode_length`` and
-            ``model_weights_id`` when the file lacks them.
-        keys
-            Flat keys to keep, or ``None`` for every field.
-
-        Returns
-        -------
-        Trajectory
-            Raw ``[T(+E), B, ...]`` rows.
-
-        Raises
-        ------
-        CheckpointNotFoundError
-            The file is missing.
-        CorruptStoreError
-            The file does not decode, is not a dict of trajectory fields, or lacks a key.
-        UnsafePickleError
-            The file needs a global the restricted unpickler refuses.
-        StorageUnavailableError
-            The backend failed.
-        """
+        """Load the whole file; the scalar fields it lacks come from the entry."""
         name = self.file_name(entry)
         source = f"{self.location.url}/{name}"
         try:
@@ -208,54 +127,17 @@ class FileLayout(TrajectoryLayout):
         return _trajectory_from_record(record, entry, keys, source)
 
     def delete(self, entry: Entry) -> None:
-        """Remove the trajectory's file; a missing file is not an error.
-
-        Parameters
-        ----------
-        entry
-            The trajectory's index entry.
-
-        Raises
-        ------
-        UnsafePathError
-            The entry would name a file outside the root.
-        StorageUnavailableError
-            The backend failed.
-        """
+        # docstring inherited
         self.location.delete(self.file_name(entry))
 
     def stored_paths(self) -> dict[str, int]:
-        """Every file at the root named like a trajectory file of this format.
-
-        Returns
-        -------
-        dict
-            ``{file name: trajectory id}``, indexed or not.
-
-        Raises
-        ------
-        StorageUnavailableError
-            The backend failed.
-        """
+        """Every file at the root named like a trajectory file of this format."""
         pattern = self.name_pattern()
         matches = (pattern.fullmatch(name) for name in self.location.list_names())
         return {match.group(0): int(match.group(1)) for match in matches if match}
 
     def foreign_files(self, path: str) -> list[str]:
-        """The file ``path`` itself when it does not load as a trajectory dict.
-
-        A file only named like a trajectory is the user's unless it loads as one.
-
-        Parameters
-        ----------
-        path
-            A file name from :meth:`stored_paths`.
-
-        Returns
-        -------
-        list of str
-            ``[path]`` when the file is missing, unreadable or not a dict, else ``[]``.
-        """
+        """``[path]`` unless the file loads as a trajectory dict (else it is the user's)."""
         source = f"{self.location.url}/{path}"
         try:
             record = self._loads(self.location.read_bytes(path), source)
@@ -264,31 +146,14 @@ class FileLayout(TrajectoryLayout):
         return [] if isinstance(record, dict) else [path]
 
     def list_ids(self) -> list[int]:
-        """Ids of the trajectory files at the root, sorted and distinct.
-
-        Returns
-        -------
-        list of int
-            The ids of :meth:`stored_paths`.
-
-        Raises
-        ------
-        StorageUnavailableError
-            The backend failed.
-        """
+        # docstring inherited
         return sorted(set(self.stored_paths().values()))
 
 
 def _trajectory_from_record(
     record: dict[str, Any], entry: Entry, keys: Sequence[str] | None, source: str
 ) -> Trajectory:
-    """Check a loaded dict and build the trajectory (only ``keys``, if given).
-
-    Raises
-    ------
-    CorruptStoreError
-        The dict does not hold a valid trajectory, or lacks one of ``keys``.
-    """
+    """The trajectory (only ``keys``, if given) a loaded dict holds, or CorruptStoreError."""
     scalars = {name: record.pop(name, entry.get(name)) for name in _SCALAR_FIELDS}
     mel, mwid = scalars["max_episode_length"], scalars["model_weights_id"]
     if not isinstance(mel, int) or isinstance(mel, bool) or not isinstance(mwid, str):
@@ -317,24 +182,20 @@ def _trajectory_from_record(
 
 
 class PtLayout(FileLayout):
-    """RLinf's ``pt`` layout: ``torch.save`` files, read with ``weights_only=True``.
-
-    Parameters
-    ----------
-    location
-        Where the files live.
-    """
+    """RLinf's ``pt`` layout: ``torch.save`` files, read with ``weights_only=True``."""
 
     format = "pt"
     suffix = "pt"
     codec_name = "torch.save"
 
     def _dumps(self, record: dict[str, Any]) -> bytes:
+        # docstring inherited
         buffer = io.BytesIO()
         torch.save(record, buffer)
         return buffer.getvalue()
 
     def _loads(self, data: bytes, source: str) -> Any:
+        # docstring inherited
         try:
             return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
         except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
@@ -347,12 +208,8 @@ class PtLayout(FileLayout):
 class PklLayout(FileLayout):
     """RLinf's ``pkl`` layout: ``pickle`` files, read with the restricted unpickler.
 
-    Parameters
-    ----------
-    location
-        Where the files live.
-    allow_unsafe_pickle
-        Read with plain :mod:`pickle` (which can run arbitrary code): only for trusted files.
+    ``allow_unsafe_pickle`` reads with plain :mod:`pickle` (which can run arbitrary code):
+    only for trusted files.
     """
 
     format = "pkl"
@@ -363,7 +220,9 @@ class PklLayout(FileLayout):
         self.allow_unsafe_pickle = allow_unsafe_pickle
 
     def _dumps(self, record: dict[str, Any]) -> bytes:
+        # docstring inherited
         return pickle.dumps(record)
 
     def _loads(self, data: bytes, source: str) -> Any:
+        # docstring inherited
         return safe_load(data, allow_unsafe=self.allow_unsafe_pickle, source=source)

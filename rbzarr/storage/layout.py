@@ -1,44 +1,45 @@
-"""Every layout's behaviour written once, on top of the six methods a layout implements.
+"""The storage seam: :class:`TrajectoryLayout`, the interface every on-disk layout implements.
 
-A layout stores whole trajectories under a :class:`~rbzarr.storage.location.Location` and
-reads them back, whole or by flat rows.  It owns its format: the two JSON documents of a
-store (:class:`~rbzarr.storage.documents.StoreDocuments`), where each trajectory's data
-lives and how it is written and read (:class:`~rbzarr.storage.layout_core.LayoutCore`), and
-how to describe and check it (:meth:`TrajectoryLayout.describe_keys`,
-:meth:`TrajectoryLayout.missing_parts`, :meth:`~StoreDocuments.check_documents`).  Copying,
-exporting, summarising and verifying are written once on top of these methods, and nothing
-outside a layout asks which format it is.  Format names map to classes in
-:mod:`rbzarr.storage.registry`, which is also where an existing store is opened.
+A layout stores whole trajectories under a :class:`~rbzarr.storage.location.Location`.  It
+implements six methods (write, read, delete, list, and where a trajectory's data lives);
+everything else is derived from them here, once: the two JSON documents, row reads, copies,
+describing and checking.  Nothing outside a layout asks which format it is; format names map
+to classes in :mod:`rbzarr.storage.registry`, which is also where an existing store is opened.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from tqdm import tqdm
 
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, StoreExistsError
-from rbzarr.storage.documents import Entry
-from rbzarr.storage.layout_core import LayoutCore
+from rbzarr.storage import documents as store_documents
+from rbzarr.storage.documents import Documents, Entry, Finding
+from rbzarr.storage.location import Location
 from rbzarr.trajectory.dtypes import dtype_name
 from rbzarr.trajectory.flat_view import flatten_trajectory
-from rbzarr.trajectory.model import validate
+from rbzarr.trajectory.model import Trajectory, validate
+
+if TYPE_CHECKING:
+    from rbzarr.trajectory.validated import ValidatedTrajectory
 
 __all__ = ["TrajectoryLayout", "bytes_by_prefix", "check_entry_shape"]
 
 
-class TrajectoryLayout(LayoutCore):
-    """How trajectories are laid out below a location.
+class TrajectoryLayout(ABC):
+    """How trajectories are laid out below a location, and the store's two JSON documents.
 
     Subclasses implement :meth:`write`, :meth:`read`, :meth:`delete`, :meth:`list_ids`,
-    :meth:`trajectory_path` and :meth:`stored_paths` (see
-    :class:`~rbzarr.storage.layout_core.LayoutCore`).  Layouts that can read single rows
-    without loading a whole trajectory override :meth:`read_rows` / :meth:`read_rows_many`;
-    layouts that keep more than the two documents (the zarr layout mirrors them in its root
-    group) or that can find damage cheaper than by decoding override :meth:`check_documents`,
+    :meth:`trajectory_path` and :meth:`stored_paths`, and name their ``format``.  Layouts
+    that read single rows without loading a whole trajectory override :meth:`read_rows`,
+    :meth:`read_rows_many` and :meth:`read_rows_into`; layouts that keep more than the two
+    documents (the zarr layout mirrors them in its root group) or that find damage cheaper
+    than by decoding override :meth:`write_documents`, :meth:`check_documents`,
     :meth:`missing_parts`, :meth:`describe_keys` and :meth:`field_names`.
 
     Parameters
@@ -47,8 +48,193 @@ class TrajectoryLayout(LayoutCore):
         The store's root.
     """
 
+    format: ClassVar[str]
     # How describe_keys names the encoding of a whole trajectory (default: the format).
     codec_name: ClassVar[str | None] = None
+
+    def __init__(self, location: Location) -> None:
+        self.location = location
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.location.url!r})"
+
+    # -- what a layout implements ---------------------------------------------------------
+    @abstractmethod
+    def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
+        """Write every tensor of ``trajectory`` under ``entry['trajectory_id']``.
+
+        The rows are raw and validated here unless ``trajectory`` is a
+        :class:`~rbzarr.trajectory.validated.ValidatedTrajectory`.  When this returns, the
+        data is complete; an existing trajectory with the same id is replaced.  It does not
+        touch the JSON documents (see :meth:`write_documents`).
+
+        Parameters
+        ----------
+        entry
+            The trajectory's index entry (its ``trajectory_id`` names where data goes).
+        trajectory
+            The trajectory, raw ``[T(+E), B, ...]`` rows.
+
+        Raises
+        ------
+        InvalidTrajectoryError
+            ``trajectory`` is not a valid trajectory.
+        UnsafePathError
+            The entry would name a path outside the root.
+        StorageUnavailableError
+            The backend failed.
+        """
+
+    @abstractmethod
+    def read(self, entry: Entry, keys: Sequence[str] | None = None) -> Trajectory:
+        """Read a whole trajectory (raw rows), optionally only the flat ``keys`` given.
+
+        Parameters
+        ----------
+        entry
+            The trajectory's index entry.
+        keys
+            Flat keys to read (``"curr_obs/image"``), or ``None`` for every field.
+
+        Returns
+        -------
+        Trajectory
+            Raw ``[T(+E), B, ...]`` rows.
+
+        Raises
+        ------
+        CheckpointNotFoundError
+            The trajectory's data is missing (named in the message).
+        CorruptStoreError
+            The data is damaged or lacks a key.
+        StorageUnavailableError
+            The backend failed.
+        """
+
+    @abstractmethod
+    def delete(self, entry: Entry) -> None:
+        """Remove a trajectory's data; missing data is not an error.
+
+        Parameters
+        ----------
+        entry
+            The trajectory's index entry.
+
+        Raises
+        ------
+        StorageUnavailableError
+            The backend failed.
+        """
+
+    @abstractmethod
+    def list_ids(self) -> list[int]:
+        """Ids of the trajectories that have data here (committed or not), sorted.
+
+        Returns
+        -------
+        list of int
+            The ids, whatever the index lists.
+
+        Raises
+        ------
+        StorageUnavailableError
+            The backend failed.
+        """
+
+    @abstractmethod
+    def trajectory_path(self, entry: Entry) -> tuple[str, ...]:
+        """Names (below the root) of the file or directory holding one trajectory.
+
+        Parameters
+        ----------
+        entry
+            The trajectory's index entry.
+
+        Returns
+        -------
+        tuple of str
+            The path's parts, each a plain name.
+
+        Raises
+        ------
+        UnsafePathError
+            The entry would name a path outside the root.
+        """
+
+    @abstractmethod
+    def stored_paths(self) -> dict[str, int]:
+        """Every trajectory's data present here, indexed or not: ``{path: trajectory_id}``.
+
+        Returns
+        -------
+        dict
+            ``{path: trajectory_id}``, paths ``/``-joined below the root as
+            :meth:`trajectory_path` names them.
+
+        Raises
+        ------
+        StorageUnavailableError
+            The backend failed.
+        """
+
+    # -- the two JSON documents -----------------------------------------------------------
+    def write_documents(self, documents: Documents) -> Documents:
+        """Commit: write the index, then the metadata, each atomically.
+
+        Call only after every trajectory the index lists is completely written.
+
+        Parameters
+        ----------
+        documents
+            The documents to commit.
+
+        Returns
+        -------
+        Documents
+            The documents as written (a layout may add what describes its format).
+
+        Raises
+        ------
+        StorageUnavailableError
+            The backend failed.
+        """
+        store_documents.write_documents(self.location, documents)
+        return documents
+
+    def read_documents(self) -> Documents:
+        """Both documents (see :func:`~rbzarr.storage.documents.read_documents`)."""
+        return store_documents.read_documents(self.location)
+
+    def listed_ids(self) -> list[int] | None:
+        """The ids the index document lists, or ``None`` when there is no index document."""
+        return store_documents.read_listed_ids(self.location)
+
+    def has_documents(self) -> bool:
+        """Whether a store already exists here (either JSON document is present)."""
+        return store_documents.documents_exist(self.location)
+
+    def check_documents(self, documents: Documents) -> list[Finding]:
+        """Copies of ``documents`` this layout keeps that disagree with them.
+
+        Each finding is repaired by writing the documents again (:meth:`write_documents`).
+        The default keeps no copies.
+
+        Parameters
+        ----------
+        documents
+            The store's documents, as read from the JSON files.
+
+        Returns
+        -------
+        list of Finding
+            One per disagreeing copy.
+        """
+        return []
+
+    def holds_data(self) -> bool:
+        """Whether a store here holds data: listed ids or, with no index, documents or data."""
+        listed = self.listed_ids()
+        return bool(listed) or (listed is None and (self.has_documents() or bool(self.list_ids())))
 
     # -- rows -----------------------------------------------------------------------------
     def read_rows(
@@ -147,37 +333,9 @@ class TrajectoryLayout(LayoutCore):
             for key in keys:
                 out[key].index_copy_(0, positions, got[key])
 
-    def foreign_files(self, path: str) -> list[str]:
-        """Files at or below the trajectory path ``path`` that rbzarr did not write.
-
-        A repair deletes an orphan only when this is empty: a user's file that happens to
-        lie there is never removed.  The default finds none.
-
-        Parameters
-        ----------
-        path
-            A trajectory path from :meth:`stored_paths`.
-
-        Returns
-        -------
-        list of str
-            The foreign files, relative to ``path``.
-        """
-        return []
-
+    # -- presence and copies --------------------------------------------------------------
     def contains(self, entry: Entry) -> bool:
-        """Whether the trajectory's data is present.
-
-        Parameters
-        ----------
-        entry
-            The trajectory's index entry.
-
-        Returns
-        -------
-        bool
-            Whether its :meth:`trajectory_path` exists.
-        """
+        """Whether the trajectory's data is present (its :meth:`trajectory_path` exists)."""
         return self.location.exists(*self.trajectory_path(entry))
 
     def copy_to(self, target: TrajectoryLayout, entry: Entry) -> None:
@@ -217,6 +375,24 @@ class TrajectoryLayout(LayoutCore):
         self.location.child(*path).copy_into(target.location.child(*path))
 
     # -- format knowledge: describing and checking ----------------------------------------
+    def foreign_files(self, path: str) -> list[str]:
+        """Files at or below the trajectory path ``path`` that rbzarr did not write.
+
+        A repair deletes an orphan only when this is empty: a user's file that happens to
+        lie there is never removed.  The default finds none.
+
+        Parameters
+        ----------
+        path
+            A trajectory path from :meth:`stored_paths`.
+
+        Returns
+        -------
+        list of str
+            The foreign files, relative to ``path``.
+        """
+        return []
+
     def field_names(self, entry: Entry) -> list[str]:
         """Flat field keys of one trajectory (``"rewards"``, ``"curr_obs/image"``), in order.
 
@@ -297,7 +473,7 @@ class TrajectoryLayout(LayoutCore):
         return keys, disk
 
     def zarr_group(self, entry: Entry) -> Any:
-        """The read-only Zarr group of one trajectory.
+        """The read-only Zarr group of one trajectory (only the zarr layout has one).
 
         Parameters
         ----------
@@ -307,54 +483,21 @@ class TrajectoryLayout(LayoutCore):
         Returns
         -------
         zarr.Group
-            The group (only the zarr layout has one).
+            The trajectory's group, opened read-only.
 
         Raises
         ------
         ValueError
-            This layout does not store Zarr groups (only the zarr layout does).
+            This layout does not store Zarr groups.
         """
         raise ValueError(
             f"{self.location.url}: Zarr groups and dask arrays need the zarr layout, this "
             f"store is {self.format!r}; convert it with `rbzarr export SRC DST --format zarr`"
         )
 
-    # -- presence -------------------------------------------------------------------------
-    def holds_data(self) -> bool:
-        """Whether anything would be overwritten here.
-
-        Returns
-        -------
-        bool
-            ``True`` for an index listing trajectories or, without an index, a metadata
-            document or trajectory data.
-
-        Raises
-        ------
-        CorruptStoreError
-            The index document is damaged.
-        """
-        listed = self.listed_ids()
-        return bool(listed) or (listed is None and (self.has_documents() or bool(self.list_ids())))
-
 
 def check_entry_shape(entry: Entry, shape: Sequence[int], where: str) -> None:
-    """Refuse data whose shape disagrees with its index entry.
-
-    Parameters
-    ----------
-    entry
-        The trajectory's index entry.
-    shape
-        The ``[T, B]`` shape found in the data.
-    where
-        Names the store in errors.
-
-    Raises
-    ------
-    CorruptStoreError
-        ``shape`` differs from ``entry["shape"]``.
-    """
+    """Raise :class:`CorruptStoreError` (naming ``where``) if ``shape`` is not the entry's."""
     if list(shape) != [int(d) for d in entry["shape"]]:
         raise CorruptStoreError(
             f"{where}: trajectory {entry['trajectory_id']}: its data has shape {list(shape)} "
@@ -363,20 +506,10 @@ def check_entry_shape(entry: Entry, shape: Sequence[int], where: str) -> None:
 
 
 def bytes_by_prefix(sizes: Mapping[str, int]) -> dict[str, int]:
-    """Total size below every one- and two-part prefix of ``sizes``' paths.
+    """Total bytes below every one- and two-part prefix of ``sizes``' ``/``-joined paths.
 
-    A file counts as its own prefix, so ``totals["trajectory_3_.pt"]`` is a file's size and
+    A file counts as its own prefix: ``totals["trajectory_3_.pt"]`` is a file's size and
     ``totals["trajectories/3"]`` the size of a directory's files.
-
-    Parameters
-    ----------
-    sizes
-        File sizes in bytes by ``/``-joined path below the root.
-
-    Returns
-    -------
-    dict
-        Total bytes by prefix.
     """
     totals: dict[str, int] = defaultdict(int)
     for path, size in sizes.items():

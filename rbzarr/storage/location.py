@@ -11,7 +11,6 @@ anything that could leave the root (``..``, separators, absolute parts, NUL; see
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -24,7 +23,7 @@ from zarr.abc.store import Store
 
 from rbzarr.errors import StoreExistsError
 from rbzarr.storage.backends import bound_retries, translate_errors, with_s3_defaults
-from rbzarr.storage.names import TEMP_SUFFIX, safe_name
+from rbzarr.storage.names import safe_name, temporary_name
 
 __all__ = ["Location"]
 
@@ -38,7 +37,10 @@ def _same_filesystem(one: fsspec.AbstractFileSystem, other: fsspec.AbstractFileS
 class Location:
     """A root path on an fsspec filesystem.
 
-    Build one with :meth:`from_url`; :meth:`child` is the only way to go below it.
+    Build one with :meth:`from_url`; :meth:`child` is the only way to go below it.  Every
+    method taking ``*names`` raises :class:`~rbzarr.errors.UnsafePathError` for a name that
+    could leave the root, and :class:`~rbzarr.errors.StorageUnavailableError` when the
+    backend fails.
 
     Parameters
     ----------
@@ -63,26 +65,11 @@ class Location:
         url: str | os.PathLike[str] | Location,
         storage_options: Mapping[str, Any] | None = None,
     ) -> Location:
-        """Resolve a local path, ``file://``, ``memory://`` or ``s3://`` URL.
+        """Resolve a local path or a ``file://``, ``memory://`` or ``s3://`` URL; creates nothing.
 
-        Parameters
-        ----------
-        url
-            The path or URL (a :class:`Location` is returned as it is).
-        storage_options
-            fsspec options; S3 URLs get :data:`S3_DEFAULTS` for the keys not given.
-
-        Returns
-        -------
-        Location
-            The resolved location (nothing is created).
-
-        Raises
-        ------
-        ValueError
-            ``url`` is empty or names an unknown protocol.
-        StorageUnavailableError
-            The filesystem cannot be set up (e.g. a missing optional package).
+        S3 URLs get :data:`~rbzarr.storage.backends.S3_DEFAULTS` for the options not given; a
+        :class:`Location` is returned as it is.  An empty URL or an unknown protocol raises
+        ``ValueError``.
         """
         if isinstance(url, Location):
             return url
@@ -105,33 +92,11 @@ class Location:
 
     @property
     def is_local(self) -> bool:
-        """Whether this is the local filesystem (where rename is atomic).
-
-        Returns
-        -------
-        bool
-            ``True`` for fsspec's ``LocalFileSystem``.
-        """
+        """Whether this is the local filesystem (where rename is atomic)."""
         return isinstance(self.fs, LocalFileSystem)
 
     def child(self, *names: str) -> Location:
-        """The location ``names`` below this one.
-
-        Parameters
-        ----------
-        *names
-            Path parts, each a plain name (see :func:`safe_name`).
-
-        Returns
-        -------
-        Location
-            On the same filesystem, with the same options.
-
-        Raises
-        ------
-        UnsafePathError
-            A name could leave the root.
-        """
+        """The location ``names`` below this one; each must be a plain name (:func:`safe_name`)."""
         for name in names:
             safe_name(name, self.url)
         suffix = "/".join(names)
@@ -143,70 +108,16 @@ class Location:
         )
 
     def join(self, *names: str) -> str:
-        """The filesystem path of ``names`` below the root.
-
-        Parameters
-        ----------
-        *names
-            Path parts, each a plain name; none gives the root's path.
-
-        Returns
-        -------
-        str
-            The path inside :attr:`fs`.
-
-        Raises
-        ------
-        UnsafePathError
-            A name could leave the root.
-        """
+        """The filesystem path of ``names`` below the root (none: the root's path)."""
         return self.child(*names).path if names else self.path
 
     def exists(self, *names: str) -> bool:
-        """Whether the root (or ``names`` below it) exists.
-
-        Parameters
-        ----------
-        *names
-            Path parts below the root, each a plain name.
-
-        Returns
-        -------
-        bool
-            Whether a file or directory is there.
-
-        Raises
-        ------
-        UnsafePathError
-            A name could leave the root.
-        StorageUnavailableError
-            The backend failed.
-        """
+        """Whether a file or directory is at the root or ``names`` below it."""
         with translate_errors(self.url, "checking"):
             return bool(self.fs.exists(self.join(*names)))
 
     def read_bytes(self, *names: str) -> bytes:
-        """The bytes of a file below the root.
-
-        Parameters
-        ----------
-        *names
-            The file's path parts below the root, each a plain name.
-
-        Returns
-        -------
-        bytes
-            The whole file.
-
-        Raises
-        ------
-        FileNotFoundError
-            The file is missing (its URL is named).
-        UnsafePathError
-            A name could leave the root.
-        StorageUnavailableError
-            The backend failed.
-        """
+        """The bytes of a file below the root (``FileNotFoundError`` names a missing one)."""
         target = self.join(*names)
         with translate_errors(self.url, "reading"):
             try:
@@ -217,22 +128,8 @@ class Location:
     def write_bytes(self, data: bytes, *names: str) -> None:
         """Write a file below the root atomically: readers see the old or the new bytes.
 
-        Locally that is a temporary file renamed into place (parent directories created);
+        Locally that is a temporary sibling renamed into place (parent directories created);
         on object stores a single PUT.
-
-        Parameters
-        ----------
-        data
-            The file's new contents.
-        *names
-            The file's path parts below the root, each a plain name.
-
-        Raises
-        ------
-        UnsafePathError
-            A name could leave the root.
-        StorageUnavailableError
-            The backend failed.
         """
         target = self.join(*names)
         with translate_errors(self.url, "writing"):
@@ -240,7 +137,7 @@ class Location:
                 self.fs.pipe_file(target, data)
                 return
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            temp = f"{target}{TEMP_SUFFIX}{uuid.uuid4().hex}"
+            temp = temporary_name(target)
             try:
                 with open(temp, "wb") as handle:
                     handle.write(data)
@@ -250,45 +147,14 @@ class Location:
                     os.remove(temp)
 
     def delete(self, *names: str) -> None:
-        """Remove a file or a directory tree below the root; missing is not an error.
-
-        Parameters
-        ----------
-        *names
-            The path parts below the root, each a plain name; none removes the root.
-
-        Raises
-        ------
-        UnsafePathError
-            A name could leave the root.
-        StorageUnavailableError
-            The backend failed.
-        """
+        """Remove a file or directory tree below the root (none: the root); missing is fine."""
         target = self.join(*names)
         with translate_errors(self.url, "deleting"):
             if self.fs.exists(target):
                 self.fs.rm(target, recursive=True)
 
     def list_names(self, *names: str) -> list[str]:
-        """Names directly below the root (or below ``names``).
-
-        Parameters
-        ----------
-        *names
-            A directory's path parts below the root, each a plain name.
-
-        Returns
-        -------
-        list of str
-            The entries' names, sorted; empty when the directory is missing.
-
-        Raises
-        ------
-        UnsafePathError
-            A name could leave the root.
-        StorageUnavailableError
-            The backend failed.
-        """
+        """Names directly below the root (or ``names``), sorted; none for a missing directory."""
         target = self.join(*names)
         with translate_errors(self.url, "listing"):
             try:
@@ -298,26 +164,7 @@ class Location:
         return sorted(PurePosixPath(str(entry)).name for entry in entries)
 
     def list_files(self, *names: str) -> list[str]:
-        """Every file below ``names``, or the file ``names`` itself.
-
-        Parameters
-        ----------
-        *names
-            Path parts below the root, each a plain name.
-
-        Returns
-        -------
-        list of str
-            ``/``-joined paths relative to ``names`` (a file: its own name), sorted; empty
-            when nothing is there.
-
-        Raises
-        ------
-        UnsafePathError
-            A name could leave the root.
-        StorageUnavailableError
-            The backend failed.
-        """
+        """Every file below ``names`` (or the file itself), ``/``-joined relative to it, sorted."""
         target = self.join(*names).rstrip("/")
         with translate_errors(self.url, "listing"):
             found = [str(path).rstrip("/") for path in self.fs.find(target)]
@@ -328,23 +175,11 @@ class Location:
         )
 
     def copy_into(self, destination: Location) -> None:
-        """Copy the file or tree at this root to ``destination``, which must not exist.
+        """Copy the file or tree here to ``destination``; :class:`StoreExistsError` if it exists.
 
         fsspec moves the bytes: ``copy`` within one filesystem, ``put`` / ``get`` between
         the local disk and another one, a bulk ``cat`` and ``pipe`` otherwise.  Nothing at
         ``destination`` is ever replaced or deleted.
-
-        Parameters
-        ----------
-        destination
-            Where the copy goes (a path that does not exist yet).
-
-        Raises
-        ------
-        StoreExistsError
-            ``destination`` exists.
-        StorageUnavailableError
-            Either backend failed.
         """
         if destination.exists():
             raise StoreExistsError(f"{destination.url} already exists; a copy never overwrites")
@@ -373,18 +208,7 @@ class Location:
                 )
 
     def zarr_store(self, read_only: bool = False) -> Store:
-        """A zarr store rooted here: ``LocalStore`` locally, ``FsspecStore`` elsewhere.
-
-        Parameters
-        ----------
-        read_only
-            Open the store read-only.
-
-        Returns
-        -------
-        Store
-            A new store (s3fs retries bounded as in :meth:`from_url`).
-        """
+        """A new zarr store rooted here: ``LocalStore`` locally, else ``FsspecStore``."""
         if self.is_local:
             return zarr.storage.LocalStore(self.path, read_only=read_only)
         store = zarr.storage.FsspecStore.from_url(

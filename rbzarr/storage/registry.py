@@ -31,21 +31,7 @@ _LAYOUTS: dict[str, str | type[TrajectoryLayout]] = {
 
 
 def register_layout(name: str, target: str | type[TrajectoryLayout]) -> None:
-    """Make a layout available as ``trajectory_format=name``.
-
-    Parameters
-    ----------
-    name
-        The format name stored in ``metadata.json``.
-    target
-        The layout class, or ``"package.module:ClassName"`` to import on first use.
-
-    Raises
-    ------
-    ValueError
-        ``name`` is already registered to something else, or ``target`` is a string
-        without a ``module:Class`` form.
-    """
+    """Register a layout (a class or ``"package.module:Class"``) as ``trajectory_format=name``."""
     if isinstance(target, str) and target.count(":") != 1:
         raise ValueError(f"layout target {target!r}: expected 'package.module:ClassName'")
     current = _LAYOUTS.get(name)
@@ -55,36 +41,12 @@ def register_layout(name: str, target: str | type[TrajectoryLayout]) -> None:
 
 
 def known_formats() -> list[str]:
-    """The registered format names, sorted.
-
-    Returns
-    -------
-    list of str
-        E.g. ``["pkl", "pt", "zarr"]``.
-    """
+    """The registered format names, sorted."""
     return sorted(_LAYOUTS)
 
 
 def layout_class(name: str) -> type[TrajectoryLayout]:
-    """The layout class registered as ``name``, importing its module on first use.
-
-    Parameters
-    ----------
-    name
-        A format name such as ``"zarr"``, ``"pt"`` or ``"pkl"``.
-
-    Returns
-    -------
-    type
-        A :class:`~rbzarr.storage.layout.TrajectoryLayout` subclass.
-
-    Raises
-    ------
-    ValueError
-        ``name`` is not a registered format.
-    TypeError
-        The registered ``"module:Class"`` target is not a ``TrajectoryLayout`` subclass.
-    """
+    """The layout class registered as ``name``, importing its module on first use."""
     target = _LAYOUTS.get(name) if isinstance(name, str) else None
     if target is None:
         raise ValueError(f"unknown trajectory_format {name!r}; expected one of {known_formats()}")
@@ -98,18 +60,7 @@ def layout_class(name: str) -> type[TrajectoryLayout]:
 
 
 def stored_format(documents: Documents) -> str:
-    """The format a store's ``metadata.json`` names (RLinf's ``"pt"`` when it names none).
-
-    Parameters
-    ----------
-    documents
-        The store's two documents.
-
-    Returns
-    -------
-    str
-        The ``trajectory_format`` to open the store with.
-    """
+    """The format a store's ``metadata.json`` names (RLinf's ``"pt"`` when it names none)."""
     return str(documents.metadata.get("trajectory_format", DEFAULT_STORED_FORMAT))
 
 
@@ -118,32 +69,10 @@ def open_store(
     storage_options: Mapping[str, Any] | None = None,
     layout_options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> tuple[TrajectoryLayout, Documents]:
-    """Open the existing store at ``url`` in the layout its metadata names.
+    """Open the existing store at ``url`` in the layout its metadata names, with its documents.
 
-    Parameters
-    ----------
-    url
-        A local path, an fsspec URL or a :class:`~rbzarr.storage.location.Location`.
-    storage_options
-        fsspec options for ``url``.
-    layout_options
-        Keyword arguments for the layout, by format name (only the stored format's apply).
-
-    Returns
-    -------
-    tuple of (TrajectoryLayout, Documents)
-        The layout and the documents it was opened from.
-
-    Raises
-    ------
-    CheckpointNotFoundError
-        ``metadata.json`` or ``trajectory_index.json`` is missing.
-    CorruptStoreError
-        A document is not a JSON object.
-    ValueError
-        The metadata names a format no layout is registered for.
-    StorageUnavailableError
-        The backend failed.
+    ``layout_options`` holds keyword arguments for the layout by format name (only the stored
+    format's apply).
     """
     location = Location.from_url(url, storage_options)
     documents = read_documents(location)

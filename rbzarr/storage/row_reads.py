@@ -1,8 +1,9 @@
-"""The miss-read path of sampling: rows that are not in the cache, read from storage.
+"""A sampled batch's rows: the cache's hits placed, its misses planned and read from storage.
 
 A sampled batch is a list of ``(trajectory id, flat row)`` pairs, some served by the cache
-(*hits*), the rest (*misses*) by a trajectory still waiting for its write (*pending*) or by
-the store.  :func:`plan_misses` runs under the buffer's lock: one stable argsort groups the
+(*hits*), the rest (*misses*) by a trajectory still waiting for its write (*pending*: its
+flat rows ``{key: [T*B, ...]}`` are read from memory, with no re-validation) or by the
+store.  :func:`plan_misses` runs under the buffer's lock: one stable argsort groups the
 misses by trajectory, and it snapshots what the read needs (index entries, pending
 trajectories).  :func:`read_batch` then runs without the lock: every row lands straight
 at its place in one preallocated ``[n, ...]`` tensor per key (cached rows with one
@@ -38,32 +39,14 @@ class _Group:
 
 @dataclass(frozen=True)
 class MissPlan:
-    """Everything :func:`read_batch` needs, snapshotted under the buffer's lock.
+    """What :func:`read_batch` needs, snapshotted under the buffer's lock."""
 
-    Parameters
-    ----------
-    count
-        The batch size ``n``.
-    hit_positions
-        The batch positions served by the cache (int64).
-    cached
-        Their rows, ``{key: [hits, ...]}`` (empty when there are none).
-    schema
-        The buffer's schema (flat key -> dtype name and trailing shape).
-    miss_positions
-        The missed batch positions, sorted by trajectory (int64).
-    miss_rows
-        Their flat rows, in the same order.
-    groups
-        One slice of the misses per trajectory, with its entry and pending rows.
-    """
-
-    count: int
-    hit_positions: torch.Tensor
-    cached: dict[str, torch.Tensor]
+    count: int  # the batch size n
+    hit_positions: torch.Tensor  # batch positions the cache serves (int64)
+    cached: dict[str, torch.Tensor]  # their rows, {key: [hits, ...]}
     schema: Schema
-    miss_positions: torch.Tensor
-    miss_rows: torch.Tensor
+    miss_positions: torch.Tensor  # the other positions, sorted by trajectory (int64)
+    miss_rows: torch.Tensor  # their flat rows, in the same order
     groups: list[_Group]
 
 
@@ -76,29 +59,7 @@ def plan_misses(
     entries: Mapping[int, Entry],
     pending: Mapping[int, Mapping[str, torch.Tensor]],
 ) -> MissPlan:
-    """Group the missed rows of a batch by trajectory (call under the buffer's lock).
-
-    Parameters
-    ----------
-    ids, rows
-        Trajectory id and flat row of every sampled position (int64, length ``n``).
-    hit
-        Boolean mask of the positions the cache serves.
-    cached
-        The rows of the hits, ``{key: [hits, ...]}`` in position order.
-    schema
-        The buffer's schema (flat key -> dtype name and trailing shape).
-    entries
-        Index entries by trajectory id; every missed id must be present.
-    pending
-        Flat rows (``{key: [T*B, ...]}``) of trajectories accepted but not yet written,
-        by id: their rows are read from memory, with no re-validation.
-
-    Returns
-    -------
-    MissPlan
-        The plan for :func:`read_batch`.
-    """
+    """Group a batch's missed rows by trajectory, with their entries (call under the lock)."""
     hit_np = hit.numpy()
     miss = np.flatnonzero(~hit_np)
     miss_ids = ids.numpy()[miss]
@@ -124,30 +85,7 @@ def plan_misses(
 
 
 def read_batch(plan: MissPlan, store: TrajectoryLayout | None) -> dict[str, torch.Tensor]:
-    """Read the missed rows of ``plan`` and assemble the flat batch (without the lock).
-
-    Parameters
-    ----------
-    plan
-        From :func:`plan_misses`.
-    store
-        The layout holding the written trajectories; needed when any missed trajectory
-        is not pending.
-
-    Returns
-    -------
-    dict
-        ``{flat key: tensor[n, ...]}`` in schema order, fresh tensors.
-
-    Raises
-    ------
-    CheckpointNotFoundError
-        A missed trajectory's data is missing from ``store``.
-    CorruptStoreError
-        Its data is damaged.
-    StorageUnavailableError
-        The backend failed.
-    """
+    """The flat batch ``{key: [n, ...]}`` of ``plan`` (``store`` is needed for stored misses)."""
     out = {
         key: torch.empty((plan.count, *trailing), dtype=dtype_from_name(dtype))
         for key, (dtype, trailing) in plan.schema.items()

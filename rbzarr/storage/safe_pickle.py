@@ -35,15 +35,10 @@ _PYTHON2_MODULES = {"__builtin__": "builtins"}
 
 
 def _check_view(available: int, offset: int, size: Any, stride: Any) -> None:
-    """Refuse a tensor view reaching past the ``available`` elements of its storage.
+    """Refuse (ValueError) a tensor view reaching past the ``available`` elements of its storage.
 
-    torch would otherwise grow the storage to fit (uninitialised memory, or a huge
-    allocation asked for by a few bytes of pickle).
-
-    Raises
-    ------
-    ValueError
-        The view is malformed or reaches past the storage.
+    torch would otherwise grow the storage to fit (uninitialised memory, or a huge allocation
+    asked for by a few bytes of pickle).
     """
     dims, steps = tuple(size), tuple(stride)
     if len(dims) != len(steps) or offset < 0 or min((*dims, *steps), default=0) < 0:
@@ -57,18 +52,10 @@ def _check_view(available: int, offset: int, size: Any, stride: Any) -> None:
 
 
 def _rebuild_tensor(storage: Any, offset: int, size: Any, stride: Any) -> torch.Tensor:
-    """A tensor viewing ``storage``, as the pickle's ``_rebuild_tensor`` describes it.
-
-    The storage comes from :meth:`RestrictedUnpickler._load_storage`, on the CPU.  It is
-    read through a tensor over all of it: ``TypedStorage``'s own methods are deprecated.
-
-    Raises
-    ------
-    TypeError
-        ``storage`` is not a torch storage.
-    """
+    """A CPU tensor viewing ``storage`` as the pickle's ``_rebuild_tensor`` says (view checked)."""
     if not isinstance(storage, torch.storage.TypedStorage):
         raise TypeError(f"expected a torch storage, got {type(storage).__name__}")
+    # Read through a tensor over all of it: TypedStorage's own methods are deprecated.
     tensor = torch.empty((0,), dtype=storage.dtype, device="cpu").set_(storage)
     _check_view(tensor.numel(), offset, size, stride)
     return tensor.set_(storage, offset, tuple(size), tuple(stride))
@@ -83,16 +70,7 @@ def _rebuild_tensor_v2(
     backward_hooks: Any,
     metadata: dict[str, Any] | None = None,
 ) -> torch.Tensor:
-    """The tensor of ``Tensor.__reduce_ex__``: a view plus its flags.
-
-    ``metadata`` carries the lazy conjugate / negative bits; hooks (callables) can never
-    reach here through the allow-list, so any hook is refused.
-
-    Raises
-    ------
-    ValueError
-        The tensor carries backward hooks or metadata other than those bits.
-    """
+    """``Tensor.__reduce_ex__``'s tensor: a checked view and its conj/neg bits; hooks refused."""
     if backward_hooks:
         raise ValueError("a pickled tensor with backward hooks")
     flags = metadata or {}
@@ -109,13 +87,7 @@ def _rebuild_tensor_v2(
 
 
 def _new_array(subtype: Any, shape: Any, dtype: Any) -> np.ndarray:
-    """The empty array ``ndarray.__reduce__`` starts from (its state is set next).
-
-    Raises
-    ------
-    TypeError
-        ``subtype`` is not ``numpy.ndarray`` (no subclass is on the allow-list).
-    """
+    """The empty ``numpy.ndarray`` that ``ndarray.__reduce__`` starts from (no subclass allowed)."""
     if subtype is not np.ndarray:
         raise TypeError(f"expected numpy.ndarray, got {subtype!r}")
     return np.ndarray(shape, dtype)
@@ -127,13 +99,7 @@ def _array_from_buffer(buffer: Any, dtype: Any, shape: Any, order: Any) -> np.nd
 
 
 def _scalar(dtype: np.dtype, data: Any) -> Any:
-    """A numpy scalar from its pickled raw bytes (an object scalar is its object).
-
-    Raises
-    ------
-    ValueError
-        ``data`` is not exactly one item of ``dtype``.
-    """
+    """A numpy scalar from its pickled raw bytes (an object scalar is its object)."""
     if dtype.hasobject:
         return data
     raw = data.encode("latin1") if isinstance(data, str) else bytes(data)
@@ -179,40 +145,14 @@ _MALFORMED = (
 
 
 class RestrictedUnpickler(pickle.Unpickler):
-    """An unpickler that resolves only an allow-list of globals.
-
-    Parameters
-    ----------
-    file
-        A binary file positioned at the pickle.
-    source
-        What the bytes are (a path or URL), named in errors.
-    """
+    """An unpickler resolving only an allow-list of globals; ``source`` names the bytes."""
 
     def __init__(self, file: IO[bytes], *, source: str) -> None:
         super().__init__(file)
         self.source = source
 
     def find_class(self, module: str, name: str) -> Any:
-        """Resolve the global ``module.name`` the pickle refers to, if it is allowed.
-
-        Parameters
-        ----------
-        module, name
-            The global as the pickle names it (Python 2's ``__builtin__`` is read as
-            ``builtins``).
-
-        Returns
-        -------
-        object
-            The allowed callable or type; tensor rebuilders and numpy's constructors are
-            replaced by checked equivalents.
-
-        Raises
-        ------
-        UnsafePickleError
-            The global is not on the allow-list; nothing was imported or called.
-        """
+        """The allowed global ``module.name`` (builders checked), else UnsafePickleError."""
         module = _PYTHON2_MODULES.get(module, module)
         if (module, name) == _STORAGE_LOADER:
             return self._load_storage
@@ -245,27 +185,9 @@ def safe_load(
 ) -> Any:
     """Unpickle ``file_or_bytes``, admitting only tensors, arrays and plain containers.
 
-    Parameters
-    ----------
-    file_or_bytes
-        The pickle's bytes, or a binary file positioned at it.
-    allow_unsafe
-        Explicit opt-in to plain :func:`pickle.load`, which can run arbitrary code: use it
-        only for files you trust.
-    source
-        What the bytes are (a path or URL), named in errors.
-
-    Returns
-    -------
-    object
-        The unpickled object: tensors, numpy arrays, scalars and plain containers.
-
-    Raises
-    ------
-    UnsafePickleError
-        The pickle refers to a global outside the allow-list (nothing was called).
-    CorruptStoreError
-        The bytes are not a well-formed pickle.
+    ``allow_unsafe`` is the explicit opt-in to plain :func:`pickle.load`, which can run arbitrary
+    code (trusted files only).  A refused global raises :class:`UnsafePickleError` before
+    anything is called; bytes that are not a well-formed pickle raise :class:`CorruptStoreError`.
     """
     stream: IO[bytes]
     if isinstance(file_or_bytes, bytes | bytearray | memoryview):

@@ -23,6 +23,7 @@ WORKERS = max(2, min(8, os.cpu_count() or 2))
 
 
 def _executor() -> ThreadPoolExecutor:
+    """This process's pool, rebuilt after a fork."""
     with _lock:
         pool = _pools.get(os.getpid())
         if pool is None:
@@ -32,24 +33,10 @@ def _executor() -> ThreadPoolExecutor:
 
 
 def run_all(fn: Callable[[_T], _R], items: Sequence[_T], threaded: bool) -> list[_R]:
-    """``[fn(item) for item in items]``, on the pool when ``threaded`` and worth it.
+    """``[fn(item) for item in items]``, split over the pool when ``threaded`` (and worth it).
 
-    The calling thread takes the first share itself, so a single item never hops.
-
-    Parameters
-    ----------
-    fn
-        The work for one item; it should release the GIL to gain from the pool.
-    items
-        The items, split into at most :data:`WORKERS` contiguous shares.
-    threaded
-        Use the pool; ``False`` (or fewer than two items) runs everything here.
-
-    Returns
-    -------
-    list
-        ``fn(item)`` for every item, in the order of ``items``.  An exception from ``fn``
-        propagates unchanged.
+    The calling thread takes the first share itself; results keep the order of ``items`` and an
+    exception from ``fn`` propagates unchanged.
     """
     if not threaded or len(items) < 2:
         return [fn(item) for item in items]
@@ -63,4 +50,5 @@ def run_all(fn: Callable[[_T], _R], items: Sequence[_T], threaded: bool) -> list
 
 
 def _each(fn: Callable[[_T], _R], batch: Iterable[_T]) -> list[_R]:
+    """``fn`` over one share."""
     return [fn(item) for item in batch]
