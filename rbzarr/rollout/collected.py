@@ -1,7 +1,7 @@
 """What a collected trajectory carries beyond its steps, and splitting it along ``B``.
 
 ``model_weights_id`` names the weights that produced a trajectory, ``max_episode_length``
-its longest episode; :func:`split` divides a trajectory into parts, one per consumer.
+its longest episode; :func:`split_envs` divides a trajectory into parts, one per consumer.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from rbzarr.trajectory.dtypes import to_numpy
 from rbzarr.trajectory.model import Trajectory, raw_time_rows, trajectory_from_raw, validate
 
-__all__ = ["max_episode_length", "model_weights_id", "split"]
+__all__ = ["max_episode_length", "model_weights_id", "split_envs"]
 
 
 def model_weights_id(versions: torch.Tensor | None) -> str:
@@ -65,7 +65,7 @@ def max_episode_length(step_dones: torch.Tensor) -> int:
     return int(longest.max()) if envs else 0
 
 
-def split(trajectory: Trajectory, num_parts: int) -> list[Trajectory]:
+def split_envs(trajectory: Trajectory, num_parts: int) -> list[Trajectory]:
     """Split ``trajectory`` along ``B`` (dim 1 of every tensor) into ``num_parts`` parts.
 
     Part sizes differ by at most one environment; the first ``B % num_parts`` parts get the

@@ -21,7 +21,7 @@ call ``reset(obs)`` once per rollout epoch, and ``build()`` empties the collecto
 carries ``dones[t]`` of the *step* rows, i.e. raw row ``t + 1`` of a single-epoch
 trajectory: true when the transition ``curr_obs[t] -> next_obs[t]`` ended its episode.
 
-:func:`~rbzarr.rollout.collected.split` divides a trajectory along ``B`` into parts.
+:func:`~rbzarr.rollout.collected.split_envs` divides a trajectory along ``B`` into parts.
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ import torch
 
 from rbzarr.errors import InvalidTrajectoryError
 from rbzarr.rollout.autoreset import NEXT_STEP, aligned_rows, autoreset_mode_name
-from rbzarr.rollout.collected import max_episode_length, model_weights_id, split
+from rbzarr.rollout.collected import max_episode_length, model_weights_id
 from rbzarr.rollout.epochs import RolloutEpoch, epoch_rows, stack_epochs, stacked
 from rbzarr.rollout.step_checks import Signature, StepChecks, signature_of
 from rbzarr.trajectory import tree
 from rbzarr.trajectory.fields import RESET_ROW_FIELDS
 from rbzarr.trajectory.model import Trajectory, trajectory_from_raw
 
-__all__ = ["TrajectoryCollector", "max_episode_length", "model_weights_id", "split"]
+__all__ = ["TrajectoryCollector"]
 
 
 class TrajectoryCollector:
