@@ -1,8 +1,6 @@
 """rbzarr: a trajectory replay buffer for reinforcement learning, stored in Zarr.
 
-A drop-in replacement for RLinf's ``TrajectoryReplayBuffer``: the same constructor, calls,
-sampled batches and checkpoint files, on a Zarr storage engine that reads only the chunks
-holding sampled rows, on local disk or any fsspec URL (``s3://bucket/prefix``).
+A drop-in replacement for RLinf's ``TrajectoryReplayBuffer``, on local disk or any fsspec URL.
 """
 
 import warnings

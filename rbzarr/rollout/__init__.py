@@ -1,7 +1,4 @@
-"""From environment steps to trajectories: the collector, autoreset, step checks.
-
-And the channel that carries trajectories from rollout workers to the learner.
-"""
+"""From environment steps to trajectories: the collector, autoreset, step checks, the channel."""
 
 from rbzarr.rollout.channel import Channel
 from rbzarr.rollout.collected import split_envs

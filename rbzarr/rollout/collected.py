@@ -1,8 +1,4 @@
-"""What a collected trajectory carries beyond its steps, and splitting it along ``B``.
-
-``model_weights_id`` names the weights that produced a trajectory, ``max_episode_length``
-its longest episode; :func:`split_envs` divides a trajectory into parts, one per consumer.
-"""
+"""What a collected trajectory carries beyond its steps, and splitting it along ``B``."""
 
 from __future__ import annotations
 
@@ -39,20 +35,8 @@ def model_weights_id(versions: torch.Tensor | None) -> str:
 def max_episode_length(step_dones: torch.Tensor) -> int:
     """The longest episode in ``step_dones`` (``[T, B, ...]``, reset rows already removed).
 
-    Episodes are counted in collector steps, per environment: an episode starts at
-    ``t = 0`` or right after a step where that environment is done (any entry of its
-    ``dones[t, b, ...]`` set), and ends at its next done step, inclusive, or at ``T``.
-    An episode still running at ``T`` counts with the steps observed so far.
-
-    Parameters
-    ----------
-    step_dones
-        ``[T, B, ...]`` done flags, one row per collector step (no reset rows).
-
-    Returns
-    -------
-    int
-        The longest episode length in steps; 0 when there are no environments.
+    Per environment, an episode starts at ``t = 0`` or right after a done step and ends at its
+    next done step, inclusive, or at ``T`` (counted with the steps observed so far).
     """
     steps, envs = int(step_dones.shape[0]), int(step_dones.shape[1])
     ended = step_dones.reshape(steps, envs, -1).bool().any(dim=2).cpu()
