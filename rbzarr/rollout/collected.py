@@ -16,17 +16,7 @@ def model_weights_id(versions: torch.Tensor | None) -> str:
     """The id of the weights that produced a trajectory, derived from its ``versions``.
 
     ``uuid5(NAMESPACE_DNS, hex(bytes of versions))``; without versions, the bytes of
-    ``torch.zeros(1)`` (float32) are hashed, so every version-less trajectory shares one id.
-
-    Parameters
-    ----------
-    versions
-        The trajectory's ``versions`` tensor (weight versions per step), or ``None``.
-
-    Returns
-    -------
-    str
-        The canonical text form of the UUID, e.g. ``"1b4e28ba-2fa1-5ad2-..."``.
+    ``torch.zeros(1)`` (float32), so every version-less trajectory shares one id.
     """
     source = torch.zeros(1) if versions is None else versions
     return str(uuid.uuid5(uuid.NAMESPACE_DNS, to_numpy(source).tobytes().hex()))
