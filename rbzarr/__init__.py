@@ -1,9 +1,9 @@
 """rbzarr: a trajectory replay buffer for reinforcement learning, stored in Zarr.
 
-A drop-in replacement for RLinf's ``TrajectoryReplayBuffer``: the same constructor, calls,
-sampled batches and checkpoint files, on a Zarr storage engine that reads only the chunks
-holding sampled rows, on local disk or any fsspec URL (``s3://bucket/prefix``).
+A drop-in replacement for RLinf's ``TrajectoryReplayBuffer``, on local disk or any fsspec URL.
 """
+
+import warnings
 
 from rbzarr.analysis.export import export_store
 from rbzarr.analysis.view import open_buffer
@@ -34,7 +34,8 @@ from rbzarr.errors import (
     WriterFailedError,
 )
 from rbzarr.rollout.channel import Channel
-from rbzarr.rollout.collector import TrajectoryCollector, split
+from rbzarr.rollout.collected import split_envs
+from rbzarr.rollout.collector import TrajectoryCollector
 from rbzarr.trajectory.model import Trajectory
 
 __all__ = [
@@ -67,7 +68,25 @@ __all__ = [
     "export_store",
     "open_buffer",
     "replay_buffer_collate_fn",
-    "split",
+    "split_envs",
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """Resolve the deprecated alias ``rbzarr.split`` (renamed :func:`split_envs`).
+
+    Raises
+    ------
+    AttributeError
+        For any other name, as a module without it would.
+    """
+    if name == "split":
+        warnings.warn(
+            "rbzarr.split is deprecated; use rbzarr.split_envs (it splits a trajectory along B)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return split_envs
+    raise AttributeError(f"module 'rbzarr' has no attribute {name!r}")

@@ -1,8 +1,4 @@
-"""The exception hierarchy of rbzarr.
-
-Every class also derives from the builtin exception a caller would naturally catch, so
-code written against RLinf (which raises plain ``ValueError`` and friends) keeps working.
-"""
+"""The exception hierarchy; each class also derives from the builtin a caller would catch."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""TrajectoryCollector: steps in, [T, B, ...] trajectory out; and split along B."""
+"""TrajectoryCollector: steps in, [T, B, ...] trajectory out; and split_envs along B."""
 
 from __future__ import annotations
 
@@ -10,13 +10,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import rbzarr
 from rbzarr.errors import InvalidTrajectoryError
-from rbzarr.rollout.collector import (
-    TrajectoryCollector,
-    max_episode_length,
-    model_weights_id,
-    split,
-)
+from rbzarr.rollout.collected import max_episode_length, model_weights_id, split_envs
+from rbzarr.rollout.collector import TrajectoryCollector
 from rbzarr.trajectory.flat_view import flatten_trajectory
 from rbzarr.trajectory.model import Trajectory, validate
 
@@ -329,7 +326,7 @@ def test_split_along_b() -> None:
             versions=torch.ones(5, 1),
         )
     traj = collector.build()
-    parts = split(traj, 2)
+    parts = split_envs(traj, 2)
     assert [validate(p).B for p in parts] == [3, 2]
     assert traj.dones is not None
     for part, envs in zip(parts, (slice(0, 3), slice(3, 5)), strict=True):
@@ -339,10 +336,10 @@ def test_split_along_b() -> None:
             assert torch.equal(value, traj.tensors()[path][:, envs]), path
     assert traj.max_episode_length == 3
     assert [p.max_episode_length for p in parts] == [3, 2]
-    assert [validate(p).B for p in split(traj, 5)] == [1] * 5
+    assert [validate(p).B for p in split_envs(traj, 5)] == [1] * 5
     for bad in (0, -1, 6):
         with pytest.raises(ValueError, match=r"num_parts must be in \[1, B=5\]"):
-            split(traj, bad)
+            split_envs(traj, bad)
 
 
 @settings(max_examples=30, deadline=None)
@@ -381,7 +378,7 @@ def test_flat_rows_match_the_steps_given(
         assert torch.equal(flat["rewards"][i], given_rewards[t][b])
         assert torch.equal(flat["next_obs/x"][i], given_rewards[t][b])
     if parts <= num_envs:
-        pieces = split(traj, parts)
+        pieces = split_envs(traj, parts)
         assert sum(validate(p).B for p in pieces) == num_envs
         assert max(p.max_episode_length for p in pieces) == traj.max_episode_length
 
@@ -390,7 +387,16 @@ def test_split_keeps_1d_fields_and_the_parent_length_without_dones() -> None:
     rewards = torch.arange(8.0).reshape(2, 4, 1)
     traj = Trajectory(max_episode_length=9, model_weights_id="w", rewards=rewards)
     traj.versions = torch.zeros(2)  # 1-D: not sampled, copied whole into every part
-    parts = split(traj, 3)
+    parts = split_envs(traj, 3)
     assert [p.rewards.shape[1] for p in parts if p.rewards is not None] == [2, 1, 1]
     assert all(p.max_episode_length == 9 and p.model_weights_id == "w" for p in parts)
     assert all(p.versions is not None and torch.equal(p.versions, torch.zeros(2)) for p in parts)
+
+
+def test_rbzarr_split_is_a_deprecated_alias_of_split_envs() -> None:
+    with pytest.warns(DeprecationWarning, match="split_envs"):
+        alias = rbzarr.split
+    assert alias is split_envs
+    assert "split" not in rbzarr.__all__
+    traj = Trajectory(max_episode_length=1, rewards=torch.zeros(2, 4, 1))
+    assert [validate(p).B for p in alias(traj, 2)] == [2, 2]

@@ -36,7 +36,7 @@ def test_public_api_is_pinned():
         "export_store",
         "open_buffer",
         "replay_buffer_collate_fn",
-        "split",
+        "split_envs",
     ]
     for name in rbzarr.__all__:
         assert getattr(rbzarr, name) is not None

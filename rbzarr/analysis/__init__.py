@@ -1,7 +1,4 @@
-"""Offline work on a store: the read-only view, episodes, stats, plots, verify, export.
-
-None of it writes into a store it reads, except `verify --repair` and reshard/export targets.
-"""
+"""Offline work on a store: the read-only view, episodes, stats, plots, verify, export."""
 
 from rbzarr.analysis.export import export_store
 from rbzarr.analysis.view import open_buffer

@@ -1,9 +1,4 @@
-"""Convert a store from one layout to another (zarr, pt, pkl), whole or a subset.
-
-Ids, uuids and index entries are kept; ``metadata.json`` keeps every key of the source
-(``trajectory_counter`` and ``seed`` included) except that ``trajectory_format`` names the
-new layout and ``size`` / ``total_samples`` count the exported trajectories.
-"""
+"""Convert a store from one layout to another (zarr, pt, pkl), whole or a subset."""
 
 from __future__ import annotations
 

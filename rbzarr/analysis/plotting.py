@@ -1,11 +1,4 @@
-"""Plots of a store's rewards and episodes; needs the ``analysis`` extra.
-
-:func:`plot_store` (``rbzarr plot``) draws four panels: the histogram of per-step rewards,
-of episode returns and of episode lengths (complete episodes, as defined in
-:mod:`rbzarr.analysis.episodes`), and every episode's return against the id of the trajectory it
-ended in, with the per-trajectory mean.  :func:`plot_learning_curve` draws returns over
-training (``rbzarr demo``): evaluation returns and the episodes of the store.
-"""
+"""Plots of a store's rewards and episodes, and the demo's learning curve (``analysis`` extra)."""
 
 from __future__ import annotations
 
@@ -45,13 +38,8 @@ def _pyplot() -> Any:
 def _collect(
     view: BufferView, progress: bool, across_trajectories: bool
 ) -> tuple[np.ndarray, list[tuple[int, int, float]]]:
-    """All per-step reward elements, and ``(trajectory_id, length, return)`` per complete
-    episode, the id being the trajectory the episode ended in.
-
-    Raises
-    ------
-    ValueError
-        If the store has no ``rewards`` field.
+    """All per-step reward elements, and ``(trajectory_id, length, return)`` per complete episode,
+    the id being the trajectory the episode ended in.
     """
     available = view.keys()
     if REWARDS not in available:
@@ -79,23 +67,7 @@ IMAGE_FORMATS = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".svg": "svg", 
 
 
 def image_format_of(path: str | os.PathLike[str]) -> str:
-    """The image format ``path``'s suffix names, e.g. ``"jpeg"`` for ``x.jpg``.
-
-    Parameters
-    ----------
-    path
-        An image file name; its suffix is compared case-insensitively.
-
-    Returns
-    -------
-    str
-        The matplotlib format name: ``"png"``, ``"jpeg"``, ``"svg"`` or ``"pdf"``.
-
-    Raises
-    ------
-    ValueError
-        The suffix is not one of :data:`IMAGE_FORMATS` (named in the message).
-    """
+    """The image format ``path``'s suffix names, e.g. ``"jpeg"`` for ``x.jpg``."""
     suffix = os.path.splitext(os.fspath(path))[1].lower()
     try:
         return IMAGE_FORMATS[suffix]
@@ -112,35 +84,7 @@ def plot_store(
     progress: bool = False,
     across_trajectories: bool = True,
 ) -> dict[str, int]:
-    """Draw the four panels of ``view`` into the image file ``path`` (1000 x 800 pixels).
-
-    Episodes are followed across trajectories (:mod:`rbzarr.analysis.episodes`) unless
-    ``across_trajectories`` is false.
-
-    Parameters
-    ----------
-    view
-        The store, opened with :func:`~rbzarr.analysis.view.open_buffer`.
-    path
-        The image to write; its suffix picks the format (see :data:`IMAGE_FORMATS`).
-    progress
-        Show a progress bar on stderr.
-    across_trajectories
-        Join an episode's steps across consecutive trajectories.
-
-    Returns
-    -------
-    dict
-        ``{"rewards": n, "episodes": m}``, the numbers of values plotted.
-
-    Raises
-    ------
-    ValueError
-        The suffix names no known image format (checked before any data is read), or the
-        store has no ``rewards`` field.
-    ImportError
-        Without matplotlib (the ``analysis`` extra).
-    """
+    """Draw the four panels of ``view`` into the image file ``path`` (1000 x 800 pixels)."""
     image_format = image_format_of(path)
     plt = _pyplot()
     rewards, episodes = _collect(view, progress, across_trajectories)
@@ -183,26 +127,7 @@ def _returns_by_trajectory(axis: Any, episodes: list[tuple[int, int, float]]) ->
 def plot_learning_curve(
     evaluations: list[tuple[int, float]], view: BufferView, path: str | os.PathLike[str]
 ) -> None:
-    """Returns over training into the PNG file ``path`` (1000 x 500 pixels).
-
-    ``evaluations`` are ``(env_steps, mean greedy return)`` pairs; the store's complete
-    training episodes are drawn at the env steps (samples) collected up to the trajectory
-    they ended in.
-
-    Parameters
-    ----------
-    evaluations
-        ``(env_steps, mean greedy return)`` pairs, drawn as a line in order.
-    view
-        The run's store; it must have ``rewards`` and ``dones`` fields.
-    path
-        The PNG file to write (whatever its suffix).
-
-    Raises
-    ------
-    ImportError
-        Without matplotlib (the ``analysis`` extra).
-    """
+    """Returns over training into the PNG file ``path`` (1000 x 500 pixels)."""
     plt = _pyplot()
     samples_until = dict(
         zip(view.ids, np.cumsum([view.entry(i)["num_samples"] for i in view.ids]), strict=True)

@@ -1,8 +1,4 @@
-"""The plain-text forms of the reports the command line prints (without ``--json``).
-
-Each function takes the JSON-ready report of one library call (``describe_store``,
-``list_trajectories``, ``compute_stats``, ``verify_store``) and returns its lines.
-"""
+"""The plain-text forms of the reports the command line prints without ``--json``."""
 
 from __future__ import annotations
 
@@ -14,18 +10,7 @@ __all__ = ["info_lines", "ls_lines", "stats_lines", "verify_lines"]
 
 
 def info_lines(report: dict[str, Any]) -> list[str]:
-    """``rbzarr info``: the store, its counts and sizes, then one line per key.
-
-    Parameters
-    ----------
-    report
-        What ``describe_store`` returns.
-
-    Returns
-    -------
-    list of str
-        Three summary lines, then one line per key: dtype, shape, chunks, codec, sizes.
-    """
+    """``rbzarr info``: the store, its counts and sizes, then one line per key."""
     ratio = report["compression_ratio"]
     layout = "" if report.get("layout_version") is None else f"  layout={report['layout_version']}"
     lines = [
@@ -44,18 +29,7 @@ def info_lines(report: dict[str, Any]) -> list[str]:
 
 
 def ls_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """``rbzarr ls``: a header, then one line per trajectory.
-
-    Parameters
-    ----------
-    rows
-        What ``list_trajectories`` returns: one dict per trajectory.
-
-    Returns
-    -------
-    list of str
-        A header, then id, uuid, shape, samples, bytes and weights id per trajectory.
-    """
+    """``rbzarr ls``: a header, then one line per trajectory."""
     header = f"{'id':>6}  {'uuid':<36}  {'shape':<14} {'samples':>9}  {'bytes':>12}  weights"
     return [header] + [
         f"{row['trajectory_id']:>6}  {row['uuid']!s:<36}  {row['shape']!s:<14} "
@@ -65,19 +39,7 @@ def ls_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def stats_lines(report: dict[str, Any]) -> list[str]:
-    """``rbzarr stats``: counts, one line per key, then the episodes' lengths and returns.
-
-    Parameters
-    ----------
-    report
-        What ``compute_stats`` returns.
-
-    Returns
-    -------
-    list of str
-        Counts, ``n mean std min max`` per key, then the episodes' lines (or one line
-        saying the store has no ``dones`` field).
-    """
+    """``rbzarr stats``: counts, one line per key, then the episodes' lengths and returns."""
     lines = [f"trajectories={report['trajectories']}  samples={report['total_samples']}"]
     lines.extend(f"  {key:<28} {_stats_text(item)}" for key, item in report["keys"].items())
     episodes = report["episodes"]
@@ -91,19 +53,7 @@ def stats_lines(report: dict[str, Any]) -> list[str]:
 
 
 def verify_lines(report: VerifyReport) -> list[str]:
-    """``rbzarr verify``: what was checked, repaired, what remains, the dropped ids.
-
-    Parameters
-    ----------
-    report
-        What ``verify_store`` returns.
-
-    Returns
-    -------
-    list of str
-        A summary line, one line per repair and per problem, the ids dropped from the
-        index (if any), then ``ok`` or the number of problems.
-    """
+    """``rbzarr verify``: what was checked, repaired, what remains, the dropped ids."""
     lines = [f"{report.url}: {report.trajectories} indexed trajectories checked"]
     lines.extend(f"repaired  {p.kind:<20} {p.path}: {p.message}" for p in report.repaired)
     lines.extend(f"PROBLEM   {p.kind:<20} {p.path}: {p.message}" for p in report.problems)

@@ -1,20 +1,7 @@
-"""Reshard stores: merge several into one, or split one into parts (``rbzarr merge`` /
-``split``).
+"""Reshard stores: merge several into one (renumbering ids) or split one into parts.
 
-Both validate every source before writing anything, refuse a destination that already holds
-files, and write data before the documents that list it (commit last), so an interrupted run
+Both validate every source first and commit the documents last, so an interrupted run
 leaves no index entry without data.
-
-**merge** renumbers.  Independent runs all start at id 0, so ids cannot be kept: the merged
-store lists the sources in the order given, each source's trajectories in numeric id order,
-with ids ``0 .. N-1``.  Every other entry field (uuid, shape, model_weights_id, ...) is kept,
-and ``metadata.json`` records ``merged_from``: each source's URL and its original ids, in
-merged order, so id ``k`` of the result is traceable.
-
-**split** keeps ids.  With ``N`` trajectories and ``count`` parts, part ``k`` holds
-``id_list[start:end]`` where ``q, r = divmod(N, count)``, ``start = k*q + min(k, r)`` and
-``end = start + q + (1 if k < r else 0)``: the shard a distributed ``load_checkpoint`` of rank
-``k`` in a world of ``count`` would read.  Part ``k`` is written to ``DST/part_<k>``.
 """
 
 from __future__ import annotations
@@ -55,13 +42,7 @@ def _require_data(view: BufferView) -> None:
 
 
 def _require_distinct_trajectories(views: Sequence[BufferView]) -> None:
-    """Refuse sources that share a trajectory: the merged store would list it twice.
-
-    Raises
-    ------
-    ValueError
-        Two sources (or one, twice) list the same trajectory uuid.
-    """
+    """Refuse sources that share a trajectory: the merged store would list it twice."""
     seen: dict[str, tuple[str, int]] = {}
     for view in views:
         for trajectory_id in view.ids:
@@ -83,36 +64,7 @@ def merge_stores(
     storage_options: Mapping[str, Any] | None = None,
     progress: bool = False,
 ) -> Documents:
-    """Write the committed trajectories of ``sources`` into a new store at ``destination``.
-
-    Parameters
-    ----------
-    destination
-        A path or URL that does not exist yet (or is an empty directory).
-    sources
-        The stores to merge, in the order their trajectories are listed (each once).
-    trajectory_format
-        Layout of the result; the first source's by default.
-    storage_options
-        fsspec options for every location.
-    progress
-        Show a progress bar on stderr.
-
-    Returns
-    -------
-    Documents
-        The documents written.
-
-    Raises
-    ------
-    ValueError
-        No source, a source given twice, sources whose schemas differ, or a trajectory
-        (by uuid) in more than one source -- e.g. a store and its export.
-    StoreExistsError
-        ``destination`` is not empty.
-    CorruptStoreError
-        A source's index lists a trajectory whose data is missing (nothing is written).
-    """
+    """Write the committed trajectories of ``sources`` into a new store at ``destination``."""
     if not sources:
         raise ValueError("merge needs at least one source store")
     views = [open_buffer(source, storage_options) for source in sources]
@@ -152,15 +104,7 @@ def merge_stores(
 
 
 def _common_schema(views: Sequence[BufferView]) -> Schema | None:
-    """The sources' common schema (``None`` when all are empty); any difference raises.
-
-    A source's schema is the one its metadata records, else its first trajectory's.
-
-    Raises
-    ------
-    ValueError
-        If two sources' schemas differ (both are named in the message).
-    """
+    """The sources' common schema (``None`` when all are empty); any difference raises."""
     found: Schema | None = None
     first_url = ""
     for view in views:
@@ -186,38 +130,7 @@ def split_store(
     storage_options: Mapping[str, Any] | None = None,
     progress: bool = False,
 ) -> list[str]:
-    """Split the store at ``source`` into ``count`` stores ``destination/part_<k>``.
-
-    Parts keep the source's layout, ids, entries and metadata (see the module docs for
-    which ids go where).
-
-    Parameters
-    ----------
-    source
-        The store to split.
-    destination
-        A new (or empty) directory or URL; part ``k`` goes to ``destination/part_<k>``.
-    count
-        Number of parts.
-    storage_options
-        fsspec options for every location.
-    progress
-        Show a progress bar on stderr.
-
-    Returns
-    -------
-    list of str
-        The parts' URLs, in order.
-
-    Raises
-    ------
-    ValueError
-        ``count < 1``.
-    StoreExistsError
-        ``destination`` is not empty.
-    CorruptStoreError
-        The source's index lists a trajectory whose data is missing (nothing is written).
-    """
+    """Split the store at ``source`` into ``count`` stores ``destination/part_<k>``."""
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
     view = open_buffer(source, storage_options)

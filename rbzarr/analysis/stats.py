@@ -1,8 +1,4 @@
-"""Streaming statistics of a store: per-key moments and episode returns and lengths.
-
-The data behind ``rbzarr stats``; episodes are cut and followed across trajectories as
-:mod:`rbzarr.analysis.episodes` describes.
-"""
+"""Streaming statistics of a store (``rbzarr stats``): per-key moments, episode returns, lengths."""
 
 from __future__ import annotations
 
@@ -34,14 +30,7 @@ class RunningStats:
         self.max = -math.inf
 
     def update(self, values: torch.Tensor) -> None:
-        """Add every element of ``values``.
-
-        Parameters
-        ----------
-        values
-            A tensor of any shape; its elements are read as float64.  An empty tensor
-            changes nothing.
-        """
+        """Add every element of ``values``."""
         x = values.detach().reshape(-1).to(torch.float64)
         n = int(x.numel())
         if n == 0:
@@ -62,14 +51,7 @@ class RunningStats:
         return math.sqrt(self._m2 / self.count) if self.count else math.nan
 
     def to_dict(self) -> dict[str, Any]:
-        """The statistics as a JSON-ready dict.
-
-        Returns
-        -------
-        dict of str to Any
-            ``{"count", "mean", "std", "min", "max"}``; the last four are ``None`` when no
-            element was added.
-        """
+        """The statistics as a JSON-ready dict."""
         if not self.count:
             return {"count": 0, "mean": None, "std": None, "min": None, "max": None}
         return {
@@ -88,37 +70,7 @@ def compute_stats(
     across_trajectories: bool = True,
     storage_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Per-key statistics and episode returns / lengths, streaming trajectory by trajectory.
-
-    Statistics run over every element of a key's time steps (reset rows excluded); complex
-    fields are not supported.  Episodes (:mod:`rbzarr.analysis.episodes`) need ``dones``; returns
-    need ``rewards``; incomplete episodes are counted but not in the statistics.
-
-    Parameters
-    ----------
-    view
-        The store: a view, or a path or URL to open with ``storage_options``.
-    keys
-        Flat keys to describe; ``None``: every key.
-    progress
-        Show a tqdm bar on stderr.
-    across_trajectories
-        Follow episodes into the next trajectory of their run (default); ``False`` cuts
-        them at trajectory boundaries.
-    storage_options
-        fsspec options, when ``view`` is a path or URL.
-
-    Returns
-    -------
-    dict
-        ``{"trajectories", "total_samples", "keys": {key: RunningStats.to_dict()},
-        "episodes": {"complete", "incomplete", "length", "return"} or None}``.
-
-    Raises
-    ------
-    ValueError
-        A key the store does not have.
-    """
+    """Per-key statistics and episode returns / lengths, streaming trajectory by trajectory."""
     if not isinstance(view, BufferView):
         view = open_buffer(view, storage_options)
     available = view.keys()

@@ -1,9 +1,4 @@
-"""What a store holds and what it costs: the data behind ``rbzarr info`` and ``rbzarr ls``.
-
-Sizes come from one recursive listing of the store; per-key shapes, dtypes, codecs and
-chunking from the layout (:meth:`~rbzarr.storage.layout.TrajectoryLayout.describe_keys`:
-Zarr metadata in the zarr layout, each file decoded in the pt / pkl layouts).
-"""
+"""What a store holds and what it costs: the data behind ``rbzarr info`` and ``rbzarr ls``."""
 
 from __future__ import annotations
 
@@ -18,23 +13,7 @@ __all__ = ["describe_store", "file_sizes", "list_trajectories"]
 
 
 def file_sizes(location: Location) -> dict[str, int]:
-    """Size of every file below ``location``.
-
-    Parameters
-    ----------
-    location
-        The store's root.
-
-    Returns
-    -------
-    dict
-        ``{"/"-joined path relative to the root: size in bytes}``; empty if nothing is there.
-
-    Raises
-    ------
-    StorageUnavailableError
-        The backend failed.
-    """
+    """Size of every file below ``location``."""
     with translate_errors(location.url, "listing"):
         if not location.fs.exists(location.path):
             return {}
@@ -48,23 +27,7 @@ def file_sizes(location: Location) -> dict[str, int]:
 
 
 def list_trajectories(view: BufferView) -> list[dict[str, Any]]:
-    """One row per committed trajectory, in index order, with its bytes on storage.
-
-    Parameters
-    ----------
-    view
-        The store, opened with :func:`~rbzarr.analysis.view.open_buffer`.
-
-    Returns
-    -------
-    list of dict
-        ``{"trajectory_id", "uuid", "shape", "num_samples", "model_weights_id", "bytes"}``.
-
-    Raises
-    ------
-    StorageUnavailableError
-        The backend failed.
-    """
+    """One row per committed trajectory, in index order, with its bytes on storage."""
     totals = bytes_by_prefix(file_sizes(view.layout.location))
     return [
         {
@@ -80,33 +43,7 @@ def list_trajectories(view: BufferView) -> list[dict[str, Any]]:
 
 
 def describe_store(view: BufferView, progress: bool = False) -> dict[str, Any]:
-    """Counts, per-key layout and sizes of a store; see ``rbzarr info``.
-
-    Each key reports the dtype, shape, chunk shape and codec of its first trajectory, and
-    ``raw_bytes`` (uncompressed) and ``bytes_on_disk`` summed over every committed
-    trajectory (``bytes_on_disk`` is ``None`` per key in pt / pkl layouts, whose files hold
-    all keys together).  The totals count trajectory data only, not the JSON documents.
-
-    Parameters
-    ----------
-    view
-        The store, opened with :func:`~rbzarr.analysis.view.open_buffer`.
-    progress
-        Show a progress bar on stderr.
-
-    Returns
-    -------
-    dict
-        ``{"url", "format", "trajectories", "total_samples", "trajectory_counter", "seed",
-        "keys", "raw_bytes", "bytes_on_disk", "compression_ratio"}``.
-
-    Raises
-    ------
-    StorageUnavailableError
-        The backend failed.
-    CorruptStoreError
-        A trajectory cannot be read.
-    """
+    """Counts, per-key layout and sizes of a store; see ``rbzarr info``."""
     sizes = file_sizes(view.layout.location)
     keys, disk = view.layout.describe_keys(view.entries.values(), sizes, progress)
     raw = sum(int(info["raw_bytes"]) for info in keys.values())

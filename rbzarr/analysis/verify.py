@@ -1,22 +1,7 @@
-"""Store consistency: does the data match the index, and can every committed byte be read?
+"""Store consistency (``rbzarr verify``): does the data match the index, is every byte readable?
 
-:func:`verify_store` checks, in order:
-
-- both JSON documents parse and describe a well-formed index (otherwise nothing else can be
-  trusted, and the check stops there);
-- ``size`` / ``total_samples`` of ``metadata.json`` agree with the index, and the layout's
-  own copies of the documents (the zarr layout's root group attributes) mirror them;
-- every indexed trajectory has its data, no part of it is missing (a missing Zarr chunk
-  would otherwise read as zeros), the data decodes, and its shape matches the entry;
-- no trajectory data or temporary file lies in the store without an index entry (orphans,
-  left by a crash between writing data and committing the index).
-
-``repair=True`` deletes orphans and temporary files -- both written by rbzarr, and never
-data the index lists -- and rewrites documents that lag behind the index.  With
-``drop_damaged=True`` it also removes the index entries of trajectories whose data cannot
-be read (their ids are in the report); their data is left where it is, now an orphan that
-the next repair removes.  Healthy trajectories are never touched.  Do not repair a store
-while a buffer is writing to it: the trajectory being written is an orphan until its commit.
+Do not repair a store while a buffer writes to it: the trajectory being written is an
+orphan until its commit.
 """
 
 from __future__ import annotations
@@ -51,24 +36,7 @@ REWRITE, DELETE, DROP = "rewrite_documents", "delete", "drop_from_index"
 
 @dataclass(frozen=True)
 class Problem:
-    """One inconsistency: its ``kind``, the path below the root, and a message.
-
-    Parameters
-    ----------
-    kind
-        What is wrong, e.g. ``"missing_data"``, ``"missing_chunks"``, ``"shape_mismatch"``,
-        ``"orphan"``, ``"temp_file"``, ``"metadata_mismatch"``.
-    path
-        The ``/``-joined path below the store's root (``""`` for the store itself).
-    message
-        One line for a person.
-    trajectory_id
-        The trajectory concerned, if any.
-    repair
-        How ``verify_store(..., repair=True)`` fixes it: ``"rewrite_documents"``,
-        ``"delete"`` (rbzarr's own orphan or temporary file), ``"drop_from_index"``
-        (damaged data, only with ``drop_damaged``) or ``""`` (left for a person to decide).
-    """
+    """One inconsistency: its ``kind``, the path below the root, and a message."""
 
     kind: str
     path: str
@@ -84,21 +52,7 @@ class Problem:
 
 @dataclass
 class VerifyReport:
-    """Outcome of :func:`verify_store`: the problems left and the ones repaired.
-
-    Parameters
-    ----------
-    url
-        The store's URL.
-    format
-        Its ``trajectory_format``; ``None`` when its documents could not be read.
-    trajectories
-        How many trajectories its index lists.
-    problems
-        The problems found and not repaired.
-    repaired
-        The problems the repair fixed.
-    """
+    """Outcome of :func:`verify_store`: the problems left and the ones repaired."""
 
     url: str
     format: str | None
@@ -121,14 +75,7 @@ class VerifyReport:
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready form (what ``rbzarr verify --json`` prints).
-
-        Returns
-        -------
-        dict of str to Any
-            ``url``, ``format``, ``trajectories``, ``ok``, ``problems`` and ``repaired``
-            (lists of dicts with the :class:`Problem` fields) and ``dropped_ids``.
-        """
+        """A JSON-ready form (what ``rbzarr verify --json`` prints)."""
         return {
             "url": self.url,
             "format": self.format,
@@ -146,34 +93,7 @@ def verify_store(
     repair: bool = False,
     drop_damaged: bool = False,
 ) -> VerifyReport:
-    """Check the store at ``url`` (see the module docs); with ``repair``, fix what is safe.
-
-    Parameters
-    ----------
-    url
-        A local path or an fsspec URL of a zarr, pt or pkl store.
-    storage_options
-        fsspec options for ``url``.
-    repair
-        Delete orphans and temporary files, rewrite lagging documents.
-    drop_damaged
-        With ``repair``: also remove the index entries of trajectories whose data cannot
-        be read (missing, incomplete, undecodable or of the wrong shape).
-
-    Returns
-    -------
-    VerifyReport
-        The problems left, and those repaired (``dropped_ids`` lists dropped entries).
-
-    Raises
-    ------
-    CheckpointNotFoundError
-        Nothing at ``url`` looks like a store (no JSON document).
-    ValueError
-        ``drop_damaged`` without ``repair``.
-    StorageUnavailableError
-        The backend failed.
-    """
+    """Check the store at ``url`` (see the module docs); with ``repair``, fix what is safe."""
     if drop_damaged and not repair:
         raise ValueError("drop_damaged needs repair=True (it changes the index)")
     location = Location.from_url(url, storage_options)
@@ -233,13 +153,7 @@ def _check_metadata(documents: Documents, index: TrajectoryIndex, report: Verify
 
 
 def _check_trajectory(layout: TrajectoryLayout, entry: dict[str, Any]) -> Problem | None:
-    """The first thing wrong with one indexed trajectory's data, or ``None``.
-
-    Raises
-    ------
-    StorageUnavailableError
-        The backend failed: that says nothing about the trajectory, so it is not a problem.
-    """
+    """The first thing wrong with one indexed trajectory's data, or ``None``."""
     trajectory_id = int(entry["trajectory_id"])
     path = "/".join(layout.trajectory_path(entry))
 
@@ -317,8 +231,7 @@ def _documents_without(
     """The documents with ``dropped`` left out and the metadata recounted from the index.
 
     The index is the commit point: a crash between the document writes leaves the metadata
-    (and zarr's root attributes) behind it, never ahead.  The counter is kept, so a dropped
-    id is never reused.
+    behind it, never ahead.  The id counter is kept, so a dropped id is never reused.
     """
     kept = index.subset([i for i in index.id_list if i not in dropped])
     metadata = {

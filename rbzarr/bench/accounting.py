@@ -1,15 +1,8 @@
 """Byte accounting: what a batch of rows needs to read from a Zarr store.
 
-The needed bytes of a batch come from the store's public format only: each array's Zarr v3
-metadata (``zarr.json``: shape, chunk grid, chunk key encoding, ``sharding_indexed``
-configuration) and, for sharded arrays, the shard index (``offset, nbytes`` little-endian
-uint64 pairs per inner chunk, C order, then a crc32c; ``2**64 - 1`` marks an empty chunk).
-A row ``(t, b)`` of a ``[T, B, ...]`` array needs every inner chunk (or, unsharded, every
-chunk file) that holds part of it: those are the *chunks*.  Inside an uncompressed inner
-chunk the row is one contiguous run of bytes (C order, time and env outermost), so its
-*pieces* are just those bytes; in a compressed one the piece is the whole inner chunk.
-Adjacent or overlapping byte ranges of one object coalesce.  A disk reads whole pages, so
-the least a truly cold batch can read is its pieces rounded out to pages (``page_bytes``).
+From the public format only: each array's ``zarr.json`` and, when sharded, the shard index
+(``offset, nbytes`` uint64 pairs per inner chunk, C order, then a crc32c; ``2**64 - 1``: empty).
+A row's piece is its contiguous bytes in an uncompressed chunk, else the whole chunk.
 """
 
 from __future__ import annotations
@@ -36,29 +29,7 @@ ByteRange = tuple[str, int, int]  # object path, start, stop
 
 @dataclass(frozen=True)
 class ArrayGeometry:
-    """Where the chunks of one array live, read from its ``zarr.json``.
-
-    Parameters
-    ----------
-    path
-        The array's path below the store root, e.g. ``trajectories/0/rewards``.
-    shape
-        The array's shape (``[T(+E), B, ...]``).
-    chunks
-        The chunk (for a sharded array: shard) shape.
-    inner
-        The inner chunk shape of a sharded array; ``None`` when unsharded.
-    index_at_end
-        Whether the shard index follows the inner chunks (else it leads).
-    index_bytes
-        Size of a shard's index, its crc32c included; 0 when unsharded.
-    key_prefix, separator
-        How chunk keys are spelt: ``"c/"`` and ``"/"`` for Zarr's default encoding.
-    itemsize
-        Bytes per element of the array's data type.
-    uncompressed
-        Whether the inner chunks are stored raw (codecs ``["bytes"]`` only).
-    """
+    """Where the chunks of one array live, read from its ``zarr.json``."""
 
     path: str
     shape: tuple[int, ...]
@@ -73,20 +44,7 @@ class ArrayGeometry:
 
     @classmethod
     def from_metadata(cls, path: str, metadata: Mapping[str, Any]) -> ArrayGeometry:
-        """Geometry of the array at ``path`` from its parsed ``zarr.json``.
-
-        Parameters
-        ----------
-        path
-            The array's path below the store root.
-        metadata
-            The parsed ``zarr.json`` document of the array.
-
-        Returns
-        -------
-        ArrayGeometry
-            The chunk grid, key encoding and (if sharded) shard configuration.
-        """
+        """Geometry of the array at ``path`` from its parsed ``zarr.json``."""
         chunks = tuple(metadata["chunk_grid"]["configuration"]["chunk_shape"])
         encoding = metadata.get("chunk_key_encoding", {"name": "default"})
         default = encoding.get("name") == "default"
@@ -115,38 +73,15 @@ class ArrayGeometry:
         )
 
     def object_key(self, coords: Sequence[int]) -> str:
-        """The store key of the chunk (or shard) at grid ``coords``.
-
-        Parameters
-        ----------
-        coords
-            The chunk's grid coordinates, one per dimension.
-
-        Returns
-        -------
-        str
-            E.g. ``trajectories/0/rewards/c/0/0``.
-        """
+        """The store key of the chunk (or shard) at grid ``coords``."""
         return f"{self.path}/{self.key_prefix}{self.separator.join(map(str, coords))}"
 
     def outer_trailing(self) -> list[tuple[int, ...]]:
-        """Grid coordinates of the chunks (shards) along the trailing (per-row) dimensions.
-
-        Returns
-        -------
-        list of tuple of int
-            Every coordinate tuple of the trailing grid, in C order (``[()]`` for none).
-        """
+        """Grid coordinates of the chunks (shards) along the trailing (per-row) dimensions."""
         return _grid(self.shape[2:], self.chunks[2:])
 
     def inner_trailing(self) -> list[tuple[int, ...]]:
-        """Grid coordinates of a shard's inner chunks along the trailing dimensions.
-
-        Returns
-        -------
-        list of tuple of int
-            Every coordinate tuple of the trailing inner grid, in C order.
-        """
+        """Grid coordinates of a shard's inner chunks along the trailing dimensions."""
         assert self.inner is not None
         return _grid(self.chunks[2:], self.inner[2:])
 
@@ -158,21 +93,8 @@ def _grid(extent: Sequence[int], block: Sequence[int]) -> list[tuple[int, ...]]:
 
 @dataclass
 class NeededReads:
-    """What a batch needs: whole chunks (``ranges``) and the rows' own bytes (``pieces``),
-    each distinct and sorted.
-
-    Parameters
-    ----------
-    chunks, bytes
-        The number of distinct chunk ranges, and their bytes.
-    piece_bytes
-        The distinct pieces' bytes.
-    page_bytes
-        The bytes of the pages holding the pieces (pieces rounded out to pages, coalesced).
-    ranges
-        The distinct ``(key, start, stop)`` chunk ranges, sorted.
-    pieces
-        The distinct ``(key, start, stop)`` pieces, sorted.
+    """What a batch needs: whole chunks (``ranges``) and the rows' own bytes (``pieces``), each
+    distinct and sorted.
     """
 
     chunks: int = 0
@@ -183,39 +105,16 @@ class NeededReads:
     pieces: list[ByteRange] = field(default_factory=list)
 
     def coalesced(self) -> list[ByteRange]:
-        """:func:`coalesce` of the needed chunk ranges.
-
-        Returns
-        -------
-        list of ByteRange
-            The chunk ranges, adjacent or overlapping ones of an object merged.
-        """
+        """:func:`coalesce` of the needed chunk ranges."""
         return coalesce(self.ranges)
 
     def coalesced_pieces(self) -> list[ByteRange]:
-        """:func:`coalesce` of the needed pieces: the requests an exact reader makes.
-
-        Returns
-        -------
-        list of ByteRange
-            The pieces, adjacent or overlapping ones of an object merged.
-        """
+        """:func:`coalesce` of the needed pieces: the requests an exact reader makes."""
         return coalesce(self.pieces)
 
 
 def coalesce(ranges: Iterable[ByteRange]) -> list[ByteRange]:
-    """Distinct ranges per object, with adjacent or overlapping ones merged.
-
-    Parameters
-    ----------
-    ranges
-        ``(key, start, stop)`` byte ranges, in any order, repeats allowed.
-
-    Returns
-    -------
-    list of ByteRange
-        Sorted by key and start.
-    """
+    """Distinct ranges per object, with adjacent or overlapping ones merged."""
     merged: list[ByteRange] = []
     for path, start, stop in sorted(set(ranges)):
         if merged and merged[-1][0] == path and start <= merged[-1][2]:
@@ -226,19 +125,7 @@ def coalesce(ranges: Iterable[ByteRange]) -> list[ByteRange]:
 
 
 class StoreGeometry:
-    """The chunk layout of a store's trajectories, for computing what rows need.
-
-    Parameters
-    ----------
-    fs
-        An fsspec filesystem that reads the store directly (not through a counting proxy).
-    root
-        The store's root path on ``fs``.
-    keys
-        The sampled keys (flat paths such as ``curr_obs/image``).
-    T, B
-        The trajectories' time and environment sizes.
-    """
+    """The chunk layout of a store's trajectories, for computing what rows need."""
 
     def __init__(self, fs: Any, root: str, keys: Sequence[str], T: int, B: int) -> None:
         self.fs = fs
@@ -249,20 +136,7 @@ class StoreGeometry:
         self._indexes: dict[str, np.ndarray | None] = {}
 
     def array(self, tid: int, key: str) -> ArrayGeometry:
-        """The geometry of array ``key`` of trajectory ``tid`` (read once).
-
-        Parameters
-        ----------
-        tid
-            The trajectory id.
-        key
-            The flat key, e.g. ``curr_obs/image``.
-
-        Returns
-        -------
-        ArrayGeometry
-            Read from the array's ``zarr.json`` on first use, then remembered.
-        """
+        """The geometry of array ``key`` of trajectory ``tid`` (read once)."""
         found = self._arrays.get((tid, key))
         if found is None:
             path = f"trajectories/{tid}/{key}"
@@ -271,19 +145,7 @@ class StoreGeometry:
         return found
 
     def needed(self, rows_by_id: Mapping[int, Sequence[int]]) -> NeededReads:
-        """The chunks and byte ranges that the flat rows ``{trajectory id: rows}`` need.
-
-        Parameters
-        ----------
-        rows_by_id
-            Flat (sampled) row numbers per trajectory id; row ``r`` is step ``r // B``,
-            environment ``r % B``.
-
-        Returns
-        -------
-        NeededReads
-            The distinct chunks, pieces and their bytes over every sampled key.
-        """
+        """The chunks and byte ranges that the flat rows ``{trajectory id: rows}`` need."""
         out = NeededReads()
         for tid, rows in rows_by_id.items():
             flat = torch.as_tensor(list(rows), dtype=torch.int64)

@@ -1,12 +1,4 @@
-"""What the buffer is measured against: physical limits and other ways to sample.
-
-* *hot limit*: one ``index_select`` of the same row bytes from one contiguous tensor;
-* *rlinf-style hot*: whole trajectories kept as they came; a batch flattens and indexes each
-  touched one, then concatenates per key and restores the draw order;
-* *per-row loop*: Python indexing of every sampled row of every key, then ``stack``;
-* *read limit*: ``os.pread`` of exactly the byte ranges a batch needs (no decode, no
-  gather), on one thread per range up to the CPU count: the floor of a disk-backed batch.
-"""
+"""What the buffer is measured against: physical limits and other ways to sample."""
 
 from __future__ import annotations
 
@@ -32,27 +24,7 @@ LIMIT_CAP_BYTES = 1 << 30  # the hot-limit tensor holds at most this much (well 
 def hot_limit(
     rows: int, bytes_per_row: int, batch: int, calls: int, budget_s: float, seed: int
 ) -> dict[str, Any]:
-    """One ``index_select`` of ``batch`` random rows of ``bytes_per_row`` from one tensor.
-
-    Parameters
-    ----------
-    rows
-        Rows the buffer holds; the table is capped at :data:`LIMIT_CAP_BYTES` (and holds
-        at least ``batch`` rows).
-    bytes_per_row
-        Bytes of one row.
-    batch
-        Rows per gather.
-    calls, budget_s
-        Timed calls, and the seconds after which timing stops early.
-    seed
-        Seeds the random row ids.
-
-    Returns
-    -------
-    dict
-        The :func:`~rbzarr.bench.measure.stats` of the gathers, and ``table_rows``.
-    """
+    """One ``index_select`` of ``batch`` random rows of ``bytes_per_row`` from one tensor."""
     rows = min(rows, max(batch, LIMIT_CAP_BYTES // bytes_per_row))
     table = torch.empty((rows, bytes_per_row), dtype=torch.uint8).fill_(7)  # touch every page
     generator = torch.Generator().manual_seed(seed)
@@ -66,22 +38,7 @@ def hot_limit(
 def draws(
     trajectories: Sequence[Trajectory], batch: int, seed: int
 ) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
-    """The buffer's draws over ``trajectories`` (its window), call after call, from ``seed``.
-
-    Parameters
-    ----------
-    trajectories
-        The window, in order.
-    batch
-        Rows per draw.
-    seed
-        The buffer's seed.
-
-    Returns
-    -------
-    callable
-        Each call returns the next ``(positions, rows)`` draw.
-    """
+    """The buffer's draws over ``trajectories`` (its window), call after call, from ``seed``."""
     sequence = DrawSequence([validate(t).num_samples for t in trajectories], batch, seed)
     calls = itertools.count()
     return lambda: sequence.at(next(calls))
@@ -95,26 +52,7 @@ def rlinf_hot(
     seed: int,
     bytes_per_row: int,
 ) -> dict[str, Any]:
-    """Whole trajectories kept as they came; flatten and index each touched one per batch.
-
-    Parameters
-    ----------
-    trajectories
-        The window's trajectories (copied first, so the buffer's are not shared).
-    batch
-        Rows per batch.
-    calls, budget_s
-        Timed calls, and the seconds after which timing stops early.
-    seed
-        The buffer's seed: the batches replay its draws.
-    bytes_per_row
-        Bytes of one flat row, for MB/s.
-
-    Returns
-    -------
-    dict
-        The :func:`~rbzarr.bench.measure.stats` of the timed calls.
-    """
+    """Whole trajectories kept as they came; flatten and index each touched one per batch."""
     kept = [clone_trajectory(t) for t in trajectories]
     next_draw = draws(kept, batch, seed)
 
@@ -142,26 +80,7 @@ def per_row_loop(
     seed: int,
     bytes_per_row: int,
 ) -> dict[str, Any]:
-    """Index every sampled row of every key separately in Python, then stack.
-
-    Parameters
-    ----------
-    trajectories
-        The window's trajectories (copied first, so the buffer's are not shared).
-    batch
-        Rows per batch.
-    calls, budget_s
-        Timed calls, and the seconds after which timing stops early.
-    seed
-        The buffer's seed: the batches replay its draws.
-    bytes_per_row
-        Bytes of one flat row, for MB/s.
-
-    Returns
-    -------
-    dict
-        The :func:`~rbzarr.bench.measure.stats` of the timed calls.
-    """
+    """Index every sampled row of every key separately in Python, then stack."""
     flats = [flatten_trajectory(t, validate(t)) for t in map(clone_trajectory, trajectories)]
     next_draw = draws(trajectories, batch, seed)
     keys = list(flats[0])
@@ -175,13 +94,7 @@ def per_row_loop(
 
 
 class RangeReader:
-    """``os.pread`` of byte ranges of the files below ``root``, descriptors kept open.
-
-    Parameters
-    ----------
-    root
-        The directory the ranges' keys are relative to (a store's root).
-    """
+    """``os.pread`` of byte ranges of the files below ``root``, descriptors kept open."""
 
     def __init__(self, root: str) -> None:
         self.root = root
@@ -195,18 +108,7 @@ class RangeReader:
         return found
 
     def read(self, ranges: Sequence[ByteRange]) -> int:
-        """Read every ``(key, start, stop)`` range concurrently; return the bytes read.
-
-        Parameters
-        ----------
-        ranges
-            ``(key, start, stop)`` byte ranges, ``key`` relative to ``root``.
-
-        Returns
-        -------
-        int
-            The bytes read (short at a file's end).
-        """
+        """Read every ``(key, start, stop)`` range concurrently; return the bytes read."""
         jobs = [(self._descriptor(key), start, stop) for key, start, stop in ranges]
         return sum(self._pool.map(lambda job: len(os.pread(job[0], job[2] - job[1], job[1])), jobs))
 

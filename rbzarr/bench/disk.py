@@ -1,20 +1,4 @@
-"""Disk-backed sampling: a local store, a small cache and a larger window, so most rows miss.
-
-Two stores hold the same trajectories: rbzarr's Zarr layout and RLinf's whole-file ``.pt``
-layout; both buffers share seed, window and cache, so they draw the same rows.  Modes:
-
-* ``warm``: the stores were just written (page cache warm).  Peers: TorchRL's
-  ``LazyMemmapStorage`` holding the window's flat rows, read by the same row ids, and its
-  ``ReplayBuffer.sample``;
-* ``cold``: the page cache is emptied before every timed batch (:mod:`.page_cache`), and the
-  bytes the process read from disk are compared with the compressed size of the inner
-  chunks that hold the missed rows (:mod:`.accounting`); the limit is ``os.pread`` of
-  exactly the byte ranges the batch needs, after the same eviction.
-
-Writing the Zarr store gives the write figures: ``add_trajectories`` latency against a
-clone, writer MB/s (raw bytes / time from the first add until ``flush`` returns) and bytes
-on disk.
-"""
+"""Disk-backed sampling: a local store, a small cache and a larger window, so most rows miss."""
 
 from __future__ import annotations
 
@@ -46,20 +30,7 @@ __all__ = ["DiskRun", "run_disk"]
 
 
 class DiskRun:
-    """The stores, buffers and draws of one workload's disk-backed modes, under ``root``.
-
-    Constructing it writes the trajectories to a Zarr and a ``pt`` store (the write
-    figures are kept in ``writes`` and ``writes_pt``).
-
-    Parameters
-    ----------
-    workload
-        The trajectories and batch size.
-    settings
-        Window, cache, seed and the number of trajectories.
-    root
-        A directory for the stores (``zarr/``, ``pt/`` and TorchRL's scratch files).
-    """
+    """The stores, buffers and draws of one workload's disk-backed modes, under ``root``."""
 
     def __init__(self, workload: Workload, settings: Settings, root: str) -> None:
         self.workload, self.settings, self.root = workload, settings, Path(root)
@@ -107,18 +78,7 @@ class DiskRun:
         return TrackedBuffer(buffer, self.workload.batch), writes
 
     def needed(self, k: int) -> NeededReads:
-        """What the ``k``-th batch's missed rows need from the Zarr store.
-
-        Parameters
-        ----------
-        k
-            The draw number (0 is the buffers' first ``sample()``).
-
-        Returns
-        -------
-        NeededReads
-            The chunks, byte ranges and bytes of the rows outside the cache.
-        """
+        """What the ``k``-th batch's missed rows need from the Zarr store."""
         positions, rows = self.draws.at(k)
         missed: dict[int, list[int]] = {}
         for position, row in zip(positions.tolist(), rows.tolist(), strict=True):
@@ -128,18 +88,7 @@ class DiskRun:
         return self.geometry.needed(missed)
 
     def check_same_rows(self) -> bool:
-        """One batch from each buffer equals the rows the draw names.
-
-        Returns
-        -------
-        bool
-            Whether both buffers' batches equal the expected rows.
-
-        Raises
-        ------
-        RuntimeError
-            The two buffers are not at the same draw (a bug of this module).
-        """
+        """One batch from each buffer equals the rows the draw names."""
         k = self.zarr.calls
         if self.pt.calls != k:
             raise RuntimeError(f"buffers out of step: zarr at draw {k}, pt at {self.pt.calls}")
@@ -157,24 +106,7 @@ class DiskRun:
 def run_disk(
     workload: Workload, settings: Settings, root: str, say: Callable[[str], None]
 ) -> dict[str, Any]:
-    """The write figures and the ``warm`` / ``cold`` modes the workload asks for.
-
-    Parameters
-    ----------
-    workload
-        The trajectories, batch size and modes.
-    settings
-        Calls, budget, window, cache and eviction settings.
-    root
-        A temporary directory for the stores; the buffers are closed before returning.
-    say
-        Called with a short label before each step.
-
-    Returns
-    -------
-    dict
-        ``writes``, ``writes_pt``, ``same_rows`` and, per mode run, ``warm`` / ``cold``.
-    """
+    """The write figures and the ``warm`` / ``cold`` modes the workload asks for."""
     say(f"[{workload.name}] writing stores")
     run = DiskRun(workload, settings, root)
     try:
@@ -250,8 +182,9 @@ def _torchrl_warm(run: DiskRun, first: int, calls: int, budget: float) -> dict[s
 def _timed_cold(
     fn: Callable[[], object], roots: Sequence[str], calls: int, budget_s: float, whole: bool
 ) -> tuple[list[float], list[int], str]:
-    """Latencies and disk bytes read of ``calls`` calls of ``fn``, the page cache emptied
-    before each (the eviction is not timed), after one warm-up call."""
+    """Latencies and disk bytes read of ``calls`` calls of ``fn``, the page cache emptied before
+    each (the eviction is not timed), after one warm-up call.
+    """
     fn()
     latencies: list[float] = []
     read: list[int] = []

@@ -1,9 +1,4 @@
-"""Hot sampling: every trajectory of the window in the buffer's cache (``auto_save=False``).
-
-Beside the buffer: one ``index_select`` of the same row bytes (the memory-bandwidth limit),
-TorchRL's ``LazyTensorStorage`` reading the same rows by the same ids, an RLinf-style path
-(whole trajectories, flattened and indexed per batch) and, for ``state``, a per-row loop.
-"""
+"""Hot sampling: every trajectory of the window in the buffer's cache (``auto_save=False``)."""
 
 from __future__ import annotations
 
@@ -24,22 +19,7 @@ __all__ = ["run_hot"]
 
 
 def run_hot(workload: Workload, settings: Settings) -> dict[str, Any]:
-    """The hot mode of ``workload``: buffer, limit, TorchRL and RLinf-style figures.
-
-    Parameters
-    ----------
-    workload
-        The trajectories and batch size.
-    settings
-        Calls, budget, seed and how many trajectories are added.
-
-    Returns
-    -------
-    dict
-        ``row_bytes``, ``rows``, ``add`` latencies, ``same_rows``, the throughput of
-        ``buffer``, ``limit``, ``torchrl_tensor``, ``rlinf_style`` (and ``per_row_loop`` for
-        ``state``), and the ratios ``vs_limit`` and ``speedup_vs_rlinf_style``.
-    """
+    """The hot mode of ``workload``: buffer, limit, TorchRL and RLinf-style figures."""
     trajectories = trajectory_sequence(workload, settings)
     per_row = row_bytes(trajectories[0])
     calls, budget, seed, batch = (

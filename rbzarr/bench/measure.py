@@ -1,7 +1,6 @@
 """Timing, byte sizes and the run's context (machine, versions).
 
-rows/s is ``rows / median latency``: robust on a shared machine; the mean-based figure is
-kept beside it as ``rows_s_mean``.
+rows/s is ``rows / median latency`` (robust on a shared machine); ``rows_s_mean`` beside it.
 """
 
 from __future__ import annotations
@@ -37,22 +36,7 @@ __all__ = [
 
 
 def timed(fn: Callable[[], object], calls: int, budget_s: float) -> list[float]:
-    """Latencies of ``fn`` after one warm-up call.
-
-    Parameters
-    ----------
-    fn
-        The call to time.
-    calls
-        How many timed calls to make.
-    budget_s
-        Stop early (after at least 3 calls) once the timed calls took this long.
-
-    Returns
-    -------
-    list of float
-        Seconds per timed call.
-    """
+    """Latencies of ``fn`` after one warm-up call."""
     fn()
     latencies: list[float] = []
     spent = 0.0
@@ -65,22 +49,7 @@ def timed(fn: Callable[[], object], calls: int, budget_s: float) -> list[float]:
 
 
 def stats(latencies: Sequence[float], rows: int, bytes_per_row: int) -> dict[str, float]:
-    """Throughput from the median call (and the mean), latency percentiles.
-
-    Parameters
-    ----------
-    latencies
-        Seconds per call.
-    rows
-        Rows each call returned.
-    bytes_per_row
-        Bytes of one returned row, for MB/s.
-
-    Returns
-    -------
-    dict
-        ``calls``, ``rows_s``, ``rows_s_mean``, ``mb_s``, ``p50_ms``, ``p99_ms``.
-    """
+    """Throughput from the median call (and the mean), latency percentiles."""
     ordered = sorted(latencies)
     p50 = statistics.median(ordered)
     rows_s = rows / p50
@@ -95,71 +64,24 @@ def stats(latencies: Sequence[float], rows: int, bytes_per_row: int) -> dict[str
 
 
 def nbytes(tensors: Iterable[torch.Tensor]) -> int:
-    """Total bytes of ``tensors``.
-
-    Parameters
-    ----------
-    tensors
-        Any tensors.
-
-    Returns
-    -------
-    int
-        The sum of ``numel * element_size`` (the bytes of the elements, not of storage).
-    """
+    """Total bytes of ``tensors``."""
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def row_bytes(trajectory: Trajectory) -> int:
-    """Bytes of one sampled (flat) row of ``trajectory``.
-
-    Parameters
-    ----------
-    trajectory
-        A valid trajectory.
-
-    Returns
-    -------
-    int
-        The bytes of row 0 of every flat field together.
-    """
+    """Bytes of one sampled (flat) row of ``trajectory``."""
     flat = flatten_trajectory(trajectory, validate(trajectory))
     return sum(t[0].numel() * t.element_size() for t in flat.values())
 
 
 def clone_trajectory(trajectory: Trajectory) -> Trajectory:
-    """A copy of ``trajectory`` that shares no tensor memory with it.
-
-    Parameters
-    ----------
-    trajectory
-        The trajectory to copy.
-
-    Returns
-    -------
-    Trajectory
-        Cloned tensors with the same ``max_episode_length`` and ``model_weights_id``.
-    """
+    """A copy of ``trajectory`` that shares no tensor memory with it."""
     fields = {key: value.clone() for key, value in trajectory.tensors().items()}
     return trajectory_from_raw(fields, trajectory.max_episode_length, trajectory.model_weights_id)
 
 
 def add_all(buffer: TrajectoryReplayBuffer, trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """Add one trajectory per call; p50/p99 call latency against a ``clone`` of each.
-
-    Parameters
-    ----------
-    buffer
-        The buffer to add to.
-    trajectories
-        Added one ``add_trajectories`` call each, in order.
-
-    Returns
-    -------
-    dict
-        ``add_p50_ms``, ``add_p99_ms``, ``memcpy_p50_ms`` (cloning the trajectory's
-        tensors) and ``add_vs_memcpy``, the ratio of the two medians.
-    """
+    """Add one trajectory per call; p50/p99 call latency against a ``clone`` of each."""
     adds, copies = [], []
     for trajectory in trajectories:
         start = time.perf_counter()
@@ -179,14 +101,7 @@ def add_all(buffer: TrajectoryReplayBuffer, trajectories: Sequence[Trajectory]) 
 
 
 def machine() -> dict[str, Any]:
-    """CPU count, platform, load average and torch threads of this run.
-
-    Returns
-    -------
-    dict
-        ``cpu_count``, ``platform``, ``processor``, ``load_average`` (``None`` where the
-        system has none) and ``torch_threads``.
-    """
+    """CPU count, platform, load average and torch threads of this run."""
     return {
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
@@ -197,14 +112,7 @@ def machine() -> dict[str, Any]:
 
 
 def versions() -> dict[str, str]:
-    """Versions of Python and the libraries the figures depend on.
-
-    Returns
-    -------
-    dict
-        Version strings of ``python``, ``torch``, ``zarr``, ``numcodecs``, ``numpy`` and
-        ``rbzarr``.
-    """
+    """Versions of Python and the libraries the figures depend on."""
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -1,12 +1,7 @@
 """Truly cold reads: evict a store's pages from the page cache before a timed batch.
 
-As root, ``sync; echo 1 > /proc/sys/vm/drop_caches`` drops every clean cached page of the
-machine.  Elsewhere :func:`os.posix_fadvise` with ``POSIX_FADV_DONTNEED`` on each file of the
-store asks the kernel to drop that file's pages.  Neither drops pages that are memory
-mapped (the Zarr layout maps its shards), so first this process's mappings of the store's
-files are released with ``madvise(MADV_DONTNEED)`` (for read-only shared file mappings
-that only drops page-table entries: the next access faults the page in again, from disk
-once it is evicted).  What :func:`process_read_bytes` counts is what really came from disk.
+Neither ``drop_caches`` nor ``posix_fadvise`` drops memory-mapped pages, so this process's
+mappings of the store are first released with ``madvise(MADV_DONTNEED)``.
 """
 
 from __future__ import annotations
@@ -23,22 +18,7 @@ MADV_DONTNEED = 4  # Linux
 
 
 def evict(roots: Iterable[str | os.PathLike[str]], whole_cache: bool = True) -> str:
-    """Evict the cached pages of every file below ``roots``; return the method used.
-
-    Parameters
-    ----------
-    roots
-        Directories whose files must be read from disk next time.
-    whole_cache
-        Try ``drop_caches`` first (root only); ``False`` goes straight to
-        ``posix_fadvise`` (smoke runs on a shared machine).
-
-    Returns
-    -------
-    str
-        ``"drop_caches"`` (the whole page cache, as root) or ``"posix_fadvise"`` (the
-        files below ``roots`` only), with ``"+madvise"`` when mappings were released first.
-    """
+    """Evict the cached pages of every file below ``roots``; return the method used."""
     folders = [os.path.realpath(root) for root in roots]
     unmapped = _release_mappings(folders)
     os.sync()
@@ -58,8 +38,9 @@ def evict(roots: Iterable[str | os.PathLike[str]], whole_cache: bool = True) -> 
 
 
 def _release_mappings(roots: list[str]) -> int:
-    """``madvise(MADV_DONTNEED)`` every mapping of this process of a file below ``roots``;
-    return how many there were (0 where ``/proc/self/maps`` is unavailable)."""
+    """``madvise(MADV_DONTNEED)`` every mapping of this process of a file below ``roots``; return
+    how many there were (0 where ``/proc/self/maps`` is unavailable).
+    """
     try:
         lines = Path("/proc/self/maps").read_text().splitlines()
     except OSError:
@@ -88,11 +69,6 @@ def _fadvise_dontneed(path: str) -> None:
 def process_read_bytes() -> int | None:
     """Bytes this process caused to be read from storage so far (Linux ``/proc/self/io``
     ``read_bytes``: page-cache misses, read-ahead included); ``None`` where unavailable.
-
-    Returns
-    -------
-    int or None
-        The counter, or ``None`` without ``/proc/self/io`` or its ``read_bytes`` line.
     """
     try:
         text = Path("/proc/self/io").read_text()

@@ -17,34 +17,8 @@ def target(
     op: str,
     reason: str | None = None,
 ) -> dict[str, Any]:
-    """One target: ``met`` is ``value op threshold``, or ``None`` (with ``reason``) when the
-    value could not be measured.
-
-    Parameters
-    ----------
-    name
-        The target's title, e.g. ``"image: hot within 1.5x of one index_select"``.
-    meaning
-        What the value measures, in words.
-    value
-        The measured value; ``None`` when it could not be measured.
-    threshold
-        The bound the value is compared with.
-    op
-        ``">="`` or ``"<="``: how value and threshold must compare.
-    reason
-        Why the value is missing (default ``"not measured"``); used only without a value.
-
-    Returns
-    -------
-    dict
-        ``target``, ``meaning``, ``threshold``, ``op``, ``value`` (rounded to 3 decimals)
-        and ``met``; with ``reason`` when unmeasured.
-
-    Raises
-    ------
-    ValueError
-        ``op`` is not ``">="`` or ``"<="``.
+    """One target: ``met`` is ``value op threshold``, or ``None`` (with ``reason``) when the value
+    could not be measured.
     """
     if op not in (">=", "<="):
         raise ValueError(f"target {name!r}: op must be '>=' or '<=', got {op!r}")
@@ -56,38 +30,12 @@ def target(
 
 
 def failed_targets(documents: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Targets measured and not met (``met`` is ``False``; unmeasured ones are not failures).
-
-    Parameters
-    ----------
-    documents
-        Results documents from :func:`rbzarr.bench.run`.
-
-    Returns
-    -------
-    list of dict
-        The missed target entries, in document order.
-    """
+    """Targets measured and not met (``met`` is ``False``; unmeasured ones are not failures)."""
     return [t for document in documents for t in document["targets"] if t["met"] is False]
 
 
 def aligned(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> str:
-    """``rows`` under ``headers`` in columns as wide as their widest cell.
-
-    Parameters
-    ----------
-    headers
-        Column titles.
-    rows
-        Cells, already formatted as text.
-    right
-        Per column, whether it is right-aligned (numbers) or left-aligned.
-
-    Returns
-    -------
-    str
-        The table, a rule under the headers, no trailing spaces.
-    """
+    """``rows`` under ``headers`` in columns as wide as their widest cell."""
     widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=True)]
 
     def line(cells: Sequence[str]) -> str:
@@ -106,19 +54,7 @@ def _number(value: float, digits: int = 0) -> str:
 
 
 def table(document: dict[str, Any]) -> str:
-    """A results document as aligned text: its figures, then its targets.
-
-    Parameters
-    ----------
-    document
-        A sampling or s3 results document.
-
-    Returns
-    -------
-    str
-        The tables (rows/s, bytes needed and writes; or the S3 batches), the targets and
-        the document's notes, separated by blank lines.
-    """
+    """A results document as aligned text: its figures, then its targets."""
     if document["benchmark"] == "s3":
         parts = [_s3_table(document["results"])]
     else:
@@ -237,18 +173,8 @@ def _s3_table(results: dict[str, Any]) -> str:
 
 
 def targets_table(found: Sequence[dict[str, Any]]) -> str:
-    """Targets as aligned text: met / MISS / n/a, the value against the threshold, and what
-    each one measures.
-
-    Parameters
-    ----------
-    found
-        Target entries as :func:`target` makes them.
-
-    Returns
-    -------
-    str
-        One row per target; an unmeasured one shows its reason instead of its meaning.
+    """Targets as aligned text: met / MISS / n/a, the value against the threshold, and what each one
+    measures.
     """
     rows = []
     for entry in found:
@@ -285,19 +211,7 @@ VARIANTS = {
 
 
 def variants(entry: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    """``(mode, label, figures)`` of every variant a workload's entry holds, in order.
-
-    Parameters
-    ----------
-    entry
-        One workload's results in a sampling document.
-
-    Returns
-    -------
-    list of tuple
-        Per variant present, in the order of :data:`VARIANTS`: its mode, its label and
-        its figures (or ``{"unavailable": reason}``).
-    """
+    """``(mode, label, figures)`` of every variant a workload's entry holds, in order."""
     return [
         (mode, label, entry[mode][key])
         for mode, found in VARIANTS.items()
@@ -308,15 +222,7 @@ def variants(entry: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
 
 
 def plot(document: dict[str, Any], path: Path) -> None:
-    """A PNG of rows/s per variant (log scale), one panel per workload.
-
-    Parameters
-    ----------
-    document
-        A sampling results document with at least one workload.
-    path
-        The PNG to write; its directory is created if missing.
-    """
+    """A PNG of rows/s per variant (log scale), one panel per workload."""
     import matplotlib  # noqa: PLC0415  (optional: the analysis extra)
 
     matplotlib.use("Agg")

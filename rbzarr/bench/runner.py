@@ -1,9 +1,4 @@
-"""A whole benchmark run: each suite's results as one JSON-ready document.
-
-Suites: ``sampling`` (per workload: hot, warm and truly cold sampling, and the write
-figures) and ``s3`` (sampling through the S3 test proxy).  Each document holds the machine,
-versions, settings, results, ``targets`` and notes.
-"""
+"""A whole benchmark run: each suite's results as one JSON-ready document."""
 
 from __future__ import annotations
 
@@ -33,27 +28,7 @@ Progress = Callable[[str], None]
 
 
 def parse_names(text: str, allowed: Sequence[str], what: str) -> list[str]:
-    """Comma-separated names, each one of ``allowed``.
-
-    Parameters
-    ----------
-    text
-        The option's value, e.g. ``"state,image"``; blanks around names are ignored.
-    allowed
-        The names accepted.
-    what
-        What a name names (``"suite"``, ``"workload"``), for the error message.
-
-    Returns
-    -------
-    list of str
-        The names in the order given.
-
-    Raises
-    ------
-    ValueError
-        A name is not allowed, or there is none.
-    """
+    """Comma-separated names, each one of ``allowed``."""
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in allowed]
     if unknown or not names:
@@ -70,35 +45,7 @@ def run(
     workdir: str | None = None,
     progress: Progress | None = None,
 ) -> list[dict[str, Any]]:
-    """Run the named suites.
-
-    Parameters
-    ----------
-    suites
-        Any of :data:`SUITES`.
-    names
-        Workloads of the sampling suite (``state``, ``image``, ``embodied``, ``atari``).
-    settings
-        How much work each mode does.
-    batches
-        Rows per ``sample`` call by workload name (defaults per workload).
-    quick
-        Smaller trajectories where a workload has a quick form.
-    workdir
-        Where the temporary stores go (default: the system's temporary directory).
-    progress
-        Called with a short label before each step.
-
-    Returns
-    -------
-    list of dict
-        One results document per suite.
-
-    Raises
-    ------
-    ValueError
-        For a suite not in :data:`SUITES`, or a workload name not known.
-    """
+    """Run the named suites."""
     say = progress or (lambda label: None)
     threads = torch.get_num_threads()
     if settings.threads > 0:
@@ -164,23 +111,7 @@ def _document(
 
 
 def save(document: dict[str, Any], out: Path, chart: bool) -> list[Path]:
-    """Write ``document`` as ``<out>/<benchmark>.json`` (and, for sampling, its chart).
-
-    Parameters
-    ----------
-    document
-        A results document from :func:`run`.
-    out
-        The directory to write to; it is created if missing.
-    chart
-        Also draw ``<out>/sampling.png`` for a sampling document with results (needs
-        matplotlib).
-
-    Returns
-    -------
-    list of Path
-        The files written.
-    """
+    """Write ``document`` as ``<out>/<benchmark>.json`` (and, for sampling, its chart)."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{document['benchmark']}.json"
     path.write_text(json.dumps(document, indent=2) + "\n")

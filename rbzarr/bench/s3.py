@@ -1,16 +1,7 @@
-"""Sampling from S3: requests, bytes and rows/s per batch, against what the rows need.
+"""Sampling from S3 through moto and the test suite's counting, delaying proxy.
 
-The server is moto's (real HTTP on 127.0.0.1, in its own process so that it does not share
-the client's interpreter lock) behind the counting proxy of the test suite
-(``tests/s3_server.py``, found next to the package in a source checkout), which holds every
-request ``delay_s`` (20 ms by default) before forwarding it.  Image trajectories are written
-with ``auto_save`` (no delay), then sampled with the cache off, so every row comes from S3.
-Per batch: requests by method, the bytes the server sent, seconds and rows/s, beside the
-distinct coalesced byte ranges the rows need and their bytes (compressed inner chunks, or the
-rows' own bytes in uncompressed ones: :mod:`.accounting`, read around the proxy).  The
-first batch also opens each trajectory's metadata and shard indexes; it is reported apart
-from the steady batches.  Two more batches without the delay show what moto and the client
-cost by themselves (moto is far slower per request than S3).
+moto runs in its own process (so it does not share the client's interpreter lock) and is far
+slower per request than S3: two batches without the delay show what it costs by itself.
 """
 
 from __future__ import annotations
@@ -48,14 +39,7 @@ SERVER_MODULE = Path(rbzarr.__file__).resolve().parents[1] / "tests" / "s3_serve
 
 
 def load_s3_server() -> ModuleType | str:
-    """The test suite's S3 server module, or why it cannot be used.
-
-    Returns
-    -------
-    module or str
-        ``tests/s3_server.py`` loaded as ``s3_server`` (once), or the reason: no source
-        checkout, or moto or s3fs not installed.
-    """
+    """The test suite's S3 server module, or why it cannot be used."""
     if not SERVER_MODULE.is_file():
         return f"needs a source checkout: {SERVER_MODULE} not found"
     try:
@@ -73,19 +57,9 @@ def load_s3_server() -> ModuleType | str:
 
 
 def concurrency_limit(options: dict[str, Any]) -> int:
-    """How many requests of one batch may be in flight at once: the layout fetches a batch's
-    ranges with one ``fs.cat_ranges``, which s3fs runs over botocore's connection pool
+    """How many requests of one batch may be in flight at once: the layout fetches a batch's ranges
+    with one ``fs.cat_ranges``, which s3fs runs over botocore's connection pool
     (``max_pool_connections`` in ``config_kwargs``, botocore's default otherwise).
-
-    Parameters
-    ----------
-    options
-        The s3fs storage options of the store.
-
-    Returns
-    -------
-    int
-        The connection pool's size.
     """
     from botocore.config import Config  # noqa: PLC0415  (with s3fs)
 
@@ -93,21 +67,7 @@ def concurrency_limit(options: dict[str, Any]) -> int:
 
 
 def run_s3(settings: Settings, quick: bool) -> dict[str, Any]:
-    """The S3 mode: see the module docs; ``{"unavailable": reason}`` without a server.
-
-    Parameters
-    ----------
-    settings
-        The ``s3_*`` sizes, the delay and the seed.
-    quick
-        Smaller trajectories (``T=8, B=4`` instead of ``T=32, B=16``).
-
-    Returns
-    -------
-    dict
-        The write figures, the first batch, the steady batches and their medians, and the
-        undelayed time; or ``{"unavailable": reason}``.
-    """
+    """The S3 mode: see the module docs; ``{"unavailable": reason}`` without a server."""
     server_module = load_s3_server()
     if isinstance(server_module, str):
         return {"unavailable": server_module}
@@ -129,18 +89,7 @@ def run_s3(settings: Settings, quick: bool) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def moto_process() -> Iterator[str]:
-    """moto's S3 server in a child process on a free port of 127.0.0.1; yields its URL.
-
-    Yields
-    ------
-    str
-        ``http://127.0.0.1:<port>``; the server is terminated when the block ends.
-
-    Raises
-    ------
-    RuntimeError
-        The server exited before it said it was serving.
-    """
+    """moto's S3 server in a child process on a free port of 127.0.0.1; yields its URL."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = int(probe.getsockname()[1])

@@ -10,41 +10,7 @@ __all__ = ["QUICK", "Settings", "settings_from"]
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """How much work one run does (``rbzarr bench --help`` lists the flags that set it).
-
-    ``trajectories`` and ``window`` default to the workload's window (100; embodied 40).
-    ``drop_caches`` lets truly cold batches drop the machine's whole page cache (as root);
-    otherwise only the store's files are evicted (``posix_fadvise``).
-
-    Parameters
-    ----------
-    trajectories
-        Trajectories each mode adds; ``None``: the window.
-    window
-        ``sample_window_size`` of the disk-backed buffers; ``None``: the workload's.
-    cache
-        ``cache_size`` of the disk-backed buffers: the newest trajectories kept in memory.
-    pool
-        Distinct trajectories generated per workload and cycled through.
-    hot_calls, warm_calls, cold_calls
-        Timed ``sample()`` calls per hot, warm and cold variant.
-    budget_s
-        Seconds per timed variant: it stops early (after 3 calls) once its calls took this.
-    seed
-        Seeds the generated trajectories and the buffers' draws.
-    threads
-        torch intra-op threads during the run; 0 keeps torch's own.
-    drop_caches
-        Whether cold batches may drop the whole page cache (see above).
-    s3_trajectories
-        Trajectories written to the S3 store.
-    s3_batch
-        Rows per S3 ``sample()``.
-    s3_batches
-        Steady S3 batches measured after the first one.
-    s3_delay_s
-        Seconds the S3 proxy holds every request before forwarding it.
-    """
+    """How much work one run does (``rbzarr bench --help`` lists the flags that set it)."""
 
     trajectories: int | None = None
     window: int | None = None
@@ -80,26 +46,7 @@ QUICK = Settings(
 
 
 def settings_from(quick: bool, **overrides: Any) -> Settings:
-    """The default (or ``quick``) settings with every override that is not ``None``.
-
-    Parameters
-    ----------
-    quick
-        Start from :data:`QUICK` instead of the defaults.
-    **overrides
-        :class:`Settings` fields by name (as ``rbzarr bench`` passes its options); a
-        ``None`` value keeps the base setting.
-
-    Returns
-    -------
-    Settings
-        The base settings with the overrides applied.
-
-    Raises
-    ------
-    ValueError
-        A count (``trajectories``, ``window``, ``cache``, ``pool``, calls) is not positive.
-    """
+    """The default (or ``quick``) settings with every override that is not ``None``."""
     base = QUICK if quick else Settings()
     settings = dataclasses.replace(
         base, **{name: value for name, value in overrides.items() if value is not None}

@@ -14,24 +14,8 @@ __all__ = ["disk_usage"]
 
 
 def disk_usage(root: str, trajectories: Sequence[Trajectory], fmt: str) -> dict[str, Any]:
-    """Bytes on disk (allocated blocks of every file of the store, and their sizes), per
-    sample, the compression ratio, and (zarr) the ratio per key.
-
-    Parameters
-    ----------
-    root
-        The store's local directory.
-    trajectories
-        The trajectories written to it, for the raw bytes and sample count.
-    fmt
-        The store's layout; ``"zarr"`` adds ``ratio_per_key``.
-
-    Returns
-    -------
-    dict
-        ``files``, ``raw_bytes``, ``allocated_bytes``, ``apparent_bytes``,
-        ``allocated_vs_raw``, ``bytes_per_sample``, ``ratio`` (raw over apparent bytes)
-        and, for zarr, ``ratio_per_key``.
+    """Bytes on disk (allocated blocks of every file of the store, and their sizes), per sample, the
+    compression ratio, and (zarr) the ratio per key.
     """
     samples = sum(validate(t).num_samples for t in trajectories)
     raw = nbytes(v for t in trajectories for v in t.tensors().values())

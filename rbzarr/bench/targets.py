@@ -1,7 +1,6 @@
 """The performance targets of issue 12, evaluated on a run's results.
 
-Every target is always listed; one that this run could not measure (a workload not run,
-TorchRL not installed, no S3 server) has ``met: null`` and a ``reason``.
+A target this run could not measure has ``met: null`` and a ``reason``.
 """
 
 from __future__ import annotations
@@ -129,34 +128,12 @@ def _evaluate(specs: list[Any], results: dict[str, Any]) -> list[dict[str, Any]]
 
 
 def sampling_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Targets of a sampling run (``results`` by workload name).
-
-    Parameters
-    ----------
-    results
-        A sampling document's ``results``, by workload name.
-
-    Returns
-    -------
-    list of dict
-        Every sampling target, in a fixed order; ``met`` is ``None`` where unmeasured.
-    """
+    """Targets of a sampling run (``results`` by workload name)."""
     return _evaluate(SAMPLING, results)
 
 
 def s3_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Targets of an S3 run: requests and bytes against need, time against the bound.
-
-    Parameters
-    ----------
-    result
-        The S3 mode's result (or ``{"unavailable": reason}``).
-
-    Returns
-    -------
-    list of dict
-        The three S3 targets; unmeasured (with the reason) without a steady median.
-    """
+    """Targets of an S3 run: requests and bytes against need, time against the bound."""
     out = []
     try:
         steady = _get(result, "steady_median")

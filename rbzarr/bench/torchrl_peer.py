@@ -1,13 +1,4 @@
-"""TorchRL as a peer: the same flat rows in a TorchRL storage, read by the same row ids.
-
-``LazyMemmapStorage`` (memory-mapped files in a scratch directory) is the disk-backed
-peer, ``LazyTensorStorage`` (tensors in RAM) the hot one.  The rows fed to it are exactly the
-flattened rows of the buffer's window, in window order, so flat row ``r`` of the window's
-``p``-th trajectory is storage index ``offsets[p] + r`` and a batch reads the same bytes as
-the buffer's.  :meth:`TorchRLPeer.get` times the storage's own ``get`` of those indices;
-:meth:`TorchRLPeer.sample` is TorchRL's ``ReplayBuffer.sample`` (its own random rows).
-TorchRL is optional (the ``bench`` extra): :func:`torchrl_missing` says why it cannot run.
-"""
+"""TorchRL as a peer: the buffer window's flat rows in a TorchRL storage, read by the same ids."""
 
 from __future__ import annotations
 
@@ -23,13 +14,7 @@ __all__ = ["TorchRLPeer", "torchrl_missing"]
 
 
 def torchrl_missing() -> str | None:
-    """``None`` when torchrl and tensordict import, else the reason they do not.
-
-    Returns
-    -------
-    str or None
-        The reason, naming the ``bench`` extra; ``None`` when both import.
-    """
+    """``None`` when torchrl and tensordict import, else the reason they do not."""
     try:
         import tensordict  # noqa: F401, PLC0415
         import torchrl  # noqa: F401, PLC0415
@@ -39,16 +24,7 @@ def torchrl_missing() -> str | None:
 
 
 class TorchRLPeer:
-    """A TorchRL replay buffer holding the given flat rows.
-
-    Parameters
-    ----------
-    flats
-        The window's trajectories as flat ``{key: [rows, ...]}`` dicts, in window order.
-    scratch_dir
-        Directory of a ``LazyMemmapStorage``; ``None`` keeps the rows in RAM
-        (``LazyTensorStorage``).
-    """
+    """A TorchRL replay buffer holding the given flat rows."""
 
     def __init__(self, flats: Sequence[Mapping[str, torch.Tensor]], scratch_dir: str | None):
         from tensordict import TensorDict  # noqa: PLC0415  (optional dependency)
@@ -74,46 +50,13 @@ class TorchRLPeer:
         self.offsets = torch.tensor([0, *counts[:-1]], dtype=torch.int64).cumsum(0)
 
     def indices(self, positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Storage indices of flat rows ``rows`` of the window's trajectories ``positions``.
-
-        Parameters
-        ----------
-        positions, rows
-            A draw: ``[batch]`` window positions and flat rows within them.
-
-        Returns
-        -------
-        torch.Tensor
-            ``[batch]`` int64 storage indices, ``offsets[positions] + rows``.
-        """
+        """Storage indices of flat rows ``rows`` of the window's trajectories ``positions``."""
         return self.offsets[positions] + rows
 
     def get(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The storage's rows at ``indices`` as a flat ``{key: tensor}`` dict.
-
-        Parameters
-        ----------
-        indices
-            Storage indices, e.g. from :meth:`indices`.
-
-        Returns
-        -------
-        dict of str to torch.Tensor
-            ``{key: [len(indices), ...]}``, keys joined with ``/``.
-        """
+        """The storage's rows at ``indices`` as a flat ``{key: tensor}`` dict."""
         return dict(self.storage.get(indices).flatten_keys("/").items())
 
     def sample(self, batch: int) -> Any:
-        """TorchRL's own path: ``ReplayBuffer.sample`` of ``batch`` random rows.
-
-        Parameters
-        ----------
-        batch
-            Rows to sample.
-
-        Returns
-        -------
-        Any
-            TorchRL's ``TensorDict`` of ``batch`` rows.
-        """
+        """TorchRL's own path: ``ReplayBuffer.sample`` of ``batch`` random rows."""
         return self.buffer.sample(batch)

@@ -1,16 +1,4 @@
-"""Synthetic, deterministic trajectories the benchmarks sample from.
-
-* ``state``: ``T=64, B=32``; 42 float32 ``curr_obs/state`` and ``next_obs/state`` (smooth, as
-  from a simulator), 8 float32 actions, rewards, ``T+1``-row dones, log-probs and values;
-* ``image``: ``T=32, B=16``; ``3x84x84`` uint8 ``curr_obs/image`` and ``next_obs/image``
-  (flat regions, a moving square, sparse noise) plus the same per-step scalars;
-* ``embodied``: ``T=32, B=16``; two ``3x128x128`` uint8 cameras in ``curr_obs`` and
-  ``next_obs``, a 32-d float32 state, a chunk of 8 seven-d actions (``[T, B, 8, 7]``) and the
-  same per-step scalars (196 KiB per row, 100 MB per trajectory);
-* ``atari``: real frames from ``ale-py`` when it and its ROMs are installed, else skipped.
-
-A workload also says how it is sampled: rows per batch, the window and which modes run.
-"""
+"""Synthetic, deterministic trajectories the benchmarks sample from, and how each is sampled."""
 
 from __future__ import annotations
 
@@ -40,23 +28,7 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-    """A named trajectory generator: ``make(seed)`` returns one ``[T, B, ...]`` trajectory.
-
-    Parameters
-    ----------
-    name
-        One of :data:`WORKLOAD_NAMES`, as results documents name it.
-    T, B
-        Time steps and environments of each trajectory ``make`` returns.
-    batch
-        Rows per ``sample()`` call.
-    make
-        Builds the trajectory of a seed, deterministically.
-    window
-        The default ``sample_window_size`` (and number of trajectories added).
-    modes
-        Which of ``"hot"``, ``"warm"`` and ``"cold"`` run for it.
-    """
+    """A named trajectory generator: ``make(seed)`` returns one ``[T, B, ...]`` trajectory."""
 
     name: str
     T: int
@@ -80,21 +52,7 @@ def _scalars(
 
 
 def state_trajectory(seed: int, T: int = 64, B: int = 32) -> Trajectory:
-    """A state trajectory: 42 float32 observations (smooth, as from a simulator), 8 actions.
-
-    Parameters
-    ----------
-    seed
-        Seeds the generator: the same seed gives the same trajectory.
-    T, B
-        Time steps and environments.
-
-    Returns
-    -------
-    Trajectory
-        ``[T, B, ...]`` fields, with ``T + 1`` rows of ``dones`` (each set with chance 0.02),
-        ``model_weights_id`` ``"w<seed>"`` and ``max_episode_length`` ``T``.
-    """
+    """A state trajectory: 42 float32 observations (smooth, as from a simulator), 8 actions."""
     generator = torch.Generator().manual_seed(seed)
     state = torch.cumsum(0.05 * torch.randn(T + 1, B, 42, generator=generator), dim=0)
     return Trajectory(
@@ -107,22 +65,8 @@ def state_trajectory(seed: int, T: int = 64, B: int = 32) -> Trajectory:
 
 
 def image_frames(generator: torch.Generator, steps: int, envs: int, size: int = 84) -> torch.Tensor:
-    """``[steps, envs, 3, size, size]`` uint8 frames: 7x7-pixel flat blocks, a 14-pixel
-    square moving across them and noise on 5% of the pixels.
-
-    Parameters
-    ----------
-    generator
-        The source of randomness (advanced by the call).
-    steps, envs
-        Frames per environment, and environments.
-    size
-        Height and width in pixels (more than 14).
-
-    Returns
-    -------
-    torch.Tensor
-        The ``uint8`` frames; the square moves 2 pixels per step along both axes.
+    """``[steps, envs, 3, size, size]`` uint8 frames: 7x7-pixel flat blocks, a 14-pixel square
+    moving across them and noise on 5% of the pixels.
     """
     count = -(-size // 7)
     blocks = torch.randint(0, 8, (envs, 3, count, count), generator=generator, dtype=torch.uint8)
@@ -140,21 +84,7 @@ def image_frames(generator: torch.Generator, steps: int, envs: int, size: int = 
 
 
 def image_trajectory(seed: int, T: int = 32, B: int = 16) -> Trajectory:
-    """An image trajectory: ``3x84x84`` uint8 curr/next observations, 8 actions.
-
-    Parameters
-    ----------
-    seed
-        Seeds the generator: the same seed gives the same trajectory.
-    T, B
-        Time steps and environments.
-
-    Returns
-    -------
-    Trajectory
-        ``[T, B, ...]`` fields, with ``T + 1`` rows of ``dones`` (each set with chance 0.02),
-        ``model_weights_id`` ``"w<seed>"`` and ``max_episode_length`` ``T``.
-    """
+    """An image trajectory: ``3x84x84`` uint8 curr/next observations, 8 actions."""
     generator = torch.Generator().manual_seed(seed)
     frames = image_frames(generator, T + 1, B)
     return Trajectory(
@@ -167,21 +97,8 @@ def image_trajectory(seed: int, T: int = 32, B: int = 16) -> Trajectory:
 
 
 def embodied_trajectory(seed: int, T: int = 32, B: int = 16) -> Trajectory:
-    """An embodied-scale trajectory: two ``3x128x128`` uint8 cameras, a 32-d state and a
-    chunk of 8 seven-d actions per step.
-
-    Parameters
-    ----------
-    seed
-        Seeds the generator: the same seed gives the same trajectory.
-    T, B
-        Time steps and environments.
-
-    Returns
-    -------
-    Trajectory
-        ``[T, B, ...]`` fields, with ``T + 1`` rows of ``dones`` (each set with chance 0.02),
-        ``model_weights_id`` ``"w<seed>"`` and ``max_episode_length`` ``T``.
+    """An embodied-scale trajectory: two ``3x128x128`` uint8 cameras, a 32-d state and a chunk of 8
+    seven-d actions per step.
     """
     generator = torch.Generator().manual_seed(seed)
     cameras = [image_frames(generator, T + 1, B, size=128) for _ in range(2)]
@@ -200,30 +117,7 @@ def embodied_trajectory(seed: int, T: int = 32, B: int = 16) -> Trajectory:
 
 
 def atari_workload(T: int = 32, B: int = 16, batch: int = 256) -> Workload:
-    """Frames of ALE Pong (grayscale ``1x210x160``) under random actions, ``B`` episodes.
-
-    The frames are recorded once; ``make(seed)`` rolls the episodes by ``seed % B`` and
-    draws fresh per-step scalars from ``seed``.
-
-    Parameters
-    ----------
-    T, B
-        Steps per episode recorded, and episodes (env reset seeds ``0 .. B-1``).
-    batch
-        Rows per ``sample()`` call.
-
-    Returns
-    -------
-    Workload
-        The ``"atari"`` workload (hot and warm modes, window 100).
-
-    Raises
-    ------
-    ImportError
-        ale-py or gymnasium is not installed.
-    RuntimeError
-        Its ROMs are missing (nothing is downloaded).
-    """
+    """Frames of ALE Pong (grayscale ``1x210x160``) under random actions, ``B`` episodes."""
     import ale_py  # noqa: PLC0415  (optional; usually not installed)
     import gymnasium  # noqa: PLC0415
 
@@ -265,30 +159,7 @@ QUICK_BATCHES = {"state": 128, "image": 32, "embodied": 8, "atari": 32}
 def workloads(
     names: Iterable[str], batches: Mapping[str, int], quick: bool = False
 ) -> tuple[list[Workload], list[str]]:
-    """The named workloads, and a note for each one skipped.
-
-    Parameters
-    ----------
-    names
-        Any of :data:`WORKLOAD_NAMES`.
-    batches
-        Rows per ``sample`` call by workload name; missing names get their defaults
-        (state 4,096, image and atari 256, embodied 64).
-    quick
-        Smoke-run sizes: embodied ``T=8, B=4``; default batches state 128, image and atari
-        32, embodied 8.
-
-    Returns
-    -------
-    tuple
-        ``(workloads, notes)``: the workloads in the order named, and one note per
-        workload skipped (atari without ale-py or its ROMs).
-
-    Raises
-    ------
-    ValueError
-        A name is not one of :data:`WORKLOAD_NAMES`.
-    """
+    """The named workloads, and a note for each one skipped."""
     found: list[Workload] = []
     notes: list[str] = []
     defaults = QUICK_BATCHES if quick else BATCHES
@@ -314,22 +185,9 @@ def workloads(
 
 
 def trajectory_sequence(workload: Workload, settings: Settings) -> list[Trajectory]:
-    """The trajectories a mode adds: ``settings.trajectories`` (default: the workload's
-    window) cycling over ``settings.pool`` distinct ones (the buffer copies each, so repeats
-    cost no memory here).
-
-    Parameters
-    ----------
-    workload
-        Makes the trajectories.
-    settings
-        ``trajectories``, ``window``, ``pool`` and ``seed`` (trajectory ``i`` of the pool
-        is ``make(seed + i)``).
-
-    Returns
-    -------
-    list of Trajectory
-        The sequence, repeating the pool's trajectories (the same objects) in order.
+    """The trajectories a mode adds: ``settings.trajectories`` (default: the workload's window)
+    cycling over ``settings.pool`` distinct ones (the buffer copies each, so repeats cost no memory
+    here).
     """
     count = settings.trajectories or settings.window or workload.window
     pool = [workload.make(settings.seed + i) for i in range(min(settings.pool, count))]

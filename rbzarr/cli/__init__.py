@@ -1,7 +1,4 @@
-"""The `rbzarr` command line: one click group, one command per offline job.
-
-Commands are thin: they parse options and call the analysis, export and bench modules.
-"""
+"""The ``rbzarr`` command line: one click group, one command per offline job."""
 
 from rbzarr.cli.main import main
 

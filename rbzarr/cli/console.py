@@ -1,9 +1,4 @@
-"""How the command line meets a terminal: one-line errors, closed pipes, progress, options.
-
-:class:`OneLineErrors` is the ``rbzarr`` group's class: a user error (a bad URL, not a store,
-a corrupt store, an unreachable backend, missing credentials) becomes one line ``Error: ...``
-on stderr and exit status 1, and a reader that closes the pipe ends the command quietly.
-"""
+"""How the command line meets a terminal: one-line errors, closed pipes, progress, options."""
 
 from __future__ import annotations
 
@@ -30,36 +25,10 @@ _USER_ERRORS = (RbzarrError, OSError, ValueError, KeyError, ImportError)
 
 
 class OneLineErrors(click.Group):
-    """A group that turns user errors into one clear line instead of a traceback.
-
-    Parameters
-    ----------
-    name, commands, invoke_without_command, no_args_is_help
-        Passed to :class:`click.Group` unchanged.
-    subcommand_metavar, chain, result_callback, **kwargs
-        Passed to :class:`click.Group` unchanged.
-    """
+    """A group that turns user errors into one clear line instead of a traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        """Run the chosen command; a user error becomes one line, a closed pipe exit 1.
-
-        Parameters
-        ----------
-        ctx
-            The group's click context.
-
-        Returns
-        -------
-        Any
-            What the command returned.
-
-        Raises
-        ------
-        click.ClickException
-            For a user error (an rbzarr error, ``OSError``, ``ValueError``, ``KeyError``,
-            ``ImportError`` or a storage backend's error), with the error's message on one
-            line and no traceback; click prints ``Error: ...`` and exits with status 1.
-        """
+        """Run the chosen command; a user error becomes one line, a closed pipe exit 1."""
         handled: tuple[type[BaseException], ...] = (*_USER_ERRORS, *backend_errors())
         try:
             return super().invoke(ctx)
@@ -79,39 +48,14 @@ def silence_stdout() -> None:
 
 
 def progress_wanted() -> bool:
-    """Whether to draw progress bars: only on a terminal, never into a log or a pipe.
-
-    Returns
-    -------
-    bool
-        Whether stderr (where the bars go) is a terminal.
-    """
+    """Whether to draw progress bars: only on a terminal, never into a log or a pipe."""
     return sys.stderr.isatty()
 
 
 def parse_storage_options(
     ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 ) -> dict[str, Any]:
-    """Click callback: ``KEY=VALUE`` pairs to a dict, each VALUE parsed as JSON if it can be.
-
-    Parameters
-    ----------
-    ctx, param
-        The click context and option (unused; click passes them).
-    values
-        The option's values, e.g. ``("anon=true", "endpoint_url=http://...")``.
-
-    Returns
-    -------
-    dict
-        ``{KEY: value}``: VALUE as JSON (``true``, ``3``, ``{...}``), else the text itself;
-        a repeated KEY keeps its last value.
-
-    Raises
-    ------
-    click.BadParameter
-        An item without ``=`` or without a key.
-    """
+    """Click callback: ``KEY=VALUE`` pairs to a dict, each VALUE parsed as JSON if it can be."""
     options: dict[str, Any] = {}
     for item in values:
         key, sep, raw = item.partition("=")
@@ -125,25 +69,7 @@ def parse_storage_options(
 
 
 def parse_ids(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
-    """Click callback: ``"1,2,5"`` to ``[1, 2, 5]`` (``None`` stays ``None``).
-
-    Parameters
-    ----------
-    ctx, param
-        The click context and option (unused; click passes them).
-    value
-        The option's text, or ``None`` when it was not given.
-
-    Returns
-    -------
-    list of int or None
-        The integers in order (empty parts skipped), or ``None``.
-
-    Raises
-    ------
-    click.BadParameter
-        A part is not an integer.
-    """
+    """Click callback: ``"1,2,5"`` to ``[1, 2, 5]`` (``None`` stays ``None``)."""
     if value is None:
         return None
     try:

@@ -1,11 +1,6 @@
 """The ``rbzarr`` command: inspect, check, convert, merge, split and plot stores.
 
-Each subcommand parses its arguments, calls one library function and prints the result
-(``--json`` prints it as JSON on stdout).  A user error -- a bad URL, a directory that is
-not a store, a corrupt store, an unreachable backend, missing credentials -- prints one
-line ``Error: ...`` on stderr and exits with status 1; a reader that closes the pipe
-(``rbzarr ls URL | head``) ends the command quietly.  Progress bars are drawn only when
-stderr is a terminal.  Add a subcommand with one ``@main.command()`` function.
+Each subcommand parses its arguments, calls one library function and prints the result.
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""Feeding a trainer: `ReplayDataset`, loaders, prefetch and RLinf's dataset classes.
-
-All of them sample a buffer, or a read-only view of a store, in worker processes.
-"""
+"""Feeding a trainer: ``ReplayDataset``, loaders, prefetch and RLinf's dataset classes."""
 
 from rbzarr.data.datasets import ReplayDataset, ReplayLoader
 

@@ -1,24 +1,7 @@
 """Feed training from a replay buffer: one sample stream per rank and DataLoader worker.
 
-:class:`ReplayDataset` is a ``torch.utils.data.IterableDataset`` whose items are whole
-sampled batches (dicts from ``buffer.sample(n)``).  Iterated directly, or by a DataLoader
-without workers, each iterator is a :class:`~rbzarr.data.prefetch.ReplayLoader` that samples on
-a background thread.  :meth:`ReplayDataset.data_loader` builds the right DataLoader
-(``batch_size=None``: a plain ``DataLoader(dataset)`` would add a leading dimension of 1).
-
-**Streams.**  Every iterator draws with its own ``torch.Generator`` seeded with
-:func:`derive_seed` ``(seed, rank, worker, epoch)``, so no two ranks or workers draw the
-same rows, and a run is reproducible from one seed.
-
-**Workers.**  A worker process never samples the training process's buffer: it samples a
-read-only :class:`~rbzarr.analysis.view.BufferView` of the buffer's ``auto_save`` store, opened
-inside the worker (so S3 filesystems are created after the fork) with any start method
-(fork, spawn, forkserver).  The view sees committed trajectories only, and re-reads the
-store's index at most ``max_staleness`` seconds before each draw, so a committed trajectory
-is drawn from within ``max_staleness`` seconds (batches already queued ahead of the
-consumer, ``prefetch`` per worker plus DataLoader's ``prefetch_factor``, are older).  A
-buffer without ``auto_save`` lives in one process's memory: it cannot be sampled from
-workers, and trying raises; iterate it with the prefetch thread (``num_workers=0``).
+A worker process samples a read-only view of the buffer's ``auto_save`` store, opened inside
+the worker, never the training process's buffer.
 """
 
 from __future__ import annotations
@@ -51,27 +34,7 @@ Batch = dict[str, Any]
 
 
 def derive_seed(seed: int, rank: int, worker: int, epoch: int = 0) -> int:
-    """The sampling seed of ``worker`` on ``rank`` in ``epoch``: distinct, well mixed.
-
-    A 63-bit value drawn from ``numpy.random.SeedSequence([seed, rank, worker, epoch])``,
-    so neighbouring ranks, workers and epochs get unrelated streams.
-
-    Parameters
-    ----------
-    seed
-        The run's base seed (non-negative).
-    rank
-        The ``torch.distributed`` rank.
-    worker
-        The ``DataLoader`` worker id (0 in the main process).
-    epoch
-        The pass, as given to :meth:`ReplayDataset.set_epoch`.
-
-    Returns
-    -------
-    int
-        A seed in ``[0, 2**63)`` for ``torch.Generator.manual_seed``.
-    """
+    """The sampling seed of ``worker`` on ``rank`` in ``epoch``: distinct, well mixed."""
     entropy = [seed, rank, worker, epoch]
     state = np.random.SeedSequence(entropy).generate_state(2, np.uint32)
     return (int(state[0]) << 31) ^ int(state[1])
@@ -80,20 +43,10 @@ def derive_seed(seed: int, rank: int, worker: int, epoch: int = 0) -> int:
 def concat_batches(first: Batch, second: Batch) -> Batch:
     """Concatenate two sampled batches key by key (rows of ``first``, then ``second``).
 
-    Parameters
-    ----------
-    first, second
-        Sampled batches, (nested) dicts of ``[n, ...]`` tensors with the same keys.
-
-    Returns
-    -------
-    dict
-        The batch nested as ``first``, each tensor ``[n_first + n_second, ...]``.
-
     Raises
     ------
     ValueError
-        If the two batches have different (flattened) keys.
+        The two batches have different (flattened) keys.
     """
     left, right = tree.flatten(first), tree.flatten(second)
     if list(left) != list(right):

@@ -1,8 +1,4 @@
-"""The prefetch thread: sampled batches made a bounded number ahead of the consumer.
-
-:class:`ReplayLoader` runs any ``produce() -> batch`` callable on a daemon thread and hands
-its results out in order, re-raising the first error after the batches made before it.
-"""
+"""The prefetch thread: sampled batches made a bounded number ahead of the consumer."""
 
 from __future__ import annotations
 

@@ -1,18 +1,7 @@
 """RLinf's replay datasets, on rbzarr's loader: same names, arguments and batches.
 
-``ReplayBufferDataset`` and ``PreloadReplayBufferDataset`` are endless iterators of sampled
-batches for RLinf's SAC, DAgger and RLT workers, which wrap them in a ``DataLoader`` with
-``batch_size=1, num_workers=0`` and :func:`replay_buffer_collate_fn`.  Once
-``replay_buffer.is_ready(min_replay_buffer_size)`` (and, with a demo buffer,
-``demo_buffer.is_ready(min_demo_buffer_size)``) holds, each batch is
-``replay_buffer.sample(batch_size)``, or with a demo buffer ``batch_size // 2`` rows from
-each concatenated key by key, keys that either side lacks dropped (as RLinf does).
-
-Differences from RLinf, on purpose: waiting for the minimum sizes sleeps with a growing
-backoff (RLinf's ``ReplayBufferDataset`` spins a core at 100%, its preload thread sleeps 3 s
-at a time); iterating one in a ``DataLoader`` worker process is a clear error, because the
-worker would sample a frozen copy of the buffer (for worker processes use
-:class:`rbzarr.ReplayDataset`); bad sizes are refused at construction.
+Unlike RLinf, waiting for the minimum sizes backs off instead of spinning, and iterating one
+in a DataLoader worker process is an error (it would sample a frozen copy of the buffer).
 """
 
 from __future__ import annotations

@@ -1,10 +1,4 @@
-"""RLinf's two small stores, exported by ``rbzarr`` as RLinf exports them.
-
-- :class:`PriorityStore` keeps the ``maxsize`` highest-priority trajectories (RLinf's async
-  PPO worker keeps its freshest rollouts by ``(min_version, mean_version)``).
-- :class:`TrajectoryCache` is RLinf's FIFO of flattened trajectory dicts, with its
-  constructor and methods; rbzarr's buffer uses its own slot cache internally.
-"""
+"""RLinf's two small stores, exported by ``rbzarr`` as RLinf exports them."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""What a :class:`~rbzarr.data.datasets.ReplayDataset` samples, in the trainer and in workers.
-
-A source is anything with ``sample(num_chunks) -> dict`` (:class:`SampleSource`).  A
-DataLoader worker process never samples the training process's buffer: it samples a
-read-only :class:`~rbzarr.analysis.view.BufferView` of the buffer's ``auto_save`` store, opened
-inside the worker from a picklable :class:`StoreSpec` (:func:`worker_source`).
-"""
+"""What a :class:`~rbzarr.data.datasets.ReplayDataset` samples, in the trainer and in workers."""
 
 from __future__ import annotations
 
@@ -20,45 +14,15 @@ __all__ = ["SampleSource", "StoreSpec", "store_spec", "takes_generator", "worker
 
 
 class SampleSource(Protocol):
-    """Anything with ``sample(num_chunks) -> dict`` (a replay buffer, a view, a demo buffer).
-
-    Parameters
-    ----------
-    *args, **kwargs
-        None accepted: a protocol only describes its implementations and cannot be
-        instantiated (``typing.Protocol`` raises ``TypeError``).
-    """
+    """Anything with ``sample(num_chunks) -> dict`` (a replay buffer, a view, a demo buffer)."""
 
     def sample(self, num_chunks: int) -> dict[str, Any]:
-        """A batch of ``num_chunks`` rows, as a (nested) dict of ``[num_chunks, ...]``.
-
-        Parameters
-        ----------
-        num_chunks
-            Rows to draw; a source that clamps to the rows it holds may return fewer.
-
-        Returns
-        -------
-        dict
-            Field names to ``[num_chunks, ...]`` tensors, nested as the trajectories are.
-        """
+        """A batch of ``num_chunks`` rows, as a (nested) dict of ``[num_chunks, ...]``."""
         ...  # pragma: no cover - a protocol
 
 
 def takes_generator(source: SampleSource) -> bool:
-    """Whether ``source.sample`` accepts a ``generator`` keyword (or any keyword).
-
-    Parameters
-    ----------
-    source
-        The object whose ``sample`` signature is read.
-
-    Returns
-    -------
-    bool
-        ``True`` for a ``generator`` parameter or ``**kwargs``; ``False`` otherwise, and
-        when the signature cannot be read.
-    """
+    """Whether ``source.sample`` accepts a ``generator`` keyword (or any keyword)."""
     try:
         params = inspect.signature(source.sample).parameters
     except (TypeError, ValueError):
@@ -70,42 +34,14 @@ def takes_generator(source: SampleSource) -> bool:
 
 @dataclass(frozen=True)
 class StoreSpec:
-    """Where a worker opens its view: a store's URL, fsspec options and sampling window.
-
-    Parameters
-    ----------
-    url
-        The store's path or URL.
-    storage_options
-        fsspec options for the store (credentials, endpoint).
-    sample_window_size
-        The source's sampling window, in trajectories (see ``TrajectoryReplayBuffer``).
-    """
+    """Where a worker opens its view: a store's URL, fsspec options and sampling window."""
 
     url: str
     storage_options: dict[str, Any]
     sample_window_size: int
 
     def open(self, refresh_interval: float) -> BufferView:
-        """Open the store as a read-only view, in the calling process.
-
-        Parameters
-        ----------
-        refresh_interval
-            Seconds: the view re-reads the store's index before a draw when its last read
-            is older than this.
-
-        Returns
-        -------
-        BufferView
-            A view of the store's committed trajectories.
-
-        Raises
-        ------
-        CheckpointNotFoundError
-            When the store has no committed trajectory yet (the message says to add and
-            ``flush()`` before iterating).
-        """
+        """Open the store as a read-only view, in the calling process."""
         try:
             return open_buffer(
                 self.url,
@@ -122,24 +58,7 @@ class StoreSpec:
 
 
 def store_spec(source: object) -> StoreSpec | None:
-    """The store a worker samples instead of ``source``; ``None`` for other sources.
-
-    Parameters
-    ----------
-    source
-        A :class:`~rbzarr.TrajectoryReplayBuffer`, a view, or any other source.
-
-    Returns
-    -------
-    StoreSpec or None
-        The store of a view or of a buffer with ``auto_save``; ``None`` for any other
-        kind of source.
-
-    Raises
-    ------
-    ValueError
-        For a buffer without ``auto_save`` (workers cannot sample its memory).
-    """
+    """The store a worker samples instead of ``source``; ``None`` for other sources."""
     if isinstance(source, BufferView):
         return StoreSpec(source.url, source.storage_options, source.sample_window_size)
     if not isinstance(source, TrajectoryReplayBuffer):
@@ -155,29 +74,7 @@ def store_spec(source: object) -> StoreSpec | None:
 
 
 def worker_source(source: Any, max_staleness: float) -> SampleSource:
-    """In a worker: a view of ``source``'s store, opened here, or ``source`` itself.
-
-    Parameters
-    ----------
-    source
-        A :class:`StoreSpec` (what a worker receives for a buffer or view) or a source.
-    max_staleness
-        Seconds, the opened view's ``refresh_interval``.
-
-    Returns
-    -------
-    SampleSource
-        The opened view, or ``source`` when it has no store and its ``sample`` takes a
-        ``generator``.
-
-    Raises
-    ------
-    ValueError
-        For a buffer without ``auto_save``, or a storeless source whose ``sample`` takes
-        no ``generator`` (every worker would draw the same batches).
-    CheckpointNotFoundError
-        When the store has no committed trajectory yet.
-    """
+    """In a worker: a view of ``source``'s store, opened here, or ``source`` itself."""
     spec = source if isinstance(source, StoreSpec) else store_spec(source)
     if spec is not None:
         return spec.open(max_staleness)

@@ -1,6 +1,3 @@
-"""The main job: a DQN on CartPole that trains through the buffer on a local store.
-
-Rollout thread, collector, channel and learner, seeded and reproducible.
-"""
+"""The demo: a DQN on CartPole that trains through the buffer on a local store."""
 
 __all__: list[str] = []

@@ -1,17 +1,7 @@
-"""The main job: a gymnasium env feeding a Zarr-backed buffer that trains a DQN which learns.
+"""The demo run: a gymnasium vector env feeds a Zarr-backed buffer that trains a DQN.
 
-A rollout thread steps a gymnasium vector env (CartPole, nothing to download, in gymnasium's
-default next-step autoreset mode) with an epsilon-greedy copy of the Q-network; a
-:class:`~rbzarr.rollout.collector.TrajectoryCollector` turns its steps into trajectories that go
-through a :class:`~rbzarr.rollout.channel.Channel` to the actor (the calling thread), which adds
-them
-to a :class:`~rbzarr.buffer.buffer.TrajectoryReplayBuffer` with ``auto_save`` on a local Zarr store,
-samples batches, runs DQN updates and, every few trajectories, evaluates the greedy policy
-on fresh episodes and prints the mean return.  At the end it saves a checkpoint.
-
-The run is reproducible from its seed: the rollout of trajectory ``k`` acts with the weights
-the actor had after training on trajectory ``k - 2`` (so rollout and training overlap, and
-the hand-over is always the same).
+Reproducible from its seed: the rollout of trajectory ``k`` acts with the weights the actor
+had after training on trajectory ``k - 2``, so the hand-over is always the same.
 """
 
 from __future__ import annotations
@@ -160,20 +150,7 @@ class _Learner:
 
 
 def run_demo(settings: DemoSettings, log: Callable[[str], None] = tqdm.write) -> DemoResult:
-    """Run the demo end to end: train, evaluate as it learns, checkpoint.
-
-    Parameters
-    ----------
-    settings
-        The knobs: env, sizes, DQN hyper-parameters, seed and where the store goes.
-    log
-        Receives one line per evaluation (default: printed above the progress bar).
-
-    Returns
-    -------
-    DemoResult
-        Where its data is, how fast it went and its evaluations.
-    """
+    """Run the demo end to end: train, evaluate as it learns, checkpoint."""
     # One intra-op thread: the small network gains nothing from more, and the results then
     # do not depend on the machine's core count (reductions split across threads differ).
     threads = torch.get_num_threads()
@@ -237,19 +214,7 @@ def _run(settings: DemoSettings, log: Callable[[str], None]) -> DemoResult:
 
 
 def report(result: DemoResult) -> str:
-    """A short human summary of a demo run.
-
-    Parameters
-    ----------
-    result
-        What :func:`run_demo` returned.
-
-    Returns
-    -------
-    str
-        Eight aligned lines: env steps and rows sampled (with rates), bytes written, the
-        store and checkpoint paths, the final TD loss and greedy return, the elapsed time.
-    """
+    """A short human summary of a demo run."""
     return "\n".join(
         [
             f"env steps      {result.env_steps} ({result.env_steps / result.seconds:,.0f}/s)",
@@ -265,18 +230,7 @@ def report(result: DemoResult) -> str:
 
 
 def write_learning_curve(result: DemoResult) -> Path | str:
-    """Draw the run's returns over training into ``learning-curve.png`` beside its store.
-
-    Parameters
-    ----------
-    result
-        What :func:`run_demo` returned; its store is opened read-only for the episodes.
-
-    Returns
-    -------
-    Path or str
-        The file's path, or a line saying why there is none (matplotlib missing).
-    """
+    """Draw the run's returns over training into ``learning-curve.png`` beside its store."""
     path = result.store.parent / "learning-curve.png"
     try:
         plot_learning_curve(result.evaluations, open_buffer(result.store), path)

@@ -1,8 +1,4 @@
-"""The demo's knobs (:class:`DemoSettings`) and what a run leaves (:class:`DemoResult`).
-
-:func:`rbzarr.demo.demo.run_demo` takes the one and returns the other; ``rbzarr demo`` exposes
-the knobs as options.
-"""
+"""The demo's knobs (:class:`DemoSettings`) and what a run leaves (:class:`DemoResult`)."""
 
 from __future__ import annotations
 
@@ -14,52 +10,7 @@ __all__ = ["DemoResult", "DemoSettings"]
 
 @dataclass(frozen=True)
 class DemoSettings:
-    """Knobs of the demo; the defaults learn CartPole in about two minutes on 2 cores.
-
-    Parameters
-    ----------
-    store
-        The directory in which each run makes ``run-<time>/`` with its ``auto_save`` store
-        and its checkpoint.
-    env_id
-        The gymnasium env id; the Q-network assumes 4 observations and 2 actions (CartPole).
-    num_envs
-        Environments of the rollout vector env (``B`` of every trajectory).
-    steps_per_trajectory
-        Collector steps per trajectory (``T``).
-    trajectories
-        Trajectories the run collects and trains on.
-    batch_size
-        Rows per sampled batch.
-    updates_per_trajectory
-        DQN updates after each trajectory is added.
-    learning_starts
-        Env steps collected before the first update.
-    sample_window_size
-        The buffer's sampling window in trajectories; 0 samples every trajectory of the run.
-    cache_size
-        Trajectories the buffer samples from memory; every one is also written to the store.
-    learning_rate
-        Adam's initial step size; it decays linearly to 0 over the run.
-    gamma
-        The discount of the TD target.
-    hidden
-        Width of the Q-network's two hidden layers.
-    target_every
-        Updates between copies of the Q-network into the target network.
-    epsilon_start, epsilon_end
-        Exploration rate of the first rollout, and after the decay.
-    exploration_fraction
-        Share of all env steps over which epsilon decays linearly.
-    eval_every
-        Trajectories between greedy evaluations (the last trajectory is always evaluated).
-    eval_episodes
-        Fresh episodes per greedy evaluation (environments of the evaluation vector env).
-    seed
-        Seeds torch, the env resets, exploration and the buffer's sampling.
-    progress
-        Show a progress bar of the trajectories.
-    """
+    """Knobs of the demo; the defaults learn CartPole in about two minutes on 2 cores."""
 
     store: Path = Path("rbzarr-demo")
     env_id: str = "CartPole-v1"
@@ -89,19 +40,7 @@ class DemoSettings:
         return self.num_envs * self.steps_per_trajectory
 
     def epsilon(self, env_steps: int) -> float:
-        """The exploration rate after ``env_steps`` env steps.
-
-        Parameters
-        ----------
-        env_steps
-            Env steps collected so far (all environments together).
-
-        Returns
-        -------
-        float
-            ``epsilon_start`` moved linearly towards ``epsilon_end``, reached after
-            ``exploration_fraction`` of the run's env steps and kept from then on.
-        """
+        """The exploration rate after ``env_steps`` env steps."""
         decay = self.exploration_fraction * self.trajectories * self.steps_per_round
         fraction = min(1.0, env_steps / decay) if decay > 0 else 1.0
         return self.epsilon_start + fraction * (self.epsilon_end - self.epsilon_start)
@@ -109,28 +48,7 @@ class DemoSettings:
 
 @dataclass(frozen=True)
 class DemoResult:
-    """Where the demo left its data, how fast it went and how well it learnt.
-
-    Parameters
-    ----------
-    store
-        The run's ``auto_save`` Zarr store.
-    checkpoint
-        The checkpoint saved at the end of the run.
-    env_steps
-        Env steps collected, all environments together.
-    rows_sampled
-        Rows the DQN updates sampled from the buffer.
-    bytes_written
-        Size of the files in ``store``.
-    seconds
-        Wall-clock time from starting the rollout thread to the end of the run (checkpoint
-        saved, buffer closed, threads joined).
-    final_loss
-        The TD loss of the last update (NaN when no update ran).
-    evaluations
-        ``(env_steps, mean greedy return)`` pairs, in order.
-    """
+    """Where the demo left its data, how fast it went and how well it learnt."""
 
     store: Path
     checkpoint: Path

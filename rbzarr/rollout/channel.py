@@ -1,19 +1,4 @@
-"""A bounded channel that carries trajectories from producers to consumers.
-
-Rollout workers ``put`` trajectories and the actor ``get`` s them (see the data flow in the
-spec). Two backends share one front end:
-
-``"thread"``
-    Producers and consumers are threads of one process; items are passed by reference.
-``"process"``
-    Producers and consumers are processes (a ``torch.multiprocessing`` queue); tensors
-    travel through shared memory, so the consumer receives them without a copy.
-
-Closing is sticky and graceful: after :meth:`Channel.close`, ``put`` raises
-:class:`~rbzarr.errors.ChannelClosedError`, while ``get`` keeps returning what is left and
-raises it only once the channel is drained. A ``get`` or ``put`` that runs out of time
-raises :class:`~rbzarr.errors.ChannelTimeoutError`.
-"""
+"""A bounded channel carrying trajectories from producers to consumers (threads or processes)."""
 
 from __future__ import annotations
 
@@ -134,9 +119,9 @@ class _ThreadBackend(_Backend):
 class _ProcessBackend(_Backend):
     """An unbounded multiprocessing queue, bounded by a semaphore of free slots.
 
-    The close marker takes no slot, so ``close()`` never blocks on a full channel. A
-    process that has received the marker remembers it (``_drained``): its later gets fail
-    at once, without waiting for the marker it passed on to come round again.
+    The close marker takes no slot, so ``close()`` never blocks on a full channel.  A process
+    that has received the marker remembers it (``_drained``): its later gets fail at once,
+    without waiting for the marker it passed on to come round again.
     """
 
     def __init__(self, maxsize: int, context: str | None) -> None:

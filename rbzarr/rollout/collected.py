@@ -1,8 +1,4 @@
-"""What a collected trajectory carries beyond its steps, and splitting it along ``B``.
-
-``model_weights_id`` names the weights that produced a trajectory, ``max_episode_length``
-its longest episode; :func:`split` divides a trajectory into parts, one per consumer.
-"""
+"""What a collected trajectory carries beyond its steps, and splitting it along ``B``."""
 
 from __future__ import annotations
 
@@ -13,24 +9,14 @@ import torch
 from rbzarr.trajectory.dtypes import to_numpy
 from rbzarr.trajectory.model import Trajectory, raw_time_rows, trajectory_from_raw, validate
 
-__all__ = ["max_episode_length", "model_weights_id", "split"]
+__all__ = ["max_episode_length", "model_weights_id", "split_envs"]
 
 
 def model_weights_id(versions: torch.Tensor | None) -> str:
     """The id of the weights that produced a trajectory, derived from its ``versions``.
 
     ``uuid5(NAMESPACE_DNS, hex(bytes of versions))``; without versions, the bytes of
-    ``torch.zeros(1)`` (float32) are hashed, so every version-less trajectory shares one id.
-
-    Parameters
-    ----------
-    versions
-        The trajectory's ``versions`` tensor (weight versions per step), or ``None``.
-
-    Returns
-    -------
-    str
-        The canonical text form of the UUID, e.g. ``"1b4e28ba-2fa1-5ad2-..."``.
+    ``torch.zeros(1)`` (float32), so every version-less trajectory shares one id.
     """
     source = torch.zeros(1) if versions is None else versions
     return str(uuid.uuid5(uuid.NAMESPACE_DNS, to_numpy(source).tobytes().hex()))
@@ -39,20 +25,8 @@ def model_weights_id(versions: torch.Tensor | None) -> str:
 def max_episode_length(step_dones: torch.Tensor) -> int:
     """The longest episode in ``step_dones`` (``[T, B, ...]``, reset rows already removed).
 
-    Episodes are counted in collector steps, per environment: an episode starts at
-    ``t = 0`` or right after a step where that environment is done (any entry of its
-    ``dones[t, b, ...]`` set), and ends at its next done step, inclusive, or at ``T``.
-    An episode still running at ``T`` counts with the steps observed so far.
-
-    Parameters
-    ----------
-    step_dones
-        ``[T, B, ...]`` done flags, one row per collector step (no reset rows).
-
-    Returns
-    -------
-    int
-        The longest episode length in steps; 0 when there are no environments.
+    Per environment, an episode starts at ``t = 0`` or right after a done step and ends at its
+    next done step, inclusive, or at ``T`` (counted with the steps observed so far).
     """
     steps, envs = int(step_dones.shape[0]), int(step_dones.shape[1])
     ended = step_dones.reshape(steps, envs, -1).bool().any(dim=2).cpu()
@@ -65,7 +39,7 @@ def max_episode_length(step_dones: torch.Tensor) -> int:
     return int(longest.max()) if envs else 0
 
 
-def split(trajectory: Trajectory, num_parts: int) -> list[Trajectory]:
+def split_envs(trajectory: Trajectory, num_parts: int) -> list[Trajectory]:
     """Split ``trajectory`` along ``B`` (dim 1 of every tensor) into ``num_parts`` parts.
 
     Part sizes differ by at most one environment; the first ``B % num_parts`` parts get the

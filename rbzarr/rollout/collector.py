@@ -1,27 +1,7 @@
-"""Turn per-step rollout output into a :class:`~rbzarr.trajectory.model.Trajectory`.
+"""Turn per-step rollout output into a ``[T, B, ...]`` :class:`~rbzarr.trajectory.model.Trajectory`.
 
-A rollout worker steps ``B`` vectorised environments; each step yields one *chunk*
-``[act_t, r_t, dones_t, ...]`` together with the transition ``[obs_t, obs_t+1]``.
-:class:`TrajectoryCollector` accumulates those steps over time and stacks them into
-``[T, B, ...]`` tensors.  With a gymnasium vector env in its default (next-step) autoreset
-mode::
-
-    collector = TrajectoryCollector.for_vector_env(envs)
-    collector.reset(obs)                       # once, after envs.reset()
-    while training:
-        for t in range(T):
-            collector.add_step(actions, rewards, next_obs, terminations, truncations)
-        trajectory = collector.build()         # the collector carries on
-
-In same-step mode (``TrajectoryCollector(num_envs=B)``), pass ``final_obs`` on each step,
-call ``reset(obs)`` once per rollout epoch, and ``build()`` empties the collector.
-
-**Which ``dones`` row is a sampled row's.**  ``dones``, ``terminations`` and
-``truncations`` hold one reset row in front of each epoch; a sampled (flat) row ``t``
-carries ``dones[t]`` of the *step* rows, i.e. raw row ``t + 1`` of a single-epoch
-trajectory: true when the transition ``curr_obs[t] -> next_obs[t]`` ended its episode.
-
-:func:`~rbzarr.rollout.collected.split` divides a trajectory along ``B`` into parts.
+A sampled (flat) row ``t`` carries ``dones`` of the *step* rows: raw row ``t + 1`` of a
+single-epoch trajectory, true when ``curr_obs[t] -> next_obs[t]`` ended its episode.
 """
 
 from __future__ import annotations
@@ -33,14 +13,14 @@ import torch
 
 from rbzarr.errors import InvalidTrajectoryError
 from rbzarr.rollout.autoreset import NEXT_STEP, aligned_rows, autoreset_mode_name
-from rbzarr.rollout.collected import max_episode_length, model_weights_id, split
+from rbzarr.rollout.collected import max_episode_length, model_weights_id
 from rbzarr.rollout.epochs import RolloutEpoch, epoch_rows, stack_epochs, stacked
 from rbzarr.rollout.step_checks import Signature, StepChecks, signature_of
 from rbzarr.trajectory import tree
 from rbzarr.trajectory.fields import RESET_ROW_FIELDS
 from rbzarr.trajectory.model import Trajectory, trajectory_from_raw
 
-__all__ = ["TrajectoryCollector", "max_episode_length", "model_weights_id", "split"]
+__all__ = ["TrajectoryCollector"]
 
 
 class TrajectoryCollector:
@@ -336,7 +316,7 @@ class TrajectoryCollector:
         Raises
         ------
         InvalidTrajectoryError
-            When some environment has made no transition yet.
+            Some environment has made no transition yet.
         """
         (epoch,) = self._epochs  # reset() refuses a second epoch while steps are pending
         steps, left = aligned_rows(torch.stack(epoch.valid).cpu())

@@ -1,7 +1,4 @@
-"""Checks of what one collector step passes in: ``[B, ...]`` tensors, dicts, signatures.
-
-Every failure is an :class:`~rbzarr.errors.InvalidTrajectoryError` naming the field.
-"""
+"""Checks of what one collector step passes in; every failure names the field."""
 
 from __future__ import annotations
 
@@ -20,18 +17,7 @@ Signature = dict[str, tuple[torch.dtype, tuple[int, ...]]]
 
 
 def signature_of(flat: Mapping[str, torch.Tensor]) -> Signature:
-    """Dtype and trailing shape (after ``B``) of every flat field.
-
-    Parameters
-    ----------
-    flat
-        ``[B, ...]`` tensors by flat key.
-
-    Returns
-    -------
-    Signature
-        ``{key: (dtype, shape[1:])}`` in the order of ``flat``.
-    """
+    """Dtype and trailing shape (after ``B``) of every flat field."""
     return {path: (value.dtype, tuple(value.shape[1:])) for path, value in flat.items()}
 
 
@@ -40,37 +26,13 @@ def _describe(sig: tuple[torch.dtype, tuple[int, ...]], num_envs: int) -> str:
 
 
 class StepChecks:
-    """Checks for steps of ``num_envs`` environments.
-
-    Parameters
-    ----------
-    num_envs
-        ``B``: the leading dimension every step tensor must have.
-    """
+    """Checks for steps of ``num_envs`` environments."""
 
     def __init__(self, num_envs: int) -> None:
         self.num_envs = num_envs
 
     def rows(self, name: str, value: Any) -> torch.Tensor:
-        """``value`` if it is a ``[B, ...]`` tensor.
-
-        Parameters
-        ----------
-        name
-            The field's name, for the error message.
-        value
-            What the caller passed for the field.
-
-        Returns
-        -------
-        torch.Tensor
-            ``value`` itself, unchanged.
-
-        Raises
-        ------
-        InvalidTrajectoryError
-            ``value`` is ``None``, not a tensor, or its first dimension is not ``B``.
-        """
+        """``value`` if it is a ``[B, ...]`` tensor."""
         if value is None:
             raise InvalidTrajectoryError(
                 f"field {name!r}: missing; expected a tensor [B={self.num_envs}, ...]"
@@ -86,43 +48,11 @@ class StepChecks:
         return value
 
     def optional_rows(self, name: str, value: Any) -> torch.Tensor | None:
-        """:meth:`rows`, or ``None`` for ``None``.
-
-        Parameters
-        ----------
-        name
-            The field's name, for the error message.
-        value
-            What the caller passed for the field; ``None`` means "not given".
-
-        Returns
-        -------
-        torch.Tensor or None
-            ``value`` itself.
-        """
+        """:meth:`rows`, or ``None`` for ``None``."""
         return None if value is None else self.rows(name, value)
 
     def observation(self, name: str, obs: Any) -> dict[str, torch.Tensor]:
-        """A (nested) dict of ``[B, ...]`` tensors, flattened.
-
-        Parameters
-        ----------
-        name
-            The field's name (``"obs"``, ``"forward_inputs"``), for error messages.
-        obs
-            The nested dict the caller passed.
-
-        Returns
-        -------
-        dict of str to torch.Tensor
-            The tensors by flat key (without the ``name`` prefix).
-
-        Raises
-        ------
-        InvalidTrajectoryError
-            ``obs`` is not a dict, a key is not a plain name, or a leaf is not a
-            ``[B, ...]`` tensor.
-        """
+        """A (nested) dict of ``[B, ...]`` tensors, flattened."""
         if not isinstance(obs, Mapping):
             raise InvalidTrajectoryError(
                 f"field {name!r}: expected a dict of tensors, got {type(obs).__name__}"
@@ -134,45 +64,12 @@ class StepChecks:
         return {path: self.rows(f"{name}/{path}", value) for path, value in flat.items()}
 
     def forward_inputs(self, inputs: Any) -> dict[str, torch.Tensor]:
-        """:meth:`observation` of ``forward_inputs``, keyed ``forward_inputs/...``.
-
-        Parameters
-        ----------
-        inputs
-            The nested dict of ``[B, ...]`` tensors the policy returned.
-
-        Returns
-        -------
-        dict of str to torch.Tensor
-            The tensors by flat key, each prefixed ``forward_inputs/``.
-
-        Raises
-        ------
-        InvalidTrajectoryError
-            As :meth:`observation`.
-        """
+        """:meth:`observation` of ``forward_inputs``, keyed ``forward_inputs/...``."""
         flat = self.observation("forward_inputs", inputs)
         return {f"forward_inputs{tree.SEP}{path}": value for path, value in flat.items()}
 
     def match(self, name: str, got: Signature, expected: Signature, source: str) -> None:
-        """Refuse ``got`` unless it has ``expected``'s fields, dtypes and shapes.
-
-        Parameters
-        ----------
-        name
-            What is checked (``"obs"``, ``"step"``), for the error message.
-        got
-            The signature of the new values.
-        expected
-            The signature they must match.
-        source
-            Where ``expected`` came from (e.g. ``"the first step"``), for the message.
-
-        Raises
-        ------
-        InvalidTrajectoryError
-            A field is missing or unexpected, or a field's dtype or shape differs.
-        """
+        """Refuse ``got`` unless it has ``expected``'s fields, dtypes and shapes."""
         missing = [path for path in expected if path not in got]
         unexpected = [path for path in got if path not in expected]
         if missing or unexpected:
@@ -189,21 +86,7 @@ class StepChecks:
     def check_reset_row(
         self, reset_row: Mapping[str, torch.Tensor | None], signature: Signature
     ) -> None:
-        """Refuse reset-row values whose trailing shape differs from the steps'.
-
-        Parameters
-        ----------
-        reset_row
-            The reset row's ``terminations`` / ``truncations`` / ``dones``, by name;
-            ``None`` values are skipped.
-        signature
-            The steps' signature; it must hold every name in ``reset_row``.
-
-        Raises
-        ------
-        InvalidTrajectoryError
-            A value's shape after ``B`` differs from the steps' for that field.
-        """
+        """Refuse reset-row values whose trailing shape differs from the steps'."""
         for name, value in reset_row.items():
             if value is not None and tuple(value.shape[1:]) != signature[name][1]:
                 raise InvalidTrajectoryError(

@@ -1,7 +1,4 @@
-"""The trajectory model: `[T, B, ...]` tensors, their validation, flat view and dtypes.
-
-Everything else in rbzarr takes and returns these objects.
-"""
+"""The trajectory model: ``[T, B, ...]`` tensors, their validation, flat view and dtypes."""
 
 from rbzarr.trajectory.model import Trajectory
 

@@ -1,7 +1,7 @@
 """Torch dtypes by name, and their lossless numpy storage form.
 
-numpy has no ``bfloat16``: such tensors are stored as their raw 16-bit pattern (``uint16``)
-and the torch dtype is recorded by name beside the data, so a round trip is bit-exact.
+numpy has no ``bfloat16``: it is stored as its raw 16 bits (``uint16``), the torch dtype
+recorded by name beside the data, so a round trip is bit-exact.
 """
 
 from __future__ import annotations
@@ -36,23 +36,7 @@ _BIT_VIEWS = {torch.bfloat16: torch.uint16}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    """The name of a torch dtype as stored in rbzarr files (``"float32"``, ``"bfloat16"``).
-
-    Parameters
-    ----------
-    dtype
-        A torch dtype.
-
-    Returns
-    -------
-    str
-        The name :func:`dtype_from_name` maps back to ``dtype``.
-
-    Raises
-    ------
-    ValueError
-        ``dtype`` is not one rbzarr stores (e.g. a quantized or float8 dtype).
-    """
+    """The name of a torch dtype as stored in rbzarr files (``"float32"``, ``"bfloat16"``)."""
     try:
         return _NAMES[dtype]
     except KeyError:
@@ -62,23 +46,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def dtype_from_name(name: str) -> torch.dtype:
-    """The torch dtype stored under ``name``.
-
-    Parameters
-    ----------
-    name
-        A dtype name as :func:`dtype_name` writes it, e.g. ``"bfloat16"``.
-
-    Returns
-    -------
-    torch.dtype
-        The dtype of that name.
-
-    Raises
-    ------
-    ValueError
-        ``name`` is not a known dtype name; the message lists the known ones.
-    """
+    """The torch dtype stored under ``name``."""
     try:
         return _BY_NAME[name]
     except KeyError:
@@ -86,18 +54,7 @@ def dtype_from_name(name: str) -> torch.dtype:
 
 
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """A numpy array holding ``tensor``'s exact bits (a view when already on the CPU).
-
-    Parameters
-    ----------
-    tensor
-        Any tensor; it is detached and moved to the CPU first.
-
-    Returns
-    -------
-    numpy.ndarray
-        The same shape; a ``bfloat16`` tensor comes back as its ``uint16`` bit pattern.
-    """
+    """A numpy array holding ``tensor``'s exact bits (a view when already on the CPU)."""
     tensor = tensor.detach().cpu()
     view = _BIT_VIEWS.get(tensor.dtype)
     if view is not None:
@@ -106,38 +63,13 @@ def to_numpy(tensor: torch.Tensor) -> np.ndarray:
 
 
 def from_numpy(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    """The tensor of torch ``dtype`` whose bits ``array`` holds; inverse of :func:`to_numpy`.
-
-    Parameters
-    ----------
-    array
-        The stored array (``uint16`` bits for ``bfloat16``).
-    dtype
-        The torch dtype recorded beside the data.
-
-    Returns
-    -------
-    torch.Tensor
-        A CPU tensor of ``dtype``; it shares memory with ``array`` when ``array`` is
-        contiguous and already of that dtype (or its bit view).
-    """
+    """The tensor of torch ``dtype`` whose bits ``array`` holds; inverse of :func:`to_numpy`."""
     tensor = torch.from_numpy(np.ascontiguousarray(array))
     return tensor.view(dtype) if dtype in _BIT_VIEWS else tensor.to(dtype)
 
 
 def byte_rows(tensor: torch.Tensor) -> np.ndarray:
-    """A CPU tensor's memory as writable uint8 rows ``[len, row_bytes]`` (a view, no copy).
-
-    Parameters
-    ----------
-    tensor
-        A contiguous CPU tensor with at least one dimension.
-
-    Returns
-    -------
-    numpy.ndarray
-        ``uint8`` array of shape ``[len(tensor), row_bytes]`` sharing ``tensor``'s memory.
-    """
+    """A CPU tensor's memory as writable uint8 rows ``[len, row_bytes]`` (a view, no copy)."""
     array = to_numpy(tensor)
     flat = array.reshape(array.shape[0], math.prod(array.shape[1:]))
     return flat.view(np.uint8)

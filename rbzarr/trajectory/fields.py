@@ -1,11 +1,6 @@
-"""What a trajectory is made of: RLinf's field names, and reading them from any object.
+"""RLinf's trajectory field names, and the one place that reads them from any object.
 
-rbzarr accepts its own :class:`~rbzarr.trajectory.model.Trajectory` or any object carrying the same
-attributes (RLinf's ``Trajectory`` included).  This module is the one place that reads those
-attributes, so every caller sees the same fields, in the same order, with the same errors.
-
-A field that an object does not have reads as its default (``None``, an empty dict, 0, ``""``):
-older RLinf releases, for instance, have no ``versions``.
+A field an object lacks reads as its default (older RLinf releases have no ``versions``).
 """
 
 from __future__ import annotations
@@ -59,28 +54,7 @@ def _check_is_trajectory(traj: object) -> None:
 
 
 def trajectory_tensors(traj: object) -> dict[str, Any]:
-    """Every present tensor field of ``traj`` as a flat dict of raw ``[T(+E), B, ...]`` values.
-
-    Top-level fields come first in dataclass order, then ``curr_obs/...``, ``next_obs/...``
-    and ``forward_inputs/...`` (each in its own key order): the order of a sampled batch.
-    Values are returned as found (validation checks them); nothing is copied.
-
-    Parameters
-    ----------
-    traj
-        A :class:`~rbzarr.trajectory.model.Trajectory` or any object with its attributes.
-
-    Returns
-    -------
-    dict of str to Any
-        The present fields by flat key; fields that are ``None`` or absent are left out.
-
-    Raises
-    ------
-    InvalidTrajectoryError
-        If ``traj`` has none of the trajectory fields, a dict field is not a dict, or a key
-        is not a valid name.
-    """
+    """Every present tensor field of ``traj`` as a flat dict of raw ``[T(+E), B, ...]`` values."""
     _check_is_trajectory(traj)
     fields: dict[str, Any] = {}
     for name in TENSOR_FIELDS:
@@ -105,23 +79,7 @@ def trajectory_tensors(traj: object) -> dict[str, Any]:
 
 
 def trajectory_scalars(traj: object) -> tuple[int, str]:
-    """``(max_episode_length, model_weights_id)`` of ``traj``, checked.
-
-    Parameters
-    ----------
-    traj
-        A :class:`~rbzarr.trajectory.model.Trajectory` or any object with its attributes.
-
-    Returns
-    -------
-    tuple of (int, str)
-        The two scalars; an absent attribute reads as ``0`` or ``""``.
-
-    Raises
-    ------
-    InvalidTrajectoryError
-        If ``max_episode_length`` is not an integer or ``model_weights_id`` not a string.
-    """
+    """``(max_episode_length, model_weights_id)`` of ``traj``, checked."""
     _check_is_trajectory(traj)
     length = getattr(traj, "max_episode_length", 0)
     weights_id = getattr(traj, "model_weights_id", "")
@@ -139,22 +97,8 @@ def trajectory_scalars(traj: object) -> tuple[int, str]:
 def raw_time_rows(t: torch.Tensor, T: int, raw_rows: int) -> torch.Tensor:
     """Map flat time steps ``t`` to rows of a raw field holding ``raw_rows`` rows.
 
-    A reset-row field with E epochs stores ``T + E`` rows; step ``t`` of the flat view lives
-    at raw row ``t + t // (T / E) + 1``.  Other fields map ``t`` to itself.
-
-    Parameters
-    ----------
-    t
-        Integer tensor of flat time steps, each in ``[0, T)``.
-    T
-        The trajectory's number of time steps (reset rows excluded).
-    raw_rows
-        How many rows the stored field has: ``T`` or ``T + E``.
-
-    Returns
-    -------
-    torch.Tensor
-        The raw row of each step; ``t`` itself when the field has no reset rows.
+    A reset-row field with E epochs stores ``T + E`` rows; step ``t`` lives at raw row
+    ``t + t // (T / E) + 1``.  Other fields map ``t`` to itself.
     """
     epochs = raw_rows - T
     if epochs <= 0:

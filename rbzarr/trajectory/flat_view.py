@@ -1,9 +1,6 @@
-"""The flat view of a trajectory: ``[T*B, ...]`` rows for sampling, and back.
+"""The flat view of a trajectory (``[T*B, ...]`` rows for sampling) and the way back.
 
-Flat row ``i`` is time step ``i // B`` of environment ``i % B``.  :func:`split_trajectory`
-cuts a validated trajectory into that view and a :class:`Residue` (the reset rows, the
-fields without ``[T, B]`` dimensions and the scalars); :func:`join_trajectory` puts the
-two back together exactly.
+Flat row ``i`` is time step ``i // B`` of environment ``i % B``.
 """
 
 from __future__ import annotations
@@ -20,19 +17,7 @@ __all__ = ["Residue", "flatten_trajectory", "join_trajectory", "split_trajectory
 
 @dataclass(frozen=True)
 class Residue:
-    """What the flat view leaves out of a trajectory, so it can be rebuilt exactly.
-
-    Parameters
-    ----------
-    reset_rows
-        The ``[E, B, ...]`` reset rows of each sampled reset-row field, by flat key.
-    unsampled
-        Raw fields the flat view does not hold (those without ``[T, B]`` dimensions).
-    max_episode_length
-        The trajectory's scalar field.
-    model_weights_id
-        The trajectory's scalar field.
-    """
+    """What the flat view leaves out of a trajectory, so it can be rebuilt exactly."""
 
     reset_rows: dict[str, torch.Tensor]
     unsampled: dict[str, torch.Tensor]
@@ -43,21 +28,7 @@ class Residue:
 def split_trajectory(traj: object, spec: TrajectorySpec) -> tuple[dict[str, torch.Tensor], Residue]:
     """Split ``traj`` into its flat view (``[T*B, ...]``, reset rows dropped) and the rest.
 
-    ``traj`` must have passed :func:`validate`, which gave ``spec``; the flat view lists
-    the fields in ``spec.schema``'s order.  Both parts may share memory with ``traj``;
-    callers that keep them must copy.
-
-    Parameters
-    ----------
-    traj
-        A validated trajectory (rbzarr's or any object with its fields).
-    spec
-        What :func:`validate` returned for it.
-
-    Returns
-    -------
-    tuple of (dict of str to torch.Tensor, Residue)
-        The flat ``[T*B, ...]`` view and the rest.
+    Both parts may share memory with ``traj``; callers that keep them must copy.
     """
     fields = trajectory_tensors(traj)
     residue = Residue({}, {}, *trajectory_scalars(traj))
@@ -79,45 +50,12 @@ def split_trajectory(traj: object, spec: TrajectorySpec) -> tuple[dict[str, torc
 
 
 def flatten_trajectory(traj: object, spec: TrajectorySpec) -> dict[str, torch.Tensor]:
-    """The sampled fields of ``traj`` as ``[T*B, ...]`` tensors, reset rows dropped.
-
-    Parameters
-    ----------
-    traj
-        A validated trajectory.
-    spec
-        What :func:`validate` returned for it.
-
-    Returns
-    -------
-    dict of str to torch.Tensor
-        The flat view of :func:`split_trajectory`, in ``spec.schema``'s order.
-    """
+    """The sampled fields of ``traj`` as ``[T*B, ...]`` tensors, reset rows dropped."""
     return split_trajectory(traj, spec)[0]
 
 
 def join_trajectory(flat: dict[str, torch.Tensor], residue: Residue, B: int) -> Trajectory:
-    """Rebuild the raw trajectory from :func:`split_trajectory`'s parts (the inverse).
-
-    Parameters
-    ----------
-    flat
-        The ``[T*B, ...]`` sampled fields by flat key.
-    residue
-        The reset rows, unsampled fields and scalars split off with them.
-    B
-        The number of environments, to restore ``[T, B, ...]``.
-
-    Returns
-    -------
-    Trajectory
-        With reset rows back in place.
-
-    Raises
-    ------
-    InvalidTrajectoryError
-        A key does not name a trajectory field.
-    """
+    """Rebuild the raw trajectory from :func:`split_trajectory`'s parts (the inverse)."""
     raw: dict[str, torch.Tensor] = dict(residue.unsampled)
     for path, rows in flat.items():
         steps = rows.reshape(-1, B, *rows.shape[1:])

@@ -1,15 +1,4 @@
-"""Steps a human intervened in: RLinf's ``Trajectory.extract_intervene_traj`` rule.
-
-From a trajectory ``[T, B, ...]`` and its ``intervene_flags`` ``[T, B, D]``, every
-environment column with at least one intervened step becomes its own ``[k, 1, ...]``
-trajectory holding only those steps (RLinf's DAgger, SAC and RLT workers feed them to a demo
-buffer).  Reset-row fields (``dones``, ``terminations``, ``truncations`` with ``T + E`` rows)
-keep the intervened steps and, as in RLinf, every reset row, so the part has ``k + E`` rows.
-That is a valid trajectory only when every epoch kept as many steps (always so for one
-epoch); otherwise RLinf's result is one its own buffer refuses or misreads, and rbzarr keeps
-the first reset row only (``k + 1`` rows: one epoch) **(fix)**.  ``versions`` is not carried
-over, as in RLinf.
-"""
+"""Steps a human intervened in: RLinf's ``Trajectory.extract_intervene_traj`` rule."""
 
 from __future__ import annotations
 
@@ -27,27 +16,7 @@ _MODES = {"any": torch.Tensor.any, "all": torch.Tensor.all}
 def intervention_mask(flags: torch.Tensor | None, mode: str = "any") -> torch.Tensor | None:
     """The ``[T, B]`` mask of intervened steps, or ``None`` when no step was intervened.
 
-    ``mode="any"`` marks a step where any of the ``D`` flags is set, ``"all"`` where all are.
     Flags are read as booleans (RLinf's ``~flags`` test assumes a bool tensor).
-
-    Parameters
-    ----------
-    flags
-        The trajectory's ``intervene_flags`` (``[T, B, D]``), or ``None`` when it has none.
-    mode
-        ``"any"`` or ``"all"``: how the ``D`` flags of a step combine.
-
-    Returns
-    -------
-    torch.Tensor or None
-        ``[T, B]`` booleans, or ``None`` when ``flags`` is ``None`` or no flag is set.
-
-    Raises
-    ------
-    NotImplementedError
-        For another ``mode`` (RLinf raises the same).
-    ValueError
-        If ``flags`` is not shaped ``[T, B, D]``.
     """
     if mode not in _MODES:
         raise NotImplementedError(
@@ -66,13 +35,7 @@ def intervention_mask(flags: torch.Tensor | None, mode: str = "any") -> torch.Te
 
 
 def _row_mask(path: str, rows: int, steps: torch.Tensor) -> torch.Tensor:
-    """Which raw rows of field ``path`` to keep, given the kept time ``steps`` (``[T]``).
-
-    Raises
-    ------
-    ValueError
-        If ``rows`` is neither ``T`` nor, for a reset-row field, ``T + E`` with ``E | T``.
-    """
+    """Which raw rows of field ``path`` to keep, given the kept time ``steps`` (``[T]``)."""
     T = int(steps.shape[0])
     if rows == T:
         return steps
@@ -96,28 +59,9 @@ def intervened_columns(
 ) -> list[dict[str, torch.Tensor]]:
     """One dict of raw fields per environment column with an intervened step.
 
-    ``fields`` maps field paths to raw ``[T(+E), B, ...]`` tensors; values with fewer than
-    two dimensions, and ``versions``, are left out.  Each result holds ``[k(+E), 1, ...]``
-    tensors: the column's intervened steps (and its reset rows), in time order.
-
-    Parameters
-    ----------
-    fields
-        Field paths to raw tensors of one trajectory.
-    mask
-        ``[T, B]`` booleans from :func:`intervention_mask`: the steps to keep.
-
-    Returns
-    -------
-    list of dict
-        One ``{path: tensor}`` per column with an intervened step, in column order; empty
-        when no step is marked.
-
-    Raises
-    ------
-    ValueError
-        If a field has neither ``T`` rows nor (for a reset-row field) ``T + E`` rows with
-        ``E`` dividing ``T``.
+    Each holds the column's intervened steps, ``versions`` left out as in RLinf.  RLinf keeps
+    every reset row (``k + E`` rows), which is valid only when every epoch kept as many steps;
+    otherwise rbzarr keeps the first reset row only (``k + 1`` rows: one epoch) **(fix)**.
     """
     kept = {
         path: value

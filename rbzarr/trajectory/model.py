@@ -1,17 +1,7 @@
 """The ``Trajectory`` dataclass and its validation.
 
-A trajectory holds ``[T, B, ...]`` tensors: T time steps of B parallel environments.
-Sampling works on its *flat* view, ``[T*B, ...]`` row-major, where flat row ``i`` is time
-step ``i // B`` of environment ``i % B`` (:mod:`rbzarr.trajectory.flat_view` cuts and rejoins it).
-
-``dones``, ``terminations`` and ``truncations`` may hold ``T + E`` rows: E rollout epochs of
-``T / E`` steps, each led by one reset row.  Flattening drops those reset rows; storage keeps
-them (raw rows), and :func:`raw_time_rows` maps a flat time step to its raw row.
-
-Every function here takes rbzarr's :class:`Trajectory` or any object with its fields (RLinf's
-``Trajectory`` included); see :mod:`rbzarr.trajectory.fields`.  Dict fields are matched by key name,
-never by key order: :func:`validate` against a schema returns the schema's order, and
-:func:`rbzarr.trajectory.flat_view.split_trajectory` emits the flat view in that order.
+``dones``, ``terminations`` and ``truncations`` may hold ``T + E`` rows: E rollout epochs,
+each led by one reset row.  Dict fields are matched by key name, never by key order.
 """
 
 from __future__ import annotations
@@ -174,19 +164,7 @@ def _same_value(a: Any, b: Any) -> bool:
 
 @dataclass(frozen=True)
 class TrajectorySpec:
-    """What validation learnt about a trajectory.
-
-    Parameters
-    ----------
-    T
-        Time steps (reset rows not counted).
-    B
-        Parallel environments.
-    shape
-        The full shape of the reference field (``prev_logprobs``, else ``rewards``).
-    schema
-        The sampled fields: flat key to ``(dtype name, shape after [T, B])``.
-    """
+    """What validation learnt about a trajectory."""
 
     T: int
     B: int
@@ -230,25 +208,11 @@ def _epochs(path: str, rows: int, T: int) -> int:
 def validate(traj: object, schema: Schema | None = None) -> TrajectorySpec:
     """Check that every field agrees on T and B (and with ``schema``, if given).
 
-    Parameters
-    ----------
-    traj
-        A :class:`Trajectory` or any object with its fields (RLinf's ``Trajectory``).
-    schema
-        The buffer's schema; dict keys are matched by name, in any order.
-
-    Returns
-    -------
-    TrajectorySpec
-        Its ``schema`` lists the sampled fields in ``schema``'s order when one is given,
-        else in the order of :meth:`Trajectory.tensors`.
-
     Raises
     ------
     InvalidTrajectoryError
-        (a ``ValueError``) a field is not a tensor, has no samples, disagrees on ``T`` or
-        ``B``, has an unsupported dtype, or the fields differ from ``schema``; the message
-        names the field and the shapes.
+        A field is not a tensor, is empty, disagrees on ``T`` or ``B``, has an unsupported
+        dtype, or the fields differ from ``schema``.
     """
     trajectory_scalars(traj)
     fields = trajectory_tensors(traj)
@@ -316,20 +280,6 @@ def trajectory_from_raw(
 ) -> Trajectory:
     """Rebuild a :class:`Trajectory` from the flat dict returned by :meth:`Trajectory.tensors`.
 
-    Parameters
-    ----------
-    fields
-        Raw tensors by flat key (``"rewards"``, ``"curr_obs/image"``, ...); not copied.
-    max_episode_length
-        The trajectory's ``max_episode_length``.
-    model_weights_id
-        The trajectory's ``model_weights_id``.
-
-    Returns
-    -------
-    Trajectory
-        Holding the given tensors; fields not in ``fields`` keep their defaults.
-
     Raises
     ------
     InvalidTrajectoryError
@@ -345,23 +295,7 @@ def trajectory_from_raw(
 
 
 def as_trajectory(traj: object) -> Trajectory:
-    """``traj`` itself if it is a :class:`Trajectory`, else one holding the same values.
-
-    Parameters
-    ----------
-    traj
-        A :class:`Trajectory`, or any object with its fields (RLinf's ``Trajectory``).
-
-    Returns
-    -------
-    Trajectory
-        ``traj``, or a new one sharing its tensors.
-
-    Raises
-    ------
-    InvalidTrajectoryError
-        If ``traj`` has no trajectory fields, or malformed dict or scalar fields.
-    """
+    """``traj`` itself if it is a :class:`Trajectory`, else one holding the same values."""
     if isinstance(traj, Trajectory):
         return traj
     return trajectory_from_raw(trajectory_tensors(traj), *trajectory_scalars(traj))

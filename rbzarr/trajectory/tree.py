@@ -1,9 +1,6 @@
 """Nested dicts of tensors: the one place that walks them.
 
-A *tree* is a ``dict`` whose values are tensors or trees.  Most of rbzarr works on the
-*flat* form of a tree: a ``dict`` from ``"/"``-joined key paths to tensors, in the order
-the tree is walked (depth first, insertion order).  ``flatten`` and ``unflatten`` convert
-between the two; every other module goes through them instead of recursing itself.
+The flat form maps ``"/"``-joined key paths to tensors, in walk order (depth first).
 """
 
 from __future__ import annotations
@@ -26,27 +23,8 @@ _RESERVED = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata
 def leaves(tree: Tree, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """Yield ``(path, value)`` for every non-dict value of ``tree``, depth first.
 
-    Keys become path parts in a store, so each must be a plain name: a non-empty string
-    that is not ``"."`` or ``".."``, not a Zarr metadata document name (``zarr.json``,
-    ``.zarray``, ``.zgroup``, ``.zattrs``, ``.zmetadata``) and holds no ``"/"``, ``"\\"``
-    or NUL.
-
-    Parameters
-    ----------
-    tree
-        A nested dict whose leaves are tensors (or any non-mapping value).
-    prefix
-        The path of ``tree`` itself inside a larger tree; ``""`` for the root.
-
-    Yields
-    ------
-    tuple of (str, Any)
-        The ``"/"``-joined path of a leaf (starting with ``prefix``) and the leaf.
-
-    Raises
-    ------
-    ValueError
-        A key is not a plain name; the message names the key and the path it is under.
+    Keys become path parts in a store, so each must be a plain name: non-empty, not ``"."``,
+    ``".."`` or a Zarr metadata document name, and free of ``"/"``, ``"\\"`` and NUL.
     """
     for key, value in tree.items():
         if (
@@ -68,39 +46,12 @@ def leaves(tree: Tree, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def flatten(tree: Tree) -> dict[str, Any]:
-    """Return the flat form of ``tree``: ``{"a/b": leaf, ...}``.
-
-    Parameters
-    ----------
-    tree
-        A nested dict of tensors.
-
-    Returns
-    -------
-    dict of str to Any
-        Leaves by ``"/"``-joined path, in depth-first insertion order.
-
-    Raises
-    ------
-    ValueError
-        A key is not a plain name (see :func:`leaves`).
-    """
+    """Return the flat form of ``tree``: ``{"a/b": leaf, ...}``."""
     return dict(leaves(tree))
 
 
 def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """Rebuild the nested form of a flat dict; the inverse of :func:`flatten`.
-
-    Parameters
-    ----------
-    flat
-        Values by ``"/"``-joined path, as :func:`flatten` returns them.
-
-    Returns
-    -------
-    dict of str to Any
-        The nested dicts, keys in the order the paths first name them.
-    """
+    """Rebuild the nested form of a flat dict; the inverse of :func:`flatten`."""
     tree: dict[str, Any] = {}
     for path, value in flat.items():
         *parents, name = path.split(SEP)
@@ -114,18 +65,5 @@ def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
 def map_flat(
     fn: Callable[[str, torch.Tensor], torch.Tensor], flat: Mapping[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
-    """Apply ``fn(path, tensor)`` to every entry of a flat dict, keeping the order.
-
-    Parameters
-    ----------
-    fn
-        Called with each path and its tensor; returns the new tensor.
-    flat
-        Tensors by ``"/"``-joined path.
-
-    Returns
-    -------
-    dict of str to torch.Tensor
-        ``fn``'s results under the same paths, in the same order.
-    """
+    """Apply ``fn(path, tensor)`` to every entry of a flat dict, keeping the order."""
     return {path: fn(path, tensor) for path, tensor in flat.items()}

@@ -1,10 +1,4 @@
-"""ValidatedTrajectory: a trajectory that passed validation once, with its flat view.
-
-The buffer validates a trajectory exactly once, on ``add_trajectories``; what validation
-learnt (its :class:`~rbzarr.trajectory.model.TrajectorySpec`) and its flat ``[T*B, ...]`` view
-travel with it to the cache, to the store writer and to sampling, so nothing downstream
-validates or flattens it again.
-"""
+"""A trajectory validated once, on ``add_trajectories``, travelling with its spec and flat view."""
 
 from __future__ import annotations
 
@@ -27,18 +21,7 @@ __all__ = ["ValidatedTrajectory", "clone_trajectory", "rows_to_write"]
 
 
 def clone_trajectory(trajectory: Trajectory) -> Trajectory:
-    """A :class:`~rbzarr.trajectory.model.Trajectory` owning copies of every tensor.
-
-    Parameters
-    ----------
-    trajectory
-        The trajectory to copy; its tensors are detached and cloned (same device).
-
-    Returns
-    -------
-    Trajectory
-        Same fields and scalars, sharing no memory with ``trajectory``.
-    """
+    """A :class:`~rbzarr.trajectory.model.Trajectory` owning copies of every tensor."""
     # One torch call per tensor: each call may wait for the GIL while the writer thread runs,
     # so a tensor that autograd does not track is not detached first (nothing to detach).
     fields = {
@@ -52,16 +35,9 @@ def clone_trajectory(trajectory: Trajectory) -> Trajectory:
 class ValidatedTrajectory:
     """A validated trajectory: raw rows, what validation learnt, and the flat view.
 
-    Build one with :meth:`check`.  ``flat`` and ``residue`` share memory with
-    ``trajectory``.  They are split off on first use, not on ``add_trajectories``: with
-    ``auto_save`` the cache and the writer thread use them after the call has returned.
-
-    Parameters
-    ----------
-    trajectory
-        The raw rows as added (or their copy), reset rows included.
-    spec
-        What validation learnt: ``T``, ``B`` and the schema.
+    ``flat`` and ``residue`` share memory with ``trajectory`` and are split off on first use,
+    not on ``add_trajectories``: with ``auto_save`` the cache and the writer thread use them
+    after the call has returned.
     """
 
     trajectory: Trajectory
@@ -85,27 +61,7 @@ class ValidatedTrajectory:
     def check(
         cls, trajectory: object, schema: Schema | None = None, *, copy: bool = False
     ) -> ValidatedTrajectory:
-        """Validate ``trajectory`` against ``schema``, optionally copying it first.
-
-        Parameters
-        ----------
-        trajectory
-            The trajectory (rbzarr's or any object with the same fields).
-        schema
-            The schema it must match (dict keys are matched by name); ``None`` accepts any.
-        copy
-            Copy the tensors, so the caller may reuse its own afterwards.
-
-        Returns
-        -------
-        ValidatedTrajectory
-            With ``flat`` in the key order of ``schema`` (its own order without one).
-
-        Raises
-        ------
-        InvalidTrajectoryError
-            The trajectory's fields disagree with each other or with ``schema``.
-        """
+        """Validate ``trajectory`` against ``schema``, optionally copying it first."""
         # RLinf's own Trajectory (or any object with its fields) is read by field name.
         trajectory = as_trajectory(trajectory)
         spec = validate(trajectory, schema)
@@ -116,23 +72,8 @@ class ValidatedTrajectory:
 
 
 def rows_to_write(trajectory: Trajectory | ValidatedTrajectory) -> Trajectory:
-    """The raw rows a layout writes: a :class:`ValidatedTrajectory`'s as they are (validated
-    once, on add), any other trajectory's after validating it.
-
-    Parameters
-    ----------
-    trajectory
-        A validated trajectory, or a plain :class:`~rbzarr.trajectory.model.Trajectory`.
-
-    Returns
-    -------
-    Trajectory
-        The trajectory whose rows are written (no copy is made).
-
-    Raises
-    ------
-    InvalidTrajectoryError
-        ``trajectory`` is not validated and its fields disagree with each other.
+    """The raw rows a layout writes: a :class:`ValidatedTrajectory`'s as they are (validated once,
+    on add), any other trajectory's after validating it.
     """
     if isinstance(trajectory, ValidatedTrajectory):
         return trajectory.trajectory
