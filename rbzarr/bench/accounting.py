@@ -10,6 +10,9 @@ chunk the row is one contiguous run of bytes (C order, time and env outermost), 
 *pieces* are just those bytes; in a compressed one the piece is the whole inner chunk.
 Adjacent or overlapping byte ranges of one object coalesce.  A disk reads whole pages, so
 the least a truly cold batch can read is its pieces rounded out to pages (``page_bytes``).
+
+What the layout's reads actually ask for is counted by :class:`CountingByteSource`, a
+wrapper around the layout's byte source (``layout_options={"byte_source": ...}``).
 """
 
 from __future__ import annotations
@@ -25,9 +28,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.trajectory.model import raw_time_rows
 
-__all__ = ["ArrayGeometry", "ByteRange", "NeededReads", "StoreGeometry", "coalesce"]
+__all__ = [
+    "ArrayGeometry",
+    "ByteRange",
+    "CountingByteSource",
+    "NeededReads",
+    "StoreGeometry",
+    "coalesce",
+]
 
 EMPTY = 2**64 - 1
 PAGE = mmap.PAGESIZE
@@ -149,6 +160,39 @@ class ArrayGeometry:
         """
         assert self.inner is not None
         return _grid(self.chunks[2:], self.inner[2:])
+
+
+class CountingByteSource(ByteSource):
+    """Counts the requests and bytes of the zarr layout's shard reads, then reads through
+    ``inner``: each ``pread`` and each remote range is a request, memory-map gathers count
+    bytes only (reset the counters freely)."""
+
+    def __init__(self, inner: ByteSource | None = None) -> None:
+        self.inner = ByteSource() if inner is None else inner
+        self.requests = 0
+        self.bytes = 0
+
+    def gather(self, rows: np.ndarray, elements: np.ndarray) -> np.ndarray:
+        # docstring inherited
+        found = self.inner.gather(rows, elements)
+        self.bytes += found.nbytes
+        return found
+
+    def pread(self, fd: int, nbytes: int, offset: int) -> bytes:
+        # docstring inherited
+        data = self.inner.pread(fd, nbytes, offset)
+        self.requests += 1
+        self.bytes += len(data)
+        return data
+
+    def cat_ranges(
+        self, fs: Any, paths: Sequence[str], starts: Sequence[int], ends: Sequence[int | None]
+    ) -> list[Any]:
+        # docstring inherited
+        found = self.inner.cat_ranges(fs, paths, starts, ends)
+        self.requests += len(paths)
+        self.bytes += sum(len(data) for data in found if isinstance(data, bytes))
+        return found
 
 
 def _grid(extent: Sequence[int], block: Sequence[int]) -> list[tuple[int, ...]]:

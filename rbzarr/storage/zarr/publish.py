@@ -1,11 +1,11 @@
-"""Writing one trajectory group of the zarr layout: its data first, its attributes last.
+"""Publishing one trajectory group of the zarr layout: its data first, its attributes last.
 
 A trajectory group's attributes are its commit marker: a group without them is an
-unfinished write and reads as missing.  :class:`GroupWriter` writes the same objects in the
-same order either way (the subgroups without attributes, then every document, shard and
-chunk, then the group's attributes): :meth:`GroupWriter.write_files` straight to the local
-filesystem without the event loop, each file renamed into place, and
-:meth:`GroupWriter.write_group` through a zarr store, concurrently.
+unfinished write and reads as missing.  :class:`GroupPublisher` puts the same objects in
+place in the same order either way (the subgroups without attributes, then every document,
+shard and chunk, then the group's attributes): :meth:`GroupPublisher.publish_files`
+straight to the local filesystem without the event loop, each file renamed into place, and
+:meth:`GroupPublisher.publish` through a zarr store, concurrently.
 """
 
 from __future__ import annotations
@@ -17,33 +17,38 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from zarr.abc.store import Store
+from zarr.codecs import BytesCodec
 from zarr.core.array import AsyncArray
-from zarr.core.buffer import default_buffer_prototype
+from zarr.core.buffer import Buffer, default_buffer_prototype
+from zarr.core.group import GroupMetadata
+from zarr.core.metadata.v3 import ArrayV3Metadata
+from zarr.dtype import parse_data_type
 from zarr.storage import StorePath
 
-from rbzarr.storage.zarr import chunks as chunk_io
+from rbzarr.storage.names import TEMP_SUFFIX
 from rbzarr.storage.zarr.chunking import chunk_shape, pick_codec
 from rbzarr.storage.zarr.encode import dimension_names
 from rbzarr.storage.zarr.open import TRAJECTORIES
-from rbzarr.storage.zarr.plain_codec import PlainCodec
-from rbzarr.trajectory.dtypes import to_numpy
+from rbzarr.storage.zarr.shard_index import DTYPE_ATTR
+from rbzarr.trajectory.dtypes import dtype_name, to_numpy
 
-__all__ = ["GroupWriter"]
+__all__ = ["GroupPublisher", "group_document"]
 
 
-class GroupWriter:
-    """Writes trajectory groups below one store's root; the parent groups are made once.
+class GroupPublisher:
+    """Puts trajectory groups in place below one store's root; the parents are made once.
 
-    The root and ``trajectories`` groups are created, when missing, by the first write
-    of this writer only.
+    The root and ``trajectories`` groups are created, when missing, by the first
+    publication of this publisher only.
     """
 
     def __init__(self) -> None:
         self._parents_ready = False
 
-    def write_files(
+    def publish_files(
         self,
         root: str,
         group: str,
@@ -51,7 +56,7 @@ class GroupWriter:
         attrs: dict[str, Any],
         files: Mapping[str, list[Any]],
     ) -> None:
-        """:meth:`write_group` on the local filesystem, without the event loop.
+        """:meth:`publish` on the local filesystem, without the event loop.
 
         Each file is written to a temporary name and renamed (readers see whole files
         only), in the same order (groups, data, then the group's attributes).  Only for
@@ -87,7 +92,7 @@ class GroupWriter:
                 "way of the trajectory group; it is left alone)"
             )
         shutil.rmtree(folder, ignore_errors=True)
-        empty = bytes(chunk_io.group_document({}).to_bytes())
+        empty = bytes(group_document({}).to_bytes())
         if not self._parents_ready:
             for name in ("zarr.json", f"{TRAJECTORIES}/zarr.json"):
                 if not os.path.exists(os.path.join(root, name)):
@@ -99,9 +104,9 @@ class GroupWriter:
             _put_file(root, f"{sub}/zarr.json", empty)
         for name, parts in files.items():
             _put_file(root, f"{group}/{name}", *parts)
-        _put_file(root, f"{group}/zarr.json", bytes(chunk_io.group_document(attrs).to_bytes()))
+        _put_file(root, f"{group}/zarr.json", bytes(group_document(attrs).to_bytes()))
 
-    async def write_group(
+    async def publish(
         self,
         store: Store,
         group: str,
@@ -111,7 +116,6 @@ class GroupWriter:
         zarr_keys: Sequence[str],
         codecs: Mapping[str, Any],
         chunk_bytes: int,
-        layout_version: int,
     ) -> None:
         """Write one trajectory group through ``store``, every object set concurrently.
 
@@ -129,13 +133,11 @@ class GroupWriter:
             The shards and documents to write, each a list of byte-like parts, by path below
             the group.
         zarr_keys
-            The keys written as regular zarr arrays (layout 1, or kind ``"zarr"``).
+            The keys written as regular zarr arrays (kind ``"zarr"``).
         codecs
             The layout's compressors (see :func:`~rbzarr.storage.zarr.chunking.pick_codec`).
         chunk_bytes
             Target chunk size of the zarr arrays.
-        layout_version
-            1 or 2; version 2 gives the arrays ``dimension_names``.
         """
         await StorePath(store, group).delete_dir()
         await self._ensure_parents(store)
@@ -147,7 +149,7 @@ class GroupWriter:
         T, B = (int(d) for d in attrs["shape"][:2])
         from_bytes = default_buffer_prototype().buffer.from_bytes
         await asyncio.gather(
-            *(store.set(f"{sub}/zarr.json", chunk_io.group_document({})) for sub in subgroups)
+            *(store.set(f"{sub}/zarr.json", group_document({})) for sub in subgroups)
         )
         await asyncio.gather(
             *(
@@ -163,13 +165,12 @@ class GroupWriter:
                     (T, B),
                     codecs,
                     chunk_bytes,
-                    layout_version,
                 )
                 for key in zarr_keys
             ),
         )
         # The group's attributes are its commit marker: written only after every array.
-        await store.set(f"{group}/zarr.json", chunk_io.group_document(attrs))
+        await store.set(f"{group}/zarr.json", group_document(attrs))
 
     async def _ensure_parents(self, store: Store) -> None:
         """Create the root and ``trajectories`` groups if missing (once per instance)."""
@@ -177,7 +178,7 @@ class GroupWriter:
             return
         await asyncio.gather(
             *(
-                store.set_if_not_exists(name, chunk_io.group_document({}))
+                store.set_if_not_exists(name, group_document({}))
                 for name in ("zarr.json", f"{TRAJECTORIES}/zarr.json")
             )
         )
@@ -192,35 +193,55 @@ async def _write_array(
     size: tuple[int, int],
     codecs: Mapping[str, Any],
     chunk_bytes: int,
-    layout_version: int,
 ) -> None:
+    """Write one array of kind ``"zarr"`` through zarr: its document, then its chunks."""
     data = to_numpy(value)
     chunks = chunk_shape(data.shape, data.dtype.itemsize, chunk_bytes)
-    names = dimension_names(key, data.shape, *size) if layout_version >= 2 else None
-    compressor = pick_codec(codecs, key)
-    metadata = chunk_io.array_metadata(data, chunks, compressor, value.dtype, names)
-    prototype = default_buffer_prototype()
-    document = metadata.to_buffer_dict(prototype)["zarr.json"]
-    codec = PlainCodec.of(metadata)
-    if codec is None or data.ndim == 0:
-        array = AsyncArray(metadata, StorePath(store, path), {"write_empty_chunks": True})
-        await asyncio.gather(store.set(f"{path}/zarr.json", document), array.setitem(..., data))
-        return
-    await asyncio.gather(
-        store.set(f"{path}/zarr.json", document),
-        *(
-            chunk_io.write_chunk(store, f"{path}/{metadata.encode_chunk_key(index)}", codec, part)
-            for index, part in chunk_io.chunks_of(data, chunks)
-        ),
+    names = dimension_names(key, data.shape, *size)
+    metadata = _array_metadata(data, chunks, pick_codec(codecs, key), value.dtype, names)
+    document = metadata.to_buffer_dict(default_buffer_prototype())["zarr.json"]
+    array = AsyncArray(metadata, StorePath(store, path), {"write_empty_chunks": True})
+    await asyncio.gather(store.set(f"{path}/zarr.json", document), array.setitem(..., data))
+
+
+def _array_metadata(
+    data: np.ndarray,
+    chunks: tuple[int, ...],
+    compressor: Any,
+    torch_dtype: torch.dtype,
+    names: Sequence[str],
+) -> ArrayV3Metadata:
+    """The Zarr v3 metadata of a new array holding ``data``, as ``create_array`` writes it."""
+    data_type = parse_data_type(data.dtype, zarr_format=3)
+    if compressor is None:
+        compressors: tuple[Any, ...] = ()
+    elif isinstance(compressor, list | tuple):
+        compressors = tuple(compressor)
+    else:
+        compressors = (compressor,)
+    return ArrayV3Metadata(
+        shape=data.shape,
+        data_type=data_type,
+        chunk_grid={"name": "regular", "configuration": {"chunk_shape": chunks}},
+        chunk_key_encoding={"name": "default", "configuration": {"separator": "/"}},
+        fill_value=data_type.default_scalar(),
+        codecs=(BytesCodec(endian="little" if data.dtype.itemsize > 1 else None), *compressors),
+        attributes={DTYPE_ATTR: dtype_name(torch_dtype)},
+        dimension_names=tuple(names),
     )
 
 
+def group_document(attrs: dict[str, Any]) -> Buffer:
+    """The ``zarr.json`` of a Zarr v3 group with ``attrs``."""
+    metadata = GroupMetadata(attributes=attrs, zarr_format=3)
+    return metadata.to_buffer_dict(default_buffer_prototype())["zarr.json"]
+
+
 def _put_file(root: str, name: str, *parts: Any) -> None:
-    """Write ``parts`` (byte-like) to ``root/name`` atomically: a temporary file renamed
-    into place."""
+    """Write ``parts`` (byte-like) to ``root/name`` atomically (a temporary file renamed)."""
     path = os.path.join(root, *name.split("/"))
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    temp = f"{path}.tmp-{uuid.uuid4().hex}"
+    temp = f"{path}{TEMP_SUFFIX}{uuid.uuid4().hex}"
     try:
         with open(temp, "wb") as handle:
             for part in parts:
