@@ -56,35 +56,8 @@ class GroupPublisher:
         attrs: dict[str, Any],
         files: Mapping[str, list[Any]],
     ) -> None:
-        """:meth:`publish` on the local filesystem, without the event loop.
-
-        Each file is written to a temporary name and renamed (readers see whole files
-        only), in the same order (groups, data, then the group's attributes).  Only for
-        trajectories whose every array is a shard (no array zarr writes).
-
-        Parameters
-        ----------
-        root
-            The store's root directory.
-        group
-            The trajectory group's path below the root (``trajectories/<id>``); whatever
-            rbzarr wrote there before is removed first.
-        fields
-            The raw tensors by flat key (their keys name the subgroups).
-        attrs
-            The group's attributes, written last.
-        files
-            The shards and documents to write, each a list of byte-like parts, by path below
-            the group.
-
-        Raises
-        ------
-        NotADirectoryError
-            Something other than a directory (a file, a link) is at the group's path; it is
-            left alone.
-        OSError
-            Writing a file failed.
-        """
+        """:meth:`publish` straight to the local filesystem (no event loop), each file renamed
+        into place; only for trajectories with no array of kind ``"zarr"``."""
         folder = os.path.join(root, *group.split("/"))
         if os.path.islink(folder) or (os.path.lexists(folder) and not os.path.isdir(folder)):
             raise NotADirectoryError(
@@ -117,28 +90,8 @@ class GroupPublisher:
         codecs: Mapping[str, Any],
         chunk_bytes: int,
     ) -> None:
-        """Write one trajectory group through ``store``, every object set concurrently.
-
-        Parameters
-        ----------
-        store
-            The zarr store rooted at the layout's location.
-        group
-            The trajectory group's path below the root; its old contents are deleted first.
-        fields
-            The raw tensors by flat key.
-        attrs
-            The group's attributes (they hold the entry's ``shape``), written last.
-        files
-            The shards and documents to write, each a list of byte-like parts, by path below
-            the group.
-        zarr_keys
-            The keys written as regular zarr arrays (kind ``"zarr"``).
-        codecs
-            The layout's compressors (see :func:`~rbzarr.storage.zarr.chunking.pick_codec`).
-        chunk_bytes
-            Target chunk size of the zarr arrays.
-        """
+        """Write one trajectory group through ``store`` (its old contents deleted first),
+        every object set concurrently, the group's attributes last."""
         await StorePath(store, group).delete_dir()
         await self._ensure_parents(store)
         # Every document, shard and chunk is set directly and concurrently: no existence
