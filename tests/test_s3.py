@@ -16,10 +16,7 @@ from typing import Any
 import pytest
 import s3fs
 import torch
-import zarr
 from conftest import assert_rows_consistent, assert_same_trajectory, make_trajectory
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from s3_server import Request, S3Proxy
 from test_sampling import expected_numbers
 
@@ -37,18 +34,7 @@ from rbzarr.storage.registry import open_store
 pytestmark = pytest.mark.s3
 
 SIZES = [(12, 4), (8, 4), (10, 4), (6, 4)]
-# Small layout-1 chunks, so a trajectory spans several chunks per field (2-8 steps each);
-# layout 2 (one shard per array) has its own request tests in test_shards_s3.py.
-LAYOUT = {"chunk_bytes": 256, "layout_version": 1}  # chunk-level request tests: layout 1
-SAMPLED_KEYS = [
-    "actions",
-    "rewards",
-    "dones",
-    "prev_logprobs",
-    "curr_obs/state",
-    "next_obs/state",
-    "forward_inputs/tokens",
-]
+# Requests per batch of layout 2 (one shard per array) are tested in test_shards_s3.py.
 
 
 def fill(buffer: TrajectoryReplayBuffer, sizes: list[tuple[int, int]]) -> list[Trajectory]:
@@ -70,32 +56,6 @@ def locate(number: int, sizes: list[tuple[int, int]]) -> tuple[int, int]:
             return trajectory_id, number - base
         base += T * B
     raise AssertionError(f"number {number} is beyond every trajectory")
-
-
-def chunk_lengths(url: str, options: dict[str, Any], count: int) -> dict[tuple[int, str], int]:
-    """Time steps per chunk of every sampled array, read from the arrays' own metadata."""
-    store = Location.from_url(url, options).zarr_store(read_only=True)
-    return {
-        (tid, key): int(
-            zarr.open_array(store, path=f"trajectories/{tid}/{key}", mode="r").chunks[0]
-        )
-        for tid in range(count)
-        for key in SAMPLED_KEYS
-    }
-
-
-def touched_chunks(
-    numbers: torch.Tensor, sizes: list[tuple[int, int]], lengths: dict[tuple[int, str], int]
-) -> set[tuple[int, str, int]]:
-    """Distinct (trajectory, key, chunk) holding the sampled rows (dones: raw row t + 1)."""
-    touched = set()
-    for number in numbers.tolist():
-        tid, row = locate(int(number), sizes)
-        step = row // sizes[tid][1]
-        for key in SAMPLED_KEYS:
-            raw = step + 1 if key == "dones" else step
-            touched.add((tid, key, raw // lengths[tid, key]))
-    return touched
 
 
 def chunk_of(request: Request, bucket: str) -> tuple[int, str, int] | None:
@@ -124,7 +84,6 @@ def test_lifecycle_on_s3(s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str
         auto_save=True,
         auto_save_path=url,
         storage_options=s3_options,
-        layout_options=LAYOUT,
     ) as buffer:
         added = fill(buffer, SIZES)
         buffer.flush()
@@ -184,52 +143,6 @@ def test_export_between_s3_and_local(
         for tid in ids:
             entry = documents.trajectory_index["trajectory_index"][str(tid)]
             assert_same_trajectory(layout.read(entry), added[tid])
-
-
-# -- requests per batch -----------------------------------------------------------------
-def test_a_batch_gets_each_touched_chunk_once(
-    s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any], s3_direct_options: dict
-):
-    url = f"s3://{s3_bucket}/store"
-    with TrajectoryReplayBuffer(
-        seed=11,
-        enable_cache=False,
-        cache_size=0,
-        sample_window_size=0,
-        auto_save=True,
-        auto_save_path=url,
-        storage_options=s3_options,
-        layout_options=LAYOUT,
-    ) as buffer:
-        fill(buffer, SIZES)
-        buffer.flush()
-        lengths = chunk_lengths(url, s3_direct_options, len(SIZES))
-        opened: set[int] = set()
-
-        @settings(max_examples=8, deadline=None, derandomize=True)
-        @given(n=st.integers(1, 100))
-        def check(n: int) -> None:
-            s3_proxy.reset_log()
-            numbers = assert_rows_consistent(buffer.sample(n))
-            touched = touched_chunks(numbers, SIZES, lengths)
-            requests = s3_proxy.requests
-            assert {r.method for r in requests} == {"GET"}  # no HEAD before a GET
-            chunks = [chunk_of(r, s3_bucket) for r in requests]
-            # Every touched chunk is fetched exactly once, and no other chunk is.
-            assert sorted(c for c in chunks if c is not None) == sorted(touched)
-            # The rest is metadata of trajectories opened for the first time (then cached).
-            metadata = [r.key for r, c in zip(requests, chunks, strict=True) if c is None]
-            assert all(key.endswith("/zarr.json") for key in metadata)
-            first_seen = {tid for tid, _, _ in touched} - opened
-            assert {int(key.split("/")[4]) for key in metadata} == first_seen
-            opened.update(first_seen)
-            if not first_seen:
-                assert len(requests) <= len(touched)
-
-        check()
-        s3_proxy.reset_log()
-        numbers = assert_rows_consistent(buffer.sample(64))
-        assert len(s3_proxy.requests) <= len(touched_chunks(numbers, SIZES, lengths))
 
 
 # -- outages ----------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import json
 import mmap
 import multiprocessing
 import os
+import shutil
 import struct
 import sys
 from pathlib import Path
@@ -41,8 +42,11 @@ KEY = "curr_obs/state"
 ZSTD = {"curr_obs/state": ZstdCodec(level=1, checksum=True)}
 
 
-def build(path: Path, codecs: dict[str, Any] | None = None, version: int = 2) -> Path:
-    options = {"layout_version": version, **({"codecs": codecs} if codecs else {})}
+LAYOUT1 = Path(__file__).parent / "data" / "layout1" / "buffer"
+
+
+def build(path: Path, codecs: dict[str, Any] | None = None) -> Path:
+    options = {"codecs": codecs} if codecs else {}
     with TrajectoryReplayBuffer(
         auto_save=True, auto_save_path=path, layout_options=options
     ) as buffer:
@@ -160,7 +164,8 @@ def test_xarray_opens_a_trajectory(tmp_path: Path) -> None:
 
 # -- versions ---------------------------------------------------------------------------
 def test_v1_store_opens_loads_samples_and_appends_in_v2(tmp_path: Path) -> None:
-    store = build(tmp_path / "s", version=1)
+    store = tmp_path / "s"
+    shutil.copytree(LAYOUT1, store)  # as build() wrote it with the last layout-1 writer
     assert "layout_version" not in json.loads((store / "metadata.json").read_bytes())
     assert not (store / "trajectories" / "0" / "rewards" / "c" / "0" / "0").is_file()
     buffer = TrajectoryReplayBuffer(

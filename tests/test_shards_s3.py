@@ -13,8 +13,8 @@ from test_shards import DAMAGE, ZSTD, undecodable
 from zarr.codecs import ZstdCodec
 
 from rbzarr import CorruptStoreError, TrajectoryReplayBuffer
+from rbzarr.bench.accounting import CountingByteSource
 from rbzarr.storage.location import Location
-from rbzarr.storage.zarr.remote import IOStats
 from rbzarr.storage.zarr.rows import reset_row_elements
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(120)]
@@ -42,7 +42,7 @@ def fill(url: str, options: dict[str, Any], layout: dict[str, Any] | None = None
             base += T * B
 
 
-def reader(url: str, options: dict[str, Any], stats: IOStats) -> TrajectoryReplayBuffer:
+def reader(url: str, options: dict[str, Any], stats: CountingByteSource) -> TrajectoryReplayBuffer:
     buffer = TrajectoryReplayBuffer(
         seed=3,
         enable_cache=False,
@@ -51,7 +51,7 @@ def reader(url: str, options: dict[str, Any], stats: IOStats) -> TrajectoryRepla
         auto_save=True,
         auto_save_path=url,
         storage_options=options,
-        layout_options={"io_stats": stats},
+        layout_options={"byte_source": stats},
     )
     buffer.load_checkpoint(url)
     return buffer
@@ -84,7 +84,7 @@ def test_a_batch_is_one_round_of_coalesced_ranges(
 ) -> None:
     url = f"s3://{s3_bucket}/store"
     fill(url, s3_options)
-    stats = IOStats()
+    stats = CountingByteSource()
     buffer = reader(url, s3_options, stats)
     buffer.sample(8)  # opens every trajectory: its group document, array documents, indexes
     for n in (1, 17, 60):
@@ -109,7 +109,7 @@ def test_damaged_shard_on_s3_is_a_named_error(
     transform, message = DAMAGE[damage]
     _damage(url, s3_direct_options, lambda blob, _: transform(blob))
     with pytest.raises(CorruptStoreError, match=message) as info:
-        reader(url, s3_options, IOStats()).sample(64)
+        reader(url, s3_options, CountingByteSource()).sample(64)
     assert "trajectories/1/curr_obs/state" in str(info.value)
 
 
@@ -120,7 +120,7 @@ def test_inner_chunk_on_s3_that_does_not_decode_is_a_named_error(
     fill(url, s3_options, {"codecs": {**ZSTD, "rewards": ZstdCodec(level=1)}})
     _damage(url, s3_direct_options, undecodable)
     with pytest.raises(CorruptStoreError, match="does not decode") as info:
-        reader(url, s3_options, IOStats()).sample(64)
+        reader(url, s3_options, CountingByteSource()).sample(64)
     assert "trajectories/1/curr_obs/state" in str(info.value)
 
 

@@ -1,16 +1,17 @@
 """ZarrLayout: exact round trips, row reads touching only needed chunks, documents, errors.
 
-Tests of chunk files and request counts pin layout 1 (``layout_version=1``), which stays
-readable; layout 2 (shards) has its own in ``test_shards.py``.
+Layout-1 stores are only read: ``tests/data/layout1/`` holds two written by the last
+layout-1 writer.  Shard-level tests of layout 2 are in ``test_shards.py``.
 """
 
 from __future__ import annotations
 
-import collections
 import json
+import shutil
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -20,21 +21,15 @@ import torch
 import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from zarr.abc.store import ByteRequest, Store
-from zarr.codecs import BloscCodec, BytesCodec, ZstdCodec
-from zarr.core.buffer import Buffer, BufferPrototype
-from zarr.core.sync import sync
-from zarr.storage import WrapperStore
+from zarr.codecs import BloscCodec, ZstdCodec
 
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
 from rbzarr.storage.documents import Documents
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
-from rbzarr.storage.zarr import chunks as zarr_chunks
 from rbzarr.storage.zarr.chunking import chunk_shape
 from rbzarr.storage.zarr.layout import ZarrLayout
-from rbzarr.storage.zarr.plain_codec import PlainCodec
 from rbzarr.trajectory.dtypes import dtype_name, to_numpy
 from rbzarr.trajectory.flat_view import flatten_trajectory
 from rbzarr.trajectory.model import Trajectory, validate
@@ -145,7 +140,7 @@ def test_round_trip_every_dtype(location: Location) -> None:
 
 
 def test_documents_mirror_root_attrs(location: Location) -> None:
-    layout = ZarrLayout(location, layout_version=1)  # v2 adds its layout_version
+    layout = ZarrLayout(location)
     traj = _every_dtype()
     entry = _entry(0, traj)
     layout.write(entry, traj)
@@ -153,7 +148,7 @@ def test_documents_mirror_root_attrs(location: Location) -> None:
         metadata={"format_version": 1, "trajectory_format": "zarr", "size": 18},
         trajectory_index={"trajectory_index": {"0": entry}, "trajectory_id_list": [0]},
     )
-    layout.write_documents(documents)
+    written = layout.write_documents(documents)
     layout.write_documents(documents)  # idempotent rewrite
 
     root = zarr.open_group(location.url, mode="r")
@@ -162,8 +157,8 @@ def test_documents_mirror_root_attrs(location: Location) -> None:
         "metadata": json.loads(location.read_bytes("metadata.json")),
         "trajectory_index": json.loads(location.read_bytes("trajectory_index.json")),
     }
-    assert stored["metadata"] == documents.metadata
-    assert layout.read_documents() == documents
+    assert stored["metadata"] == {**documents.metadata, "layout_version": 2}
+    assert layout.read_documents() == written
     assert not location.exists("zarr.json") or "consolidated_metadata" not in json.loads(
         location.read_bytes("zarr.json")
     )
@@ -234,16 +229,15 @@ _CODECS = st.sampled_from(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=_cases(), codecs=_CODECS, version=st.sampled_from([1, 2]))
+@given(case=_cases(), codecs=_CODECS)
 def test_property_round_trip(
-    tmp_path_factory: pytest.TempPathFactory, case: Any, codecs: dict[str, Any], version: int
+    tmp_path_factory: pytest.TempPathFactory, case: Any, codecs: dict[str, Any]
 ) -> None:
     traj, rows, chunk_bytes = case
     layout = ZarrLayout(
         Location.from_url(tmp_path_factory.mktemp("prop")),
         chunk_bytes=chunk_bytes,
         codecs=codecs,
-        layout_version=version,
     )
     entry = _entry(0, traj)
     layout.write(entry, traj)
@@ -252,67 +246,6 @@ def test_property_round_trip(
     flat = flatten_trajectory(traj, spec)
     got = layout.read_rows(entry, rows, list(spec.schema))
     _assert_same(got, {key: flat[key].index_select(0, rows) for key in spec.schema})
-
-
-class _CountingStore(WrapperStore[Store]):
-    """Counts ``get`` calls per key, and the other requests by kind."""
-
-    def __init__(self, store: Store) -> None:
-        super().__init__(store)
-        self.gets: collections.Counter[str] = collections.Counter()
-        self.calls: collections.Counter[str] = collections.Counter()
-
-    async def get(
-        self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
-    ) -> Buffer | None:
-        self.gets[key] += 1
-        return await self._store.get(key, prototype, byte_range)
-
-    async def set(self, key: str, value: Buffer) -> None:
-        self.calls["set"] += 1
-        await self._store.set(key, value)
-
-    async def set_if_not_exists(self, key: str, value: Buffer) -> None:
-        self.calls["set_if_not_exists"] += 1
-        await self._store.set_if_not_exists(key, value)
-
-    async def exists(self, key: str) -> bool:
-        self.calls["exists"] += 1
-        return await self._store.exists(key)
-
-    async def delete_dir(self, prefix: str) -> None:
-        self.calls["delete_dir"] += 1
-        await self._store.delete_dir(prefix)
-
-
-def test_row_read_touches_exactly_the_needed_chunks(tmp_path: Any) -> None:
-    location = Location.from_url(tmp_path)
-    store = _CountingStore(location.zarr_store())
-    # 3 x 5 x 4 uint8 = 60 bytes per env and step: 180 bytes per step, 2 steps per chunk.
-    layout = ZarrLayout(location, chunk_bytes=400, store=store, layout_version=1)
-    traj = _every_dtype(seed=2)
-    entry = _entry(4, traj)
-    layout.write(entry, traj)
-    keys = ["curr_obs/image", "rewards", "dones"]
-    layout.read_rows(entry, torch.tensor([0]), keys)  # opens (and caches) the handles
-    store.gets.clear()
-
-    rows = torch.tensor([14, 1, 15, 2, 14], dtype=torch.int64)  # t = 4, 0, 5, 0, 4
-    layout.read_rows(entry, rows, keys)
-    prefix = "trajectories/4"
-    assert dict(store.gets) == {
-        f"{prefix}/curr_obs/image/c/0/0/0/0/0": 1,  # steps 0-1
-        f"{prefix}/curr_obs/image/c/2/0/0/0/0": 1,  # steps 4-5
-        f"{prefix}/rewards/c/0/0": 1,  # small fields are one chunk
-        f"{prefix}/dones/c/0/0": 1,
-    }
-    assert zarr.open_array(store, path=f"{prefix}/curr_obs/image", mode="r").chunks == (
-        2,
-        B,
-        3,
-        5,
-        4,
-    )
 
 
 def test_missing_and_incomplete_trajectories(location: Location) -> None:
@@ -419,93 +352,44 @@ def test_reads_while_another_thread_writes(tmp_path: Any) -> None:
         _assert_same(layout.read(entry).tensors(), traj.tensors())
 
 
-def test_write_sets_each_document_and_chunk_once(tmp_path: Any) -> None:
-    location = Location.from_url(tmp_path)
-    store = _CountingStore(location.zarr_store())
-    layout = ZarrLayout(location, chunk_bytes=400, store=store, layout_version=1)
-    traj = _every_dtype(seed=5)
-    layout.write(_entry(0, traj), traj)  # the first write also creates the parent groups
-    assert store.calls["set_if_not_exists"] == 2
-    store.calls.clear()
-    store.gets.clear()
-
-    layout.write(_entry(1, traj), traj)
-    fields = traj.tensors()
-    # One set per chunk (none for a zero-size field), per array's and subgroup's zarr.json
-    # (curr_obs, next_obs, forward_inputs, forward_inputs/policy), and the group's twice:
-    # without attributes with the arrays, then with them (the commit marker).
-    chunks = 0
-    for value in fields.values():
-        if value.numel():
-            k = chunk_shape(value.shape, value.element_size(), 400)[0]
-            chunks += -(-value.shape[0] // k)
-    assert dict(store.calls) == {"delete_dir": 1, "set": chunks + len(fields) + 4 + 2}
-    assert not store.gets  # no existence checks or reads
-    _assert_same(layout.read(_entry(1, traj)).tensors(), fields)
+LAYOUT1 = Path(__file__).parent / "data" / "layout1"
 
 
-def test_direct_chunk_reads_match_zarr(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    location = Location.from_url(tmp_path)
-    layout = ZarrLayout(location, chunk_bytes=100, codecs={"rewards": None}, layout_version=1)
-    traj = _every_dtype(seed=6)
-    entry = _entry(0, traj)
-    layout.write(entry, traj)
-    spec = validate(traj)
-    keys = list(spec.schema)
-    rows = torch.tensor([17, 0, 5, 5, 12, 3, 17, 9], dtype=torch.int64)
-    direct = layout.read_rows(entry, rows, keys), layout.read(entry).tensors()
-
-    # The same store read through zarr's own pipeline (the fallback for other codecs).
-    monkeypatch.setattr(PlainCodec, "of", classmethod(lambda cls, metadata: None))
-    fallback = ZarrLayout(location)
-    _assert_same(direct[0], fallback.read_rows(entry, rows, keys))
-    _assert_same(direct[1], fallback.read(entry).tensors())
-    flat = flatten_trajectory(traj, spec)
-    _assert_same(direct[0], {key: flat[key].index_select(0, rows) for key in keys})
+def _layout1_copy(tmp_path: Path, name: str) -> tuple[ZarrLayout, dict[str, Any]]:
+    """A copy of a layout-1 fixture store (written by the last layout-1 writer)."""
+    root = tmp_path / name
+    shutil.copytree(LAYOUT1 / name, root)
+    layout = ZarrLayout(Location.from_url(root))
+    return layout, layout.read_documents().trajectory_index["trajectory_index"]["0"]
 
 
-@pytest.mark.parametrize(("native", "endian"), [(">i4", "little"), ("<i4", "big")])
-def test_direct_reads_of_arrays_written_by_zarr(tmp_path: Any, native: str, endian: str) -> None:
-    # Edge chunks padded by zarr itself, a byte order other than the array's, zstd checksums.
-    store = Location.from_url(tmp_path).zarr_store()
-    data = np.arange(7 * 3 * 2, dtype=native).reshape(7, 3, 2)
-    array = zarr.create_array(
-        store,
-        name="a",
-        data=data,
-        chunks=(3, 3, 2),
-        serializer=BytesCodec(endian=endian),
-        compressors=ZstdCodec(checksum=True),
-    )
-    codec = PlainCodec.of(array.metadata)
-    assert codec is not None
-    assert (codec.stored.byteorder, codec.native) == (
-        "<" if endian == "little" else ">",
-        data.dtype,
-    )
-    whole = sync(zarr_chunks.read_whole(array._async_array))
-    assert whole.dtype == array[...].dtype == data.dtype
-    np.testing.assert_array_equal(whole, data)
-    steps, envs = torch.tensor([6, 0, 4]), np.array([2, 1, 0])
-    got = sync(zarr_chunks.read_rows(array._async_array, steps, envs, 7))
-    np.testing.assert_array_equal(got, data[[6, 0, 4], [2, 1, 0]])
-    sharded = zarr.create_array(store, name="s", data=data, chunks=(1, 3, 2), shards=(7, 3, 2))
-    assert PlainCodec.of(sharded.metadata) is None
-
-
-@pytest.mark.parametrize("damage", ["delete", "truncate"])
-def test_damaged_chunk_raises(tmp_path: Any, damage: str) -> None:
-    location = Location.from_url(tmp_path)
-    layout = ZarrLayout(location, chunk_bytes=400, layout_version=1)
+def test_layout1_store_reads_whole_and_by_rows(tmp_path: Path) -> None:
+    layout, entry = _layout1_copy(tmp_path, "every_dtype")
     traj = _every_dtype(seed=7)
-    entry = _entry(0, traj)
-    layout.write(entry, traj)
-    chunk = tmp_path / "trajectories/0/curr_obs/image/c/2/0/0/0/0"  # steps 4-5
-    if damage == "delete":
-        chunk.unlink()
-    else:
-        chunk.write_bytes(chunk.read_bytes()[:-8])
-    message = r"trajectories/0/curr_obs/image/c/2/0/0/0/0"
+    _assert_same(layout.read(entry).tensors(), traj.tensors())
+    spec = validate(traj)
+    flat = flatten_trajectory(traj, spec)
+    rows = torch.tensor([17, 0, 5, 5, 12, 3, 17, 9], dtype=torch.int64)
+    got = layout.read_rows(entry, rows, list(spec.schema))
+    _assert_same(got, {key: flat[key].index_select(0, rows) for key in spec.schema})
+    assert "layout_version" not in layout.read_documents().metadata
+
+
+def test_layout1_trajectory_copied_into_zarr_is_layout2(tmp_path: Path) -> None:
+    layout, entry = _layout1_copy(tmp_path, "every_dtype")
+    target = ZarrLayout(Location.from_url(tmp_path / "target"))
+    layout.copy_to(target, entry)
+    group = json.loads((tmp_path / "target" / "trajectories" / "0" / "zarr.json").read_bytes())
+    assert group["attributes"]["rbzarr_layout"]["version"] == 2
+    _assert_same(target.read(entry).tensors(), _every_dtype(seed=7).tensors())
+
+
+def test_damaged_layout1_chunk_raises(tmp_path: Path) -> None:
+    layout, entry = _layout1_copy(tmp_path, "every_dtype")
+    traj = _every_dtype(seed=7)
+    chunk = tmp_path / "every_dtype/trajectories/0/curr_obs/image/c/2/0/0/0/0"  # steps 4-5
+    chunk.write_bytes(chunk.read_bytes()[:-8])
+    message = r"trajectories/0/curr_obs/image"
     with pytest.raises(CorruptStoreError, match=message):
         layout.read_rows(entry, torch.tensor([14]), ["curr_obs/image"])
     with pytest.raises(CorruptStoreError, match=message):

@@ -3,6 +3,9 @@
 From the public format only: each array's ``zarr.json`` and, when sharded, the shard index
 (``offset, nbytes`` uint64 pairs per inner chunk, C order, then a crc32c; ``2**64 - 1``: empty).
 A row's piece is its contiguous bytes in an uncompressed chunk, else the whole chunk.
+
+What the layout's reads ask for is counted by :class:`CountingByteSource`, a wrapper
+around the layout's byte source (``layout_options={"byte_source": ...}``).
 """
 
 from __future__ import annotations
@@ -18,9 +21,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.trajectory.model import raw_time_rows
 
-__all__ = ["ArrayGeometry", "ByteRange", "NeededReads", "StoreGeometry", "coalesce"]
+__all__ = [
+    "ArrayGeometry",
+    "ByteRange",
+    "CountingByteSource",
+    "NeededReads",
+    "StoreGeometry",
+    "coalesce",
+]
 
 EMPTY = 2**64 - 1
 PAGE = mmap.PAGESIZE
@@ -84,6 +95,39 @@ class ArrayGeometry:
         """Grid coordinates of a shard's inner chunks along the trailing dimensions."""
         assert self.inner is not None
         return _grid(self.chunks[2:], self.inner[2:])
+
+
+class CountingByteSource(ByteSource):
+    """Counts the requests and bytes of the zarr layout's shard reads, then reads through
+    ``inner``: each ``pread`` and each remote range is a request, memory-map gathers count
+    bytes only (reset the counters freely)."""
+
+    def __init__(self, inner: ByteSource | None = None) -> None:
+        self.inner = ByteSource() if inner is None else inner
+        self.requests = 0
+        self.bytes = 0
+
+    def gather(self, rows: np.ndarray, elements: np.ndarray) -> np.ndarray:
+        # docstring inherited
+        found = self.inner.gather(rows, elements)
+        self.bytes += found.nbytes
+        return found
+
+    def pread(self, fd: int, nbytes: int, offset: int) -> bytes:
+        # docstring inherited
+        data = self.inner.pread(fd, nbytes, offset)
+        self.requests += 1
+        self.bytes += len(data)
+        return data
+
+    def cat_ranges(
+        self, fs: Any, paths: Sequence[str], starts: Sequence[int], ends: Sequence[int | None]
+    ) -> list[Any]:
+        # docstring inherited
+        found = self.inner.cat_ranges(fs, paths, starts, ends)
+        self.requests += len(paths)
+        self.bytes += sum(len(data) for data in found if isinstance(data, bytes))
+        return found
 
 
 def _grid(extent: Sequence[int], block: Sequence[int]) -> list[tuple[int, ...]]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import fsspec
 
-from rbzarr.bench.accounting import NeededReads, StoreGeometry
+from rbzarr.bench.accounting import CountingByteSource, NeededReads, StoreGeometry
 from rbzarr.bench.baselines import RangeReader
 from rbzarr.bench.draws import DrawSequence, TrackedBuffer, gather_rows, same_rows
 from rbzarr.bench.measure import add_all, nbytes, row_bytes, stats, timed
@@ -21,7 +21,6 @@ from rbzarr.bench.store_size import disk_usage
 from rbzarr.bench.torchrl_peer import TorchRLPeer, torchrl_missing
 from rbzarr.bench.workloads import Workload, trajectory_sequence
 from rbzarr.buffer.buffer import TrajectoryReplayBuffer
-from rbzarr.storage.zarr.remote import IOStats
 from rbzarr.trajectory import tree
 from rbzarr.trajectory.flat_view import flatten_trajectory
 from rbzarr.trajectory.model import validate
@@ -45,7 +44,7 @@ class DiskRun:
         counts = [validate(t).num_samples for t in window]
         self.draws = DrawSequence(counts, workload.batch, settings.seed)
         self.zarr_root, self.pt_root = str(self.root / "zarr"), str(self.root / "pt")
-        self.io_stats = IOStats()  # what the Zarr layout's own reads asked for
+        self.io_stats = CountingByteSource()  # what the Zarr layout's own reads asked for
         self.zarr, self.writes = self._write(self.zarr_root, "zarr")
         self.pt, self.writes_pt = self._write(self.pt_root, "pt")
         spec = validate(self.trajectories[0])
@@ -54,7 +53,7 @@ class DiskRun:
         self.reader = RangeReader(self.zarr_root)
 
     def _write(self, root: str, fmt: str) -> tuple[TrackedBuffer, dict[str, Any]]:
-        options = {"io_stats": self.io_stats} if fmt == "zarr" else {}
+        options = {"byte_source": self.io_stats} if fmt == "zarr" else {}
         buffer = TrajectoryReplayBuffer(
             seed=self.settings.seed,
             cache_size=self.settings.cache,

@@ -1,6 +1,6 @@
-"""Chunk and codec policy of the zarr layout: layout 2 (shards, default) and layout 1.
+"""Chunk and codec policy of the zarr layout (layout 2).
 
-**Layout 2: one shard per array** (:func:`plan_key`).  Every array of a trajectory is one
+**One shard per array** (:func:`plan_key`).  Every array of a trajectory is one
 object, a Zarr v3 ``sharding_indexed`` shard holding the whole array; what varies per key
 is the inner chunking and the codec:
 
@@ -30,30 +30,12 @@ writes at copy speed; the state workload stays <= 1.2x raw (1.01x measured: the 
 indexes and documents).  Compression is one argument away: ``codecs={"curr_obs/image":
 ZstdCodec(level=1)}``; real frames compress less than these synthetic ones.
 
-**Layout 1: regular chunks** (:func:`chunk_shape`).  A chunk holds ``k`` whole raw rows
-(time steps) of an array and every environment ``B`` with them: chunk shape ``(k, B,
-*trailing)``.  A sampled row ``(t, b)`` therefore lives in exactly one chunk.  With
-``k_max`` the most steps that fit in ``chunk_bytes`` (default 512 KiB; at least one step),
-``k`` is the largest divisor of the row count in ``[k_max / 2, k_max]`` when there is one,
-else the even split ``ceil(rows / ceil(rows / k_max))``: zarr stores a short last chunk
-padded to full size, so dividing evenly saves that space and decoding work.  A field
-smaller than ``chunk_bytes`` (rewards, dones, actions, log-probs) is a single chunk.
-
-*Why 512 KiB.* A cold row read fetches and decodes every chunk holding a sampled row, so
-smaller chunks read and decode fewer unneeded rows, with the same number of requests (one
-per touched chunk); the cost of small chunks is more files or objects per trajectory to
-write.  Measured with zarr 3.1.6 on 2 shared cores in one run of the layout-1 benchmark
-(``bench_sampling.py --workloads image --chunk-sweep 524288,1048576,262144``, since retired)
-(``T=32, B=16``, ``3x84x84`` uint8 frames, one step 339 KB; batch 256 from a window of 100
-trajectories, cache 5): 2 MiB chunks (4 steps) read 112 MB per batch at 433 rows/s and wrote
-424 MB/s; 1 MiB (2 steps) 61 MB, 560 rows/s, 291 MB/s; 512 KiB (1 step) 33 MB, 794 rows/s,
-282 MB/s; 256 KiB is the same single step here (833 rows/s, 221 MB/s).
-
-*Codecs.* Lossless ``zstd`` at level 1 by default in layout 1 (:func:`default_codec`).
-Measured on 2 cores with zarr 3.1.6 (``benchmarks/bench_row_reads.py``, since retired): on
-image-like ``uint8`` frames zstd-1 compressed as well as levels 3-5 (within a few percent)
-and ~3x better than blosc-lz4, at the same write speed.  The layout reads and writes ``zstd`` and
-uncompressed chunks directly; any other codec goes through zarr.
+**Arrays zarr writes** (kind ``"zarr"``) get regular chunks of ``k`` whole time steps and
+every environment, ``(k, B, *trailing)`` (:func:`chunk_shape`): ``k_max`` the most steps
+that fit in ``chunk_bytes`` (default 512 KiB; at least one step), ``k`` the largest divisor
+of the row count in ``[k_max / 2, k_max]`` when there is one, else the even split
+``ceil(rows / ceil(rows / k_max))`` (zarr pads a short last chunk to full size).  Their
+compressor is :func:`pick_codec`'s: ``zstd`` level 1 when nothing is configured.
 """
 
 from __future__ import annotations
@@ -70,13 +52,12 @@ __all__ = [
     "INNER_CHUNK_BYTES",
     "KeyPlan",
     "chunk_shape",
-    "default_codec",
     "pick_codec",
     "plan_key",
 ]
 
 DEFAULT_CHUNK_BYTES = 512 * 2**10
-# Layout v2: a configured compressor on small rows packs this many bytes per inner chunk.
+# A configured compressor on small rows packs this many bytes per inner chunk.
 INNER_CHUNK_BYTES = 64 * 2**10
 
 
@@ -103,17 +84,6 @@ class KeyPlan:
     inner: tuple[int, ...] = ()
     level: int | None = None
     checksum: bool = False
-
-
-def default_codec() -> ZstdCodec:
-    """The compressor used when nothing is configured: ``ZstdCodec(level=1)``.
-
-    Returns
-    -------
-    ZstdCodec
-        A new ``ZstdCodec(level=1)``.
-    """
-    return ZstdCodec(level=1)
 
 
 def chunk_shape(shape: Sequence[int], itemsize: int, chunk_bytes: int) -> tuple[int, ...]:
@@ -156,7 +126,7 @@ def chunk_shape(shape: Sequence[int], itemsize: int, chunk_bytes: int) -> tuple[
 
 def pick_codec(codecs: Mapping[str, Any], key: str) -> Any:
     """The compressor for flat ``key``: ``codecs[key]``, else ``codecs["default"]``, else
-    :func:`default_codec`.
+    ``ZstdCodec(level=1)``.
 
     Parameters
     ----------
@@ -174,7 +144,7 @@ def pick_codec(codecs: Mapping[str, Any], key: str) -> Any:
         return codecs[key]
     if "default" in codecs:
         return codecs["default"]
-    return default_codec()
+    return ZstdCodec(level=1)
 
 
 def plan_key(shape: Sequence[int], itemsize: int, codecs: Mapping[str, Any], key: str) -> KeyPlan:

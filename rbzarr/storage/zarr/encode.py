@@ -16,7 +16,7 @@ import torch
 from numcodecs import zstd
 
 from rbzarr.storage import workers
-from rbzarr.storage.zarr import shard_index as shard_format
+from rbzarr.storage.zarr import shard_index
 from rbzarr.storage.zarr.chunking import KeyPlan
 from rbzarr.trajectory.dtypes import dtype_name, to_numpy
 from rbzarr.trajectory.model import RESET_ROW_FIELDS
@@ -143,10 +143,10 @@ def encode_array(key: str, value: torch.Tensor, plan: KeyPlan, T: int, B: int) -
         parts = _compressed(_inner_chunks(data, plan.inner), plan.level or 1, plan.checksum)
     nbytes = np.array([len(part) for part in parts], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(np.int64)
-    shard = [*(memoryview(p).cast("B") for p in parts), shard_format.encode_index(offsets, nbytes)]
+    shard = [*(memoryview(p).cast("B") for p in parts), shard_index.encode_index(offsets, nbytes)]
     size = sum(len(part) for part in shard)
     shape = tuple(int(d) for d in data.shape)
-    document = shard_format.sharded_metadata(
+    document = shard_index.sharded_metadata(
         shape,
         stored,
         plan.inner,

@@ -1,9 +1,4 @@
-"""Opened trajectories of the zarr layout, and the cache that keeps them.
-
-A trajectory group written by layout v1 opens as :class:`PlainTrajectory` (zarr array
-handles, chunks read by :mod:`rbzarr.storage.zarr.chunks`); one written by layout v2 as a
-:class:`~rbzarr.storage.zarr.sharded.ShardedTrajectory` (shards read directly).  The
-group's attributes say which: v2 groups carry ``rbzarr_layout``.
+"""The cache of opened trajectories of the zarr layout, and what index entries say.
 
 :class:`HandleCache` keeps the most recently used ones, keyed by ``(id, uuid)``.  It is
 bounded in trajectories and in open file descriptors, forgets remote handles in a forked
@@ -18,70 +13,15 @@ import resource
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from zarr.core.array import AsyncArray
 
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.documents import Entry
 from rbzarr.storage.zarr.sharded import ShardedTrajectory
 
-__all__ = [
-    "HandleCache",
-    "Opened",
-    "PlainTrajectory",
-    "check_plain_shapes",
-    "time_and_envs",
-    "trajectory_id",
-]
-
-
-@dataclass(frozen=True)
-class PlainTrajectory:
-    """Open handles of one committed layout-v1 trajectory (immutable, so safe to share).
-
-    Parameters
-    ----------
-    group
-        The trajectory group's path below the root (``trajectories/<id>``).
-    dtypes
-        The torch dtype of every flat key, in the trajectory's field order.
-    arrays
-        zarr's array handle of every flat key.
-    plans
-        Row-read plans by key tuple, filled on first use (a cache, not compared).
-    """
-
-    group: str
-    dtypes: dict[str, torch.dtype]
-    arrays: dict[str, AsyncArray[Any]]
-    # Row-read plans by key list, built on first use (a cache; not part of the value).
-    plans: dict[tuple[str, ...], Any] = field(default_factory=dict, compare=False)
-
-    @property
-    def files(self) -> int:
-        """Open file descriptors held (none: zarr opens files per read)."""
-        return 0
-
-    def shape(self, key: str) -> tuple[int, ...]:
-        """The stored shape of ``key``.
-
-        Parameters
-        ----------
-        key
-            A flat key of the trajectory.
-
-        Returns
-        -------
-        tuple of int
-            The raw ``[T(+E), B, ...]`` shape of its array.
-        """
-        return tuple(self.arrays[key].shape)
-
-
-Opened = PlainTrajectory | ShardedTrajectory
+__all__ = ["HandleCache", "check_array_shapes", "time_and_envs", "trajectory_id"]
 
 
 def _file_budget() -> int:
@@ -106,13 +46,13 @@ class HandleCache:
         self.size = size
         self.fork_safe = fork_safe
         self.file_budget = _file_budget()
-        self._handles: OrderedDict[tuple[int, str], Opened] = OrderedDict()
+        self._handles: OrderedDict[tuple[int, str], ShardedTrajectory] = OrderedDict()
         self._files = 0
         self._generation = 0
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[int, str]) -> tuple[Opened | None, int]:
+    def get(self, key: tuple[int, str]) -> tuple[ShardedTrajectory | None, int]:
         """The cached handles of ``key`` (or ``None``) and the current generation.
 
         A hit becomes the most recently used entry.
@@ -124,7 +64,7 @@ class HandleCache:
 
         Returns
         -------
-        tuple of (Opened or None, int)
+        tuple of (ShardedTrajectory or None, int)
             The handles, and the generation to pass to :meth:`put` with handles opened now.
         """
         with self._lock:
@@ -134,7 +74,7 @@ class HandleCache:
                 self._handles.move_to_end(key)
             return opened, self._generation
 
-    def put(self, key: tuple[int, str], opened: Opened, generation: int) -> None:
+    def put(self, key: tuple[int, str], opened: ShardedTrajectory, generation: int) -> None:
         """Cache ``opened`` unless a write or delete ran since ``generation``.
 
         The least recently used entries are evicted beyond the bounds; a key already cached
@@ -231,26 +171,9 @@ def time_and_envs(entry: Entry) -> tuple[int, int]:
     return int(shape[0]), int(shape[1])
 
 
-def check_plain_shapes(arrays: Mapping[str, AsyncArray[Any]], entry: Entry, where: str) -> None:
-    """Refuse layout-1 arrays whose ``[T, B]`` disagrees with their index entry.
-
-    An array may have ``T + E`` rows (reset rows) when ``E`` divides ``T``; 0-d and 1-d
-    arrays are not checked.
-
-    Parameters
-    ----------
-    arrays
-        The trajectory's zarr arrays by flat key.
-    entry
-        Its index entry.
-    where
-        Names the trajectory group in errors.
-
-    Raises
-    ------
-    CorruptStoreError
-        An array's shape disagrees, or the entry has no valid ``shape``.
-    """
+def check_array_shapes(arrays: Mapping[str, AsyncArray[Any]], entry: Entry, where: str) -> None:
+    """Refuse zarr arrays (``[T(+E), B, ...]``, ``E`` dividing ``T``) whose shape disagrees
+    with their index entry's ``shape``; 0-d and 1-d arrays are not checked."""
     T, B = time_and_envs(entry)
     for key, array in arrays.items():
         if array.ndim < 2:

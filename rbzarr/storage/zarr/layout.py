@@ -5,62 +5,64 @@ Layout below the root (a Zarr v3 group)::
     zarr.json                    attrs {"rbzarr": {"metadata": ..., "trajectory_index": ...}}
     metadata.json, trajectory_index.json     the same two documents (the commit point)
     trajectories/<id>/           a group; attrs = the index entry + {"fields": {key: dtype}}
+                                 + {"rbzarr_layout": a description of every array}
         rewards                  one array per raw tensor field, [T(+E), B, ...]
         curr_obs/image           nested dict fields become subgroups
 
-Each array records its torch dtype in ``attrs["torch_dtype"]``; ``bfloat16`` is stored as
-its ``uint16`` bit pattern, so every dtype round-trips bit for bit.  A trajectory group's
-attributes are written after all of its arrays: a group without them is an unfinished write
-and reads as missing.
+Each array is one Zarr v3 shard (``sharding_indexed``) with ``dimension_names`` and records
+its torch dtype in ``attrs["torch_dtype"]``; ``bfloat16`` is stored as its ``uint16`` bit
+pattern, so every dtype round-trips bit for bit.  The group's description lets a reader
+open a trajectory with one document and read the shards directly
+(:mod:`rbzarr.storage.zarr.sharded`).  A trajectory group's attributes are written after
+all of its arrays: a group without them is an unfinished write and reads as missing.
+``metadata.json`` and the root attributes record ``layout_version`` 2.  Chunking and codecs
+follow :mod:`rbzarr.storage.zarr.chunking`.
 
-**Layout versions.**  Version 2 (the default) stores each array as one Zarr v3 shard
-(``sharding_indexed``) with ``dimension_names``; the group's attributes also describe every
-array (``rbzarr_layout``), so a reader opens a trajectory with one document and reads the
-shards directly (:mod:`rbzarr.storage.zarr.sharded`).  Version 1 stores regular chunks
-of ``chunk_bytes`` (:mod:`rbzarr.storage.zarr.chunks`).  Reads follow each trajectory's own
-version, so stores of either version, or both, open, load and sample.  ``metadata.json``
-and the root attributes record ``layout_version`` (absent: 1).  Chunking and codecs follow
-:mod:`rbzarr.storage.zarr.chunking`.
-
-The class is built in layers: :class:`~rbzarr.storage.zarr.inspect.ZarrInspection` (what
-the metadata says), :class:`~rbzarr.storage.zarr.reads.ZarrReads` (reading) and
-:class:`ZarrLayout` (writing, through :class:`~rbzarr.storage.zarr.groups.GroupWriter`).
+Stores of layout 1 (regular chunks, no ``rbzarr_layout``, no ``layout_version``) are read
+through zarr's public API (:mod:`rbzarr.storage.zarr.arrays`), never written: their
+trajectories are re-encoded in layout 2 when copied into a zarr store.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import PurePosixPath
 from typing import Any
 
+import numpy as np
+import torch
+import zarr
+from tqdm import tqdm
 from zarr.abc.store import Store
 from zarr.api import asynchronous as zarr_async
 from zarr.core.sync import sync
 from zarr.storage import StorePath
 
 from rbzarr.storage.backends import translate_errors
-from rbzarr.storage.documents import Documents, Entry
+from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents, Entry, Finding
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
-from rbzarr.storage.zarr import chunks as chunk_io
-from rbzarr.storage.zarr import sharded
+from rbzarr.storage.names import is_temporary_name
+from rbzarr.storage.zarr import arrays, rows, sharded
+from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.chunking import DEFAULT_CHUNK_BYTES, plan_key
-from rbzarr.storage.zarr.groups import GroupWriter
 from rbzarr.storage.zarr.handles import time_and_envs, trajectory_id
-from rbzarr.storage.zarr.inspect import ROOT_ATTR
-from rbzarr.storage.zarr.open import FIELDS_ATTR, TRAJECTORIES, group_path
-from rbzarr.storage.zarr.reads import ZarrReads
-from rbzarr.storage.zarr.remote import IOStats
-from rbzarr.trajectory.dtypes import dtype_name
-from rbzarr.trajectory.model import Trajectory
+from rbzarr.storage.zarr.open import FIELDS_ATTR, TRAJECTORIES, TrajectoryOpener, group_path
+from rbzarr.storage.zarr.publish import GroupPublisher
+from rbzarr.storage.zarr.shard_index import DTYPE_ATTR
+from rbzarr.trajectory.dtypes import dtype_name, from_numpy
+from rbzarr.trajectory.model import Trajectory, trajectory_from_raw
 from rbzarr.trajectory.validated import ValidatedTrajectory, rows_to_write
 
-__all__ = ["FIELDS_ATTR", "LAYOUT_VERSION", "TRAJECTORIES", "ZarrLayout"]
+__all__ = ["FIELDS_ATTR", "LAYOUT_VERSION", "ROOT_ATTR", "TRAJECTORIES", "ZarrLayout"]
 
-DTYPE_ATTR = chunk_io.DTYPE_ATTR
 LAYOUT_VERSION = 2
+# The root group's attribute that mirrors the two documents.
+ROOT_ATTR = "rbzarr"
 
 
-class ZarrLayout(ZarrReads):
+class ZarrLayout(TrajectoryLayout):
     """Trajectories as Zarr v3 groups below ``location``; reads touch only needed bytes.
 
     Parameters
@@ -69,28 +71,26 @@ class ZarrLayout(ZarrReads):
         The store's root.
     codecs
         Compressor per flat key (``"rewards"``, ``"curr_obs/image"``) or ``"default"``;
-        ``None`` stores a key uncompressed.  Layout 2 stores unlisted keys uncompressed
-        (read in place); layout 1 gives them ``ZstdCodec(level=1)``.
+        ``None`` stores a key uncompressed.  Unlisted keys are stored uncompressed (read in
+        place).
     chunk_bytes
-        Target size of one chunk in layout 1 (see :mod:`rbzarr.storage.zarr.chunking`).
+        Target size of one chunk of the arrays zarr writes itself (codecs other than zstd,
+        see :mod:`rbzarr.storage.zarr.chunking`).
     store
         A zarr store to use instead of ``location.zarr_store()`` (it must be rooted at
-        ``location``); useful to wrap the store, e.g. to count requests.  Layout-2 shards
-        are read from ``location`` directly: count them with :attr:`io_stats`.
+        ``location``); useful to wrap the store, e.g. to count requests.  Shards are read
+        from ``location`` directly, through ``byte_source``.
     handle_cache_size
         How many trajectories keep their opened handles (least recently used go).
-    layout_version
-        The layout new trajectories are written in: 2 (default) or 1.
-    io_stats
-        Counts the requests and bytes of layout-2 reads (index reads when a trajectory
-        opens, then the pieces of each batch; memory-map gathers count bytes only).  A
-        fresh :class:`~rbzarr.storage.zarr.remote.IOStats` when not given.
+    byte_source
+        Where row reads of shards get their bytes; wrap a
+        :class:`~rbzarr.storage.zarr.byte_source.ByteSource` to observe them (the
+        benchmark counts requests and bytes so).
 
     Raises
     ------
     ValueError
-        ``chunk_bytes`` is not positive, ``handle_cache_size`` is negative or
-        ``layout_version`` is neither 1 nor 2.
+        ``chunk_bytes`` is not positive or ``handle_cache_size`` is negative.
     """
 
     format = "zarr"
@@ -103,106 +103,213 @@ class ZarrLayout(ZarrReads):
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         store: Store | None = None,
         handle_cache_size: int = 256,
-        layout_version: int = LAYOUT_VERSION,
-        io_stats: IOStats | None = None,
+        byte_source: ByteSource | None = None,
     ) -> None:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
         if handle_cache_size < 0:
             raise ValueError(f"handle_cache_size must be >= 0, got {handle_cache_size}")
-        if layout_version not in (1, 2):
-            raise ValueError(f"layout_version must be 1 or 2, got {layout_version!r}")
+        super().__init__(location)
         self.codecs = dict(codecs or {})
         self.chunk_bytes = chunk_bytes
-        self.layout_version = layout_version
-        super().__init__(location, store, handle_cache_size, io_stats)
-        self._writer = GroupWriter()
+        self.byte_source = ByteSource() if byte_source is None else byte_source
+        self._opener = TrajectoryOpener(location, store, handle_cache_size, self.byte_source)
+        self._publisher = GroupPublisher()
 
-    # -- writing ------------------------------------------------------------------------
+    # -- where things are -----------------------------------------------------------------
+    def trajectory_path(self, entry: Entry) -> tuple[str, ...]:
+        # docstring inherited
+        return (TRAJECTORIES, str(int(entry["trajectory_id"])))
+
+    def stored_paths(self) -> dict[str, int]:
+        # docstring inherited
+        return {f"{TRAJECTORIES}/{tid}": tid for tid in self.list_ids()}
+
+    def list_ids(self) -> list[int]:
+        # docstring inherited
+        with translate_errors(self.location.url, "listing"):
+            names = sync(self._list_names(TRAJECTORIES))
+        return sorted(int(name) for name in names if name.isdigit() and str(int(name)) == name)
+
+    async def _list_names(self, prefix: str) -> list[str]:
+        return [name async for name in self._opener.store().list_dir(prefix)]
+
+    def foreign_files(self, path: str) -> list[str]:
+        """Files below a trajectory group other than node documents, chunks and shards below
+        ``c/``, and temporary files of an interrupted write."""
+        return [
+            name
+            for name in self.location.list_files(*path.split("/"))
+            if not _written_by_rbzarr(PurePosixPath(name))
+        ]
+
+    # -- format knowledge -----------------------------------------------------------------
+    def zarr_group(self, entry: Entry) -> zarr.Group:
+        # docstring inherited
+        store = self.location.zarr_store(read_only=True)
+        return zarr.open_group(store=store, path="/".join(self.trajectory_path(entry)), mode="r")
+
+    def field_names(self, entry: Entry) -> list[str]:
+        # docstring inherited
+        fields = self.zarr_group(entry).attrs.get(FIELDS_ATTR)
+        if not isinstance(fields, dict):
+            raise ValueError(f"{self.location.url}: trajectory group has no {FIELDS_ATTR!r}")
+        return list(fields)
+
+    def missing_parts(self, entry: Entry) -> list[str]:
+        # docstring inherited
+        return [
+            f"array {name!r} stores {node.nchunks_initialized} of {node.nchunks} chunks"
+            for name, node in self.zarr_group(entry).members(max_depth=None)
+            if isinstance(node, zarr.Array) and node.nchunks_initialized != node.nchunks
+        ]
+
+    def check_documents(self, documents: Documents) -> list[Finding]:
+        """Also checks that the root group's ``rbzarr`` attribute mirrors the documents."""
+        try:
+            root = json.loads(self.location.read_bytes("zarr.json"))
+            mirror = root.get("attributes", {}).get(ROOT_ATTR)
+        except (FileNotFoundError, ValueError, AttributeError) as exc:
+            return [Finding("root_attrs_mismatch", "zarr.json", " ".join(str(exc).split()))]
+        expected = {"metadata": documents.metadata, "trajectory_index": documents.trajectory_index}
+        if mirror == expected:
+            return []
+        return [
+            Finding(
+                "root_attrs_mismatch",
+                "zarr.json",
+                f"root attributes {ROOT_ATTR!r} do not mirror {METADATA_FILE} and {INDEX_FILE}",
+            )
+        ]
+
+    def describe_keys(
+        self, entries: Iterable[Entry], sizes: Mapping[str, int], progress: bool = False
+    ) -> tuple[dict[str, dict[str, Any]], int]:
+        # docstring inherited
+        keys: dict[str, dict[str, Any]] = {}
+        disk = 0
+        by_trajectory = _sizes_by_trajectory(sizes)
+        for entry in tqdm(list(entries), desc="info", unit="traj", disable=not progress):
+            group = self.zarr_group(entry)
+            members = {
+                name: node
+                for name, node in group.members(max_depth=None)
+                if isinstance(node, zarr.Array)
+            }
+            # In the trajectory's field order (that of a sampled batch), not listing order.
+            fields = group.attrs.get(FIELDS_ATTR)
+            order = list(fields) if isinstance(fields, dict) else list(members)
+            described = {name: members[name] for name in order if name in members}
+            for name, array in described.items():
+                info = keys.setdefault(name, _key_info(array))
+                info["raw_bytes"] += int(array.nbytes)
+            for relative, size in by_trajectory.get(str(int(entry["trajectory_id"])), {}).items():
+                disk += size
+                key = _owning_key(relative, described)
+                if key is not None:
+                    keys[key]["bytes_on_disk"] += size
+        return keys, disk
+
+    # -- reading --------------------------------------------------------------------------
+    def read(self, entry: Entry, keys: Sequence[str] | None = None) -> Trajectory:
+        # docstring inherited
+        opened = self._opener.open_many([entry])[0]
+        wanted = list(opened.dtypes) if keys is None else list(keys)
+        rows.check_keys(opened, wanted, self.location.url)
+        zarr_arrays = rows.zarr_arrays(opened, wanted)
+        where = f"{self.location.url}/{opened.group}"
+        with translate_errors(self.location.url, "reading"):
+            whole = arrays.gather(
+                *(arrays.read_whole(a, f"{where}/{key}") for key, a in zarr_arrays.items())
+            )
+            values = dict(zip(zarr_arrays, sync(whole), strict=True))
+            described = [key for key in wanted if key not in zarr_arrays]
+            values.update(sharded.read_whole_shards(self._opener.location(), opened, described))
+        fields = {key: from_numpy(np.asarray(values[key]), opened.dtypes[key]) for key in wanted}
+        return trajectory_from_raw(
+            fields,
+            max_episode_length=int(entry.get("max_episode_length", 0)),
+            model_weights_id=str(entry.get("model_weights_id", "")),
+        )
+
+    def read_rows(
+        self, entry: Entry, rows: torch.Tensor, keys: Sequence[str]
+    ) -> dict[str, torch.Tensor]:
+        # docstring inherited
+        return self.read_rows_many([(entry, rows)], keys)[0]
+
+    def read_rows_many(
+        self, requests: Sequence[tuple[Entry, torch.Tensor]], keys: Sequence[str]
+    ) -> list[dict[str, torch.Tensor]]:
+        # docstring inherited
+        opened = self._opener.open_many([entry for entry, _ in requests])
+        results = []
+        for (entry, flat), handles in zip(requests, opened, strict=True):
+            rows.check_keys(handles, keys, self.location.url, sampled=True)
+            count = int(torch.as_tensor(flat).numel())
+            out = {
+                key: torch.empty((count, *handles.shape(key)[2:]), dtype=handles.dtypes[key])
+                for key in keys
+            }
+            self.read_rows_into([(entry, flat, torch.arange(count))], keys, out)
+            results.append(out)
+        return results
+
+    def read_rows_into(
+        self,
+        requests: Sequence[tuple[Entry, torch.Tensor, torch.Tensor]],
+        keys: Sequence[str],
+        out: Mapping[str, torch.Tensor],
+    ) -> None:
+        # docstring inherited
+        opened = self._opener.open_many([entry for entry, _, _ in requests])
+        with translate_errors(self.location.url, "reading"):
+            rows.read_rows_into(
+                self._opener.location(), opened, requests, keys, out, self.byte_source
+            )
+
+    # -- writing --------------------------------------------------------------------------
     def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
-        """Write the trajectory as the group ``trajectories/<id>``, replacing any.
-
-        Layout 2 stores each ``mapped`` / ``chunked`` array as one shard, the rest through
-        zarr; layout 1 stores regular chunks.  The group's attributes (the entry and the
-        field dtypes) are written last: until then the trajectory reads as missing.
-
-        Parameters
-        ----------
-        entry
-            The trajectory's index entry (its id and ``shape`` are used).
-        trajectory
-            The trajectory; validated unless it is a ``ValidatedTrajectory``.
-
-        Raises
-        ------
-        InvalidTrajectoryError
-            ``trajectory`` is not a valid trajectory.
-        CorruptStoreError
-            ``entry`` has no valid ``trajectory_id`` or ``shape``.
-        StorageUnavailableError
-            The backend failed, or something rbzarr did not write is in the way of the
-            group (it is left alone).
-        """
+        """Each array is one shard (arrays of kind ``"zarr"`` go through zarr); the group's
+        attributes are written last."""
         trajectory = rows_to_write(trajectory)
         tid = trajectory_id(entry)
         fields = trajectory.tensors()
+        plans = {
+            key: plan_key(value.shape, value.element_size(), self.codecs, key)
+            for key, value in fields.items()
+        }
+        files, description = sharded.encode_trajectory(fields, plans, *time_and_envs(entry))
         attrs = {
             **dict(entry),
             FIELDS_ATTR: {key: dtype_name(value.dtype) for key, value in fields.items()},
+            sharded.LAYOUT_ATTR: description,
         }
-        files: dict[str, list[Any]] = {}
-        zarr_keys = list(fields)
-        if self.layout_version >= 2:
-            plans = {
-                key: plan_key(value.shape, value.element_size(), self.codecs, key)
-                for key, value in fields.items()
-            }
-            files, description = sharded.encode_trajectory(fields, plans, *time_and_envs(entry))
-            attrs[sharded.LAYOUT_ATTR] = description
-            zarr_keys = [key for key in fields if plans[key].kind == "zarr"]
+        zarr_keys = [key for key in fields if plans[key].kind == "zarr"]
+        group = group_path(tid)
         self._opener.handles.forget(tid)
         with translate_errors(self.location.url, "writing"):
-            if files and not zarr_keys and self._opener.local_files:
-                self._writer.write_files(self.location.path, _group(tid), fields, attrs, files)
+            if not zarr_keys and self._opener.local_files:
+                self._publisher.publish_files(self.location.path, group, fields, attrs, files)
             else:
-                write = self._writer.write_group(
+                publish = self._publisher.publish(
                     self._opener.store(),
-                    _group(tid),
+                    group,
                     fields,
                     attrs,
                     files,
                     zarr_keys,
                     self.codecs,
                     self.chunk_bytes,
-                    self.layout_version,
                 )
-                sync(write)
+                sync(publish)
         self._opener.handles.forget(tid)
 
     def write_documents(self, documents: Documents) -> Documents:
-        """Commit: set the root group's attributes, then write the two JSON mirrors.
-
-        Layout 2 adds ``layout_version`` to the metadata.  Call only after every trajectory
-        the index lists is completely written.
-
-        Parameters
-        ----------
-        documents
-            The documents to commit.
-
-        Returns
-        -------
-        Documents
-            The documents as written (with ``layout_version`` in layout 2).
-
-        Raises
-        ------
-        StorageUnavailableError
-            The backend failed.
-        """
-        if self.layout_version >= 2:
-            metadata = {**documents.metadata, "layout_version": self.layout_version}
-            documents = Documents(metadata, documents.trajectory_index)
+        """Adds ``layout_version`` to the metadata and mirrors both documents in the root
+        group's attributes first."""
+        metadata = {**documents.metadata, "layout_version": LAYOUT_VERSION}
+        documents = Documents(metadata, documents.trajectory_index)
         attrs = {
             ROOT_ATTR: {
                 "metadata": documents.metadata,
@@ -218,49 +325,73 @@ class ZarrLayout(ZarrReads):
         await root.update_attributes(attrs)
 
     def delete(self, entry: Entry) -> None:
-        """Remove the trajectory's group and drop its cached handles; missing is no error.
-
-        Parameters
-        ----------
-        entry
-            The trajectory's index entry.
-
-        Raises
-        ------
-        CorruptStoreError
-            ``entry`` has no valid ``trajectory_id``.
-        StorageUnavailableError
-            The backend failed.
-        """
+        # docstring inherited
         tid = trajectory_id(entry)
         self._opener.handles.forget(tid)
         with translate_errors(self.location.url, "deleting"):
-            sync(StorePath(self._opener.store(), _group(tid)).delete_dir())
+            sync(StorePath(self._opener.store(), group_path(tid)).delete_dir())
         self._opener.handles.forget(tid)
 
     def copy_to(self, target: TrajectoryLayout, entry: Entry) -> None:
-        """Copy one trajectory into ``target``; between zarr layouts of different versions
-        it is re-encoded (so checkpoints of a layout-1 store are written in layout 2).
-
-        Parameters
-        ----------
-        target
-            The layout to copy into.
-        entry
-            The trajectory's index entry.
-
-        Raises
-        ------
-        CheckpointNotFoundError
-            The trajectory's data is missing here.
-        StoreExistsError
-            ``target`` already holds data at the trajectory's path.
-        """
-        if isinstance(target, ZarrLayout) and self.stored_version(entry) != target.layout_version:
+        """A layout-1 trajectory copied into a zarr layout is re-encoded in layout 2."""
+        if isinstance(target, ZarrLayout) and not self._opener.open_many([entry])[0].described:
             target.write(entry, self.read(entry))
             return
         super().copy_to(target, entry)
 
 
-def _group(tid: int) -> str:
-    return group_path(tid)
+def _sizes_by_trajectory(sizes: Mapping[str, int]) -> dict[str, dict[str, int]]:
+    """``{trajectory id: {path inside its group: size}}`` from a store's file sizes."""
+    found: dict[str, dict[str, int]] = {}
+    prefix = f"{TRAJECTORIES}/"
+    for path, size in sizes.items():
+        if path.startswith(prefix):
+            tid, _, relative = path[len(prefix) :].partition("/")
+            found.setdefault(tid, {})[relative] = size
+    return found
+
+
+def _key_info(array: zarr.Array) -> dict[str, Any]:
+    """The first trajectory's dtype, shape, chunking and codec of one key (no sizes yet)."""
+    shards = array.shards
+    return {
+        "dtype": array.attrs.get(DTYPE_ATTR, str(array.dtype)),
+        "shape": list(array.shape),
+        "chunks": list(array.chunks),
+        "shards": None if shards is None else list(shards),
+        "codec": codec_text(array.metadata.to_dict().get("codecs", ())),
+        "raw_bytes": 0,
+        "bytes_on_disk": 0,
+    }
+
+
+def codec_text(codecs: Any) -> str:
+    """``zstd(level=1, checksum=False)``-style names of a codec chain, serializer left out."""
+    parts = []
+    for codec in codecs:
+        name = codec.get("name")
+        config = codec.get("configuration") or {}
+        if name == "bytes":
+            continue
+        if name == "sharding_indexed":
+            inner = codec_text(config.get("codecs", ()))
+            parts.append(f"sharding(chunks={list(config.get('chunk_shape', ()))}, {inner})")
+            continue
+        args = ", ".join(f"{k}={v}" for k, v in config.items())
+        parts.append(f"{name}({args})")
+    return " | ".join(parts) or "none"
+
+
+def _owning_key(relative: str, keys: Mapping[str, Any]) -> str | None:
+    """The longest key that ``relative`` (a path inside a trajectory group) lies under."""
+    parts = relative.split("/")
+    for depth in range(len(parts) - 1, 0, -1):
+        candidate = "/".join(parts[:depth])
+        if candidate in keys:
+            return candidate
+    return None
+
+
+def _written_by_rbzarr(name: PurePosixPath) -> bool:
+    """Whether a file below a trajectory group is one rbzarr writes (see ``foreign_files``)."""
+    return name.name == "zarr.json" or "c" in name.parts[:-1] or is_temporary_name(name.name)

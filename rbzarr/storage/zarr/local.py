@@ -43,7 +43,8 @@ from numcodecs import zstd
 
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage import workers
-from rbzarr.storage.zarr import shard_index as shard_format
+from rbzarr.storage.zarr import shard_index
+from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.spec import ArraySpec
 
 __all__ = [
@@ -52,7 +53,6 @@ __all__ = [
     "Piece",
     "RowRead",
     "decode_whole",
-    "gather_mapped",
     "land",
     "plan_rows",
     "read_local",
@@ -144,7 +144,7 @@ class LocalShard:
             raise CorruptStoreError(
                 f"{where}: the shard holds {size} bytes, expected {spec.shard_bytes} ({state})"
             )
-        isize = shard_format.index_size(spec.chunks)
+        isize = shard_index.index_size(spec.chunks)
         try:
             self.index = spec.check_index(os.pread(fd, isize, spec.index_offset), where)
         except CorruptStoreError:
@@ -190,20 +190,9 @@ class LocalShard:
             page = start - start % mmap.PAGESIZE
             self._map.madvise(mmap.MADV_WILLNEED, page, start + size - page)
 
-    def read(self, piece: Piece) -> None:
-        """Land one piece: ``pread``, then decode when compressed.
-
-        Parameters
-        ----------
-        piece
-            A piece of this shard.
-
-        Raises
-        ------
-        CorruptStoreError
-            The file ended early or the chunk does not decode.
-        """
-        land(piece, os.pread(self.fd, piece.nbytes, piece.offset), self.where)
+    def read(self, piece: Piece, source: ByteSource) -> None:
+        """Land one piece of this shard: read from ``source``, then decoded when compressed."""
+        land(piece, source.pread(self.fd, piece.nbytes, piece.offset), self.where)
 
 
 def land(piece: Piece, data: bytes | memoryview, where: str) -> None:
@@ -316,44 +305,14 @@ def _copy_repeats(
     return finish
 
 
-def read_local(reads: list[tuple[LocalShard, RowRead]]) -> None:
-    """Land every piece of ``reads`` (on the pool when there are many), then finish each.
-
-    Parameters
-    ----------
-    reads
-        ``(shard, read)`` pairs; each read's pieces belong to its shard.
-
-    Raises
-    ------
-    CorruptStoreError
-        A shard ended early or a chunk does not decode.
-    """
+def read_local(reads: list[tuple[LocalShard, RowRead]], source: ByteSource) -> None:
+    """Land every piece of the ``(shard, read)`` pairs (on the pool when there are many),
+    then finish each read."""
     work = [(shard, piece) for shard, read in reads for piece in read.pieces]
-    workers.run_all(lambda job: job[0].read(job[1]), work, len(work) >= THREADED_PIECES)
+    workers.run_all(lambda job: job[0].read(job[1], source), work, len(work) >= THREADED_PIECES)
     for _, read in reads:
         if read.finish is not None:
             read.finish()
-
-
-def gather_mapped(
-    shard: LocalShard, elements: np.ndarray, out: np.ndarray, positions: np.ndarray
-) -> None:
-    """Rows ``elements`` of a memory-mapped shard into rows ``positions`` of ``out``.
-
-    Parameters
-    ----------
-    shard
-        A shard with a memory map (``shard.rows`` set).
-    elements
-        Rows ``raw_t * B + b`` to gather.
-    out
-        The output block, uint8 ``[n, row_bytes]``.
-    positions
-        The row of ``out`` each element goes to.
-    """
-    assert shard.rows is not None
-    out[positions] = shard.rows[elements]
 
 
 def decode_whole(spec: ArraySpec, shard: bytes, where: str) -> np.ndarray:

@@ -1,9 +1,11 @@
-"""Opening committed trajectories of the zarr layout, either layout version, in one round.
+"""Opening committed trajectories of the zarr layout, in one round.
 
 :class:`TrajectoryOpener` owns the layout's zarr store and its handle cache.  A batch of
 trajectories opens with one concurrent fetch of their group documents, then (layout 2) one
-round for the shard indexes of all of them; cached handles are reused.  After a ``fork``
-the child opens its own store client and handles (remote clients do not survive a fork).
+round for the shard indexes of all of them; cached handles are reused.  A layout-1 group
+(no ``rbzarr_layout``) opens as zarr arrays only (:mod:`rbzarr.storage.zarr.arrays`).
+After a ``fork`` the child opens its own store client and handles (remote clients do not
+survive a fork).
 """
 
 from __future__ import annotations
@@ -24,17 +26,16 @@ from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, RbzarrErro
 from rbzarr.storage.backends import translate_errors
 from rbzarr.storage.documents import Entry
 from rbzarr.storage.location import Location
-from rbzarr.storage.zarr import chunks as chunk_io
 from rbzarr.storage.zarr import sharded
+from rbzarr.storage.zarr.arrays import gather
+from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.handles import (
     HandleCache,
-    Opened,
-    PlainTrajectory,
-    check_plain_shapes,
+    check_array_shapes,
     time_and_envs,
     trajectory_id,
 )
-from rbzarr.storage.zarr.remote import IOStats
+from rbzarr.storage.zarr.sharded import ShardedTrajectory
 from rbzarr.trajectory.dtypes import dtype_from_name
 
 __all__ = ["FIELDS_ATTR", "TRAJECTORIES", "TrajectoryOpener", "group_path"]
@@ -70,12 +71,12 @@ class TrajectoryOpener:
         A zarr store rooted there, or ``None`` to open ``location.zarr_store()``.
     cache_size
         How many trajectories keep their handles.
-    stats
-        Counts the requests and bytes of shard-index reads.
+    source
+        Where shard indexes of remote trajectories are read from.
     """
 
     def __init__(
-        self, location: Location, store: Store | None, cache_size: int, stats: IOStats
+        self, location: Location, store: Store | None, cache_size: int, source: ByteSource
     ) -> None:
         self._location = location
         self._zarr_store = store
@@ -83,7 +84,7 @@ class TrajectoryOpener:
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self.handles = HandleCache(cache_size, fork_safe=location.is_local)
-        self.stats = stats
+        self.source = source
 
     @property
     def local_files(self) -> bool:
@@ -127,7 +128,7 @@ class TrajectoryOpener:
         self.store()
         return self._location
 
-    def open_many(self, entries: Sequence[Entry]) -> list[Opened]:
+    def open_many(self, entries: Sequence[Entry]) -> list[ShardedTrajectory]:
         """Handles of ``entries`` (cached ones reused); new ones open in one round.
 
         Parameters
@@ -137,9 +138,8 @@ class TrajectoryOpener:
 
         Returns
         -------
-        list of Opened
-            One :class:`~rbzarr.storage.zarr.handles.PlainTrajectory` or
-            :class:`~rbzarr.storage.zarr.sharded.ShardedTrajectory` per entry, in order.
+        list of ShardedTrajectory
+            One per entry, in order.
 
         Raises
         ------
@@ -150,7 +150,7 @@ class TrajectoryOpener:
         StorageUnavailableError
             The backend failed.
         """
-        found: list[Opened | None] = []
+        found: list[ShardedTrajectory | None] = []
         missing: list[tuple[int, Entry, int]] = []
         for position, entry in enumerate(entries):
             opened, generation = self.handles.get(_handle_key(entry))
@@ -165,15 +165,13 @@ class TrajectoryOpener:
                 found[position] = opened
         return [opened for opened in found if opened is not None]
 
-    def _open_new(self, entries: Sequence[Entry]) -> list[Opened]:
+    def _open_new(self, entries: Sequence[Entry]) -> list[ShardedTrajectory]:
         store = self.store()
         location = self.location()
         tids = [trajectory_id(entry) for entry in entries]
         prototype = default_buffer_prototype()
-        raws = sync(
-            chunk_io.gather(*(store.get(f"{group_path(t)}/zarr.json", prototype) for t in tids))
-        )
-        opened: list[Opened] = []
+        raws = sync(gather(*(store.get(f"{group_path(t)}/zarr.json", prototype) for t in tids)))
+        opened: list[ShardedTrajectory] = []
         pending: list[Any] = []
         for tid, entry, raw in zip(tids, entries, raws, strict=True):
             attrs = _group_attrs(tid, raw, location.url)
@@ -182,8 +180,14 @@ class TrajectoryOpener:
                 layout = attrs.get(sharded.LAYOUT_ATTR)
                 if layout is None:
                     arrays = self._open_arrays(tid, list(fields))
-                    check_plain_shapes(arrays, entry, f"{location.url}/{group_path(tid)}")
-                    opened.append(PlainTrajectory(group_path(tid), fields, arrays))
+                    check_array_shapes(arrays, entry, f"{location.url}/{group_path(tid)}")
+                    T, B = time_and_envs(entry)
+                    specs = dict.fromkeys(fields, None)
+                    opened.append(
+                        ShardedTrajectory(
+                            group_path(tid), T, B, fields, specs, arrays=arrays, described=False
+                        )
+                    )
                     continue
                 handles, remote = sharded.describe_sharded(
                     location, group_path(tid), time_and_envs(entry), fields, layout
@@ -195,7 +199,7 @@ class TrajectoryOpener:
             pending.extend((handles, request) for request in remote)
             opened.append(handles)
         if pending:
-            sharded.open_pending(location.fs, pending, self.stats)
+            sharded.open_pending(location.fs, pending, self.source)
         return opened
 
     def _open_arrays(self, tid: int, keys: Sequence[str]) -> dict[str, AsyncArray[Any]]:
@@ -205,9 +209,7 @@ class TrajectoryOpener:
         group = group_path(tid)
         try:
             arrays = sync(
-                chunk_io.gather(
-                    *(AsyncArray.open(StorePath(store, f"{group}/{key}")) for key in keys)
-                )
+                gather(*(AsyncArray.open(StorePath(store, f"{group}/{key}")) for key in keys))
             )
         except FileNotFoundError as exc:
             raise CorruptStoreError(

@@ -2,7 +2,8 @@
 
 Every piece of a batch (rows of uncompressed shards, inner chunks of compressed ones) is a
 byte range of one object.  Ranges that touch (one ends where the next starts) are coalesced,
-then all of them are fetched with one ``fs.cat_ranges`` call: fsspec runs them
+then all of them are fetched with one ``cat_ranges`` call of the layout's
+:class:`~rbzarr.storage.zarr.byte_source.ByteSource`: fsspec runs them
 concurrently on its event loop, so a batch costs one round trip per concurrency-limit's
 worth of ranges.  Shard indexes are fetched the same way, once, when a trajectory opens.
 """
@@ -16,39 +17,11 @@ from typing import Any
 import numpy as np
 
 from rbzarr.errors import CorruptStoreError
+from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.local import Piece, RowRead, land
 from rbzarr.storage.zarr.spec import ArraySpec, check_document
 
-__all__ = ["IOStats", "RemoteShard", "coalesce", "fetch_rows", "open_remote"]
-
-
-@dataclass
-class IOStats:
-    """Requests and bytes the layout's reads asked for (reset them freely).
-
-    Parameters
-    ----------
-    requests
-        Reads issued (files, byte ranges or objects); memory-map gathers count none.
-    bytes
-        Bytes those reads asked for, plus the bytes gathered from memory maps.
-    """
-
-    requests: int = 0
-    bytes: int = 0
-
-    def add(self, requests: int, nbytes: int) -> None:
-        """Count ``requests`` reads of ``nbytes`` in all.
-
-        Parameters
-        ----------
-        requests
-            Reads to add (0 for bytes gathered without a request).
-        nbytes
-            Bytes they asked for, in all.
-        """
-        self.requests += requests
-        self.bytes += nbytes
+__all__ = ["RemoteShard", "coalesce", "fetch_rows", "open_remote"]
 
 
 @dataclass(frozen=True)
@@ -74,7 +47,7 @@ class RemoteShard:
 
 
 def open_remote(
-    fs: Any, shards: Sequence[tuple[str, ArraySpec, str]], stats: IOStats
+    fs: Any, shards: Sequence[tuple[str, ArraySpec, str]], source: ByteSource
 ) -> list[RemoteShard]:
     """Fetch and check the indexes of ``shards`` (``(path, spec, where)``) in one round.
 
@@ -88,8 +61,8 @@ def open_remote(
         The fsspec filesystem holding the shards.
     shards
         ``(path, spec, where)`` per shard.
-    stats
-        Counts the requests and bytes asked for.
+    source
+        Reads the byte ranges.
 
     Returns
     -------
@@ -107,13 +80,11 @@ def open_remote(
     paths = [path for path, _, _ in shards]
     starts: list[int] = [spec.index_offset for _, spec, _ in shards]
     ends: list[int | None] = [spec.shard_bytes + 1 for _, spec, _ in shards]
-    stats.add(len(paths), sum(spec.shard_bytes - spec.index_offset for _, spec, _ in shards))
     # The arrays' documents come in the same round (whole objects: no HEAD first).
     documents = [path.rsplit("/c/", 1)[0] + "/zarr.json" for path in paths]
-    results = fs.cat_ranges(
-        paths + documents, starts + [0] * len(paths), ends + [None] * len(paths), on_error="return"
+    results = source.cat_ranges(
+        fs, paths + documents, starts + [0] * len(paths), ends + [None] * len(paths)
     )
-    stats.add(len(documents), sum(len(d) for d in results[len(paths) :] if isinstance(d, bytes)))
     opened = []
     for (path, spec, where), result, document in zip(
         shards, results[: len(paths)], results[len(paths) :], strict=True
@@ -188,34 +159,15 @@ def coalesce(pieces: Sequence[tuple[str, Piece, str]]) -> list[_Range]:
     return ranges
 
 
-def fetch_rows(fs: Any, reads: Sequence[tuple[RemoteShard, RowRead]], stats: IOStats) -> None:
-    """Fetch every piece of ``reads`` (coalesced, one ``cat_ranges`` round), land them,
-    then finish each read.
-
-    Parameters
-    ----------
-    fs
-        The fsspec filesystem holding the shards.
-    reads
-        ``(shard, read)`` pairs; each read's pieces are byte ranges of its shard.
-    stats
-        Counts the coalesced requests and their bytes.
-
-    Raises
-    ------
-    CorruptStoreError
-        A shard is missing or truncated, or an inner chunk does not decode.
-    """
+def fetch_rows(fs: Any, reads: Sequence[tuple[RemoteShard, RowRead]], source: ByteSource) -> None:
+    """Fetch every piece of the ``(shard, read)`` pairs (coalesced, one ``cat_ranges``
+    round), land them, then finish each read."""
     ranges = coalesce(
         [(shard.path, piece, shard.where) for shard, read in reads for piece in read.pieces]
     )
     if ranges:
-        stats.add(len(ranges), sum(r.end - r.start for r in ranges))
-        results = fs.cat_ranges(
-            [r.path for r in ranges],
-            [r.start for r in ranges],
-            [r.end for r in ranges],
-            on_error="return",
+        results = source.cat_ranges(
+            fs, [r.path for r in ranges], [r.start for r in ranges], [r.end for r in ranges]
         )
         for found, data in zip(ranges, results, strict=True):
             blob = memoryview(_checked(data, found.members[0][1]))

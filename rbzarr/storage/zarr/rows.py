@@ -1,9 +1,10 @@
 """Sampled rows of zarr-layout trajectories, read into preallocated batch blocks.
 
-Rows of several trajectories land in one call: layout-2 shards through a
-:class:`~rbzarr.storage.zarr.sharded.RowBatch` (memory-map gathers, ``pread`` or one
-round of byte ranges), arrays that zarr reads (layout 1, or kind ``"zarr"``) through
-:func:`rbzarr.storage.zarr.chunks.read_rows`, their chunks fetched in one concurrent round.
+Rows of several trajectories land in one call: shards through the layout's
+:class:`~rbzarr.storage.zarr.byte_source.ByteSource` (memory-map gathers here, ``pread`` or
+one round of byte ranges through a :class:`~rbzarr.storage.zarr.sharded.RowBatch`), arrays
+that zarr reads (layout 1, or kind ``"zarr"``) through :func:`rbzarr.storage.zarr.arrays.read_rows`,
+all of them in one concurrent round.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from zarr.core.sync import sync
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.documents import Entry
 from rbzarr.storage.location import Location
-from rbzarr.storage.zarr import chunks as chunk_io
-from rbzarr.storage.zarr import sharded
-from rbzarr.storage.zarr.handles import Opened, time_and_envs, trajectory_id
-from rbzarr.storage.zarr.remote import IOStats
+from rbzarr.storage.zarr import arrays
+from rbzarr.storage.zarr.byte_source import ByteSource
+from rbzarr.storage.zarr.handles import time_and_envs, trajectory_id
+from rbzarr.storage.zarr.sharded import RowBatch, ShardedTrajectory
 from rbzarr.trajectory.dtypes import byte_rows, from_numpy
 
 __all__ = ["check_keys", "read_rows_into", "reset_row_elements", "zarr_arrays"]
@@ -30,11 +31,11 @@ __all__ = ["check_keys", "read_rows_into", "reset_row_elements", "zarr_arrays"]
 
 def read_rows_into(
     location: Location,
-    opened: Sequence[Opened],
+    opened: Sequence[ShardedTrajectory],
     requests: Sequence[tuple[Entry, torch.Tensor, torch.Tensor]],
     keys: Sequence[str],
     out: Mapping[str, torch.Tensor],
-    stats: IOStats,
+    source: ByteSource,
 ) -> None:
     """Fill rows ``positions`` of ``out[key]`` for each request ``(entry, rows, positions)``.
 
@@ -56,8 +57,8 @@ def read_rows_into(
         The flat keys to read; every one needs ``[T, B, ...]`` rows.
     out
         Preallocated ``[n, ...]`` tensors by key, filled in place.
-    stats
-        Counts the requests and bytes of the reads.
+    source
+        Where the shards' bytes come from.
 
     Raises
     ------
@@ -69,10 +70,9 @@ def read_rows_into(
         A row is outside ``[0, T * B)`` of its trajectory.
     """
     views = {key: byte_rows(out[key]) for key in keys}
-    batch = sharded.RowBatch(views, stats)
+    batch = RowBatch(views, source)
     plain: list[Any] = []
     wanted = tuple(keys)
-    gathered = 0
     deferred: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
     for (entry, rows, where), handles in zip(requests, opened, strict=True):
         plan = handles.plans.get(wanted)
@@ -89,32 +89,26 @@ def read_rows_into(
             if epochs not in elements:
                 elements[epochs] = reset_row_elements(flat, T, B, epochs)
             if local is None:
-                assert isinstance(handles, sharded.ShardedTrajectory)
                 batch.add(handles, key, elements[epochs], positions)
             elif local.prefetches:
                 local.prefetch(elements[epochs])
                 deferred.append((views[key], positions, local.rows, elements[epochs]))
             else:
-                views[key][positions] = local.rows[elements[epochs]]
-                gathered += local.spec.row_bytes * len(positions)
-    for view, targets, source, chosen in deferred:  # after every prefetch was issued
-        view[targets] = source[chosen]
-        gathered += source.shape[1] * len(targets)
-    stats.add(0, gathered)
+                views[key][positions] = source.gather(local.rows, elements[epochs])
+    for view, targets, mapped, chosen in deferred:  # after every prefetch was issued
+        view[targets] = source.gather(mapped, chosen)
     batch.run(location.fs)
-    _read_plain(plain, out)
+    _read_plain(plain, out, location.url)
 
 
-def _row_plan(handles: Opened, keys: Sequence[str]) -> list[tuple[str, Any, int, Any]]:
+def _row_plan(handles: ShardedTrajectory, keys: Sequence[str]) -> list[tuple[str, Any, int, Any]]:
     """Per key: ``(key, memory-mapped local shard or None, reset epochs, zarr array or
     None)``."""
-    arrays = zarr_arrays(handles, keys)
-    if not isinstance(handles, sharded.ShardedTrajectory):
-        return [(key, None, 0, arrays[key]) for key in keys]
+    by_zarr = zarr_arrays(handles, keys)
     plan: list[tuple[str, Any, int, Any]] = []
     for key in keys:
-        if key in arrays:
-            plan.append((key, None, 0, arrays[key]))
+        if key in by_zarr:
+            plan.append((key, None, 0, by_zarr[key]))
             continue
         local = handles.local.get(key)
         mapped = None if local is None or local.rows is None else local
@@ -148,13 +142,14 @@ def reset_row_elements(flat: np.ndarray, T: int, B: int, epochs: int) -> np.ndar
     return flat + (steps // (T // epochs) + 1) * B
 
 
-def _read_plain(reads: list[Any], out: Mapping[str, torch.Tensor]) -> None:
+def _read_plain(reads: list[Any], out: Mapping[str, torch.Tensor], url: str) -> None:
+    """Rows of the arrays zarr reads, every array's selection in one concurrent round."""
     if not reads:
         return
     blocks = sync(
-        chunk_io.gather(
+        arrays.gather(
             *(
-                chunk_io.read_rows(array, torch.from_numpy(steps), envs, T)
+                arrays.read_rows(array, torch.from_numpy(steps), envs, T, f"{url}/{array.path}")
                 for array, _, steps, envs, T, _ in reads
             )
         )
@@ -163,7 +158,9 @@ def _read_plain(reads: list[Any], out: Mapping[str, torch.Tensor]) -> None:
         out[key].index_copy_(0, where, from_numpy(block, out[key].dtype))
 
 
-def check_keys(opened: Opened, keys: Sequence[str], url: str, sampled: bool = False) -> None:
+def check_keys(
+    opened: ShardedTrajectory, keys: Sequence[str], url: str, sampled: bool = False
+) -> None:
     """Refuse keys the trajectory lacks, and (``sampled``) keys without ``[T, B]`` rows.
 
     Parameters
@@ -197,7 +194,7 @@ def check_keys(opened: Opened, keys: Sequence[str], url: str, sampled: bool = Fa
             )
 
 
-def zarr_arrays(opened: Opened, keys: Sequence[str]) -> dict[str, AsyncArray[Any]]:
+def zarr_arrays(opened: ShardedTrajectory, keys: Sequence[str]) -> dict[str, AsyncArray[Any]]:
     """The handles of those ``keys`` that zarr reads.
 
     Parameters

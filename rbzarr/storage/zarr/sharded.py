@@ -1,9 +1,10 @@
-"""One layout-v2 trajectory: its group's description, open shards, and reads into a batch.
+"""One opened trajectory: its group's description, open shards, and reads into a batch.
 
 The trajectory group's attributes carry ``rbzarr_layout: {"version": 2, "arrays": {key:
 description}}`` (see :mod:`rbzarr.storage.zarr.encode`), so opening a trajectory reads one
 document and then each shard's index; arrays of kind ``"zarr"`` (zero-size, 0-d, or a
-compressor other than zstd) are opened and read through zarr's pipeline.
+compressor other than zstd) are opened and read through zarr (:mod:`rbzarr.storage.zarr.arrays`),
+as is every array of a layout-1 group (no description).
 """
 
 from __future__ import annotations
@@ -18,13 +19,12 @@ import torch
 from zarr.core.array import AsyncArray
 
 from rbzarr.errors import CorruptStoreError
-from rbzarr.storage.zarr import encode as shard_writer
-from rbzarr.storage.zarr import local as shard_reader
-from rbzarr.storage.zarr import spec as shard_spec
+from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.chunking import KeyPlan
-from rbzarr.storage.zarr.local import LocalShard, RowRead
-from rbzarr.storage.zarr.remote import IOStats, RemoteShard, fetch_rows, open_remote
-from rbzarr.storage.zarr.spec import ArraySpec
+from rbzarr.storage.zarr.encode import encode_array, shard_key
+from rbzarr.storage.zarr.local import LocalShard, RowRead, decode_whole, plan_rows, read_local
+from rbzarr.storage.zarr.remote import RemoteShard, fetch_rows, open_remote
+from rbzarr.storage.zarr.spec import ArraySpec, check_document, parse_specs
 
 __all__ = [
     "LAYOUT_ATTR",
@@ -42,7 +42,7 @@ VERSION = 2
 
 @dataclass(frozen=True)
 class ShardedTrajectory:
-    """Open handles of one committed layout-v2 trajectory (immutable once built).
+    """Open handles of one committed trajectory (immutable once built).
 
     Parameters
     ----------
@@ -60,6 +60,9 @@ class ShardedTrajectory:
         Shards with fetched indexes by key (object stores).
     arrays
         zarr's array handles of the keys whose spec is ``None``.
+    described
+        Whether the group carries a layout description (layout 2); a layout-1 group has
+        none, and every key is read by zarr.
     plans
         Row-read plans by key tuple, filled on first use (a cache, not compared).
     """
@@ -72,6 +75,7 @@ class ShardedTrajectory:
     local: dict[str, LocalShard] = field(default_factory=dict)
     remote: dict[str, RemoteShard] = field(default_factory=dict)
     arrays: dict[str, AsyncArray[Any]] = field(default_factory=dict)
+    described: bool = True
     plans: dict[tuple[str, ...], Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -130,9 +134,9 @@ def encode_trajectory(
         if plan.kind == "zarr":
             arrays[key] = {"kind": "zarr"}
             continue
-        encoded = shard_writer.encode_array(key, value, plan, T, B)
+        encoded = encode_array(key, value, plan, T, B)
         files[f"{key}/zarr.json"] = [encoded.document]
-        files[f"{key}/{shard_writer.shard_key(value.dim())}"] = encoded.shard
+        files[f"{key}/{shard_key(value.dim())}"] = encoded.shard
         arrays[key] = encoded.description
     return files, {"version": VERSION, "arrays": arrays}
 
@@ -172,7 +176,7 @@ def describe_sharded(
         shard or its document is missing or damaged.
     """
     where = f"{location.url}/{group}"
-    specs = shard_spec.parse_specs(layout, where)
+    specs = parse_specs(layout, where)
     if list(specs) != list(fields):
         raise CorruptStoreError(
             f"{where}: the layout describes {sorted(specs)}, the fields are {sorted(fields)}"
@@ -189,7 +193,7 @@ def describe_sharded(
             document = _read_file(
                 os.path.join(location.path, *group.split("/"), *key.split("/"), "zarr.json")
             )
-            shard_spec.check_document(document, spec, f"{where}/{key}")
+            check_document(document, spec, f"{where}/{key}")
             opened.local[key] = LocalShard(path, spec, f"{where}/{key}")
         else:
             pending.append((key, path, spec, f"{where}/{key}"))
@@ -199,27 +203,13 @@ def describe_sharded(
 def open_pending(
     fs: Any,
     pending: Sequence[tuple[ShardedTrajectory, tuple[str, str, ArraySpec, str]]],
-    stats: IOStats,
+    source: ByteSource,
 ) -> None:
-    """Open remote shards of several trajectories, every index fetched in one round.
-
-    Parameters
-    ----------
-    fs
-        The fsspec filesystem holding the shards.
-    pending
-        ``(handles, shard)`` pairs: the trajectory and one item :func:`describe_sharded`
-        left to open; the opened shard goes into ``handles.remote``.
-    stats
-        Counts the requests and bytes.
-
-    Raises
-    ------
-    CorruptStoreError
-        A shard or its document is missing, has the wrong size or is damaged.
-    """
+    """Open the remote shards :func:`describe_sharded` left, ``(handles, shard)`` pairs of
+    several trajectories, every index fetched in one round (into ``handles.remote``)."""
     requests = [(path, spec, where) for _, (_, path, spec, where) in pending]
-    for (opened, (key, *_)), shard in zip(pending, open_remote(fs, requests, stats), strict=True):
+    opened_shards = open_remote(fs, requests, source)
+    for (opened, (key, *_)), shard in zip(pending, opened_shards, strict=True):
         opened.remote[key] = shard
 
 
@@ -227,7 +217,7 @@ def _shard_path(location: Any, group: str, key: str, spec: ArraySpec) -> str:
     parts = [
         *group.split("/"),
         *key.split("/"),
-        *shard_writer.shard_key(len(spec.shape)).split("/"),
+        *shard_key(len(spec.shape)).split("/"),
     ]
     return os.path.join(location.path, *parts) if location.is_local else location.join(*parts)
 
@@ -245,83 +235,38 @@ def _check_shape(spec: ArraySpec, T: int, B: int, where: str, entry_shape: Any) 
 
 @dataclass
 class RowBatch:
-    """Rows of several trajectories landing in byte views of the batch's outputs.
-
-    Each row lands at its final position (no permutation pass afterwards).
-
-    Parameters
-    ----------
-    out
-        A uint8 ``[n, row_bytes]`` view of each key's output tensor.
-    stats
-        Counts the requests and bytes of the reads.
-    local
-        Queued reads of local shards (filled by :meth:`add`).
-    remote
-        Queued reads of remote shards (filled by :meth:`add`).
-    """
+    """Rows of several trajectories' shards read by pieces (compressed, or remote), each
+    landing at its final position in a uint8 ``[n, row_bytes]`` view of its key's output."""
 
     out: dict[str, np.ndarray]
-    stats: IOStats
+    source: ByteSource
     local: list[tuple[LocalShard, RowRead]] = field(default_factory=list)
     remote: list[tuple[RemoteShard, RowRead]] = field(default_factory=list)
 
     def add(
         self, opened: ShardedTrajectory, key: str, elements: np.ndarray, positions: np.ndarray
     ) -> None:
-        """Queue rows ``elements`` of ``key`` for rows ``positions`` of ``out[key]``.
-
-        Rows of memory-mapped shards are gathered at once instead.
-
-        Parameters
-        ----------
-        opened
-            The trajectory's handles.
-        key
-            A flat key described in the trajectory's layout (not read by zarr).
-        elements
-            Rows ``raw_t * B + b`` of the array.
-        positions
-            The row of ``out[key]`` each element goes to.
-        """
+        """Queue rows ``elements`` (``raw_t * B + b``) of a described, not memory-mapped
+        ``key`` for rows ``positions`` of ``out[key]``."""
         if not len(positions):
             return
         out = self.out[key]
         shard = opened.local.get(key)
         if shard is not None:
-            if shard.rows is not None:
-                shard_reader.gather_mapped(shard, elements, out, positions)
-                self.stats.add(0, len(positions) * shard.spec.row_bytes)
-                return
-            read = shard_reader.plan_rows(
-                shard.spec, shard.index, elements, out, positions, shard.where
-            )
-            self.stats.add(len(read.pieces), sum(p.nbytes for p in read.pieces))
+            read = plan_rows(shard.spec, shard.index, elements, out, positions, shard.where)
             self.local.append((shard, read))
             return
         remote = opened.remote[key]
-        read = shard_reader.plan_rows(
-            remote.spec, remote.index, elements, out, positions, remote.where
-        )
+        read = plan_rows(remote.spec, remote.index, elements, out, positions, remote.where)
         self.remote.append((remote, read))
 
     def run(self, fs: Any) -> None:
-        """Land every queued piece: local ones with ``pread``, remote ones in one round.
-
-        Parameters
-        ----------
-        fs
-            The filesystem of the remote shards.
-
-        Raises
-        ------
-        CorruptStoreError
-            A shard ended early, is missing or holds a chunk that does not decode.
-        """
+        """Land every queued piece: local ones with ``pread``, remote ones (on ``fs``) in one
+        round."""
         if self.local:
-            shard_reader.read_local(self.local)
+            read_local(self.local, self.source)
         if self.remote:
-            fetch_rows(fs, self.remote, self.stats)
+            fetch_rows(fs, self.remote, self.source)
 
 
 def read_whole_shards(
@@ -361,7 +306,7 @@ def read_whole_shards(
             raise CorruptStoreError(f"{where}: the shard is missing")
         if isinstance(blob, BaseException):
             raise blob
-        out[key] = shard_reader.decode_whole(_spec(opened, key), bytes(blob), where)
+        out[key] = decode_whole(_spec(opened, key), bytes(blob), where)
     return out
 
 

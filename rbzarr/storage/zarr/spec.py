@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from rbzarr.errors import CorruptStoreError
-from rbzarr.storage.zarr import shard_index as shard_format
+from rbzarr.storage.zarr import shard_index
 
 __all__ = ["KINDS", "ArraySpec", "check_document", "parse_specs"]
 
@@ -158,7 +158,7 @@ class ArraySpec:
         int
             ``shard_bytes`` minus the index size.
         """
-        return self.shard_bytes - shard_format.index_size(self.chunks)
+        return self.shard_bytes - shard_index.index_size(self.chunks)
 
     def check_index(self, raw: bytes, where: str) -> np.ndarray:
         """Parse and check the shard's index bytes.
@@ -181,7 +181,7 @@ class ArraySpec:
             The index is damaged (see :func:`~rbzarr.storage.zarr.shard_index.decode_index`),
             or a mapped array's index is not one chunk of the whole array at offset 0.
         """
-        index = shard_format.decode_index(raw, self.chunks, self.index_offset, where)
+        index = shard_index.decode_index(raw, self.chunks, self.index_offset, where)
         if self.kind == "mapped" and index.tolist() != [[0, self.data_bytes]]:
             raise CorruptStoreError(
                 f"{where}: shard index {index.tolist()} does not describe the uncompressed "

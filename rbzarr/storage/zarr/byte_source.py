@@ -1,0 +1,36 @@
+"""Where the zarr layout's row reads get their bytes: one seam for local and remote shards.
+
+Every row read of a shard asks a :class:`ByteSource`: a gather out of a local memory map, a
+``pread`` of a local shard, or a round of byte ranges of remote objects (fsspec's
+``cat_ranges``, concurrent on its event loop).  Wrap one to observe its reads, as zarr's
+``LoggingStore`` wraps a store; the benchmark counts requests and bytes that way
+(:class:`rbzarr.bench.accounting.CountingByteSource`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ByteSource"]
+
+
+class ByteSource:
+    """Reads shard bytes as asked: memory-map gathers, local ``pread``, remote ranges."""
+
+    def gather(self, rows: np.ndarray, elements: np.ndarray) -> np.ndarray:
+        """Rows ``elements`` of a memory-mapped shard's ``[count, row_bytes]`` uint8 rows."""
+        return rows[elements]
+
+    def pread(self, fd: int, nbytes: int, offset: int) -> bytes:
+        """``nbytes`` at ``offset`` of an open local shard."""
+        return os.pread(fd, nbytes, offset)
+
+    def cat_ranges(
+        self, fs: Any, paths: Sequence[str], starts: Sequence[int], ends: Sequence[int | None]
+    ) -> list[Any]:
+        """Byte ranges of objects on ``fs`` in one round; a failed one is its exception."""
+        return list(fs.cat_ranges(list(paths), list(starts), list(ends), on_error="return"))
