@@ -397,3 +397,12 @@ def test_damaged_layout1_chunk_raises(tmp_path: Path) -> None:
     # Rows in intact chunks still read.
     got = layout.read_rows(entry, torch.tensor([1]), ["curr_obs/image"])
     assert torch.equal(got["curr_obs/image"], traj.curr_obs["image"][0, 1:2])
+
+
+def test_missing_layout1_chunk_is_damage_not_zeros(tmp_path: Path) -> None:
+    layout, entry = _layout1_copy(tmp_path, "every_dtype")
+    (tmp_path / "every_dtype/trajectories/0/curr_obs/image/c/2/0/0/0/0").unlink()
+    with pytest.raises(CorruptStoreError, match=r"curr_obs/image: 1 of its \d+ chunks are missing"):
+        layout.read_rows(entry, torch.tensor([1]), ["curr_obs/image"])
+    with pytest.raises(CorruptStoreError, match="chunks are missing"):
+        layout.read(entry)

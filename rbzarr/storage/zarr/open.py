@@ -180,7 +180,9 @@ class TrajectoryOpener:
                 layout = attrs.get(sharded.LAYOUT_ATTR)
                 if layout is None:
                     arrays = self._open_arrays(tid, list(fields))
-                    check_array_shapes(arrays, entry, f"{location.url}/{group_path(tid)}")
+                    where = f"{location.url}/{group_path(tid)}"
+                    check_array_shapes(arrays, entry, where)
+                    _check_every_chunk(arrays, where)
                     T, B = time_and_envs(entry)
                     specs = dict.fromkeys(fields, None)
                     opened.append(
@@ -217,6 +219,16 @@ class TrajectoryOpener:
                 f"is missing: {exc}"
             ) from exc
         return dict(zip(keys, arrays, strict=True))
+
+
+def _check_every_chunk(arrays: dict[str, AsyncArray[Any]], where: str) -> None:
+    """Layout 1 wrote every chunk: a missing one is damage, not zeros (zarr would fill it)."""
+    found = sync(gather(*(array.nchunks_initialized() for array in arrays.values())))
+    for (key, array), count in zip(arrays.items(), found, strict=True):
+        if count != array.nchunks:
+            raise CorruptStoreError(
+                f"{where}/{key}: {array.nchunks - count} of its {array.nchunks} chunks are missing"
+            )
 
 
 def _handle_key(entry: Entry) -> tuple[int, str]:
