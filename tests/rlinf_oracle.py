@@ -82,7 +82,7 @@ def rlinf_window(window: int, count: int) -> int:
 def expected_numbers(
     seed: int, sizes: list[tuple[int, int]], window: int, calls: list[int]
 ) -> list[torch.Tensor]:
-    """The numbers RLinf's buffer samples, call by call, from ``make_trajectory`` adds of ``sizes``."""
+    """The numbers RLinf's buffer draws per call after ``make_trajectory`` adds of ``sizes``."""
     buffer = RLinfBuffer(seed=seed, sample_window_size=rlinf_window(window, len(sizes)))
     base = 0
     for T, B in sizes:

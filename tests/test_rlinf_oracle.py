@@ -195,7 +195,10 @@ def test_cached_trajectories_are_rlinfs_after_every_add(tmp_path, window):
         theirs.add_trajectories([rlinf_copy(traj)])
         ours.save_checkpoint(tmp_path / f"ours-{k}")
         theirs.save_checkpoint(str(tmp_path / f"rlinf-{k}"))
-        saved = [sorted(p.name for p in (tmp_path / f"{who}-{k}").glob("trajectory_*.pt")) for who in ("ours", "rlinf")]
+        saved = [
+            sorted(p.name for p in (tmp_path / f"{who}-{k}").glob("trajectory_*.pt"))
+            for who in ("ours", "rlinf")
+        ]
         assert saved[0] == saved[1]
         assert saved[0] == [f"trajectory_{i}_w.pt" for i in range(max(0, k + 1 - window), k + 1)]
     theirs.close()

@@ -20,8 +20,8 @@ import zarr
 from conftest import assert_rows_consistent, assert_same_trajectory, make_trajectory
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rlinf_oracle import expected_numbers
 from s3_server import Request, S3Proxy
-from test_sampling import expected_numbers
 
 from rbzarr import (
     CheckpointNotFoundError,
