@@ -246,46 +246,66 @@ def our_checkpoint(folder: Path, fmt: str, auto_save: bool) -> Path:
     return folder / "ckpt"
 
 
-def assert_loaded_alike(ours: TrajectoryReplayBuffer, theirs: RLinfBuffer) -> None:
-    assert ours._trajectory_id_list == theirs._trajectory_id_list
-    assert (len(ours), ours.total_samples) == (len(theirs), theirs.total_samples)
-    for trajectory_id, want in theirs._trajectory_index.items():
-        got = ours._trajectory_index[trajectory_id]
-        for key in ("trajectory_id", "num_samples", "max_episode_length", "model_weights_id"):
-            assert got[key] == want[key], (trajectory_id, key)
-        assert list(got["shape"]) == list(want["shape"])
-    if len(theirs) == 0:
-        with pytest.raises(RuntimeError):
-            ours.sample(1)
-        return
-    for n in (7, 30, 3):
-        assert_batches_equal(ours.sample(n), theirs.sample(n))
-    assert_batches_equal(ours.sample_chunks(9), theirs.sample_chunks(9))
+def assert_loaded_alike(reference: RLinfBuffer, *others: TrajectoryReplayBuffer | RLinfBuffer):
+    """Each buffer lists, counts, draws and numbers on as ``reference`` does."""
+    for other in others:
+        assert other._trajectory_id_list == reference._trajectory_id_list
+        assert (len(other), other.total_samples) == (len(reference), reference.total_samples)
+        for trajectory_id, want in reference._trajectory_index.items():
+            got = other._trajectory_index[trajectory_id]
+            for key in ("trajectory_id", "num_samples", "max_episode_length", "model_weights_id"):
+                assert got[key] == want[key], (trajectory_id, key)
+            assert list(got["shape"]) == list(want["shape"])
+    buffers = (reference, *others)
+    if len(reference) == 0:
+        for buffer in buffers:
+            with pytest.raises(RuntimeError):
+                buffer.sample(1)
+    else:
+        for n in (7, 30, 3):
+            want = reference.sample(n)
+            for other in others:
+                assert_batches_equal(other.sample(n), want)
+        want = reference.sample_chunks(9)
+        for other in others:
+            assert_batches_equal(other.sample_chunks(9), want)
+    # all continue numbering after the checkpoint's counter (the share's highest id + 1,
+    # 0 for an empty share) and draw alike over the new trajectory
+    new = make_trajectory(2, 2, 100)
+    for buffer in buffers:
+        buffer.add_trajectories(
+            [new if isinstance(buffer, TrajectoryReplayBuffer) else rlinf_copy(new)]
+        )
+        assert buffer._trajectory_id_list == reference._trajectory_id_list
+    want = reference.sample(20)
+    for other in others:
+        assert_batches_equal(other.sample(20), want)
+    for buffer in buffers:
+        buffer.close()
 
 
-def load_both(path: Path, **shard: int) -> tuple[TrajectoryReplayBuffer, RLinfBuffer]:
-    """A fresh buffer of each kind (another seed: the checkpoint's wins) loads ``path``."""
-    ours = TrajectoryReplayBuffer(seed=5, sample_window_size=len(TRAJECTORIES))
-    theirs = RLinfBuffer(seed=5, sample_window_size=len(TRAJECTORIES))
-    distributed = bool(shard)
-    ours.load_checkpoint(path, is_distributed=distributed, **shard)
-    theirs.load_checkpoint(str(path), is_distributed=distributed, **shard)
-    return ours, theirs
+def rlinf_loads(path: Path, **shard: int) -> RLinfBuffer:
+    """A fresh RLinf buffer (another seed: the checkpoint's wins) that loaded ``path``."""
+    buffer = RLinfBuffer(seed=5, sample_window_size=len(TRAJECTORIES))
+    buffer.load_checkpoint(str(path), is_distributed=bool(shard), **shard)
+    return buffer
+
+
+def we_load(path: Path, **shard: int) -> TrajectoryReplayBuffer:
+    """A fresh buffer of ours (another seed: the checkpoint's wins) that loaded ``path``."""
+    buffer = TrajectoryReplayBuffer(seed=5, sample_window_size=len(TRAJECTORIES))
+    buffer.load_checkpoint(path, is_distributed=bool(shard), **shard)
+    return buffer
 
 
 @pytest.mark.parametrize("auto_save", [False, True])
 @pytest.mark.parametrize("fmt", ["pt", "pkl"])
 @pytest.mark.parametrize("writer", [rlinf_checkpoint, our_checkpoint])
 def test_checkpoints_load_alike_whoever_saved_them(tmp_path, writer, fmt, auto_save):
-    ours, theirs = load_both(writer(tmp_path, fmt, auto_save))
-    assert_loaded_alike(ours, theirs)
-    # both continue numbering after the checkpoint's counter
-    ours.add_trajectories([make_trajectory(2, 2, 100)])
-    theirs.add_trajectories([rlinf_copy(make_trajectory(2, 2, 100))])
-    assert ours._trajectory_id_list == theirs._trajectory_id_list
-    assert_batches_equal(ours.sample(20), theirs.sample(20))
-    ours.close()
-    theirs.close()
+    """The reference is RLinf loading its own checkpoint of the same trajectories."""
+    reference = rlinf_loads(rlinf_checkpoint(tmp_path / "reference", fmt, auto_save))
+    path = writer(tmp_path / "written", fmt, auto_save)
+    assert_loaded_alike(reference, we_load(path), rlinf_loads(path))
 
 
 @pytest.mark.parametrize("writer", [rlinf_checkpoint, our_checkpoint])
@@ -293,15 +313,10 @@ def test_checkpoints_load_alike_whoever_saved_them(tmp_path, writer, fmt, auto_s
     ("local_rank", "world_size"), [(0, 1), (0, 2), (1, 2), (0, 3), (2, 3), (4, 6), (5, 6)]
 )
 def test_distributed_shares_are_rlinfs(tmp_path, writer, local_rank, world_size):
-    path = writer(tmp_path, "pt", False)
-    ours, theirs = load_both(path, local_rank=local_rank, world_size=world_size)
-    assert_loaded_alike(ours, theirs)
-    # the counter continues after the share's highest id (0 for an empty share)
-    ours.add_trajectories([make_trajectory(2, 2, 100)])
-    theirs.add_trajectories([rlinf_copy(make_trajectory(2, 2, 100))])
-    assert ours._trajectory_id_list == theirs._trajectory_id_list
-    ours.close()
-    theirs.close()
+    shard = {"local_rank": local_rank, "world_size": world_size}
+    reference = rlinf_loads(rlinf_checkpoint(tmp_path / "reference", "pt", False), **shard)
+    path = writer(tmp_path / "written", "pt", False)
+    assert_loaded_alike(reference, we_load(path, **shard), rlinf_loads(path, **shard))
 
 
 # -- RLinf's datasets and collate function over our buffer ------------------------------
