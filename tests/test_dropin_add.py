@@ -1,4 +1,4 @@
-"""``add_trajectories`` with RLinf-shaped objects and with dict keys in any order."""
+"""``add_trajectories`` with RLinf's own ``Trajectory`` objects and with dict keys in any order."""
 
 from __future__ import annotations
 
