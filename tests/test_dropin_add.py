@@ -1,4 +1,4 @@
-"""``add_trajectories`` with RLinf-shaped objects and with dict keys in any order."""
+"""``add_trajectories`` with RLinf's own ``Trajectory`` objects and with dict keys in any order."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from conftest import assert_rows_consistent, make_trajectory
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rlinf_shapes import RLinfTrajectory, make_rlinf_trajectory
+from rlinf_oracle import RLinfTrajectory, make_rlinf_trajectory
 
 from rbzarr import InvalidTrajectoryError, TrajectoryReplayBuffer
 from rbzarr.trajectory.model import as_trajectory

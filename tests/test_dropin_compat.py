@@ -8,7 +8,7 @@ import inspect
 import pytest
 import torch
 from conftest import assert_rows_consistent, assert_same_trajectory, make_trajectory
-from rlinf_shapes import make_rlinf_trajectory
+from rlinf_oracle import RLinfBuffer, assert_batches_equal, make_rlinf_trajectory
 
 from rbzarr import TrajectoryReplayBuffer
 from rbzarr.trajectory.model import as_trajectory
@@ -119,25 +119,13 @@ def test_auto_save_path_and_random_generator(tmp_path):
     buffer.close()
 
 
-def test_flatten_trajectory_gives_rlinfs_nesting_and_changes_nothing():
-    buffer = TrajectoryReplayBuffer()
+def test_flatten_trajectory_is_rlinfs_and_changes_nothing():
+    buffer, rlinf = TrajectoryReplayBuffer(), RLinfBuffer()
     traj = make_rlinf_trajectory(4, 3, 0, epochs=2)
-    flat = buffer._flatten_trajectory(traj)
-    assert list(flat) == [
-        "actions",
-        "rewards",
-        "dones",
-        "prev_logprobs",
-        "curr_obs",
-        "next_obs",
-        "forward_inputs",
-    ]
-    assert torch.equal(flat["prev_logprobs"], torch.arange(12, dtype=torch.float64))
-    assert torch.equal(flat["dones"][:, 0], torch.arange(12))  # reset rows dropped
-    assert flat["curr_obs"]["state"].shape == (12, 3)
-    assert flat["forward_inputs"]["tokens"].dtype == torch.int32
-    assert "versions" not in flat  # 1-D
+    traj.terminations = traj.truncations = traj.dones
+    assert_batches_equal(buffer._flatten_trajectory(traj), rlinf._flatten_trajectory(traj))
     assert len(buffer) == 0
+    rlinf.close()
 
 
 @pytest.mark.parametrize("mode", MODES)

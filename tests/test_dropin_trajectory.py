@@ -9,7 +9,7 @@ import torch
 from conftest import make_trajectory
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rlinf_shapes import RLinfTrajectory, rlinf_copy
+from rlinf_oracle import RLinfTrajectory, rlinf_copy
 
 from rbzarr import InvalidTrajectoryError, Trajectory
 from rbzarr.trajectory.flat_view import join_trajectory, split_trajectory

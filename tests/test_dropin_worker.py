@@ -11,7 +11,7 @@ import asyncio
 import os
 
 import torch
-from rlinf_shapes import RLinfTrajectory
+from rlinf_oracle import RLinfTrajectory
 from torch.utils.data import DataLoader
 
 from rbzarr import (  # was: from rlinf.data.storage.replay import (

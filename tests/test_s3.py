@@ -17,8 +17,8 @@ import pytest
 import s3fs
 import torch
 from conftest import assert_rows_consistent, assert_same_trajectory, make_trajectory
+from rlinf_oracle import expected_numbers
 from s3_server import Request, S3Proxy
-from test_sampling import expected_numbers
 
 from rbzarr import (
     CheckpointNotFoundError,

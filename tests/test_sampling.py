@@ -1,4 +1,7 @@
-"""Sampling is RLinf's draw, bit for bit, from the cache, from storage, or a mix."""
+"""Sampling is RLinf's draw, bit for bit, from the cache, from storage, or a mix.
+
+RLinf's own buffer (``rlinf_oracle``) is the oracle of every draw here.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,14 @@ import numpy as np
 import pytest
 import torch
 from conftest import assert_rows_consistent, make_trajectory
+from rlinf_oracle import (
+    RLinfBuffer,
+    assert_batches_equal,
+    expected_numbers,
+    rlinf_copy,
+    rlinf_window,
+    wait_for_rlinf_files,
+)
 
 from rbzarr import TrajectoryReplayBuffer, open_buffer
 from rbzarr.analysis.view import BufferView
@@ -16,31 +27,13 @@ from rbzarr.trajectory import tree
 SIZES = [(4, 3), (2, 5), (6, 2), (3, 3), (5, 1), (1, 7), (8, 4)]
 
 
-def expected_numbers(seed: int, sizes: list[tuple[int, int]], window: int, calls: list[int]):
-    """RLinf's draw computed independently: numbers are base + row of the drawn trajectory."""
-    bases, base = [], 0
-    for T, B in sizes:
-        bases.append(base)
-        base += T * B
-    chosen = list(range(len(sizes)))
-    if window > 0:
-        chosen = chosen[-window:]
-    counts = torch.tensor([sizes[i][0] * sizes[i][1] for i in chosen])
-    ends = torch.cumsum(counts, 0)
-    generator = torch.Generator().manual_seed(seed)
-    results = []
-    for n in calls:
-        ids = torch.randint(0, int(ends[-1]), (min(n, int(ends[-1])),), generator=generator)
-        which = torch.bucketize(ids, ends, right=True)
-        rows = ids - (ends - counts)[which]
-        results.append(torch.tensor([bases[chosen[w]] for w in which.tolist()]) + rows)
-    return results
-
-
-def fill(buffer: TrajectoryReplayBuffer, sizes: list[tuple[int, int]]) -> None:
+def fill(buffer: TrajectoryReplayBuffer | RLinfBuffer, sizes: list[tuple[int, int]]) -> None:
     base = 0
     for T, B in sizes:
-        buffer.add_trajectories([make_trajectory(T, B, base)])
+        traj = make_trajectory(T, B, base)
+        buffer.add_trajectories(
+            [traj if isinstance(buffer, TrajectoryReplayBuffer) else rlinf_copy(traj)]
+        )
         base += T * B
 
 
@@ -48,28 +41,34 @@ def fill(buffer: TrajectoryReplayBuffer, sizes: list[tuple[int, int]]) -> None:
 @pytest.mark.parametrize("mode", ["cache", "storage", "mixed"])
 def test_sample_matches_rlinf_draw(tmp_path, window, mode):
     cache_size = {"cache": 100, "storage": 0, "mixed": 3}[mode]
-    with TrajectoryReplayBuffer(
-        seed=7,
-        sample_window_size=window,
-        auto_save=True,
-        auto_save_path=tmp_path / "store",
-        enable_cache=cache_size > 0,
-        cache_size=cache_size,
-    ) as buffer:
+    settings = {
+        "seed": 7,
+        "sample_window_size": window,
+        "auto_save": True,
+        "enable_cache": cache_size > 0,
+        "cache_size": cache_size,
+    }
+    rlinf = RLinfBuffer(auto_save_path=str(tmp_path / "rlinf"), **settings)
+    fill(rlinf, SIZES)
+    wait_for_rlinf_files(rlinf)
+    with TrajectoryReplayBuffer(auto_save_path=tmp_path / "store", **settings) as buffer:
         fill(buffer, SIZES)
         buffer.flush()
-        calls = [17, 64, 5]
-        for n, want in zip(calls, expected_numbers(7, SIZES, window, calls), strict=True):
+        for n in (17, 64, 5):
             batch = buffer.sample(n)
-            assert torch.equal(assert_rows_consistent(batch), want)
+            assert_rows_consistent(batch)
+            assert_batches_equal(batch, rlinf.sample(n))
+    rlinf.close()
 
 
 @pytest.mark.parametrize("window", [0, 2, 100])
 def test_sample_without_auto_save(window):
     buffer = TrajectoryReplayBuffer(seed=3, sample_window_size=window)
+    rlinf = RLinfBuffer(seed=3, sample_window_size=rlinf_window(window, len(SIZES)))
     fill(buffer, SIZES)
-    want = expected_numbers(3, SIZES, window, [40])[0]
-    assert torch.equal(assert_rows_consistent(buffer.sample(40)), want)
+    fill(rlinf, SIZES)
+    assert_batches_equal(buffer.sample(40), rlinf.sample(40))
+    rlinf.close()
 
 
 def test_batch_layout_keys_dtypes_and_order():
@@ -151,7 +150,7 @@ def test_caller_generator_replaces_the_buffer_stream_for_that_call(tmp_path, aut
         fill(mixed, SIZES)
         own = torch.Generator().manual_seed(11)
         via_generator = mixed.sample(30, generator=own)
-        # The caller's generator drew RLinf's draw for seed 11 ...
+        # The caller's generator drew what RLinf's buffer seeded 11 draws ...
         want = expected_numbers(11, SIZES, 0, [30])[0]
         assert torch.equal(assert_rows_consistent(via_generator), want)
         # ... and left the buffer's own stream where it was.
