@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,7 +27,7 @@ from zarr.core.metadata.v3 import ArrayV3Metadata
 from zarr.dtype import parse_data_type
 from zarr.storage import StorePath
 
-from rbzarr.storage.names import TEMP_SUFFIX
+from rbzarr.storage.names import temporary_name
 from rbzarr.storage.zarr.chunking import chunk_shape, pick_codec
 from rbzarr.storage.zarr.encode import dimension_names
 from rbzarr.storage.zarr.open import TRAJECTORIES
@@ -194,7 +193,7 @@ def _put_file(root: str, name: str, *parts: Any) -> None:
     """Write ``parts`` (byte-like) to ``root/name`` atomically (a temporary file renamed)."""
     path = os.path.join(root, *name.split("/"))
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    temp = f"{path}{TEMP_SUFFIX}{uuid.uuid4().hex}"
+    temp = temporary_name(path)
     try:
         with open(temp, "wb") as handle:
             for part in parts:
