@@ -3,7 +3,9 @@
 Registered from ``conftest.py`` (``pytest_plugins``).  Clients talk to the per-test
 :class:`~s3_server.S3Proxy` (``s3_options``), which logs requests and can simulate outages;
 ``s3_direct_options`` reach moto without the proxy, to inspect what the server really holds.
-If moto's server extra is missing, the fixtures fail (they never skip).
+If moto's server extra is missing, the fixtures fail (they never skip).  A test that uses
+them must carry the ``s3`` marker (so ``-m "not s3"`` leaves moto out); collection stops
+with the names of those that do not.
 """
 
 from __future__ import annotations
@@ -16,6 +18,21 @@ from typing import Any
 import pytest
 import s3fs
 from s3_server import S3Proxy, create_bucket, s3_storage_options, start_moto, unique_bucket_name
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: every collected test is seen
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Refuse tests that start moto (through ``moto_endpoint``) without the ``s3`` marker."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if "moto_endpoint" in getattr(item, "fixturenames", ())
+        and item.get_closest_marker("s3") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            "these tests use the S3 fixtures but lack @pytest.mark.s3: " + ", ".join(unmarked)
+        )
 
 
 @pytest.fixture(scope="session")

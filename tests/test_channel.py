@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.multiprocessing as torch_mp
 
-from rbzarr.errors import ChannelClosedError, ChannelTimeoutError, RbzarrError
+from rbzarr.errors import ChannelClosedError, ChannelTimeoutError
 from rbzarr.rollout.channel import Channel
 from rbzarr.trajectory.model import Trajectory
 
@@ -17,17 +17,6 @@ BACKENDS = [
     pytest.param({"backend": "thread"}, id="thread"),
     pytest.param({"backend": "process", "context": "spawn"}, id="process"),
 ]
-
-
-def test_errors_are_distinct() -> None:
-    assert not issubclass(ChannelClosedError, ChannelTimeoutError)
-    assert not issubclass(ChannelTimeoutError, ChannelClosedError)
-    assert issubclass(ChannelClosedError, RbzarrError) and issubclass(
-        ChannelClosedError, RuntimeError
-    )
-    assert issubclass(ChannelTimeoutError, RbzarrError) and issubclass(
-        ChannelTimeoutError, TimeoutError
-    )
 
 
 @pytest.mark.parametrize("options", BACKENDS)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import make_trajectory
 from test_cli import rbzarr
 
 from rbzarr import TrajectoryReplayBuffer
+
+pytestmark = pytest.mark.s3
 
 
 def options_flags(options: dict) -> list[str]:

@@ -148,6 +148,7 @@ def test_view_refresh_interval(tmp_path):
         open_buffer(path, refresh_interval=-1)
 
 
+@pytest.mark.s3
 @pytest.mark.timeout(180)
 def test_forked_workers_open_s3_stores_after_the_fork(s3_bucket, s3_options):
     url = f"s3://{s3_bucket}/store"

@@ -167,6 +167,7 @@ def fast_s3_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(s3fs.S3FileSystem, "retries", 2)
 
 
+@pytest.mark.s3
 @pytest.mark.usefixtures("fast_s3_retries")
 def test_every_trajectory_accepted_during_an_s3_outage_is_stored(
     s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any], s3_direct_options: dict
@@ -227,6 +228,7 @@ def test_a_script_that_exits_without_close_keeps_its_trajectories(tmp_path):
     assert_stored(str(store), [make_trajectory(16, 8, 128 * k) for k in range(12)])
 
 
+@pytest.mark.s3
 def test_clear_keeps_the_users_objects_and_the_store_on_s3(
     s3_bucket: str, s3_options: dict[str, Any], s3_direct_options: dict
 ):

@@ -228,6 +228,7 @@ def test_unreachable_store_is_unavailable_not_missing(
         with pytest.raises(StorageUnavailableError, match=re.escape(url)) as info:
             action()
         assert not isinstance(info.value, CheckpointNotFoundError)
+        assert isinstance(info.value, OSError)  # docs/behaviour.md: what `except OSError` catches
     s3_proxy.go_up()
     restored = TrajectoryReplayBuffer(storage_options=s3_options)
     restored.load_checkpoint(url)
