@@ -28,7 +28,7 @@ from rbzarr import CorruptStoreError, TrajectoryReplayBuffer
 from rbzarr.analysis.view import open_buffer
 from rbzarr.bench.page_cache import evict
 from rbzarr.storage.location import Location
-from rbzarr.storage.zarr import shard_index as shard_format
+from rbzarr.storage.zarr import shard_index
 from rbzarr.storage.zarr.layout import ZarrLayout
 from rbzarr.storage.zarr.local import decode_whole
 from rbzarr.storage.zarr.rows import reset_row_elements
@@ -129,7 +129,7 @@ def test_shards_match_zarrs_own_writer(tmp_path: Path, level: int | None) -> Non
 
 
 def _index(blob: bytes, chunks: int) -> list[tuple[int, int]]:
-    raw = blob[-shard_format.index_size(chunks) :]
+    raw = blob[-shard_index.index_size(chunks) :]
     assert google_crc32c.value(raw[:-4]) == int.from_bytes(raw[-4:], "little")
     values = struct.unpack(f"<{2 * chunks}Q", raw[:-4])
     return list(zip(values[::2], values[1::2], strict=True))
@@ -281,14 +281,14 @@ def test_reset_row_elements_match_raw_time_rows(T: int, B: int, epochs: int, dat
 # -- bad input: one test per kind of damage ---------------------------------------------
 def _rewrite_index(blob: bytes, transform: Any) -> bytes:
     """A one-chunk shard whose index entry is ``transform(offsets, nbytes)``, crc intact."""
-    size = shard_format.index_size(1)
+    size = shard_index.index_size(1)
     index = np.frombuffer(blob[-size:-4], "<u8")
     offsets, nbytes = transform(index[0::2].copy(), index[1::2].copy())
-    return blob[:-size] + shard_format.encode_index(offsets, nbytes)
+    return blob[:-size] + shard_index.encode_index(offsets, nbytes)
 
 
 def _empty(offsets: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return offsets * 0 + shard_format.EMPTY, nbytes * 0 + shard_format.EMPTY
+    return offsets * 0 + shard_index.EMPTY, nbytes * 0 + shard_index.EMPTY
 
 
 # Damage to a shard's bytes, and the words its error names.

@@ -44,7 +44,7 @@ class DiskRun:
         counts = [validate(t).num_samples for t in window]
         self.draws = DrawSequence(counts, workload.batch, settings.seed)
         self.zarr_root, self.pt_root = str(self.root / "zarr"), str(self.root / "pt")
-        self.io_stats = CountingByteSource()  # what the Zarr layout's own reads asked for
+        self.counted_reads = CountingByteSource()  # what the Zarr layout's own reads asked for
         self.zarr, self.writes = self._write(self.zarr_root, "zarr")
         self.pt, self.writes_pt = self._write(self.pt_root, "pt")
         spec = validate(self.trajectories[0])
@@ -53,7 +53,7 @@ class DiskRun:
         self.reader = RangeReader(self.zarr_root)
 
     def _write(self, root: str, fmt: str) -> tuple[TrackedBuffer, dict[str, Any]]:
-        options = {"byte_source": self.io_stats} if fmt == "zarr" else {}
+        options = {"byte_source": self.counted_reads} if fmt == "zarr" else {}
         buffer = TrajectoryReplayBuffer(
             seed=self.settings.seed,
             cache_size=self.settings.cache,
@@ -138,7 +138,7 @@ def _warm(run: DiskRun) -> dict[str, Any]:
     settings, batch, per_row = run.settings, run.workload.batch, run.row_bytes
     calls, budget = settings.warm_calls, settings.budget_s
     first = run.zarr.calls
-    before = (run.io_stats.requests, run.io_stats.bytes)
+    before = (run.counted_reads.requests, run.counted_reads.bytes)
     zarr_latencies = timed(run.zarr.sample, calls, budget)
     timed_calls = range(first + 1, first + 1 + len(zarr_latencies))
     out: dict[str, Any] = {"zarr": stats(zarr_latencies, batch, per_row)}
@@ -153,8 +153,8 @@ def _warm(run: DiskRun) -> dict[str, Any]:
 def _layout_reads(run: DiskRun, before: tuple[int, int], calls: int) -> dict[str, float]:
     """Requests and bytes the layout's reads asked for per call (warm-up included)."""
     return {
-        "layout_requests_per_batch": (run.io_stats.requests - before[0]) / calls,
-        "layout_bytes_per_batch": (run.io_stats.bytes - before[1]) / calls,
+        "layout_requests_per_batch": (run.counted_reads.requests - before[0]) / calls,
+        "layout_bytes_per_batch": (run.counted_reads.bytes - before[1]) / calls,
     }
 
 
@@ -204,7 +204,7 @@ def _cold(run: DiskRun) -> dict[str, Any]:
     calls, budget = settings.cold_calls, settings.budget_s
     roots, whole = [run.zarr_root, run.pt_root], settings.drop_caches
     first = run.zarr.calls
-    before = (run.io_stats.requests, run.io_stats.bytes)
+    before = (run.counted_reads.requests, run.counted_reads.bytes)
     latencies, read, method = _timed_cold(run.zarr.sample, roots, calls, budget, whole)
     timed_calls = range(first + 1, first + 1 + len(latencies))
     needed = _needed_summary(run, timed_calls)
