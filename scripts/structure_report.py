@@ -5,8 +5,8 @@
 Prints one finding a line, then the figures the restructure is done by:
 
 - root modules: the ``.py`` files directly in the package folder (at most 12);
-- wide classes: classes whose base classes in the package (all ancestors, not the class
-  itself) are defined across more than 2 modules (0);
+- wide classes: classes whose chain of package classes (the class and all its ancestors
+  in the package) is defined across more than 2 modules (0);
 - reach-ins: ``obj._name`` where ``obj`` is not ``self`` / ``cls`` / ``super()`` (dunders
   excluded), and ``from rbzarr.x import _name`` across modules (0);
 - import cycles between the package's modules (0), counting every import (inside functions
@@ -181,9 +181,10 @@ class ClassIndex:
 
 
 def wide_classes(index: ClassIndex) -> Iterator[tuple[str, list[str]]]:
-    """Classes whose package base classes are defined in more than two modules."""
+    """Classes whose chain (the class and its package ancestors) spans more than two modules."""
     for qualified in index.all_classes():
-        modules = sorted({base.rpartition(".")[0] for base in index.ancestors(qualified)})
+        chain = {qualified, *index.ancestors(qualified)}
+        modules = sorted({name.rpartition(".")[0] for name in chain})
         if len(modules) > MAX_BASE_MODULES:
             yield qualified, modules
 
@@ -328,7 +329,7 @@ def main(argv: list[str]) -> int:
 
     wide = list(wide_classes(ClassIndex(modules)))
     for qualified, base_modules in wide:
-        print(f"wide class       {qualified}: bases in {', '.join(base_modules)}")
+        print(f"wide class       {qualified}: chain in {', '.join(base_modules)}")
     figures["wide classes"] = str(len(wide))
 
     count = 0
