@@ -406,3 +406,19 @@ def test_missing_layout1_chunk_is_damage_not_zeros(tmp_path: Path) -> None:
         layout.read_rows(entry, torch.tensor([1]), ["curr_obs/image"])
     with pytest.raises(CorruptStoreError, match="chunks are missing"):
         layout.read(entry)
+
+
+def test_missing_chunk_of_an_array_zarr_reads_is_damage(tmp_path: Path) -> None:
+    location = Location.from_url(tmp_path / "store")
+    layout = ZarrLayout(location, codecs={"default": BloscCodec(cname="lz4")})
+    traj = _every_dtype()
+    entry = _entry(0, traj)
+    layout.write(entry, traj)
+    chunks = (tmp_path / "store/trajectories/0/rewards/c").rglob("*")
+    chunk = next(path for path in chunks if path.is_file())
+    chunk.unlink()
+    fresh = ZarrLayout(location)
+    with pytest.raises(CorruptStoreError, match="rewards: 1 of its"):
+        fresh.read_rows(entry, torch.tensor([0]), ["rewards"])
+    with pytest.raises(CorruptStoreError, match="chunks are missing"):
+        fresh.read(entry)

@@ -14,6 +14,7 @@ import itertools
 import json
 import math
 import mmap
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,18 +107,24 @@ class CountingByteSource(ByteSource):
         self.inner = ByteSource() if inner is None else inner
         self.requests = 0
         self.bytes = 0
+        # Large batches pread on the worker pool: the counters are shared between threads.
+        self._lock = threading.Lock()
+
+    def _count(self, requests: int, nbytes: int) -> None:
+        with self._lock:
+            self.requests += requests
+            self.bytes += nbytes
 
     def gather(self, rows: np.ndarray, elements: np.ndarray) -> np.ndarray:
         # docstring inherited
         found = self.inner.gather(rows, elements)
-        self.bytes += found.nbytes
+        self._count(0, found.nbytes)
         return found
 
     def pread(self, fd: int, nbytes: int, offset: int) -> bytes:
         # docstring inherited
         data = self.inner.pread(fd, nbytes, offset)
-        self.requests += 1
-        self.bytes += len(data)
+        self._count(1, len(data))
         return data
 
     def cat_ranges(
@@ -125,8 +132,7 @@ class CountingByteSource(ByteSource):
     ) -> list[Any]:
         # docstring inherited
         found = self.inner.cat_ranges(fs, paths, starts, ends)
-        self.requests += len(paths)
-        self.bytes += sum(len(data) for data in found if isinstance(data, bytes))
+        self._count(len(paths), sum(len(data) for data in found if isinstance(data, bytes)))
         return found
 
 

@@ -72,7 +72,7 @@ class ZarrLayout(TrajectoryLayout):
     codecs
         Compressor per flat key (``"rewards"``, ``"curr_obs/image"``) or ``"default"``;
         ``None`` stores a key uncompressed.  Unlisted keys are stored uncompressed (read in
-        place).
+        place), except 0-d and zero-size arrays (zstd level 1, through zarr).
     chunk_bytes
         Target size of one chunk of the arrays zarr writes itself (codecs other than zstd,
         see :mod:`rbzarr.storage.zarr.chunking`).

@@ -197,7 +197,9 @@ class TrajectoryOpener:
             except (RuntimeError, ValueError, KeyError, TypeError) as exc:
                 raise _unreadable(exc, tid, location.url) from exc
             zarr_keys = [key for key, spec in handles.specs.items() if spec is None]
-            handles.arrays.update(self._open_arrays(tid, zarr_keys))
+            zarr_arrays = self._open_arrays(tid, zarr_keys)
+            _check_every_chunk(zarr_arrays, f"{location.url}/{group_path(tid)}")
+            handles.arrays.update(zarr_arrays)
             pending.extend((handles, request) for request in remote)
             opened.append(handles)
         if pending:
@@ -222,7 +224,7 @@ class TrajectoryOpener:
 
 
 def _check_every_chunk(arrays: dict[str, AsyncArray[Any]], where: str) -> None:
-    """Layout 1 wrote every chunk: a missing one is damage, not zeros (zarr would fill it)."""
+    """Arrays zarr reads are written with every chunk: a missing one is damage, not zeros."""
     found = sync(gather(*(array.nchunks_initialized() for array in arrays.values())))
     for (key, array), count in zip(arrays.items(), found, strict=True):
         if count != array.nchunks:
