@@ -91,25 +91,6 @@ def chunk_shape(shape: Sequence[int], itemsize: int, chunk_bytes: int) -> tuple[
 
     Zero-length dimensions get a chunk length of 1 (zarr needs positive chunk lengths); a
     0-d array has the empty chunk shape.
-
-    Parameters
-    ----------
-    shape
-        The array's shape; the first dimension is the one chunks split (time steps).
-    itemsize
-        Bytes per element.
-    chunk_bytes
-        The most bytes a chunk should hold (at least one step is always taken).
-
-    Returns
-    -------
-    tuple of int
-        ``(k, *shape[1:])`` with ``k`` steps per chunk, or ``()`` for a 0-d array.
-
-    Raises
-    ------
-    ValueError
-        ``chunk_bytes`` is not positive.
     """
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
@@ -127,18 +108,6 @@ def chunk_shape(shape: Sequence[int], itemsize: int, chunk_bytes: int) -> tuple[
 def pick_codec(codecs: Mapping[str, Any], key: str) -> Any:
     """The compressor for flat ``key``: ``codecs[key]``, else ``codecs["default"]``, else
     ``ZstdCodec(level=1)``.
-
-    Parameters
-    ----------
-    codecs
-        Compressors by flat key, with an optional ``"default"`` entry.
-    key
-        The flat key (``"curr_obs/image"``).
-
-    Returns
-    -------
-    Any
-        The codec to use; ``None`` means "store uncompressed".
     """
     if key in codecs:
         return codecs[key]
@@ -148,24 +117,7 @@ def pick_codec(codecs: Mapping[str, Any], key: str) -> Any:
 
 
 def plan_key(shape: Sequence[int], itemsize: int, codecs: Mapping[str, Any], key: str) -> KeyPlan:
-    """The layout v2 plan of array ``key`` of ``shape`` (see the module docs).
-
-    Parameters
-    ----------
-    shape, itemsize
-        The array's shape (``[T(+E), B, ...]`` or ``[T]``) and bytes per element.
-    codecs
-        The layout's configured compressors (see :func:`pick_codec`); a key that none of
-        them names is stored uncompressed, read in place.
-    key
-        The flat key.
-
-    Returns
-    -------
-    KeyPlan
-        ``"zarr"`` for 0-d or zero-size arrays and codecs other than zstd, ``"mapped"``
-        when uncompressed, else ``"chunked"`` with the inner chunk shape and zstd settings.
-    """
+    """The layout v2 plan of array ``key`` of ``shape`` (see the module docs)."""
     if not shape or 0 in shape:
         return KeyPlan("zarr")
     configured = key in codecs or "default" in codecs

@@ -49,34 +49,12 @@ class EncodedArray:
 
 
 def stored_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
-    """The dtype of the stored bytes: little endian.
-
-    Parameters
-    ----------
-    dtype
-        The array's numpy dtype.
-
-    Returns
-    -------
-    numpy.dtype
-        ``dtype`` in little-endian byte order (single-byte dtypes unchanged).
-    """
+    """The dtype of the stored bytes: little endian."""
     return dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
 
 
 def shard_key(ndim: int) -> str:
-    """The chunk key of an array's only shard: ``c/0/0/...``.
-
-    Parameters
-    ----------
-    ndim
-        The array's number of dimensions (one ``0`` each; ``"c"`` for a 0-d array).
-
-    Returns
-    -------
-    str
-        E.g. ``"c/0/0/0"`` for a 3-d array.
-    """
+    """The chunk key of an array's only shard: ``c/0/0/...``."""
     return "/".join(["c", *("0" * ndim)])
 
 
@@ -85,20 +63,6 @@ def dimension_names(key: str, shape: tuple[int, ...], T: int, B: int) -> list[st
 
     Reset-row fields (``T + E`` rows) use ``time_with_resets`` for their first dimension
     (xarray needs one length per name).
-
-    Parameters
-    ----------
-    key
-        The flat key (``"curr_obs/image"``); per-key names are ``curr_obs_image_dim<axis>``.
-    shape
-        The array's shape.
-    T, B
-        The trajectory's time steps and environments.
-
-    Returns
-    -------
-    list of str
-        One name per dimension of ``shape``.
     """
     name = key.replace("/", "_")
     names = [f"{name}_dim{axis}" for axis in range(len(shape))]
@@ -116,22 +80,6 @@ def encode_array(key: str, value: torch.Tensor, plan: KeyPlan, T: int, B: int) -
     """Encode ``value`` (the raw field ``key``) as one shard following ``plan``.
 
     Large chunked arrays are compressed on the worker pool.
-
-    Parameters
-    ----------
-    key
-        The flat key (names dimensions).
-    value
-        The raw ``[T(+E), B, ...]`` tensor.
-    plan
-        The key's plan; ``plan.kind`` must be ``"mapped"`` or ``"chunked"``.
-    T, B
-        The trajectory's time steps and environments.
-
-    Returns
-    -------
-    EncodedArray
-        The array's document, shard parts and description.
     """
     data = to_numpy(value)
     stored = stored_dtype(data.dtype)

@@ -56,16 +56,6 @@ class HandleCache:
         """The cached handles of ``key`` (or ``None``) and the current generation.
 
         A hit becomes the most recently used entry.
-
-        Parameters
-        ----------
-        key
-            ``(trajectory id, uuid)`` of the index entry.
-
-        Returns
-        -------
-        tuple of (ShardedTrajectory or None, int)
-            The handles, and the generation to pass to :meth:`put` with handles opened now.
         """
         with self._lock:
             self._check_fork()
@@ -79,15 +69,6 @@ class HandleCache:
 
         The least recently used entries are evicted beyond the bounds; a key already cached
         keeps its handles.
-
-        Parameters
-        ----------
-        key
-            ``(trajectory id, uuid)`` of the index entry.
-        opened
-            The handles to keep.
-        generation
-            What :meth:`get` returned before ``opened`` was opened.
         """
         with self._lock:
             if generation != self._generation or self.size == 0 or key in self._handles:
@@ -104,11 +85,6 @@ class HandleCache:
         """Drop the handles of trajectory ``tid`` and start a new generation.
 
         Handles being opened meanwhile are then not cached (see :meth:`put`).
-
-        Parameters
-        ----------
-        tid
-            The trajectory id, or ``None`` for every trajectory.
         """
         with self._lock:
             self._generation += 1
@@ -124,23 +100,7 @@ class HandleCache:
 
 
 def trajectory_id(entry: Entry) -> int:
-    """The trajectory id of an index entry.
-
-    Parameters
-    ----------
-    entry
-        An index entry.
-
-    Returns
-    -------
-    int
-        ``int(entry["trajectory_id"])``.
-
-    Raises
-    ------
-    CorruptStoreError
-        The entry has no ``trajectory_id``, or one that is not an integer.
-    """
+    """The trajectory id of an index entry."""
     try:
         return int(entry["trajectory_id"])
     except (KeyError, TypeError, ValueError) as exc:
@@ -148,23 +108,7 @@ def trajectory_id(entry: Entry) -> int:
 
 
 def time_and_envs(entry: Entry) -> tuple[int, int]:
-    """``(T, B)`` of an index entry.
-
-    Parameters
-    ----------
-    entry
-        An index entry.
-
-    Returns
-    -------
-    tuple of (int, int)
-        The first two numbers of its ``shape``.
-
-    Raises
-    ------
-    CorruptStoreError
-        The entry has no ``shape`` with at least two dimensions.
-    """
+    """``(T, B)`` of an index entry."""
     shape = entry.get("shape")
     if not isinstance(shape, Sequence) or len(shape) < 2:
         raise CorruptStoreError(f"index entry has no [T, B, ...] 'shape': {entry!r}")

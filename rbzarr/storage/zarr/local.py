@@ -163,13 +163,7 @@ class LocalShard:
 
     @property
     def prefetches(self) -> bool:
-        """Whether :meth:`prefetch` helps.
-
-        Returns
-        -------
-        bool
-            ``True`` for a memory map of rows of at least :data:`PREFETCH_ROW_BYTES`.
-        """
+        """Whether :meth:`prefetch` helps."""
         return self._map is not None
 
     def prefetch(self, elements: np.ndarray) -> None:
@@ -177,11 +171,6 @@ class LocalShard:
         pages of a cold batch arrive in parallel instead of one fault at a time.
 
         Only for shards whose :attr:`prefetches` is true.
-
-        Parameters
-        ----------
-        elements
-            Rows ``raw_t * B + b`` about to be gathered.
         """
         assert self._map is not None
         size = self.spec.row_bytes
@@ -196,23 +185,7 @@ class LocalShard:
 
 
 def land(piece: Piece, data: bytes | memoryview, where: str) -> None:
-    """Put fetched bytes in their target, decoding compressed ones.
-
-    Parameters
-    ----------
-    piece
-        What the bytes are and where they go.
-    data
-        The bytes read for the piece.
-    where
-        Names the array in errors.
-
-    Raises
-    ------
-    CorruptStoreError
-        Fewer or more bytes than ``piece.nbytes`` arrived, or a compressed chunk does not
-        decode.
-    """
+    """Put fetched bytes in their target, decoding compressed ones."""
     if len(data) != piece.nbytes:
         raise CorruptStoreError(f"{where}: the shard ended early (truncated)")
     if not piece.compressed:
@@ -235,26 +208,6 @@ def plan_rows(
     """The pieces that put rows ``elements`` into rows ``positions`` of ``out``.
 
     Each distinct row (uncompressed) or inner chunk (compressed) is read once.
-
-    Parameters
-    ----------
-    spec
-        The array.
-    index
-        Its checked shard index.
-    elements
-        Rows ``raw_t * B + b`` to read.
-    out
-        The output block, uint8 ``[n, row_bytes]``.
-    positions
-        The row of ``out`` each element goes to.
-    where
-        Names the array in errors.
-
-    Returns
-    -------
-    RowRead
-        The pieces, and the step that completes the block once they have landed.
     """
     if spec.kind == "mapped":
         unique, first, inverse = _distinct(elements)
@@ -316,27 +269,7 @@ def read_local(reads: list[tuple[LocalShard, RowRead]], source: ByteSource) -> N
 
 
 def decode_whole(spec: ArraySpec, shard: bytes, where: str) -> np.ndarray:
-    """A whole array from its shard's bytes (the index checked), in the stored dtype.
-
-    Parameters
-    ----------
-    spec
-        The array.
-    shard
-        The whole shard object.
-    where
-        Names the array in errors.
-
-    Returns
-    -------
-    numpy.ndarray
-        The array of ``spec.shape``, a fresh copy.
-
-    Raises
-    ------
-    CorruptStoreError
-        The shard has the wrong size, a damaged index or a chunk that does not decode.
-    """
+    """A whole array from its shard's bytes (the index checked), in the stored dtype."""
     if len(shard) != spec.shard_bytes:
         state = "truncated" if len(shard) < spec.shard_bytes else "larger than written"
         raise CorruptStoreError(

@@ -45,18 +45,7 @@ FIELDS_ATTR = "fields"
 
 
 def group_path(tid: int) -> str:
-    """The path of a trajectory's group below the root.
-
-    Parameters
-    ----------
-    tid
-        The trajectory id.
-
-    Returns
-    -------
-    str
-        ``trajectories/<tid>``.
-    """
+    """The path of a trajectory's group below the root."""
     return f"{TRAJECTORIES}/{tid}"
 
 
@@ -88,24 +77,11 @@ class TrajectoryOpener:
 
     @property
     def local_files(self) -> bool:
-        """Whether the store is this opener's own local store.
-
-        Returns
-        -------
-        bool
-            ``True`` when files may be written directly, bypassing zarr's store.
-        """
+        """Whether the store is this opener's own local store."""
         return self._own_store and self._location.is_local
 
     def store(self) -> Store:
-        """The zarr store, opened on first use.
-
-        Returns
-        -------
-        Store
-            The store given to the constructor, or this opener's own, which a forked child
-            reopens (with a new filesystem client).
-        """
+        """The zarr store, opened on first use."""
         with self._lock:
             if self._own_store and self._pid != os.getpid():
                 self._zarr_store = None
@@ -118,38 +94,12 @@ class TrajectoryOpener:
             return self._zarr_store
 
     def location(self) -> Location:
-        """The store's location.
-
-        Returns
-        -------
-        Location
-            The root, with this process's filesystem client.
-        """
+        """The store's location."""
         self.store()
         return self._location
 
     def open_many(self, entries: Sequence[Entry]) -> list[ShardedTrajectory]:
-        """Handles of ``entries`` (cached ones reused); new ones open in one round.
-
-        Parameters
-        ----------
-        entries
-            Index entries of committed trajectories.
-
-        Returns
-        -------
-        list of ShardedTrajectory
-            One per entry, in order.
-
-        Raises
-        ------
-        CheckpointNotFoundError
-            A trajectory is missing or its write never finished.
-        CorruptStoreError
-            Its metadata, a shard or a shard index is damaged, or an entry is invalid.
-        StorageUnavailableError
-            The backend failed.
-        """
+        """Handles of ``entries`` (cached ones reused); new ones open in one round."""
         found: list[ShardedTrajectory | None] = []
         missing: list[tuple[int, Entry, int]] = []
         for position, entry in enumerate(entries):

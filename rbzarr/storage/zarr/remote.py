@@ -54,26 +54,6 @@ def open_remote(
     Each read asks for one byte past the written size, so a shard of the wrong size is
     caught by the same request: too few bytes come back (truncated) or one too many.  The
     arrays' ``zarr.json`` documents are fetched and checked in the same round.
-
-    Parameters
-    ----------
-    fs
-        The fsspec filesystem holding the shards.
-    shards
-        ``(path, spec, where)`` per shard.
-    source
-        Reads the byte ranges.
-
-    Returns
-    -------
-    list of RemoteShard
-        One per item of ``shards``, in order.
-
-    Raises
-    ------
-    CorruptStoreError
-        A shard or its document is missing, a shard has the wrong size, or an index or
-        document is damaged.
     """
     if not shards:
         return []
@@ -101,13 +81,7 @@ def open_remote(
 
 
 def _checked(data: Any, where: str) -> bytes:
-    """A ``cat_ranges`` result, or the error it stands for.
-
-    Raises
-    ------
-    CorruptStoreError
-        The object is missing or the range lies past its end.
-    """
+    """A ``cat_ranges`` result, or the error it stands for."""
     if isinstance(data, FileNotFoundError):
         raise CorruptStoreError(f"{where}: the shard is missing") from data
     if isinstance(data, BaseException):
@@ -134,19 +108,7 @@ class _Range:
 
 
 def coalesce(pieces: Sequence[tuple[str, Piece, str]]) -> list[_Range]:
-    """Merge pieces into byte ranges: touching or overlapping pieces of one object become one.
-
-    Parameters
-    ----------
-    pieces
-        ``(path, piece, where)`` per piece, in any order.
-
-    Returns
-    -------
-    list
-        Ranges sorted by path and offset, each with its ``path``, ``[start, end)`` and
-        member ``(piece, where)`` pairs.
-    """
+    """Merge pieces into byte ranges: touching or overlapping pieces of one object become one."""
     ranges: list[_Range] = []
     for path, piece, where in sorted(pieces, key=lambda item: (item[0], item[1].offset)):
         last = ranges[-1] if ranges else None

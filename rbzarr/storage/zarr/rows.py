@@ -43,31 +43,6 @@ def read_rows_into(
     batch of pieces per (trajectory, key); every remote range in one round.  Rows of small
     uncompressed keys are gathered from memory maps here directly: this loop is the cost
     of a warm batch, so it does no more per (trajectory, key) than one numpy gather.
-
-    Parameters
-    ----------
-    location
-        The store's root (its filesystem fetches remote ranges).
-    opened
-        The handles of each request's trajectory, in request order.
-    requests
-        ``(entry, rows, positions)``: flat rows ``t * B + b`` of the trajectory (int64),
-        and the rows of ``out`` they go to.
-    keys
-        The flat keys to read; every one needs ``[T, B, ...]`` rows.
-    out
-        Preallocated ``[n, ...]`` tensors by key, filled in place.
-    source
-        Where the shards' bytes come from.
-
-    Raises
-    ------
-    CorruptStoreError
-        A trajectory lacks a key, or a shard is missing or damaged.
-    ValueError
-        A key has no ``[T, B]`` rows.
-    IndexError
-        A row is outside ``[0, T * B)`` of its trajectory.
     """
     views = {key: byte_rows(out[key]) for key in keys}
     batch = RowBatch(views, source)
@@ -121,20 +96,6 @@ def reset_row_elements(flat: np.ndarray, T: int, B: int, epochs: int) -> np.ndar
 
     The numpy counterpart of :func:`rbzarr.trajectory.model.raw_time_rows`: each of the
     ``epochs`` episodes of ``T // epochs`` steps has one extra (reset) row.
-
-    Parameters
-    ----------
-    flat
-        Flat rows ``t * B + b`` (int64).
-    T, B
-        The trajectory's time steps and environments.
-    epochs
-        Extra rows of the field (0: a plain ``[T, B, ...]`` field).
-
-    Returns
-    -------
-    numpy.ndarray
-        The element of each row in the raw field; ``flat`` itself when ``epochs <= 0``.
     """
     if epochs <= 0:
         return flat
@@ -161,26 +122,7 @@ def _read_plain(reads: list[Any], out: Mapping[str, torch.Tensor], url: str) -> 
 def check_keys(
     opened: ShardedTrajectory, keys: Sequence[str], url: str, sampled: bool = False
 ) -> None:
-    """Refuse keys the trajectory lacks, and (``sampled``) keys without ``[T, B]`` rows.
-
-    Parameters
-    ----------
-    opened
-        The trajectory's handles.
-    keys
-        The flat keys asked for.
-    url
-        The store's URL, named in errors.
-    sampled
-        Whether the keys are read by rows (then each needs at least two dimensions).
-
-    Raises
-    ------
-    CorruptStoreError
-        The trajectory has no field ``key``.
-    ValueError
-        ``sampled`` and a field has fewer than two dimensions.
-    """
+    """Refuse keys the trajectory lacks, and (``sampled``) keys without ``[T, B]`` rows."""
     for key in keys:
         if key not in opened.dtypes:
             raise CorruptStoreError(
@@ -195,32 +137,12 @@ def check_keys(
 
 
 def zarr_arrays(opened: ShardedTrajectory, keys: Sequence[str]) -> dict[str, AsyncArray[Any]]:
-    """The handles of those ``keys`` that zarr reads.
-
-    Parameters
-    ----------
-    opened
-        The trajectory's handles.
-    keys
-        Flat keys of the trajectory.
-
-    Returns
-    -------
-    dict
-        ``{key: AsyncArray}`` for every key stored as a zarr array (all of a layout-1
-        trajectory, kind ``"zarr"`` ones of layout 2), in the order of ``keys``.
-    """
+    """The handles of those ``keys`` that zarr reads."""
     return {key: opened.arrays[key] for key in keys if key in opened.arrays}
 
 
 def _checked_rows(entry: Entry, rows: torch.Tensor) -> tuple[np.ndarray, int, int]:
-    """The flat rows as numpy, with the entry's ``T, B``.
-
-    Raises
-    ------
-    IndexError
-        A row is outside ``[0, T * B)``.
-    """
+    """The flat rows as numpy, with the entry's ``T, B``."""
     T, B = time_and_envs(entry)
     flat = torch.as_tensor(rows, dtype=torch.int64).reshape(-1).numpy()
     if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= T * B):

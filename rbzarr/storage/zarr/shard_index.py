@@ -39,36 +39,12 @@ _ENTRY = np.dtype("<u8")
 
 
 def index_size(chunks: int) -> int:
-    """Bytes of the index of a shard with ``chunks`` inner chunks (16 each, plus 4).
-
-    Parameters
-    ----------
-    chunks
-        Number of inner chunks in the shard.
-
-    Returns
-    -------
-    int
-        ``16 * chunks + 4``: an offset and a byte count per chunk, then the crc32c.
-    """
+    """Bytes of the index of a shard with ``chunks`` inner chunks (16 each, plus 4)."""
     return 16 * chunks + 4
 
 
 def encode_index(offsets: np.ndarray, nbytes: np.ndarray) -> bytes:
-    """The index of a shard: ``(offset, nbytes)`` per inner chunk, then their crc32c.
-
-    Parameters
-    ----------
-    offsets
-        Byte offset of each inner chunk in the shard, in C order of the inner-chunk grid.
-    nbytes
-        Byte count of each inner chunk, same order and length as ``offsets``.
-
-    Returns
-    -------
-    bytes
-        ``index_size(len(offsets))`` bytes, little-endian ``uint64`` pairs then the crc32c.
-    """
+    """The index of a shard: ``(offset, nbytes)`` per inner chunk, then their crc32c."""
     pairs = np.empty((len(offsets), 2), dtype=_ENTRY)
     pairs[:, 0] = offsets
     pairs[:, 1] = nbytes
@@ -77,30 +53,7 @@ def encode_index(offsets: np.ndarray, nbytes: np.ndarray) -> bytes:
 
 
 def decode_index(raw: bytes, chunks: int, data_end: int, where: str) -> np.ndarray:
-    """Parse and check a shard index; returns ``int64 [chunks, 2]`` (offset, nbytes).
-
-    Parameters
-    ----------
-    raw
-        The index bytes (``index_size(chunks)`` of them).
-    chunks
-        Number of inner chunks the array's metadata implies.
-    data_end
-        Where the index starts in the shard: every inner chunk must end at or before it.
-    where
-        Names the array in errors (``trajectories/<id>/<key>``).
-
-    Returns
-    -------
-    numpy.ndarray
-        ``int64 [chunks, 2]``: each inner chunk's offset and byte count.
-
-    Raises
-    ------
-    CorruptStoreError
-        The index has the wrong size, fails its checksum, marks a chunk empty or points
-        outside the shard's data.
-    """
+    """Parse and check a shard index; returns ``int64 [chunks, 2]`` (offset, nbytes)."""
     if len(raw) != index_size(chunks):
         raise CorruptStoreError(
             f"{where}: shard index holds {len(raw)} bytes, expected {index_size(chunks)}"
@@ -132,33 +85,6 @@ def sharded_metadata(
     """The ``zarr.json`` of an array stored as one shard of ``inner``-shaped chunks.
 
     Documents are cached: trajectories of one schema share them.
-
-    Parameters
-    ----------
-    shape
-        The array's shape; the outer (shard) chunk is the whole array.
-    dtype
-        The stored numpy dtype (little endian).
-    inner
-        The inner chunk shape; it must divide ``shape``.
-    level
-        The zstd level of the inner chunks, ``None`` for uncompressed ones.
-    checksum
-        Whether the zstd frames carry zstd's content checksum.
-    torch_dtype
-        The torch dtype name stored in the attributes under :data:`DTYPE_ATTR`.
-    dimension_names
-        One name per dimension (see :func:`rbzarr.storage.zarr.encode.dimension_names`).
-
-    Returns
-    -------
-    bytes
-        The ``zarr.json`` document, as zarr itself serializes it.
-
-    Raises
-    ------
-    ValueError
-        Zarr rejects the metadata, e.g. ``inner`` does not divide ``shape``.
     """
     compressors: tuple[Any, ...] = (
         () if level is None else (ZstdCodec(level=level, checksum=checksum),)

@@ -80,28 +80,11 @@ class ShardedTrajectory:
 
     @property
     def files(self) -> int:
-        """Open file descriptors held.
-
-        Returns
-        -------
-        int
-            One per local shard.
-        """
+        """Open file descriptors held."""
         return len(self.local)
 
     def shape(self, key: str) -> tuple[int, ...]:
-        """The stored shape of ``key``.
-
-        Parameters
-        ----------
-        key
-            A flat key of the trajectory.
-
-        Returns
-        -------
-        tuple of int
-            The raw ``[T(+E), B, ...]`` shape of its array.
-        """
+        """The stored shape of ``key``."""
         spec = self.specs[key]
         return spec.shape if spec is not None else tuple(self.arrays[key].shape)
 
@@ -109,24 +92,7 @@ class ShardedTrajectory:
 def encode_trajectory(
     fields: Mapping[str, torch.Tensor], plans: Mapping[str, KeyPlan], T: int, B: int
 ) -> tuple[dict[str, list[Any]], dict[str, Any]]:
-    """Encode the ``mapped`` and ``chunked`` fields of one trajectory as shards.
-
-    Parameters
-    ----------
-    fields
-        The raw tensors by flat key.
-    plans
-        The plan of every key (see :func:`rbzarr.storage.zarr.chunking.plan_key`).
-    T, B
-        The trajectory's time steps and environments.
-
-    Returns
-    -------
-    tuple of (dict, dict)
-        The files to write, each a list of byte-like parts, by path below the trajectory
-        group (``<key>/zarr.json`` and ``<key>/c/0/...``); and the layout description for
-        the group's attributes (arrays of kind ``"zarr"`` listed, to be written by zarr).
-    """
+    """Encode the ``mapped`` and ``chunked`` fields of one trajectory as shards."""
     files: dict[str, list[Any]] = {}
     arrays: dict[str, Any] = {}
     for key, value in fields.items():
@@ -148,33 +114,7 @@ def describe_sharded(
     fields: Mapping[str, torch.dtype],
     layout: Mapping[str, Any],
 ) -> tuple[ShardedTrajectory, list[tuple[str, str, ArraySpec, str]]]:
-    """A v2 trajectory from its group's attributes; local shards are opened here already.
-
-    Parameters
-    ----------
-    location
-        The store's :class:`~rbzarr.storage.location.Location`.
-    group
-        The trajectory group's path below the root.
-    entry_shape
-        ``(T, B)`` from the index entry.
-    fields
-        The torch dtype of every flat key, from the group's attributes.
-    layout
-        The group's ``rbzarr_layout`` attribute.
-
-    Returns
-    -------
-    tuple of (ShardedTrajectory, list)
-        The handles, and the remote shards still to open, ``(key, path, spec, where)``
-        each (see :func:`open_pending`).
-
-    Raises
-    ------
-    CorruptStoreError
-        The description disagrees with the fields or the entry's shape, or a local
-        shard or its document is missing or damaged.
-    """
+    """A v2 trajectory from its group's attributes; local shards are opened here already."""
     where = f"{location.url}/{group}"
     specs = parse_specs(layout, where)
     if list(specs) != list(fields):
@@ -272,27 +212,7 @@ class RowBatch:
 def read_whole_shards(
     location: Any, opened: ShardedTrajectory, keys: Sequence[str]
 ) -> dict[str, np.ndarray]:
-    """Whole arrays of the described ``keys`` (each shard fetched in one read).
-
-    Parameters
-    ----------
-    location
-        The store's :class:`~rbzarr.storage.location.Location`.
-    opened
-        The trajectory's handles.
-    keys
-        Flat keys with a layout description (not read by zarr).
-
-    Returns
-    -------
-    dict
-        ``{key: numpy array}`` in the stored dtype.
-
-    Raises
-    ------
-    CorruptStoreError
-        A shard is missing, has the wrong size or is damaged.
-    """
+    """Whole arrays of the described ``keys`` (each shard fetched in one read)."""
     paths = [_shard_path(location, opened.group, key, _spec(opened, key)) for key in keys]
     if location.is_local:
         blobs = [_read_file(path) for path in paths]

@@ -54,28 +54,7 @@ class ArraySpec:
 
     @classmethod
     def parse(cls, key: str, description: Any, where: str) -> ArraySpec:
-        """Check and convert a description written by :mod:`rbzarr.storage.zarr.encode`.
-
-        Parameters
-        ----------
-        key
-            The flat key the description belongs to.
-        description
-            The array's entry in the group's ``rbzarr_layout["arrays"]``.
-        where
-            Names the array in errors.
-
-        Returns
-        -------
-        ArraySpec
-            The checked spec.
-
-        Raises
-        ------
-        CorruptStoreError
-            A field is missing or of the wrong type, the kind is unknown, the shape is
-            empty, or the inner chunks do not tile the shape.
-        """
+        """Check and convert a description written by :mod:`rbzarr.storage.zarr.encode`."""
         try:
             spec = cls(
                 key=key,
@@ -96,91 +75,36 @@ class ArraySpec:
 
     @property
     def chunks(self) -> int:
-        """Number of inner chunks.
-
-        Returns
-        -------
-        int
-            The product of ``shape // inner`` over the dimensions.
-        """
+        """Number of inner chunks."""
         return math.prod(s // i for s, i in zip(self.shape, self.inner, strict=True))
 
     @property
     def envs(self) -> int:
-        """``B``, the number of environments.
-
-        Returns
-        -------
-        int
-            ``shape[1]``, or 1 for a 1-D array.
-        """
+        """``B``, the number of environments."""
         return self.shape[1] if len(self.shape) >= 2 else 1
 
     @property
     def row_bytes(self) -> int:
-        """Bytes of one row ``(t, b)``.
-
-        Returns
-        -------
-        int
-            The product of ``shape[2:]`` times the item size.
-        """
+        """Bytes of one row ``(t, b)``."""
         return math.prod(self.shape[2:]) * self.dtype.itemsize
 
     @property
     def chunk_bytes(self) -> int:
-        """Bytes of one decoded inner chunk.
-
-        Returns
-        -------
-        int
-            The product of ``inner`` times the item size.
-        """
+        """Bytes of one decoded inner chunk."""
         return math.prod(self.inner) * self.dtype.itemsize
 
     @property
     def data_bytes(self) -> int:
-        """Bytes of the whole array, uncompressed.
-
-        Returns
-        -------
-        int
-            The product of ``shape`` times the item size.
-        """
+        """Bytes of the whole array, uncompressed."""
         return math.prod(self.shape) * self.dtype.itemsize
 
     @property
     def index_offset(self) -> int:
-        """Where the index starts in the shard (the index ends the shard).
-
-        Returns
-        -------
-        int
-            ``shard_bytes`` minus the index size.
-        """
+        """Where the index starts in the shard (the index ends the shard)."""
         return self.shard_bytes - shard_index.index_size(self.chunks)
 
     def check_index(self, raw: bytes, where: str) -> np.ndarray:
-        """Parse and check the shard's index bytes.
-
-        Parameters
-        ----------
-        raw
-            The index bytes, read from :attr:`index_offset` to the end of the shard.
-        where
-            Names the array in errors.
-
-        Returns
-        -------
-        numpy.ndarray
-            ``int64 [chunks, 2]``: offset and byte count of every inner chunk.
-
-        Raises
-        ------
-        CorruptStoreError
-            The index is damaged (see :func:`~rbzarr.storage.zarr.shard_index.decode_index`),
-            or a mapped array's index is not one chunk of the whole array at offset 0.
-        """
+        """Parse and check the shard's index bytes."""
         index = shard_index.decode_index(raw, self.chunks, self.index_offset, where)
         if self.kind == "mapped" and index.tolist() != [[0, self.data_bytes]]:
             raise CorruptStoreError(
@@ -193,21 +117,6 @@ class ArraySpec:
 def check_document(raw: bytes | None, spec: ArraySpec, where: str) -> None:
     """Refuse an array's ``zarr.json`` that is missing, unparsable or describes other data
     than its group's layout description (plain zarr readers rely on it).
-
-    Parameters
-    ----------
-    raw
-        The document's bytes, or ``None`` when it is missing.
-    spec
-        The array's layout description.
-    where
-        Names the array in errors (``.../zarr.json`` is appended).
-
-    Raises
-    ------
-    CorruptStoreError
-        The document is missing, not a sharded array document, or its shape or inner
-        chunk shape differs from ``spec``.
     """
     name = f"{where}/zarr.json"
     if raw is None:
@@ -229,26 +138,7 @@ def check_document(raw: bytes | None, spec: ArraySpec, where: str) -> None:
 
 
 def parse_specs(layout: Mapping[str, Any], where: str) -> dict[str, ArraySpec | None]:
-    """The specs of a v2 group's arrays.
-
-    Parameters
-    ----------
-    layout
-        The group's ``rbzarr_layout`` attribute.
-    where
-        Names the trajectory group in errors.
-
-    Returns
-    -------
-    dict
-        ``{key: ArraySpec}``, ``None`` for arrays of kind ``"zarr"`` (read by zarr), in
-        the description's order.
-
-    Raises
-    ------
-    CorruptStoreError
-        The description has no ``arrays`` mapping, or an array's description is invalid.
-    """
+    """The specs of a v2 group's arrays."""
     arrays = layout.get("arrays")
     if not isinstance(arrays, dict):
         raise CorruptStoreError(f"{where}: layout description without arrays")
