@@ -9,6 +9,8 @@ __all__ = [
     "CheckpointConflictError",
     "CheckpointNotFoundError",
     "CorruptStoreError",
+    "DatasetFileNotFoundError",
+    "DatasetMismatchError",
     "EmptyBufferError",
     "InvalidTrajectoryError",
     "RbzarrError",
@@ -18,6 +20,7 @@ __all__ = [
     "UncommittedWritesWarning",
     "UnsafePathError",
     "UnsafePickleError",
+    "UnsupportedDatasetError",
     "WorkerProcessError",
     "WriterFailedError",
 ]
@@ -92,3 +95,15 @@ class WorkerProcessError(RbzarrError, RuntimeError):
 
 class UncommittedWritesWarning(UserWarning):
     """``close(wait=False)`` returned while writes were not committed yet."""
+
+
+class UnsupportedDatasetError(RbzarrError, ValueError):
+    """A dataset to import is of a version, layout or codec that rbzarr does not read."""
+
+
+class DatasetMismatchError(RbzarrError, ValueError):
+    """A dataset's metadata and its data disagree (episode lengths, frame counts, indices)."""
+
+
+class DatasetFileNotFoundError(RbzarrError, FileNotFoundError):
+    """A file that a dataset's metadata names (parquet, video, HDF5) is missing."""
