@@ -32,6 +32,7 @@ PUBLIC_PACKAGES = (
     "rbzarr.buffer",
     "rbzarr.cli",
     "rbzarr.data",
+    "rbzarr.interop",
     "rbzarr.rollout",
     "rbzarr.trajectory",
 )

@@ -24,6 +24,7 @@ PUBLIC_PACKAGES = (
     "rbzarr.analysis",
     "rbzarr.buffer",
     "rbzarr.data",
+    "rbzarr.interop",
     "rbzarr.rollout",
     "rbzarr.trajectory",
 )

@@ -167,14 +167,31 @@ def verify(ctx: click.Context, url: str, repair: bool, drop_damaged: bool, as_js
 
 
 _format_choice = click.Choice(["zarr", "pt", "pkl"])
+# export also writes a LeRobot v3.0 dataset or a robomimic-layout HDF5 file (rbzarr.interop).
+_export_choice = click.Choice(["zarr", "pt", "pkl", "lerobot", "hdf5"])
 
 
 @main.command()
 @click.argument("source")
 @click.argument("destination")
-@click.option("--format", "trajectory_format", type=_format_choice, required=True)
-@click.option("--ids", callback=parse_ids, help="Only these ids, e.g. 1,2,5.")
-@click.option("--last", type=click.IntRange(min=0), help="Only the last N trajectories.")
+@click.option("--format", "trajectory_format", type=_export_choice, required=True)
+@click.option("--ids", callback=parse_ids, help="Only these ids, e.g. 1,2,5 (store formats).")
+@click.option(
+    "--last", type=click.IntRange(min=0), help="Only the last N trajectories (store formats)."
+)
+@click.option(
+    "--fps",
+    type=click.IntRange(min=1),
+    help="lerobot: frames per second (default: the imported dataset's, else 30).",
+)
+@click.option(
+    "--task",
+    default="",
+    help="lerobot: the task of every episode of a store not imported from LeRobot.",
+)
+@click.option(
+    "--codec", default="libsvtav1", show_default=True, help="lerobot: the PyAV video encoder."
+)
 @click.pass_context
 def export(
     ctx: click.Context,
@@ -183,11 +200,48 @@ def export(
     trajectory_format: str,
     ids: list[int] | None,
     last: int | None,
+    fps: int | None,
+    task: str,
+    codec: str,
 ) -> None:
-    """Copy SOURCE into a new store DESTINATION in another layout."""
+    """Copy SOURCE into a new store DESTINATION in another layout, or a LeRobot / HDF5 dataset.
+
+    \f
+    Parameters
+    ----------
+    ctx
+        The command's context; the group's ``--storage-option`` values are read from it.
+    source, destination, trajectory_format, ids, last, fps, task, codec
+        The arguments and options, passed to ``export_store`` or ``export_dataset``.
+
+    Raises
+    ------
+    click.UsageError
+        ``--ids`` or ``--last`` with ``--format lerobot`` or ``hdf5``.
+    """
+    options = _options(ctx)
+    if trajectory_format in ("lerobot", "hdf5"):
+        from rbzarr.interop import export_dataset  # noqa: PLC0415
+
+        if ids is not None or last is not None:
+            raise click.UsageError(
+                f"--ids and --last export store formats, not {trajectory_format}"
+            )
+        count = export_dataset(
+            source,
+            destination,
+            trajectory_format,
+            fps=fps,
+            task=task,
+            codec=codec,
+            storage_options=options,
+            destination_options=options,
+            progress=progress_wanted(),
+        )
+        click.echo(f"exported {count} episodes to {destination}")
+        return
     from rbzarr.analysis.export import export_store  # noqa: PLC0415
 
-    options = _options(ctx)
     documents = export_store(
         source,
         destination,
@@ -199,6 +253,37 @@ def export(
         progress=progress_wanted(),
     )
     click.echo(f"exported {documents.metadata['size']} trajectories to {destination}")
+
+
+@main.command(name="import")
+@click.argument("source")
+@click.argument("destination")
+@click.option(
+    "--from",
+    "source_format",
+    type=click.Choice(["lerobot", "robomimic"]),
+    required=True,
+    help="lerobot: a LeRobot v3.0 dataset folder; robomimic: an HDF5 file.",
+)
+@click.pass_context
+def import_command(ctx: click.Context, source: str, destination: str, source_format: str) -> None:
+    """Import a LeRobot v3.0 dataset or robomimic HDF5 file SOURCE into a new zarr store."""
+    from rbzarr.interop import import_dataset  # noqa: PLC0415
+
+    options = _options(ctx)
+    documents = import_dataset(
+        source,
+        destination,
+        source_format,
+        storage_options=options,
+        destination_options=options,
+        progress=progress_wanted(),
+    )
+    metadata = documents.metadata
+    click.echo(
+        f"imported {metadata['size']} episodes ({metadata['total_samples']} frames) into "
+        f"{destination}"
+    )
 
 
 @main.command()

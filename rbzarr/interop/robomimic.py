@@ -71,15 +71,19 @@ class RobomimicSource:
                 f"{self.location.url} is not an HDF5 file: {exc}"
             ) from exc
         if "data" not in self.file:
+            found = sorted(self.file.keys())
             self.close()
             raise UnsupportedDatasetError(
-                f"{self.location.url}: no 'data' group, so not a robomimic dataset (its groups: "
-                f"{sorted(self.file.keys())})"
+                f"{self.location.url}: no 'data' group, so not a robomimic dataset (it holds "
+                f"{found})"
             )
-        data = self.file["data"]
-        self.demos = sorted(data.keys(), key=_demo_order)
-        for demo in self.demos:
-            self._check_lengths(demo)
+        self.demos = sorted(self.file["data"].keys(), key=_demo_order)
+        try:
+            for demo in self.demos:
+                self._check_lengths(demo)
+        except (DatasetMismatchError, UnsupportedDatasetError):
+            self.close()
+            raise
 
     def _check_lengths(self, demo: str) -> None:
         group = self.file["data"][demo]

@@ -1,0 +1,404 @@
+"""LeRobot v3.0 and robomimic HDF5 in and out of stores (rbzarr.interop), from Python and the CLI.
+
+Fixtures are real datasets written with pyarrow, PyAV and h5py the way LeRobot and robomimic
+write them (tests/dataset_fixtures.py): 2-3 episodes sharing one parquet file and one mp4.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import av
+import h5py
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import make_trajectory
+from dataset_fixtures import LeRobotSpec, write_lerobot, write_robomimic
+
+from rbzarr import TrajectoryReplayBuffer
+from rbzarr.cli import main
+from rbzarr.errors import (
+    DatasetFileNotFoundError,
+    DatasetMismatchError,
+    StoreExistsError,
+    UnsupportedDatasetError,
+)
+from rbzarr.interop import export_dataset, import_dataset, seed_buffer
+from rbzarr.storage.registry import open_store
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:av")
+
+
+def decoded(path) -> np.ndarray:
+    """Every frame of an mp4 as PyAV decodes it, ``[n, H, W, 3]``."""
+    with av.open(str(path)) as container:
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+
+def dataset_names(group) -> set[str]:
+    """Paths of every dataset below an HDF5 group."""
+    names: set[str] = set()
+    group.visititems(lambda name, item: names.add(name) if isinstance(item, h5py.Dataset) else None)
+    return names
+
+
+def stored(store) -> list:
+    """The trajectories of a store, in its order."""
+    layout, documents = open_store(store)
+    ids = documents.trajectory_index["trajectory_id_list"]
+    entries = documents.trajectory_index["trajectory_index"]
+    return [layout.read(entries[str(i)]) for i in ids]
+
+
+@pytest.fixture(scope="module")
+def lerobot(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lerobot") / "dataset"
+    return root, write_lerobot(root)
+
+
+def copy_of(lerobot, tmp_path):
+    root, spec = lerobot
+    shutil.copytree(root, tmp_path / "source")
+    return tmp_path / "source", spec
+
+
+def test_lerobot_import_maps_every_field(lerobot, tmp_path):
+    root, spec = lerobot
+    documents = import_dataset(root, tmp_path / "store", "lerobot")
+    assert (documents.metadata["size"], documents.metadata["total_samples"]) == (3, 16)
+    data = pq.read_table(root / "data/chunk-000/file-000.parquet")
+    state = np.stack(data.column("observation.state").to_numpy(zero_copy_only=False))
+    frames = decoded(root / "videos/observation.images.top/chunk-000/file-000.mp4")
+    start = 0
+    for trajectory, length in zip(stored(tmp_path / "store"), spec.lengths, strict=True):
+        rows = slice(start, start + length)
+        assert trajectory.curr_obs["state"].shape == (length, 1, 6)
+        assert np.array_equal(trajectory.curr_obs["state"][:, 0].numpy(), state[rows])
+        assert np.array_equal(trajectory.next_obs["state"][:-1, 0].numpy(), state[rows][1:])
+        assert np.array_equal(trajectory.next_obs["state"][-1, 0].numpy(), state[rows][-1])
+        image = trajectory.curr_obs["images.top"]
+        assert (image.dtype, tuple(image.shape)) == (torch.uint8, (length, 1, 32, 32, 3))
+        assert np.array_equal(image[:, 0].numpy(), frames[rows])  # exactly PyAV's decode
+        assert trajectory.actions.shape == (length, 1, 4)
+        assert np.array_equal(
+            trajectory.rewards[:, 0].numpy(), data.column("next.reward").to_numpy()[rows]
+        )
+        assert trajectory.dones[:, 0].tolist() == [False] * (length - 1) + [True]
+        start += length
+    recorded = documents.metadata["source_dataset"]
+    assert recorded["tasks"] == ["pick the cube", "place the cube"]
+    assert [e["tasks"] for e in recorded["episodes"]] == [
+        ["pick the cube"],
+        ["place the cube"],
+        ["pick the cube"],
+    ]
+    assert (recorded["fps"], recorded["robot_type"], recorded["synthesized"]) == (10, "so100", [])
+
+
+def test_task_index_and_timestamps_are_kept(lerobot, tmp_path):
+    root, _ = lerobot
+    import_dataset(root, tmp_path / "store", "lerobot")
+    trajectories = stored(tmp_path / "store")
+    assert [t.forward_inputs["task_index"][0, 0].item() for t in trajectories] == [0, 1, 0]
+    assert trajectories[1].forward_inputs["timestamp"][:, 0].tolist() == pytest.approx(
+        [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+    )
+
+
+def test_lerobot_round_trip_is_bit_exact_outside_the_video(lerobot, tmp_path):
+    root, spec = lerobot
+    import_dataset(root, tmp_path / "store", "lerobot")
+    assert export_dataset(tmp_path / "store", tmp_path / "out", "lerobot") == 3
+    source = pq.read_table(root / "data/chunk-000/file-000.parquet")
+    written = pq.read_table(tmp_path / "out/data/chunk-000/file-000.parquet")
+    assert sorted(written.column_names) == sorted(source.column_names)
+    for name in source.column_names:
+        assert written.column(name).to_pylist() == source.column(name).to_pylist(), name
+    assert pq.ParquetFile(tmp_path / "out/data/chunk-000/file-000.parquet").num_row_groups == 3
+    info = json.loads((tmp_path / "out/meta/info.json").read_text())
+    source_info = json.loads((root / "meta/info.json").read_text())
+    assert info["codebase_version"] == "v3.0"
+    assert (info["total_episodes"], info["total_frames"], info["fps"]) == (3, 16, 10)
+    assert info["features"].keys() == source_info["features"].keys()
+    assert info["features"]["observation.images.top"]["info"]["video.codec"] == "av1"
+    episodes = pq.read_table(tmp_path / "out/meta/episodes/chunk-000/file-000.parquet")
+    assert episodes.column("length").to_pylist() == [5, 7, 4]
+    assert episodes.column("dataset_from_index").to_pylist() == [0, 5, 12]
+    assert episodes.column("videos/observation.images.top/from_timestamp").to_pylist() == [
+        0.0,
+        0.5,
+        1.2,
+    ]
+    pandas = pytest.importorskip("pandas")
+    tasks = pandas.read_parquet(tmp_path / "out/meta/tasks.parquet")
+    assert tasks.index.name == "task"
+    assert tasks.loc["place the cube"].task_index == 1
+    # The re-encoded frames differ from the imported ones by less than one encode of the
+    # original frames differs from them (the codec's own round-trip error).
+    first = decoded(root / "videos/observation.images.top/chunk-000/file-000.mp4").astype(int)
+    again = decoded(tmp_path / "out/videos/observation.images.top/chunk-000/file-000.mp4")
+    original = spec.frames["observation.images.top"].astype(int)
+    assert again.shape == first.shape
+    assert np.abs(again - first).mean() <= np.abs(first - original).mean() + 0.5
+
+
+def test_the_exported_dataset_imports_to_the_same_store(lerobot, tmp_path):
+    root, _ = lerobot
+    import_dataset(root, tmp_path / "a", "lerobot")
+    export_dataset(tmp_path / "a", tmp_path / "out", "lerobot", codec="libx264")
+    import_dataset(tmp_path / "out", tmp_path / "b", "lerobot")
+    for one, two in zip(stored(tmp_path / "a"), stored(tmp_path / "b"), strict=True):
+        first, second = one.tensors(), two.tensors()
+        assert first.keys() == second.keys()
+        for key in first:
+            if "images" not in key:
+                assert torch.equal(first[key], second[key]), key
+
+
+def test_a_dataset_without_rewards_gets_zero_rewards_that_export_leaves_out(tmp_path):
+    root = tmp_path / "dataset"
+    write_lerobot(root, LeRobotSpec(lengths=(3, 2), with_reward=False, cameras=()))
+    documents = import_dataset(root, tmp_path / "store", "lerobot")
+    assert documents.metadata["source_dataset"]["synthesized"] == ["rewards"]
+    trajectories = stored(tmp_path / "store")
+    assert [t.rewards[:, 0].tolist() for t in trajectories] == [[0.0] * 3, [0.0] * 2]
+    assert trajectories[0].terminations is None
+    export_dataset(tmp_path / "store", tmp_path / "out", "lerobot")
+    columns = pq.read_table(tmp_path / "out/data/chunk-000/file-000.parquet").column_names
+    assert "next.reward" not in columns
+    assert "next.done" not in columns
+
+
+def test_a_buffer_store_exports_one_episode_per_env_column(tmp_path):
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "store")
+    trajectory = make_trajectory(4, 2, base=0)
+    trajectory.curr_obs["image"] = (
+        torch.arange(4 * 2 * 16 * 16 * 3, dtype=torch.int64)
+        .reshape(4, 2, 16, 16, 3)
+        .remainder(251)
+        .to(torch.uint8)
+    )
+    buffer.add_trajectories([trajectory])
+    buffer.close()
+    count = export_dataset(tmp_path / "store", tmp_path / "out", "lerobot", fps=5, task="push")
+    assert count == 2
+    info = json.loads((tmp_path / "out/meta/info.json").read_text())
+    assert info["features"]["observation.image"]["dtype"] == "video"
+    assert info["features"]["observation.state"] == {
+        "dtype": "float64",
+        "shape": [3],
+        "names": None,
+    }
+    data = pq.read_table(tmp_path / "out/data/chunk-000/file-000.parquet")
+    assert data.column("episode_index").to_pylist() == [0] * 4 + [1] * 4
+    # dones lose their reset row; column 1 of the trajectory is episode 1.
+    assert data.column("next.done").to_pylist() == [[0], [2], [4], [6], [1], [3], [5], [7]]
+    assert data.column("timestamp").to_pylist() == pytest.approx([0, 0.2, 0.4, 0.6] * 2)
+    assert len(decoded(tmp_path / "out/videos/observation.image/chunk-000/file-000.mp4")) == 8
+
+
+def test_robomimic_round_trip_is_bit_exact(tmp_path):
+    arrays = write_robomimic(tmp_path / "demos.hdf5")
+    documents = import_dataset(tmp_path / "demos.hdf5", tmp_path / "store", "robomimic")
+    assert documents.metadata["size"] == 3
+    first = stored(tmp_path / "store")[0]
+    assert first.curr_obs["agentview_image"].shape == (6, 1, 8, 8, 3)
+    assert torch.equal(
+        first.forward_inputs["states"][:, 0], torch.from_numpy(arrays["demo_0"]["states"])
+    )
+    assert first.dones.dtype == torch.int64
+    assert export_dataset(tmp_path / "store", tmp_path / "out.hdf5", "hdf5") == 3
+    with h5py.File(tmp_path / "demos.hdf5") as source, h5py.File(tmp_path / "out.hdf5") as out:
+        assert out["data"].attrs["env_args"] == source["data"].attrs["env_args"]
+        assert out["data"].attrs["total"] == 14
+        assert list(out["mask/train"][()]) == [b"demo_0", b"demo_1"]
+        for demo, fields in arrays.items():
+            assert out[f"data/{demo}"].attrs["num_samples"] == len(fields["actions"])
+            assert dataset_names(out[f"data/{demo}"]) == set(fields)
+            for name, value in fields.items():
+                written = out[f"data/{demo}/{name}"][()]
+                assert written.dtype == value.dtype
+                assert np.array_equal(written, value), (demo, name)
+
+
+def test_robomimic_without_next_obs_gets_shifted_observations_export_leaves_out(tmp_path):
+    write_robomimic(tmp_path / "demos.hdf5", lengths=(3,), next_obs=False)
+    import_dataset(tmp_path / "demos.hdf5", tmp_path / "store", "robomimic")
+    (trajectory,) = stored(tmp_path / "store")
+    state = trajectory.curr_obs["robot0_eef_pos"][:, 0]
+    assert torch.equal(trajectory.next_obs["robot0_eef_pos"][:, 0], state[[1, 2, 2]])
+    export_dataset(tmp_path / "store", tmp_path / "out.hdf5", "hdf5")
+    with h5py.File(tmp_path / "out.hdf5") as out:
+        assert "next_obs" not in out["data/demo_0"]
+
+
+def test_cli_import_and_export(lerobot, tmp_path):
+    root, _ = lerobot
+    runner = CliRunner()
+    result = runner.invoke(
+        main, ["import", str(root), str(tmp_path / "store"), "--from", "lerobot"]
+    )
+    assert result.exit_code == 0, result.output
+    assert result.output == f"imported 3 episodes (16 frames) into {tmp_path / 'store'}\n"
+    result = runner.invoke(
+        main, ["export", str(tmp_path / "store"), str(tmp_path / "out.hdf5"), "--format", "hdf5"]
+    )
+    assert (result.exit_code, result.output) == (
+        0,
+        f"exported 3 episodes to {tmp_path / 'out.hdf5'}\n",
+    )
+    result = runner.invoke(
+        main, ["import", str(tmp_path / "out.hdf5"), str(tmp_path / "again"), "--from", "robomimic"]
+    )
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(
+        main,
+        [
+            "export",
+            str(tmp_path / "again"),
+            str(tmp_path / "lr"),
+            "--format",
+            "lerobot",
+            "--codec",
+            "mpeg4",
+        ],
+    )
+    assert (result.exit_code, result.output) == (0, f"exported 3 episodes to {tmp_path / 'lr'}\n")
+    result = runner.invoke(
+        main,
+        ["export", str(tmp_path / "store"), str(tmp_path / "x"), "--format", "hdf5", "--last", "1"],
+    )
+    assert result.exit_code == 2
+    assert not (tmp_path / "x").exists()
+
+
+def test_seed_buffer_fills_a_demo_buffer_that_then_grows(lerobot, tmp_path):
+    root, _ = lerobot
+    demo_buffer = TrajectoryReplayBuffer(seed=0, sample_window_size=0)
+    seed_buffer(demo_buffer, root, "lerobot", tmp_path / "demos")
+    assert (len(demo_buffer), demo_buffer.total_samples) == (3, 16)
+    batch = demo_buffer.sample(8)
+    assert batch["curr_obs"]["images.top"].shape == (8, 32, 32, 3)
+    assert batch["actions"].shape == (8, 4)
+    # A second run loads the store it imported the first time.
+    again = TrajectoryReplayBuffer(seed=0, sample_window_size=0)
+    seed_buffer(again, root, "lerobot", tmp_path / "demos")
+    assert len(again) == 3
+    other = tmp_path / "other"
+    write_robomimic(other.with_suffix(".hdf5"))
+    with pytest.raises(StoreExistsError, match="imported from"):
+        seed_buffer(again, other.with_suffix(".hdf5"), "robomimic", tmp_path / "demos")
+
+
+# -- bad input: a named error, and no store left behind ------------------------------------
+
+
+def edit_json(path, change):
+    document = json.loads(path.read_text())
+    change(document)
+    path.write_text(json.dumps(document))
+
+
+def import_fails(source, tmp_path, error, match, source_format="lerobot"):
+    with pytest.raises(error, match=match):
+        import_dataset(source, tmp_path / "store", source_format)
+    assert not (tmp_path / "store").exists()
+
+
+def test_a_v2_dataset_names_its_version_and_the_converter(lerobot, tmp_path):
+    source, _ = copy_of(lerobot, tmp_path)
+    edit_json(source / "meta/info.json", lambda info: info.update(codebase_version="v2.1"))
+    import_fails(source, tmp_path, UnsupportedDatasetError, r"v2\.1.*convert_dataset_v21_to_v30")
+
+
+def test_a_missing_video_or_parquet_file_is_named(lerobot, tmp_path):
+    source, _ = copy_of(lerobot, tmp_path)
+    video = source / "videos/observation.images.top/chunk-000/file-000.mp4"
+    video.unlink()
+    import_fails(source, tmp_path, DatasetFileNotFoundError, "file-000.mp4 is missing")
+    shutil.rmtree(source / "videos")
+    (source / "data/chunk-000/file-000.parquet").unlink()
+    edit_json(
+        source / "meta/info.json", lambda info: info["features"].pop("observation.images.top")
+    )
+    import_fails(source, tmp_path, DatasetFileNotFoundError, "data/chunk-000/file-000.parquet")
+
+
+def test_lengths_that_disagree_are_refused(lerobot, tmp_path):
+    source, _ = copy_of(lerobot, tmp_path)
+    path = source / "meta/episodes/chunk-000/file-000.parquet"
+    table = pq.read_table(path)
+    lengths = table.column("length").to_pylist()
+    lengths[1] += 1
+    to_index = table.column("dataset_to_index").to_pylist()
+    pq.write_table(table.set_column(2, "length", [lengths]), path)
+    import_fails(source, tmp_path, DatasetMismatchError, "episode 1: length 8")
+    table = table.set_column(2, "length", [lengths])
+    to_index[1] += 1
+    pq.write_table(
+        table.set_column(
+            table.column_names.index("dataset_to_index"), "dataset_to_index", [to_index]
+        ),
+        path,
+    )
+    import_fails(
+        source, tmp_path, DatasetMismatchError, "holds 16 rows, the episodes metadata says 17"
+    )
+
+
+def test_rows_of_the_wrong_episode_fail_midway_and_leave_nothing(lerobot, tmp_path):
+    source, _ = copy_of(lerobot, tmp_path)
+    path = source / "data/chunk-000/file-000.parquet"
+    table = pq.read_table(path)
+    episodes = table.column("episode_index").to_pylist()
+    episodes[-1] = 1  # the last row claims to belong to episode 1
+    pq.write_table(
+        table.set_column(table.column_names.index("episode_index"), "episode_index", [episodes]),
+        path,
+    )
+    import_fails(source, tmp_path, DatasetMismatchError, "episode 2 should have 4 rows")
+
+
+def test_an_unknown_codec_is_refused(lerobot, tmp_path):
+    source, _ = copy_of(lerobot, tmp_path)
+    edit_json(
+        source / "meta/info.json",
+        lambda info: info["features"]["observation.images.top"]["info"].update(
+            {"video.codec": "notacodec"}
+        ),
+    )
+    import_fails(source, tmp_path, UnsupportedDatasetError, "codec 'notacodec'")
+
+
+def test_an_hdf5_file_without_data_is_refused(tmp_path):
+    with h5py.File(tmp_path / "other.hdf5", "w") as f:
+        f.create_dataset("images", data=np.zeros(3))
+    import_fails(
+        tmp_path / "other.hdf5", tmp_path, UnsupportedDatasetError, "no 'data' group", "robomimic"
+    )
+
+
+def test_demo_lengths_that_disagree_with_num_samples_are_refused(tmp_path):
+    write_robomimic(tmp_path / "demos.hdf5")
+    with h5py.File(tmp_path / "demos.hdf5", "a") as f:
+        f["data/demo_1"].attrs["num_samples"] = 4
+    import_fails(
+        tmp_path / "demos.hdf5", tmp_path, DatasetMismatchError, "num_samples says 4", "robomimic"
+    )
+
+
+def test_a_destination_holding_a_store_is_left_alone(lerobot, tmp_path):
+    root, _ = lerobot
+    import_dataset(root, tmp_path / "store", "lerobot")
+    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "store").rglob("*"))
+    with pytest.raises(StoreExistsError, match="already holds a store"):
+        import_dataset(root, tmp_path / "store", "lerobot")
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "store").rglob("*")) == before
+    (tmp_path / "out.hdf5").write_bytes(b"mine")
+    with pytest.raises(StoreExistsError):
+        export_dataset(tmp_path / "store", tmp_path / "out.hdf5", "hdf5")
+    assert (tmp_path / "out.hdf5").read_bytes() == b"mine"
