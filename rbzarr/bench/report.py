@@ -57,12 +57,44 @@ def table(document: dict[str, Any]) -> str:
     """A results document as aligned text: its figures, then its targets."""
     if document["benchmark"] == "s3":
         parts = [_s3_table(document["results"])]
+    elif document["benchmark"] == "datasets":
+        parts = [_datasets_table(document["results"])]
     else:
         parts = [_rows_table(document["results"]), _bytes_table(document["results"])]
         parts.append(_writes_table(document["results"]))
     parts.append(targets_table(document["targets"]))
     parts.extend(f"note: {note}" for note in document["notes"])
     return "\n\n".join(part for part in parts if part)
+
+
+def _datasets_table(results: dict[str, Any]) -> str:
+    """The datasets suite: exactness, frame error against the codec's, throughput, memory."""
+    fidelity, memory = results["fidelity"], results["memory"]
+    rows = [
+        ["store -> LeRobot -> store bit-exact", str(fidelity["store_lerobot_store_bit_exact"])],
+        ["LeRobot -> store -> LeRobot bit-exact", str(fidelity["lerobot_store_lerobot_bit_exact"])],
+        ["imported frames == PyAV decode", str(fidelity["import_equals_pyav_decode"])],
+    ]
+    for name in ("codec_round_trip", "export_round_trip"):
+        error = fidelity[name]
+        rows.append(
+            [
+                f"{name.replace('_', ' ')} ({fidelity['codec']})",
+                f"max {error['max_abs']:.0f}, mean {error['mean_abs']:.2f}, "
+                f"PSNR {error['psnr_db']:.1f} dB",
+            ]
+        )
+    rows += [
+        ["import frames/s", _number(fidelity["import_frames_s"])],
+        ["export frames/s", _number(fidelity["export_frames_s"])],
+        [
+            f"peak import memory, {memory['episodes']} episodes",
+            f"{(memory['python_numpy_peak'] + memory['arrow_peak']) / 1e6:,.2f} MB = "
+            f"{memory['peak_vs_largest_episode']:.2f}x the largest episode "
+            f"({memory['largest_episode_bytes'] / 1e6:,.2f} MB)",
+        ],
+    ]
+    return aligned(["datasets", "value"], rows, [False, False])
 
 
 def _rows_table(results: dict[str, Any]) -> str:

@@ -23,7 +23,7 @@ from rbzarr.bench.workloads import workloads
 
 __all__ = ["SUITES", "parse_names", "run", "save"]
 
-SUITES = ("sampling", "s3")
+SUITES = ("sampling", "s3", "datasets")
 Progress = Callable[[str], None]
 
 
@@ -55,6 +55,12 @@ def run(
         for suite in suites:
             if suite == "sampling":
                 documents.append(_sampling(names, settings, batches or {}, quick, workdir, say))
+            elif suite == "datasets":
+                say("[datasets] LeRobot round trips and a 1,000-episode import")
+                from rbzarr.bench.datasets_roundtrip import datasets_targets, run_datasets  # noqa: PLC0415
+
+                found = run_datasets(quick, workdir)
+                documents.append(_document("datasets", settings, found, datasets_targets(found)))
             elif suite == "s3":
                 say("[s3] sampling through the proxy")
                 result = run_s3(settings, quick)

@@ -377,7 +377,10 @@ def demo(store: str, **settings: Any) -> None:
 @main.command()
 @click.option("--quick", is_flag=True, help="A tiny run (seconds) for smoke tests.")
 @click.option(
-    "--suites", default="sampling,s3", show_default=True, help="Comma-separated: sampling, s3."
+    "--suites",
+    default="sampling,s3",
+    show_default=True,
+    help="Comma-separated: sampling, s3, datasets (LeRobot round trips; the datasets extra).",
 )
 @click.option(
     "--workloads",

@@ -43,11 +43,15 @@ class VideoFrameReader:
 
     def frames_at(self, times: np.ndarray, tolerance: float) -> np.ndarray:
         """The frames within ``tolerance`` seconds of each of ``times`` (increasing)."""
-        out: list[np.ndarray] = []
-        for wanted in times:
-            frame = self._next_at(float(wanted), tolerance)
-            out.append(frame.to_ndarray(format="rgb24"))
-        return np.stack(out)
+        out: np.ndarray | None = None
+        for row, wanted in enumerate(times):
+            rgb = self._next_at(float(wanted), tolerance).to_ndarray(format="rgb24")
+            if out is None:  # filled in place: one episode's frames, never two copies
+                out = np.empty((len(times), *rgb.shape), dtype=np.uint8)
+            out[row] = rgb
+        if out is None:
+            raise DatasetMismatchError(f"{self.where}: an episode asks for no frames")
+        return out
 
     def _next_at(self, wanted: float, tolerance: float) -> Any:
         """Skip frames before ``wanted - tolerance``; the next must be within tolerance."""
