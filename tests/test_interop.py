@@ -288,6 +288,20 @@ def test_seed_buffer_fills_a_demo_buffer_that_then_grows(lerobot, tmp_path):
     again = TrajectoryReplayBuffer(seed=0, sample_window_size=0)
     seed_buffer(again, root, "lerobot", tmp_path / "demos")
     assert len(again) == 3
+    # On disk: the buffer's own store is the imported one, read in place, grown online.
+    on_disk = TrajectoryReplayBuffer(
+        seed=0,
+        sample_window_size=0,
+        auto_save=True,
+        auto_save_path=tmp_path / "demos",
+        cache_size=1,
+    )
+    seed_buffer(on_disk, root, "lerobot", tmp_path / "demos")
+    assert on_disk.sample(4)["curr_obs"]["state"].shape == (4, 6)
+    online = stored(tmp_path / "demos")[0]
+    on_disk.add_trajectories([online])
+    on_disk.close()
+    assert len(stored(tmp_path / "demos")) == 4
     other = tmp_path / "other"
     write_robomimic(other.with_suffix(".hdf5"))
     with pytest.raises(StoreExistsError, match="imported from"):
