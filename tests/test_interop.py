@@ -10,6 +10,7 @@ import json
 import shutil
 
 import av
+import fsspec
 import h5py
 import numpy as np
 import pyarrow.parquet as pq
@@ -195,10 +196,25 @@ def test_a_buffer_store_exports_one_episode_per_env_column(tmp_path):
     }
     data = pq.read_table(tmp_path / "out/data/chunk-000/file-000.parquet")
     assert data.column("episode_index").to_pylist() == [0] * 4 + [1] * 4
-    # dones lose their reset row; column 1 of the trajectory is episode 1.
-    assert data.column("next.done").to_pylist() == [[0], [2], [4], [6], [1], [3], [5], [7]]
+    # dones lose their reset row; column 1 of the trajectory is episode 1; [T, 1] rows
+    # are scalar columns, as LeRobot writes its shape [1] features.
+    assert data.column("next.done").to_pylist() == [0, 2, 4, 6, 1, 3, 5, 7]
+    assert info["features"]["next.reward"]["shape"] == [1]
     assert data.column("timestamp").to_pylist() == pytest.approx([0, 0.2, 0.4, 0.6] * 2)
     assert len(decoded(tmp_path / "out/videos/observation.image/chunk-000/file-000.mp4")) == 8
+
+
+def test_a_dataset_at_an_fsspec_url_imports(lerobot, tmp_path):
+    root, _ = lerobot
+    memory = fsspec.filesystem("memory")
+    memory.put(str(root), "/lerobot-source", recursive=True)
+    try:
+        import_dataset("memory://lerobot-source", tmp_path / "store", "lerobot")
+        import_dataset(root, tmp_path / "local", "lerobot")
+        for one, two in zip(stored(tmp_path / "store"), stored(tmp_path / "local"), strict=True):
+            assert one == two
+    finally:
+        memory.rm("/lerobot-source", recursive=True)
 
 
 def test_robomimic_round_trip_is_bit_exact(tmp_path):

@@ -51,6 +51,8 @@ class _Plan:
     fps: int
     robot_type: str | None
     episode_tasks: list[list[str]]
+    # Features whose rows [T, 1] are written as scalar columns (LeRobot's shape [1]).
+    scalar: frozenset[str] = frozenset()
 
 
 def _plan(
@@ -92,7 +94,8 @@ def _plan(
         features.setdefault(name, {"dtype": dtype, "shape": [1], "names": None})
     for name in ("frame_index", "episode_index", "index"):
         features[name] = {"dtype": "int64", "shape": [1], "names": None}
-    return _Plan(features, keys, videos, int(fps or 30), None, [[task]])
+    scalar = frozenset(name for name, key in keys.items() if first.fields[key].shape[1:] == (1,))
+    return _Plan(features, keys, videos, int(fps or 30), None, [[task]], scalar)
 
 
 def _arrow_column(rows: np.ndarray) -> pa.Array:
@@ -110,12 +113,19 @@ class _RunningStats:
         self.sums: dict[str, list[Any]] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}
 
-    def add(self, name: str, values: np.ndarray, shape: tuple[int, ...]) -> None:
-        """Add ``values`` (``[n, d]``) of a feature whose statistics have ``shape``."""
-        values = values.astype(np.float64)
+    def add(
+        self, name: str, values: np.ndarray, shape: tuple[int, ...], scale: float = 1.0
+    ) -> None:
+        """Add ``values`` ``[n, d]`` times ``scale``; the statistics have ``shape``."""
+        self.shapes[name] = shape
+        # In slices of about a MB: a float64 copy of a whole video episode would be 8x it.
+        step = max(1, 2**17 // max(1, values.shape[1]))
+        for start in range(0, len(values), step):
+            self._add(name, values[start : start + step].astype(np.float64) * scale)
+
+    def _add(self, name: str, values: np.ndarray) -> None:
         part = [values.min(0), values.max(0), values.sum(0), (values**2).sum(0)]
         count = len(values)
-        self.shapes[name] = shape
         held = self.sums.get(name)
         if held is None:
             self.sums[name] = [*part, count]
@@ -184,7 +194,7 @@ class _LeRobotWriter:
             if name in self.plan.video_keys:
                 meta.update(self._add_video(name, rows))
                 # LeRobot's image statistics: per channel, of values in [0, 1], shaped [3, 1, 1].
-                self.stats.add(name, rows.reshape(-1, 3) / 255.0, (3, 1, 1))
+                self.stats.add(name, rows.reshape(-1, 3), (3, 1, 1), scale=1 / 255)
                 continue
             columns[name] = _arrow_column(rows)
             self.stats.add(name, rows.reshape(length, -1), tuple(spec["shape"]))
@@ -205,7 +215,8 @@ class _LeRobotWriter:
         """The rows of feature ``name``: stored, or recomputed from the episode's position."""
         key = self.plan.keys.get(name)
         if key is not None and key in episode.fields:
-            return episode.fields[key]
+            rows = episode.fields[key]
+            return rows[:, 0] if name in self.plan.scalar else rows
         frame = np.arange(length, dtype=np.int64)
         computed: dict[str, np.ndarray] = {
             "frame_index": frame,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -211,6 +212,7 @@ def export_robomimic(
     synthesized = set(recorded.get("synthesized", [])) if from_robomimic else set()
     names = list(recorded["demos"]) if from_robomimic else []
     try:
+        location.fs.makedirs(posixpath.dirname(location.path), exist_ok=True)
         with location.fs.open(location.path, "wb") as handle, h5py.File(handle, "w") as out:
             data = out.create_group("data")
             total = 0
