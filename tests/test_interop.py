@@ -432,3 +432,45 @@ def test_a_destination_holding_a_store_is_left_alone(lerobot, tmp_path):
     with pytest.raises(StoreExistsError):
         export_dataset(tmp_path / "store", tmp_path / "out.hdf5", "hdf5")
     assert (tmp_path / "out.hdf5").read_bytes() == b"mine"
+
+
+def test_the_datasets_benchmark_reads_its_targets_and_prints_a_table():
+    from rbzarr.bench import table  # noqa: PLC0415
+    from rbzarr.bench.datasets_roundtrip import datasets_targets  # noqa: PLC0415
+
+    error = {"max_abs": 25.0, "mean_abs": 2.0, "psnr_db": 38.8}
+    results = {
+        "fidelity": {
+            "codec": "libsvtav1",
+            "store_lerobot_store_bit_exact": True,
+            "lerobot_store_lerobot_bit_exact": True,
+            "import_equals_pyav_decode": True,
+            "codec_round_trip": error,
+            "export_round_trip": {"max_abs": 8.0, "mean_abs": 1.0, "psnr_db": 44.5},
+            "import_frames_s": 1200.0,
+            "export_frames_s": 360.0,
+        },
+        "memory": {
+            "episodes": 1000,
+            "largest_episode_bytes": 10e6,
+            "python_numpy_peak": 13e6,
+            "arrow_peak": 1e6,
+            "peak_vs_largest_episode": 1.4,
+            "import_frames_s": 300.0,
+            "import_episodes_s": 45.0,
+        },
+        "torchrl_lerobot": {"unavailable": "not installed here: datasets"},
+    }
+    found = datasets_targets(results)
+    assert [(t["value"], t["met"]) for t in found] == [
+        (1.0, True),
+        (1.0, True),
+        (0.5, True),
+        (1.4, True),
+    ]
+    results["memory"]["peak_vs_largest_episode"] = 2.5
+    assert datasets_targets(results)[-1]["met"] is False
+    document = {"benchmark": "datasets", "results": results, "targets": found, "notes": []}
+    text = table(document)
+    assert "14.00 MB = 2.50x the largest episode (10.00 MB)" in text
+    assert "not installed here: datasets" in text

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +174,9 @@ def _memory(work: Path, quick: bool) -> dict[str, Any]:
     )
     peak = json.loads(result.stdout.strip().splitlines()[-1])
     total = peak["python_numpy_peak"] + peak["arrow_peak"]
+    started = time.perf_counter()
+    import_dataset(work / "ml", work / "untraced", "lerobot")
+    untraced_s = time.perf_counter() - started
     return {
         "episodes": count,
         "frames": sum(lengths),
@@ -180,7 +184,22 @@ def _memory(work: Path, quick: bool) -> dict[str, Any]:
         **peak,
         "peak_vs_largest_episode": total / largest,
         "traced_import_frames_s": sum(lengths) / peak["seconds"],
+        "import_frames_s": sum(lengths) / untraced_s,
+        "import_episodes_s": count / untraced_s,
     }
+
+
+def _torchrl_peer() -> dict[str, str]:
+    """Why TorchRL's ``LeRobotExperienceReplay`` is not measured beside the import, if it is not."""
+    missing = [
+        name for name in ("datasets", "huggingface_hub", "torchcodec") if find_spec(name) is None
+    ]
+    if find_spec("torchrl") is None or missing:
+        return {
+            "unavailable": "TorchRL's LeRobotExperienceReplay reads an on-disk dataset through "
+            f"{', '.join(('torchrl', *missing))} (not installed here)"
+        }
+    return {"unavailable": "not wired: its on-disk reader downloads from the Hugging Face hub"}
 
 
 def run_datasets(quick: bool, workdir: str | None = None) -> dict[str, Any]:
@@ -189,7 +208,11 @@ def run_datasets(quick: bool, workdir: str | None = None) -> dict[str, Any]:
         work = Path(folder)
         (work / "f").mkdir()
         (work / "mem").mkdir()
-        return {"fidelity": _fidelity(work / "f", quick), "memory": _memory(work / "mem", quick)}
+        return {
+            "fidelity": _fidelity(work / "f", quick),
+            "memory": _memory(work / "mem", quick),
+            "torchrl_lerobot": _torchrl_peer(),
+        }
 
 
 def datasets_targets(results: dict[str, Any]) -> list[dict[str, Any]]:

@@ -88,6 +88,12 @@ def _datasets_table(results: dict[str, Any]) -> str:
         ["import frames/s", _number(fidelity["import_frames_s"])],
         ["export frames/s", _number(fidelity["export_frames_s"])],
         [
+            f"import frames/s, {memory['episodes']} episodes",
+            f"{_number(memory['import_frames_s'])} ({_number(memory['import_episodes_s'])} "
+            "episodes/s)",
+        ],
+        ["TorchRL LeRobotExperienceReplay", results["torchrl_lerobot"].get("unavailable", "")],
+        [
             f"peak import memory, {memory['episodes']} episodes",
             f"{(memory['python_numpy_peak'] + memory['arrow_peak']) / 1e6:,.2f} MB = "
             f"{memory['peak_vs_largest_episode']:.2f}x the largest episode "
