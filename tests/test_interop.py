@@ -19,6 +19,8 @@ import torch
 from click.testing import CliRunner
 from conftest import make_trajectory
 from dataset_fixtures import LeRobotSpec, write_lerobot, write_robomimic
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rbzarr import TrajectoryReplayBuffer
 from rbzarr.cli import main
@@ -474,3 +476,47 @@ def test_the_datasets_benchmark_reads_its_targets_and_prints_a_table():
     text = table(document)
     assert "14.00 MB = 2.50x the largest episode (10.00 MB)" in text
     assert "not installed here: datasets" in text
+
+
+_DTYPES = st.sampled_from(["float32", "float64", "int64", "uint8", "bool"])
+
+
+@st.composite
+def robomimic_demos(draw):
+    """1-3 demos of 1-6 steps; each dataset with its own dtype and trailing shape."""
+    names = ("actions", "rewards", "dones", "states", "obs/eef", "next_obs/eef")
+    layout = {name: (draw(_DTYPES), draw(st.sampled_from([(), (2,), (2, 3)]))) for name in names}
+    lengths = draw(st.lists(st.integers(1, 6), min_size=1, max_size=3))
+    seed = draw(st.integers(0, 2**16))
+    rng = np.random.default_rng(seed)
+    return [
+        {
+            name: (rng.standard_normal((n, *shape)) * 50).astype(dtype)
+            for name, (dtype, shape) in layout.items()
+        }
+        for n in lengths
+    ]
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(demos=robomimic_demos())
+def test_any_robomimic_file_round_trips_bit_exact(tmp_path_factory, demos):
+    folder = tmp_path_factory.mktemp("roundtrip")
+    with h5py.File(folder / "in.hdf5", "w") as f:
+        for i, fields in enumerate(demos):
+            group = f.create_group(f"data/demo_{i}")
+            group.attrs["num_samples"] = len(fields["actions"])
+            for name, value in fields.items():
+                group.create_dataset(name, data=value)
+    import_dataset(folder / "in.hdf5", folder / "store", "robomimic")
+    export_dataset(folder / "store", folder / "out.hdf5", "hdf5")
+    with h5py.File(folder / "out.hdf5") as out:
+        assert sorted(out["data"].keys()) == [f"demo_{i}" for i in range(len(demos))]
+        for i, fields in enumerate(demos):
+            assert dataset_names(out[f"data/demo_{i}"]) == set(fields)
+            for name, value in fields.items():
+                written = out[f"data/demo_{i}/{name}"][()]
+                assert (written.dtype, written.shape) == (value.dtype, value.shape)
+                assert np.array_equal(written, value)
