@@ -37,6 +37,9 @@ class LeRobotSpec:
     with_reward: bool = True
     tasks: tuple[str, ...] = ("pick the cube", "place the cube")
     seed: int = 0
+    # Episodes from this index on go to file-001 (data and videos), as LeRobot does when
+    # a file reaches its size limit; None: every episode in file-000.
+    second_file_from: int | None = None
     frames: dict[str, np.ndarray] = field(default_factory=dict)
 
 
@@ -105,6 +108,46 @@ def _tasks_table(tasks: tuple[str, ...]) -> pa.Table:
     return table.replace_schema_metadata({b"pandas": json.dumps(meta).encode()})
 
 
+def _write_videos(
+    root: Path,
+    spec: LeRobotSpec,
+    starts: np.ndarray,
+    file_of: list[int],
+    features: dict[str, dict],
+    episodes: dict[str, list],
+) -> None:
+    """One mp4 per camera and file; the episodes' video columns and the features' info."""
+    count, total = len(spec.lengths), int(starts[-1])
+    split = file_of.index(1) if 1 in file_of else count
+    # Video timestamps count from the start of each file.
+    file_start = [int(starts[0 if file_of[i] == 0 else split]) for i in range(count)]
+    for number, camera in enumerate(spec.cameras):
+        frames = frame_pattern(total, spec.size, spec.seed + number)
+        spec.frames[camera] = frames
+        for file in sorted(set(file_of)):
+            first, end = (0, int(starts[split])) if file == 0 else (int(starts[split]), total)
+            info = _encode(
+                root / f"videos/{camera}/chunk-000/file-{file:03d}.mp4",
+                frames[first:end],
+                spec.fps,
+                spec.codec,
+            )
+        features[camera] = {
+            "dtype": "video",
+            "shape": [spec.size, spec.size, 3],
+            "names": ["height", "width", "channels"],
+            "info": info,
+        }
+        episodes[f"videos/{camera}/chunk_index"] = [0] * count
+        episodes[f"videos/{camera}/file_index"] = file_of
+        episodes[f"videos/{camera}/from_timestamp"] = [
+            (int(starts[i]) - file_start[i]) / spec.fps for i in range(count)
+        ]
+        episodes[f"videos/{camera}/to_timestamp"] = [
+            (int(starts[i + 1]) - file_start[i]) / spec.fps for i in range(count)
+        ]
+
+
 def write_lerobot(root: Path, spec: LeRobotSpec | None = None) -> LeRobotSpec:
     """Write a LeRobot v3.0 dataset below ``root``; the spec comes back with its frames."""
     spec = spec or LeRobotSpec()
@@ -148,38 +191,28 @@ def write_lerobot(root: Path, spec: LeRobotSpec | None = None) -> LeRobotSpec:
             "names": None,
         }
     table = pa.table(columns)
-    data = root / "data/chunk-000/file-000.parquet"
-    data.parent.mkdir(parents=True)
-    with pq.ParquetWriter(data, table.schema) as writer:
-        for start, length in zip(starts[:-1], spec.lengths, strict=True):
-            writer.write_table(table.slice(int(start), length))
+    count = len(spec.lengths)
+    split = count if spec.second_file_from is None else spec.second_file_from
+    file_of = [0 if i < split else 1 for i in range(count)]
+    for file in sorted(set(file_of)):
+        data = root / f"data/chunk-000/file-{file:03d}.parquet"
+        data.parent.mkdir(parents=True, exist_ok=True)
+        with pq.ParquetWriter(data, table.schema) as writer:
+            for i in range(count):
+                if file_of[i] == file:
+                    writer.write_table(table.slice(int(starts[i]), spec.lengths[i]))
     episodes: dict[str, list] = {
-        "episode_index": list(range(len(spec.lengths))),
-        "tasks": [[spec.tasks[i % len(spec.tasks)]] for i in range(len(spec.lengths))],
+        "episode_index": list(range(count)),
+        "tasks": [[spec.tasks[i % len(spec.tasks)]] for i in range(count)],
         "length": list(spec.lengths),
-        "data/chunk_index": [0] * len(spec.lengths),
-        "data/file_index": [0] * len(spec.lengths),
+        "data/chunk_index": [0] * count,
+        "data/file_index": file_of,
         "dataset_from_index": [int(s) for s in starts[:-1]],
         "dataset_to_index": [int(s) for s in starts[1:]],
     }
-    for number, camera in enumerate(spec.cameras):
-        frames = frame_pattern(total, spec.size, spec.seed + number)
-        spec.frames[camera] = frames
-        info = _encode(
-            root / f"videos/{camera}/chunk-000/file-000.mp4", frames, spec.fps, spec.codec
-        )
-        features[camera] = {
-            "dtype": "video",
-            "shape": [spec.size, spec.size, 3],
-            "names": ["height", "width", "channels"],
-            "info": info,
-        }
-        episodes[f"videos/{camera}/chunk_index"] = [0] * len(spec.lengths)
-        episodes[f"videos/{camera}/file_index"] = [0] * len(spec.lengths)
-        episodes[f"videos/{camera}/from_timestamp"] = [float(s) / spec.fps for s in starts[:-1]]
-        episodes[f"videos/{camera}/to_timestamp"] = [float(s) / spec.fps for s in starts[1:]]
-    episodes["meta/episodes/chunk_index"] = [0] * len(spec.lengths)
-    episodes["meta/episodes/file_index"] = [0] * len(spec.lengths)
+    _write_videos(root, spec, starts, file_of, features, episodes)
+    episodes["meta/episodes/chunk_index"] = [0] * count
+    episodes["meta/episodes/file_index"] = [0] * count
     episodes["stats/action/mean"] = [
         action[s:e].mean(0).tolist() for s, e in itertools.pairwise(starts)
     ]

@@ -102,6 +102,27 @@ def test_lerobot_import_maps_every_field(lerobot, tmp_path):
     assert (recorded["fps"], recorded["robot_type"], recorded["synthesized"]) == (10, "so100", [])
 
 
+def test_episodes_spread_over_two_data_and_video_files_import(tmp_path):
+    write_lerobot(tmp_path / "split", LeRobotSpec(lengths=(4, 3, 5, 2), second_file_from=2))
+    assert (tmp_path / "split/videos/observation.images.top/chunk-000/file-001.mp4").exists()
+    import_dataset(tmp_path / "split", tmp_path / "store", "lerobot")
+    whole = tmp_path / "whole"
+    write_lerobot(whole, LeRobotSpec(lengths=(4, 3, 5, 2)))
+    import_dataset(whole, tmp_path / "one_file", "lerobot")
+    split, single = stored(tmp_path / "store"), stored(tmp_path / "one_file")
+    assert [t.actions.shape[0] for t in split] == [4, 3, 5, 2]
+    for one, two in zip(split, single, strict=True):
+        first, second = one.tensors(), two.tensors()
+        for key in first:
+            if "images" not in key:  # the two files encode the frames apart: other losses
+                assert torch.equal(first[key], second[key]), key
+    decoded_second = decoded(
+        tmp_path / "split/videos/observation.images.top/chunk-000/file-001.mp4"
+    )
+    assert np.array_equal(split[2].curr_obs["images.top"][:, 0].numpy(), decoded_second[:5])
+    assert np.array_equal(split[3].curr_obs["images.top"][:, 0].numpy(), decoded_second[5:])
+
+
 def test_task_index_and_timestamps_are_kept(lerobot, tmp_path):
     root, _ = lerobot
     import_dataset(root, tmp_path / "store", "lerobot")
