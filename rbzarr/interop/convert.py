@@ -80,7 +80,7 @@ def import_dataset(
     if source_format == "lerobot":
         from rbzarr.interop.lerobot_read import LeRobotSource  # noqa: PLC0415 (optional extra)
 
-        lerobot = LeRobotSource.open(source, storage_options)
+        lerobot = LeRobotSource.from_url(source, storage_options)
         recorded = {
             "format": "lerobot",
             "url": lerobot.location.url,

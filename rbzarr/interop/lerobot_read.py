@@ -45,8 +45,11 @@ class LeRobotSource:
     episodes_meta: list[dict[str, Any]]
     video_keys: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self._check_files()
+
     @classmethod
-    def open(
+    def from_url(
         cls, url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None
     ) -> LeRobotSource:
         """Read and check the metadata of the dataset at ``url`` (see the module docs)."""
@@ -56,9 +59,7 @@ class LeRobotSource:
         video_keys = [name for name, spec in features.items() if spec.get("dtype") == "video"]
         for name, spec in features.items():
             _check_feature(location.url, name, spec)
-        source = cls(location, info, _read_tasks(location), _read_episodes(location), video_keys)
-        source._check_files()
-        return source
+        return cls(location, info, _read_tasks(location), _read_episodes(location), video_keys)
 
     @property
     def fps(self) -> int:

@@ -50,17 +50,13 @@ def _demo_order(name: str) -> tuple[int, str]:
     return (int(match.group(1)) if match else -1, name)
 
 
-def _split_path(url: str | os.PathLike[str], options: Mapping[str, Any] | None) -> Location:
-    return Location.from_url(url, options)
-
-
 class RobomimicSource:
     """An open robomimic HDF5 file, checked; :meth:`episodes` reads one demo at a time."""
 
     def __init__(
         self, url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None
     ) -> None:
-        self.location = _split_path(url, storage_options)
+        self.location = Location.from_url(url, storage_options)
         if not self.location.exists():
             raise DatasetFileNotFoundError(f"{self.location.url} does not exist")
         self._handle = self.location.fs.open(self.location.path, "rb")
@@ -203,7 +199,7 @@ def export_robomimic(
     progress: bool = False,
 ) -> int:
     """Write the store at ``source`` as a new robomimic HDF5 file; returns the demo count."""
-    location = _split_path(destination, destination_options)
+    location = Location.from_url(destination, destination_options)
     if location.exists():
         raise StoreExistsError(f"{location.url} already exists; export writes only a new file")
     documents, count, episodes = read_episodes(source, storage_options)
