@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 
 import av
 import fsspec
@@ -541,3 +542,14 @@ def test_any_robomimic_file_round_trips_bit_exact(tmp_path_factory, demos):
                 written = out[f"data/demo_{i}/{name}"][()]
                 assert (written.dtype, written.shape) == (value.dtype, value.shape)
                 assert np.array_equal(written, value)
+
+
+def test_a_missing_extra_names_it(lerobot, tmp_path, monkeypatch):
+    root, _ = lerobot
+    monkeypatch.delitem(sys.modules, "rbzarr.interop.lerobot_read", raising=False)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    with pytest.raises(
+        ImportError, match=r"install the datasets extra, pip install 'rbzarr\[datasets\]'"
+    ):
+        import_dataset(root, tmp_path / "store", "lerobot")
+    assert not (tmp_path / "store").exists()

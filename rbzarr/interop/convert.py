@@ -5,8 +5,9 @@ pyarrow, PyAV and h5py come with the ``datasets`` extra; they are imported on fi
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rbzarr.interop.episodes import write_episodes
@@ -20,6 +21,23 @@ __all__ = ["EXPORT_FORMATS", "IMPORT_FORMATS", "export_dataset", "import_dataset
 
 IMPORT_FORMATS = ("lerobot", "robomimic")
 EXPORT_FORMATS = ("lerobot", "hdf5")
+
+
+@contextlib.contextmanager
+def _datasets_extra() -> Iterator[None]:
+    """Name the extra when pyarrow, PyAV or h5py is missing.
+
+    Raises
+    ------
+    ImportError
+        A module the ``datasets`` extra brings cannot be imported.
+    """
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        raise ImportError(
+            f"{exc.name} is missing: install the datasets extra, pip install 'rbzarr[datasets]'"
+        ) from exc
 
 
 def _check_format(name: str, known: tuple[str, ...], what: str) -> None:
@@ -75,10 +93,13 @@ def import_dataset(
         Episode lengths, frame counts or indices disagree between metadata and data.
     StoreExistsError
         ``destination`` already holds a store (nothing is written).
+    ImportError
+        pyarrow, PyAV or h5py is not installed (the ``datasets`` extra).
     """
     _check_format(source_format, IMPORT_FORMATS, "import")
     if source_format == "lerobot":
-        from rbzarr.interop.lerobot_read import LeRobotSource  # noqa: PLC0415 (optional extra)
+        with _datasets_extra():
+            from rbzarr.interop.lerobot_read import LeRobotSource  # noqa: PLC0415
 
         lerobot = LeRobotSource.from_url(source, storage_options)
         recorded = {
@@ -103,7 +124,8 @@ def import_dataset(
             destination_options=destination_options,
             progress=progress,
         )
-    from rbzarr.interop.robomimic import RobomimicSource  # noqa: PLC0415
+    with _datasets_extra():
+        from rbzarr.interop.robomimic import RobomimicSource  # noqa: PLC0415
 
     robomimic = RobomimicSource(source, storage_options)
     try:
@@ -171,10 +193,13 @@ def export_dataset(
         ``destination`` is not empty (a folder) or exists (a file); nothing is written.
     CheckpointNotFoundError
         ``source`` is not a store.
+    ImportError
+        pyarrow, PyAV or h5py is not installed (the ``datasets`` extra).
     """
     _check_format(target_format, EXPORT_FORMATS, "export")
     if target_format == "lerobot":
-        from rbzarr.interop.lerobot_write import export_lerobot  # noqa: PLC0415
+        with _datasets_extra():
+            from rbzarr.interop.lerobot_write import export_lerobot  # noqa: PLC0415
 
         info = export_lerobot(
             source,
@@ -187,7 +212,8 @@ def export_dataset(
             progress=progress,
         )
         return int(info["total_episodes"])
-    from rbzarr.interop.robomimic import export_robomimic  # noqa: PLC0415
+    with _datasets_extra():
+        from rbzarr.interop.robomimic import export_robomimic  # noqa: PLC0415
 
     return export_robomimic(
         source,
