@@ -1,0 +1,101 @@
+"""Read-ahead for ``TrajectoryReplayBuffer.sample()``: the next batches read while one trains.
+
+With ``prefetch=N`` a ``sample(n)`` call hands out the oldest of the batches already drawn
+and makes sure the ``N`` after it are drawn too, their store reads running on ``N`` threads
+while the caller trains.  The draws come from a *look-ahead* copy of the buffer's generator;
+the buffer's own generator is set, at each hand-out, to its state right after the batch
+handed out.  So ``buffer.generator`` and a checkpoint's sampler state are always "as of the
+batches handed out", and restoring one continues exactly.
+
+A batch is handed out only if nothing changed since it was drawn: adding trajectories,
+loading a checkpoint or clearing the buffer (:meth:`ReadAhead.discard`), another ``n``, and
+a generator moved by someone else (reseeded, or used by a ``sample`` call that bypassed the
+read-ahead) discard every batch drawn ahead, and the look-ahead restarts from the buffer's
+generator.  The batches handed out are therefore exactly those of the same calls without
+prefetch, whatever happens between them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+__all__ = ["ReadAhead"]
+
+Batch = dict[str, Any]
+# Draws a batch of ``n`` rows with a generator (under the buffer's lock); returns its read.
+Draw = Callable[[int, torch.Generator], Callable[[], Batch]]
+
+
+class ReadAhead:
+    """The batches a buffer's next ``sample(n)`` calls hand out, drawn ahead and being read."""
+
+    def __init__(
+        self, depth: int, stream: torch.Generator, draw: Draw, lock: threading.RLock
+    ) -> None:
+        self.depth = depth
+        self._stream = stream  # the buffer's generator: as of the batches handed out
+        self._ahead = torch.Generator()
+        self._draw = draw
+        self._lock = lock  # the buffer's: draws and discards are ordered with its changes
+        self._pending: deque[tuple[Future[Batch], torch.Tensor]] = deque()
+        self._num_chunks = 0
+        self._expected = stream.get_state()
+        self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
+
+    def sample(self, num_chunks: int) -> Batch:
+        """The next batch of ``num_chunks`` rows of the buffer's stream, as ``sample`` draws it."""
+        with self._lock:
+            if num_chunks != self._num_chunks or not torch.equal(
+                self._stream.get_state(), self._expected
+            ):
+                self.discard()
+                self._num_chunks = num_chunks
+            pool = self._threads()
+            while len(self._pending) <= self.depth:
+                read = self._draw(num_chunks, self._ahead)
+                self._pending.append((pool.submit(read), self._ahead.get_state()))
+            future, state = self._pending.popleft()
+            self._stream.set_state(state)
+            self._expected = state
+        try:
+            return future.result()
+        except BaseException:
+            # Later reads may fail alike, or succeed if retried: read them again when asked.
+            with self._lock:
+                self.discard()
+            raise
+
+    def discard(self) -> None:
+        """Drop the batches drawn ahead: the next one is drawn from the buffer's generator."""
+        with self._lock:
+            for future, _ in self._pending:
+                future.cancel()
+            self._pending.clear()
+            self._expected = self._stream.get_state()
+            self._ahead.set_state(self._expected)
+
+    @property
+    def is_active(self) -> bool:
+        """Whether :meth:`sample` may be used (not closed)."""
+        return not self._closed
+
+    def close(self) -> None:
+        """Drop the batches drawn ahead and stop the reading threads (after their reads)."""
+        with self._lock:
+            self._closed = True
+            self.discard()
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)  # reads in flight end first
+
+    def _threads(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.depth, thread_name_prefix="rbzarr-read-ahead")
+        return self._pool
