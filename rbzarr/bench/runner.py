@@ -18,12 +18,13 @@ from rbzarr.bench.measure import machine, versions
 from rbzarr.bench.report import plot
 from rbzarr.bench.s3 import run_s3
 from rbzarr.bench.settings import Settings
-from rbzarr.bench.targets import s3_targets, sampling_targets
+from rbzarr.bench.targets import s3_targets, sampling_targets, training_targets
+from rbzarr.bench.training import run_training
 from rbzarr.bench.workloads import workloads
 
 __all__ = ["SUITES", "parse_names", "run", "save"]
 
-SUITES = ("sampling", "s3")
+SUITES = ("sampling", "s3", "training")
 Progress = Callable[[str], None]
 
 
@@ -59,6 +60,11 @@ def run(
                 say("[s3] sampling through the proxy")
                 result = run_s3(settings, quick)
                 documents.append(_document("s3", settings, {"image": result}, s3_targets(result)))
+            elif suite == "training":
+                say("[training] a training loop, local and S3, with and without prefetch")
+                result = run_training(settings, quick, workdir)
+                found = training_targets(result)
+                documents.append(_document("training", settings, {"image": result}, found))
             else:
                 raise ValueError(f"unknown suite {suite!r}; expected some of {list(SUITES)}")
         return documents

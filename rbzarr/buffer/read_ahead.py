@@ -1,8 +1,8 @@
 """Read-ahead for ``TrajectoryReplayBuffer.sample()``: the next batches read while one trains.
 
-With ``prefetch=N`` a ``sample(n)`` call hands out the oldest of the batches already drawn
-and makes sure the ``N`` after it are drawn too, their store reads running on ``N`` threads
-while the caller trains.  The draws come from a *look-ahead* copy of the buffer's generator;
+With ``prefetch=N`` a ``sample(n)`` call hands out the oldest of the batches already drawn;
+a drawing thread then draws the ``N`` after it, whose store reads run on ``N`` threads while
+the caller trains.  The draws come from a *look-ahead* copy of the buffer's generator;
 the buffer's own generator is set, at each hand-out, to its state right after the batch
 handed out.  So ``buffer.generator`` and a checkpoint's sampler state are always "as of the
 batches handed out", and restoring one continues exactly.
@@ -47,6 +47,7 @@ class ReadAhead:
         self._num_chunks = 0
         self._expected = stream.get_state()
         self._pool: ThreadPoolExecutor | None = None
+        self._drawer: ThreadPoolExecutor | None = None
         self._closed = False
 
     def sample(self, num_chunks: int) -> Batch:
@@ -57,13 +58,12 @@ class ReadAhead:
             ):
                 self.discard()
                 self._num_chunks = num_chunks
-            pool = self._threads()
-            while len(self._pending) <= self.depth:
-                read = self._draw(num_chunks, self._ahead)
-                self._pending.append((pool.submit(read), self._ahead.get_state()))
+            if not self._pending:
+                self._draw_one()
             future, state = self._pending.popleft()
             self._stream.set_state(state)
             self._expected = state
+            self._threads()[1].submit(self._fill)
         try:
             return future.result()
         except BaseException:
@@ -91,11 +91,31 @@ class ReadAhead:
         with self._lock:
             self._closed = True
             self.discard()
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)  # reads in flight end first
+            pools = [self._drawer, self._pool]
+            self._pool = self._drawer = None
+        for pool in pools:
+            if pool is not None:  # draws and reads in flight end first
+                pool.shutdown(wait=True, cancel_futures=True)
 
-    def _threads(self) -> ThreadPoolExecutor:
-        if self._pool is None:
+    def _draw_one(self) -> None:
+        """Draw the batch after the last one drawn and start its read (under the lock)."""
+        read = self._draw(self._num_chunks, self._ahead)
+        self._pending.append((self._threads()[0].submit(read), self._ahead.get_state()))
+
+    def _fill(self) -> None:
+        """The drawing thread: draw until ``depth`` batches wait (as of now: after a discard,
+        from the generator it reset).
+        """
+        with self._lock:
+            try:
+                while not self._closed and len(self._pending) < self.depth:
+                    self._draw_one()
+            except Exception:  # the caller's own draw raises it when it needs the batch
+                return
+
+    def _threads(self) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
+        """The reading threads and the drawing thread, started on first use."""
+        if self._pool is None or self._drawer is None:
             self._pool = ThreadPoolExecutor(self.depth, thread_name_prefix="rbzarr-read-ahead")
-        return self._pool
+            self._drawer = ThreadPoolExecutor(1, thread_name_prefix="rbzarr-draw-ahead")
+        return self._pool, self._drawer
