@@ -8,6 +8,7 @@ from the window as it was when the thread drew them.
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -219,3 +220,39 @@ def test_replay_dataset_in_fork_workers_draws_the_same_with_any_prefetch(tmp_pat
     per_worker = [dataset_reference(view, 2, worker, 3) for worker in (0, 1)]
     want = [batch for pair in zip(*per_worker, strict=True) for batch in pair]
     assert got[1] == got[3] == want
+
+
+def test_training_bench_suite_reports_steps_and_the_ratio(memory_url):
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from rbzarr.cli.main import main  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as out:
+        result = CliRunner().invoke(
+            main,
+            [
+                "bench",
+                "--quick",
+                "--suites",
+                "training",
+                "--training-store",
+                memory_url,
+                "--training-buffer-option",
+                "cache_size=0",
+                "--out",
+                out,
+            ],
+        )
+        assert result.exit_code == 0, result.output
+        document = json.loads((Path(out) / "training.json").read_text())
+    entry = document["results"]["image"]
+    assert entry["buffer_options"] == {"cache_size": 0}
+    for store in ("local", "s3"):
+        assert [entry[store][mode]["prefetch"] for mode in ("no_prefetch", "prefetch")] == [0, 2]
+        assert all(entry[store][mode]["steps"] >= 1 for mode in ("no_prefetch", "prefetch"))
+    ratio = entry["s3"]["prefetch"]["steps_s"] / entry["local"]["prefetch"]["steps_s"]
+    assert entry["s3_vs_local"]["prefetch"] == pytest.approx(ratio)
+    (found,) = document["targets"]
+    assert found["target"] == "training: 10 ms step with prefetch, S3 steps/s >= 0.9x local"
+    assert found["value"] == round(ratio, 3)
+    assert "requests/step" not in result.output  # no proxy: requests are not counted

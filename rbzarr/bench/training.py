@@ -13,8 +13,10 @@ import contextlib
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import torch
 
 from rbzarr.bench.s3 import drop_filesystems, load_s3_server, moto_process
 from rbzarr.bench.settings import Settings
@@ -28,18 +30,18 @@ MODES = ("no_prefetch", "prefetch")
 
 
 def loop_steps(
-    buffer: TrajectoryReplayBuffer, batch: int, steps: int, step_s: float, budget_s: float
+    sample: Callable[[], Any], steps: int, step_s: float, budget_s: float
 ) -> dict[str, Any]:
-    """Time ``steps`` iterations of ``sample(batch)`` then ``sleep(step_s)`` (at most ``budget_s``).
+    """Time ``steps`` iterations of ``sample()`` then ``sleep(step_s)`` (at most ``budget_s``).
 
-    The first batch (arrays opened, read-ahead filled) is not timed.
+    The first batch (arrays opened, read-ahead started) is not timed.
     """
-    buffer.sample(batch)
+    sample()
     waits = []
     start = time.perf_counter()
     for _ in range(steps):
         began = time.perf_counter()
-        buffer.sample(batch)
+        sample()
         waits.append(time.perf_counter() - began)
         time.sleep(step_s)
         if time.perf_counter() - start > budget_s:
@@ -49,7 +51,6 @@ def loop_steps(
         "steps": len(waits),
         "seconds": seconds,
         "steps_s": len(waits) / seconds,
-        "rows_s": len(waits) * batch / seconds,
         "wait_p50_ms": 1e3 * statistics.median(waits),
         "wait_max_ms": 1e3 * max(waits),
     }
@@ -62,39 +63,49 @@ def store_loops(
     storage_options: dict[str, Any] | None = None,
     proxy: Any = None,
 ) -> dict[str, Any]:
-    """The loop without and with prefetch, each on its own new store under ``url``."""
+    """The loop without and with prefetch on one new store at ``url``.
+
+    One buffer (``prefetch=training_prefetch``) serves both: without prefetch the loop passes
+    its own generator, which bypasses the read-ahead (the path of a buffer without it).
+    """
+    options = {
+        "seed": settings.seed,
+        "enable_cache": False,
+        "sample_window_size": len(trajectories),
+        **settings.training_buffer_options,
+    }
+    batch = settings.training_batch
     results: dict[str, Any] = {}
-    for mode in MODES:
-        prefetch = settings.training_prefetch if mode == "prefetch" else 0
-        options = {
-            "seed": settings.seed,
-            "enable_cache": False,
-            "sample_window_size": len(trajectories),
-            **settings.training_buffer_options,
+    with TrajectoryReplayBuffer(
+        auto_save=True,
+        auto_save_path=url,
+        storage_options=storage_options,
+        prefetch=settings.training_prefetch,
+        **options,
+    ) as buffer:
+        buffer.add_trajectories(trajectories)
+        buffer.flush()
+        own = torch.Generator().manual_seed(settings.seed)
+        loops = {
+            "no_prefetch": (0, lambda: buffer.sample(batch, generator=own)),
+            "prefetch": (settings.training_prefetch, lambda: buffer.sample(batch)),
         }
-        with TrajectoryReplayBuffer(
-            auto_save=True,
-            auto_save_path=f"{url.rstrip('/')}/{mode}",
-            storage_options=storage_options,
-            prefetch=prefetch,
-            **options,
-        ) as buffer:
-            buffer.add_trajectories(trajectories)
-            buffer.flush()
+        for mode, (prefetch, sample) in loops.items():
             if proxy is not None:
                 proxy.slow_down(settings.s3_delay_s)
                 proxy.reset_log()
             found = loop_steps(
-                buffer,
-                settings.training_batch,
+                sample,
                 settings.training_steps,
                 settings.training_step_s,
                 settings.training_budget_s,
             )
+            found["rows_s"] = found["steps_s"] * batch
             if proxy is not None:
+                # Reads of batches drawn ahead and not handed out count too.
                 found["requests_per_step"] = len(proxy.requests) / (found["steps"] + 1)
                 proxy.slow_down(0.0)
-        results[mode] = {"prefetch": prefetch, **found}
+            results[mode] = {"prefetch": prefetch, **found}
     return results
 
 
@@ -113,7 +124,7 @@ def run_training(settings: Settings, quick: bool, workdir: str | None = None) ->
         "buffer_options": dict(settings.training_buffer_options),
     }
     with tempfile.TemporaryDirectory(dir=workdir) as root:
-        result["local"] = store_loops(root, trajectories, settings)
+        result["local"] = store_loops(f"{root}/store", trajectories, settings)
     with _s3_store(settings) as found:
         if isinstance(found, str):
             result["s3"] = result["s3_vs_local"] = {"unavailable": found}
