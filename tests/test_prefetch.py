@@ -112,6 +112,12 @@ def test_checkpoint_after_prefetched_batches_continues_exactly(tmp_path):
         restored.load_checkpoint(tmp_path / "checkpoint")
         rest = [numbers(restored.sample(5)) for _ in range(4)]
     assert first + rest == uninterrupted
+    # A buffer that drew ahead from another window and generator state before loading.
+    with TrajectoryReplayBuffer(seed=1, sample_window_size=3, prefetch=3) as in_memory:
+        in_memory.add_trajectories([make_trajectory(4, 2, 9000)])
+        in_memory.sample(5)
+        in_memory.load_checkpoint(tmp_path / "checkpoint")
+        assert [numbers(in_memory.sample(5)) for _ in range(4)] == rest
 
 
 @pytest.mark.s3
@@ -207,9 +213,10 @@ def test_replay_dataset_batch_sees_the_window_as_it_was_when_drawn():
 
 @pytest.mark.timeout(120)
 def test_replay_dataset_in_fork_workers_draws_the_same_with_any_prefetch(tmp_path):
-    with store_buffer(tmp_path / "store") as buffer:
+    with store_buffer(tmp_path / "store", prefetch=2) as buffer:
         buffer.add_trajectories([make_trajectory(4, 2, 1000 * i) for i in range(3)])
         buffer.flush()
+        buffer.sample(4)  # the buffer's read-ahead threads are running when the workers fork
         got = {}
         for prefetch in (1, 3):
             dataset = ReplayDataset(buffer, 6, num_batches=6, prefetch=prefetch, seed=2)
