@@ -27,12 +27,12 @@ class Settings:
     s3_batch: int = 256
     s3_batches: int = 5
     s3_delay_s: float = 0.020
-    training_trajectories: int = 8
-    training_batch: int = 32
+    training_trajectories: int = 4
+    training_batch: int = 16
     training_steps: int = 40
     training_step_s: float = 0.010
     training_prefetch: int = 4
-    training_budget_s: float = 8.0
+    training_budget_s: float = 6.0
     training_store: str | None = None
     training_storage_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     training_buffer_options: dict[str, Any] = dataclasses.field(default_factory=dict)
