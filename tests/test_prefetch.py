@@ -24,6 +24,7 @@ from rbzarr import (
     PreloadReplayBufferDataset,
     ReplayBufferDataset,
     ReplayDataset,
+    StorageUnavailableError,
     TrajectoryReplayBuffer,
     open_buffer,
 )
@@ -143,6 +144,33 @@ def test_prefetched_s3_reads_overlap_the_callers_step(s3_bucket, s3_options, s3_
         plain.add_trajectories([make_trajectory(4, 2, 1000 * i) for i in range(3)])
         assert got == [numbers(plain.sample(4)) for _ in range(3)]
     assert read_s > 0.1 and max(waits) < read_s / 3, (read_s, waits)
+
+
+@pytest.mark.s3
+@pytest.mark.timeout(120)
+def test_a_failed_prefetched_read_is_raised_in_order_and_later_batches_read_again(
+    s3_bucket, s3_options, s3_proxy
+):
+    trajectories = [make_trajectory(4, 2, 1000 * i) for i in range(3)]
+    with store_buffer(Path(tempfile.mkdtemp()) / "plain") as plain:
+        plain.add_trajectories(trajectories)
+        reference = [numbers(plain.sample(4)) for _ in range(8)]
+    path = f"s3://{s3_bucket}/store"
+    with store_buffer(path, prefetch=2, storage_options=s3_options) as buffer:
+        buffer.add_trajectories(trajectories)
+        buffer.flush()
+        got = [numbers(buffer.sample(4))]
+        s3_proxy.fail_with(503)
+        # Batches read before the failure are still handed out; the first that needs the
+        # store raises, and its draw is spent as a failed call without prefetch spends it.
+        with pytest.raises(StorageUnavailableError):
+            while True:
+                got.append(numbers(buffer.sample(4)))
+        failed = len(got)
+        s3_proxy.fail_with(None)
+        got += [numbers(buffer.sample(4)) for _ in range(7 - failed)]
+    assert 1 <= failed <= 3
+    assert got == reference[:failed] + reference[failed + 1 :]
 
 
 def test_prefetch_is_refused_when_negative_and_off_after_close(tmp_path):
