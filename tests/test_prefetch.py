@@ -127,7 +127,7 @@ def test_prefetched_s3_reads_overlap_the_callers_step(s3_bucket, s3_options, s3_
     # batch's read behind it, so sample() then returns at once.
     path = f"s3://{s3_bucket}/store"
     with store_buffer(path, prefetch=2, storage_options=s3_options) as buffer:
-        buffer.add_trajectories([make_trajectory(4, 2, 1000 * i) for i in range(3)])
+        buffer.add_trajectories([make_trajectory(8, 2, 1000 * i) for i in range(1)])
         buffer.flush()
         buffer.sample(4, generator=torch.Generator())  # opens the arrays; the stream stays
         s3_proxy.slow_down(0.02)
@@ -141,7 +141,7 @@ def test_prefetched_s3_reads_overlap_the_callers_step(s3_bucket, s3_options, s3_
             got.append(numbers(buffer.sample(4)))
             waits.append(time.perf_counter() - start)
     with store_buffer(Path(tempfile.mkdtemp()) / "plain") as plain:
-        plain.add_trajectories([make_trajectory(4, 2, 1000 * i) for i in range(3)])
+        plain.add_trajectories([make_trajectory(8, 2, 1000 * i) for i in range(1)])
         assert got == [numbers(plain.sample(4)) for _ in range(3)]
     assert read_s > 0.1 and max(waits) < read_s / 3, (read_s, waits)
 
@@ -151,7 +151,7 @@ def test_prefetched_s3_reads_overlap_the_callers_step(s3_bucket, s3_options, s3_
 def test_a_failed_prefetched_read_is_raised_in_order_and_later_batches_read_again(
     s3_bucket, s3_options, s3_proxy
 ):
-    trajectories = [make_trajectory(4, 2, 1000 * i) for i in range(3)]
+    trajectories = [make_trajectory(8, 2, 1000 * i) for i in range(1)]
     with store_buffer(Path(tempfile.mkdtemp()) / "plain") as plain:
         plain.add_trajectories(trajectories)
         reference = [numbers(plain.sample(4)) for _ in range(8)]
