@@ -180,6 +180,7 @@ def test_prefetch_is_refused_when_negative_and_off_after_close(tmp_path):
     plain = TrajectoryReplayBuffer(seed=7, sample_window_size=3)
     for b in (buffer, plain):
         b.add_trajectories([make_trajectory(4, 2, 0)])
+    assert (buffer.prefetch, plain.prefetch) == (2, 0)
     assert numbers(buffer.sample(3)) == numbers(plain.sample(3))
     buffer.close()
     assert numbers(buffer.sample(3)) == numbers(plain.sample(3))

@@ -164,7 +164,6 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             None if self._committer is None else self._committer.stored_schema
         )
         self._index = TrajectoryIndex(trajectory_counter=self._first_free_id())
-        self.prefetch = prefetch
         self._read_ahead = (
             ReadAhead(prefetch, self._sampler.generator, self._draw, self._lock)
             if prefetch
@@ -200,6 +199,11 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
     def seed(self) -> int | None:
         """The seed of the sampling generator."""
         return self._sampler.seed
+
+    @property
+    def prefetch(self) -> int:
+        """Batches :meth:`sample` draws and reads ahead (0: none)."""
+        return 0 if self._read_ahead is None else self._read_ahead.depth
 
     @property
     def enable_cache(self) -> bool:
@@ -346,7 +350,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         """
         if num_chunks <= 0:
             raise ValueError(f"num_chunks must be positive, got {num_chunks}")
-        if generator is None and self._read_ahead is not None and self._read_ahead.is_active:
+        if generator is None and self._read_ahead is not None:
             return self._read_ahead.sample(num_chunks)
         return self._draw(num_chunks, generator)()
 

@@ -53,24 +53,32 @@ class ReadAhead:
     def sample(self, num_chunks: int) -> Batch:
         """The next batch of ``num_chunks`` rows of the buffer's stream, as ``sample`` draws it."""
         with self._lock:
-            if num_chunks != self._num_chunks or not torch.equal(
-                self._stream.get_state(), self._expected
-            ):
-                self.discard()
-                self._num_chunks = num_chunks
-            if not self._pending:
-                self._draw_one()
-            future, state = self._pending.popleft()
-            self._stream.set_state(state)
-            self._expected = state
-            self._threads()[1].submit(self._fill)
+            if self._closed:  # no threads: the draw and read of a buffer without prefetch
+                read = self._draw(num_chunks, self._stream)
+            else:
+                read = self._hand_out(num_chunks).result
         try:
-            return future.result()
+            return read()
         except BaseException:
             # Later reads may fail alike, or succeed if retried: read them again when asked.
             with self._lock:
                 self.discard()
             raise
+
+    def _hand_out(self, num_chunks: int) -> Future[Batch]:
+        """The read of the next batch; the drawing thread then draws the ones after it."""
+        if num_chunks != self._num_chunks or not torch.equal(
+            self._stream.get_state(), self._expected
+        ):
+            self.discard()
+            self._num_chunks = num_chunks
+        if not self._pending:
+            self._draw_one()
+        future, state = self._pending.popleft()
+        self._stream.set_state(state)
+        self._expected = state
+        self._threads()[1].submit(self._fill)
+        return future
 
     def discard(self) -> None:
         """Drop the batches drawn ahead: the next one is drawn from the buffer's generator."""
@@ -81,21 +89,16 @@ class ReadAhead:
             self._expected = self._stream.get_state()
             self._ahead.set_state(self._expected)
 
-    @property
-    def is_active(self) -> bool:
-        """Whether :meth:`sample` may be used (not closed)."""
-        return not self._closed
-
     def close(self) -> None:
-        """Drop the batches drawn ahead and stop the reading threads (after their reads)."""
+        """Drop the batches drawn ahead and stop the threads; later calls read in the caller."""
         with self._lock:
             self._closed = True
             self.discard()
             pools = [self._drawer, self._pool]
             self._pool = self._drawer = None
         for pool in pools:
-            if pool is not None:  # draws and reads in flight end first
-                pool.shutdown(wait=True, cancel_futures=True)
+            if pool is not None:  # reads a caller waits for, and those in flight, end first
+                pool.shutdown(wait=True)
 
     def _draw_one(self) -> None:
         """Draw the batch after the last one drawn and start its read (under the lock)."""
