@@ -103,7 +103,15 @@ def test_bad_settings_are_refused_before_any_work(tmp_path: Path) -> None:
 
 
 def test_quick_run_writes_json_chart_and_tables(tmp_path: Path) -> None:
-    result = run_bench("--quick", "--workloads", "state,image,embodied", "--out", str(tmp_path))
+    result = run_bench(  # the training suite has its own smoke test (test_prefetch.py)
+        "--quick",
+        "--suites",
+        "sampling,s3",
+        "--workloads",
+        "state,image,embodied",
+        "--out",
+        str(tmp_path),
+    )
     assert result.exit_code == 0
     documents = {
         name: json.loads((tmp_path / f"{name}.json").read_text()) for name in ("sampling", "s3")

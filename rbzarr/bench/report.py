@@ -59,6 +59,8 @@ def table(document: dict[str, Any]) -> str:
         parts = [_s3_table(document["results"])]
     elif document["benchmark"] == "datasets":
         parts = [_datasets_table(document["results"])]
+    elif document["benchmark"] == "training":
+        parts = [_training_table(document["results"])]
     else:
         parts = [_rows_table(document["results"]), _bytes_table(document["results"])]
         parts.append(_writes_table(document["results"]))
@@ -101,6 +103,33 @@ def _datasets_table(results: dict[str, Any]) -> str:
         ],
     ]
     return aligned(["datasets", "value"], rows, [False, False])
+
+
+def _training_table(results: dict[str, Any]) -> str:
+    rows = []
+    for workload, entry in results.items():
+        for store in ("local", "s3"):
+            if "unavailable" in entry[store]:
+                rows.append([workload, store, "n/a", "", "", "", "", entry[store]["unavailable"]])
+                continue
+            for mode in ("no_prefetch", "prefetch"):
+                found = entry[store][mode]
+                requests = found.get("requests_per_step")
+                ratio = entry.get("s3_vs_local", {}).get(mode) if store == "s3" else None
+                rows.append(
+                    [
+                        workload,
+                        store,
+                        f"{mode} ({found['prefetch']})",
+                        _number(found["steps_s"], 1),
+                        _number(found["rows_s"]),
+                        _number(found["wait_p50_ms"], 2),
+                        "" if ratio is None else f"{ratio:.3f}x local",
+                        "" if requests is None else f"{requests:,.0f} requests/step",
+                    ]
+                )
+    head = ["workload", "store", "mode", "steps/s", "rows/s", "wait p50 ms", "vs local", ""]
+    return aligned(head, rows, [False, False, False, True, True, True, True, False])
 
 
 def _rows_table(results: dict[str, Any]) -> str:

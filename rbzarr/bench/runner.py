@@ -18,12 +18,13 @@ from rbzarr.bench.measure import machine, versions
 from rbzarr.bench.report import plot
 from rbzarr.bench.s3 import run_s3
 from rbzarr.bench.settings import Settings
-from rbzarr.bench.targets import s3_targets, sampling_targets
+from rbzarr.bench.targets import s3_targets, sampling_targets, training_targets
+from rbzarr.bench.training import run_training
 from rbzarr.bench.workloads import workloads
 
 __all__ = ["SUITES", "parse_names", "run", "save"]
 
-SUITES = ("sampling", "s3", "datasets")
+SUITES = ("sampling", "s3", "training", "datasets")
 Progress = Callable[[str], None]
 
 
@@ -59,12 +60,19 @@ def run(
                 say("[datasets] LeRobot round trips and a 1,000-episode import")
                 from rbzarr.bench.datasets_roundtrip import datasets_targets, run_datasets  # noqa: PLC0415
 
-                found = run_datasets(quick, workdir)
-                documents.append(_document("datasets", settings, found, datasets_targets(found)))
+                measured = run_datasets(quick, workdir)
+                documents.append(
+                    _document("datasets", settings, measured, datasets_targets(measured))
+                )
             elif suite == "s3":
                 say("[s3] sampling through the proxy")
                 result = run_s3(settings, quick)
                 documents.append(_document("s3", settings, {"image": result}, s3_targets(result)))
+            elif suite == "training":
+                say("[training] a training loop, local and S3, with and without prefetch")
+                result = run_training(settings, quick, workdir)
+                found = training_targets(result)
+                documents.append(_document("training", settings, {"image": result}, found))
             else:
                 raise ValueError(f"unknown suite {suite!r}; expected some of {list(SUITES)}")
         return documents

@@ -33,7 +33,7 @@ from rbzarr.bench.workloads import image_trajectory
 from rbzarr.buffer.buffer import TrajectoryReplayBuffer
 from rbzarr.trajectory.model import validate
 
-__all__ = ["concurrency_limit", "load_s3_server", "moto_process", "run_s3"]
+__all__ = ["concurrency_limit", "drop_filesystems", "load_s3_server", "moto_process", "run_s3"]
 
 SERVER_MODULE = Path(rbzarr.__file__).resolve().parents[1] / "tests" / "s3_server.py"
 
@@ -84,7 +84,7 @@ def run_s3(settings: Settings, quick: bool) -> dict[str, Any]:
             return _measure(settings, quick, proxy, f"{bucket}/store", options, direct)
         finally:
             proxy.close()
-            _drop_filesystems(s3fs)
+            drop_filesystems(s3fs)
 
 
 @contextlib.contextmanager
@@ -114,7 +114,8 @@ def moto_process() -> Iterator[str]:
                 drain.join(timeout=30)
 
 
-def _drop_filesystems(s3fs: Any) -> None:
+def drop_filesystems(s3fs: Any) -> None:
+    """Forget s3fs's cached filesystems and collect their sessions, quietly."""
     # zarr's fsspec store opens asynchronous s3fs instances whose aiohttp sessions nothing
     # closes; collect them here, where their "Unclosed client session" warning is expected.
     s3fs.S3FileSystem.clear_instance_cache()

@@ -27,6 +27,15 @@ class Settings:
     s3_batch: int = 256
     s3_batches: int = 5
     s3_delay_s: float = 0.020
+    training_trajectories: int = 4
+    training_batch: int = 16
+    training_steps: int = 40
+    training_step_s: float = 0.010
+    training_prefetch: int = 4
+    training_budget_s: float = 6.0
+    training_store: str | None = None
+    training_storage_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    training_buffer_options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 QUICK = Settings(
@@ -42,6 +51,11 @@ QUICK = Settings(
     s3_batch=32,
     s3_batches=2,
     drop_caches=False,
+    training_trajectories=1,
+    training_batch=8,
+    training_steps=3,
+    training_prefetch=2,
+    training_budget_s=0.5,
 )
 
 

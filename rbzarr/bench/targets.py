@@ -10,7 +10,7 @@ from typing import Any
 
 from rbzarr.bench.report import target
 
-__all__ = ["s3_targets", "sampling_targets"]
+__all__ = ["s3_targets", "sampling_targets", "training_targets"]
 
 
 class Unmeasured(LookupError):
@@ -181,3 +181,20 @@ def s3_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         )
     )
     return out
+
+
+TRAINING = [
+    (
+        "training: 10 ms step with prefetch, S3 steps/s >= 0.9x local",
+        "steps/s of a sample-then-step loop with prefetch on S3 (moto, delayed per request) / "
+        "the same loop on a local store",
+        lambda r: float(_get(r, "s3_vs_local", "prefetch")),
+        0.9,
+        ">=",
+    )
+]
+
+
+def training_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Targets of a training-loop run: S3 with prefetch against the local store."""
+    return _evaluate(TRAINING, result)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Self
 
 import torch
@@ -24,6 +24,7 @@ from rbzarr.buffer.background import DEFAULT_TIMEOUT
 from rbzarr.buffer.cache import SlotCache
 from rbzarr.buffer.commits import StoreCommitter
 from rbzarr.buffer.index import TrajectoryIndex
+from rbzarr.buffer.read_ahead import ReadAhead
 from rbzarr.buffer.rlinf_compat import RLinfCompatMixin
 from rbzarr.buffer.sampler import WindowSampler
 from rbzarr.errors import BufferClosedError, EmptyBufferError, TrajectoryListError
@@ -95,12 +96,16 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         refused (nothing changed) while it is full and storage is failing.
     layout_options
         Extra keyword arguments for the storage layout (codecs, chunk sizes, ...).
+    prefetch
+        Batches that :meth:`sample` draws ahead and reads on as many threads while the
+        caller trains (0: none).  The batches handed out are exactly those without
+        prefetch: see :meth:`sample`.
 
     Raises
     ------
     ValueError
-        ``trajectory_format`` is not a registered format, or ``auto_save`` is set without
-        ``auto_save_path``.
+        ``trajectory_format`` is not a registered format, ``auto_save`` is set without
+        ``auto_save_path``, or ``prefetch`` is negative.
     StoreExistsError
         ``auto_save_path`` is a file, or holds a store of another ``trajectory_format``.
     """
@@ -118,7 +123,10 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         storage_options: Mapping[str, Any] | None = None,
         max_pending_writes: int = 8,
         layout_options: Mapping[str, Any] | None = None,
+        prefetch: int = 0,
     ) -> None:
+        if prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0 batches, got {prefetch}")
         if trajectory_format is not None:
             layout_class(trajectory_format)  # unknown formats fail here, before anything else
         if auto_save and not os.fspath(auto_save_path):
@@ -156,6 +164,11 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             None if self._committer is None else self._committer.stored_schema
         )
         self._index = TrajectoryIndex(trajectory_counter=self._first_free_id())
+        self._read_ahead = (
+            ReadAhead(prefetch, self._sampler.generator, self._draw, self._lock)
+            if prefetch
+            else None
+        )
 
     # -- plumbing -----------------------------------------------------------------------
     def _layout(self, location: Location, trajectory_format: str) -> TrajectoryLayout:
@@ -170,6 +183,11 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         if self._closed:
             raise BufferClosedError("the buffer is closed")
 
+    def _window_changed(self) -> None:
+        """Batches drawn ahead from the window before it changed are never handed out."""
+        if self._read_ahead is not None:
+            self._read_ahead.discard()
+
     def _set_store_metadata(self) -> None:
         if self._committer is not None:
             self._committer.set_metadata(
@@ -181,6 +199,11 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
     def seed(self) -> int | None:
         """The seed of the sampling generator."""
         return self._sampler.seed
+
+    @property
+    def prefetch(self) -> int:
+        """Batches :meth:`sample` draws and reads ahead (0: none)."""
+        return 0 if self._read_ahead is None else self._read_ahead.depth
 
     @property
     def enable_cache(self) -> bool:
@@ -250,6 +273,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                     self._schema = accepted[0].spec.schema
                     self._set_store_metadata()
                 items = [(self._index_entry(t), t) for t in accepted]
+                self._window_changed()
                 if self._committer is None:
                     for entry, trajectory in items:  # the caller's tensors: the cache copies
                         self._cache.put(
@@ -302,6 +326,16 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             own, whose stream is then left untouched (one stream per DataLoader worker or
             rank).  ``None`` draws from the buffer's seeded generator: RLinf's stream.
 
+        Notes
+        -----
+        With ``prefetch=N``, a call with ``generator=None`` hands out the next batch drawn
+        ahead and draws the ``N`` after it, whose reads run on threads while the caller
+        trains.  The batches are exactly those of the same calls without prefetch: adding
+        trajectories, loading a checkpoint, :meth:`clear`, another ``num_chunks`` or a
+        moved :attr:`generator` discard the batches drawn ahead.  :attr:`generator` (and so
+        a checkpoint) is always as of the batches handed out.  Up to ``N`` batches are held
+        in memory; a read that failed is raised by the call that hands its batch out.
+
         Returns
         -------
         dict
@@ -316,6 +350,20 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         """
         if num_chunks <= 0:
             raise ValueError(f"num_chunks must be positive, got {num_chunks}")
+        if generator is None and self._read_ahead is not None:
+            return self._read_ahead.sample(num_chunks)
+        return self._draw(num_chunks, generator)()
+
+    def _draw(
+        self, num_chunks: int, generator: torch.Generator | None
+    ) -> Callable[[], dict[str, Any]]:
+        """Draw a batch under the lock; the call returned makes it (reading misses unlocked).
+
+        Raises
+        ------
+        EmptyBufferError
+            The window is empty.
+        """
         with self._lock:
             window = self._index.window(self.sample_window_size)
             if not window:
@@ -326,7 +374,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             slots = self._cache.slots(window)[positions]
             hit = slots >= 0
             if bool(hit.all()):
-                return tree.unflatten(self._cache.gather(slots, rows))
+                batch = tree.unflatten(self._cache.gather(slots, rows))
+                return lambda: batch
             cached = self._cache.gather(slots[hit], rows[hit]) if bool(hit.any()) else {}
             ids = torch.tensor(window, dtype=torch.int64)[positions]
             assert self._schema is not None
@@ -335,7 +384,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 ids, rows, hit, cached, self._schema, self._index.entries, pending
             )
         layout = None if self._committer is None else self._committer.layout
-        return tree.unflatten(row_reads.read_batch(plan, layout))
+        return lambda: tree.unflatten(row_reads.read_batch(plan, layout))
 
     # -- reading (rlinf_compat builds RLinf's names on these) -------------------------
     @property
@@ -504,6 +553,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             }
         )
         self._sampler.load_state_dict({"seed": self.seed, **loaded.sampler})
+        self._window_changed()
         if self._committer is None:
             self.trajectory_format = loaded.trajectory_format
         self._set_store_metadata()
@@ -548,6 +598,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         """
         with self._add_lock:
             self._closed = True
+        if self._read_ahead is not None:
+            self._read_ahead.close()
         if self._committer is not None:
             self._committer.close(timeout, wait)
 
@@ -567,6 +619,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         with self._add_lock, self._lock:
             self._index = TrajectoryIndex(trajectory_counter=self._first_free_id())
             self._cache.clear()
+            self._window_changed()
             if self._committer is None:
                 self._schema = None
 

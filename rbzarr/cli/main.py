@@ -378,9 +378,10 @@ def demo(store: str, **settings: Any) -> None:
 @click.option("--quick", is_flag=True, help="A tiny run (seconds) for smoke tests.")
 @click.option(
     "--suites",
-    default="sampling,s3",
+    default="sampling,s3,training",
     show_default=True,
-    help="Comma-separated: sampling, s3, datasets (LeRobot round trips; the datasets extra).",
+    help="Comma-separated: sampling, s3, training, datasets (LeRobot round trips; the "
+    "datasets extra).",
 )
 @click.option(
     "--workloads",
@@ -411,6 +412,28 @@ def demo(store: str, **settings: Any) -> None:
 @click.option("--s3-batch", type=int, help="Rows per S3 sample() (default 256).")
 @click.option("--s3-batches", type=int, help="Steady S3 batches measured (default 5).")
 @click.option("--threads", type=int, help="torch intra-op threads (default 1; 0 keeps torch's).")
+@click.option("--training-steps", type=int, help="Steps per training loop (default 40).")
+@click.option(
+    "--training-store",
+    metavar="URL",
+    help="The remote store of the training loop (default: moto behind the delaying proxy).",
+)
+@click.option(
+    "--training-storage-option",
+    "training_storage_options",
+    multiple=True,
+    callback=parse_storage_options,
+    metavar="KEY=VALUE",
+    help="fsspec option for the training loop's remote store (repeatable).",
+)
+@click.option(
+    "--training-buffer-option",
+    "training_buffer_options",
+    multiple=True,
+    callback=parse_storage_options,
+    metavar="KEY=VALUE",
+    help="TrajectoryReplayBuffer option of the training loop's buffers (repeatable).",
+)
 @click.option(
     "--workdir",
     type=click.Path(file_okay=False),

@@ -1,4 +1,11 @@
-"""The prefetch thread: sampled batches made a bounded number ahead of the consumer."""
+"""The prefetch thread: sampled batches made a bounded number ahead of the consumer.
+
+The thread draws a batch only when the consumer has room for it: with ``prefetch=P`` at most
+``P`` batches are drawn and not yet handed out, and they are handed out in the order drawn.
+A batch is sampled from the window as it was when the thread drew it: trajectories added
+later are seen by the batches drawn after the add (at most ``P`` batches later than a
+consumer sampling in its own thread would see them).
+"""
 
 from __future__ import annotations
 
@@ -29,23 +36,32 @@ def _prefetch(
     produce: Callable[[], Batch],
     batches: int | None,
     out: queue.Queue[Any],
+    room: threading.Semaphore,
     stop: threading.Event,
 ) -> None:
     """The prefetch thread: fill ``out`` until ``batches`` are made, ``stop`` or an error."""
     try:
         for _ in range(batches) if batches is not None else count():
+            room.acquire()  # a slot the consumer freed (or close() woke it)
             if stop.is_set():
                 return
             out.put(produce())
+        room.acquire()  # the end takes a slot too: never more than prefetch items wait
     except BaseException as error:  # every failure must reach the consumer, not the thread
-        out.put(_Failure(error))
+        out.put(_Failure(error))  # in the slot of the batch that failed
         return
     out.put(_END)
 
 
-def _shutdown(stop: threading.Event, out: queue.Queue[Any], thread: threading.Thread) -> None:
-    """Stop the prefetch thread: drain ``out`` until the thread, unblocked, exits."""
+def _shutdown(
+    stop: threading.Event,
+    out: queue.Queue[Any],
+    room: threading.Semaphore,
+    thread: threading.Thread,
+) -> None:
+    """Stop the prefetch thread: wake it, and drain ``out`` until it exits."""
     stop.set()
+    room.release()
     while thread.is_alive():
         while True:
             try:
@@ -80,17 +96,20 @@ class ReplayLoader:
         self, produce: Callable[[], Batch], batches: int | None, prefetch: int, seed: int | None
     ) -> None:
         self.seed = seed
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=prefetch)
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._room = threading.Semaphore(prefetch)
         self._stop = threading.Event()
         self._done = False
         self._thread = threading.Thread(
             target=_prefetch,
-            args=(produce, batches, self._queue, self._stop),
+            args=(produce, batches, self._queue, self._room, self._stop),
             name="rbzarr-prefetch",
             daemon=True,
         )
         self._thread.start()
-        self._finalizer = weakref.finalize(self, _shutdown, self._stop, self._queue, self._thread)
+        self._finalizer = weakref.finalize(
+            self, _shutdown, self._stop, self._queue, self._room, self._thread
+        )
         # At interpreter exit the daemon thread simply dies; joining it could hang on a
         # sample() that never returns.
         self._finalizer.atexit = False
@@ -102,6 +121,7 @@ class ReplayLoader:
         if self._done:
             raise StopIteration
         item = self._queue.get()
+        self._room.release()
         if item is _END:
             self.close()
             raise StopIteration
@@ -109,6 +129,11 @@ class ReplayLoader:
             self.close()
             raise item.error
         return item
+
+    @property
+    def batches_ready(self) -> int:
+        """Batches made and not yet handed out, at most ``prefetch`` (the end counts as one)."""
+        return self._queue.qsize()
 
     @property
     def is_running(self) -> bool:
