@@ -180,6 +180,7 @@ class RowBatch:
 
     out: dict[str, np.ndarray]
     source: ByteSource
+    gap: int
     local: list[tuple[LocalShard, RowRead]] = field(default_factory=list)
     remote: list[tuple[RemoteShard, RowRead]] = field(default_factory=list)
 
@@ -206,7 +207,7 @@ class RowBatch:
         if self.local:
             read_local(self.local, self.source)
         if self.remote:
-            fetch_rows(fs, self.remote, self.source)
+            fetch_rows(fs, self.remote, self.source, self.gap)
 
 
 def read_whole_shards(
