@@ -55,7 +55,7 @@ from rbzarr.storage.zarr.handles import time_and_envs, trajectory_id
 from rbzarr.storage.zarr.open import FIELDS_ATTR, TRAJECTORIES, TrajectoryOpener, group_path
 from rbzarr.storage.zarr.publish import GroupPublisher
 from rbzarr.storage.zarr.remote import DEFAULT_RANGE_GAP
-from rbzarr.storage.zarr.shard_cache import ShardCache, cache_key
+from rbzarr.storage.zarr.shard_cache import DEFAULT_LOCAL_CACHE_BYTES, ShardCache, cache_key
 from rbzarr.storage.zarr.shard_index import DTYPE_ATTR
 from rbzarr.storage.zarr.spec import parse_specs
 from rbzarr.trajectory.dtypes import dtype_name, from_numpy
@@ -67,8 +67,6 @@ __all__ = ["FIELDS_ATTR", "LAYOUT_VERSION", "ROOT_ATTR", "TRAJECTORIES", "ZarrLa
 log = logging.getLogger(__name__)
 
 LAYOUT_VERSION = 2
-# The local cache's bound when only its directory is given: 16 GiB.
-DEFAULT_CACHE_BYTES = 16 << 30
 # Trajectories the background warmer opens per round.
 WARM_BATCH = 32
 # The root group's attribute that mirrors the two documents.
@@ -428,7 +426,7 @@ def _shard_cache(
             raise ValueError("local_cache_bytes needs local_cache_dir")
         return None
     if capacity is None:
-        capacity = DEFAULT_CACHE_BYTES
+        capacity = DEFAULT_LOCAL_CACHE_BYTES
     if capacity <= 0:
         raise ValueError(f"local_cache_bytes must be > 0, got {capacity}")
     if location.is_local:

@@ -87,6 +87,7 @@ class TrajectoryOpener:
         self.handles = HandleCache(cache_size, fork_safe=location.is_local)
         self.source = source
         self.shard_cache = None if location.is_local else shard_cache
+        self._opening: dict[tuple[int, str], threading.Event] = {}
 
     @property
     def local_files(self) -> bool:
@@ -112,7 +113,11 @@ class TrajectoryOpener:
         return self._location
 
     def open_many(self, entries: Sequence[Entry]) -> list[ShardedTrajectory]:
-        """Handles of ``entries`` (cached ones reused); new ones open in one round."""
+        """Handles of ``entries`` (cached ones reused); new ones open in one round.
+
+        A trajectory another thread is opening meanwhile (the background warmer) is waited
+        for, not fetched twice.
+        """
         found: list[ShardedTrajectory | None] = []
         missing: list[tuple[int, Entry, int]] = []
         for position, entry in enumerate(entries):
@@ -120,13 +125,41 @@ class TrajectoryOpener:
             found.append(opened)
             if opened is None:
                 missing.append((position, entry, generation))
-        if missing:
-            with translate_errors(self._location.url, "reading"):
-                new = self._open_new([entry for _, entry, _ in missing])
-            for (position, entry, generation), opened in zip(missing, new, strict=True):
-                self.handles.put(_handle_key(entry), opened, generation)
-                found[position] = opened
+        mine, theirs = self._claim(missing)
+        try:
+            if mine:
+                with translate_errors(self._location.url, "reading"):
+                    new = self._open_new([entry for _, entry, _ in mine])
+                for (position, entry, generation), opened in zip(mine, new, strict=True):
+                    self.handles.put(_handle_key(entry), opened, generation)
+                    found[position] = opened
+        finally:
+            self._release(mine)
+        for (position, entry, _), event in theirs:
+            event.wait()
+            found[position] = self.open_many([entry])[0]
         return [opened for opened in found if opened is not None]
+
+    def _claim(
+        self, missing: list[tuple[int, Entry, int]]
+    ) -> tuple[list[tuple[int, Entry, int]], list[tuple[tuple[int, Entry, int], threading.Event]]]:
+        """Split ``missing`` into what this thread opens and what another thread is opening."""
+        mine, theirs = [], []
+        with self._lock:
+            for item in missing:
+                key = _handle_key(item[1])
+                event = self._opening.get(key)
+                if event is None:
+                    self._opening[key] = threading.Event()
+                    mine.append(item)
+                else:
+                    theirs.append((item, event))
+        return mine, theirs
+
+    def _release(self, mine: list[tuple[int, Entry, int]]) -> None:
+        with self._lock:
+            for _, entry, _ in mine:
+                self._opening.pop(_handle_key(entry)).set()
 
     def _open_new(self, entries: Sequence[Entry]) -> list[ShardedTrajectory]:
         store = self.store()

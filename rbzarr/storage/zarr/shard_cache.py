@@ -21,7 +21,8 @@ safely: renames are atomic, a copy another process evicts stays readable through
 already open (the kernel keeps an unlinked file until its last map goes), and one that
 disappears between the check and the open is fetched again.
 
-The cache is bounded in bytes.  Over the bound, trajectories that left this process's sample
+The cache is bounded in bytes of shards (each trajectory's records and group document add a
+few KiB).  Over the bound, trajectories that left this process's sample
 window go first, then the least recently used (last use: the folder's modification time,
 which reads bring forward).  A full disk shrinks the cache to what it holds and, if a write
 still fails, the cache steps aside for a minute: reads go to the store meanwhile.
@@ -49,11 +50,13 @@ from rbzarr.storage.names import TEMP_SUFFIX, safe_name, temporary_name
 from rbzarr.storage.zarr.local import LocalShard
 from rbzarr.storage.zarr.spec import ArraySpec
 
-__all__ = ["CacheKey", "CacheStats", "ShardCache", "cache_key"]
+__all__ = ["DEFAULT_LOCAL_CACHE_BYTES", "CacheKey", "CacheStats", "ShardCache", "cache_key"]
 
 log = logging.getLogger(__name__)
 
 CacheKey = tuple[int, str]
+# The bound when only the directory is given: 16 GiB.
+DEFAULT_LOCAL_CACHE_BYTES = 16 << 30
 # Uuids of index entries rbzarr writes; anything else is not cached (it names a folder).
 _UUID = re.compile(r"[0-9a-fA-F-]{1,64}")
 # A full disk: the cache shrinks, then steps aside this long.
@@ -255,25 +258,16 @@ class ShardCache:
         return os.path.join(self._folder(key), *parts, "shard")
 
     def _trusted(self, path: str, spec: ArraySpec) -> bool:
+        if not os.path.exists(f"{path}.ok"):
+            return False
         try:
-            with open(f"{path}.ok", "rb") as handle:
-                record = json.loads(handle.read())
-            found = os.stat(path)
-        except FileNotFoundError:
+            trusted = _record_matches(path) and os.stat(path).st_size == spec.shard_bytes
+        except OSError:  # evicted meanwhile
             return False
-        except (OSError, ValueError):
-            self._discard(path)
-            return False
-        matches = (
-            isinstance(record, dict)
-            and record.get("size") == found.st_size == spec.shard_bytes
-            and record.get("ino") == found.st_ino
-            and record.get("mtime_ns") == found.st_mtime_ns
-        )
-        if not matches:
+        if not trusted:
             self._discard(path)
             self.stats.rejected += 1
-        return matches
+        return trusted
 
     def _discard(self, path: str) -> None:
         for name in (f"{path}.ok", path):
@@ -381,10 +375,12 @@ def _claim_root(root: str, identity: str) -> None:
 def _write_renamed(
     path: str, data: bytes, record: bool, spec: ArraySpec | None, where: str
 ) -> LocalShard | None:
-    """Write ``path`` through a temporary sibling; with ``record``, open the shard, then
-    write the record that makes it trusted."""
+    """Write ``path`` through a temporary sibling; with ``record``, open the shard and write
+    the record that makes it trusted (unless another process placed a trusted copy first:
+    then that one stays, and this process reads its own bytes through the map it holds)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     temp = temporary_name(path)
+    placed = True
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
         try:
@@ -394,18 +390,41 @@ def _write_renamed(
         finally:
             os.close(fd)
         opened = None
-        if record:
-            assert spec is not None
-            opened = LocalShard(temp, spec, where)  # the map outlives the rename
-        os.replace(temp, path)
+        if not record:
+            os.replace(temp, path)
+            return None
+        assert spec is not None
+        opened = LocalShard(temp, spec, where)  # the map outlives the rename
+        try:
+            os.link(temp, path)
+        except FileExistsError:
+            placed = not _record_matches(path)
+            if placed:
+                os.replace(temp, path)
+        opened.path = path  # the same bytes, under the name that stays
     finally:
         if os.path.exists(temp):
             os.remove(temp)
-    if record:
+    if placed:
         found = os.stat(path)
         stamp = {"size": found.st_size, "ino": found.st_ino, "mtime_ns": found.st_mtime_ns}
         _write_renamed(f"{path}.ok", json.dumps(stamp).encode(), False, None, where)
     return opened
+
+
+def _record_matches(path: str) -> bool:
+    """Whether ``path`` has a record that matches it (another process's finished copy)."""
+    try:
+        with open(f"{path}.ok", "rb") as handle:
+            record = json.loads(handle.read())
+        found = os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and record == {
+        "size": found.st_size,
+        "ino": found.st_ino,
+        "mtime_ns": found.st_mtime_ns,
+    }
 
 
 class _exclusive:
@@ -443,9 +462,10 @@ def _listdir(path: str) -> list[str]:
 
 
 def _tree_bytes(folder: str) -> int:
+    """The bytes of the shards below ``folder`` (what the bound counts)."""
     total = 0
     for parent, _, files in os.walk(folder):
-        for name in files:
+        if "shard" in files:
             with contextlib.suppress(OSError):
-                total += os.stat(os.path.join(parent, name)).st_size
+                total += os.stat(os.path.join(parent, "shard")).st_size
     return total
