@@ -32,6 +32,7 @@ from rbzarr.bench.s3_cache import measure_cache
 from rbzarr.bench.settings import Settings
 from rbzarr.bench.workloads import camera_and_state_trajectory
 from rbzarr.buffer.buffer import TrajectoryReplayBuffer
+from rbzarr.storage.backends import with_s3_defaults
 from rbzarr.trajectory.model import validate
 
 __all__ = ["concurrency_limit", "load_s3_server", "moto_process", "run_s3"]
@@ -64,7 +65,8 @@ def concurrency_limit(options: dict[str, Any]) -> int:
     """
     from botocore.config import Config  # noqa: PLC0415  (with s3fs)
 
-    return int(Config(**options.get("config_kwargs", {})).max_pool_connections)
+    merged = with_s3_defaults("s3://bucket", options)  # what Location.from_url passes on
+    return int(Config(**merged.get("config_kwargs", {})).max_pool_connections)
 
 
 def run_s3(settings: Settings, quick: bool) -> dict[str, Any]:

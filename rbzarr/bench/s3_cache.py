@@ -21,7 +21,7 @@ from rbzarr.trajectory.model import Trajectory, validate
 __all__ = ["measure_cache"]
 
 # Batches sampled after the first, for the steady rate and the bytes over many passes.
-PASSES = 20
+PASSES = 100
 
 
 def measure_cache(
