@@ -89,14 +89,17 @@ def test_lifecycle_on_s3(s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str
         buffer.flush()
         assert read_index(url, s3_options)["trajectory_id_list"] == list(range(len(SIZES)))
 
-        # Only the last trajectory is cached: the rest of each batch is read from S3.
+        # Only the last trajectory is cached: the rest of each batch is read from S3 (these
+        # shards are small: each is fetched whole when its trajectory first misses).
         calls = [17, 64, 5]
+        first_misses: set[int] = set()
         for n, want in zip(calls, expected_numbers(7, SIZES, 100, calls), strict=True):
             s3_proxy.reset_log()
             assert torch.equal(assert_rows_consistent(buffer.sample(n)), want)
             served = {chunk_of(r, s3_bucket) for r in s3_proxy.requests} - {None}
             missed = {locate(int(x), SIZES)[0] for x in want.tolist()} - {len(SIZES) - 1}
-            assert {tid for tid, _, _ in served} == missed
+            assert {tid for tid, _, _ in served} == missed - first_misses
+            first_misses |= missed
 
         buffer.save_checkpoint(ckpt)
         next_draw = assert_rows_consistent(buffer.sample(50))

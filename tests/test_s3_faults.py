@@ -164,7 +164,9 @@ CHILD = textwrap.dedent(
     """
     import json, sys
     from rbzarr import StorageUnavailableError, TrajectoryReplayBuffer
+    from rbzarr.storage.zarr import remote
 
+    remote.WHOLE_SHARD_BYTES = 0  # no shard held whole: every sample reads ranges
     url, options = sys.argv[1], json.loads(sys.argv[2])
     buffer = TrajectoryReplayBuffer(
         enable_cache=False, cache_size=0, auto_save=True, auto_save_path=url,

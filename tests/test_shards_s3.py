@@ -15,6 +15,7 @@ from zarr.codecs import ZstdCodec
 from rbzarr import CorruptStoreError, TrajectoryReplayBuffer
 from rbzarr.bench.accounting import CountingByteSource
 from rbzarr.storage.location import Location
+from rbzarr.storage.zarr import remote
 from rbzarr.storage.zarr.rows import reset_row_elements
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(120)]
@@ -42,7 +43,9 @@ def fill(url: str, options: dict[str, Any], layout: dict[str, Any] | None = None
             base += T * B
 
 
-def reader(url: str, options: dict[str, Any], stats: CountingByteSource) -> TrajectoryReplayBuffer:
+def reader(
+    url: str, options: dict[str, Any], stats: CountingByteSource, **layout: Any
+) -> TrajectoryReplayBuffer:
     buffer = TrajectoryReplayBuffer(
         seed=3,
         enable_cache=False,
@@ -51,7 +54,7 @@ def reader(url: str, options: dict[str, Any], stats: CountingByteSource) -> Traj
         auto_save=True,
         auto_save_path=url,
         storage_options=options,
-        layout_options={"byte_source": stats},
+        layout_options={"byte_source": stats, **layout},
     )
     buffer.load_checkpoint(url)
     return buffer
@@ -80,13 +83,14 @@ def coalesced_ranges(numbers: np.ndarray) -> tuple[int, int]:
 
 
 def test_a_batch_is_one_round_of_coalesced_ranges(
-    s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any]
+    s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any], monkeypatch: Any
 ) -> None:
+    monkeypatch.setattr(remote, "WHOLE_SHARD_BYTES", 0)  # every shard read by ranges
     url = f"s3://{s3_bucket}/store"
     fill(url, s3_options)
     stats = CountingByteSource()
-    buffer = reader(url, s3_options, stats)
-    buffer.sample(8)  # opens every trajectory: its group document, array documents, indexes
+    buffer = reader(url, s3_options, stats, range_gap=0)
+    buffer.sample(8)  # opens every trajectory: its group document and shard indexes
     for n in (1, 17, 60):
         s3_proxy.reset_log()
         stats.requests = stats.bytes = 0
@@ -97,6 +101,31 @@ def test_a_batch_is_one_round_of_coalesced_ranges(
         assert all("/c/0" in r.key for r in logged)  # shard bytes only: indexes are cached
         assert len(logged) == requests == stats.requests
         assert stats.bytes == nbytes  # exactly the sampled rows' bytes
+    buffer.close()
+
+
+def test_small_shards_come_whole_with_their_index_and_cost_no_request_after(
+    s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any]
+) -> None:
+    url = f"s3://{s3_bucket}/store"
+    fill(url, s3_options)
+    stats = CountingByteSource()
+    buffer = reader(url, s3_options, stats)
+    s3_proxy.reset_log()
+    first = assert_rows_consistent(buffer.sample(8))
+    # One group document per trajectory and one request per shard (whole, index included).
+    opened = [r.key for r in s3_proxy.requests]
+    assert len(set(opened)) == len(opened)
+    documents = [key for key in opened if key.endswith("/zarr.json")]
+    assert sorted(d.rsplit("/", 2)[-2] for d in documents) == ["0", "1", "2"]
+    shards = {key.split("/trajectories/")[1].split("/c/")[0] for key in opened if "/c/" in key}
+    arrays = {*ROW_BYTES, "versions"}  # versions: 1-d, opened but not sampled by rows
+    assert shards == {f"{tid}/{key}" for tid in range(len(SIZES)) for key in arrays}
+    assert len(opened) == len(SIZES) * (1 + len(arrays))
+    s3_proxy.reset_log()
+    again = assert_rows_consistent(buffer.sample(60))
+    assert s3_proxy.requests == []
+    assert len(first) == 8 and len(again) == 60
     buffer.close()
 
 

@@ -17,6 +17,7 @@ from tqdm import tqdm
 from rbzarr.analysis.episodes import DONES, Episode, EpisodeTracker, continues, time_steps
 from rbzarr.buffer.checkpoint import schema_from_json
 from rbzarr.buffer.index import TrajectoryIndex
+from rbzarr.buffer.local_cache import LocalCacheBound
 from rbzarr.buffer.sampler import WindowSampler
 from rbzarr.errors import EmptyBufferError
 from rbzarr.storage.documents import Documents
@@ -37,6 +38,8 @@ def open_buffer(
     seed: int | None = None,
     sample_window_size: int = 0,
     refresh_interval: float | None = None,
+    local_cache_dir: str | os.PathLike[str] | None = None,
+    local_cache_bytes: int | None = None,
 ) -> BufferView:
     """Open the store or checkpoint at ``url`` read-only.
 
@@ -56,6 +59,10 @@ def open_buffer(
         Seconds: :meth:`BufferView.sample` first re-reads the index when the view's last
         read is older than this (0: before every sample), so a view of a live store picks
         up new commits.  ``None`` (default): only :meth:`BufferView.refresh` re-reads it.
+    local_cache_dir, local_cache_bytes
+        For a zarr store on an object store: keep whole shards in this local directory, up
+        to ``local_cache_bytes`` (default 16 GiB), and read them from there (as for
+        :class:`~rbzarr.buffer.buffer.TrajectoryReplayBuffer`).  Ignored for other stores.
 
     Returns
     -------
@@ -68,8 +75,11 @@ def open_buffer(
         ``metadata.json`` or ``trajectory_index.json`` is missing (not a store).
     CorruptStoreError
         A document is unparsable or the index is malformed.
+    ValueError
+        ``local_cache_bytes`` is not positive, or is given without ``local_cache_dir``.
     """
-    layout, documents = open_store(url, storage_options)
+    cache = LocalCacheBound.of(local_cache_dir, local_cache_bytes)
+    layout, documents = open_store(url, storage_options, {"zarr": cache.layout_options("zarr")})
     return BufferView(
         layout,
         documents,

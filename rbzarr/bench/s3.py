@@ -28,9 +28,11 @@ import rbzarr
 from rbzarr.bench.accounting import StoreGeometry
 from rbzarr.bench.draws import DrawSequence, TrackedBuffer
 from rbzarr.bench.measure import nbytes
+from rbzarr.bench.s3_cache import measure_cache
 from rbzarr.bench.settings import Settings
-from rbzarr.bench.workloads import image_trajectory
+from rbzarr.bench.workloads import camera_and_state_trajectory
 from rbzarr.buffer.buffer import TrajectoryReplayBuffer
+from rbzarr.storage.backends import with_s3_defaults
 from rbzarr.trajectory.model import validate
 
 __all__ = ["concurrency_limit", "drop_filesystems", "load_s3_server", "moto_process", "run_s3"]
@@ -63,7 +65,8 @@ def concurrency_limit(options: dict[str, Any]) -> int:
     """
     from botocore.config import Config  # noqa: PLC0415  (with s3fs)
 
-    return int(Config(**options.get("config_kwargs", {})).max_pool_connections)
+    merged = with_s3_defaults("s3://bucket", options)  # what Location.from_url passes on
+    return int(Config(**merged.get("config_kwargs", {})).max_pool_connections)
 
 
 def run_s3(settings: Settings, quick: bool) -> dict[str, Any]:
@@ -135,9 +138,10 @@ def drop_filesystems(s3fs: Any) -> None:
 def _measure(
     settings: Settings, quick: bool, proxy: Any, path: str, options: dict[str, Any], direct: Any
 ) -> dict[str, Any]:
-    T, B = (8, 4) if quick else (32, 16)
+    T, B = (8, 4) if quick else (32, 8)
     trajectories = [
-        image_trajectory(settings.seed + i, T, B) for i in range(settings.s3_trajectories)
+        camera_and_state_trajectory(settings.seed + i, T, B)
+        for i in range(settings.s3_trajectories)
     ]
     spec = validate(trajectories[0])
     raw = nbytes(v for t in trajectories for v in t.tensors().values())
@@ -170,6 +174,9 @@ def _measure(
         # The same kind of batch without the delay: what the server and client cost alone.
         proxy.slow_down(0.0)
         undelayed = [_batch(tracked, proxy, geometry, draws, 0.0, limit) for _ in range(2)]
+    cache = measure_cache(
+        settings, proxy, f"{path}-cached", options, direct, trajectories, settings.s3_delay_s
+    )
     steady = batches[1:]
     return {
         "T": T,
@@ -187,6 +194,7 @@ def _measure(
         "steady_median": {key: statistics.median(b[key] for b in steady) for key in STEADY_KEYS},
         "steady_batches": steady,
         "undelayed_seconds": statistics.median(b["seconds"] for b in undelayed),
+        "local_cache": cache,
     }
 
 

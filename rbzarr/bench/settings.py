@@ -23,7 +23,7 @@ class Settings:
     seed: int = 1234
     threads: int = 1
     drop_caches: bool = True
-    s3_trajectories: int = 8
+    s3_trajectories: int = 40
     s3_batch: int = 256
     s3_batches: int = 5
     s3_delay_s: float = 0.020

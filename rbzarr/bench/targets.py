@@ -180,6 +180,7 @@ def s3_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
             reason,
         )
     )
+    out.extend(_evaluate(LOCAL_CACHE, {"image": result}))
     return out
 
 
@@ -198,3 +199,45 @@ TRAINING = [
 def training_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     """Targets of a training-loop run: S3 with prefetch against the local store."""
     return _evaluate(TRAINING, result)
+
+
+# Issue 21: the local shard cache, and reads without it, at 20 ms per request.
+# "today": 36.6 rows/s without a cache (the issue's measurement on main d67af51).
+NO_CACHE_TODAY_ROWS_S = 36.6
+LOCAL_CACHE: list[tuple[str, str, Callable[[dict[str, Any]], float], float, str]] = [
+    (
+        "s3+cache: steady rows/s >= 0.8x the same store local and warm",
+        "reader with a warmed local cache vs a local store of the same trajectories, warm",
+        _value("image", "local_cache", "vs_local_warm"),
+        0.8,
+        ">=",
+    ),
+    (
+        "s3+cache: bytes fetched <= 1.2x the store's data, over many passes",
+        "bytes the server sent a new reader over 101 batches / the store's trajectory bytes",
+        _value("image", "local_cache", "bytes", "fetched_vs_data"),
+        1.2,
+        "<=",
+    ),
+    (
+        "s3+cache: first 256-row batch, cold cache, <= 2 s",
+        "seconds of a new reader's first batch (opens and fetches included), 20 ms/request",
+        _value("image", "local_cache", "first_batch", "seconds"),
+        2.0,
+        "<=",
+    ),
+    (
+        "s3, no cache: steady rows/s >= 10x today (36.6)",
+        "steady rows/s with cache off and no local cache, 20 ms/request",
+        _value("image", "steady_median", "rows_s"),
+        10 * NO_CACHE_TODAY_ROWS_S,
+        ">=",
+    ),
+    (
+        "s3+cache: GETs a writing buffer makes for its own misses = 0",
+        "GETs of trajectory data over 3 batches of the buffer that wrote the store (write-through)",
+        _value("image", "local_cache", "writer", "own_miss_gets"),
+        0,
+        "<=",
+    ),
+]

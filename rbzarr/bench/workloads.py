@@ -96,6 +96,20 @@ def image_trajectory(seed: int, T: int = 32, B: int = 16) -> Trajectory:
     )
 
 
+def camera_and_state_trajectory(seed: int, T: int = 32, B: int = 8) -> Trajectory:
+    """The S3 suite's trajectory: ``3x64x64`` uint8 camera frames and a 42-d state."""
+    generator = torch.Generator().manual_seed(seed)
+    frames = image_frames(generator, T + 1, B, size=64)
+    state = torch.cumsum(0.05 * torch.randn(T + 1, B, 42, generator=generator), dim=0)
+    return Trajectory(
+        max_episode_length=T,
+        model_weights_id=f"w{seed}",
+        curr_obs={"image": frames[:T].clone(), "state": state[:T].clone()},
+        next_obs={"image": frames[1:].clone(), "state": state[1:].clone()},
+        **_scalars(generator, T, B, (8,)),
+    )
+
+
 def embodied_trajectory(seed: int, T: int = 32, B: int = 16) -> Trajectory:
     """An embodied-scale trajectory: two ``3x128x128`` uint8 cameras, a 32-d state and a chunk of 8
     seven-d actions per step.

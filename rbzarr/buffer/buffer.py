@@ -25,6 +25,7 @@ from rbzarr.buffer.cache import SlotCache
 from rbzarr.buffer.commits import StoreCommitter
 from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.buffer.read_ahead import ReadAhead
+from rbzarr.buffer.local_cache import LocalCacheBound
 from rbzarr.buffer.rlinf_compat import RLinfCompatMixin
 from rbzarr.buffer.sampler import WindowSampler
 from rbzarr.errors import BufferClosedError, EmptyBufferError, TrajectoryListError
@@ -100,12 +101,21 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         Batches that :meth:`sample` draws ahead and reads on as many threads while the
         caller trains (0: none).  The batches handed out are exactly those without
         prefetch: see :meth:`sample`.
+    local_cache_dir, local_cache_bytes
+        For a zarr store on an object store (``s3://...``): keep whole shards in this local
+        directory, up to ``local_cache_bytes`` (default 16 GiB).  Trajectories are fetched
+        once (ahead, as they enter the sample window, or on first miss) and then read from
+        the local copies at local-disk speed; what this buffer writes goes there too, so
+        its own misses make no request.  Processes may share the directory.  Ignored for a
+        local store (read in place).  See "S3" in the README.
 
     Raises
     ------
     ValueError
         ``trajectory_format`` is not a registered format, ``auto_save`` is set without
-        ``auto_save_path``, or ``prefetch`` is negative.
+        ``auto_save_path``, ``prefetch`` is negative, ``local_cache_dir`` is given for a
+        pt/pkl store, or ``local_cache_bytes`` is not positive or smaller than one of the
+        store's trajectories.
     StoreExistsError
         ``auto_save_path`` is a file, or holds a store of another ``trajectory_format``.
     """
@@ -124,6 +134,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         max_pending_writes: int = 8,
         layout_options: Mapping[str, Any] | None = None,
         prefetch: int = 0,
+        local_cache_dir: str | os.PathLike[str] | None = None,
+        local_cache_bytes: int | None = None,
     ) -> None:
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0 batches, got {prefetch}")
@@ -135,6 +147,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         self.auto_save = auto_save
         self.storage_options = dict(storage_options or {})
         self.layout_options = dict(layout_options or {})
+        self.local_cache = LocalCacheBound.of(local_cache_dir, local_cache_bytes)
         self.trajectory_format = trajectory_format or DEFAULT_FORMAT
         if not auto_save:
             # The cache is the storage: it must hold the whole sampling window.
@@ -151,6 +164,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             self.trajectory_format = checkpoint.format_at(location) or DEFAULT_FORMAT
         # The format layout_options are meant for (loading may adopt another one).
         self._options_format = self.trajectory_format
+        self.local_cache.check_format(self.trajectory_format)
         self._committer: StoreCommitter | None = None
         if location is not None:
             self._committer = StoreCommitter(
@@ -169,12 +183,17 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             if prefetch
             else None
         )
+        self._warmed: tuple[int, ...] = ()
+        if self._committer is not None:
+            self.local_cache.check_shapes(self._schema, self._committer.committed_shapes())
 
     # -- plumbing -----------------------------------------------------------------------
     def _layout(self, location: Location, trajectory_format: str) -> TrajectoryLayout:
         """A layout at ``location``; this buffer's layout options apply to its format only."""
         options = self.layout_options if trajectory_format == self._options_format else {}
-        return layout_class(trajectory_format)(location, **options)
+        return layout_class(trajectory_format)(
+            location, **options, **self.local_cache.layout_options(trajectory_format)
+        )
 
     def _first_free_id(self) -> int:
         return 0 if self._committer is None else self._committer.next_id
@@ -266,6 +285,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             accepted = self._validate_all(trajectories)
             if not accepted:
                 return
+            self.local_cache.check_trajectories(accepted)
             if self._committer is not None:
                 self._committer.wait_for_room(len(accepted))
             with self._lock:
@@ -368,6 +388,9 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             window = self._index.window(self.sample_window_size)
             if not window:
                 raise EmptyBufferError("cannot sample from an empty buffer: add trajectories first")
+            if self._committer is not None and tuple(window) != self._warmed:
+                self._warmed = tuple(window)
+                self._committer.warm(self._index.entries[i] for i in window)
             positions, rows = self._sampler.draw(
                 num_chunks, self._index.sample_counts(window), generator
             )
@@ -543,6 +566,9 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 self._adopt(loaded)
 
     def _adopt(self, loaded: checkpoint.LoadedCheckpoint) -> None:
+        self.local_cache.check_shapes(
+            loaded.schema, [tuple(e["shape"][:2]) for e in loaded.share.entries.values()]
+        )
         self._index.load_state_dict(loaded.share.state_dict())
         self._index.trajectory_counter = max(self._index.trajectory_counter, self._first_free_id())
         self._schema = loaded.schema

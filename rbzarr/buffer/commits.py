@@ -122,6 +122,18 @@ class StoreCommitter:
         with self._lock:
             return self._pending.get(trajectory_id)
 
+    def committed_shapes(self) -> list[tuple[int, int]]:
+        """``(T, B)`` of every trajectory committed to the store."""
+        with self._lock:
+            return [tuple(e["shape"][:2]) for e in self._committed.entries.values()]
+
+    def warm(self, entries: Iterable[Entry]) -> None:
+        """Tell the layout which committed trajectories form the sample window (a layout with
+        a local copy of a remote store fetches them ahead)."""
+        with self._lock:
+            committed = [e for e in entries if e["trajectory_id"] not in self._pending]
+        self.layout.warm(committed)
+
     def pending_flats(self, ids: Iterable[int]) -> dict[int, dict[str, torch.Tensor]]:
         """The flat views (not copies) of those of ``ids`` still being written."""
         with self._lock:

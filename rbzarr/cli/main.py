@@ -22,6 +22,17 @@ def _options(ctx: click.Context) -> dict[str, Any]:
     return dict(ctx.find_root().params.get("storage_options") or {})
 
 
+def _cache(ctx: click.Context) -> dict[str, Any]:
+    """``open_buffer``'s local cache arguments from the group's ``--local-cache`` options."""
+    params = ctx.find_root().params
+    if params.get("local_cache") is None:
+        return {}
+    return {
+        "local_cache_dir": params["local_cache"],
+        "local_cache_bytes": params.get("local_cache_bytes"),
+    }
+
+
 def _print_json(document: Any) -> None:
     click.echo(json.dumps(document, indent=2))
 
@@ -43,8 +54,25 @@ _json_flag = click.option("--json", "as_json", is_flag=True, help="Print JSON on
     help="fsspec option for every URL (repeatable; VALUE is parsed as JSON if it can be), "
     "e.g. --storage-option endpoint_url=http://localhost:9000 --storage-option anon=false.",
 )
+@click.option(
+    "--local-cache",
+    "local_cache",
+    metavar="DIR",
+    default=None,
+    help="Keep whole shards of a remote (s3://) zarr store in DIR and read them from there; "
+    "reused by later commands and shared with buffers using the same directory.",
+)
+@click.option(
+    "--local-cache-bytes",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Bound of --local-cache in bytes (default 16 GiB).",
+)
 @click.version_option(package_name="rbzarr")
-def main(storage_options: dict[str, Any]) -> None:
+def main(
+    storage_options: dict[str, Any], local_cache: str | None, local_cache_bytes: int | None
+) -> None:
     """Inspect and manage rbzarr / RLinf trajectory stores (local paths or fsspec URLs)."""
 
 
@@ -58,7 +86,7 @@ def info(ctx: click.Context, url: str, as_json: bool) -> None:
     from rbzarr.analysis.summary import describe_store  # noqa: PLC0415
     from rbzarr.analysis.view import open_buffer  # noqa: PLC0415 (keep --help fast)
 
-    report = describe_store(open_buffer(url, _options(ctx)))
+    report = describe_store(open_buffer(url, _options(ctx), **_cache(ctx)))
     if as_json:
         _print_json(report)
         return
@@ -75,7 +103,7 @@ def list_command(ctx: click.Context, url: str, as_json: bool) -> None:
     from rbzarr.analysis.summary import list_trajectories  # noqa: PLC0415
     from rbzarr.analysis.view import open_buffer  # noqa: PLC0415
 
-    rows = list_trajectories(open_buffer(url, _options(ctx)))
+    rows = list_trajectories(open_buffer(url, _options(ctx), **_cache(ctx)))
     if as_json:
         _print_json(rows)
         return
@@ -332,7 +360,7 @@ def plot(ctx: click.Context, url: str, output: str, per_trajectory: bool) -> Non
     from rbzarr.analysis.plotting import plot_store  # noqa: PLC0415
     from rbzarr.analysis.view import open_buffer  # noqa: PLC0415
 
-    view = open_buffer(url, _options(ctx))
+    view = open_buffer(url, _options(ctx), **_cache(ctx))
     counts = plot_store(
         view, output, progress=progress_wanted(), across_trajectories=not per_trajectory
     )

@@ -334,6 +334,10 @@ class TrajectoryLayout(ABC):
                 out[key].index_copy_(0, positions, got[key])
 
     # -- presence and copies --------------------------------------------------------------
+    def warm(self, entries: Sequence[Entry]) -> None:  # noqa: B027  (a hook; most ignore it)
+        """A hint: ``entries`` (committed) form the sample window.  A layout keeping a local
+        copy of a remote store fetches them ahead and evicts them last; this one ignores it."""
+
     def contains(self, entry: Entry) -> bool:
         """Whether the trajectory's data is present (its :meth:`trajectory_path` exists)."""
         return self.location.exists(*self.trajectory_path(entry))

@@ -26,6 +26,9 @@ trajectories are re-encoded in layout 2 when copied into a zarr store.
 from __future__ import annotations
 
 import json
+import logging
+import os
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
@@ -47,17 +50,25 @@ from rbzarr.storage.names import is_temporary_name
 from rbzarr.storage.zarr import arrays, rows, sharded
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.chunking import DEFAULT_CHUNK_BYTES, plan_key
+from rbzarr.storage.zarr.encode import shard_key
 from rbzarr.storage.zarr.handles import time_and_envs, trajectory_id
 from rbzarr.storage.zarr.open import FIELDS_ATTR, TRAJECTORIES, TrajectoryOpener, group_path
 from rbzarr.storage.zarr.publish import GroupPublisher
+from rbzarr.storage.zarr.remote import DEFAULT_RANGE_GAP
+from rbzarr.storage.zarr.shard_cache import DEFAULT_LOCAL_CACHE_BYTES, ShardCache, cache_key
 from rbzarr.storage.zarr.shard_index import DTYPE_ATTR
+from rbzarr.storage.zarr.spec import parse_specs
 from rbzarr.trajectory.dtypes import dtype_name, from_numpy
 from rbzarr.trajectory.model import Trajectory, trajectory_from_raw
 from rbzarr.trajectory.validated import ValidatedTrajectory, rows_to_write
 
 __all__ = ["FIELDS_ATTR", "LAYOUT_VERSION", "ROOT_ATTR", "TRAJECTORIES", "ZarrLayout"]
 
+log = logging.getLogger(__name__)
+
 LAYOUT_VERSION = 2
+# Trajectories the background warmer opens per round.
+WARM_BATCH = 32
 # The root group's attribute that mirrors the two documents.
 ROOT_ATTR = "rbzarr"
 
@@ -86,11 +97,22 @@ class ZarrLayout(TrajectoryLayout):
         Where row reads of shards get their bytes; wrap a
         :class:`~rbzarr.storage.zarr.byte_source.ByteSource` to observe them (the
         benchmark counts requests and bytes so).
+    local_cache_dir, local_cache_bytes
+        For a remote store: a local directory that keeps whole shards, up to
+        ``local_cache_bytes`` bytes (:mod:`rbzarr.storage.zarr.shard_cache`).  Trajectories
+        are fetched into it on first use (or ahead, :meth:`warm`), then read from the local
+        copies; trajectories this layout writes go into it as well.  Ignored for a local
+        store, which is read in place.
+    range_gap
+        Remote reads without a cache: byte ranges of one object at most this far apart are
+        fetched by one request.
 
     Raises
     ------
     ValueError
-        ``chunk_bytes`` is not positive or ``handle_cache_size`` is negative.
+        ``chunk_bytes`` or ``local_cache_bytes`` is not positive, ``handle_cache_size`` or
+        ``range_gap`` is negative, or ``local_cache_bytes`` is given without
+        ``local_cache_dir``.
     """
 
     format = "zarr"
@@ -104,17 +126,27 @@ class ZarrLayout(TrajectoryLayout):
         store: Store | None = None,
         handle_cache_size: int = 256,
         byte_source: ByteSource | None = None,
+        local_cache_dir: str | os.PathLike[str] | None = None,
+        local_cache_bytes: int | None = None,
+        range_gap: int = DEFAULT_RANGE_GAP,
     ) -> None:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
         if handle_cache_size < 0:
             raise ValueError(f"handle_cache_size must be >= 0, got {handle_cache_size}")
+        if range_gap < 0:
+            raise ValueError(f"range_gap must be >= 0, got {range_gap}")
         super().__init__(location)
         self.codecs = dict(codecs or {})
         self.chunk_bytes = chunk_bytes
+        self.range_gap = range_gap
         self.byte_source = ByteSource() if byte_source is None else byte_source
-        self._opener = TrajectoryOpener(location, store, handle_cache_size, self.byte_source)
+        self.shard_cache = _shard_cache(location, local_cache_dir, local_cache_bytes)
+        self._opener = TrajectoryOpener(
+            location, store, handle_cache_size, self.byte_source, self.shard_cache
+        )
         self._publisher = GroupPublisher()
+        self._warming = _Warmer(self._opener)
 
     # -- where things are -----------------------------------------------------------------
     def trajectory_path(self, entry: Entry) -> tuple[str, ...]:
@@ -265,8 +297,27 @@ class ZarrLayout(TrajectoryLayout):
         opened = self._opener.open_many([entry for entry, _, _ in requests])
         with translate_errors(self.location.url, "reading"):
             rows.read_rows_into(
-                self._opener.location(), opened, requests, keys, out, self.byte_source
+                self._opener.location(),
+                opened,
+                requests,
+                keys,
+                out,
+                self.byte_source,
+                self.range_gap,
             )
+        if self.shard_cache is not None:
+            self.shard_cache.used(
+                key for key in (cache_key(entry) for entry, _, _ in requests) if key is not None
+            )
+
+    def warm(self, entries: Sequence[Entry]) -> None:
+        """With a local cache: the trajectories of the sample window.  Those not cached are
+        fetched into it on a background thread, and they are evicted last."""
+        if self.shard_cache is None:
+            return
+        keys = [cache_key(entry) for entry in entries]
+        self.shard_cache.retain(key for key in keys if key is not None)
+        self._warming.submit(entries)
 
     # -- writing --------------------------------------------------------------------------
     def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
@@ -304,6 +355,30 @@ class ZarrLayout(TrajectoryLayout):
                 )
                 sync(publish)
         self._opener.handles.forget(tid)
+        if self.shard_cache is not None and not zarr_keys:
+            self._write_through(entry, attrs, files, description)
+
+    def _write_through(
+        self,
+        entry: Entry,
+        attrs: Mapping[str, Any],
+        files: Mapping[str, list[Any]],
+        description: Mapping[str, Any],
+    ) -> None:
+        """Keep a written trajectory in the local cache, so its reads make no request."""
+        cache = self.shard_cache
+        key = cache_key(entry)
+        if cache is None or key is None:
+            return
+        where = f"{self.location.url}/{group_path(key[0])}"
+        document = {"zarr_format": 3, "node_type": "group", "attributes": dict(attrs)}
+        cache.put_group_document(key, json.dumps(document).encode())
+        for array_key, spec in parse_specs(description, where).items():
+            assert spec is not None  # a trajectory without zarr-kind arrays
+            parts = files[f"{array_key}/{shard_key(len(spec.shape))}"]
+            data = b"".join(bytes(memoryview(part).cast("B")) for part in parts)
+            if cache.put_shard(key, array_key, spec, data, f"{where}/{array_key}") is not None:
+                cache.stats.written_through += 1
 
     def write_documents(self, documents: Documents) -> Documents:
         """Adds ``layout_version`` to the metadata and mirrors both documents in the root
@@ -338,6 +413,59 @@ class ZarrLayout(TrajectoryLayout):
             target.write(entry, self.read(entry))
             return
         super().copy_to(target, entry)
+
+
+def _shard_cache(
+    location: Location,
+    directory: str | os.PathLike[str] | None,
+    capacity: int | None,
+) -> ShardCache | None:
+    """The shard cache of a remote ``location``, or ``None``."""
+    if directory is None:
+        if capacity is not None:
+            raise ValueError("local_cache_bytes needs local_cache_dir")
+        return None
+    if capacity is None:
+        capacity = DEFAULT_LOCAL_CACHE_BYTES
+    if capacity <= 0:
+        raise ValueError(f"local_cache_bytes must be > 0, got {capacity}")
+    if location.is_local:
+        return None
+    endpoint = location.storage_options.get("endpoint_url") or (
+        location.storage_options.get("client_kwargs") or {}
+    ).get("endpoint_url")
+    return ShardCache(directory, capacity, location.url, endpoint)
+
+
+class _Warmer:
+    """Opens (and so fetches into the shard cache) the window's trajectories on a background
+    thread; a failure is left for the reads that need them to raise."""
+
+    def __init__(self, opener: TrajectoryOpener) -> None:
+        self._opener = opener
+        self._lock = threading.Lock()
+        self._wanted: list[Entry] = []
+        self._thread: threading.Thread | None = None
+
+    def submit(self, entries: Sequence[Entry]) -> None:
+        """Fetch ``entries`` that are not cached, replacing an earlier request not yet done."""
+        with self._lock:
+            self._wanted = list(entries)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, daemon=True, name="rbzarr-warm")
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                batch, self._wanted = self._wanted[:WARM_BATCH], self._wanted[WARM_BATCH:]
+                if not batch:
+                    self._thread = None
+                    return
+            try:
+                self._opener.open_many(batch)
+            except Exception as exc:
+                log.info("warming the local cache failed: %s", exc)
 
 
 def _sizes_by_trajectory(sizes: Mapping[str, int]) -> dict[str, dict[str, int]]:

@@ -115,7 +115,7 @@ class LocalShard:
     Parameters
     ----------
     path
-        The shard file's path.
+        The shard file's path (:attr:`path` follows a cached copy renamed into place).
     spec
         The array it holds.
     where
@@ -128,6 +128,7 @@ class LocalShard:
     """
 
     def __init__(self, path: str, spec: ArraySpec, where: str) -> None:
+        self.path = path
         self.spec = spec
         self.where = where
         try:

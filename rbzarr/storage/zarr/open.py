@@ -35,6 +35,8 @@ from rbzarr.storage.zarr.handles import (
     time_and_envs,
     trajectory_id,
 )
+from rbzarr.storage.zarr.remote import checked_bytes
+from rbzarr.storage.zarr.shard_cache import ShardCache, cache_key
 from rbzarr.storage.zarr.sharded import ShardedTrajectory
 from rbzarr.trajectory.dtypes import dtype_from_name
 
@@ -42,6 +44,8 @@ __all__ = ["FIELDS_ATTR", "TRAJECTORIES", "TrajectoryOpener", "group_path"]
 
 TRAJECTORIES = "trajectories"
 FIELDS_ATTR = "fields"
+# Shards fetched whole into the shard cache are held in memory this many bytes at a time.
+FETCH_ROUND_BYTES = 256 << 20
 
 
 def group_path(tid: int) -> str:
@@ -62,10 +66,18 @@ class TrajectoryOpener:
         How many trajectories keep their handles.
     source
         Where shard indexes of remote trajectories are read from.
+    shard_cache
+        A local copy of a remote store's shards: trajectories open from it, and those not
+        in it are fetched whole into it (``None``: read the store directly).
     """
 
     def __init__(
-        self, location: Location, store: Store | None, cache_size: int, source: ByteSource
+        self,
+        location: Location,
+        store: Store | None,
+        cache_size: int,
+        source: ByteSource,
+        shard_cache: ShardCache | None = None,
     ) -> None:
         self._location = location
         self._zarr_store = store
@@ -74,6 +86,8 @@ class TrajectoryOpener:
         self._lock = threading.Lock()
         self.handles = HandleCache(cache_size, fork_safe=location.is_local)
         self.source = source
+        self.shard_cache = None if location.is_local else shard_cache
+        self._opening: dict[tuple[int, str], threading.Event] = {}
 
     @property
     def local_files(self) -> bool:
@@ -99,7 +113,11 @@ class TrajectoryOpener:
         return self._location
 
     def open_many(self, entries: Sequence[Entry]) -> list[ShardedTrajectory]:
-        """Handles of ``entries`` (cached ones reused); new ones open in one round."""
+        """Handles of ``entries`` (cached ones reused); new ones open in one round.
+
+        A trajectory another thread is opening meanwhile (the background warmer) is waited
+        for, not fetched twice.
+        """
         found: list[ShardedTrajectory | None] = []
         missing: list[tuple[int, Entry, int]] = []
         for position, entry in enumerate(entries):
@@ -107,20 +125,47 @@ class TrajectoryOpener:
             found.append(opened)
             if opened is None:
                 missing.append((position, entry, generation))
-        if missing:
-            with translate_errors(self._location.url, "reading"):
-                new = self._open_new([entry for _, entry, _ in missing])
-            for (position, entry, generation), opened in zip(missing, new, strict=True):
-                self.handles.put(_handle_key(entry), opened, generation)
-                found[position] = opened
+        mine, theirs = self._claim(missing)
+        try:
+            if mine:
+                with translate_errors(self._location.url, "reading"):
+                    new = self._open_new([entry for _, entry, _ in mine])
+                for (position, entry, generation), opened in zip(mine, new, strict=True):
+                    self.handles.put(_handle_key(entry), opened, generation)
+                    found[position] = opened
+        finally:
+            self._release(mine)
+        for (position, entry, _), event in theirs:
+            event.wait()
+            found[position] = self.open_many([entry])[0]
         return [opened for opened in found if opened is not None]
+
+    def _claim(
+        self, missing: list[tuple[int, Entry, int]]
+    ) -> tuple[list[tuple[int, Entry, int]], list[tuple[tuple[int, Entry, int], threading.Event]]]:
+        """Split ``missing`` into what this thread opens and what another thread is opening."""
+        mine, theirs = [], []
+        with self._lock:
+            for item in missing:
+                key = _handle_key(item[1])
+                event = self._opening.get(key)
+                if event is None:
+                    self._opening[key] = threading.Event()
+                    mine.append(item)
+                else:
+                    theirs.append((item, event))
+        return mine, theirs
+
+    def _release(self, mine: list[tuple[int, Entry, int]]) -> None:
+        with self._lock:
+            for _, entry, _ in mine:
+                self._opening.pop(_handle_key(entry)).set()
 
     def _open_new(self, entries: Sequence[Entry]) -> list[ShardedTrajectory]:
         store = self.store()
         location = self.location()
         tids = [trajectory_id(entry) for entry in entries]
-        prototype = default_buffer_prototype()
-        raws = sync(gather(*(store.get(f"{group_path(t)}/zarr.json", prototype) for t in tids)))
+        raws = self._group_documents(store, entries)
         opened: list[ShardedTrajectory] = []
         pending: list[Any] = []
         for tid, entry, raw in zip(tids, entries, raws, strict=True):
@@ -150,11 +195,67 @@ class TrajectoryOpener:
             zarr_arrays = self._open_arrays(tid, zarr_keys)
             _check_every_chunk(zarr_arrays, f"{location.url}/{group_path(tid)}")
             handles.arrays.update(zarr_arrays)
-            pending.extend((handles, request) for request in remote)
+            pending.extend((handles, request, cache_key(entry)) for request in remote)
             opened.append(handles)
+        if pending and self.shard_cache is not None:
+            pending = self._open_cached(location, pending)
         if pending:
-            sharded.open_pending(location.fs, pending, self.source)
+            sharded.open_pending(location.fs, [(h, r) for h, r, _ in pending], self.source)
         return opened
+
+    def _group_documents(self, store: Store, entries: Sequence[Entry]) -> list[Any]:
+        """The group documents of ``entries`` (bytes, or ``None`` for a missing group):
+        from the shard cache where it has them, the rest in one round (and kept there)."""
+        keys = [cache_key(entry) for entry in entries]
+        found: list[Any] = [None] * len(entries)
+        if self.shard_cache is not None:
+            for position, key in enumerate(keys):
+                if key is not None:
+                    found[position] = self.shard_cache.group_document(key)
+        missing = [position for position, raw in enumerate(found) if raw is None]
+        if missing:
+            prototype = default_buffer_prototype()
+            paths = [f"{group_path(trajectory_id(entries[p]))}/zarr.json" for p in missing]
+            fetched = sync(gather(*(store.get(path, prototype) for path in paths)))
+            for position, raw in zip(missing, fetched, strict=True):
+                found[position] = None if raw is None else raw.to_bytes()
+                key = keys[position]
+                if self.shard_cache is not None and key is not None and raw is not None:
+                    self.shard_cache.put_group_document(key, found[position])
+        return found
+
+    def _open_cached(self, location: Location, pending: list[Any]) -> list[Any]:
+        """Open the shards of ``pending`` that the shard cache holds, fetch the others whole
+        into it (in rounds of bounded bytes) and open those; returns what is left to read
+        from the store (the cache stepped aside, or the entry has no uuid)."""
+        cache = self.shard_cache
+        assert cache is not None
+        left: list[Any] = []
+        wanted: list[Any] = []
+        for handles, (key, path, spec, where), ckey in pending:
+            shard = None if ckey is None else cache.open_shard(ckey, key, spec, where)
+            if shard is not None:
+                handles.local[key] = shard
+            elif ckey is None:
+                left.append((handles, (key, path, spec, where), ckey))
+            else:
+                wanted.append((handles, (key, path, spec, where), ckey))
+        for batch in _rounds(wanted, FETCH_ROUND_BYTES):
+            paths = [path for _, (_, path, _, _), _ in batch]
+            results = self.source.cat_ranges(
+                location.fs, paths, [0] * len(paths), [None] * len(paths)
+            )
+            for (handles, request, ckey), result in zip(batch, results, strict=True):
+                key, _, spec, where = request
+                data = checked_bytes(result, where)
+                cache.stats.fetched += 1
+                cache.stats.fetched_bytes += len(data)
+                shard = cache.put_shard(ckey, key, spec, data, where)
+                if shard is None:
+                    left.append((handles, request, ckey))
+                else:
+                    handles.local[key] = shard
+        return left
 
     def _open_arrays(self, tid: int, keys: Sequence[str]) -> dict[str, AsyncArray[Any]]:
         if not keys:
@@ -171,6 +272,21 @@ class TrajectoryOpener:
                 f"is missing: {exc}"
             ) from exc
         return dict(zip(keys, arrays, strict=True))
+
+
+def _rounds(items: list[Any], limit: int) -> list[list[Any]]:
+    """``items`` (``(handles, (key, path, spec, where), ckey)``) in consecutive groups of at
+    most ``limit`` shard bytes (at least one each)."""
+    groups: list[list[Any]] = []
+    size = 0
+    for item in items:
+        nbytes = item[1][2].shard_bytes
+        if not groups or size + nbytes > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(item)
+        size += nbytes
+    return groups
 
 
 def _check_every_chunk(arrays: dict[str, AsyncArray[Any]], where: str) -> None:
@@ -192,7 +308,7 @@ def _group_attrs(tid: int, raw: Any, url: str) -> dict[str, Any]:
     if raw is None:
         raise CheckpointNotFoundError(f"trajectory {tid} not found: {url}/{group} does not exist")
     try:
-        attrs = json.loads(raw.to_bytes()).get("attributes", {})
+        attrs = json.loads(raw).get("attributes", {})
     except (ValueError, AttributeError) as exc:
         raise _unreadable(exc, tid, url) from exc
     if not isinstance(attrs, dict) or not isinstance(attrs.get(FIELDS_ATTR), dict):

@@ -1,11 +1,14 @@
-"""Layout v2 reads on object stores: byte ranges of exactly the needed pieces.
+"""Layout v2 reads on object stores: byte ranges of the needed pieces, few requests.
 
 Every piece of a batch (rows of uncompressed shards, inner chunks of compressed ones) is a
-byte range of one object.  Ranges that touch (one ends where the next starts) are coalesced,
-then all of them are fetched with one ``cat_ranges`` call of the layout's
-:class:`~rbzarr.storage.zarr.byte_source.ByteSource`: fsspec runs them
+byte range of one object.  Ranges of one object closer than the layout's ``range_gap`` are
+coalesced (the bytes between come along: on an object store a request costs more than
+moving a few hundred KiB), then all of them are fetched with one ``cat_ranges`` call of the
+layout's :class:`~rbzarr.storage.zarr.byte_source.ByteSource`: fsspec runs them
 concurrently on its event loop, so a batch costs one round trip per concurrency-limit's
-worth of ranges.  Shard indexes are fetched the same way, once, when a trajectory opens.
+worth of ranges.  Shard indexes are fetched the same way, once, when a trajectory opens;
+a shard of at most :data:`WHOLE_SHARD_BYTES` is fetched whole by that same request and
+kept with the trajectory's handles, so its rows cost no request at all.
 """
 
 from __future__ import annotations
@@ -19,9 +22,22 @@ import numpy as np
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.local import Piece, RowRead, land
-from rbzarr.storage.zarr.spec import ArraySpec, check_document
+from rbzarr.storage.zarr.spec import ArraySpec
 
-__all__ = ["RemoteShard", "coalesce", "fetch_rows", "open_remote"]
+__all__ = [
+    "DEFAULT_RANGE_GAP",
+    "WHOLE_SHARD_BYTES",
+    "RemoteShard",
+    "checked_bytes",
+    "coalesce",
+    "fetch_rows",
+    "open_remote",
+]
+
+# Shards at most this large are fetched whole when their trajectory opens.
+WHOLE_SHARD_BYTES = 128 << 10
+# Ranges of one object at most this far apart are fetched as one.
+DEFAULT_RANGE_GAP = 256 << 10
 
 
 @dataclass(frozen=True)
@@ -38,12 +54,15 @@ class RemoteShard:
         Names the array in errors (``<url>/trajectories/<id>/<key>``).
     index
         The checked shard index, ``int64 [chunks, 2]`` (offset, nbytes).
+    data
+        The whole shard, for a small one (:data:`WHOLE_SHARD_BYTES`); ``None`` otherwise.
     """
 
     spec: ArraySpec
     path: str
     where: str
     index: np.ndarray
+    data: bytes | None = None
 
 
 def open_remote(
@@ -52,35 +71,37 @@ def open_remote(
     """Fetch and check the indexes of ``shards`` (``(path, spec, where)``) in one round.
 
     Each read asks for one byte past the written size, so a shard of the wrong size is
-    caught by the same request: too few bytes come back (truncated) or one too many.  The
-    arrays' ``zarr.json`` documents are fetched and checked in the same round.
+    caught by the same request: too few bytes come back (truncated) or one too many.  A
+    small shard is fetched whole by that request.  rbzarr reads by the group's layout
+    description and the checked index; the arrays' own ``zarr.json`` documents (what plain
+    zarr reads) are checked by ``verify`` and by local opens, not here: on an object store
+    each would cost a request.
     """
     if not shards:
         return []
     paths = [path for path, _, _ in shards]
-    starts: list[int] = [spec.index_offset for _, spec, _ in shards]
+    starts = [_first_byte(spec) for _, spec, _ in shards]
     ends: list[int | None] = [spec.shard_bytes + 1 for _, spec, _ in shards]
-    # The arrays' documents come in the same round (whole objects: no HEAD first).
-    documents = [path.rsplit("/c/", 1)[0] + "/zarr.json" for path in paths]
-    results = source.cat_ranges(
-        fs, paths + documents, starts + [0] * len(paths), ends + [None] * len(paths)
-    )
+    results = source.cat_ranges(fs, paths, starts, ends)
     opened = []
-    for (path, spec, where), result, document in zip(
-        shards, results[: len(paths)], results[len(paths) :], strict=True
-    ):
-        missing = isinstance(document, FileNotFoundError)
-        check_document(None if missing else _checked(document, where), spec, where)
-        data = _checked(result, where)
-        expected = spec.shard_bytes - spec.index_offset
+    for (path, spec, where), result, start in zip(shards, results, starts, strict=True):
+        data = checked_bytes(result, where)
+        expected = spec.shard_bytes - start
         if len(data) != expected:
             state = "truncated" if len(data) < expected else "larger than written"
             raise CorruptStoreError(f"{where}: the shard is not {spec.shard_bytes} bytes ({state})")
-        opened.append(RemoteShard(spec, path, where, spec.check_index(bytes(data), where)))
+        index = spec.check_index(data[spec.index_offset - start :], where)
+        whole = data if start == 0 else None
+        opened.append(RemoteShard(spec, path, where, index, whole))
     return opened
 
 
-def _checked(data: Any, where: str) -> bytes:
+def _first_byte(spec: ArraySpec) -> int:
+    """Where the open request starts: 0 (the whole shard) for a small one, else its index."""
+    return 0 if spec.shard_bytes <= WHOLE_SHARD_BYTES else spec.index_offset
+
+
+def checked_bytes(data: Any, where: str) -> bytes:
     """A ``cat_ranges`` result, or the error it stands for."""
     if isinstance(data, FileNotFoundError):
         raise CorruptStoreError(f"{where}: the shard is missing") from data
@@ -107,12 +128,13 @@ class _Range:
     members: list[tuple[Piece, str]]
 
 
-def coalesce(pieces: Sequence[tuple[str, Piece, str]]) -> list[_Range]:
-    """Merge pieces into byte ranges: touching or overlapping pieces of one object become one."""
+def coalesce(pieces: Sequence[tuple[str, Piece, str]], gap: int = 0) -> list[_Range]:
+    """Merge pieces into byte ranges: pieces of one object at most ``gap`` bytes apart
+    (touching or overlapping ones always) become one."""
     ranges: list[_Range] = []
     for path, piece, where in sorted(pieces, key=lambda item: (item[0], item[1].offset)):
         last = ranges[-1] if ranges else None
-        if last is not None and last.path == path and piece.offset <= last.end:
+        if last is not None and last.path == path and piece.offset <= last.end + gap:
             last.end = max(last.end, piece.offset + piece.nbytes)
             last.members.append((piece, where))
         else:
@@ -121,18 +143,30 @@ def coalesce(pieces: Sequence[tuple[str, Piece, str]]) -> list[_Range]:
     return ranges
 
 
-def fetch_rows(fs: Any, reads: Sequence[tuple[RemoteShard, RowRead]], source: ByteSource) -> None:
-    """Fetch every piece of the ``(shard, read)`` pairs (coalesced, one ``cat_ranges``
-    round), land them, then finish each read."""
-    ranges = coalesce(
-        [(shard.path, piece, shard.where) for shard, read in reads for piece in read.pieces]
-    )
+def fetch_rows(
+    fs: Any,
+    reads: Sequence[tuple[RemoteShard, RowRead]],
+    source: ByteSource,
+    gap: int = DEFAULT_RANGE_GAP,
+) -> None:
+    """Fetch every piece of the ``(shard, read)`` pairs (coalesced within ``gap``, one
+    ``cat_ranges`` round; pieces of shards held whole cost nothing), land them, then finish
+    each read."""
+    remote: list[tuple[str, Piece, str]] = []
+    for shard, read in reads:
+        if shard.data is None:
+            remote.extend((shard.path, piece, shard.where) for piece in read.pieces)
+            continue
+        held = memoryview(shard.data)
+        for piece in read.pieces:
+            land(piece, held[piece.offset : piece.offset + piece.nbytes], shard.where)
+    ranges = coalesce(remote, gap)
     if ranges:
         results = source.cat_ranges(
             fs, [r.path for r in ranges], [r.start for r in ranges], [r.end for r in ranges]
         )
         for found, data in zip(ranges, results, strict=True):
-            blob = memoryview(_checked(data, found.members[0][1]))
+            blob = memoryview(checked_bytes(data, found.members[0][1]))
             for piece, where in found.members:
                 begin = piece.offset - found.start
                 land(piece, blob[begin : begin + piece.nbytes], where)

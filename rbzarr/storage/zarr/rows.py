@@ -36,6 +36,7 @@ def read_rows_into(
     keys: Sequence[str],
     out: Mapping[str, torch.Tensor],
     source: ByteSource,
+    range_gap: int,
 ) -> None:
     """Fill rows ``positions`` of ``out[key]`` for each request ``(entry, rows, positions)``.
 
@@ -43,9 +44,10 @@ def read_rows_into(
     batch of pieces per (trajectory, key); every remote range in one round.  Rows of small
     uncompressed keys are gathered from memory maps here directly: this loop is the cost
     of a warm batch, so it does no more per (trajectory, key) than one numpy gather.
+    Remote ranges of one object at most ``range_gap`` bytes apart are fetched as one.
     """
     views = {key: byte_rows(out[key]) for key in keys}
-    batch = RowBatch(views, source)
+    batch = RowBatch(views, source, range_gap)
     plain: list[Any] = []
     wanted = tuple(keys)
     deferred: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []

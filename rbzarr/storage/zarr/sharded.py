@@ -180,6 +180,7 @@ class RowBatch:
 
     out: dict[str, np.ndarray]
     source: ByteSource
+    gap: int
     local: list[tuple[LocalShard, RowRead]] = field(default_factory=list)
     remote: list[tuple[RemoteShard, RowRead]] = field(default_factory=list)
 
@@ -206,7 +207,7 @@ class RowBatch:
         if self.local:
             read_local(self.local, self.source)
         if self.remote:
-            fetch_rows(fs, self.remote, self.source)
+            fetch_rows(fs, self.remote, self.source, self.gap)
 
 
 def read_whole_shards(
@@ -214,11 +215,21 @@ def read_whole_shards(
 ) -> dict[str, np.ndarray]:
     """Whole arrays of the described ``keys`` (each shard fetched in one read)."""
     paths = [_shard_path(location, opened.group, key, _spec(opened, key)) for key in keys]
-    if location.is_local:
-        blobs = [_read_file(path) for path in paths]
-    else:
-        found = location.fs.cat(paths, on_error="return")
-        blobs = [found[path] if isinstance(found, dict) else found for path in paths]
+    blobs: list[Any] = [None] * len(keys)
+    remote = []
+    for position, key in enumerate(keys):
+        local = opened.local.get(key)
+        if location.is_local:
+            blobs[position] = _read_file(paths[position])
+        elif local is not None:  # a local copy of a remote shard (unless evicted since)
+            blobs[position] = _read_file(local.path)
+        if blobs[position] is None and not location.is_local:
+            remote.append(position)
+    if remote:
+        found = location.fs.cat([paths[p] for p in remote], on_error="return")
+        for position in remote:
+            path = paths[position]
+            blobs[position] = found[path] if isinstance(found, dict) else found
     out = {}
     for key, blob in zip(keys, blobs, strict=True):
         where = f"{location.url}/{opened.group}/{key}"
