@@ -24,8 +24,8 @@ from rbzarr.buffer.background import DEFAULT_TIMEOUT
 from rbzarr.buffer.cache import SlotCache
 from rbzarr.buffer.commits import StoreCommitter
 from rbzarr.buffer.index import TrajectoryIndex
-from rbzarr.buffer.read_ahead import ReadAhead
 from rbzarr.buffer.local_cache import LocalCacheBound
+from rbzarr.buffer.read_ahead import ReadAhead
 from rbzarr.buffer.rlinf_compat import RLinfCompatMixin
 from rbzarr.buffer.sampler import WindowSampler
 from rbzarr.errors import BufferClosedError, EmptyBufferError, TrajectoryListError
