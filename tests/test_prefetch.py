@@ -30,6 +30,7 @@ from rbzarr import (
     open_buffer,
 )
 from rbzarr.data.datasets import derive_seed
+from rbzarr.storage.zarr import remote
 
 
 def numbers(batch: dict[str, Any]) -> list[int]:
@@ -142,9 +143,10 @@ def test_checkpoint_after_prefetched_batches_continues_exactly(tmp_path):
 
 
 @pytest.mark.s3
-def test_prefetched_s3_reads_overlap_the_callers_step(s3_bucket, s3_options, s3_proxy):
+def test_prefetched_s3_reads_overlap_the_callers_step(s3_bucket, s3_options, s3_proxy, monkeypatch):
     # Every request waits 20 ms in the proxy; a step as long as 1.5 reads hides the next
     # batch's read behind it, so sample() then returns at once.
+    monkeypatch.setattr(remote, "WHOLE_SHARD_BYTES", 0)  # rows read by ranges, every batch
     path = f"s3://{s3_bucket}/store"
     with store_buffer(path, prefetch=2, storage_options=s3_options) as buffer:
         buffer.add_trajectories([make_trajectory(8, 2, 1000 * i) for i in range(1)])
@@ -169,8 +171,9 @@ def test_prefetched_s3_reads_overlap_the_callers_step(s3_bucket, s3_options, s3_
 @pytest.mark.s3
 @pytest.mark.timeout(120)
 def test_a_failed_prefetched_read_is_raised_in_order_and_later_batches_read_again(
-    s3_bucket, s3_options, s3_proxy
+    s3_bucket, s3_options, s3_proxy, monkeypatch
 ):
+    monkeypatch.setattr(remote, "WHOLE_SHARD_BYTES", 0)  # rows read by ranges, every batch
     trajectories = [make_trajectory(8, 2, 1000 * i) for i in range(1)]
     with store_buffer(Path(tempfile.mkdtemp()) / "plain") as plain:
         plain.add_trajectories(trajectories)
