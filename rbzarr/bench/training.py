@@ -4,7 +4,9 @@ Each loop runs with and without ``prefetch`` on a local store and on S3 (moto be
 suite's proxy, which delays every request, unless ``training_store`` names a real one). With
 prefetch the next batches are read while the step runs, so a loop whose reads are hidden
 reaches ``1 / step`` steps per second; the S3/local ratio says how much of that S3 keeps.
-``training_buffer_options`` go to every buffer (a local cache tier's options, say).
+``training_buffer_options`` go to every buffer; the S3 buffer gets a local shard cache in a
+temporary directory unless they name one (``local_cache_dir``): a learner writing to S3 and
+sampling its own trajectories, as RLinf's learners do.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ def store_loops(
     settings: Settings,
     storage_options: dict[str, Any] | None = None,
     proxy: Any = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The loop without and with prefetch on one new store at ``url``.
 
@@ -72,6 +75,7 @@ def store_loops(
         "seed": settings.seed,
         "enable_cache": False,
         "sample_window_size": len(trajectories),
+        **(extra or {}),
         **settings.training_buffer_options,
     }
     batch = settings.training_batch
@@ -130,7 +134,10 @@ def run_training(settings: Settings, quick: bool, workdir: str | None = None) ->
             result["s3"] = result["s3_vs_local"] = {"unavailable": found}
             return result
         url, options, proxy = found
-        result["s3"] = store_loops(url, trajectories, settings, options, proxy)
+        with tempfile.TemporaryDirectory(dir=workdir) as cache:
+            result["s3"] = store_loops(
+                url, trajectories, settings, options, proxy, {"local_cache_dir": cache}
+            )
         result["s3"]["delay_s"] = settings.s3_delay_s if proxy is not None else None
     result["s3_vs_local"] = {
         mode: result["s3"][mode]["steps_s"] / result["local"][mode]["steps_s"] for mode in MODES
