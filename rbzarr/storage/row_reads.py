@@ -67,8 +67,8 @@ def plan_misses(
     positions = miss[order]
     sorted_ids = miss_ids[order]
     starts = np.flatnonzero(np.diff(sorted_ids)) + 1
-    bounds = [0, *starts.tolist(), len(sorted_ids)]
-    firsts = sorted_ids[bounds[:-1]].tolist() if len(sorted_ids) else []
+    bounds = [0, *starts.tolist(), len(sorted_ids)] if len(sorted_ids) else [0]
+    firsts = sorted_ids[bounds[:-1]].tolist()
     groups = [
         _Group(entries[tid], lo, hi, pending.get(tid))
         for tid, lo, hi in zip(firsts, bounds[:-1], bounds[1:], strict=True)
@@ -86,6 +86,8 @@ def plan_misses(
 
 def read_batch(plan: MissPlan, store: TrajectoryLayout | None) -> dict[str, torch.Tensor]:
     """The flat batch ``{key: [n, ...]}`` of ``plan`` (``store`` is needed for stored misses)."""
+    if len(plan.hit_positions) == plan.count:
+        return dict(plan.cached)  # all from the cache, already in batch order
     out = {
         key: torch.empty((plan.count, *trailing), dtype=dtype_from_name(dtype))
         for key, (dtype, trailing) in plan.schema.items()
