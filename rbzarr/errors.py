@@ -10,6 +10,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "CorruptStoreError",
     "EmptyBufferError",
+    "InsertTimeoutError",
     "InvalidTrajectoryError",
     "RbzarrError",
     "StorageUnavailableError",
@@ -83,6 +84,10 @@ class ChannelClosedError(RbzarrError, RuntimeError):
 
 class ChannelTimeoutError(RbzarrError, TimeoutError):
     """A channel ``put`` or ``get`` did not complete within its timeout."""
+
+
+class InsertTimeoutError(RbzarrError, TimeoutError):
+    """A dataset with ``samples_per_insert`` waited ``insert_timeout`` seconds for an insert."""
 
 
 class WorkerProcessError(RbzarrError, RuntimeError):
