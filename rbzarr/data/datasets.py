@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from rbzarr.buffer.index import shard_bounds
-from rbzarr.data.mixing import DemoSchedule, MixedBatches, draw_of
+from rbzarr.data.mixing import BatchCounts, DemoSchedule, MixedBatches, draw_of
 from rbzarr.data.prefetch import ReplayLoader
 from rbzarr.data.rate_limit import SampleRateLimiter
 from rbzarr.data.sources import SampleSource, store_spec, worker_source
@@ -164,7 +164,7 @@ class ReplayDataset(IterableDataset[Batch]):
         self.sequence_length = sequence_length
         self.samples_per_insert = samples_per_insert
         self.insert_timeout = insert_timeout
-        self._batches: weakref.WeakSet[MixedBatches] = weakref.WeakSet()
+        self._counts: list[BatchCounts] = []  # of every iterator made in this process
         self.max_staleness = max_staleness
         self.epoch = 0
         self._loaders: weakref.WeakSet[ReplayLoader] = weakref.WeakSet()
@@ -205,7 +205,8 @@ class ReplayDataset(IterableDataset[Batch]):
     def __getstate__(self) -> dict[str, Any]:
         # A worker gets the stores to open, not this process's buffers or iterators.
         state = self.__dict__.copy()
-        del state["_loaders"], state["_batches"]
+        del state["_loaders"]
+        state["_counts"] = []
         for name in ("buffer", "demo_buffer"):
             spec = store_spec(state[name])
             if spec is not None:
@@ -215,7 +216,6 @@ class ReplayDataset(IterableDataset[Batch]):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._loaders = weakref.WeakSet()
-        self._batches = weakref.WeakSet()
 
     def _producer(
         self,
@@ -245,7 +245,7 @@ class ReplayDataset(IterableDataset[Batch]):
             rows_per_item=length or 1,
             limiter=limiter,
         )
-        self._batches.add(mixed)
+        self._counts.append(mixed.counts)
         pin = self.pin_memory and not in_worker
 
         def produce() -> Batch:
@@ -262,26 +262,26 @@ class ReplayDataset(IterableDataset[Batch]):
         -------
         dict of str to Any
             ``batches``, ``replay_items`` and ``demo_items`` (rows, or sequences),
-            ``last_demo_items`` (of the latest batch), and with ``samples_per_insert``:
+            ``last_demo_items`` (of the latest iterator's latest batch), and with
+            ``samples_per_insert``:
             ``sampled_rows``, ``inserted_rows`` (the buffer's rows at the last check),
             ``samples_per_insert`` (their measured ratio) and ``rate_limited_s`` (time
             spent waiting).
         """
-        made = list(self._batches)
+        made = list(self._counts)
         stats: dict[str, Any] = {
-            "batches": sum(m.batches for m in made),
-            "replay_items": sum(m.replay_items for m in made),
-            "demo_items": sum(m.demo_items for m in made),
-            "last_demo_items": max((m.last_demo_items for m in made), default=0),
+            "batches": sum(c.batches for c in made),
+            "replay_items": sum(c.replay_items for c in made),
+            "demo_items": sum(c.demo_items for c in made),
+            "last_demo_items": made[-1].last_demo_items if made else 0,
         }
-        limiters = [m.limiter for m in made if m.limiter is not None]
-        if limiters:
-            sampled = sum(lim.sampled for lim in limiters)
-            inserted = max(lim.inserted for lim in limiters)
+        if self.samples_per_insert is not None:
+            sampled = sum(c.sampled_rows for c in made)
+            inserted = max((c.inserted_rows for c in made), default=0)
             stats["sampled_rows"] = sampled
             stats["inserted_rows"] = inserted
-            stats["samples_per_insert"] = sampled / inserted if inserted else float("inf")
-            stats["rate_limited_s"] = sum(lim.waited_s for lim in limiters)
+            stats["samples_per_insert"] = sampled / inserted if inserted else 0.0
+            stats["rate_limited_s"] = sum(c.rate_limited_s for c in made)
         return stats
 
     def data_loader(

@@ -19,7 +19,7 @@ import torch
 from rbzarr.data.rate_limit import SampleRateLimiter
 from rbzarr.data.sources import takes_generator
 
-__all__ = ["DemoSchedule", "MixedBatches", "draw_of"]
+__all__ = ["BatchCounts", "DemoSchedule", "MixedBatches", "draw_of"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,19 @@ class DemoSchedule:
         end = round(self.demo_fraction_end * self.batch_size)
         progress = min(batch_index, self.anneal_batches) / self.anneal_batches
         return round(start + (end - start) * progress)
+
+
+@dataclass
+class BatchCounts:
+    """What one iterator drew: batches, replay and demo items (rows or sequences), waits."""
+
+    batches: int = 0
+    replay_items: int = 0
+    demo_items: int = 0
+    last_demo_items: int = 0
+    sampled_rows: int = 0  # replay rows (steps) counted by the rate limiter
+    inserted_rows: int = 0  # the source's rows at the limiter's last check
+    rate_limited_s: float = 0.0
 
 
 Draw = Callable[[int], dict[str, Any]]
@@ -99,10 +112,7 @@ class MixedBatches:
         self.next_index, self._stride = first_index, stride
         self._rows_per_item = rows_per_item  # steps per sequence: what the limiter counts
         self.limiter = limiter
-        self.batches = 0
-        self.replay_items = 0
-        self.demo_items = 0
-        self.last_demo_items = 0
+        self.counts = BatchCounts()
 
     def parts(self) -> list[dict[str, Any]]:
         """The next batch's parts: replay rows first, then demo rows (either may be absent)."""
@@ -119,8 +129,13 @@ class MixedBatches:
             assert self._demo is not None
             parts.append(self._demo(demo_items))
         self.next_index += self._stride
-        self.batches += 1
-        self.replay_items += replay_items
-        self.demo_items += demo_items
-        self.last_demo_items = demo_items
+        counts = self.counts
+        counts.batches += 1
+        counts.replay_items += replay_items
+        counts.demo_items += demo_items
+        counts.last_demo_items = demo_items
+        if self.limiter is not None:
+            counts.sampled_rows = self.limiter.sampled
+            counts.inserted_rows = self.limiter.inserted
+            counts.rate_limited_s = self.limiter.waited_s
         return parts
