@@ -57,12 +57,41 @@ def table(document: dict[str, Any]) -> str:
     """A results document as aligned text: its figures, then its targets."""
     if document["benchmark"] == "s3":
         parts = [_s3_table(document["results"])]
+    elif document["benchmark"] == "sequences":
+        parts = [_sequences_table(document["results"])]
     else:
         parts = [_rows_table(document["results"]), _bytes_table(document["results"])]
         parts.append(_writes_table(document["results"]))
     parts.append(targets_table(document["targets"]))
     parts.extend(f"note: {note}" for note in document["notes"])
     return "\n\n".join(part for part in parts if part)
+
+
+def _sequences_table(results: dict[str, Any]) -> str:
+    """Sequence rows/s (disk and hot, with their peers), the measured ratio, the mix."""
+    rows = []
+    for mode, names in (
+        ("disk", (("zarr", "rbzarr sample_sequences"), ("torchrl_slice", "TorchRL SliceSampler"))),
+        ("hot", (("buffer", "rbzarr sample_sequences"), ("limit", "limit: one index_select"))),
+    ):
+        for key, label in names:
+            figures = results[mode][key]
+            if "unavailable" in figures:
+                rows.append([mode, label, "-", figures["unavailable"]])
+                continue
+            rows.append([mode, label, _number(figures["rows_s"]), f"{figures['p50_ms']:.2f} ms"])
+    rate = results["rate"]
+    rows.append(
+        [
+            "rate",
+            f"samples_per_insert={rate['samples_per_insert']:g}",
+            f"{rate['measured']:.2f}",
+            "",
+        ]
+    )
+    mixing = results["mixing"]
+    rows.append(["mixing", f"{mixing['batches']} batches", f"{mixing['wrong_batches']} wrong", ""])
+    return aligned(["mode", "variant", "rows/s", "p50"], rows, [False, False, True, True])
 
 
 def _rows_table(results: dict[str, Any]) -> str:

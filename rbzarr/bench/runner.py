@@ -17,13 +17,14 @@ from rbzarr.bench.hot import run_hot
 from rbzarr.bench.measure import machine, versions
 from rbzarr.bench.report import plot
 from rbzarr.bench.s3 import run_s3
+from rbzarr.bench.sequences import run_sequences, sequence_targets
 from rbzarr.bench.settings import Settings
 from rbzarr.bench.targets import s3_targets, sampling_targets
 from rbzarr.bench.workloads import workloads
 
 __all__ = ["SUITES", "parse_names", "run", "save"]
 
-SUITES = ("sampling", "s3")
+SUITES = ("sampling", "s3", "sequences")
 Progress = Callable[[str], None]
 
 
@@ -59,6 +60,10 @@ def run(
                 say("[s3] sampling through the proxy")
                 result = run_s3(settings, quick)
                 documents.append(_document("s3", settings, {"image": result}, s3_targets(result)))
+            elif suite == "sequences":
+                say("[sequences] sequences, samples per insert, demo mixing")
+                found = run_sequences(settings, quick, workdir)
+                documents.append(_document(suite, settings, found, sequence_targets(found)))
             else:
                 raise ValueError(f"unknown suite {suite!r}; expected some of {list(SUITES)}")
         return documents

@@ -388,9 +388,11 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         """Under the lock: the drawn rows of the cache, and where the others are read."""
         slots = self._cache.slots(window)[positions]
         hit = slots >= 0
+        assert self._schema is not None
+        if bool(hit.all()):
+            return row_reads.all_cached(self._cache.gather(slots, rows), self._schema)
         cached = self._cache.gather(slots[hit], rows[hit]) if bool(hit.any()) else {}
         ids = torch.tensor(window, dtype=torch.int64)[positions]
-        assert self._schema is not None
         pending = {} if self._committer is None else self._committer.pending_flats(ids.tolist())
         return row_reads.plan_misses(
             ids, rows, hit, cached, self._schema, self._index.entries, pending

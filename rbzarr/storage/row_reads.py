@@ -24,7 +24,7 @@ from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.trajectory.dtypes import byte_rows, dtype_from_name
 from rbzarr.trajectory.model import Schema
 
-__all__ = ["MissPlan", "plan_misses", "read_batch"]
+__all__ = ["MissPlan", "all_cached", "plan_misses", "read_batch"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,13 @@ class MissPlan:
     miss_positions: torch.Tensor  # the other positions, sorted by trajectory (int64)
     miss_rows: torch.Tensor  # their flat rows, in the same order
     groups: list[_Group]
+
+
+def all_cached(cached: dict[str, torch.Tensor], schema: Schema) -> MissPlan:
+    """The plan of a batch the cache serves whole: ``cached`` holds its rows in batch order."""
+    count = len(next(iter(cached.values())))
+    nothing = torch.empty(0, dtype=torch.int64)
+    return MissPlan(count, torch.arange(count), cached, schema, nothing, nothing, [])
 
 
 def plan_misses(
