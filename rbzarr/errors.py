@@ -12,6 +12,7 @@ __all__ = [
     "DatasetFileNotFoundError",
     "DatasetMismatchError",
     "EmptyBufferError",
+    "InsertTimeoutError",
     "InvalidTrajectoryError",
     "RbzarrError",
     "StorageUnavailableError",
@@ -86,6 +87,10 @@ class ChannelClosedError(RbzarrError, RuntimeError):
 
 class ChannelTimeoutError(RbzarrError, TimeoutError):
     """A channel ``put`` or ``get`` did not complete within its timeout."""
+
+
+class InsertTimeoutError(RbzarrError, TimeoutError):
+    """A dataset with ``samples_per_insert`` waited ``insert_timeout`` seconds for an insert."""
 
 
 class WorkerProcessError(RbzarrError, RuntimeError):

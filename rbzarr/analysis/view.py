@@ -19,6 +19,7 @@ from rbzarr.buffer.checkpoint import schema_from_json
 from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.buffer.local_cache import LocalCacheBound
 from rbzarr.buffer.sampler import WindowSampler
+from rbzarr.buffer.sequences import SequenceSampler, check_sequence_request, learn_window
 from rbzarr.errors import EmptyBufferError
 from rbzarr.storage.documents import Documents
 from rbzarr.storage.layout import TrajectoryLayout
@@ -127,6 +128,7 @@ class BufferView:
         self.sample_window_size = sample_window_size
         self.refresh_interval = refresh_interval
         self._sampler = WindowSampler(seed)
+        self._sequences = SequenceSampler(seed)
         self._schema: Schema | None = None
         self._set_documents(documents)
 
@@ -141,9 +143,9 @@ class BufferView:
         Returns
         -------
         dict of str to Any
-            ``{"sampler": WindowSampler.state_dict()}``, JSON-ready.
+            ``{"sampler": WindowSampler.state_dict(), "sequences": ...}``, JSON-ready.
         """
-        return {"sampler": self._sampler.state_dict()}
+        return {"sampler": self._sampler.state_dict(), "sequences": self._sequences.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a state from :meth:`state_dict`: the next draws continue that stream.
@@ -154,6 +156,7 @@ class BufferView:
             A dict from :meth:`state_dict` (of this view or another one).
         """
         self._sampler.load_state_dict(state["sampler"])
+        self._sequences.load_state_dict(state.get("sequences"), self._sampler.seed)
 
     def __len__(self) -> int:
         return len(self._index)
@@ -229,18 +232,83 @@ class BufferView:
         """
         if num_chunks <= 0:
             raise ValueError(f"num_chunks must be positive, got {num_chunks}")
-        interval = self.refresh_interval
-        if interval is not None and time.monotonic() - self._read_at >= interval:
-            self.refresh()
-        window = self._index.window(self.sample_window_size)
-        if not window:
-            raise EmptyBufferError(f"{self.url}: no committed trajectory to sample from")
+        window = self._window()
         counts = self._index.sample_counts(window)
         positions, rows = self._sampler.draw(num_chunks, counts, generator)
         ids = torch.tensor(window, dtype=torch.int64)[positions]
         nothing_cached = torch.zeros(len(ids), dtype=torch.bool)
         plan = plan_misses(ids, rows, nothing_cached, {}, self.schema(), self._index.entries, {})
         return tree.unflatten(read_batch(plan, self.layout))
+
+    def sample_sequences(
+        self,
+        n: int,
+        length: int,
+        *,
+        generator: torch.Generator | None = None,
+        strict_length: bool = False,
+    ) -> dict[str, Any]:
+        """Sample ``n`` sequences of committed steps, as the buffer's ``sample_sequences``.
+
+        Every row is read from storage; each trajectory's ``dones`` is read once, when it
+        first enters the window.
+
+        Parameters
+        ----------
+        n
+            Sequences to draw.
+        length
+            Steps per sequence.
+        generator
+            A CPU ``torch.Generator`` to draw with instead of the view's sequence stream.
+        strict_length
+            Draw only starts with ``length`` steps of their episode ahead: no padding.
+
+        Returns
+        -------
+        dict of str to Any
+            The keys of :meth:`sample`, each ``[n, length, ...]``, plus the bool ``"mask"``
+            ``[n, length]``.
+
+        Raises
+        ------
+        ValueError
+            ``n`` or ``length`` is not positive, or the store has no ``dones`` field.
+        EmptyBufferError
+            The index lists no trajectory, or with ``strict_length`` no episode is that long.
+        """
+        check_sequence_request(n, length, self.schema() or None)
+        window = self._window()
+        entries = [self._index.entries[i] for i in window]
+        learn_window(self._sequences.ends, entries, self._dones)
+        drawn = self._sequences.draw(n, length, entries, generator, strict_length=strict_length)
+        ids = torch.tensor(window, dtype=torch.int64)[drawn.positions]
+        nothing_cached = torch.zeros(len(ids), dtype=torch.bool)
+        plan = plan_misses(
+            ids, drawn.rows, nothing_cached, {}, self.schema(), self._index.entries, {}
+        )
+        return drawn.batch(read_batch(plan, self.layout))
+
+    def _window(self) -> list[int]:
+        """The sampling window, after a refresh when the index is older than the interval.
+
+        Raises
+        ------
+        EmptyBufferError
+            The index lists no trajectory.
+        """
+        interval = self.refresh_interval
+        if interval is not None and time.monotonic() - self._read_at >= interval:
+            self.refresh()
+        window = self._index.window(self.sample_window_size)
+        if not window:
+            raise EmptyBufferError(f"{self.url}: no committed trajectory to sample from")
+        return window
+
+    def _dones(self, entry: Mapping[str, Any]) -> torch.Tensor:
+        raw = self.layout.read(entry, [DONES]).dones
+        assert raw is not None
+        return time_steps(raw, int(entry["shape"][0]))
 
     def schema(self) -> Schema:
         """Sampled keys (in batch order) with their dtype names and trailing shapes.

@@ -61,6 +61,8 @@ def table(document: dict[str, Any]) -> str:
         parts = [_datasets_table(document["results"])]
     elif document["benchmark"] == "training":
         parts = [_training_table(document["results"])]
+    elif document["benchmark"] == "sequences":
+        parts = [_sequences_table(document["results"])]
     else:
         parts = [_rows_table(document["results"]), _bytes_table(document["results"])]
         parts.append(_writes_table(document["results"]))
@@ -130,6 +132,33 @@ def _training_table(results: dict[str, Any]) -> str:
                 )
     head = ["workload", "store", "mode", "steps/s", "rows/s", "wait p50 ms", "vs local", ""]
     return aligned(head, rows, [False, False, False, True, True, True, True, False])
+
+
+def _sequences_table(results: dict[str, Any]) -> str:
+    """Sequence rows/s (disk and hot, with their peers), the measured ratio, the mix."""
+    rows = []
+    for mode, names in (
+        ("disk", (("zarr", "rbzarr sample_sequences"), ("torchrl_slice", "TorchRL SliceSampler"))),
+        ("hot", (("buffer", "rbzarr sample_sequences"), ("limit", "limit: one index_select"))),
+    ):
+        for key, label in names:
+            figures = results[mode][key]
+            if "unavailable" in figures:
+                rows.append([mode, label, "-", figures["unavailable"]])
+                continue
+            rows.append([mode, label, _number(figures["rows_s"]), f"{figures['p50_ms']:.2f} ms"])
+    rate = results["rate"]
+    rows.append(
+        [
+            "rate",
+            f"samples_per_insert={rate['samples_per_insert']:g}",
+            f"{rate['measured']:.2f}",
+            "",
+        ]
+    )
+    mixing = results["mixing"]
+    rows.append(["mixing", f"{mixing['batches']} batches", f"{mixing['wrong_batches']} wrong", ""])
+    return aligned(["mode", "variant", "rows/s", "p50"], rows, [False, False, True, True])
 
 
 def _rows_table(results: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ from rbzarr.bench.hot import run_hot
 from rbzarr.bench.measure import machine, versions
 from rbzarr.bench.report import plot
 from rbzarr.bench.s3 import run_s3
+from rbzarr.bench.sequences import run_sequences, sequence_targets
 from rbzarr.bench.settings import Settings
 from rbzarr.bench.targets import s3_targets, sampling_targets, training_targets
 from rbzarr.bench.training import run_training
@@ -24,7 +25,7 @@ from rbzarr.bench.workloads import workloads
 
 __all__ = ["SUITES", "parse_names", "run", "save"]
 
-SUITES = ("sampling", "s3", "training", "datasets")
+SUITES = ("sampling", "s3", "training", "sequences", "datasets")
 Progress = Callable[[str], None]
 
 
@@ -73,6 +74,10 @@ def run(
                 result = run_training(settings, quick, workdir)
                 found = training_targets(result)
                 documents.append(_document("training", settings, {"image": result}, found))
+            elif suite == "sequences":
+                say("[sequences] sequences, samples per insert, demo mixing")
+                sequences = run_sequences(settings, quick, workdir)
+                documents.append(_document(suite, settings, sequences, sequence_targets(sequences)))
             else:
                 raise ValueError(f"unknown suite {suite!r}; expected some of {list(SUITES)}")
         return documents

@@ -19,6 +19,7 @@ from typing import Any, Self
 
 import torch
 
+from rbzarr.analysis.episodes import DONES, time_steps
 from rbzarr.buffer import checkpoint
 from rbzarr.buffer.background import DEFAULT_TIMEOUT
 from rbzarr.buffer.cache import SlotCache
@@ -28,6 +29,7 @@ from rbzarr.buffer.local_cache import LocalCacheBound
 from rbzarr.buffer.read_ahead import ReadAhead
 from rbzarr.buffer.rlinf_compat import RLinfCompatMixin
 from rbzarr.buffer.sampler import WindowSampler
+from rbzarr.buffer.sequences import SequenceSampler, check_sequence_request, learn_window
 from rbzarr.errors import BufferClosedError, EmptyBufferError, TrajectoryListError
 from rbzarr.storage import row_reads
 from rbzarr.storage.documents import Entry
@@ -156,6 +158,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             capacity = max(cache_size, 0) if enable_cache else 0
         self._cache = SlotCache(capacity)
         self._sampler = WindowSampler(seed)
+        self._sequences = SequenceSampler(seed)
         self._lock = threading.RLock()  # index, cache, schema, sampler
         self._add_lock = threading.Lock()  # serialises adders, loads, clear and close
         self._closed = False
@@ -394,20 +397,94 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             positions, rows = self._sampler.draw(
                 num_chunks, self._index.sample_counts(window), generator
             )
-            slots = self._cache.slots(window)[positions]
-            hit = slots >= 0
-            if bool(hit.all()):
-                batch = tree.unflatten(self._cache.gather(slots, rows))
-                return lambda: batch
-            cached = self._cache.gather(slots[hit], rows[hit]) if bool(hit.any()) else {}
-            ids = torch.tensor(window, dtype=torch.int64)[positions]
-            assert self._schema is not None
-            pending = {} if self._committer is None else self._committer.pending_flats(ids.tolist())
-            plan = row_reads.plan_misses(
-                ids, rows, hit, cached, self._schema, self._index.entries, pending
-            )
+            plan = self._plan_rows(window, positions, rows)
+        return lambda: tree.unflatten(self._read_planned(plan))
+
+    def sample_sequences(
+        self,
+        n: int,
+        length: int,
+        *,
+        generator: torch.Generator | None = None,
+        strict_length: bool = False,
+    ) -> dict[str, Any]:
+        """Sample ``n`` sequences of ``length`` consecutive steps, each inside one episode.
+
+        A sequence follows one environment column from a start step drawn uniformly over
+        the window's steps, into the next trajectory where the episode continues there
+        (the next id, the same ``B``).  Steps after the episode's end (or after the last
+        step stored) are padding: they repeat the last real step, with ``mask`` False.
+        Rows come from the cache, the pending writes or the store (only the rows needed;
+        each trajectory's ``dones`` is read once to find its episode ends).
+
+        Parameters
+        ----------
+        n
+            Sequences to draw (not clamped: starts are drawn with replacement).
+        length
+            Steps per sequence.
+        generator
+            A CPU ``torch.Generator`` to draw with instead of the buffer's sequence stream
+            (seeded from ``seed``, separate from :meth:`sample`'s and saved in checkpoints),
+            which is then left untouched.
+        strict_length
+            Draw only starts with ``length`` steps of their episode ahead: no padding.
+
+        Returns
+        -------
+        dict
+            The keys of :meth:`sample`, each ``[n, length, ...]``, plus ``"mask"``: bool
+            ``[n, length]``, True for the steps of the first step's episode.
+
+        Raises
+        ------
+        ValueError
+            ``n`` or ``length`` is not positive, or the trajectories have no ``dones``.
+        EmptyBufferError
+            The buffer holds no trajectory, or with ``strict_length`` no episode is that long.
+        """
+        check_sequence_request(n, length, self._schema)
+        with self._lock:
+            window = self._index.window(self.sample_window_size)
+            entries = [self._index.entries[i] for i in window]
+            # Once per trajectory; a stored one's dones are read under the lock.
+            learn_window(self._sequences.ends, entries, self._dones)
+            drawn = self._sequences.draw(n, length, entries, generator, strict_length=strict_length)
+            plan = self._plan_rows(window, drawn.positions, drawn.rows)
+        return drawn.batch(self._read_planned(plan))
+
+    def _plan_rows(
+        self, window: list[int], positions: torch.Tensor, rows: torch.Tensor
+    ) -> row_reads.MissPlan:
+        """Under the lock: the drawn rows of the cache, and where the others are read."""
+        slots = self._cache.slots(window)[positions]
+        hit = slots >= 0
+        assert self._schema is not None
+        if bool(hit.all()):
+            return row_reads.all_cached(self._cache.gather(slots, rows), self._schema)
+        cached = self._cache.gather(slots[hit], rows[hit]) if bool(hit.any()) else {}
+        ids = torch.tensor(window, dtype=torch.int64)[positions]
+        pending = {} if self._committer is None else self._committer.pending_flats(ids.tolist())
+        return row_reads.plan_misses(
+            ids, rows, hit, cached, self._schema, self._index.entries, pending
+        )
+
+    def _read_planned(self, plan: row_reads.MissPlan) -> dict[str, torch.Tensor]:
         layout = None if self._committer is None else self._committer.layout
-        return lambda: tree.unflatten(row_reads.read_batch(plan, layout))
+        return row_reads.read_batch(plan, layout)
+
+    def _dones(self, entry: Entry) -> torch.Tensor:
+        """The step ``dones`` of a trajectory in the index, from the cache, memory or the store."""
+        trajectory_id = int(entry["trajectory_id"])
+        if trajectory_id in self._cache:
+            return self._cache.field_rows(trajectory_id, DONES)
+        assert self._committer is not None  # not cached: pending or committed to the store
+        pending = self._committer.pending_flats([trajectory_id])
+        if trajectory_id in pending:
+            return pending[trajectory_id][DONES]
+        raw = self._committer.layout.read(entry, [DONES]).dones
+        assert raw is not None
+        return time_steps(raw, int(entry["shape"][0]))
 
     # -- reading (rlinf_compat builds RLinf's names on these) -------------------------
     @property
@@ -504,7 +581,10 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             metadata = {
                 "seed": self.seed,
                 "schema": checkpoint.schema_to_json(self._schema),
-                "sampler": self._sampler.state_dict(),
+                "sampler": {
+                    **self._sampler.state_dict(),
+                    "sequences": self._sequences.state_dict(),
+                },
             }
             checkpoint.save(target, self._index.subset(ids), metadata, self._copy_trajectory)
 
@@ -579,6 +659,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             }
         )
         self._sampler.load_state_dict({"seed": self.seed, **loaded.sampler})
+        self._sequences.load_state_dict(loaded.sampler.get("sequences"), self.seed)
         self._window_changed()
         if self._committer is None:
             self.trajectory_format = loaded.trajectory_format

@@ -200,6 +200,14 @@ class SlotCache:
             for key, slots_tensor in self._storage.items()
         }
 
+    def field_rows(self, trajectory_id: int, key: str) -> torch.Tensor:
+        """The flat rows ``[T*B, ...]`` of one key of a cached trajectory (a view, not a copy)."""
+        shared = self._shared.get(trajectory_id)
+        if shared is not None:
+            return shared.flat[key]
+        slot, rows = self._slot_of[trajectory_id], self._rows[trajectory_id]
+        return self._storage[key][slot, :rows]
+
     def trajectory(self, trajectory_id: int) -> Trajectory:
         """The raw ``[T, B, ...]`` trajectory rebuilt from its slot (copies)."""
         self.materialize(trajectory_id)

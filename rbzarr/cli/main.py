@@ -408,8 +408,8 @@ def demo(store: str, **settings: Any) -> None:
     "--suites",
     default="sampling,s3,training",
     show_default=True,
-    help="Comma-separated: sampling, s3, training, datasets (LeRobot round trips; the "
-    "datasets extra).",
+    help="Comma-separated: sampling, s3, training, sequences, datasets (LeRobot round trips; "
+    "the datasets extra).",
 )
 @click.option(
     "--workloads",

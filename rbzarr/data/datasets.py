@@ -6,6 +6,7 @@ the worker, never the training process's buffer.
 
 from __future__ import annotations
 
+import threading
 import warnings
 import weakref
 from collections.abc import Callable
@@ -18,8 +19,10 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from rbzarr.buffer.index import shard_bounds
+from rbzarr.data.mixing import BatchCounts, DemoSchedule, MixedBatches, draw_of
 from rbzarr.data.prefetch import ReplayLoader
-from rbzarr.data.sources import SampleSource, store_spec, takes_generator, worker_source
+from rbzarr.data.rate_limit import SampleRateLimiter
+from rbzarr.data.sources import SampleSource, store_spec, worker_source
 from rbzarr.trajectory import tree
 
 __all__ = [
@@ -89,9 +92,23 @@ class ReplayDataset(IterableDataset[Batch]):
         per iterator.  It only affects sampling through a ``generator``-accepting
         ``sample``.
     demo_buffer, demo_fraction
-        Mix demonstrations in: each batch takes ``round(batch_size * demo_fraction)`` rows
-        from ``demo_buffer`` and the rest from ``buffer``, concatenated key by key (replay
-        rows first). The two sizes always sum to ``batch_size``.
+        Mix demonstrations in: each batch takes exactly ``round(batch_size * demo_fraction)``
+        rows from ``demo_buffer`` and the rest from ``buffer``, concatenated key by key
+        (replay rows first). The two sizes always sum to ``batch_size``.
+    demo_fraction_end, anneal_batches
+        Anneal the demo count linearly to ``round(batch_size * demo_fraction_end)`` over
+        the first ``anneal_batches`` batches of training (counted across workers and, with
+        ``num_batches``, epochs), then keep it (:mod:`rbzarr.data.mixing`).
+    sequence_length
+        Batches of ``batch_size`` sequences of this many steps, from ``sample_sequences``
+        (``[batch_size, sequence_length, ...]`` plus ``"mask"``); demo mixing counts
+        sequences.  ``None``: rows from ``sample``.
+    samples_per_insert, insert_timeout
+        Wait before each batch until the replay rows sampled (steps, for sequences) are at
+        most ``samples_per_insert`` times the rows in ``buffer`` (its ``total_samples``),
+        so that ``sampled <= samples_per_insert * inserted + batch rows``; DataLoader workers
+        share the ratio.  Raise :class:`~rbzarr.errors.InsertTimeoutError` after
+        ``insert_timeout`` seconds without an insert (:mod:`rbzarr.data.rate_limit`).
     max_staleness
         Seconds: a worker's view re-reads the store's index before a draw when its last
         read is older than this (0: before every draw).
@@ -113,11 +130,22 @@ class ReplayDataset(IterableDataset[Batch]):
         demo_buffer: SampleSource | None = None,
         demo_fraction: float = 0.0,
         max_staleness: float = 1.0,
+        *,
+        demo_fraction_end: float | None = None,
+        anneal_batches: int = 0,
+        sequence_length: int | None = None,
+        samples_per_insert: float | None = None,
+        insert_timeout: float = 60.0,
     ) -> None:
         super().__init__()
         _check_arguments(batch_size, num_batches, prefetch, demo_fraction, max_staleness)
-        if demo_fraction > 0 and demo_buffer is None:
+        self.demo_schedule = DemoSchedule(
+            batch_size, demo_fraction, demo_fraction_end, anneal_batches
+        )
+        if self.demo_schedule.uses_demos and demo_buffer is None:
             raise ValueError(f"demo_fraction={demo_fraction} needs a demo_buffer")
+        if sequence_length is not None and sequence_length <= 0:
+            raise ValueError(f"sequence_length must be > 0, got {sequence_length}")
         if pin_memory and not torch.cuda.is_available():
             warnings.warn(
                 "pin_memory=True but no CUDA device is available; batches are not pinned",
@@ -131,8 +159,12 @@ class ReplayDataset(IterableDataset[Batch]):
         self.pin_memory = pin_memory
         self.seed = seed
         self.demo_buffer = demo_buffer
-        self.demo_rows = round(batch_size * demo_fraction)
+        self.demo_rows = self.demo_schedule.demo_rows(0)
         self.replay_rows = batch_size - self.demo_rows
+        self.sequence_length = sequence_length
+        self.samples_per_insert = samples_per_insert
+        self.insert_timeout = insert_timeout
+        self._counts: list[BatchCounts] = []  # of every iterator made in this process
         self.max_staleness = max_staleness
         self.epoch = 0
         self._loaders: weakref.WeakSet[ReplayLoader] = weakref.WeakSet()
@@ -163,8 +195,10 @@ class ReplayDataset(IterableDataset[Batch]):
         else:
             seed = derive_seed(self.seed, rank, worker, self.epoch)
             generator.manual_seed(seed)
-        produce = self._producer(generator, in_worker=info is not None)
-        loader = ReplayLoader(produce, batches, self.prefetch, seed)
+        stop = threading.Event()
+        first = worker + (self.epoch * self.num_batches if self.num_batches else 0)
+        produce = self._producer(generator, info is not None, (first, workers), stop)
+        loader = ReplayLoader(produce, batches, self.prefetch, seed, stop=stop)
         self._loaders.add(loader)
         return loader
 
@@ -172,6 +206,7 @@ class ReplayDataset(IterableDataset[Batch]):
         # A worker gets the stores to open, not this process's buffers or iterators.
         state = self.__dict__.copy()
         del state["_loaders"]
+        state["_counts"] = []
         for name in ("buffer", "demo_buffer"):
             spec = store_spec(state[name])
             if spec is not None:
@@ -182,26 +217,72 @@ class ReplayDataset(IterableDataset[Batch]):
         self.__dict__.update(state)
         self._loaders = weakref.WeakSet()
 
-    def _producer(self, generator: torch.Generator, in_worker: bool) -> Callable[[], Batch]:
+    def _producer(
+        self,
+        generator: torch.Generator,
+        in_worker: bool,
+        placement: tuple[int, int],
+        stop: threading.Event,
+    ) -> Callable[[], Batch]:
         replay_source, demo_source = self.buffer, self.demo_buffer
         if in_worker:
             replay_source = worker_source(replay_source, self.max_staleness)
             if demo_source is not None:
                 demo_source = worker_source(demo_source, self.max_staleness)
-        replay = _sampler(replay_source, generator)
-        demo = None if demo_source is None else _sampler(demo_source, generator)
+        length = self.sequence_length
+        replay = draw_of(replay_source, generator, length)
+        demo = None if demo_source is None else draw_of(demo_source, generator, length)
+        limiter = None
+        if self.samples_per_insert is not None:
+            ratio = self.samples_per_insert / placement[1]  # workers share the ratio
+            limiter = SampleRateLimiter(replay_source, ratio, self.insert_timeout, stop)
+        mixed = MixedBatches(
+            replay,
+            demo,
+            self.demo_schedule,
+            first_index=placement[0],
+            stride=placement[1],
+            rows_per_item=length or 1,
+            limiter=limiter,
+        )
+        self._counts.append(mixed.counts)
         pin = self.pin_memory and not in_worker
 
         def produce() -> Batch:
-            parts = []
-            if self.replay_rows:
-                parts.append(replay(self.replay_rows))
-            if demo is not None and self.demo_rows:
-                parts.append(demo(self.demo_rows))
+            parts = mixed.parts()
             batch = parts[0] if len(parts) == 1 else concat_batches(*parts)
             return _pin(batch) if pin else batch
 
         return produce
+
+    def get_stats(self) -> dict[str, Any]:
+        """Counters of this process's iterators (DataLoader workers keep their own).
+
+        Returns
+        -------
+        dict of str to Any
+            ``batches``, ``replay_items`` and ``demo_items`` (rows, or sequences),
+            ``last_demo_items`` (of the latest iterator's latest batch), and with
+            ``samples_per_insert``:
+            ``sampled_rows``, ``inserted_rows`` (the buffer's rows at the last check),
+            ``samples_per_insert`` (their measured ratio) and ``rate_limited_s`` (time
+            spent waiting).
+        """
+        made = list(self._counts)
+        stats: dict[str, Any] = {
+            "batches": sum(c.batches for c in made),
+            "replay_items": sum(c.replay_items for c in made),
+            "demo_items": sum(c.demo_items for c in made),
+            "last_demo_items": made[-1].last_demo_items if made else 0,
+        }
+        if self.samples_per_insert is not None:
+            sampled = sum(c.sampled_rows for c in made)
+            inserted = max((c.inserted_rows for c in made), default=0)
+            stats["sampled_rows"] = sampled
+            stats["inserted_rows"] = inserted
+            stats["samples_per_insert"] = sampled / inserted if inserted else 0.0
+            stats["rate_limited_s"] = sum(c.rate_limited_s for c in made)
+        return stats
 
     def data_loader(
         self,
@@ -292,9 +373,3 @@ def _check_arguments(
         raise ValueError(f"demo_fraction must be in [0, 1], got {demo_fraction}")
     if not max_staleness >= 0:
         raise ValueError(f"max_staleness must be >= 0 seconds, got {max_staleness}")
-
-
-def _sampler(source: SampleSource, generator: torch.Generator) -> Callable[[int], Batch]:
-    if takes_generator(source):
-        return lambda n: source.sample(n, generator=generator)  # type: ignore[call-arg]
-    return source.sample

@@ -90,15 +90,23 @@ class ReplayLoader:
     seed
         The seed of the stream ``produce`` samples from, kept as :attr:`seed` for the
         caller; ``None`` when unknown.
+    stop
+        The event :meth:`close` sets, for a ``produce`` that waits to watch; by default a
+        new one.
     """
 
     def __init__(
-        self, produce: Callable[[], Batch], batches: int | None, prefetch: int, seed: int | None
+        self,
+        produce: Callable[[], Batch],
+        batches: int | None,
+        prefetch: int,
+        seed: int | None,
+        stop: threading.Event | None = None,
     ) -> None:
         self.seed = seed
         self._queue: queue.Queue[Any] = queue.Queue()
         self._room = threading.Semaphore(prefetch)
-        self._stop = threading.Event()
+        self._stop = threading.Event() if stop is None else stop
         self._done = False
         self._thread = threading.Thread(
             target=_prefetch,

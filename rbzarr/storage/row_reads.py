@@ -24,7 +24,7 @@ from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.trajectory.dtypes import byte_rows, dtype_from_name
 from rbzarr.trajectory.model import Schema
 
-__all__ = ["MissPlan", "plan_misses", "read_batch"]
+__all__ = ["MissPlan", "all_cached", "plan_misses", "read_batch"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,13 @@ class MissPlan:
     groups: list[_Group]
 
 
+def all_cached(cached: dict[str, torch.Tensor], schema: Schema) -> MissPlan:
+    """The plan of a batch the cache serves whole: ``cached`` holds its rows in batch order."""
+    count = len(next(iter(cached.values())))
+    nothing = torch.empty(0, dtype=torch.int64)
+    return MissPlan(count, torch.arange(count), cached, schema, nothing, nothing, [])
+
+
 def plan_misses(
     ids: torch.Tensor,
     rows: torch.Tensor,
@@ -67,8 +74,8 @@ def plan_misses(
     positions = miss[order]
     sorted_ids = miss_ids[order]
     starts = np.flatnonzero(np.diff(sorted_ids)) + 1
-    bounds = [0, *starts.tolist(), len(sorted_ids)]
-    firsts = sorted_ids[bounds[:-1]].tolist() if len(sorted_ids) else []
+    bounds = [0, *starts.tolist(), len(sorted_ids)] if len(sorted_ids) else [0]
+    firsts = sorted_ids[bounds[:-1]].tolist()
     groups = [
         _Group(entries[tid], lo, hi, pending.get(tid))
         for tid, lo, hi in zip(firsts, bounds[:-1], bounds[1:], strict=True)
@@ -86,6 +93,8 @@ def plan_misses(
 
 def read_batch(plan: MissPlan, store: TrajectoryLayout | None) -> dict[str, torch.Tensor]:
     """The flat batch ``{key: [n, ...]}`` of ``plan`` (``store`` is needed for stored misses)."""
+    if len(plan.hit_positions) == plan.count:
+        return dict(plan.cached)  # all from the cache, already in batch order
     out = {
         key: torch.empty((plan.count, *trailing), dtype=dtype_from_name(dtype))
         for key, (dtype, trailing) in plan.schema.items()
