@@ -43,7 +43,7 @@ from numcodecs import zstd
 
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage import workers
-from rbzarr.storage.zarr import shard_index
+from rbzarr.storage.zarr import regions, shard_index
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.spec import ArraySpec
 
@@ -151,15 +151,32 @@ class LocalShard:
             self._closer()
             raise
         self.rows: np.ndarray | None = None
+        self.slot: regions.Slot | None = None
         self._map: mmap.mmap | None = None
         if spec.kind == "mapped" and len(spec.shape) >= 2:
+            self._map_rows(fd, size)
+
+    def _map_rows(self, fd: int, size: int) -> None:
+        """Map the rows: small ones into a region slot, large ones (or a full region) into a
+        map of their own, none once :data:`regions.MAP_BUDGET` is spent (then ``pread``)."""
+        spec = self.spec
+        count = spec.data_bytes // spec.row_bytes
+        if spec.row_bytes < PREFETCH_ROW_BYTES:
+            self.slot = regions.place(fd, size, spec.row_bytes)
+        if self.slot is not None:
+            weakref.finalize(self, self.slot.release)
+            first = self.slot.first_row
+            self.rows = self.slot.region.rows[first : first + count]
+        elif regions.MAP_BUDGET.take(1):
+            weakref.finalize(self, regions.MAP_BUDGET.give, 1)
             mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
             mapped.madvise(mmap.MADV_RANDOM)
             if spec.row_bytes >= PREFETCH_ROW_BYTES:
                 self._map = mapped
-            count = spec.data_bytes // spec.row_bytes
             self.rows = np.frombuffer(mapped, np.uint8, spec.data_bytes).reshape(count, -1)
-            self._closer()  # the map keeps its own descriptor
+        else:
+            return
+        self._closer()  # the map keeps its own descriptor
 
     @property
     def prefetches(self) -> bool:
