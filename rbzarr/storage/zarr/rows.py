@@ -25,7 +25,7 @@ from rbzarr.storage.zarr import arrays
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.handles import trajectory_id
 from rbzarr.storage.zarr.local import LocalShard
-from rbzarr.storage.zarr.regions import Region
+from rbzarr.storage.zarr.regions import Region, record_dtype
 from rbzarr.storage.zarr.sharded import RowBatch, ShardedTrajectory
 from rbzarr.trajectory.dtypes import byte_rows, from_numpy
 
@@ -57,9 +57,17 @@ def read_rows_into(
             check_keys(handles, keys, location.url, sampled=True)
             plan = handles.plans[wanted] = _row_plan(handles, keys)
         plans.append(plan)
-    flats = _checked_rows(requests, plans)
+    flats = [
+        torch.as_tensor(rows, dtype=torch.int64).numpy().reshape(-1) for _, rows, _ in requests
+    ]
     targets = [where.numpy() for _, _, where in requests]
-    _gather_slotted(plans, flats, targets, views, source)
+    if not flats:
+        return
+    lengths = np.fromiter(map(len, flats), np.int64, len(flats))
+    flat = np.concatenate(flats)
+    which = np.repeat(np.arange(len(flats)), lengths)
+    _check_rows(requests, plans, flat, which)
+    _gather_slotted(plans, flat, which, np.concatenate(targets), views, source)
     batch = RowBatch(views, source)
     plain: list[Any] = []
     deferred: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
@@ -108,44 +116,49 @@ class _RowPlan:
 
 def _gather_slotted(
     plans: Sequence[_RowPlan],
-    flats: Sequence[np.ndarray],
-    targets: Sequence[np.ndarray],
+    flat: np.ndarray,
+    which: np.ndarray,
+    positions: np.ndarray,
     views: Mapping[str, np.ndarray],
     source: ByteSource,
 ) -> None:
-    """Rows of every slotted key: per key and region, one gather for all its trajectories."""
-    if not plans or not any(region is not None for plan in plans for region in plan.regions):
+    """Rows of every slotted key: per key and region, one gather for all its trajectories.
+
+    ``flat`` holds every request's rows, ``which`` the request of each, ``positions`` their
+    rows in the batch.
+    """
+    if not any(region is not None for plan in plans for region in plan.regions):
         return
-    lengths = [len(f) for f in flats]
-    flat = np.concatenate(flats)
-    positions = np.concatenate(targets)
-    T = np.repeat([plan.T for plan in plans], lengths)
-    B = np.repeat([plan.B for plan in plans], lengths)
-    first_rows = np.repeat([plan.first_rows for plan in plans], lengths, axis=0)
-    epochs = np.repeat([plan.epochs for plan in plans], lengths, axis=0)
+    first_rows = np.array([plan.first_rows for plan in plans], dtype=np.int64).T.copy()
+    epochs = np.array([plan.epochs for plan in plans], dtype=np.int64).T.copy()
+    sizes = np.array([(plan.T, plan.B) for plan in plans], dtype=np.int64)
     same = all(plan.regions == plans[0].regions for plan in plans)
     for column, key in enumerate(views):
-        chosen = _reset_elements(flat, T, B, epochs[:, column]) + first_rows[:, column]
+        chosen = first_rows[column][which]
+        chosen += _reset_elements(flat, which, sizes, epochs[column])
+        target = views[key].view(record_dtype(views[key].shape[1])).reshape(-1)
         if same:
             region = plans[0].regions[column]
             if region is not None:
-                views[key][positions] = source.gather(region.rows, chosen)
+                target[positions] = source.gather(region.records, chosen)
             continue
         found = [plan.regions[column] for plan in plans]
         for region in {id(r): r for r in found if r is not None}.values():
-            mask = np.repeat([r is region for r in found], lengths)
-            views[key][positions[mask]] = source.gather(region.rows, chosen[mask])
+            mask = np.array([r is region for r in found])[which]
+            target[positions[mask]] = source.gather(region.records, chosen[mask])
 
 
 def _reset_elements(
-    flat: np.ndarray, T: np.ndarray, B: np.ndarray, epochs: np.ndarray
+    flat: np.ndarray, which: np.ndarray, sizes: np.ndarray, epochs: np.ndarray
 ) -> np.ndarray:
-    """:func:`reset_row_elements` with per-row ``T``, ``B`` and ``epochs``."""
+    """:func:`reset_row_elements` of rows of several trajectories: request ``which[i]`` of
+    row ``i`` has ``T, B = sizes[which[i]]`` and ``epochs[which[i]]`` reset epochs."""
     if not epochs.any():
         return flat
+    T, B, row_epochs = sizes[which, 0], sizes[which, 1], epochs[which]
     steps = flat // B
-    per_episode = T // np.maximum(epochs, 1)
-    return np.where(epochs > 0, flat + (steps // per_episode + 1) * B, flat)
+    shifted = flat + (steps // (T // np.maximum(row_epochs, 1)) + 1) * B
+    return np.where(row_epochs > 0, shifted, flat)
 
 
 def _row_plan(handles: ShardedTrajectory, keys: Sequence[str]) -> _RowPlan:
@@ -221,24 +234,20 @@ def zarr_arrays(opened: ShardedTrajectory, keys: Sequence[str]) -> dict[str, Asy
     return {key: opened.arrays[key] for key in keys if key in opened.arrays}
 
 
-def _checked_rows(
-    requests: Sequence[tuple[Entry, torch.Tensor, torch.Tensor]], plans: Sequence[_RowPlan]
-) -> list[np.ndarray]:
-    """Each request's flat rows as numpy, all checked against their trajectory's ``T * B``."""
-    flats = [
-        torch.as_tensor(rows, dtype=torch.int64).reshape(-1).numpy() for _, rows, _ in requests
-    ]
-    if not flats:
-        return flats
-    lengths = [len(f) for f in flats]
-    every = np.concatenate(flats)
-    limits = np.repeat([plan.T * plan.B for plan in plans], lengths)
-    bad = (every < 0) | (every >= limits)
+def _check_rows(
+    requests: Sequence[tuple[Entry, torch.Tensor, torch.Tensor]],
+    plans: Sequence[_RowPlan],
+    flat: np.ndarray,
+    which: np.ndarray,
+) -> None:
+    """Refuse rows outside their trajectory's ``[0, T * B)`` (all requests' rows in ``flat``,
+    the request of each in ``which``)."""
+    limits = np.array([plan.T * plan.B for plan in plans], dtype=np.int64)
+    bad = (flat < 0) | (flat >= limits[which])
     if bad.any():
-        at = int(np.searchsorted(np.cumsum(lengths), np.argmax(bad), "right"))
-        flat, count = flats[at], plans[at].T * plans[at].B
+        at = int(which[np.argmax(bad)])
+        rows = flat[which == at]
         raise IndexError(
-            f"trajectory {trajectory_id(requests[at][0])}: rows must be in [0, {count}), "
-            f"got min {int(flat.min())}, max {int(flat.max())}"
+            f"trajectory {trajectory_id(requests[at][0])}: rows must be in [0, {limits[at]}), "
+            f"got min {int(rows.min())}, max {int(rows.max())}"
         )
-    return flats
