@@ -167,8 +167,8 @@ class LocalShard:
             weakref.finalize(self, self.slot.release)
             first = self.slot.first_row
             self.rows = self.slot.region.rows[first : first + count]
-        elif regions.MAP_BUDGET.take(1):
-            weakref.finalize(self, regions.MAP_BUDGET.give, 1)
+        elif (budget := regions.MAP_BUDGET).take(1):
+            weakref.finalize(self, budget.give, 1)
             mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
             mapped.madvise(mmap.MADV_RANDOM)
             if spec.row_bytes >= PREFETCH_ROW_BYTES:

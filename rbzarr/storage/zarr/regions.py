@@ -10,9 +10,6 @@ of both the page size and the row size.  Row ``r`` of the shard in slot ``s`` is
 each key with one gather over all its trajectories.  A mapped shard's data starts at offset 0
 of its file (its index is at the end), so the file maps as it is.
 
-Measured on the bench's state workload (4,096 rows, 7 keys, 100 trajectories, page cache
-warm; ``/tmp/mm/probe.py``): see the module's closing note in ``docs``/issue 21.
-
 A slot is handed back (its pages replaced by the reservation again, so no other mapping can
 take the hole) when the shard that holds it is garbage: a read holds its trajectories'
 shards, so no slot it gathers from changes under it.  Mappings survive a fork (the child
@@ -169,8 +166,11 @@ class Region:
 
     _reserve_flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
 
-    def map(self, fd: int, nbytes: int) -> Slot | None:
-        """Map ``nbytes`` of file ``fd`` (from offset 0) into a free slot; ``None`` when full."""
+    def map(self, fd: int, nbytes: int, budget: MapBudget) -> Slot | None:
+        """Map ``nbytes`` of file ``fd`` (from offset 0) into a free slot; ``None`` when full.
+
+        The slot hands :data:`SLOT_MAPS` back to ``budget`` when released.
+        """
         with self._lock:
             if self._free:
                 slot = self._free.pop()
@@ -186,7 +186,7 @@ class Region:
         except OSError:
             self.release(slot)
             raise
-        return Slot(self, slot)
+        return Slot(self, slot, budget)
 
     def release(self, slot: int) -> None:
         """Put the reservation back over ``slot`` (nothing else can map there) and free it."""
@@ -209,6 +209,7 @@ class Slot:
 
     region: Region
     index: int
+    budget: MapBudget
 
     @property
     def first_row(self) -> int:
@@ -216,9 +217,9 @@ class Slot:
         return self.index * self.region.slot_rows
 
     def release(self) -> None:
-        """Unmap the shard and free the slot (and its share of :data:`MAP_BUDGET`)."""
+        """Unmap the shard and free the slot (and its share of the map budget)."""
         self.region.release(self.index)
-        MAP_BUDGET.give(SLOT_MAPS)
+        self.budget.give(SLOT_MAPS)
 
 
 # A slot's mapping splits its region's reservation: at most two more mappings per slot.
@@ -240,7 +241,8 @@ _regions_lock = threading.Lock()
 def place(fd: int, nbytes: int, row_bytes: int) -> Slot | None:
     """Map ``nbytes`` of shard file ``fd`` into a slot of a region of its row size, or
     ``None`` where regions are unavailable (not Linux) or the map budget is spent."""
-    if _MMAP is None or not MAP_BUDGET.take(SLOT_MAPS):
+    budget = MAP_BUDGET
+    if _MMAP is None or not budget.take(SLOT_MAPS):
         return None
     unit = math.lcm(mmap.PAGESIZE, row_bytes)
     slot_bytes = -(-nbytes // unit) * unit
@@ -248,14 +250,14 @@ def place(fd: int, nbytes: int, row_bytes: int) -> Slot | None:
         with _regions_lock:
             family = _regions.setdefault((row_bytes, slot_bytes), [])
             for region in family:
-                slot = region.map(fd, nbytes)
+                slot = region.map(fd, nbytes, budget)
                 if slot is not None:
                     return slot
             region = Region(row_bytes, slot_bytes, max(MIN_SLOTS, REGION_BYTES // slot_bytes))
             family.append(region)
-            slot = region.map(fd, nbytes)
+            slot = region.map(fd, nbytes, budget)
     except OSError:
         slot = None
     if slot is None:
-        MAP_BUDGET.give(SLOT_MAPS)
+        budget.give(SLOT_MAPS)
     return slot
