@@ -3,8 +3,12 @@
 A shard opens once per trajectory (its size checked, its index read and checked) and is
 cached with the trajectory's handles.  Reading rows then costs:
 
-* **uncompressed arrays**: nothing but one numpy gather per (trajectory, key) out of a
-  read-only memory map of the shard, straight into the batch's output rows.  Every map is
+* **uncompressed arrays**: nothing but numpy gathers out of read-only memory maps,
+  straight into the batch's output rows.  Shards of small rows (under
+  :data:`PREFETCH_ROW_BYTES`) are mapped at a slot of a reserved address range shared by
+  every shard of their row size (:mod:`rbzarr.storage.zarr.regions`), so a batch gathers
+  each key once for all its trajectories; larger rows (and shards past a full region) keep
+  a map of their own, one gather per (trajectory, key).  Every map is
   marked ``MADV_RANDOM``, small rows' too: a cold row read then faults in that row's pages
   only, not the kernel's read-around window (``read_ahead_kb`` of the device, 8 MiB here,
   centred on the fault).  Without it one 128-byte state row read its whole 64 KiB shard:
@@ -110,7 +114,8 @@ class LocalShard:
     """An open local shard: its checked index, a descriptor or a memory map.
 
     An uncompressed array of at least two dimensions is memory-mapped (``rows``: one uint8
-    row per element ``raw_t * B + b``); other shards keep a descriptor read with ``pread``.
+    row per element ``raw_t * B + b``; ``slot``: where it sits in a region, for small rows),
+    unless the map budget is spent; other shards keep a descriptor read with ``pread``.
 
     Parameters
     ----------
@@ -161,8 +166,7 @@ class LocalShard:
         map of their own, none once :data:`regions.MAP_BUDGET` is spent (then ``pread``)."""
         spec = self.spec
         count = spec.data_bytes // spec.row_bytes
-        if spec.row_bytes < PREFETCH_ROW_BYTES:
-            self.slot = regions.place(fd, size, spec.row_bytes)
+        self.slot = regions.place(fd, size, spec.row_bytes)
         if self.slot is not None:
             weakref.finalize(self, self.slot.release)
             first = self.slot.first_row

@@ -188,6 +188,12 @@ class Region:
             raise
         return Slot(self, slot, budget)
 
+    def prefetch(self, rows: np.ndarray) -> None:
+        """Ask the kernel to start reading region rows ``rows`` (``MADV_WILLNEED``), so the
+        pages of a cold batch arrive in parallel instead of one fault at a time."""
+        for row in np.unique(rows).tolist():
+            _madvise(self.address + row * self.row_bytes, self.row_bytes, mmap.MADV_WILLNEED)
+
     def release(self, slot: int) -> None:
         """Put the reservation back over ``slot`` (nothing else can map there) and free it."""
         address = self.address + slot * self.slot_bytes

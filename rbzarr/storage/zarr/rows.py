@@ -24,7 +24,7 @@ from rbzarr.storage.location import Location
 from rbzarr.storage.zarr import arrays
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.handles import trajectory_id
-from rbzarr.storage.zarr.local import LocalShard
+from rbzarr.storage.zarr.local import PREFETCH_ROW_BYTES, LocalShard
 from rbzarr.storage.zarr.regions import Region, record_dtype
 from rbzarr.storage.zarr.sharded import RowBatch, ShardedTrajectory
 from rbzarr.trajectory.dtypes import byte_rows, from_numpy
@@ -133,19 +133,25 @@ def _gather_slotted(
     epochs = np.array([plan.epochs for plan in plans], dtype=np.int64).T.copy()
     sizes = np.array([(plan.T, plan.B) for plan in plans], dtype=np.int64)
     same = all(plan.regions == plans[0].regions for plan in plans)
+    reads: list[tuple[str, Region, np.ndarray, np.ndarray]] = []  # key, region, rows, targets
     for column, key in enumerate(views):
         chosen = first_rows[column][which]
         chosen += _reset_elements(flat, which, sizes, epochs[column])
-        target = views[key].view(record_dtype(views[key].shape[1])).reshape(-1)
         if same:
             region = plans[0].regions[column]
             if region is not None:
-                target[positions] = source.gather(region.records, chosen)
+                reads.append((key, region, chosen, positions))
             continue
         found = [plan.regions[column] for plan in plans]
         for region in {id(r): r for r in found if r is not None}.values():
             mask = np.array([r is region for r in found])[which]
-            target[positions[mask]] = source.gather(region.records, chosen[mask])
+            reads.append((key, region, chosen[mask], positions[mask]))
+    for _, region, chosen, _ in reads:  # every prefetch is issued before any gather
+        if region.row_bytes >= PREFETCH_ROW_BYTES:
+            region.prefetch(chosen)
+    for key, region, chosen, targets in reads:
+        records = views[key].view(record_dtype(views[key].shape[1])).reshape(-1)
+        records[targets] = source.gather(region.records, chosen)
 
 
 def _reset_elements(
