@@ -4,11 +4,11 @@ A shard opens once per trajectory (its size checked, its index read and checked)
 cached with the trajectory's handles.  Reading rows then costs:
 
 * **uncompressed arrays**: nothing but numpy gathers out of read-only memory maps,
-  straight into the batch's output rows.  Shards of small rows (under
-  :data:`PREFETCH_ROW_BYTES`) are mapped at a slot of a reserved address range shared by
-  every shard of their row size (:mod:`rbzarr.storage.zarr.regions`), so a batch gathers
-  each key once for all its trajectories; larger rows (and shards past a full region) keep
-  a map of their own, one gather per (trajectory, key).  Every map is
+  straight into the batch's output rows.  Each shard is mapped at a slot of a reserved
+  address range shared by every shard of its row size (:mod:`rbzarr.storage.zarr.regions`),
+  so a batch gathers each key once for all its trajectories; a shard that finds no slot
+  (not Linux, or its reservation failed) keeps a map of its own, one gather per
+  (trajectory, key), and one past the map budget a descriptor.  Every map is
   marked ``MADV_RANDOM``, small rows' too: a cold row read then faults in that row's pages
   only, not the kernel's read-around window (``read_ahead_kb`` of the device, 8 MiB here,
   centred on the fault).  Without it one 128-byte state row read its whole 64 KiB shard:
@@ -114,7 +114,7 @@ class LocalShard:
     """An open local shard: its checked index, a descriptor or a memory map.
 
     An uncompressed array of at least two dimensions is memory-mapped (``rows``: one uint8
-    row per element ``raw_t * B + b``; ``slot``: where it sits in a region, for small rows),
+    row per element ``raw_t * B + b``; ``slot``: where it sits in a region, if it does),
     unless the map budget is spent; other shards keep a descriptor read with ``pread``.
 
     Parameters
@@ -162,8 +162,8 @@ class LocalShard:
             self._map_rows(fd, size)
 
     def _map_rows(self, fd: int, size: int) -> None:
-        """Map the rows: small ones into a region slot, large ones (or a full region) into a
-        map of their own, none once :data:`regions.MAP_BUDGET` is spent (then ``pread``)."""
+        """Map the rows into a region slot, else into a map of their own; none once
+        :data:`regions.MAP_BUDGET` is spent (then ``pread``)."""
         spec = self.spec
         count = spec.data_bytes // spec.row_bytes
         self.slot = regions.place(fd, size, spec.row_bytes)

@@ -1,14 +1,21 @@
-"""Shards of small rows mapped at fixed slots of reserved address ranges, gathered once per key.
+"""Shards mapped at fixed slots of reserved address ranges, so a batch gathers once per key.
 
 A batch of state rows touches each key of ~100 trajectories; one numpy gather per
-(trajectory, key) out of each shard's own memory map costs ~700 small gathers and their
+(trajectory, key) out of each shard's own memory map cost ~665 small gathers and their
 Python per 4,096-row batch.  Here every shard of one row size and slot size is mapped
 read-only into a slot of one range reserved up front (``PROT_NONE``, no memory behind it):
 the kernel's ``mmap`` with ``MAP_FIXED`` at ``slot * slot_bytes``, ``slot_bytes`` a multiple
 of both the page size and the row size.  Row ``r`` of the shard in slot ``s`` is then row
-``s * slot_rows + r`` of one ``[rows, row_bytes]`` uint8 view of the range, and a batch reads
-each key with one gather over all its trajectories.  A mapped shard's data starts at offset 0
-of its file (its index is at the end), so the file maps as it is.
+``s * slot_rows + r`` of one view of the range, and a batch reads each key with one gather
+over all its trajectories.  A mapped shard's data starts at offset 0 of its file (its index
+is at the end), so the file maps as it is.  Each slot is ``MADV_RANDOM`` (a cold row faults
+in its own pages only); rows of at least a page are asked for with ``MADV_WILLNEED`` first.
+
+Measured with the bench's state workload in one process against TorchRL's
+``LazyMemmapStorage.get`` of the same rows (thread CPU time, min of 80 batches, 2 busy
+cores): one gather per (trajectory, key) 0.33x; slots with one gather per key 0.64x; rows
+gathered as one numpy record each instead of as bytes 0.75x (numpy copies 4,096 records of
+168 bytes ~2x faster); with the batch's bookkeeping vectorised 0.93x.
 
 A slot is handed back (its pages replaced by the reservation again, so no other mapping can
 take the hole) when the shard that holds it is garbage: a read holds its trajectories'
