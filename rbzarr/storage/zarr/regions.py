@@ -51,6 +51,10 @@ MIN_SLOTS = 16
 class MapBudget:
     """How many memory mappings the read path may hold, counted as they are made and freed.
 
+    Mappings are handed back from finalizers, which the garbage collector may run inside any
+    allocation, even one under this budget's lock: :meth:`give` therefore only queues the
+    count (a list append takes no lock), and the queue is settled under the lock.
+
     Parameters
     ----------
     limit
@@ -59,21 +63,34 @@ class MapBudget:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.held = 0
+        self._held = 0
+        self._returned: list[int] = []
         self._lock = threading.Lock()
+
+    def _settle(self) -> None:
+        """Take the queued returns off the count (call under the lock)."""
+        while self._returned:
+            self._held -= self._returned.pop()
+
+    @property
+    def held(self) -> int:
+        """Mappings held now."""
+        with self._lock:
+            self._settle()
+            return self._held
 
     def take(self, count: int) -> bool:
         """Reserve ``count`` mappings; ``False`` (nothing reserved) when over the limit."""
         with self._lock:
-            if self.held + count > self.limit:
+            self._settle()
+            if self._held + count > self.limit:
                 return False
-            self.held += count
+            self._held += count
             return True
 
     def give(self, count: int) -> None:
         """Hand back ``count`` mappings."""
-        with self._lock:
-            self.held -= count
+        self._returned.append(count)
 
 
 def _max_map_count() -> int:
@@ -202,18 +219,15 @@ class Region:
             _madvise(self.address + row * self.row_bytes, self.row_bytes, mmap.MADV_WILLNEED)
 
     def release(self, slot: int) -> None:
-        """Put the reservation back over ``slot`` (nothing else can map there) and free it."""
+        """Put the reservation back over ``slot`` (nothing else can map there) and free it.
+
+        Takes no lock (a list append is atomic): finalizers call it, and the garbage
+        collector may run them inside :meth:`map`'s locked section.
+        """
         address = self.address + slot * self.slot_bytes
         flags = self._reserve_flags | _MAP_FIXED
         _call_mmap(address, self.slot_bytes, _PROT_NONE, flags, -1)
-        with self._lock:
-            self._free.append(slot)
-
-    @property
-    def used(self) -> int:
-        """Slots holding a shard now."""
-        with self._lock:
-            return self._next - len(self._free)
+        self._free.append(slot)
 
 
 @dataclass(frozen=True)
