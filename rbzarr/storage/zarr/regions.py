@@ -272,7 +272,9 @@ def place(fd: int, nbytes: int, row_bytes: int) -> Slot | None:
     if _MMAP is None or not budget.take(SLOT_MAPS):
         return None
     unit = math.lcm(mmap.PAGESIZE, row_bytes)
-    slot_bytes = -(-nbytes // unit) * unit
+    # A power of two of units: trajectories of varied lengths share a few regions (the slack
+    # is reserved address space only, no memory).
+    slot_bytes = unit << (-(-nbytes // unit) - 1).bit_length()
     try:
         with _regions_lock:
             family = _regions.setdefault((row_bytes, slot_bytes), [])
