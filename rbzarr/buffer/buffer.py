@@ -330,7 +330,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             cached = self._cache.gather(slots[hit], rows[hit]) if bool(hit.any()) else {}
             ids = torch.tensor(window, dtype=torch.int64)[positions]
             assert self._schema is not None
-            pending = {} if self._committer is None else self._committer.pending_flats(window)
+            drawn = window if len(window) <= len(ids) else ids.tolist()  # the shorter to scan
+            pending = {} if self._committer is None else self._committer.pending_flats(drawn)
             plan = row_reads.plan_misses(
                 ids, rows, hit, cached, self._schema, self._index.entries, pending
             )
