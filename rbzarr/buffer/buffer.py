@@ -464,7 +464,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             return row_reads.all_cached(self._cache.gather(slots, rows), self._schema)
         cached = self._cache.gather(slots[hit], rows[hit]) if bool(hit.any()) else {}
         ids = torch.tensor(window, dtype=torch.int64)[positions]
-        pending = {} if self._committer is None else self._committer.pending_flats(ids.tolist())
+        drawn = window if len(window) <= len(ids) else ids.tolist()  # the shorter to scan
+        pending = {} if self._committer is None else self._committer.pending_flats(drawn)
         return row_reads.plan_misses(
             ids, rows, hit, cached, self._schema, self._index.entries, pending
         )

@@ -102,11 +102,12 @@ def read_batch(plan: MissPlan, store: TrajectoryLayout | None) -> dict[str, torc
     hits = plan.hit_positions.numpy()
     if len(hits):
         for key, tensor in out.items():
-            byte_rows(tensor)[hits] = byte_rows(plan.cached[key])
+            _records(tensor)[hits] = _records(plan.cached[key])
     stored = []
-    for group in plan.groups:
-        rows = plan.miss_rows[group.start : group.stop]
-        positions = plan.miss_positions[group.start : group.stop]
+    sizes = [group.stop - group.start for group in plan.groups]
+    split_rows = plan.miss_rows.split(sizes)  # one call for every group's views
+    split_positions = plan.miss_positions.split(sizes)
+    for group, rows, positions in zip(plan.groups, split_rows, split_positions, strict=True):
         if group.pending is None:
             stored.append((group.entry, rows, positions))
             continue
@@ -116,3 +117,9 @@ def read_batch(plan: MissPlan, store: TrajectoryLayout | None) -> dict[str, torc
         assert store is not None
         store.read_rows_into(stored, list(plan.schema), out)
     return out
+
+
+def _records(tensor: torch.Tensor) -> np.ndarray:
+    """A tensor's rows as one numpy record each (copied in and out ~2x faster than bytes)."""
+    rows = byte_rows(tensor)
+    return rows.view(np.dtype((np.void, rows.shape[1]))).reshape(-1) if rows.shape[1] else rows

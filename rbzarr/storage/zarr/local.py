@@ -3,8 +3,12 @@
 A shard opens once per trajectory (its size checked, its index read and checked) and is
 cached with the trajectory's handles.  Reading rows then costs:
 
-* **uncompressed arrays**: nothing but one numpy gather per (trajectory, key) out of a
-  read-only memory map of the shard, straight into the batch's output rows.  Every map is
+* **uncompressed arrays**: nothing but numpy gathers out of read-only memory maps,
+  straight into the batch's output rows.  Each shard is mapped at a slot of a reserved
+  address range shared by every shard of its row size (:mod:`rbzarr.storage.zarr.regions`),
+  so a batch gathers each key once for all its trajectories; a shard that finds no slot
+  (not Linux, or its reservation failed) keeps a map of its own, one gather per
+  (trajectory, key), and one past the map budget a descriptor.  Every map is
   marked ``MADV_RANDOM``, small rows' too: a cold row read then faults in that row's pages
   only, not the kernel's read-around window (``read_ahead_kb`` of the device, 8 MiB here,
   centred on the fault).  Without it one 128-byte state row read its whole 64 KiB shard:
@@ -43,7 +47,7 @@ from numcodecs import zstd
 
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage import workers
-from rbzarr.storage.zarr import shard_index
+from rbzarr.storage.zarr import regions, shard_index
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.spec import ArraySpec
 
@@ -110,7 +114,8 @@ class LocalShard:
     """An open local shard: its checked index, a descriptor or a memory map.
 
     An uncompressed array of at least two dimensions is memory-mapped (``rows``: one uint8
-    row per element ``raw_t * B + b``); other shards keep a descriptor read with ``pread``.
+    row per element ``raw_t * B + b``; ``slot``: where it sits in a region, if it does),
+    unless the map budget is spent; other shards keep a descriptor read with ``pread``.
 
     Parameters
     ----------
@@ -152,15 +157,31 @@ class LocalShard:
             self._closer()
             raise
         self.rows: np.ndarray | None = None
+        self.slot: regions.Slot | None = None
         self._map: mmap.mmap | None = None
         if spec.kind == "mapped" and len(spec.shape) >= 2:
+            self._map_rows(fd, size)
+
+    def _map_rows(self, fd: int, size: int) -> None:
+        """Map the rows into a region slot, else into a map of their own; none once
+        :data:`regions.MAP_BUDGET` is spent (then ``pread``)."""
+        spec = self.spec
+        count = spec.data_bytes // spec.row_bytes
+        self.slot = regions.place(fd, size, spec.row_bytes)
+        if self.slot is not None:
+            weakref.finalize(self, self.slot.release)
+            first = self.slot.first_row
+            self.rows = self.slot.region.rows[first : first + count]
+        elif (budget := regions.MAP_BUDGET).take(1):
+            weakref.finalize(self, budget.give, 1)
             mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
             mapped.madvise(mmap.MADV_RANDOM)
             if spec.row_bytes >= PREFETCH_ROW_BYTES:
                 self._map = mapped
-            count = spec.data_bytes // spec.row_bytes
             self.rows = np.frombuffer(mapped, np.uint8, spec.data_bytes).reshape(count, -1)
-            self._closer()  # the map keeps its own descriptor
+        else:
+            return
+        self._closer()  # the map keeps its own descriptor
 
     @property
     def prefetches(self) -> bool:

@@ -10,6 +10,7 @@ all of them in one concurrent round.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,9 @@ from rbzarr.storage.documents import Entry
 from rbzarr.storage.location import Location
 from rbzarr.storage.zarr import arrays
 from rbzarr.storage.zarr.byte_source import ByteSource
-from rbzarr.storage.zarr.handles import time_and_envs, trajectory_id
+from rbzarr.storage.zarr.handles import trajectory_id
+from rbzarr.storage.zarr.local import PREFETCH_ROW_BYTES, LocalShard
+from rbzarr.storage.zarr.regions import Region, record_dtype
 from rbzarr.storage.zarr.sharded import RowBatch, ShardedTrajectory
 from rbzarr.trajectory.dtypes import byte_rows, from_numpy
 
@@ -40,57 +43,152 @@ def read_rows_into(
 ) -> None:
     """Fill rows ``positions`` of ``out[key]`` for each request ``(entry, rows, positions)``.
 
-    ``opened`` holds the handles of each request's trajectory.  At most one gather or one
-    batch of pieces per (trajectory, key); every remote range in one round.  Rows of small
-    uncompressed keys are gathered from memory maps here directly: this loop is the cost
-    of a warm batch, so it does no more per (trajectory, key) than one numpy gather.
-    Remote ranges of one object at most ``range_gap`` bytes apart are fetched as one.
+    ``opened`` holds the handles of each request's trajectory.  Keys whose shards sit in
+    region slots (:mod:`rbzarr.storage.zarr.regions`) are read with one gather per key and
+    region for the whole batch; other keys with at most one gather or one batch of pieces per
+    (trajectory, key), every remote range in one round.  Every row is checked before any is
+    read.  Remote ranges of one object at most ``range_gap`` bytes apart are fetched as one.
     """
     views = {key: byte_rows(out[key]) for key in keys}
-    batch = RowBatch(views, source, range_gap)
-    plain: list[Any] = []
     wanted = tuple(keys)
-    deferred: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-    for (entry, rows, where), handles in zip(requests, opened, strict=True):
+    plans: list[_RowPlan] = []
+    for handles in opened:
         plan = handles.plans.get(wanted)
         if plan is None:
             check_keys(handles, keys, location.url, sampled=True)
             plan = handles.plans[wanted] = _row_plan(handles, keys)
-        flat, T, B = _checked_rows(entry, rows)
-        positions = where.numpy()
+        plans.append(plan)
+    flats = [
+        torch.as_tensor(rows, dtype=torch.int64).numpy().reshape(-1) for _, rows, _ in requests
+    ]
+    targets = [where.numpy() for _, _, where in requests]
+    if not flats:
+        return
+    lengths = np.fromiter(map(len, flats), np.int64, len(flats))
+    flat = np.concatenate(flats)
+    which = np.repeat(np.arange(len(flats)), lengths)
+    _check_rows(requests, plans, flat, which)
+    _gather_slotted(plans, flat, which, np.concatenate(targets), views, source)
+    batch = RowBatch(views, source, range_gap)
+    plain: list[Any] = []
+    deferred: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    for plan, flat, positions, handles, (_, _, where) in zip(
+        plans, flats, targets, opened, requests, strict=True
+    ):
+        if not plan.others:
+            continue
+        T, B = plan.T, plan.B
         elements = {0: flat}
-        for key, local, epochs, array in plan:
+        for key, local, epochs, array in plan.others:
             if array is not None:
                 plain.append((array, key, flat // B, flat % B, T, where))
                 continue
             if epochs not in elements:
                 elements[epochs] = reset_row_elements(flat, T, B, epochs)
-            if local is None:
+            if local is None or local.rows is None:
                 batch.add(handles, key, elements[epochs], positions)
             elif local.prefetches:
                 local.prefetch(elements[epochs])
                 deferred.append((views[key], positions, local.rows, elements[epochs]))
             else:
                 views[key][positions] = source.gather(local.rows, elements[epochs])
-    for view, targets, mapped, chosen in deferred:  # after every prefetch was issued
-        view[targets] = source.gather(mapped, chosen)
+    for view, chosen_targets, mapped, chosen in deferred:  # after every prefetch was issued
+        view[chosen_targets] = source.gather(mapped, chosen)
     batch.run(location.fs)
     _read_plain(plain, out, location.url)
 
 
-def _row_plan(handles: ShardedTrajectory, keys: Sequence[str]) -> list[tuple[str, Any, int, Any]]:
-    """Per key: ``(key, memory-mapped local shard or None, reset epochs, zarr array or
-    None)``."""
-    by_zarr = zarr_arrays(handles, keys)
-    plan: list[tuple[str, Any, int, Any]] = []
-    for key in keys:
-        if key in by_zarr:
-            plan.append((key, None, 0, by_zarr[key]))
+@dataclass(frozen=True)
+class _RowPlan:
+    """How one trajectory's keys are read.
+
+    Per key of the batch: the region holding its shard (``None`` if not slotted), the
+    region row of its row 0 and its reset epochs; then the keys read otherwise, as ``(key,
+    local shard or None (read by pieces when unmapped), reset epochs, zarr array or None)``.
+    """
+
+    T: int
+    B: int
+    regions: tuple[Region | None, ...]
+    first_rows: tuple[int, ...]
+    epochs: tuple[int, ...]
+    others: list[tuple[str, LocalShard | None, int, Any]]
+
+
+def _gather_slotted(
+    plans: Sequence[_RowPlan],
+    flat: np.ndarray,
+    which: np.ndarray,
+    positions: np.ndarray,
+    views: Mapping[str, np.ndarray],
+    source: ByteSource,
+) -> None:
+    """Rows of every slotted key: per key and region, one gather for all its trajectories.
+
+    ``flat`` holds every request's rows, ``which`` the request of each, ``positions`` their
+    rows in the batch.
+    """
+    if not any(region is not None for plan in plans for region in plan.regions):
+        return
+    first_rows = np.array([plan.first_rows for plan in plans], dtype=np.int64).T.copy()
+    epochs = np.array([plan.epochs for plan in plans], dtype=np.int64).T.copy()
+    sizes = np.array([(plan.T, plan.B) for plan in plans], dtype=np.int64)
+    same = all(plan.regions == plans[0].regions for plan in plans)
+    reads: list[tuple[str, Region, np.ndarray, np.ndarray]] = []  # key, region, rows, targets
+    for column, key in enumerate(views):
+        chosen = first_rows[column][which]
+        chosen += _reset_elements(flat, which, sizes, epochs[column])
+        if same:
+            region = plans[0].regions[column]
+            if region is not None:
+                reads.append((key, region, chosen, positions))
             continue
+        found = [plan.regions[column] for plan in plans]
+        for region in {id(r): r for r in found if r is not None}.values():
+            mask = np.array([r is region for r in found])[which]
+            reads.append((key, region, chosen[mask], positions[mask]))
+    for _, region, chosen, _ in reads:  # every prefetch is issued before any gather
+        if region.row_bytes >= PREFETCH_ROW_BYTES:
+            region.prefetch(chosen)
+    for key, region, chosen, targets in reads:
+        records = views[key].view(record_dtype(views[key].shape[1])).reshape(-1)
+        records[targets] = source.gather(region.records, chosen)
+
+
+def _reset_elements(
+    flat: np.ndarray, which: np.ndarray, sizes: np.ndarray, epochs: np.ndarray
+) -> np.ndarray:
+    """:func:`reset_row_elements` of rows of several trajectories: request ``which[i]`` of
+    row ``i`` has ``T, B = sizes[which[i]]`` and ``epochs[which[i]]`` reset epochs."""
+    if not epochs.any():
+        return flat
+    T, B, row_epochs = sizes[which, 0], sizes[which, 1], epochs[which]
+    steps = flat // B
+    shifted = flat + (steps // (T // np.maximum(row_epochs, 1)) + 1) * B
+    return np.where(row_epochs > 0, shifted, flat)
+
+
+def _row_plan(handles: ShardedTrajectory, keys: Sequence[str]) -> _RowPlan:
+    """How ``keys`` of one trajectory are read."""
+    by_zarr = zarr_arrays(handles, keys)
+    regions: list[Region | None] = []
+    first_rows: list[int] = []
+    all_epochs: list[int] = []
+    others: list[tuple[str, LocalShard | None, int, Any]] = []
+    for key in keys:
         local = handles.local.get(key)
-        mapped = None if local is None or local.rows is None else local
-        plan.append((key, mapped, handles.shape(key)[0] - handles.T, None))
-    return plan
+        slot = None if local is None or key in by_zarr else local.slot
+        epochs = 0 if key in by_zarr else handles.shape(key)[0] - handles.T
+        regions.append(None if slot is None else slot.region)
+        first_rows.append(0 if slot is None else slot.first_row)
+        all_epochs.append(epochs if slot is not None else 0)
+        if key in by_zarr:
+            others.append((key, None, 0, by_zarr[key]))
+        elif slot is None:
+            others.append((key, local, epochs, None))
+    return _RowPlan(
+        handles.T, handles.B, tuple(regions), tuple(first_rows), tuple(all_epochs), others
+    )
 
 
 def reset_row_elements(flat: np.ndarray, T: int, B: int, epochs: int) -> np.ndarray:
@@ -143,13 +241,20 @@ def zarr_arrays(opened: ShardedTrajectory, keys: Sequence[str]) -> dict[str, Asy
     return {key: opened.arrays[key] for key in keys if key in opened.arrays}
 
 
-def _checked_rows(entry: Entry, rows: torch.Tensor) -> tuple[np.ndarray, int, int]:
-    """The flat rows as numpy, with the entry's ``T, B``."""
-    T, B = time_and_envs(entry)
-    flat = torch.as_tensor(rows, dtype=torch.int64).reshape(-1).numpy()
-    if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= T * B):
+def _check_rows(
+    requests: Sequence[tuple[Entry, torch.Tensor, torch.Tensor]],
+    plans: Sequence[_RowPlan],
+    flat: np.ndarray,
+    which: np.ndarray,
+) -> None:
+    """Refuse rows outside their trajectory's ``[0, T * B)`` (all requests' rows in ``flat``,
+    the request of each in ``which``)."""
+    limits = np.array([plan.T * plan.B for plan in plans], dtype=np.int64)
+    bad = (flat < 0) | (flat >= limits[which])
+    if bad.any():
+        at = int(which[np.argmax(bad)])
+        rows = flat[which == at]
         raise IndexError(
-            f"trajectory {trajectory_id(entry)}: rows must be in [0, {T * B}), "
-            f"got min {int(flat.min())}, max {int(flat.max())}"
+            f"trajectory {trajectory_id(requests[at][0])}: rows must be in [0, {limits[at]}), "
+            f"got min {int(rows.min())}, max {int(rows.max())}"
         )
-    return flat, T, B
