@@ -6,6 +6,7 @@ from typing import Any
 
 from rbzarr.analysis.view import BufferView
 from rbzarr.storage.backends import translate_errors
+from rbzarr.storage.deadlines import deadline_options
 from rbzarr.storage.layout import bytes_by_prefix
 from rbzarr.storage.location import Location
 
@@ -15,9 +16,9 @@ __all__ = ["describe_store", "file_sizes", "list_trajectories"]
 def file_sizes(location: Location) -> dict[str, int]:
     """Size of every file below ``location``."""
     with translate_errors(location.url, "listing"):
-        if not location.fs.exists(location.path):
+        if not location.exists():
             return {}
-        found = location.fs.find(location.path, detail=True)
+        found = location.fs.find(location.path, detail=True, **deadline_options(location.fs))
     root = location.path.rstrip("/") + "/"
     return {
         str(path)[len(root) :]: int(info.get("size") or 0)

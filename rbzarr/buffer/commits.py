@@ -31,6 +31,7 @@ from rbzarr.buffer.checkpoint import LoadedCheckpoint, is_rbzarr_store, schema_f
 from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.errors import CheckpointConflictError, StoreExistsError
 from rbzarr.storage.backends import translate_errors
+from rbzarr.storage.deadlines import deadline_options
 from rbzarr.storage.documents import Entry, read_documents
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.registry import stored_format
@@ -67,7 +68,7 @@ class StoreCommitter:
         """The index of the store already here (empty if none); sets ``stored_schema``."""
         location = self.layout.location
         with translate_errors(location.url, "opening"):
-            is_file = location.fs.isfile(location.path)
+            is_file = location.fs.isfile(location.path, **deadline_options(location.fs))
         if is_file:
             raise StoreExistsError(
                 f"auto_save_path {location.url} is a file: it must be a folder (new, or holding "

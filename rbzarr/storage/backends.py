@@ -18,6 +18,7 @@ from typing import Any
 import fsspec
 
 from rbzarr.errors import RbzarrError, StorageUnavailableError
+from rbzarr.storage.deadlines import deadline_s, no_answer
 
 __all__ = [
     "S3_DEFAULTS",
@@ -75,7 +76,10 @@ def backend_errors() -> tuple[type[BaseException], ...]:
 
 def _describe_failure(exc: BaseException) -> str:
     """The backend error in one line, with advice where the cause is a usual one."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = " ".join(str(exc).split())
+    if isinstance(exc, TimeoutError) and not text:
+        return no_answer(deadline_s())  # fsspec's FSTimeoutError carries no message
+    text = text or type(exc).__name__
     if type(exc).__name__ in _CREDENTIAL_ERRORS:
         return (
             f"no usable credentials ({text}); set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "

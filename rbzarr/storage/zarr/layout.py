@@ -36,10 +36,10 @@ import zarr
 from tqdm import tqdm
 from zarr.abc.store import Store
 from zarr.api import asynchronous as zarr_async
-from zarr.core.sync import sync
 from zarr.storage import StorePath
 
 from rbzarr.storage.backends import translate_errors
+from rbzarr.storage.deadlines import sync
 from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents, Entry, Finding
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
@@ -302,7 +302,7 @@ class ZarrLayout(TrajectoryLayout):
                     self.codecs,
                     self.chunk_bytes,
                 )
-                sync(publish)
+                sync(publish, nbytes=sum(v.numel() * v.element_size() for v in fields.values()))
         self._opener.handles.forget(tid)
 
     def write_documents(self, documents: Documents) -> Documents:

@@ -19,11 +19,11 @@ from typing import Any
 from zarr.abc.store import Store
 from zarr.core.array import AsyncArray
 from zarr.core.buffer import default_buffer_prototype
-from zarr.core.sync import sync
 from zarr.storage import StorePath
 
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, RbzarrError
 from rbzarr.storage.backends import translate_errors
+from rbzarr.storage.deadlines import sync
 from rbzarr.storage.documents import Entry
 from rbzarr.storage.location import Location
 from rbzarr.storage.zarr import sharded

@@ -9,6 +9,7 @@ as is every array of a layout-1 group (no description).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import torch
 from zarr.core.array import AsyncArray
 
 from rbzarr.errors import CorruptStoreError
+from rbzarr.storage.deadlines import deadline_options
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.chunking import KeyPlan
 from rbzarr.storage.zarr.encode import encode_array, shard_key
@@ -217,7 +219,8 @@ def read_whole_shards(
     if location.is_local:
         blobs = [_read_file(path) for path in paths]
     else:
-        found = location.fs.cat(paths, on_error="return")
+        nbytes = sum(math.prod(opened.shape(key)) * opened.dtypes[key].itemsize for key in keys)
+        found = location.fs.cat(paths, on_error="return", **deadline_options(location.fs, nbytes))
         blobs = [found[path] if isinstance(found, dict) else found for path in paths]
     out = {}
     for key, blob in zip(keys, blobs, strict=True):
