@@ -10,6 +10,7 @@ naming the URL (the backend's error is its ``__cause__``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import importlib
 from collections.abc import Iterator, Mapping
@@ -23,8 +24,10 @@ from rbzarr.storage.deadlines import deadline_s, no_answer
 __all__ = [
     "S3_DEFAULTS",
     "S3_RETRIES",
+    "PERMANENT_ERRNOS",
     "backend_errors",
     "bound_retries",
+    "permanent_cause",
     "translate_errors",
     "with_s3_defaults",
 ]
@@ -43,6 +46,12 @@ _S3_PROTOCOLS = ("s3", "s3a")
 # Transport failures of optional backends, none of which derives from OSError: botocore's
 # (connection, timeouts, credentials) and aiohttp's.
 _TRANSPORT_ERRORS = (("botocore.exceptions", "BotoCoreError"), ("aiohttp", "ClientError"))
+# Failures retrying cannot cure: permission, read-only, not a directory, no space or quota.
+PERMANENT_ERRNOS = frozenset(
+    {errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.ENOSPC, errno.EROFS, errno.EDQUOT}
+)
+# S3 error codes of the same kind (botocore's ``response["Error"]["Code"]``).
+_PERMANENT_CODES = frozenset({"NoSuchBucket", "AccessDenied", "InvalidBucketName"})
 _CREDENTIAL_ERRORS = ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError")
 
 
@@ -103,3 +112,20 @@ def translate_errors(url: str, action: str) -> Iterator[None]:
         raise
     except backend_errors() as exc:
         raise StorageUnavailableError(f"{action} {url!r} failed: {_describe_failure(exc)}") from exc
+
+
+def permanent_cause(exc: BaseException) -> BaseException | None:
+    """The error in ``exc``'s chain (``__cause__``, ``__context__``) that retrying cannot cure
+    (an errno of :data:`PERMANENT_ERRNOS`, S3's ``NoSuchBucket`` or ``AccessDenied``), else
+    ``None``."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in PERMANENT_ERRNOS:
+            return current
+        response = getattr(current, "response", None)
+        if isinstance(response, dict) and response.get("Error", {}).get("Code") in _PERMANENT_CODES:
+            return current
+        current = current.__cause__ or current.__context__
+    return None
