@@ -64,9 +64,10 @@ def verify_lines(report: VerifyReport) -> list[str]:
 
 
 def _stats_text(item: dict[str, Any]) -> str:
+    non_finite = "".join(f" {name}={item[name]}" for name in ("nan", "inf") if item.get(name))
     if not item["count"]:
-        return "n=0"
+        return f"n=0{non_finite}"
     return (
-        f"n={item['count']} mean={item['mean']:.6g} std={item['std']:.6g} "
+        f"n={item['count']}{non_finite} mean={item['mean']:.6g} std={item['std']:.6g} "
         f"min={item['min']:.6g} max={item['max']:.6g}"
     )

@@ -20,6 +20,7 @@ from typing import Any, Self
 import torch
 
 from rbzarr.buffer import checkpoint
+from rbzarr.buffer.arguments import check_count
 from rbzarr.buffer.background import DEFAULT_TIMEOUT
 from rbzarr.buffer.cache import SlotCache
 from rbzarr.buffer.commits import StoreCommitter
@@ -33,6 +34,7 @@ from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
 from rbzarr.trajectory import tree
+from rbzarr.trajectory.finite import check_finite
 from rbzarr.trajectory.model import Schema, Trajectory
 from rbzarr.trajectory.validated import ValidatedTrajectory, clone_trajectory
 
@@ -95,12 +97,22 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         refused (nothing changed) while it is full and storage is failing.
     layout_options
         Extra keyword arguments for the storage layout (codecs, chunk sizes, ...).
+    check_finite
+        Refuse trajectories holding NaN or inf in any float field
+        (:class:`~rbzarr.errors.InvalidTrajectoryError` naming the fields and counts,
+        nothing changed).  Off by default, as in RLinf: non-finite values are stored as
+        they are, and ``rbzarr stats`` counts them per key.
 
     Raises
     ------
     ValueError
-        ``trajectory_format`` is not a registered format, or ``auto_save`` is set without
-        ``auto_save_path``.
+        ``trajectory_format`` is not a registered format, ``auto_save`` is set without
+        ``auto_save_path``, ``cache_size`` is negative, or ``seed`` is outside what
+        ``torch.manual_seed`` takes (``-2**63`` to ``2**64 - 1``).
+    TypeError
+        ``seed`` or ``cache_size`` is not an int.
+    StoreNotWritableError
+        ``auto_save_path`` is local and cannot be written (an ``OSError``).
     StoreExistsError
         ``auto_save_path`` is a file, or holds a store of another ``trajectory_format``.
     """
@@ -118,13 +130,16 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         storage_options: Mapping[str, Any] | None = None,
         max_pending_writes: int = 8,
         layout_options: Mapping[str, Any] | None = None,
+        check_finite: bool = False,
     ) -> None:
         if trajectory_format is not None:
             layout_class(trajectory_format)  # unknown formats fail here, before anything else
+        check_count("cache_size", cache_size, minimum=0)
         if auto_save and not os.fspath(auto_save_path):
             raise ValueError("auto_save=True requires auto_save_path (a local path or URL)")
         self.sample_window_size = sample_window_size
         self.auto_save = auto_save
+        self.check_finite = check_finite
         self.storage_options = dict(storage_options or {})
         self.layout_options = dict(layout_options or {})
         self.trajectory_format = trajectory_format or DEFAULT_FORMAT
@@ -228,7 +243,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         Raises
         ------
         InvalidTrajectoryError
-            A trajectory is malformed or disagrees with the buffer's schema, or
+            A trajectory is malformed, holds NaN or inf with ``check_finite=True``, or
+            disagrees with the buffer's schema, or
             ``trajectories`` is not a list of them (:class:`~rbzarr.errors.TrajectoryListError`,
             also a ``TypeError``, e.g. for one trajectory not in a list): nothing changed.
         WriterFailedError
@@ -280,6 +296,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                     trajectory, schema, copy=self._committer is not None
                 )
                 self._cache.check(validated.spec.schema)
+                if self.check_finite:
+                    check_finite(validated.flat)
                 if self._committer is not None:
                     self._committer.check(validated)
             except ValueError as exc:
@@ -311,11 +329,12 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         ------
         ValueError
             ``num_chunks`` is not positive.
+        TypeError
+            ``num_chunks`` is not an int (``2.5``, ``True``).
         EmptyBufferError
             The buffer holds no trajectory (a ``RuntimeError``).
         """
-        if num_chunks <= 0:
-            raise ValueError(f"num_chunks must be positive, got {num_chunks}")
+        num_chunks = check_count("num_chunks", num_chunks)
         with self._lock:
             window = self._index.window(self.sample_window_size)
             if not window:
