@@ -256,6 +256,8 @@ def test_stats_cli_and_plot_agree_on_episodes_across_trajectories(tmp_path):
     lengths, returns = np.array([2.0, 5.0, 4.0, 1.0]), np.array([12.0, 40.0, 34.0, 0.0])
     assert whole["length"] == {
         "count": 4,
+        "nan": 0,
+        "inf": 0,
         "mean": lengths.mean(),
         "std": pytest.approx(lengths.std()),
         "min": 1.0,
@@ -263,6 +265,8 @@ def test_stats_cli_and_plot_agree_on_episodes_across_trajectories(tmp_path):
     }
     assert whole["return"] == {
         "count": 4,
+        "nan": 0,
+        "inf": 0,
         "mean": returns.mean(),
         "std": pytest.approx(returns.std()),
         "min": 0.0,

@@ -28,10 +28,12 @@ def file_sizes(location: Location) -> dict[str, int]:
 
 
 def list_trajectories(view: BufferView) -> list[dict[str, Any]]:
-    """One row per committed trajectory, in index order, with its bytes on storage."""
+    """One row per committed trajectory, in index order, with its bytes on storage;
+    ``missing`` marks one the index lists but whose data has no file at all."""
     totals = bytes_by_prefix(file_sizes(view.layout.location))
     return [
         {
+            "missing": "/".join(view.layout.trajectory_path(entry)) not in totals,
             "trajectory_id": trajectory_id,
             "uuid": entry.get("uuid"),
             "shape": list(entry["shape"]),
