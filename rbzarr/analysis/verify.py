@@ -229,7 +229,8 @@ def _repair(layout: TrajectoryLayout, report: VerifyReport, drop_damaged: bool) 
         path = "/".join(layout.trajectory_path(index.entries[trajectory_id]))
         if not layout.location.exists(*path.split("/")):
             continue
-        foreign = layout.foreign_files(path)
+        # The index listed it: a file at ``path`` itself is rbzarr's, damaged or not.
+        foreign = [name for name in layout.foreign_files(path) if name != path]
         if foreign:
             message = (
                 "dropped from the index, holding files rbzarr did not write "
