@@ -17,6 +17,7 @@ __all__ = [
     "RbzarrError",
     "StorageUnavailableError",
     "StoreExistsError",
+    "StoreNotWritableError",
     "TrajectoryListError",
     "UncommittedWritesWarning",
     "UnsafePathError",
@@ -71,6 +72,11 @@ class StoreExistsError(RbzarrError, FileExistsError):
 
 class StorageUnavailableError(RbzarrError, OSError):
     """The storage backend failed (unreachable, refused, timed out) after retries."""
+
+
+class StoreNotWritableError(StorageUnavailableError):
+    """The store's path cannot be written for good (permission, read-only, not a directory,
+    no space, no such bucket): retrying does not help."""
 
 
 class BufferClosedError(RbzarrError, RuntimeError):

@@ -8,7 +8,9 @@ so it can
 * log every request (method and path) and count the bytes sent back to the client, which
   gives request and byte counts *on the wire*, whatever the client library does;
 * simulate an outage: drop requests (close the connection before the server sees them),
-  from now on or from the first request that matches a trigger, then recover.
+  from now on or from the first request that matches a trigger, then recover;
+* go silent: accept connections and read requests, but never answer (a black-holed load
+  balancer or a paused server), until it recovers.
 
 Nothing here patches boto, s3fs or zarr: clients just use the proxy's endpoint URL.
 """
@@ -138,6 +140,8 @@ class S3Proxy:
         self._trigger: Trigger | None = None
         self._error_status: int | None = None
         self._delay = 0.0
+        self._answering = threading.Event()
+        self._answering.set()
         self._sockets: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
         self._closed = False
@@ -159,10 +163,16 @@ class S3Proxy:
                 self._trigger = when
 
     def go_up(self) -> None:
-        """Forward requests again."""
+        """Forward (and answer) requests again."""
         with self._lock:
             self._down = False
             self._trigger = None
+        self._answering.set()
+
+    def go_silent(self) -> None:
+        """Read every request from now on but never answer it (the connection stays open
+        until :meth:`go_up` or :meth:`close`, then closes unanswered)."""
+        self._answering.clear()
 
     def fail_with(self, status: int | None) -> None:
         """Answer every request with HTTP ``status`` (e.g. 503) instead of forwarding it;
@@ -211,6 +221,7 @@ class S3Proxy:
         with self._lock:
             self._closed = True
             sockets = list(self._sockets)
+        self._answering.set()
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
@@ -287,7 +298,10 @@ class S3Proxy:
                 self._dropped.append(request)
                 return False
             self._log.append(request)
-            return True
+        if not self._answering.is_set():
+            self._answering.wait()  # a silent endpoint: this request is never answered
+            return False
+        return True
 
     def _mode(self) -> tuple[int | None, float]:
         with self._lock:

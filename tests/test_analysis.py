@@ -132,7 +132,15 @@ def test_running_stats_equal_numpy_whatever_the_split(batches):
         stats.update(torch.tensor(batch, dtype=torch.float64))
     values = np.array([v for batch in batches for v in batch], dtype=np.float64)
     if values.size == 0:
-        assert stats.to_dict() == {"count": 0, "mean": None, "std": None, "min": None, "max": None}
+        assert stats.to_dict() == {
+            "count": 0,
+            "nan": 0,
+            "inf": 0,
+            "mean": None,
+            "std": None,
+            "min": None,
+            "max": None,
+        }
         return
     got = stats.to_dict()
     assert got["count"] == values.size
@@ -150,6 +158,8 @@ def test_compute_stats_values(tmp_path):
     assert report["keys"] == {
         "rewards": {
             "count": 16,
+            "nan": 0,
+            "inf": 0,
             "mean": rewards.mean(),
             "std": pytest.approx(rewards.std()),
             "min": 0.0,
@@ -163,6 +173,8 @@ def test_compute_stats_values(tmp_path):
         "incomplete": 2,
         "length": {
             "count": 6,
+            "nan": 0,
+            "inf": 0,
             "mean": pytest.approx(lengths.mean()),
             "std": pytest.approx(lengths.std()),
             "min": 1.0,
@@ -170,6 +182,8 @@ def test_compute_stats_values(tmp_path):
         },
         "return": {
             "count": 6,
+            "nan": 0,
+            "inf": 0,
             "mean": pytest.approx(returns.mean()),
             "std": pytest.approx(returns.std()),
             "min": 1.0,
@@ -242,6 +256,8 @@ def test_stats_cli_and_plot_agree_on_episodes_across_trajectories(tmp_path):
     lengths, returns = np.array([2.0, 5.0, 4.0, 1.0]), np.array([12.0, 40.0, 34.0, 0.0])
     assert whole["length"] == {
         "count": 4,
+        "nan": 0,
+        "inf": 0,
         "mean": lengths.mean(),
         "std": pytest.approx(lengths.std()),
         "min": 1.0,
@@ -249,6 +265,8 @@ def test_stats_cli_and_plot_agree_on_episodes_across_trajectories(tmp_path):
     }
     assert whole["return"] == {
         "count": 4,
+        "nan": 0,
+        "inf": 0,
         "mean": returns.mean(),
         "std": pytest.approx(returns.std()),
         "min": 0.0,

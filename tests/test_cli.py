@@ -109,6 +109,7 @@ def test_info_and_ls_pt(stores):
     index = json.loads((root / "trajectory_index.json").read_text())["trajectory_index"]
     assert ok_json("ls", root) == [
         {
+            "missing": False,
             "trajectory_id": i,
             "uuid": index[str(i)]["uuid"],
             "shape": list(TRAJECTORIES[i].prev_logprobs.shape),
@@ -157,6 +158,8 @@ def test_stats(stores):
         values = np.asarray(values, dtype=np.float64)
         return {
             "count": values.size,
+            "nan": 0,
+            "inf": 0,
             "mean": pytest.approx(values.mean(), rel=1e-12),
             "std": pytest.approx(values.std(), rel=1e-12),
             "min": values.min(),

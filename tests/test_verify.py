@@ -152,17 +152,16 @@ def test_drop_damaged_removes_only_unreadable_entries(tmp_path, fmt):
     after = hashes(root)
     assert {path: after[path] for path in healthy} == healthy  # healthy data untouched
     assert after["notes.txt"] == before["notes.txt"]
-    # The damaged data is left in place, an orphan now; nothing was deleted.
-    damaged_paths = [p for p in before if p not in healthy and "json" not in p.split("/")[0]]
-    assert all(after.get(p) == before[p] for p in damaged_paths if p != "notes.txt")
+    # The dropped trajectories' data is gone with them (it was rbzarr's only), so a plain
+    # verify that follows is clean (issue 23); the user's file stays.
+    dropped_prefixes = ("trajectories/0/", "trajectories/2/", "trajectory_0_", "trajectory_2_")
+    assert not [p for p in after if p.startswith(dropped_prefixes)]
 
     with TrajectoryReplayBuffer() as restored:
         restored.load_checkpoint(root)
         assert len(restored) == 2 and restored.sample(4)["rewards"].shape[0] == 4
-    orphans = verify_store(root)
-    assert {p.kind for p in orphans.problems} == {"orphan"}
-    left = [0, 2] if fmt == "zarr" else [2]  # the pt file of trajectory 0 was already gone
-    assert sorted(p.trajectory_id for p in orphans.problems) == left
+    clean = verify_store(root)
+    assert clean.ok and clean.problems == []
 
 
 def test_drop_damaged_needs_repair(tmp_path):

@@ -18,7 +18,7 @@ def info_lines(report: dict[str, Any]) -> list[str]:
         f"trajectories={report['trajectories']}  samples={report['total_samples']}  "
         f"next id={report['trajectory_counter']}  seed={report['seed']}",
         f"data: {report['bytes_on_disk']} bytes on disk, {report['raw_bytes']} raw, "
-        f"ratio {'-' if ratio is None else f'{ratio:.2f}'}",
+        f"compression {'-' if ratio is None else f'{ratio:.2f}x (raw / on disk)'}",
     ]
     lines.extend(
         f"  {key:<28} {item['dtype']:<9} shape={item['shape']} chunks={item['chunks']} "
@@ -34,6 +34,7 @@ def ls_lines(rows: list[dict[str, Any]]) -> list[str]:
     return [header] + [
         f"{row['trajectory_id']:>6}  {row['uuid']!s:<36}  {row['shape']!s:<14} "
         f"{row['num_samples']:>9}  {row['bytes']:>12}  {row['model_weights_id']}"
+        + ("  MISSING DATA (see `rbzarr verify`)" if row.get("missing") else "")
         for row in rows
     ]
 
@@ -64,9 +65,10 @@ def verify_lines(report: VerifyReport) -> list[str]:
 
 
 def _stats_text(item: dict[str, Any]) -> str:
+    non_finite = "".join(f" {name}={item[name]}" for name in ("nan", "inf") if item.get(name))
     if not item["count"]:
-        return "n=0"
+        return f"n=0{non_finite}"
     return (
-        f"n={item['count']} mean={item['mean']:.6g} std={item['std']:.6g} "
+        f"n={item['count']}{non_finite} mean={item['mean']:.6g} std={item['std']:.6g} "
         f"min={item['min']:.6g} max={item['max']:.6g}"
     )

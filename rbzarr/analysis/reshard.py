@@ -138,6 +138,12 @@ def split_store(
     root = Location.from_url(destination, storage_options)
     _require_empty(root)
     ids = view.ids
+    if count > len(ids):
+        raise ValueError(
+            f"cannot split {view.url} into {count} parts: it holds {len(ids)} "
+            f"trajector{'y' if len(ids) == 1 else 'ies'}, so at most {len(ids)} parts "
+            "(each part gets at least one)"
+        )
     parts = []
     for k in tqdm(range(count), desc="split", unit="part", disable=not progress):
         start, end = shard_bounds(len(ids), k, count)

@@ -11,6 +11,7 @@ import torch
 
 from rbzarr.analysis.episodes import DONES, REWARDS
 from rbzarr.analysis.view import BufferView, open_buffer
+from rbzarr.trajectory.finite import non_finite_counts
 
 __all__ = ["RunningStats", "compute_stats"]
 
@@ -19,11 +20,14 @@ class RunningStats:
     """Count, mean, population std, min and max of a stream of tensors (float64).
 
     Batches merge with Chan et al.'s parallel update, so the result does not depend on how
-    the values are split.
+    the values are split.  NaN and ±inf are counted (``nan``, ``inf``) and left out of the
+    moments, which describe the ``count`` finite values.
     """
 
     def __init__(self) -> None:
         self.count = 0
+        self.nan = 0
+        self.inf = 0
         self.mean = 0.0
         self._m2 = 0.0
         self.min = math.inf
@@ -32,6 +36,11 @@ class RunningStats:
     def update(self, values: torch.Tensor) -> None:
         """Add every element of ``values``."""
         x = values.detach().reshape(-1).to(torch.float64)
+        nan, inf = non_finite_counts(x)
+        if nan or inf:
+            self.nan += nan
+            self.inf += inf
+            x = x[torch.isfinite(x)]
         n = int(x.numel())
         if n == 0:
             return
@@ -53,9 +62,19 @@ class RunningStats:
     def to_dict(self) -> dict[str, Any]:
         """The statistics as a JSON-ready dict."""
         if not self.count:
-            return {"count": 0, "mean": None, "std": None, "min": None, "max": None}
+            return {
+                "count": 0,
+                "nan": self.nan,
+                "inf": self.inf,
+                "mean": None,
+                "std": None,
+                "min": None,
+                "max": None,
+            }
         return {
             "count": self.count,
+            "nan": self.nan,
+            "inf": self.inf,
             "mean": self.mean,
             "std": self.std,
             "min": self.min,

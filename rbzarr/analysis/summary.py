@@ -6,6 +6,7 @@ from typing import Any
 
 from rbzarr.analysis.view import BufferView
 from rbzarr.storage.backends import translate_errors
+from rbzarr.storage.deadlines import deadline_options
 from rbzarr.storage.layout import bytes_by_prefix
 from rbzarr.storage.location import Location
 
@@ -15,9 +16,9 @@ __all__ = ["describe_store", "file_sizes", "list_trajectories"]
 def file_sizes(location: Location) -> dict[str, int]:
     """Size of every file below ``location``."""
     with translate_errors(location.url, "listing"):
-        if not location.fs.exists(location.path):
+        if not location.exists():
             return {}
-        found = location.fs.find(location.path, detail=True)
+        found = location.fs.find(location.path, detail=True, **deadline_options(location.fs))
     root = location.path.rstrip("/") + "/"
     return {
         str(path)[len(root) :]: int(info.get("size") or 0)
@@ -27,10 +28,12 @@ def file_sizes(location: Location) -> dict[str, int]:
 
 
 def list_trajectories(view: BufferView) -> list[dict[str, Any]]:
-    """One row per committed trajectory, in index order, with its bytes on storage."""
+    """One row per committed trajectory, in index order, with its bytes on storage;
+    ``missing`` marks one the index lists but whose data has no file at all."""
     totals = bytes_by_prefix(file_sizes(view.layout.location))
     return [
         {
+            "missing": "/".join(view.layout.trajectory_path(entry)) not in totals,
             "trajectory_id": trajectory_id,
             "uuid": entry.get("uuid"),
             "shape": list(entry["shape"]),

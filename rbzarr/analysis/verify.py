@@ -223,6 +223,22 @@ def _repair(layout: TrajectoryLayout, report: VerifyReport, drop_damaged: bool) 
     report.problems = remaining
     if rewrite or dropped:
         layout.write_documents(_documents_without(documents, index, dropped))
+    # A dropped trajectory's data is an orphan now: it goes as orphans go (after the index,
+    # the commit point, stopped listing it), so a plain verify that follows is clean.
+    for trajectory_id in sorted(dropped):
+        path = "/".join(layout.trajectory_path(index.entries[trajectory_id]))
+        if not layout.location.exists(*path.split("/")):
+            continue
+        # The index listed it: a file at ``path`` itself is rbzarr's, damaged or not.
+        foreign = [name for name in layout.foreign_files(path) if name != path]
+        if foreign:
+            message = (
+                "dropped from the index, holding files rbzarr did not write "
+                f"({', '.join(foreign[:3])}): left for you to remove"
+            )
+            report.problems.append(Problem("orphan", path, message, trajectory_id))
+        else:
+            layout.location.delete(*path.split("/"))
 
 
 def _documents_without(

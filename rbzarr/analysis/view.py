@@ -15,6 +15,7 @@ import torch
 from tqdm import tqdm
 
 from rbzarr.analysis.episodes import DONES, Episode, EpisodeTracker, continues, time_steps
+from rbzarr.buffer.arguments import check_count
 from rbzarr.buffer.checkpoint import schema_from_json
 from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.buffer.local_cache import LocalCacheBound
@@ -227,11 +228,12 @@ class BufferView:
         ------
         ValueError
             ``num_chunks`` is not positive.
+        TypeError
+            ``num_chunks`` is not an int (``2.5``, ``True``).
         EmptyBufferError
             The index lists no trajectory.
         """
-        if num_chunks <= 0:
-            raise ValueError(f"num_chunks must be positive, got {num_chunks}")
+        num_chunks = check_count("num_chunks", num_chunks)
         window = self._window()
         counts = self._index.sample_counts(window)
         positions, rows = self._sampler.draw(num_chunks, counts, generator)

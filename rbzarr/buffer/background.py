@@ -1,10 +1,14 @@
 """BackgroundWriter: one thread that runs write tasks in order, retrying each until it succeeds.
 
 A failing task stays at the head of the queue and is retried with exponential backoff: an
-outage delays writes, it never drops them.  The queue is bounded (backpressure while healthy,
-refusal while failing).  The thread is a daemon, so at interpreter exit every writer still
-holding tasks is given :data:`DEFAULT_TIMEOUT` to finish them: a script that ends without
-``close()`` keeps its data.
+outage delays writes, it never drops them.  A failure that retrying cannot cure (what
+``permanent`` finds in it: a permission error, a missing bucket) stops the thread at once:
+the tasks stay queued, every ``flush``, ``close`` and new submission fails at once with the
+cause, and ``flush``/``close`` retry them once (the cause may have been fixed).  The queue
+is bounded (backpressure while healthy, refusal while failing).  The thread is a daemon, so
+at interpreter exit every writer still holding tasks is given :data:`DEFAULT_TIMEOUT` to
+finish them (none when they failed for good): a script that ends without ``close()`` keeps
+its data.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ class BackgroundWriter:
         max_retry_delay: float = 2.0,
         name: str = "rbzarr-writer",
         target: str = "storage",
+        permanent: Callable[[BaseException], BaseException | None] | None = None,
     ) -> None:
         if max_pending <= 0:
             raise ValueError(f"max_pending must be positive, got {max_pending}")
@@ -75,6 +80,8 @@ class BackgroundWriter:
         self._tasks: collections.deque[Task] = collections.deque()
         self._cond = threading.Condition()
         self._error: BaseException | None = None
+        self._permanent = permanent
+        self._failed_for_good = False
         self._attempts = 0
         self._closed = False
         self._stopping = False
@@ -99,6 +106,8 @@ class BackgroundWriter:
             failures_seen: int | None = None
             while True:
                 self._raise_if_closed()
+                if self._failed_for_good:
+                    raise self._no_room(count)
                 if not self._tasks or len(self._tasks) + count <= self.max_pending:
                     return
                 if self._error is not None:
@@ -110,6 +119,15 @@ class BackgroundWriter:
                 self._cond.wait()
 
     def _no_room(self, count: int) -> WriterFailedError:
+        if self._failed_for_good:
+            error = WriterFailedError(
+                f"writes to {self._target} failed for good ({self._error}); retrying cannot "
+                f"help, so {len(self._tasks)} queued write(s) wait and these {count} "
+                "trajectories were not added (nothing changed): fix the cause and call "
+                "flush() to retry, or build the buffer with another auto_save_path"
+            )
+            error.__cause__ = self._error
+            return error
         error = WriterFailedError(
             f"writes to {self._target} are failing ({self._error}); {len(self._tasks)} "
             f"write(s) are queued and max_pending_writes={self.max_pending} leaves no room: "
@@ -131,6 +149,9 @@ class BackgroundWriter:
         """Wait until every queued task has run; raise after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         with self._cond:
+            if self._failed_for_good and self._tasks and not self._stopping:
+                self._failed_for_good = False  # one more try: the cause may be fixed
+                self._start()
             while self._tasks:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._running:
@@ -165,7 +186,7 @@ class BackgroundWriter:
         with self._cond:
             if not self._tasks:
                 return
-            running = self._running
+            running = self._running and not self._failed_for_good
         if running:
             with contextlib.suppress(WriterFailedError):  # what is left is reported below
                 self.flush()
@@ -182,7 +203,14 @@ class BackgroundWriter:
         return f" (last error: {self._error})" if self._error is not None else ""
 
     def _uncommitted(self, timeout: float) -> WriterFailedError:
-        if self._running:
+        if self._failed_for_good:
+            message = (
+                f"{len(self._tasks)} write(s) to {self._target} not committed: they failed "
+                f"for good{self._cause()}, so they are not retried: fix the cause and call "
+                "flush() or close() to try once more; until then they are kept in memory "
+                "(and sampled), and they are lost when the process ends"
+            )
+        elif self._running:
             message = (
                 f"{len(self._tasks)} write(s) to {self._target} not committed after waiting "
                 f"{timeout:g} s{self._cause()}; "
@@ -247,11 +275,13 @@ class BackgroundWriter:
 
     def _record_failure(self, exc: Exception) -> bool:
         """Keep the error and back off; ``False`` when the writer was told to stop."""
+        permanent = None if self._permanent is None else self._permanent(exc)
         with self._cond:
             self._error = exc
             self._attempts += 1
             self._cond.notify_all()
-            if self._stopping:
+            if self._stopping or permanent is not None:
+                self._failed_for_good = permanent is not None
                 self._running = False
                 return False
             delay = min(self.retry_delay * 2 ** (self._attempts - 1), self.max_retry_delay)

@@ -21,6 +21,7 @@ import torch
 
 from rbzarr.analysis.episodes import DONES, time_steps
 from rbzarr.buffer import checkpoint
+from rbzarr.buffer.arguments import check_count
 from rbzarr.buffer.background import DEFAULT_TIMEOUT
 from rbzarr.buffer.cache import SlotCache
 from rbzarr.buffer.commits import StoreCommitter
@@ -37,6 +38,7 @@ from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
 from rbzarr.trajectory import tree
+from rbzarr.trajectory.finite import check_finite
 from rbzarr.trajectory.model import Schema, Trajectory
 from rbzarr.trajectory.validated import ValidatedTrajectory, clone_trajectory
 
@@ -110,14 +112,24 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         the local copies at local-disk speed; what this buffer writes goes there too, so
         its own misses make no request.  Processes may share the directory.  Ignored for a
         local store (read in place).  See "S3" in the README.
+    check_finite
+        Refuse trajectories holding NaN or inf in any float field
+        (:class:`~rbzarr.errors.InvalidTrajectoryError` naming the fields and counts,
+        nothing changed).  Off by default, as in RLinf: non-finite values are stored as
+        they are, and ``rbzarr stats`` counts them per key.
 
     Raises
     ------
     ValueError
         ``trajectory_format`` is not a registered format, ``auto_save`` is set without
-        ``auto_save_path``, ``prefetch`` is negative, ``local_cache_dir`` is given for a
-        pt/pkl store, or ``local_cache_bytes`` is not positive or smaller than one of the
-        store's trajectories.
+        ``auto_save_path``, ``prefetch`` or ``cache_size`` is negative, ``seed`` is outside
+        what ``torch.manual_seed`` takes (``-2**63`` to ``2**64 - 1``), ``local_cache_dir``
+        is given for a pt/pkl store, or ``local_cache_bytes`` is not positive or smaller
+        than one of the store's trajectories.
+    TypeError
+        ``seed`` or ``cache_size`` is not an int.
+    StoreNotWritableError
+        ``auto_save_path`` is local and cannot be written (an ``OSError``).
     StoreExistsError
         ``auto_save_path`` is a file, or holds a store of another ``trajectory_format``.
     """
@@ -138,15 +150,18 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         prefetch: int = 0,
         local_cache_dir: str | os.PathLike[str] | None = None,
         local_cache_bytes: int | None = None,
+        check_finite: bool = False,
     ) -> None:
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0 batches, got {prefetch}")
         if trajectory_format is not None:
             layout_class(trajectory_format)  # unknown formats fail here, before anything else
+        check_count("cache_size", cache_size, minimum=0)
         if auto_save and not os.fspath(auto_save_path):
             raise ValueError("auto_save=True requires auto_save_path (a local path or URL)")
         self.sample_window_size = sample_window_size
         self.auto_save = auto_save
+        self.check_finite = check_finite
         self.storage_options = dict(storage_options or {})
         self.layout_options = dict(layout_options or {})
         self.local_cache = LocalCacheBound.of(local_cache_dir, local_cache_bytes)
@@ -273,7 +288,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         Raises
         ------
         InvalidTrajectoryError
-            A trajectory is malformed or disagrees with the buffer's schema, or
+            A trajectory is malformed, holds NaN or inf with ``check_finite=True``, or
+            disagrees with the buffer's schema, or
             ``trajectories`` is not a list of them (:class:`~rbzarr.errors.TrajectoryListError`,
             also a ``TypeError``, e.g. for one trajectory not in a list): nothing changed.
         WriterFailedError
@@ -327,6 +343,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                     trajectory, schema, copy=self._committer is not None
                 )
                 self._cache.check(validated.spec.schema)
+                if self.check_finite:
+                    check_finite(validated.flat)
                 if self._committer is not None:
                     self._committer.check(validated)
             except ValueError as exc:
@@ -368,11 +386,12 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         ------
         ValueError
             ``num_chunks`` is not positive.
+        TypeError
+            ``num_chunks`` is not an int (``2.5``, ``True``).
         EmptyBufferError
             The buffer holds no trajectory (a ``RuntimeError``).
         """
-        if num_chunks <= 0:
-            raise ValueError(f"num_chunks must be positive, got {num_chunks}")
+        num_chunks = check_count("num_chunks", num_chunks)
         if generator is None and self._read_ahead is not None:
             return self._read_ahead.sample(num_chunks)
         return self._draw(num_chunks, generator)()

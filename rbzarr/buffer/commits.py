@@ -30,10 +30,12 @@ from rbzarr.buffer.background import DEFAULT_TIMEOUT, BackgroundWriter
 from rbzarr.buffer.checkpoint import LoadedCheckpoint, is_rbzarr_store, schema_from_json
 from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.errors import CheckpointConflictError, StoreExistsError
-from rbzarr.storage.backends import translate_errors
+from rbzarr.storage.backends import permanent_cause, translate_errors
+from rbzarr.storage.deadlines import deadline_options
 from rbzarr.storage.documents import Entry, read_documents
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.registry import stored_format
+from rbzarr.storage.writable import check_writable
 from rbzarr.trajectory.model import Schema
 from rbzarr.trajectory.validated import ValidatedTrajectory
 
@@ -55,7 +57,9 @@ class StoreCommitter:
         # Called on the writer thread with each committed id, holding none of this object's
         # locks: it must not block (the writes behind it wait), and what it raises is ignored.
         self._on_committed = on_committed
-        self._writer = BackgroundWriter(max_pending=max_pending_writes, target=layout.location.url)
+        self._writer = BackgroundWriter(
+            max_pending=max_pending_writes, target=layout.location.url, permanent=permanent_cause
+        )
         self._lock = threading.Lock()
         self._metadata = dict(metadata or {})
         self._pending: dict[int, ValidatedTrajectory] = {}
@@ -67,12 +71,13 @@ class StoreCommitter:
         """The index of the store already here (empty if none); sets ``stored_schema``."""
         location = self.layout.location
         with translate_errors(location.url, "opening"):
-            is_file = location.fs.isfile(location.path)
+            is_file = location.fs.isfile(location.path, **deadline_options(location.fs))
         if is_file:
             raise StoreExistsError(
                 f"auto_save_path {location.url} is a file: it must be a folder (new, or holding "
                 "a store to append to); choose another auto_save_path"
             )
+        check_writable(location)
         committed = TrajectoryIndex()
         if self.layout.has_documents():
             documents = read_documents(location)

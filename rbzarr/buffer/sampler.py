@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from rbzarr.buffer.arguments import check_seed
+
 __all__ = ["WindowSampler", "draw"]
 
 
@@ -30,6 +32,7 @@ class WindowSampler:
     """Owns the seeded generator that every draw without its own generator uses."""
 
     def __init__(self, seed: int | None) -> None:
+        seed = check_seed(seed)
         self.seed = seed
         self.generator = torch.Generator()
         if seed is None:

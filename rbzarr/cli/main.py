@@ -397,7 +397,7 @@ def demo(store: str, **settings: Any) -> None:
 
     from rbzarr.demo.demo import DemoSettings, report, run_demo, write_learning_curve  # noqa: PLC0415
 
-    result = run_demo(DemoSettings(store=Path(store), **settings))
+    result = run_demo(DemoSettings(store=Path(store), progress=progress_wanted(), **settings))
     click.echo(report(result))
     click.echo(f"learning curve {write_learning_curve(result)}")
 

@@ -10,6 +10,7 @@ naming the URL (the backend's error is its ``__cause__``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import importlib
 from collections.abc import Iterator, Mapping
@@ -18,12 +19,15 @@ from typing import Any
 import fsspec
 
 from rbzarr.errors import RbzarrError, StorageUnavailableError
+from rbzarr.storage.deadlines import deadline_s, no_answer
 
 __all__ = [
     "S3_DEFAULTS",
     "S3_RETRIES",
+    "PERMANENT_ERRNOS",
     "backend_errors",
     "bound_retries",
+    "permanent_cause",
     "translate_errors",
     "with_s3_defaults",
 ]
@@ -45,6 +49,12 @@ _S3_PROTOCOLS = ("s3", "s3a")
 # Transport failures of optional backends, none of which derives from OSError: botocore's
 # (connection, timeouts, credentials) and aiohttp's.
 _TRANSPORT_ERRORS = (("botocore.exceptions", "BotoCoreError"), ("aiohttp", "ClientError"))
+# Failures retrying cannot cure: permission, read-only, not a directory, no space or quota.
+PERMANENT_ERRNOS = frozenset(
+    {errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.ENOSPC, errno.EROFS, errno.EDQUOT}
+)
+# S3 error codes of the same kind (botocore's ``response["Error"]["Code"]``).
+_PERMANENT_CODES = frozenset({"NoSuchBucket", "AccessDenied", "InvalidBucketName"})
 _CREDENTIAL_ERRORS = ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError")
 
 
@@ -78,7 +88,10 @@ def backend_errors() -> tuple[type[BaseException], ...]:
 
 def _describe_failure(exc: BaseException) -> str:
     """The backend error in one line, with advice where the cause is a usual one."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = " ".join(str(exc).split())
+    if isinstance(exc, TimeoutError) and not text:
+        return no_answer(deadline_s())  # fsspec's FSTimeoutError carries no message
+    text = text or type(exc).__name__
     if type(exc).__name__ in _CREDENTIAL_ERRORS:
         return (
             f"no usable credentials ({text}); set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
@@ -102,3 +115,20 @@ def translate_errors(url: str, action: str) -> Iterator[None]:
         raise
     except backend_errors() as exc:
         raise StorageUnavailableError(f"{action} {url!r} failed: {_describe_failure(exc)}") from exc
+
+
+def permanent_cause(exc: BaseException) -> BaseException | None:
+    """The error in ``exc``'s chain (``__cause__``, ``__context__``) that retrying cannot cure
+    (an errno of :data:`PERMANENT_ERRNOS`, S3's ``NoSuchBucket`` or ``AccessDenied``), else
+    ``None``."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in PERMANENT_ERRNOS:
+            return current
+        response = getattr(current, "response", None)
+        if isinstance(response, dict) and response.get("Error", {}).get("Code") in _PERMANENT_CODES:
+            return current
+        current = current.__cause__ or current.__context__
+    return None

@@ -23,6 +23,7 @@ from zarr.abc.store import Store
 
 from rbzarr.errors import StoreExistsError
 from rbzarr.storage.backends import bound_retries, translate_errors, with_s3_defaults
+from rbzarr.storage.deadlines import deadline_options
 from rbzarr.storage.names import safe_name, temporary_name
 
 __all__ = ["Location"]
@@ -95,6 +96,10 @@ class Location:
         """Whether this is the local filesystem (where rename is atomic)."""
         return isinstance(self.fs, LocalFileSystem)
 
+    def _deadline(self, nbytes: int = 0) -> dict[str, float]:
+        """The deadline keyword of a call on ``fs`` (:func:`deadline_options`)."""
+        return deadline_options(self.fs, nbytes)
+
     def child(self, *names: str) -> Location:
         """The location ``names`` below this one; each must be a plain name (:func:`safe_name`)."""
         for name in names:
@@ -114,14 +119,14 @@ class Location:
     def exists(self, *names: str) -> bool:
         """Whether a file or directory is at the root or ``names`` below it."""
         with translate_errors(self.url, "checking"):
-            return bool(self.fs.exists(self.join(*names)))
+            return bool(self.fs.exists(self.join(*names), **self._deadline()))
 
     def read_bytes(self, *names: str) -> bytes:
         """The bytes of a file below the root (``FileNotFoundError`` names a missing one)."""
         target = self.join(*names)
         with translate_errors(self.url, "reading"):
             try:
-                return bytes(self.fs.cat_file(target))
+                return bytes(self.fs.cat_file(target, **self._deadline()))
             except FileNotFoundError:
                 raise FileNotFoundError(f"{self.url}/{'/'.join(names)} does not exist") from None
 
@@ -134,7 +139,7 @@ class Location:
         target = self.join(*names)
         with translate_errors(self.url, "writing"):
             if not self.is_local:
-                self.fs.pipe_file(target, data)
+                self.fs.pipe_file(target, data, **self._deadline(len(data)))
                 return
             os.makedirs(os.path.dirname(target), exist_ok=True)
             temp = temporary_name(target)
@@ -150,15 +155,15 @@ class Location:
         """Remove a file or directory tree below the root (none: the root); missing is fine."""
         target = self.join(*names)
         with translate_errors(self.url, "deleting"):
-            if self.fs.exists(target):
-                self.fs.rm(target, recursive=True)
+            if self.fs.exists(target, **self._deadline()):
+                self.fs.rm(target, recursive=True, **self._deadline())
 
     def list_names(self, *names: str) -> list[str]:
         """Names directly below the root (or ``names``), sorted; none for a missing directory."""
         target = self.join(*names)
         with translate_errors(self.url, "listing"):
             try:
-                entries = self.fs.ls(target, detail=False)
+                entries = self.fs.ls(target, detail=False, **self._deadline())
             except FileNotFoundError:
                 return []
         return sorted(PurePosixPath(str(entry)).name for entry in entries)
@@ -167,7 +172,7 @@ class Location:
         """Every file below ``names`` (or the file itself), ``/``-joined relative to it, sorted."""
         target = self.join(*names).rstrip("/")
         with translate_errors(self.url, "listing"):
-            found = [str(path).rstrip("/") for path in self.fs.find(target)]
+            found = [str(path).rstrip("/") for path in self.fs.find(target, **self._deadline())]
         prefix = f"{target}/"
         return sorted(
             path.removeprefix(prefix) if path != target else PurePosixPath(path).name

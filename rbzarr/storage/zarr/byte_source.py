@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from rbzarr.storage.deadlines import deadline_options
+
 __all__ = ["ByteSource"]
 
 
@@ -33,4 +35,8 @@ class ByteSource:
         self, fs: Any, paths: Sequence[str], starts: Sequence[int], ends: Sequence[int | None]
     ) -> list[Any]:
         """Byte ranges of objects on ``fs`` in one round; a failed one is its exception."""
-        return list(fs.cat_ranges(list(paths), list(starts), list(ends), on_error="return"))
+        moved = sum(end - start for start, end in zip(starts, ends, strict=True) if end is not None)
+        deadline = deadline_options(fs, moved)
+        return list(
+            fs.cat_ranges(list(paths), list(starts), list(ends), on_error="return", **deadline)
+        )

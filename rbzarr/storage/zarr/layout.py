@@ -39,10 +39,11 @@ import zarr
 from tqdm import tqdm
 from zarr.abc.store import Store
 from zarr.api import asynchronous as zarr_async
-from zarr.core.sync import sync
 from zarr.storage import StorePath
 
+from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.backends import translate_errors
+from rbzarr.storage.deadlines import sync
 from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents, Entry, Finding
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
@@ -179,7 +180,15 @@ class ZarrLayout(TrajectoryLayout):
     def zarr_group(self, entry: Entry) -> zarr.Group:
         # docstring inherited
         store = self.location.zarr_store(read_only=True)
-        return zarr.open_group(store=store, path="/".join(self.trajectory_path(entry)), mode="r")
+        path = "/".join(self.trajectory_path(entry))
+        try:
+            return zarr.open_group(store=store, path=path, mode="r")
+        except FileNotFoundError as exc:  # zarr's GroupNotFoundError
+            raise CorruptStoreError(
+                f"trajectory {trajectory_id(entry)}: the index of {self.location.url} lists it "
+                f"but its data ({path}) is missing; run `rbzarr verify --repair "
+                f"--drop-damaged {self.location.url}` to drop it from the index"
+            ) from exc
 
     def field_names(self, entry: Entry) -> list[str]:
         # docstring inherited
@@ -353,7 +362,7 @@ class ZarrLayout(TrajectoryLayout):
                     self.codecs,
                     self.chunk_bytes,
                 )
-                sync(publish)
+                sync(publish, nbytes=sum(v.numel() * v.element_size() for v in fields.values()))
         self._opener.handles.forget(tid)
         if self.shard_cache is not None and not zarr_keys:
             self._write_through(entry, attrs, files, description)

@@ -19,11 +19,11 @@ from typing import Any
 from zarr.abc.store import Store
 from zarr.core.array import AsyncArray
 from zarr.core.buffer import default_buffer_prototype
-from zarr.core.sync import sync
 from zarr.storage import StorePath
 
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, RbzarrError
 from rbzarr.storage.backends import translate_errors
+from rbzarr.storage.deadlines import sync
 from rbzarr.storage.documents import Entry
 from rbzarr.storage.location import Location
 from rbzarr.storage.zarr import sharded
@@ -242,9 +242,9 @@ class TrajectoryOpener:
                 wanted.append((handles, (key, path, spec, where), ckey))
         for batch in _rounds(wanted, FETCH_ROUND_BYTES):
             paths = [path for _, (_, path, _, _), _ in batch]
-            results = self.source.cat_ranges(
-                location.fs, paths, [0] * len(paths), [None] * len(paths)
-            )
+            # One byte past the written size: a larger object shows by the same request.
+            ends: list[int | None] = [spec.shard_bytes + 1 for _, (_, _, spec, _), _ in batch]
+            results = self.source.cat_ranges(location.fs, paths, [0] * len(paths), ends)
             for (handles, request, ckey), result in zip(batch, results, strict=True):
                 key, _, spec, where = request
                 data = checked_bytes(result, where)

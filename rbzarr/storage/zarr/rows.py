@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 from zarr.core.array import AsyncArray
-from zarr.core.sync import sync
 
 from rbzarr.errors import CorruptStoreError
+from rbzarr.storage.deadlines import sync
 from rbzarr.storage.documents import Entry
 from rbzarr.storage.location import Location
 from rbzarr.storage.zarr import arrays

@@ -9,6 +9,7 @@ as is every array of a layout-1 group (no description).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import torch
 from zarr.core.array import AsyncArray
 
 from rbzarr.errors import CorruptStoreError
+from rbzarr.storage.deadlines import deadline_options
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.chunking import KeyPlan
 from rbzarr.storage.zarr.encode import encode_array, shard_key
@@ -226,7 +228,14 @@ def read_whole_shards(
         if blobs[position] is None and not location.is_local:
             remote.append(position)
     if remote:
-        found = location.fs.cat([paths[p] for p in remote], on_error="return")
+        nbytes = sum(
+            math.prod(opened.shape(keys[p])) * opened.dtypes[keys[p]].itemsize for p in remote
+        )
+        found = location.fs.cat(
+            [paths[p] for p in remote],
+            on_error="return",
+            **deadline_options(location.fs, nbytes),
+        )
         for position in remote:
             path = paths[position]
             blobs[position] = found[path] if isinstance(found, dict) else found

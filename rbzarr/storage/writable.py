@@ -1,0 +1,43 @@
+"""The writability probe: refuse a store path that can never be written, before any write.
+
+A local path is probed by creating and removing a temporary file (see
+:func:`~rbzarr.storage.names.temporary_name`) in it, or, when it does not exist yet, in its
+nearest existing ancestor (nothing is created that stays).  Object stores are not probed
+here (a probe costs requests); their permanent errors are classified when a write meets
+them (:func:`~rbzarr.storage.backends.permanent_cause`).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from rbzarr.errors import StoreNotWritableError
+from rbzarr.storage.location import Location
+from rbzarr.storage.names import temporary_name
+
+__all__ = ["check_writable"]
+
+
+def check_writable(location: Location) -> None:
+    """Raise :class:`StoreNotWritableError` if files cannot be created at a local ``location``."""
+    if not location.is_local:
+        return
+    probe_dir = location.path
+    while not os.path.exists(probe_dir):
+        parent = os.path.dirname(probe_dir)
+        if parent == probe_dir:
+            break
+        probe_dir = parent
+    probe = temporary_name(os.path.join(probe_dir, ".rbzarr-probe"))
+    try:
+        if not os.path.isdir(probe_dir):
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", probe_dir)
+        with open(probe, "wb"):
+            pass
+        os.remove(probe)
+    except OSError as exc:
+        raise StoreNotWritableError(
+            f"auto_save_path {location.url} cannot be written: {exc.strerror or exc} "
+            f"({probe_dir}); choose another auto_save_path or fix its permissions"
+        ) from exc

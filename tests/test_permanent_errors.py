@@ -1,0 +1,117 @@
+"""Permanent storage errors are refused at construction or fail the pending writes at once.
+
+The tests run as any user (root too), so the unwritable paths are made with files where
+directories must be (``ENOTDIR``), which no permission bit overrides.
+"""
+
+from __future__ import annotations
+
+import errno
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import make_trajectory
+
+from rbzarr import StoreNotWritableError, TrajectoryReplayBuffer, WriterFailedError
+from rbzarr.storage.backends import permanent_cause
+from rbzarr.storage.documents import read_documents
+from rbzarr.storage.location import Location
+
+
+def test_a_path_under_a_regular_file_is_refused_at_construction(tmp_path: Path):
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("x")
+    with pytest.raises(StoreNotWritableError, match=r"notes\.txt") as caught:
+        TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(blocker / "run"))
+    assert isinstance(caught.value.__cause__, NotADirectoryError)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    assert blocker.read_text() == "x"
+
+
+def test_the_probe_leaves_nothing_behind(tmp_path: Path):
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path / "run"))
+    assert list(tmp_path.iterdir()) == []
+    buffer.close()
+
+
+def break_trajectories_folder(store: Path) -> None:
+    """Replace the store's ``trajectories`` folder by a file: every new write meets ENOTDIR."""
+    folder = store / "trajectories"
+    for child in sorted(folder.rglob("*"), reverse=True):
+        child.unlink() if child.is_file() else child.rmdir()
+    folder.rmdir()
+    folder.write_text("not a folder")
+
+
+def test_a_permanent_error_fails_the_pending_writes_at_once(tmp_path: Path):
+    store = tmp_path / "run"
+    buffer = TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=str(store), cache_size=0, sample_window_size=1
+    )
+    buffer.add_trajectories([make_trajectory(4, 2, 0)])
+    buffer.flush()
+    break_trajectories_folder(store)
+    buffer.add_trajectories([make_trajectory(4, 2, 10)])
+    started = time.monotonic()
+    with pytest.raises(WriterFailedError, match="failed for good") as caught:
+        buffer.flush(timeout=30)
+    assert time.monotonic() - started < 5
+    assert permanent_cause(caught.value) is not None
+    assert buffer.get_stats()["pending_writes"] == 1
+    assert "Not a directory" in buffer.get_stats()["write_error"]
+    with pytest.raises(WriterFailedError, match="nothing changed"):
+        buffer.add_trajectories([make_trajectory(4, 2, 20)])
+    assert len(buffer) == 2
+    # The window holds the pending trajectory only: it is sampled from memory.
+    assert buffer.sample(4)["rewards"].shape[0] == 4
+    # Fixed: the next flush tries once more, and the write commits.
+    (store / "trajectories").unlink()
+    buffer.flush(timeout=30)
+    buffer.close()
+    assert read_documents(Location.from_url(str(store))).metadata["size"] == 2
+
+
+EXIT_WITH_A_BROKEN_STORE = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from conftest import make_trajectory
+from test_permanent_errors import break_trajectories_folder
+from rbzarr import TrajectoryReplayBuffer
+buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path={store!r})
+buffer.add_trajectories([make_trajectory(4, 2, 0)])
+buffer.flush()
+break_trajectories_folder(Path({store!r}))
+buffer.add_trajectories([make_trajectory(4, 2, 10 * k) for k in range(1, 4)])
+# the script ends without close(): it must report the loss and end at once
+"""
+
+
+def test_exit_with_writes_failed_for_good_warns_once_and_does_not_hang(tmp_path: Path):
+    store = tmp_path / "run"
+    script = EXIT_WITH_A_BROKEN_STORE.format(tests=str(Path(__file__).parent), store=str(store))
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert time.monotonic() - started < 30
+    lines = [line for line in done.stderr.splitlines() if "not committed" in line]
+    assert len(lines) == 1 and "3 write(s)" in lines[0] and str(store) in lines[0]
+
+
+@pytest.mark.parametrize(
+    "code", [errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.ENOSPC, errno.EROFS]
+)
+def test_permission_space_and_not_a_directory_are_permanent(code: int):
+    cause = OSError(code, "refused")
+    wrapped = RuntimeError("write failed")
+    wrapped.__cause__ = cause
+    assert permanent_cause(wrapped) is cause
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.ECONNRESET, errno.ETIMEDOUT, None])
+def test_transient_errors_are_retried(code: int | None):
+    assert permanent_cause(OSError(code, "flaky") if code else TimeoutError()) is None
