@@ -495,7 +495,11 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
 
     def _adopt(self, loaded: checkpoint.LoadedCheckpoint) -> None:
         self._index.load_state_dict(loaded.share.state_dict())
-        self._index.trajectory_counter = max(self._index.trajectory_counter, self._first_free_id())
+        if self._committer is not None:
+            # Never an id of another writer's slot of a shared store.
+            self._index.trajectory_counter = self._committer.first_free_id(
+                self._index.trajectory_counter
+            )
         self._schema = loaded.schema
         self._cache.load_state_dict(
             {
