@@ -15,11 +15,11 @@ import functools
 import os
 import threading
 from collections.abc import Iterable, Mapping
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import torch
 
-from rbzarr.buffer import checkpoint
+from rbzarr.buffer import checkpoint, references
 from rbzarr.buffer.background import DEFAULT_TIMEOUT
 from rbzarr.buffer.cache import SlotCache
 from rbzarr.buffer.commits import StoreCommitter
@@ -35,6 +35,9 @@ from rbzarr.storage.registry import layout_class
 from rbzarr.trajectory import tree
 from rbzarr.trajectory.model import Schema, Trajectory
 from rbzarr.trajectory.validated import ValidatedTrajectory, clone_trajectory
+
+if TYPE_CHECKING:
+    from rbzarr.distributed.notices import CommitNotice
 
 __all__ = ["TrajectoryReplayBuffer"]
 
@@ -263,6 +266,46 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 for entry, trajectory in items:
                     self._cache.put_shared(entry["trajectory_id"], trajectory)
                 self._committer.submit(items)
+
+    def add_committed(self, notices: Iterable[CommitNotice]) -> None:
+        """Add, by reference, trajectories other writers committed to this buffer's store.
+
+        Each notice (:func:`~rbzarr.distributed.commit_notices`) carries only an index
+        entry: no rows are read or copied now, they are read from the store when sampled.
+        The window and the draws are those of a buffer that added the same trajectories
+        in notice order; referenced trajectories are not cached.
+
+        Parameters
+        ----------
+        notices
+            :class:`~rbzarr.distributed.CommitNotice` objects of this buffer's
+            ``auto_save_path``.
+
+        Raises
+        ------
+        ValueError
+            The buffer has no auto-save store to read the trajectories from.
+        InvalidTrajectoryError
+            A notice names another store or an id already in the buffer: nothing added.
+        CheckpointNotFoundError
+            A notice's trajectory has no committed data in the store: nothing added.
+        BufferClosedError
+            The buffer is closed.
+        """
+        with self._add_lock:
+            self._check_open()
+            if self._committer is None:
+                raise ValueError(
+                    "add_committed needs auto_save=True on the writers' store: the rows are "
+                    "read from there"
+                )
+            layout = self._committer.layout
+            entries = references.check_notices(notices, layout, self._index, self.storage_options)
+            schema = self._schema or references.store_schema(layout)
+            with self._lock:
+                self._schema = schema
+                for entry in entries:
+                    self._index.add_reference(entry)
 
     def _index_entry(self, trajectory: ValidatedTrajectory) -> dict[str, Any]:
         raw = trajectory.trajectory
