@@ -282,7 +282,9 @@ class StoreCommitter:
         self._writer.flush(timeout)
 
     def close(self, timeout: float = DEFAULT_TIMEOUT, wait: bool = True) -> None:
-        """Stop accepting writes, wait for the queued ones, then give the writer slot up."""
+        """Stop accepting writes, wait for the queued ones (unless ``wait`` is false), then
+        give the writer slot up."""
         self._writer.close(timeout, wait)
-        if self._writer.pending == 0:
-            self.slot.release()
+        # Without waiting, the writes left are abandoned (lost if this process ends): the
+        # slot is given up as a killed writer's would be.
+        self.slot.release()
