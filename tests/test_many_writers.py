@@ -35,7 +35,9 @@ def reported(path: Path) -> dict[int, str]:
 
 def run_writers(tmp_path: Path, store: str, options: dict[str, Any]) -> dict[int, str]:
     """Start the writers, SIGKILL the victim mid-way, wait for the rest; what they flushed."""
-    context = multiprocessing.get_context("fork")
+    # Not "fork": a child of a process whose zarr event loop runs would hang in it.
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["many_writers_worker"])
     reports = [tmp_path / f"writer-{w}.txt" for w in range(WRITERS)]
     processes = [
         context.Process(target=write, args=(store, options, w, PER_WRITER, str(reports[w])))

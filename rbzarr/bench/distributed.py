@@ -91,7 +91,7 @@ def _write(store: str, count: int, megabytes: float, seed: int, start: Any) -> N
 
 def _aggregate(root: str, writers: int, count: int, megabytes: float) -> float:
     """MB/s of ``writers`` processes, each appending ``count`` trajectories to one store."""
-    context = multiprocessing.get_context("fork")
+    context = _processes()
     start = context.Event()
     store = os.path.join(root, f"writers-{writers}")
     processes = [
@@ -119,7 +119,7 @@ def _kill_writer(store: str, writer: int, report: str) -> None:
 
 def _kill(root: str) -> dict[str, Any]:
     """4 writers x 20, writer 1 SIGKILLed after its 5th flush: flushed ids not listed after."""
-    context = multiprocessing.get_context("fork")
+    context = _processes()
     store = os.path.join(root, "kill")
     reports = [os.path.join(root, f"kill-{w}.txt") for w in range(4)]
     processes = [
@@ -141,6 +141,14 @@ def _kill(root: str) -> dict[str, Any]:
         "lost": len(flushed - set(listed)),
         "duplicated": len(listed) - len(set(listed)),
     }
+
+
+def _processes() -> Any:
+    """A fork server's context: a forked child of this process could inherit zarr's event
+    loop without its thread, and hang."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["rbzarr.bench.distributed"])
+    return context
 
 
 def _lines(path: str) -> list[str]:
@@ -185,12 +193,13 @@ def _ray_actor(quick: bool) -> dict[str, Any]:
 
         def theirs_step(i: int) -> None:
             t = trajectories[i]
-            n = t.rewards.shape[0] * B
+            state = t.curr_obs["state"]
+            n = state.shape[0] * B
             rows = TensorDict(
                 {
-                    "rewards": t.rewards.reshape(n, -1),
-                    "actions": t.actions.reshape(n, -1),
-                    "state": t.curr_obs["state"].reshape(n, -1),
+                    "rewards": torch.as_tensor(t.rewards).reshape(n, -1),
+                    "actions": torch.as_tensor(t.actions).reshape(n, -1),
+                    "state": state.reshape(n, -1),
                 },
                 batch_size=[n],
             )
