@@ -79,7 +79,8 @@ def _by_reference(root: str, quick: bool) -> dict[str, Any]:
 
 
 def _write(store: str, count: int, megabytes: float, seed: int, start: Any) -> None:
-    """A writer process: wait for the start, append ``count`` trajectories, flush, close."""
+    """A writer process: open the store, meet the others at ``start``, append ``count``
+    trajectories, flush, close."""
     trajectories = [_trajectory(megabytes, seed * 1000 + k) for k in range(count)]
     with TrajectoryReplayBuffer(
         auto_save=True, auto_save_path=store, cache_size=0, max_pending_writes=2
@@ -92,7 +93,7 @@ def _write(store: str, count: int, megabytes: float, seed: int, start: Any) -> N
 def _aggregate(root: str, writers: int, count: int, megabytes: float) -> float:
     """MB/s of ``writers`` processes, each appending ``count`` trajectories to one store."""
     context = _processes()
-    start = context.Event()
+    start = context.Barrier(writers + 1)
     store = os.path.join(root, f"writers-{writers}")
     processes = [
         context.Process(target=_write, args=(store, count, megabytes, w, start))
@@ -100,9 +101,8 @@ def _aggregate(root: str, writers: int, count: int, megabytes: float) -> float:
     ]
     for process in processes:
         process.start()
-    time.sleep(0.5)  # every writer has opened the store
+    start.wait()  # every writer has opened the store
     began = time.perf_counter()
-    start.set()
     for process in processes:
         process.join()
     return writers * count * megabytes / (time.perf_counter() - began)
@@ -175,7 +175,7 @@ def _ray_actor(quick: bool) -> dict[str, Any]:
         return {"unavailable": f"needs ray and torchrl: {exc}"}
     from rbzarr.distributed.ray_actor import remote_buffer  # noqa: PLC0415
 
-    steps = 20 if quick else 60
+    steps = 20 if quick else 40
     trajectories = [_trajectory(0.05, k, width=100) for k in range(steps)]
     with _ray_cluster(ray):
         ours = remote_buffer(seed=0, sample_window_size=0)
@@ -241,7 +241,7 @@ def run_distributed(quick: bool = False) -> dict[str, Any]:
         notice = _committed(store, _trajectory(1, 0))
         results: dict[str, Any] = {"notice": {"bytes": len(pickle.dumps(notice))}}
         results["add_by_reference"] = _by_reference(root, quick)
-        count, megabytes = (6, 8.0) if quick else (10, 16.0)
+        count, megabytes = (6, 8.0) if quick else (8, 16.0)
         one = _aggregate(root, 1, count, megabytes)
         two = _aggregate(root, 2, count, megabytes)
         results["writers"] = {"one_mb_s": one, "two_mb_s": two, "ratio": two / one}

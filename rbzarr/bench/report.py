@@ -57,12 +57,26 @@ def table(document: dict[str, Any]) -> str:
     """A results document as aligned text: its figures, then its targets."""
     if document["benchmark"] == "s3":
         parts = [_s3_table(document["results"])]
+    elif document["benchmark"] == "distributed":
+        parts = [_figures_table(document["results"])]
     else:
         parts = [_rows_table(document["results"]), _bytes_table(document["results"])]
         parts.append(_writes_table(document["results"]))
     parts.append(targets_table(document["targets"]))
     parts.extend(f"note: {note}" for note in document["notes"])
     return "\n\n".join(part for part in parts if part)
+
+
+def _figures_table(results: dict[str, Any], prefix: str = "") -> str:
+    """Nested figures as ``path  value`` lines (the distributed suite)."""
+    lines = []
+    for key, value in results.items():
+        if isinstance(value, dict):
+            lines.append(_figures_table(value, f"{prefix}{key}/"))
+        else:
+            shown = f"{value:,.4g}" if isinstance(value, float) else str(value)
+            lines.append(f"{prefix}{key:<{max(1, 32 - len(prefix))}} {shown}")
+    return "\n".join(lines)
 
 
 def _rows_table(results: dict[str, Any]) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from rbzarr.bench.disk import run_disk
+from rbzarr.bench.distributed import distributed_targets, run_distributed
 from rbzarr.bench.hot import run_hot
 from rbzarr.bench.measure import machine, versions
 from rbzarr.bench.report import plot
@@ -23,7 +24,7 @@ from rbzarr.bench.workloads import workloads
 
 __all__ = ["SUITES", "parse_names", "run", "save"]
 
-SUITES = ("sampling", "s3")
+SUITES = ("sampling", "s3", "distributed")
 Progress = Callable[[str], None]
 
 
@@ -59,6 +60,12 @@ def run(
                 say("[s3] sampling through the proxy")
                 result = run_s3(settings, quick)
                 documents.append(_document("s3", settings, {"image": result}, s3_targets(result)))
+            elif suite == "distributed":
+                say("[distributed] many writers, notices, add by reference, Ray actors")
+                result = run_distributed(quick)
+                documents.append(
+                    _document("distributed", settings, result, distributed_targets(result))
+                )
             else:
                 raise ValueError(f"unknown suite {suite!r}; expected some of {list(SUITES)}")
         return documents

@@ -292,7 +292,10 @@ def demo(store: str, **settings: Any) -> None:
 @main.command()
 @click.option("--quick", is_flag=True, help="A tiny run (seconds) for smoke tests.")
 @click.option(
-    "--suites", default="sampling,s3", show_default=True, help="Comma-separated: sampling, s3."
+    "--suites",
+    default="sampling,s3,distributed",
+    show_default=True,
+    help="Comma-separated: sampling, s3, distributed.",
 )
 @click.option(
     "--workloads",
