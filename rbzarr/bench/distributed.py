@@ -208,13 +208,27 @@ def _ray_actor(quick: bool) -> dict[str, Any]:
 
         ours_step(0)
         theirs_step(0)  # both actors started and warm
-        result = {
-            "rbzarr_steps_s": _throughput(lambda i: ours_step(i + 1), steps - 1),
-            "torchrl_steps_s": _throughput(lambda i: theirs_step(i + 1), steps - 1),
-        }
+        # Interleaved rounds: a shared machine's noise falls on both alike.
+        rounds = 4
+        per_round = (steps - 1) // rounds
+        ours_s: list[float] = []
+        theirs_s: list[float] = []
+        for r in range(rounds):
+            offset = 1 + r * per_round
+            ours_s.append(_throughput(partial(_shifted, ours_step, offset), per_round))
+            theirs_s.append(_throughput(partial(_shifted, theirs_step, offset), per_round))
         theirs.shutdown()
-    result["ratio"] = result["rbzarr_steps_s"] / result["torchrl_steps_s"]
-    return result
+    ratios = [a / b for a, b in zip(ours_s, theirs_s, strict=True)]
+    return {
+        "rbzarr_steps_s": statistics.median(ours_s),
+        "torchrl_steps_s": statistics.median(theirs_s),
+        "round_ratios": ratios,
+        "ratio": statistics.median(ratios),
+    }
+
+
+def _shifted(step: Callable[[int], None], offset: int, i: int) -> None:
+    step(offset + i)
 
 
 @contextlib.contextmanager
