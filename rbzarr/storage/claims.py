@@ -10,12 +10,14 @@ claimed: the next writer takes another slot (zarr), or is refused with advice (p
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import socket
 import time
 
+from rbzarr.errors import StorageUnavailableError
 from rbzarr.storage.backends import translate_errors
 from rbzarr.storage.location import Location
 from rbzarr.storage.writers import WRITERS, slot_location
@@ -77,8 +79,14 @@ class SlotClaim:
         if self._descriptor is not None:
             os.close(self._descriptor)
             return
-        with translate_errors(self.location.url, "releasing a writer slot of"):
-            self.location.fs.rm_file(self.location.join(WRITERS, str(self.slot), CLAIM_FILE))
+        # Best effort: during an outage the claim stays, as a killed writer's would (the
+        # next zarr writer takes another slot), and close() still succeeds.
+        target = self.location.join(WRITERS, str(self.slot), CLAIM_FILE)
+        with (
+            contextlib.suppress(StorageUnavailableError, FileNotFoundError),
+            translate_errors(self.location.url, "releasing a writer slot of"),
+        ):
+            self.location.fs.rm_file(target)
 
     def __del__(self) -> None:
         # A buffer dropped without close(): locally the lock goes with the descriptor.
