@@ -17,11 +17,12 @@ from rbzarr.errors import (
     RbzarrError,
     StorageUnavailableError,
 )
-from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents
+from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents, Finding, write_documents
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.names import is_temporary_name
 from rbzarr.storage.registry import open_store
+from rbzarr.storage.writers import read_slot_documents, slot_location, writer_slots
 from rbzarr.trajectory.model import validate
 
 __all__ = ["Problem", "VerifyReport", "verify_store"]
@@ -107,7 +108,7 @@ def verify_store(
     _check_metadata(documents, index, report)
     report.problems.extend(
         Problem(found.kind, found.path, found.message, repair=REWRITE)
-        for found in layout.check_documents(documents)
+        for found in _check_root_documents(layout, documents)
     )
     for trajectory_id in index.id_list:
         problem = _check_trajectory(layout, index.entries[trajectory_id])
@@ -123,7 +124,7 @@ def _load_index(
     location: Location, report: VerifyReport
 ) -> tuple[TrajectoryLayout, Documents, TrajectoryIndex] | None:
     present = [name for name in (METADATA_FILE, INDEX_FILE) if location.exists(name)]
-    if not present:
+    if not present and not writer_slots(location):
         raise CheckpointNotFoundError(
             f"{location.url}: no {METADATA_FILE} or {INDEX_FILE}: not an rbzarr or RLinf store"
         )
@@ -221,8 +222,31 @@ def _repair(layout: TrajectoryLayout, report: VerifyReport, drop_damaged: bool) 
             continue
         report.repaired.append(problem)
     report.problems = remaining
-    if rewrite or dropped:
+    if not (rewrite or dropped):
+        return
+    if not writer_slots(layout.location):
         layout.write_documents(_documents_without(documents, index, dropped))
+    else:
+        # Many writers: each writer's documents are rewritten on their own.
+        for slot in [0, *writer_slots(layout.location)]:
+            own = read_slot_documents(layout.location, slot)
+            if own is None:
+                continue
+            own_index = TrajectoryIndex.from_documents(own, layout.location.url)
+            fixed = _documents_without(own, own_index, dropped)
+            if slot == 0:
+                layout.write_documents(fixed)
+            else:
+                write_documents(slot_location(layout.location, slot), fixed)
+
+    _delete_dropped(layout, report, index, dropped)
+
+
+def _delete_dropped(
+    layout: TrajectoryLayout, report: VerifyReport, index: TrajectoryIndex, dropped: set[int]
+) -> None:
+    """Remove the data of trajectories the index stopped listing (files rbzarr did not write
+    stay, reported as orphans)."""
     # A dropped trajectory's data is an orphan now: it goes as orphans go (after the index,
     # the commit point, stopped listing it), so a plain verify that follows is clean.
     for trajectory_id in sorted(dropped):
@@ -239,6 +263,14 @@ def _repair(layout: TrajectoryLayout, report: VerifyReport, drop_damaged: bool) 
             report.problems.append(Problem("orphan", path, message, trajectory_id))
         else:
             layout.location.delete(*path.split("/"))
+
+
+def _check_root_documents(layout: TrajectoryLayout, documents: Documents) -> list[Finding]:
+    """The layout's copies of the root documents (only the root writer's, with many)."""
+    if not writer_slots(layout.location):
+        return layout.check_documents(documents)
+    root = read_slot_documents(layout.location, 0)
+    return [] if root is None else layout.check_documents(root)
 
 
 def _documents_without(

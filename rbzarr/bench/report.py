@@ -63,6 +63,8 @@ def table(document: dict[str, Any]) -> str:
         parts = [_training_table(document["results"])]
     elif document["benchmark"] == "sequences":
         parts = [_sequences_table(document["results"])]
+    elif document["benchmark"] == "distributed":
+        parts = [_figures_table(document["results"])]
     else:
         parts = [_rows_table(document["results"]), _bytes_table(document["results"])]
         parts.append(_writes_table(document["results"]))
@@ -159,6 +161,18 @@ def _sequences_table(results: dict[str, Any]) -> str:
     mixing = results["mixing"]
     rows.append(["mixing", f"{mixing['batches']} batches", f"{mixing['wrong_batches']} wrong", ""])
     return aligned(["mode", "variant", "rows/s", "p50"], rows, [False, False, True, True])
+
+
+def _figures_table(results: dict[str, Any], prefix: str = "") -> str:
+    """Nested figures as ``path  value`` lines (the distributed suite)."""
+    lines = []
+    for key, value in results.items():
+        if isinstance(value, dict):
+            lines.append(_figures_table(value, f"{prefix}{key}/"))
+        else:
+            shown = f"{value:,.4g}" if isinstance(value, float) else str(value)
+            lines.append(f"{prefix}{key:<{max(1, 32 - len(prefix))}} {shown}")
+    return "\n".join(lines)
 
 
 def _rows_table(results: dict[str, Any]) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from rbzarr.bench.disk import run_disk
+from rbzarr.bench.distributed import distributed_targets, run_distributed
 from rbzarr.bench.hot import run_hot
 from rbzarr.bench.measure import machine, versions
 from rbzarr.bench.report import plot
@@ -25,7 +26,7 @@ from rbzarr.bench.workloads import workloads
 
 __all__ = ["SUITES", "parse_names", "run", "save"]
 
-SUITES = ("sampling", "s3", "training", "sequences", "datasets")
+SUITES = ("sampling", "s3", "training", "sequences", "datasets", "distributed")
 Progress = Callable[[str], None]
 
 
@@ -78,6 +79,12 @@ def run(
                 say("[sequences] sequences, samples per insert, demo mixing")
                 sequences = run_sequences(settings, quick, workdir)
                 documents.append(_document(suite, settings, sequences, sequence_targets(sequences)))
+            elif suite == "distributed":
+                say("[distributed] many writers, notices, add by reference, Ray actors")
+                result = run_distributed(quick)
+                documents.append(
+                    _document("distributed", settings, result, distributed_targets(result))
+                )
             else:
                 raise ValueError(f"unknown suite {suite!r}; expected some of {list(SUITES)}")
         return documents

@@ -15,12 +15,12 @@ import functools
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import torch
 
 from rbzarr.analysis.episodes import DONES, time_steps
-from rbzarr.buffer import checkpoint
+from rbzarr.buffer import checkpoint, references
 from rbzarr.buffer.arguments import check_count
 from rbzarr.buffer.background import DEFAULT_TIMEOUT
 from rbzarr.buffer.cache import SlotCache
@@ -41,6 +41,9 @@ from rbzarr.trajectory import tree
 from rbzarr.trajectory.finite import check_finite
 from rbzarr.trajectory.model import Schema, Trajectory
 from rbzarr.trajectory.validated import ValidatedTrajectory, clone_trajectory
+
+if TYPE_CHECKING:
+    from rbzarr.distributed.notices import CommitNotice
 
 __all__ = ["TrajectoryReplayBuffer"]
 
@@ -326,6 +329,46 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 for entry, trajectory in items:
                     self._cache.put_shared(entry["trajectory_id"], trajectory)
                 self._committer.submit(items)
+
+    def add_committed(self, notices: Iterable[CommitNotice]) -> None:
+        """Add, by reference, trajectories other writers committed to this buffer's store.
+
+        Each notice (:func:`~rbzarr.distributed.commit_notices`) carries only an index
+        entry: no rows are read or copied now, they are read from the store when sampled.
+        The window and the draws are those of a buffer that added the same trajectories
+        in notice order; referenced trajectories are not cached.
+
+        Parameters
+        ----------
+        notices
+            :class:`~rbzarr.distributed.CommitNotice` objects of this buffer's
+            ``auto_save_path``.
+
+        Raises
+        ------
+        ValueError
+            The buffer has no auto-save store to read the trajectories from.
+        InvalidTrajectoryError
+            A notice names another store or an id already in the buffer: nothing added.
+        CheckpointNotFoundError
+            A notice's trajectory has no committed data in the store: nothing added.
+        BufferClosedError
+            The buffer is closed.
+        """
+        with self._add_lock:
+            self._check_open()
+            if self._committer is None:
+                raise ValueError(
+                    "add_committed needs auto_save=True on the writers' store: the rows are "
+                    "read from there"
+                )
+            layout = self._committer.layout
+            entries = references.check_notices(notices, layout, self._index, self.storage_options)
+            schema = self._schema or references.store_schema(layout)
+            with self._lock:
+                self._schema = schema
+                for entry in entries:
+                    self._index.add_reference(entry)
 
     def _index_entry(self, trajectory: ValidatedTrajectory) -> dict[str, Any]:
         raw = trajectory.trajectory
@@ -670,7 +713,11 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             loaded.schema, [tuple(e["shape"][:2]) for e in loaded.share.entries.values()]
         )
         self._index.load_state_dict(loaded.share.state_dict())
-        self._index.trajectory_counter = max(self._index.trajectory_counter, self._first_free_id())
+        if self._committer is not None:
+            # Never an id of another writer's slot of a shared store.
+            self._index.trajectory_counter = self._committer.first_free_id(
+                self._index.trajectory_counter
+            )
         self._schema = loaded.schema
         self._cache.load_state_dict(
             {

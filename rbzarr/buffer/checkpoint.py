@@ -24,10 +24,11 @@ from rbzarr.errors import (
     InvalidTrajectoryError,
     StoreExistsError,
 )
-from rbzarr.storage.documents import METADATA_FILE, Entry, read_documents
+from rbzarr.storage.documents import Entry
 from rbzarr.storage.layout import TrajectoryLayout, check_entry_shape
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import stored_format
+from rbzarr.storage.writers import read_store_documents, store_has_documents
 from rbzarr.trajectory.model import Schema
 from rbzarr.trajectory.validated import ValidatedTrajectory
 
@@ -70,9 +71,9 @@ def is_rbzarr_store(metadata: Mapping[str, Any]) -> bool:
 
 def format_at(location: Location) -> str | None:
     """The format of the store at ``location`` (``"pt"`` if unnamed, as RLinf), else ``None``."""
-    if not location.exists(METADATA_FILE):
+    if not store_has_documents(location):
         return None
-    return stored_format(read_documents(location))
+    return stored_format(read_store_documents(location))
 
 
 # -- saving -----------------------------------------------------------------------------------
@@ -134,7 +135,7 @@ def load(
     strict: bool = False,
 ) -> LoadedCheckpoint:
     """Read the checkpoint at ``location`` (or this rank's share) before anything changes."""
-    documents = read_documents(location)
+    documents = read_store_documents(location)
     full = TrajectoryIndex.from_documents(documents, location.url)
     share = full if share_of is None else full.shard(*share_of)
     is_partial = share.id_list != full.id_list

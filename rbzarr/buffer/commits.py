@@ -7,7 +7,9 @@ marker), then the two documents that list it, once per burst of writes.  It keep
 in-memory copy of every trajectory until its data is complete, so sampling never waits for
 storage.
 
-While a buffer runs, this is the only writer of its store.  Deletions have two owners, and
+While a buffer runs, this is the only writer of its slot of the store
+(:class:`~rbzarr.buffer.writers.WriterSlot`): other buffers may append to the same zarr
+store at once, each to its own documents and ids.  Deletions have two owners, and
 both delete only what rbzarr wrote: here, rewriting a trajectory (a retried write) first
 clears what an earlier attempt left in that trajectory's own group; offline,
 ``rbzarr verify --repair`` (:mod:`rbzarr.analysis.verify`) deletes orphan groups (data no
@@ -21,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -29,13 +32,15 @@ import torch
 from rbzarr.buffer.background import DEFAULT_TIMEOUT, BackgroundWriter
 from rbzarr.buffer.checkpoint import LoadedCheckpoint, is_rbzarr_store, schema_from_json
 from rbzarr.buffer.index import TrajectoryIndex
+from rbzarr.buffer.writers import WriterSlot
 from rbzarr.errors import CheckpointConflictError, StoreExistsError
 from rbzarr.storage.backends import permanent_cause, translate_errors
 from rbzarr.storage.deadlines import deadline_options
-from rbzarr.storage.documents import Entry, read_documents
+from rbzarr.storage.documents import Documents, Entry
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.registry import stored_format
 from rbzarr.storage.writable import check_writable
+from rbzarr.storage.writers import COMMIT_TIMES
 from rbzarr.trajectory.model import Schema
 from rbzarr.trajectory.validated import ValidatedTrajectory
 
@@ -64,11 +69,18 @@ class StoreCommitter:
         self._metadata = dict(metadata or {})
         self._pending: dict[int, ValidatedTrajectory] = {}
         self.stored_schema: Schema | None = None
-        self._committed = self._read_existing()
-        self._claimed = self.layout.has_documents()
+        self._commit_times: dict[int, float] = {}
+        self._check_folder()
+        self.slot = WriterSlot.claim(layout)
+        try:
+            self._committed = self._read_existing()
+        except BaseException:
+            self.slot.release()
+            raise
+        self._claimed = self.slot.has_documents()
 
-    def _read_existing(self) -> TrajectoryIndex:
-        """The index of the store already here (empty if none); sets ``stored_schema``."""
+    def _check_folder(self) -> None:
+        """Refuse an ``auto_save_path`` that is a file."""
         location = self.layout.location
         with translate_errors(location.url, "opening"):
             is_file = location.fs.isfile(location.path, **deadline_options(location.fs))
@@ -78,27 +90,46 @@ class StoreCommitter:
                 "a store to append to); choose another auto_save_path"
             )
         check_writable(location)
-        committed = TrajectoryIndex()
+
+    def _read_existing(self) -> TrajectoryIndex:
+        """This slot's index of the store already here (empty if none); sets ``stored_schema``."""
+        location = self.layout.location
+        committed = TrajectoryIndex(trajectory_counter=self.slot.first_id)
         if self.layout.has_documents():
-            documents = read_documents(location)
-            fmt = stored_format(documents)
-            if fmt != self.layout.format:
-                raise StoreExistsError(
-                    f"auto_save_path {location.url} holds a {fmt!r} store and this buffer "
-                    f"writes {self.layout.format!r}: build it with trajectory_format={fmt!r} to "
-                    "append to that store, or choose another auto_save_path"
-                )
+            # Every writer's documents (the union) name the store's format and schema.
+            union = self.layout.read_documents()
+            self._check_format(union)
+            self.stored_schema = schema_from_json(union.metadata.get("schema"))
+        documents = self.slot.read_documents()
+        if documents is not None:
             committed = TrajectoryIndex.from_documents(documents, location.url)
-            self.stored_schema = schema_from_json(documents.metadata.get("schema"))
             if not is_rbzarr_store(documents.metadata):
                 # RLinf lists ids it never saved; rbzarr's documents list only what exists.
                 present = set(self.layout.list_ids())
                 committed = committed.subset(i for i in committed.id_list if i in present)
+            times = documents.trajectory_index.get(COMMIT_TIMES, {})
+            self._commit_times = {int(i): float(t) for i, t in times.items()}
         # Data the documents do not list (an interrupted write) keeps its id too.
+        stored = [i for i in self.layout.list_ids() if self.slot.owns(i)]
         committed.trajectory_counter = max(
-            committed.trajectory_counter, max(self.layout.list_ids(), default=-1) + 1
+            committed.trajectory_counter, self.slot.first_id, max(stored, default=-1) + 1
         )
         return committed
+
+    def _check_format(self, documents: Documents) -> None:
+        """Refuse a store of another format than this buffer writes."""
+        fmt = stored_format(documents)
+        if fmt != self.layout.format:
+            raise StoreExistsError(
+                f"auto_save_path {self.url} holds a {fmt!r} store and this buffer "
+                f"writes {self.layout.format!r}: build it with trajectory_format={fmt!r} to "
+                "append to that store, or choose another auto_save_path"
+            )
+
+    def first_free_id(self, counter: int) -> int:
+        """``counter`` if it is a free id of this writer's slot, else the slot's next id."""
+        next_id = self.next_id
+        return counter if self.slot.owns(counter) and counter >= next_id else next_id
 
     # -- what the store holds ---------------------------------------------------------------
     @property
@@ -174,7 +205,8 @@ class StoreCommitter:
         if not self._claimed:
             with self._lock:
                 documents = self._committed.to_documents(self.layout.format, self._metadata)
-            self.layout.write_documents(documents)
+                times = dict(self._commit_times)
+            self.slot.write_documents(documents, times)
             self._claimed = True
         self.layout.write(entry, trajectory)  # validated once, on add: not again
         trajectory_id = int(entry["trajectory_id"])
@@ -183,14 +215,16 @@ class StoreCommitter:
             if trajectory_id not in committed.entries:
                 committed.entries[trajectory_id] = entry
                 committed.id_list.append(trajectory_id)
+                self._commit_times[trajectory_id] = time.time()
             committed.trajectory_counter = max(committed.trajectory_counter, trajectory_id + 1)
             # The data is complete and readable from the store from here on.
             self._pending.pop(trajectory_id, None)
             # With more writes queued behind this one, the last of them commits for all.
             last = self._writer.pending <= 1
             documents = committed.to_documents(self.layout.format, self._metadata)
+            times = dict(self._commit_times)
         if last:
-            self.layout.write_documents(documents)
+            self.slot.write_documents(documents, times)
         if self._on_committed is not None:
             # The commit stands whatever the callback does: a failure must not make the
             # writer retry (and rewrite) a trajectory that is already listed.
@@ -214,7 +248,18 @@ class StoreCommitter:
                 "auto_save store: ranks appending to one store would write the same new ids; "
                 "give each rank its own auto_save_path"
             )
-        self.import_trajectories(loaded.source, loaded.share)
+        share = loaded.share
+        if loaded.source.location.url == self.url:
+            # Continuing in place: other writers' trajectories stay listed by their documents.
+            share = share.subset(i for i in share.id_list if self.slot.owns(i))
+        elif self.slot.slot != 0 and not all(self.slot.owns(i) for i in share.id_list):
+            raise CheckpointConflictError(
+                f"{self.url} has other writers: this buffer writes its slot {self.slot.slot} "
+                f"(ids from {self.slot.first_id}) and cannot import the checkpoint "
+                f"{loaded.source.location.url}, whose ids belong to other slots; load it "
+                "where no other writer runs, or into a new auto_save_path"
+            )
+        self.import_trajectories(loaded.source, share)
 
     def import_trajectories(self, source: TrajectoryLayout, index: TrajectoryIndex) -> None:
         """Make the store hold ``index``'s trajectories too, copied from ``source``."""
@@ -222,7 +267,7 @@ class StoreCommitter:
         # uuid) is not copied again.
         with self._lock:
             known = dict(self._committed.entries)
-        unlisted = set(self.layout.list_ids()) - set(known)
+        unlisted = {i for i in self.layout.list_ids() if self.slot.owns(i)} - set(known)
         clashes = [
             i
             for i in index.id_list
@@ -237,21 +282,26 @@ class StoreCommitter:
         for trajectory_id in index.id_list:
             if trajectory_id not in known:
                 source.copy_to(self.layout, index.entries[trajectory_id])
+        counter = self.first_free_id(index.trajectory_counter)
         with self._lock:
             for trajectory_id in index.id_list:
                 if trajectory_id not in self._committed.entries:
                     self._committed.entries[trajectory_id] = dict(index.entries[trajectory_id])
                     self._committed.id_list.append(trajectory_id)
-            self._committed.trajectory_counter = max(
-                self._committed.trajectory_counter, index.trajectory_counter
-            )
+                    self._commit_times[trajectory_id] = time.time()
+            self._committed.trajectory_counter = counter
             documents = self._committed.to_documents(self.layout.format, self._metadata)
-        self.layout.write_documents(documents)
+            times = dict(self._commit_times)
+        self.slot.write_documents(documents, times)
 
     def flush(self, timeout: float = DEFAULT_TIMEOUT) -> None:
         """Wait until every queued write is committed."""
         self._writer.flush(timeout)
 
     def close(self, timeout: float = DEFAULT_TIMEOUT, wait: bool = True) -> None:
-        """Stop accepting writes and wait for the queued ones."""
+        """Stop accepting writes, wait for the queued ones (unless ``wait`` is false), then
+        give the writer slot up."""
         self._writer.close(timeout, wait)
+        # Without waiting, the writes left are abandoned (lost if this process ends): the
+        # slot is given up as a killed writer's would be.
+        self.slot.release()

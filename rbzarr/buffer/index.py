@@ -69,6 +69,12 @@ class TrajectoryIndex:
         self.trajectory_counter += 1
         return entry
 
+    def add_reference(self, entry: dict[str, Any]) -> None:
+        """Append another writer's entry as it is (its id and uuid); the counter stays."""
+        trajectory_id = int(entry["trajectory_id"])
+        self.entries[trajectory_id] = dict(entry)
+        self.id_list.append(trajectory_id)
+
     def window(self, size: int) -> list[int]:
         """The last ``size`` ids, oldest first; all of them when ``size <= 0``."""
         return list(self.id_list) if size <= 0 else self.id_list[-size:]

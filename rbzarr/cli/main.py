@@ -409,7 +409,7 @@ def demo(store: str, **settings: Any) -> None:
     default="sampling,s3,training",
     show_default=True,
     help="Comma-separated: sampling, s3, training, sequences, datasets (LeRobot round trips; "
-    "the datasets extra).",
+    "the datasets extra), distributed (Ray and many writers).",
 )
 @click.option(
     "--workloads",

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, StoreExistsError
 from rbzarr.storage import documents as store_documents
+from rbzarr.storage import writers as store_writers
 from rbzarr.storage.documents import Documents, Entry, Finding
 from rbzarr.storage.location import Location
 from rbzarr.trajectory.dtypes import dtype_name
@@ -202,16 +203,20 @@ class TrajectoryLayout(ABC):
         return documents
 
     def read_documents(self) -> Documents:
-        """Both documents (see :func:`~rbzarr.storage.documents.read_documents`)."""
-        return store_documents.read_documents(self.location)
+        """Both documents, the union of every writer's (see :mod:`rbzarr.storage.writers`)."""
+        return store_writers.read_store_documents(self.location)
 
     def listed_ids(self) -> list[int] | None:
-        """The ids the index document lists, or ``None`` when there is no index document."""
-        return store_documents.read_listed_ids(self.location)
+        """The ids the index documents list, or ``None`` when no writer committed any."""
+        if not store_writers.store_has_documents(self.location):
+            return None
+        if not store_writers.writer_slots(self.location):
+            return store_documents.read_listed_ids(self.location)
+        return list(self.read_documents().trajectory_index["trajectory_id_list"])
 
     def has_documents(self) -> bool:
-        """Whether a store already exists here (either JSON document is present)."""
-        return store_documents.documents_exist(self.location)
+        """Whether a store already exists here (a writer's document is present)."""
+        return store_writers.store_has_documents(self.location)
 
     def check_documents(self, documents: Documents) -> list[Finding]:
         """Copies of ``documents`` this layout keeps that disagree with them.

@@ -14,9 +14,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from rbzarr.storage.documents import Documents, read_documents
+from rbzarr.storage.documents import Documents
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
+from rbzarr.storage.writers import read_store_documents
 
 __all__ = ["known_formats", "layout_class", "open_store", "register_layout", "stored_format"]
 
@@ -69,13 +70,14 @@ def open_store(
     storage_options: Mapping[str, Any] | None = None,
     layout_options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> tuple[TrajectoryLayout, Documents]:
-    """Open the existing store at ``url`` in the layout its metadata names, with its documents.
+    """Open the existing store at ``url`` in the layout its metadata names, with its documents
+    (the union of every writer's).
 
     ``layout_options`` holds keyword arguments for the layout by format name (only the stored
     format's apply).
     """
     location = Location.from_url(url, storage_options)
-    documents = read_documents(location)
+    documents = read_store_documents(location)
     fmt = stored_format(documents)
     options = dict((layout_options or {}).get(fmt, {}))
     return layout_class(fmt)(location, **options), documents

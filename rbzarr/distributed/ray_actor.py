@@ -1,0 +1,97 @@
+"""A Ray actor that owns a replay buffer, for programs that are not RLinf.
+
+:class:`BufferActor` wraps one :class:`~rbzarr.buffer.buffer.TrajectoryReplayBuffer`; every
+call is a remote method (``add_trajectories``, ``add_committed``, ``sample``,
+``save_checkpoint``, ...).  :func:`remote_buffer` starts one on the current Ray cluster.
+Sending commit notices instead of trajectories (``add_committed``) keeps the bytes out of
+Ray: rollout actors write to the shared store themselves.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rbzarr.buffer.buffer import TrajectoryReplayBuffer
+from rbzarr.distributed.notices import CommitNotice
+from rbzarr.trajectory.model import Trajectory
+
+__all__ = ["BufferActor", "remote_buffer"]
+
+
+class BufferActor:
+    """The state of one buffer actor: a replay buffer built from ``buffer_options``.
+
+    Parameters
+    ----------
+    buffer_options
+        Keyword arguments of :class:`~rbzarr.buffer.buffer.TrajectoryReplayBuffer`.
+    """
+
+    def __init__(self, **buffer_options: Any) -> None:
+        self._buffer = TrajectoryReplayBuffer(**buffer_options)
+
+    def add_trajectories(self, trajectories: Iterable[Trajectory]) -> int:
+        """Add trajectories (their bytes pass through Ray); return the buffer's size."""
+        self._buffer.add_trajectories(trajectories)
+        return len(self._buffer)
+
+    def add_committed(self, notices: Iterable[CommitNotice]) -> int:
+        """Add committed trajectories of the shared store by reference; return the size."""
+        self._buffer.add_committed(notices)
+        return len(self._buffer)
+
+    def sample(self, num_chunks: int) -> dict[str, Any]:
+        """``num_chunks`` rows drawn as the buffer draws them."""
+        return self._buffer.sample(num_chunks)
+
+    def size(self) -> int:
+        """Trajectories in the buffer."""
+        return len(self._buffer)
+
+    def trajectory_ids(self) -> list[int]:
+        """The buffer's ids, in insertion order."""
+        return self._buffer.trajectory_ids
+
+    def get_stats(self) -> dict[str, Any]:
+        """The buffer's counters."""
+        return self._buffer.get_stats()
+
+    def save_checkpoint(self, save_path: str | os.PathLike[str]) -> None:
+        """Save a checkpoint of the buffer at ``save_path``."""
+        self._buffer.save_checkpoint(save_path)
+
+    def load_checkpoint(self, load_path: str | os.PathLike[str], **options: Any) -> int:
+        """Load a checkpoint into the buffer; return its size."""
+        self._buffer.load_checkpoint(load_path, **options)
+        return len(self._buffer)
+
+    def flush(self) -> None:
+        """Wait until every queued write is committed."""
+        self._buffer.flush()
+
+    def close(self) -> None:
+        """Flush and close the buffer."""
+        self._buffer.close()
+
+
+def remote_buffer(actor_options: Mapping[str, Any] | None = None, **buffer_options: Any) -> Any:
+    """Start a :class:`BufferActor` on the current Ray cluster and return its handle.
+
+    Parameters
+    ----------
+    actor_options
+        Passed to the actor's ``.options()`` (``num_cpus``, ``name``, ...).
+    **buffer_options
+        Keyword arguments of the buffer.
+
+    Returns
+    -------
+    ray.actor.ActorHandle
+        Call its methods with ``.remote(...)`` and ``ray.get``.
+    """
+    import ray  # noqa: PLC0415  (the optional "ray" extra)
+
+    actor = ray.remote(BufferActor).options(**dict(actor_options or {"num_cpus": 0}))
+    return actor.remote(**buffer_options)

@@ -1,0 +1,95 @@
+"""Exclusive claims of writer slots: who may write a slot's documents and ids.
+
+Locally a claim is an exclusive ``flock`` of the slot's folder (the store's root for slot
+0): the kernel drops it when its process ends, however it ends, so a killed writer's slot
+is free again at once and no file is added to the store.  On object stores (S3) a claim is
+the object ``writers/<slot>/claim``, created only if absent (``IfNoneMatch="*"``, s3fs's
+``mode="create"``); a clean close deletes it.  A writer killed there keeps its slot
+claimed: the next writer takes another slot (zarr), or is refused with advice (pt / pkl).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import time
+
+from rbzarr.errors import StorageUnavailableError
+from rbzarr.storage.backends import translate_errors
+from rbzarr.storage.location import Location
+from rbzarr.storage.writers import WRITERS, slot_location
+
+__all__ = ["CLAIM_FILE", "SlotClaim"]
+
+CLAIM_FILE = "claim"
+
+
+class SlotClaim:
+    """One held claim of one slot of one store; :meth:`acquire` or nothing."""
+
+    def __init__(self, location: Location, slot: int, descriptor: int | None) -> None:
+        self.location = location
+        self.slot = slot
+        self._descriptor = descriptor  # the flocked folder, locally
+        self._held = True
+
+    @classmethod
+    def acquire(cls, location: Location, slot: int) -> SlotClaim | None:
+        """Claim ``slot`` of the store at ``location``; ``None`` if another writer holds it."""
+        if location.is_local:
+            return cls._lock_folder(location, slot)
+        content = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "at": time.time()})
+        target = location.join(WRITERS, str(slot), CLAIM_FILE)
+        with translate_errors(location.url, "claiming a writer slot of"):
+            try:
+                location.fs.pipe_file(target, content.encode(), mode="create")
+            except FileExistsError:
+                return None
+        return cls(location, slot, None)
+
+    @classmethod
+    def _lock_folder(cls, location: Location, slot: int) -> SlotClaim | None:
+        folder = slot_location(location, slot).path
+        with translate_errors(location.url, "claiming a writer slot of"):
+            os.makedirs(folder, exist_ok=True)
+            descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(descriptor)
+                return None
+            except BaseException:
+                os.close(descriptor)
+                raise
+        return cls(location, slot, descriptor)
+
+    @property
+    def held(self) -> bool:
+        """Whether this claim is still held."""
+        return self._held
+
+    def release(self) -> None:
+        """Give the slot up (a second call does nothing)."""
+        if not self._held:
+            return
+        self._held = False
+        if self._descriptor is not None:
+            os.close(self._descriptor)
+            return
+        # Best effort: during an outage the claim stays, as a killed writer's would (the
+        # next zarr writer takes another slot), and close() still succeeds.
+        target = self.location.join(WRITERS, str(self.slot), CLAIM_FILE)
+        with (
+            contextlib.suppress(StorageUnavailableError, FileNotFoundError),
+            translate_errors(self.location.url, "releasing a writer slot of"),
+        ):
+            self.location.fs.rm_file(target)
+
+    def __del__(self) -> None:
+        # A buffer dropped without close(): locally the lock goes with the descriptor.
+        if self._descriptor is not None and self._held:
+            self._held = False
+            os.close(self._descriptor)
