@@ -52,8 +52,13 @@ SAMPLING_TARGETS = TORCHRL_TARGETS | {
 }
 S3_TARGETS = {
     "s3: requests per batch <= distinct needed ranges",
-    "s3: bytes <= 1.5x needed",
+    "s3: bytes <= 1.5x (needed + range_gap per request)",
     "s3: batch ms <= 3 x delay x ceil(requests / concurrency)",
+    "s3+cache: steady rows/s >= 0.8x the same store local and warm",
+    "s3+cache: bytes fetched <= 1.2x the store's data, over many passes",
+    "s3+cache: first 256-row batch, cold cache, <= 2 s",
+    "s3, no cache: steady rows/s >= 10x today (36.6)",
+    "s3+cache: GETs a writing buffer makes for its own misses = 0",
 }
 
 

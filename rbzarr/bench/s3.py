@@ -33,6 +33,7 @@ from rbzarr.bench.settings import Settings
 from rbzarr.bench.workloads import camera_and_state_trajectory
 from rbzarr.buffer.buffer import TrajectoryReplayBuffer
 from rbzarr.storage.backends import with_s3_defaults
+from rbzarr.storage.zarr.remote import DEFAULT_RANGE_GAP
 from rbzarr.trajectory.model import validate
 
 __all__ = ["concurrency_limit", "drop_filesystems", "load_s3_server", "moto_process", "run_s3"]
@@ -205,6 +206,7 @@ STEADY_KEYS = (
     "bytes",
     "needed_bytes",
     "bytes_vs_needed",
+    "bytes_vs_needed_and_gaps",
     "seconds",
     "rows_s",
     "time_bound_s",
@@ -241,6 +243,8 @@ def _batch(
         "bytes": sent,
         "needed_bytes": needed.piece_bytes,
         "bytes_vs_needed": sent / needed.piece_bytes,
+        # Ranges closer than range_gap are merged: each request may carry that much more.
+        "bytes_vs_needed_and_gaps": sent / (needed.piece_bytes + len(requests) * DEFAULT_RANGE_GAP),
         "seconds": seconds,
         "rows_s": tracked.batch / seconds,
         "time_bound_s": 3 * delay * rounds,
