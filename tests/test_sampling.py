@@ -102,7 +102,7 @@ def test_sample_errors():
         buffer.sample(4)
     fill(buffer, [(2, 2)])
     for bad in (0, -3):
-        with pytest.raises(ValueError, match="num_chunks must be positive"):
+        with pytest.raises(ValueError, match="num_chunks must be a positive int"):
             buffer.sample(bad)
 
 
@@ -190,7 +190,7 @@ def test_view_sample_errors(tmp_path):
         fill(buffer, [(2, 2)])
     view = open_buffer(tmp_path / "s")
     for bad in (0, -3):
-        with pytest.raises(ValueError, match="num_chunks must be positive"):
+        with pytest.raises(ValueError, match="num_chunks must be a positive int"):
             view.sample(bad)
     empty = TrajectoryIndex().to_documents("zarr", {})
     with pytest.raises(RuntimeError, match="no committed trajectory"):

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,7 @@ def run_threads(buffer: TrajectoryReplayBuffer) -> tuple[list[BaseException], li
                 assert all(valid_number(n, latest) for n in numbers.tolist()), numbers
                 assert counter <= latest
                 sampled[slot] += 1
+                time.sleep(0.001)  # a trainer steps between samples: the writer gets its turn
         except BaseException as exc:
             errors.append(exc)
 
