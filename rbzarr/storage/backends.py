@@ -47,8 +47,13 @@ S3_RETRIES = 3
 _S3_PROTOCOLS = ("s3", "s3a")
 
 # Transport failures of optional backends, none of which derives from OSError: botocore's
-# (connection, timeouts, credentials) and aiohttp's.
-_TRANSPORT_ERRORS = (("botocore.exceptions", "BotoCoreError"), ("aiohttp", "ClientError"))
+# (connection, timeouts, credentials), aiohttp's and obstore's (a missing object is its
+# FileNotFoundError, which stays a value).
+_TRANSPORT_ERRORS = (
+    ("botocore.exceptions", "BotoCoreError"),
+    ("aiohttp", "ClientError"),
+    ("obstore.exceptions", "BaseError"),
+)
 # Failures retrying cannot cure: permission, read-only, not a directory, no space or quota.
 PERMANENT_ERRNOS = frozenset(
     {errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.ENOSPC, errno.EROFS, errno.EDQUOT}
@@ -75,7 +80,8 @@ def bound_retries(fs: fsspec.AbstractFileSystem) -> None:
 
 @functools.cache
 def backend_errors() -> tuple[type[BaseException], ...]:
-    """Exception types meaning "the backend failed": OSError, timeouts, botocore's, aiohttp's."""
+    """Exception types meaning "the backend failed": OSError, timeouts, botocore's, aiohttp's,
+    obstore's."""
     found: list[type[BaseException]] = [OSError, TimeoutError, ConnectionError]
     for module_name, name in _TRANSPORT_ERRORS:
         try:

@@ -2,7 +2,8 @@
 
 Every row read of a shard asks a :class:`ByteSource`: a gather out of a local memory map, a
 ``pread`` of a local shard, or a round of byte ranges of remote objects (fsspec's
-``cat_ranges``, concurrent on its event loop).  Wrap one to observe its reads, as zarr's
+``cat_ranges``, concurrent on its event loop, or obstore's client where the location allows:
+:mod:`rbzarr.storage.object_ranges`).  Wrap one to observe its reads, as zarr's
 ``LoggingStore`` wraps a store; the benchmark counts requests and bytes that way
 (:class:`rbzarr.bench.accounting.CountingByteSource`).
 """
@@ -16,12 +17,22 @@ from typing import Any
 import numpy as np
 
 from rbzarr.storage.deadlines import deadline_options
+from rbzarr.storage.object_ranges import ObjectRanges
 
 __all__ = ["ByteSource"]
 
 
 class ByteSource:
-    """Reads shard bytes as asked: memory-map gathers, local ``pread``, remote ranges."""
+    """Reads shard bytes as asked: memory-map gathers, local ``pread``, remote ranges.
+
+    Parameters
+    ----------
+    remote
+        obstore's client for the remote ranges, or ``None``: the filesystem's ``cat_ranges``.
+    """
+
+    def __init__(self, remote: ObjectRanges | None = None) -> None:
+        self.remote = remote
 
     def gather(self, rows: np.ndarray, elements: np.ndarray) -> np.ndarray:
         """Rows ``elements`` of a memory-mapped shard's ``[count, row_bytes]`` uint8 rows."""
@@ -35,6 +46,8 @@ class ByteSource:
         self, fs: Any, paths: Sequence[str], starts: Sequence[int], ends: Sequence[int | None]
     ) -> list[Any]:
         """Byte ranges of objects on ``fs`` in one round; a failed one is its exception."""
+        if self.remote is not None and self.remote.usable():
+            return self.remote.cat_ranges(paths, starts, ends)
         moved = sum(end - start for start, end in zip(starts, ends, strict=True) if end is not None)
         deadline = deadline_options(fs, moved)
         return list(

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
+import fsspec
 import numpy as np
 import torch
 import zarr
@@ -48,6 +49,7 @@ from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents, Entry
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.names import is_temporary_name
+from rbzarr.storage.object_ranges import object_ranges
 from rbzarr.storage.zarr import arrays, rows, sharded
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.chunking import DEFAULT_CHUNK_BYTES, plan_key
@@ -141,7 +143,10 @@ class ZarrLayout(TrajectoryLayout):
         self.codecs = dict(codecs or {})
         self.chunk_bytes = chunk_bytes
         self.range_gap = range_gap
-        self.byte_source = ByteSource() if byte_source is None else byte_source
+        if byte_source is None:
+            protocol = fsspec.core.split_protocol(location.url)[0] or "file"
+            byte_source = ByteSource(object_ranges(protocol, location.storage_options))
+        self.byte_source = byte_source
         self.shard_cache = _shard_cache(location, local_cache_dir, local_cache_bytes)
         self._opener = TrajectoryOpener(
             location, store, handle_cache_size, self.byte_source, self.shard_cache

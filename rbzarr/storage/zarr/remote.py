@@ -37,7 +37,7 @@ __all__ = [
 # Shards at most this large are fetched whole when their trajectory opens.
 WHOLE_SHARD_BYTES = 128 << 10
 # Ranges of one object at most this far apart are fetched as one.
-DEFAULT_RANGE_GAP = 256 << 10
+DEFAULT_RANGE_GAP = 1 << 20
 
 
 @dataclass(frozen=True)
