@@ -108,10 +108,12 @@ def create_bucket(endpoint_url: str, name: str) -> None:
 
 @dataclass(frozen=True)
 class Request:
-    """One HTTP request the proxy saw: its method and path (query string included)."""
+    """One HTTP request the proxy saw: its method, path (query string included) and the
+    client's ``User-Agent``."""
 
     method: str
     path: str
+    agent: str = ""
 
     @property
     def key(self) -> str:
@@ -425,7 +427,8 @@ def _parse_head(head: bytes) -> tuple[Request, int, bool]:
             headers[name.strip().lower()] = value.strip()
     chunked = "chunked" in headers.get("transfer-encoding", "").lower()
     length = int(headers.get("content-length", "0") or 0)
-    return Request(method=method, path=path), length, chunked
+    request = Request(method=method, path=path, agent=headers.get("user-agent", ""))
+    return request, length, chunked
 
 
 def _close(sock: socket.socket) -> None:

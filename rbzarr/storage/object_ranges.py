@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
@@ -46,9 +45,9 @@ _NEUTRAL = frozenset(
     }
 )
 _CONFIG_KEYS = frozenset({"connect_timeout", "read_timeout", "retries", "max_pool_connections"})
-# The process whose obstore runtime is running (its threads do not exist in a forked child).
-_runtime_pid: int | None = None
-_runtime_lock = threading.Lock()
+# The processes that started obstore's runtime: a forked child inherits this set, not the
+# runtime's threads.
+_RUNTIME_PIDS: set[int] = set()
 
 
 def obstore_config(options: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -123,16 +122,14 @@ class ObjectRanges:
 
     def usable(self) -> bool:
         """Whether obstore can run in this process (not a forked child of one that ran it)."""
-        return _runtime_pid in (None, os.getpid()) and self._pid == os.getpid()
+        return not _RUNTIME_PIDS - {os.getpid()} and self._pid == os.getpid()
 
     def cat_ranges(
         self, paths: Sequence[str], starts: Sequence[int], ends: Sequence[int | None]
     ) -> list[Any]:
         """The ranges ``[start, end)`` of ``bucket/key`` paths (``None``: to the end), in one
         round; a failed one is its exception (a missing object: ``FileNotFoundError``)."""
-        global _runtime_pid
-        with _runtime_lock:
-            _runtime_pid = os.getpid()
+        _RUNTIME_PIDS.add(os.getpid())
         moved = sum(end - start for start, end in zip(starts, ends, strict=True) if end is not None)
         requests = [
             (self._store(bucket), key, start, end)
@@ -148,11 +145,15 @@ class ObjectRanges:
         async def one(store: Any, key: str, start: int, end: int | None) -> Any:
             async with room:
                 if end is None:
-                    found = await obstore.get_async(store, key, options={"range": {"offset": start}})
+                    found = await obstore.get_async(
+                        store, key, options={"range": {"offset": start}}
+                    )
                     return await found.bytes_async()
                 return await obstore.get_range_async(store, key, start=start, end=end)
 
-        return await asyncio.gather(*(one(*request) for request in requests), return_exceptions=True)
+        return await asyncio.gather(
+            *(one(*request) for request in requests), return_exceptions=True
+        )
 
     def _store(self, bucket: str) -> Any:
         store = self._stores.get(bucket)

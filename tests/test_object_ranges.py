@@ -1,0 +1,111 @@
+"""S3 reads through obstore: which options translate, and the same batches as through s3fs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from conftest import make_trajectory
+
+import rbzarr
+from rbzarr import TrajectoryReplayBuffer
+from rbzarr.storage.object_ranges import CLIENT_ENV, object_ranges, obstore_config
+
+EXPLICIT = {
+    "endpoint_url": "http://127.0.0.1:9000",
+    "key": "k",
+    "secret": "s",
+    "client_kwargs": {"region_name": "eu-west-1"},
+    "config_kwargs": {"connect_timeout": 2, "read_timeout": 4, "retries": {"max_attempts": 3}},
+}
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", CLIENT_ENV):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_explicit_options_translate_to_obstores_words() -> None:
+    config = obstore_config(EXPLICIT)
+    assert config is not None
+    assert config["endpoint"] == "http://127.0.0.1:9000"
+    assert config["region"] == "eu-west-1"
+    assert (config["access_key_id"], config["secret_access_key"]) == ("k", "s")
+    assert config["client_options"] == {
+        "allow_http": True,
+        "connect_timeout": "2.0s",
+        "timeout": "4.0s",
+    }
+    assert config["retry_config"]["max_retries"] == 2
+
+
+def test_anonymous_access_skips_the_signature() -> None:
+    config = obstore_config({"anon": True, "client_kwargs": {"region_name": "us-west-2"}})
+    assert config is not None and config["skip_signature"] is True
+    assert "access_key_id" not in config
+
+
+def test_environment_credentials_are_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "ek")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "es")
+    monkeypatch.setenv("AWS_REGION", "ap-south-1")
+    config = obstore_config({})
+    assert config is not None
+    assert (config["access_key_id"], config["region"]) == ("ek", "ap-south-1")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},  # credentials from a profile or an instance role: botocore's chain, s3fs
+        {"key": "k", "secret": "s"},  # AWS without a region: s3fs finds the bucket's
+        {**EXPLICIT, "profile": "work"},
+        {**EXPLICIT, "requester_pays": True},
+        {**EXPLICIT, "client_kwargs": {"verify": False}},
+        {**EXPLICIT, "config_kwargs": {"signature_version": "s3v4"}},
+    ],
+)
+def test_options_obstore_cannot_take_keep_s3fs(options: dict[str, Any]) -> None:
+    assert obstore_config(options) is None
+    assert object_ranges("s3", options) is None
+
+
+def test_the_environment_chooses_the_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert object_ranges("s3", EXPLICIT) is not None
+    assert object_ranges("memory", EXPLICIT) is None
+    monkeypatch.setenv(CLIENT_ENV, "s3fs")
+    assert object_ranges("s3", EXPLICIT) is None
+    monkeypatch.setenv(CLIENT_ENV, "curl")
+    with pytest.raises(ValueError, match="RBZARR_S3_CLIENT must be"):
+        object_ranges("s3", EXPLICIT)
+
+
+def _batches(url: str, options: dict[str, Any]) -> list[dict[str, Any]]:
+    view = rbzarr.open_buffer(url, options, seed=3)
+    return [view.sample(24) for _ in range(3)]
+
+
+@pytest.mark.s3
+def test_obstore_and_s3fs_read_the_same_batches(
+    s3_bucket: str, s3_options: dict[str, Any], s3_proxy: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"s3://{s3_bucket}/store"
+    with TrajectoryReplayBuffer(
+        seed=0, auto_save=True, auto_save_path=url, storage_options=s3_options
+    ) as writer:
+        writer.add_trajectories([make_trajectory(6, 4, 100 * i) for i in range(5)])
+    s3_proxy.reset_log()
+    through_obstore = _batches(url, s3_options)
+    agents = {r.agent.split("/")[0] for r in s3_proxy.requests if "/c/" in r.key}
+    assert agents == {"object_store"}
+    monkeypatch.setenv(CLIENT_ENV, "s3fs")
+    s3_proxy.reset_log()
+    through_s3fs = _batches(url, s3_options)
+    agents = {r.agent.split("/")[0] for r in s3_proxy.requests if "/c/" in r.key}
+    assert "object_store" not in agents and agents
+    for one, other in zip(through_obstore, through_s3fs, strict=True):
+        torch.testing.assert_close(one, other, rtol=0, atol=0)
