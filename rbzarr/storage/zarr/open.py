@@ -21,7 +21,7 @@ from zarr.core.array import AsyncArray
 from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import StorePath
 
-from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, RbzarrError
+from rbzarr.errors import CorruptStoreError, RbzarrError
 from rbzarr.storage.backends import translate_errors
 from rbzarr.storage.deadlines import sync
 from rbzarr.storage.documents import Entry
@@ -305,15 +305,20 @@ def _handle_key(entry: Entry) -> tuple[int, str]:
 
 def _group_attrs(tid: int, raw: Any, url: str) -> dict[str, Any]:
     group = group_path(tid)
+    repair = f"run `rbzarr verify --repair --drop-damaged {url}` to drop it from the index"
     if raw is None:
-        raise CheckpointNotFoundError(f"trajectory {tid} not found: {url}/{group} does not exist")
+        raise CorruptStoreError(
+            f"trajectory {tid}: the index of {url} lists it but its data ({url}/{group}) is "
+            f"missing; {repair}"
+        )
     try:
         attrs = json.loads(raw).get("attributes", {})
     except (ValueError, AttributeError) as exc:
         raise _unreadable(exc, tid, url) from exc
     if not isinstance(attrs, dict) or not isinstance(attrs.get(FIELDS_ATTR), dict):
-        raise CheckpointNotFoundError(
-            f"trajectory {tid} not found: {url}/{group} is incomplete (its write never finished)"
+        raise CorruptStoreError(
+            f"trajectory {tid}: the index of {url} lists it but its data ({url}/{group}) is "
+            f"incomplete (its write never finished); {repair}"
         )
     return attrs
 
