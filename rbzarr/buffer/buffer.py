@@ -142,7 +142,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
     TypeError
         ``seed`` or ``cache_size`` is not an int.
     StoreNotWritableError
-        ``auto_save_path`` is local and cannot be written (an ``OSError``).
+        ``auto_save_path`` cannot be written (an ``OSError``): locally under a file,
+        read-only or without permission; on S3 no such bucket or access denied.
     StoreExistsError
         ``auto_save_path`` is a file, or holds a store of another ``trajectory_format``.
     """
