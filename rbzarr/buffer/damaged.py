@@ -101,7 +101,7 @@ class DamagedTrajectories:
                 f"on_damaged='skip' dropped trajectory {trajectory_id} from the sample window "
                 f"(the store is unchanged): {message}{hint}",
                 DamagedTrajectoryWarning,
-                stacklevel=2,
+                stacklevel=5,  # the caller of sample(): record, drop, sampling, sample
             )
 
     def read_one(self, layout: TrajectoryLayout, entry: Entry, keys: Sequence[str]) -> Trajectory:
