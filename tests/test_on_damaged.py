@@ -125,6 +125,17 @@ def test_skip_in_sample_sequences_drops_a_trajectory_whose_dones_are_missing(tmp
     assert buffer.get_stats()["damaged_trajectories"] == [DELETED]
 
 
+def test_skip_drops_a_missing_pt_file(tmp_path):
+    url = str(tmp_path / "s")
+    buffer = stored_buffer(url, None, on_damaged="skip", trajectory_format="pt")
+    next((tmp_path / "s").glob(f"trajectory_{DELETED}_*.pt")).unlink()
+    with pytest.warns(DamagedTrajectoryWarning, match=rf"trajectory_{DELETED}_w\.pt not found"):
+        got = batches(buffer)
+    reference = stored_buffer(str(tmp_path / "reference"), None, skip=(DELETED,))
+    assert got == batches(reference)
+    assert buffer.get_stats()["damaged_trajectories"] == [DELETED]
+
+
 def test_on_damaged_takes_raise_or_skip():
     with pytest.raises(ValueError, match=r"on_damaged must be one of \('raise', 'skip'\)"):
         TrajectoryReplayBuffer(on_damaged="ignore")
