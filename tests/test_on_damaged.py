@@ -7,6 +7,7 @@ those of a buffer that never held the damaged trajectories.
 
 from __future__ import annotations
 
+import pickle
 import warnings
 from typing import Any
 
@@ -15,7 +16,8 @@ import torch
 from conftest import assert_rows_consistent, make_trajectory
 
 from rbzarr import CorruptStoreError, DamagedTrajectoryWarning, TrajectoryReplayBuffer
-from rbzarr.analysis import open_buffer
+from rbzarr.analysis import BufferView, open_buffer
+from rbzarr.data.sources import store_spec
 from rbzarr.storage.location import Location
 
 TRUNCATED, DELETED = 1, 3
@@ -52,7 +54,7 @@ def damage(url: str, options: dict[str, Any] | None) -> None:
     location.delete("trajectories", str(DELETED))
 
 
-def batches(buffer: TrajectoryReplayBuffer, count: int = 3) -> list[list[int]]:
+def batches(buffer: TrajectoryReplayBuffer | BufferView, count: int = 3) -> list[list[int]]:
     return [assert_rows_consistent(buffer.sample(24)).tolist() for _ in range(count)]
 
 
@@ -134,6 +136,24 @@ def test_skip_drops_a_missing_pt_file(tmp_path):
     reference = stored_buffer(str(tmp_path / "reference"), None, skip=(DELETED,))
     assert got == batches(reference)
     assert buffer.get_stats()["damaged_trajectories"] == [DELETED]
+
+
+def test_a_view_with_skip_drops_them_also_after_refresh_and_pickles_the_policy(tmp_path):
+    url = str(tmp_path / "s")
+    stored_buffer(url, None).close()
+    damage(url, None)
+    view = open_buffer(url, seed=3, on_damaged="skip")
+    with pytest.warns(DamagedTrajectoryWarning):
+        got = batches(view)
+    stored_buffer(str(tmp_path / "reference"), None, skip=(TRUNCATED, DELETED)).close()
+    reference = open_buffer(tmp_path / "reference", seed=3)
+    assert got == batches(reference)
+    view.refresh()  # the store's index still lists them: they stay dropped
+    assert view.ids == [0, 2, 4, 5] and view.damaged_trajectories == [TRUNCATED, DELETED]
+    copy = pickle.loads(pickle.dumps(view))  # as a DataLoader worker opens it
+    assert copy.on_damaged == "skip"
+    buffer = stored_buffer(str(tmp_path / "t"), None, on_damaged="skip")
+    assert store_spec(buffer).on_damaged == "skip"  # what ReplayDataset's workers open
 
 
 def test_on_damaged_takes_raise_or_skip():
