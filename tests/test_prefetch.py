@@ -151,22 +151,19 @@ def test_prefetched_s3_reads_happen_before_the_caller_asks(
     # the caller trains: once they are logged the store goes down, and the next two
     # sample() calls still hand out the right batches, with no request of their own.
     monkeypatch.setattr(remote, "WHOLE_SHARD_BYTES", 0)  # rows read by ranges, every batch
-    trajectories = [make_trajectory(8, 2, 0)]
-
-    def opened(path: str, prefetch: int) -> TrajectoryReplayBuffer:
-        buffer = store_buffer(path, prefetch=prefetch, storage_options=s3_options)
-        buffer.add_trajectories(trajectories)
+    with store_buffer(f"s3://{s3_bucket}/store", prefetch=2, storage_options=s3_options) as buffer:
+        buffer.add_trajectories([make_trajectory(8, 2, 0)])
         buffer.flush()
         buffer.sample(4, generator=torch.Generator())  # opens the arrays; the stream stays
-        return buffer
-
-    with opened(f"s3://{s3_bucket}/plain", 0) as plain:  # requests per batch, no prefetch
+        # The next three batches of the stream, drawn with a copy of it (no read-ahead),
+        # and the requests their reads make.
+        copy = torch.Generator()
+        copy.set_state(buffer.generator.get_state())
         want, requests = [], 0
         for _ in range(3):
             s3_proxy.reset_log()
-            want.append(numbers(plain.sample(4)))
+            want.append(numbers(buffer.sample(4, generator=copy)))
             requests += len(s3_proxy.requests)
-    with opened(f"s3://{s3_bucket}/ahead", 2) as buffer:
         s3_proxy.reset_log()
         got = [numbers(buffer.sample(4))]  # its own read; the next two are drawn and read
         deadline = time.monotonic() + 60  # liveness only
