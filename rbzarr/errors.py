@@ -9,6 +9,7 @@ __all__ = [
     "CheckpointConflictError",
     "CheckpointNotFoundError",
     "CorruptStoreError",
+    "DamagedTrajectoryWarning",
     "DatasetFileNotFoundError",
     "DatasetMismatchError",
     "EmptyBufferError",
@@ -106,6 +107,11 @@ class WorkerProcessError(RbzarrError, RuntimeError):
 
 class UncommittedWritesWarning(UserWarning):
     """``close(wait=False)`` returned while writes were not committed yet."""
+
+
+class DamagedTrajectoryWarning(UserWarning):
+    """A buffer with ``on_damaged="skip"`` dropped a trajectory whose data is damaged or
+    missing from its sample window (once per trajectory; the store is left as it is)."""
 
 
 class UnsupportedDatasetError(RbzarrError, ValueError):

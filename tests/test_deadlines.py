@@ -64,8 +64,8 @@ def assert_unavailable_in_time(call: Any, url: str) -> StorageUnavailableError:
 
 @pytest.mark.s3
 @pytest.mark.usefixtures("short_deadline")
-def test_a_silent_proxy_ends_listing_opening_and_sampling_in_bounded_time(
-    s3_proxy: S3Proxy, s3_bucket: str
+def test_a_silent_proxy_ends_listing_opening_sampling_and_copying_in_bounded_time(
+    s3_proxy: S3Proxy, s3_bucket: str, tmp_path: Any
 ):
     url = f"s3://{s3_bucket}/run"
     options = default_options(s3_proxy.endpoint_url)
@@ -75,6 +75,10 @@ def test_a_silent_proxy_ends_listing_opening_and_sampling_in_bounded_time(
     assert_unavailable_in_time(lambda: view.sample(8), url)
     assert_unavailable_in_time(lambda: Location.from_url(url, options).list_names(), url)
     assert_unavailable_in_time(lambda: open_buffer(url, options), url)
+    source = Location.from_url(url, options).child("trajectories", "0")
+    copy = Location.from_url(tmp_path / "copy")
+    assert_unavailable_in_time(lambda: source.copy_into(copy), url)  # checkpoint copies
+    assert not (tmp_path / "copy").exists()
 
 
 @pytest.mark.s3

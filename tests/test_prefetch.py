@@ -143,29 +143,37 @@ def test_checkpoint_after_prefetched_batches_continues_exactly(tmp_path):
 
 
 @pytest.mark.s3
-def test_prefetched_s3_reads_overlap_the_callers_step(s3_bucket, s3_options, s3_proxy, monkeypatch):
-    # Every request waits 20 ms in the proxy; a step as long as 1.5 reads hides the next
-    # batch's read behind it, so sample() then returns at once.
+@pytest.mark.timeout(120)
+def test_prefetched_s3_reads_happen_before_the_caller_asks(
+    s3_bucket, s3_options, s3_proxy, monkeypatch
+):
+    # The proxy's log shows the reads of the two batches after the first one done while
+    # the caller trains: once they are logged the store goes down, and the next two
+    # sample() calls still hand out the right batches, with no request of their own.
     monkeypatch.setattr(remote, "WHOLE_SHARD_BYTES", 0)  # rows read by ranges, every batch
-    path = f"s3://{s3_bucket}/store"
-    with store_buffer(path, prefetch=2, storage_options=s3_options) as buffer:
-        buffer.add_trajectories([make_trajectory(8, 2, 1000 * i) for i in range(1)])
+    with store_buffer(f"s3://{s3_bucket}/store", prefetch=2, storage_options=s3_options) as buffer:
+        buffer.add_trajectories([make_trajectory(8, 2, 0)])
         buffer.flush()
         buffer.sample(4, generator=torch.Generator())  # opens the arrays; the stream stays
-        s3_proxy.slow_down(0.02)
-        start = time.perf_counter()
-        first = numbers(buffer.sample(4))  # waits for its own read; draws two more ahead
-        read_s = time.perf_counter() - start
-        waits, got = [], [first]
-        for _ in range(2):
-            time.sleep(1.5 * read_s)  # the training step
-            start = time.perf_counter()
-            got.append(numbers(buffer.sample(4)))
-            waits.append(time.perf_counter() - start)
-    with store_buffer(Path(tempfile.mkdtemp()) / "plain") as plain:
-        plain.add_trajectories([make_trajectory(8, 2, 1000 * i) for i in range(1)])
-        assert got == [numbers(plain.sample(4)) for _ in range(3)]
-    assert read_s > 0.1 and max(waits) < read_s / 3, (read_s, waits)
+        # The next three batches of the stream, drawn with a copy of it (no read-ahead),
+        # and the requests their reads make.
+        copy = torch.Generator()
+        copy.set_state(buffer.generator.get_state())
+        want, requests = [], 0
+        for _ in range(3):
+            s3_proxy.reset_log()
+            want.append(numbers(buffer.sample(4, generator=copy)))
+            requests += len(s3_proxy.requests)
+        s3_proxy.reset_log()
+        got = [numbers(buffer.sample(4))]  # its own read; the next two are drawn and read
+        deadline = time.monotonic() + 60  # liveness only
+        while len(s3_proxy.requests) < requests and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(s3_proxy.requests) == requests  # the three batches' reads, nothing else
+        s3_proxy.go_down()
+        got += [numbers(buffer.sample(4)) for _ in range(2)]  # read before they were asked
+        s3_proxy.go_up()
+    assert got == want
 
 
 @pytest.mark.s3

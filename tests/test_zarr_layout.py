@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zarr.codecs import BloscCodec, ZstdCodec
 
-from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
+from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.documents import Documents
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
@@ -251,15 +251,16 @@ def test_property_round_trip(
 def test_missing_and_incomplete_trajectories(location: Location) -> None:
     layout = ZarrLayout(location)
     traj = _every_dtype()
-    with pytest.raises(CheckpointNotFoundError, match=r"trajectory 42 .*trajectories/42") as info:
+    # An index entry whose data is gone is damage: the trajectory, its path and the repair.
+    with pytest.raises(CorruptStoreError, match=r"trajectory 42: .*trajectories/42") as info:
         layout.read(_entry(42, traj))
-    assert location.url in str(info.value)
-    with pytest.raises(FileNotFoundError, match="42"):
+    assert f"`rbzarr verify --repair --drop-damaged {location.url}`" in str(info.value)
+    with pytest.raises(CorruptStoreError, match=r"trajectory 42: .*is missing"):
         layout.read_rows(_entry(42, traj), torch.tensor([0]), ["rewards"])
 
-    # Arrays written, group attributes (the commit marker) not: reads as missing.
+    # Arrays written, group attributes (the commit marker) not: an unfinished write.
     zarr.create_array(location.zarr_store(), name="trajectories/7/rewards", data=np.zeros((2, 2)))
-    with pytest.raises(CheckpointNotFoundError, match=r"trajectory 7 .*incomplete"):
+    with pytest.raises(CorruptStoreError, match=r"trajectory 7: .*incomplete"):
         layout.read(_entry(7, traj))
 
 
@@ -282,7 +283,7 @@ def test_list_delete_and_replace(location: Location) -> None:
     layout.delete(entry)
     layout.delete(entry)  # missing is not an error
     assert layout.list_ids() == [10]
-    with pytest.raises(CheckpointNotFoundError):
+    with pytest.raises(CorruptStoreError, match="is missing"):
         layout.read(entry)
     assert ZarrLayout(location.child("nothing-here")).list_ids() == []
 

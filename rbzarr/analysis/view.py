@@ -17,6 +17,7 @@ from tqdm import tqdm
 from rbzarr.analysis.episodes import DONES, Episode, EpisodeTracker, continues, time_steps
 from rbzarr.buffer.arguments import check_count
 from rbzarr.buffer.checkpoint import schema_from_json
+from rbzarr.buffer.damaged import DamagedTrajectories
 from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.buffer.local_cache import LocalCacheBound
 from rbzarr.buffer.sampler import WindowSampler
@@ -26,7 +27,7 @@ from rbzarr.storage.documents import Documents
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import open_store
-from rbzarr.storage.row_reads import plan_misses, read_batch
+from rbzarr.storage.row_reads import plan_misses
 from rbzarr.trajectory import tree
 from rbzarr.trajectory.model import Schema, Trajectory, validate
 
@@ -42,6 +43,7 @@ def open_buffer(
     refresh_interval: float | None = None,
     local_cache_dir: str | os.PathLike[str] | None = None,
     local_cache_bytes: int | None = None,
+    on_damaged: str = "raise",
 ) -> BufferView:
     """Open the store or checkpoint at ``url`` read-only.
 
@@ -65,6 +67,10 @@ def open_buffer(
         For a zarr store on an object store: keep whole shards in this local directory, up
         to ``local_cache_bytes`` (default 16 GiB), and read them from there (as for
         :class:`~rbzarr.buffer.buffer.TrajectoryReplayBuffer`).  Ignored for other stores.
+    on_damaged
+        ``"raise"`` or ``"skip"``: what :meth:`BufferView.sample` and
+        :meth:`BufferView.sample_sequences` do with a damaged trajectory, as for the buffer
+        (``"skip"`` drops it from the view's index, also after a refresh).
 
     Returns
     -------
@@ -78,7 +84,8 @@ def open_buffer(
     CorruptStoreError
         A document is unparsable or the index is malformed.
     ValueError
-        ``local_cache_bytes`` is not positive, or is given without ``local_cache_dir``.
+        ``local_cache_bytes`` is not positive, or is given without ``local_cache_dir``, or
+        ``on_damaged`` is not ``"raise"`` or ``"skip"``.
     """
     cache = LocalCacheBound.of(local_cache_dir, local_cache_bytes)
     layout, documents = open_store(url, storage_options, {"zarr": cache.layout_options("zarr")})
@@ -88,6 +95,7 @@ def open_buffer(
         seed=seed,
         sample_window_size=sample_window_size,
         refresh_interval=refresh_interval,
+        on_damaged=on_damaged,
     )
 
 
@@ -103,13 +111,13 @@ class BufferView:
         The store's layout, opened read-only.
     documents
         Its ``metadata.json`` and ``trajectory_index.json``, as just read.
-    seed, sample_window_size, refresh_interval
+    seed, sample_window_size, refresh_interval, on_damaged
         As for :func:`open_buffer`.
 
     Raises
     ------
     ValueError
-        ``refresh_interval`` is negative (or NaN).
+        ``refresh_interval`` is negative (or NaN), or ``on_damaged`` is unknown.
     CorruptStoreError
         The index is malformed, or of a newer format than this rbzarr knows.
     """
@@ -122,7 +130,9 @@ class BufferView:
         seed: int | None = None,
         sample_window_size: int = 0,
         refresh_interval: float | None = None,
+        on_damaged: str = "raise",
     ) -> None:
+        self._damaged = DamagedTrajectories(on_damaged)
         if refresh_interval is not None and not refresh_interval >= 0:
             raise ValueError(f"refresh_interval must be >= 0 seconds, got {refresh_interval}")
         self.layout = layout
@@ -136,6 +146,7 @@ class BufferView:
     def _set_documents(self, documents: Documents) -> None:
         self._documents = documents
         self._index = TrajectoryIndex.from_documents(documents, self.url)
+        self._index.remove(self._damaged.dropped)  # on_damaged="skip": they stay dropped
         self._read_at = time.monotonic()
 
     def state_dict(self) -> dict[str, Any]:
@@ -161,6 +172,16 @@ class BufferView:
 
     def __len__(self) -> int:
         return len(self._index)
+
+    @property
+    def on_damaged(self) -> str:
+        """What sampling does with a damaged trajectory: ``"raise"`` or ``"skip"``."""
+        return self._damaged.policy
+
+    @property
+    def damaged_trajectories(self) -> list[int]:
+        """The ids ``on_damaged="skip"`` dropped from the view's index, sorted."""
+        return sorted(self._damaged.dropped)
 
     @property
     def url(self) -> str:
@@ -234,13 +255,24 @@ class BufferView:
             The index lists no trajectory.
         """
         num_chunks = check_count("num_chunks", num_chunks)
+        stream = self._sampler.generator if generator is None else generator
+        return self._damaged.sampling(
+            lambda: self._sample_once(num_chunks, generator), stream, self._drop_damaged
+        )
+
+    def _sample_once(self, num_chunks: int, generator: torch.Generator | None) -> dict[str, Any]:
         window = self._window()
         counts = self._index.sample_counts(window)
         positions, rows = self._sampler.draw(num_chunks, counts, generator)
         ids = torch.tensor(window, dtype=torch.int64)[positions]
         nothing_cached = torch.zeros(len(ids), dtype=torch.bool)
         plan = plan_misses(ids, rows, nothing_cached, {}, self.schema(), self._index.entries, {})
-        return tree.unflatten(read_batch(plan, self.layout))
+        return tree.unflatten(self._damaged.read(plan, self.layout))
+
+    def _drop_damaged(self, found: dict[int, str]) -> None:
+        """``on_damaged="skip"``: the damaged trajectories leave the view's index."""
+        self._index.remove(found)
+        self._damaged.record(found, self.url)
 
     def sample_sequences(
         self,
@@ -280,6 +312,16 @@ class BufferView:
             The index lists no trajectory, or with ``strict_length`` no episode is that long.
         """
         check_sequence_request(n, length, self.schema() or None)
+        stream = self._sequences.generator if generator is None else generator
+        return self._damaged.sampling(
+            lambda: self._sequences_once(n, length, generator, strict_length),
+            stream,
+            self._drop_damaged,
+        )
+
+    def _sequences_once(
+        self, n: int, length: int, generator: torch.Generator | None, strict_length: bool
+    ) -> dict[str, Any]:
         window = self._window()
         entries = [self._index.entries[i] for i in window]
         learn_window(self._sequences.ends, entries, self._dones)
@@ -289,7 +331,7 @@ class BufferView:
         plan = plan_misses(
             ids, drawn.rows, nothing_cached, {}, self.schema(), self._index.entries, {}
         )
-        return drawn.batch(read_batch(plan, self.layout))
+        return drawn.batch(self._damaged.read(plan, self.layout))
 
     def _window(self) -> list[int]:
         """The sampling window, after a refresh when the index is older than the interval.
@@ -308,7 +350,7 @@ class BufferView:
         return window
 
     def _dones(self, entry: Mapping[str, Any]) -> torch.Tensor:
-        raw = self.layout.read(entry, [DONES]).dones
+        raw = self._damaged.read_one(self.layout, entry, [DONES]).dones
         assert raw is not None
         return time_steps(raw, int(entry["shape"][0]))
 
@@ -394,6 +436,7 @@ class BufferView:
             "seed": self._sampler.seed,
             "sample_window_size": self.sample_window_size,
             "refresh_interval": self.refresh_interval,
+            "on_damaged": self.on_damaged,
         }
         return (_reopen, (self.url, self.storage_options, options, self.state_dict()["sampler"]))
 

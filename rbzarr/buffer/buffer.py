@@ -25,6 +25,7 @@ from rbzarr.buffer.arguments import check_count
 from rbzarr.buffer.background import DEFAULT_TIMEOUT
 from rbzarr.buffer.cache import SlotCache
 from rbzarr.buffer.commits import StoreCommitter
+from rbzarr.buffer.damaged import DamagedTrajectories
 from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.buffer.local_cache import LocalCacheBound
 from rbzarr.buffer.read_ahead import ReadAhead
@@ -120,6 +121,14 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         (:class:`~rbzarr.errors.InvalidTrajectoryError` naming the fields and counts,
         nothing changed).  Off by default, as in RLinf: non-finite values are stored as
         they are, and ``rbzarr stats`` counts them per key.
+    on_damaged
+        What sampling does when a stored trajectory's data is damaged or missing:
+        ``"raise"`` (default) raises :class:`~rbzarr.errors.CorruptStoreError`;
+        ``"skip"`` drops the trajectory from the index as if evicted (the store is left
+        as it is), warns once (:class:`~rbzarr.errors.DamagedTrajectoryWarning`, naming
+        the id and the path), lists it in ``get_stats()["damaged_trajectories"]`` and
+        draws the batch again from the same generator state, so the batches stay
+        deterministic.  Unavailable storage still raises.
 
     Raises
     ------
@@ -127,12 +136,14 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         ``trajectory_format`` is not a registered format, ``auto_save`` is set without
         ``auto_save_path``, ``prefetch`` or ``cache_size`` is negative, ``seed`` is outside
         what ``torch.manual_seed`` takes (``-2**63`` to ``2**64 - 1``), ``local_cache_dir``
-        is given for a pt/pkl store, or ``local_cache_bytes`` is not positive or smaller
-        than one of the store's trajectories.
+        is given for a pt/pkl store, ``local_cache_bytes`` is not positive or smaller
+        than one of the store's trajectories, or ``on_damaged`` is not ``"raise"`` or
+        ``"skip"``.
     TypeError
         ``seed`` or ``cache_size`` is not an int.
     StoreNotWritableError
-        ``auto_save_path`` is local and cannot be written (an ``OSError``).
+        ``auto_save_path`` cannot be written (an ``OSError``): locally under a file,
+        read-only or without permission; on S3 no such bucket or access denied.
     StoreExistsError
         ``auto_save_path`` is a file, or holds a store of another ``trajectory_format``.
     """
@@ -154,7 +165,9 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         local_cache_dir: str | os.PathLike[str] | None = None,
         local_cache_bytes: int | None = None,
         check_finite: bool = False,
+        on_damaged: str = "raise",
     ) -> None:
+        self._damaged = DamagedTrajectories(on_damaged)
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0 batches, got {prefetch}")
         if trajectory_format is not None:
@@ -244,6 +257,11 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
     def prefetch(self) -> int:
         """Batches :meth:`sample` draws and reads ahead (0: none)."""
         return 0 if self._read_ahead is None else self._read_ahead.depth
+
+    @property
+    def on_damaged(self) -> str:
+        """What sampling does with a damaged trajectory: ``"raise"`` or ``"skip"``."""
+        return self._damaged.policy
 
     @property
     def enable_cache(self) -> bool:
@@ -435,9 +453,22 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             The buffer holds no trajectory (a ``RuntimeError``).
         """
         num_chunks = check_count("num_chunks", num_chunks)
+        stream = self._sampler.generator if generator is None else generator
+        return self._damaged.sampling(
+            lambda: self._sample_once(num_chunks, generator), stream, self._drop_damaged
+        )
+
+    def _sample_once(self, num_chunks: int, generator: torch.Generator | None) -> dict[str, Any]:
         if generator is None and self._read_ahead is not None:
             return self._read_ahead.sample(num_chunks)
         return self._draw(num_chunks, generator)()
+
+    def _drop_damaged(self, found: dict[int, str]) -> None:
+        """``on_damaged="skip"``: the damaged trajectories leave the index, as if evicted."""
+        with self._lock:
+            self._index.remove(found)
+            self._window_changed()
+        self._damaged.record(found, self.store_url or "")
 
     def _draw(
         self, num_chunks: int, generator: torch.Generator | None
@@ -506,6 +537,16 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             The buffer holds no trajectory, or with ``strict_length`` no episode is that long.
         """
         check_sequence_request(n, length, self._schema)
+        stream = self._sequences.generator if generator is None else generator
+        return self._damaged.sampling(
+            lambda: self._sequences_once(n, length, generator, strict_length),
+            stream,
+            self._drop_damaged,
+        )
+
+    def _sequences_once(
+        self, n: int, length: int, generator: torch.Generator | None, strict_length: bool
+    ) -> dict[str, Any]:
         with self._lock:
             window = self._index.window(self.sample_window_size)
             entries = [self._index.entries[i] for i in window]
@@ -534,7 +575,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
 
     def _read_planned(self, plan: row_reads.MissPlan) -> dict[str, torch.Tensor]:
         layout = None if self._committer is None else self._committer.layout
-        return row_reads.read_batch(plan, layout)
+        return self._damaged.read(plan, layout)
 
     def _dones(self, entry: Entry) -> torch.Tensor:
         """The step ``dones`` of a trajectory in the index, from the cache, memory or the store."""
@@ -545,7 +586,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         pending = self._committer.pending_flats([trajectory_id])
         if trajectory_id in pending:
             return pending[trajectory_id][DONES]
-        raw = self._committer.layout.read(entry, [DONES]).dones
+        raw = self._damaged.read_one(self._committer.layout, entry, [DONES]).dones
         assert raw is not None
         return time_steps(raw, int(entry["shape"][0]))
 
@@ -805,8 +846,9 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         dict of str to Any
             ``num_trajectories``, ``total_samples``, ``cache_size`` (trajectories cached),
             ``cache_capacity``, ``cache_bytes``, ``sample_window_size``,
-            ``trajectory_counter``, ``pending_writes`` and ``write_error`` (the message of
-            the error the current write keeps failing with, else ``None``).
+            ``trajectory_counter``, ``pending_writes``, ``write_error`` (the message of
+            the error the current write keeps failing with, else ``None``) and
+            ``damaged_trajectories`` (the ids ``on_damaged="skip"`` dropped, sorted).
         """
         with self._lock:
             error = None if self._committer is None else self._committer.last_error
@@ -820,4 +862,5 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 "trajectory_counter": self._index.trajectory_counter,
                 "pending_writes": 0 if self._committer is None else self._committer.pending,
                 "write_error": None if error is None else str(error),
+                "damaged_trajectories": sorted(self._damaged.dropped),
             }

@@ -75,6 +75,13 @@ class TrajectoryIndex:
         self.entries[trajectory_id] = dict(entry)
         self.id_list.append(trajectory_id)
 
+    def remove(self, ids: Iterable[int]) -> None:
+        """Drop ``ids`` from the index (the counter stays: their ids are never reused)."""
+        gone = set(ids)
+        self.id_list = [i for i in self.id_list if i not in gone]
+        for i in gone:
+            self.entries.pop(i, None)
+
     def window(self, size: int) -> list[int]:
         """The last ``size`` ids, oldest first; all of them when ``size <= 0``."""
         return list(self.id_list) if size <= 0 else self.id_list[-size:]

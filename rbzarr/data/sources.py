@@ -34,11 +34,13 @@ def takes_generator(source: SampleSource) -> bool:
 
 @dataclass(frozen=True)
 class StoreSpec:
-    """Where a worker opens its view: a store's URL, fsspec options and sampling window."""
+    """Where a worker opens its view: a store's URL, fsspec options, sampling window and
+    ``on_damaged`` policy (the buffer's)."""
 
     url: str
     storage_options: dict[str, Any]
     sample_window_size: int
+    on_damaged: str = "raise"
 
     def open(self, refresh_interval: float) -> BufferView:
         """Open the store as a read-only view, in the calling process."""
@@ -48,6 +50,7 @@ class StoreSpec:
                 self.storage_options,
                 sample_window_size=self.sample_window_size,
                 refresh_interval=refresh_interval,
+                on_damaged=self.on_damaged,
             )
         except CheckpointNotFoundError as exc:
             raise CheckpointNotFoundError(
@@ -60,7 +63,9 @@ class StoreSpec:
 def store_spec(source: object) -> StoreSpec | None:
     """The store a worker samples instead of ``source``; ``None`` for other sources."""
     if isinstance(source, BufferView):
-        return StoreSpec(source.url, source.storage_options, source.sample_window_size)
+        return StoreSpec(
+            source.url, source.storage_options, source.sample_window_size, source.on_damaged
+        )
     if not isinstance(source, TrajectoryReplayBuffer):
         return None
     if source.store_url is None:
@@ -70,7 +75,12 @@ def store_spec(source: object) -> StoreSpec | None:
             "draw from a frozen copy). Use num_workers=0 (ReplayDataset prefetches on a "
             "thread), or build the buffer with auto_save=True so workers read its store"
         )
-    return StoreSpec(source.store_url, dict(source.storage_options), source.sample_window_size)
+    return StoreSpec(
+        source.store_url,
+        dict(source.storage_options),
+        source.sample_window_size,
+        source.on_damaged,
+    )
 
 
 def worker_source(source: Any, max_staleness: float) -> SampleSource:

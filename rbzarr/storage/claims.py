@@ -4,7 +4,9 @@ Locally a claim is an exclusive ``flock`` of the slot's folder (the store's root
 0): the kernel drops it when its process ends, however it ends, so a killed writer's slot
 is free again at once and no file is added to the store.  On object stores (S3) a claim is
 the object ``writers/<slot>/claim``, created only if absent (``IfNoneMatch="*"``, s3fs's
-``mode="create"``); a clean close deletes it.  A writer killed there keeps its slot
+``mode="create"``); a clean close deletes it.  That PUT is also the store's writability
+probe, at no extra request: a permanent failure (no such bucket, access denied) is
+:class:`~rbzarr.errors.StoreNotWritableError` at construction.  A writer killed there keeps its slot
 claimed: the next writer takes another slot (zarr), or is refused with advice (pt / pkl).
 """
 
@@ -17,8 +19,9 @@ import os
 import socket
 import time
 
-from rbzarr.errors import StorageUnavailableError
-from rbzarr.storage.backends import translate_errors
+from rbzarr.errors import StorageUnavailableError, StoreNotWritableError
+from rbzarr.storage.backends import permanent_cause, translate_errors
+from rbzarr.storage.deadlines import deadline_options
 from rbzarr.storage.location import Location
 from rbzarr.storage.writers import WRITERS, slot_location
 
@@ -45,9 +48,18 @@ class SlotClaim:
         target = location.join(WRITERS, str(slot), CLAIM_FILE)
         with translate_errors(location.url, "claiming a writer slot of"):
             try:
-                location.fs.pipe_file(target, content.encode(), mode="create")
+                location.fs.pipe_file(
+                    target, content.encode(), mode="create", **deadline_options(location.fs)
+                )
             except FileExistsError:
                 return None
+            except OSError as exc:  # the claim is the store's first write: its probe
+                if permanent_cause(exc) is None:
+                    raise
+                raise StoreNotWritableError(
+                    f"auto_save_path {location.url} cannot be written: {exc}; choose another "
+                    "auto_save_path, create the bucket or fix its permissions"
+                ) from exc
         return cls(location, slot, None)
 
     @classmethod

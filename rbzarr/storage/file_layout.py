@@ -117,7 +117,9 @@ class FileLayout(TrajectoryLayout):
             data = self.location.read_bytes(name)
         except FileNotFoundError as exc:
             raise CheckpointNotFoundError(
-                f"trajectory {entry['trajectory_id']}: data file {source} not found"
+                f"trajectory {entry['trajectory_id']}: data file {source} not found; run "
+                f"`rbzarr verify --repair --drop-damaged {self.location.url}` to drop it from "
+                "the index"
             ) from exc
         record = self._loads(data, source)
         if not isinstance(record, dict):

@@ -184,33 +184,53 @@ class Location:
 
         fsspec moves the bytes: ``copy`` within one filesystem, ``put`` / ``get`` between
         the local disk and another one, a bulk ``cat`` and ``pipe`` otherwise.  Nothing at
-        ``destination`` is ever replaced or deleted.
+        ``destination`` is ever replaced or deleted.  Each remote call has a deadline for
+        the bytes it moves (:func:`~rbzarr.storage.deadlines.deadline_options`): the size
+        comes from the one listing that finds the files.
         """
         if destination.exists():
             raise StoreExistsError(f"{destination.url} already exists; a copy never overwrites")
         with translate_errors(f"{self.url} -> {destination.url}", "copying"):
-            recursive = self.fs.isdir(self.path)
+            recursive = self.fs.isdir(self.path, **self._deadline())
+            sizes = self._sizes(recursive)
+            nbytes = sum(sizes.values())
             if self.fs is destination.fs or _same_filesystem(self.fs, destination.fs):
                 if self.is_local:
                     self.fs.makedirs(os.path.dirname(destination.path), exist_ok=True)
-                self.fs.copy(self.path, destination.path, recursive=recursive)
+                self.fs.copy(
+                    self.path, destination.path, recursive=recursive, **self._deadline(nbytes)
+                )
             elif self.is_local:
-                destination.fs.put(self.path, destination.path, recursive=recursive)
+                destination.fs.put(
+                    self.path,
+                    destination.path,
+                    recursive=recursive,
+                    **deadline_options(destination.fs, nbytes),
+                )
             elif destination.is_local:
                 os.makedirs(os.path.dirname(destination.path), exist_ok=True)
-                self.fs.get(self.path, destination.path, recursive=recursive)
+                self.fs.get(
+                    self.path, destination.path, recursive=recursive, **self._deadline(nbytes)
+                )
             else:
                 # Two remote filesystems: one concurrent bulk read, one bulk write.
-                files = self.fs.find(self.path) if recursive else [self.path]
-                found = self.fs.cat(files, on_error="raise")
+                found = self.fs.cat(list(sizes), on_error="raise", **self._deadline(nbytes))
                 contents = found if isinstance(found, dict) else {self.path: found}
                 root = self.path.rstrip("/")
                 destination.fs.pipe(
                     {
                         destination.path + str(path)[len(root) :]: data
                         for path, data in contents.items()
-                    }
+                    },
+                    **deadline_options(destination.fs, nbytes),
                 )
+
+    def _sizes(self, recursive: bool) -> dict[str, int]:
+        """The size of every file here (the file itself, or the tree's), in one listing."""
+        if not recursive:
+            return {self.path: int(self.fs.size(self.path, **self._deadline()))}
+        found = self.fs.find(self.path, detail=True, **self._deadline())
+        return {str(path): int(info.get("size") or 0) for path, info in found.items()}
 
     def zarr_store(self, read_only: bool = False) -> Store:
         """A new zarr store rooted here: ``LocalStore`` locally, else ``FsspecStore``."""

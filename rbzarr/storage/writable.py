@@ -3,8 +3,9 @@
 A local path is probed by creating and removing a temporary file (see
 :func:`~rbzarr.storage.names.temporary_name`) in it, or, when it does not exist yet, in its
 nearest existing ancestor (nothing is created that stays).  Object stores are not probed
-here (a probe costs requests); their permanent errors are classified when a write meets
-them (:func:`~rbzarr.storage.backends.permanent_cause`).
+here: the writer's claim (:mod:`rbzarr.storage.claims`), a PUT made at construction
+anyway, is their probe, and later permanent errors are classified when a write meets them
+(:func:`~rbzarr.storage.backends.permanent_cause`).
 """
 
 from __future__ import annotations

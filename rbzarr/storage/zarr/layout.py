@@ -259,7 +259,7 @@ class ZarrLayout(TrajectoryLayout):
     # -- reading --------------------------------------------------------------------------
     def read(self, entry: Entry, keys: Sequence[str] | None = None) -> Trajectory:
         # docstring inherited
-        opened = self._opener.open_many([entry])[0]
+        opened = self._opener.open_many([entry], keys)[0]
         wanted = list(opened.dtypes) if keys is None else list(keys)
         rows.check_keys(opened, wanted, self.location.url)
         zarr_arrays = rows.zarr_arrays(opened, wanted)

@@ -21,7 +21,7 @@ from zarr.core.array import AsyncArray
 from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import StorePath
 
-from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, RbzarrError
+from rbzarr.errors import CorruptStoreError, RbzarrError
 from rbzarr.storage.backends import translate_errors
 from rbzarr.storage.deadlines import sync
 from rbzarr.storage.documents import Entry
@@ -112,12 +112,17 @@ class TrajectoryOpener:
         self.store()
         return self._location
 
-    def open_many(self, entries: Sequence[Entry]) -> list[ShardedTrajectory]:
+    def open_many(
+        self, entries: Sequence[Entry], keys: Sequence[str] | None = None
+    ) -> list[ShardedTrajectory]:
         """Handles of ``entries`` (cached ones reused); new ones open in one round.
 
         A trajectory another thread is opening meanwhile (the background warmer) is waited
-        for, not fetched twice.
+        for, not fetched twice.  With ``keys``, a trajectory not cached opens only those
+        keys' arrays (no other shard index is read) and is not cached.
         """
+        if keys is not None:
+            return self._open_keys(entries, keys)
         found: list[ShardedTrajectory | None] = []
         missing: list[tuple[int, Entry, int]] = []
         for position, entry in enumerate(entries):
@@ -140,6 +145,16 @@ class TrajectoryOpener:
             found[position] = self.open_many([entry])[0]
         return [opened for opened in found if opened is not None]
 
+    def _open_keys(self, entries: Sequence[Entry], keys: Sequence[str]) -> list[ShardedTrajectory]:
+        """:meth:`open_many` of only ``keys``: cached handles, else partial ones, uncached."""
+        found = [self.handles.get(_handle_key(entry))[0] for entry in entries]
+        missing = [entry for entry, opened in zip(entries, found, strict=True) if opened is None]
+        if not missing:
+            return [opened for opened in found if opened is not None]
+        with translate_errors(self._location.url, "reading"):
+            new = iter(self._open_new(missing, set(keys)))
+        return [next(new) if opened is None else opened for opened in found]
+
     def _claim(
         self, missing: list[tuple[int, Entry, int]]
     ) -> tuple[list[tuple[int, Entry, int]], list[tuple[tuple[int, Entry, int], threading.Event]]]:
@@ -161,7 +176,10 @@ class TrajectoryOpener:
             for _, entry, _ in mine:
                 self._opening.pop(_handle_key(entry)).set()
 
-    def _open_new(self, entries: Sequence[Entry]) -> list[ShardedTrajectory]:
+    def _open_new(
+        self, entries: Sequence[Entry], keys: set[str] | None = None
+    ) -> list[ShardedTrajectory]:
+        """Open ``entries``: every key, or only ``keys``."""
         store = self.store()
         location = self.location()
         tids = [trajectory_id(entry) for entry in entries]
@@ -174,7 +192,9 @@ class TrajectoryOpener:
                 fields = {key: dtype_from_name(name) for key, name in attrs[FIELDS_ATTR].items()}
                 layout = attrs.get(sharded.LAYOUT_ATTR)
                 if layout is None:
-                    arrays = self._open_arrays(tid, list(fields))
+                    arrays = self._open_arrays(
+                        tid, [key for key in fields if keys is None or key in keys]
+                    )
                     where = f"{location.url}/{group_path(tid)}"
                     check_array_shapes(arrays, entry, where)
                     _check_every_chunk(arrays, where)
@@ -187,11 +207,15 @@ class TrajectoryOpener:
                     )
                     continue
                 handles, remote = sharded.describe_sharded(
-                    location, group_path(tid), time_and_envs(entry), fields, layout
+                    location, group_path(tid), time_and_envs(entry), fields, layout, keys
                 )
             except (RuntimeError, ValueError, KeyError, TypeError) as exc:
                 raise _unreadable(exc, tid, location.url) from exc
-            zarr_keys = [key for key, spec in handles.specs.items() if spec is None]
+            zarr_keys = [
+                key
+                for key, spec in handles.specs.items()
+                if spec is None and (keys is None or key in keys)
+            ]
             zarr_arrays = self._open_arrays(tid, zarr_keys)
             _check_every_chunk(zarr_arrays, f"{location.url}/{group_path(tid)}")
             handles.arrays.update(zarr_arrays)
@@ -305,15 +329,20 @@ def _handle_key(entry: Entry) -> tuple[int, str]:
 
 def _group_attrs(tid: int, raw: Any, url: str) -> dict[str, Any]:
     group = group_path(tid)
+    repair = f"run `rbzarr verify --repair --drop-damaged {url}` to drop it from the index"
     if raw is None:
-        raise CheckpointNotFoundError(f"trajectory {tid} not found: {url}/{group} does not exist")
+        raise CorruptStoreError(
+            f"trajectory {tid}: the index of {url} lists it but its data ({url}/{group}) is "
+            f"missing; {repair}"
+        )
     try:
         attrs = json.loads(raw).get("attributes", {})
     except (ValueError, AttributeError) as exc:
         raise _unreadable(exc, tid, url) from exc
     if not isinstance(attrs, dict) or not isinstance(attrs.get(FIELDS_ATTR), dict):
-        raise CheckpointNotFoundError(
-            f"trajectory {tid} not found: {url}/{group} is incomplete (its write never finished)"
+        raise CorruptStoreError(
+            f"trajectory {tid}: the index of {url} lists it but its data ({url}/{group}) is "
+            f"incomplete (its write never finished); {repair}"
         )
     return attrs
 

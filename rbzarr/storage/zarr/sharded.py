@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,8 +115,10 @@ def describe_sharded(
     entry_shape: tuple[int, int],
     fields: Mapping[str, torch.dtype],
     layout: Mapping[str, Any],
+    keys: Collection[str] | None = None,
 ) -> tuple[ShardedTrajectory, list[tuple[str, str, ArraySpec, str]]]:
-    """A v2 trajectory from its group's attributes; local shards are opened here already."""
+    """A v2 trajectory from its group's attributes; local shards are opened here already
+    (those of ``keys`` only, when given; the others stay unopened)."""
     where = f"{location.url}/{group}"
     specs = parse_specs(layout, where)
     if list(specs) != list(fields):
@@ -127,7 +129,7 @@ def describe_sharded(
     opened = ShardedTrajectory(group, T, B, dict(fields), specs)
     pending = []
     for key, spec in specs.items():
-        if spec is None:
+        if spec is None or (keys is not None and key not in keys):
             continue
         _check_shape(spec, T, B, f"{where}/{key}", entry_shape)
         path = _shard_path(location, group, key, spec)
