@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -31,6 +34,7 @@ from typing import Any
 
 __all__ = [
     "REGION",
+    "ProxyProcess",
     "Request",
     "S3Proxy",
     "create_bucket",
@@ -435,3 +439,79 @@ def _close(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
     sock.close()
+
+
+class ProxyProcess:
+    """An :class:`S3Proxy` in a process of its own, for benchmarks: its threads then do not
+    share the measured client's interpreter lock (a real S3 endpoint is not in the client's
+    process either).  It answers the counting and delaying half of the proxy's interface.
+
+    Parameters
+    ----------
+    target_url
+        ``http://host:port`` of the real server.
+    """
+
+    def __init__(self, target_url: str) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, __file__, target_url],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.endpoint_url = self._ask("endpoint")
+
+    def _ask(self, command: str, *arguments: Any) -> Any:
+        assert self._process.stdin is not None and self._process.stdout is not None
+        self._process.stdin.write(json.dumps([command, *arguments]) + "\n")
+        self._process.stdin.flush()
+        answer = self._process.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"the proxy process exited ({self._process.wait()})")
+        return json.loads(answer)
+
+    def slow_down(self, seconds: float) -> None:
+        """Hold every request ``seconds`` before forwarding it (0 to stop)."""
+        self._ask("slow_down", seconds)
+
+    def reset_log(self) -> None:
+        """Forget the logged requests and byte counts."""
+        self._ask("reset_log")
+
+    @property
+    def requests(self) -> list[Request]:
+        """Requests forwarded to the server since the last :meth:`reset_log`."""
+        return [Request(*fields) for fields in self._ask("requests")]
+
+    @property
+    def bytes_to_client(self) -> int:
+        """Bytes (headers and bodies) the server sent back since :meth:`reset_log`."""
+        return int(self._ask("bytes_to_client"))
+
+    def close(self) -> None:
+        """Close the proxy and wait for its process."""
+        with contextlib.suppress(RuntimeError, OSError):
+            self._ask("close")
+        self._process.wait(timeout=30)
+
+
+def _serve_commands(target_url: str) -> None:
+    """The child of :class:`ProxyProcess`: a proxy driven by JSON lines on stdin."""
+    proxy = S3Proxy(target_url)
+    answers: dict[str, Callable[..., Any]] = {
+        "endpoint": lambda: proxy.endpoint_url,
+        "slow_down": proxy.slow_down,
+        "reset_log": proxy.reset_log,
+        "requests": lambda: [[r.method, r.path, r.agent] for r in proxy.requests],
+        "bytes_to_client": lambda: proxy.bytes_to_client,
+        "close": proxy.close,
+    }
+    for line in sys.stdin:
+        command, *arguments = json.loads(line)
+        print(json.dumps(answers[command](*arguments)), flush=True)
+        if command == "close":
+            return
+
+
+if __name__ == "__main__":
+    _serve_commands(sys.argv[1])

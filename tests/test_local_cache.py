@@ -22,13 +22,19 @@ from conftest import assert_rows_consistent, make_trajectory
 from s3_server import S3Proxy
 
 from rbzarr import StorageUnavailableError, TrajectoryReplayBuffer
-from rbzarr.storage.zarr import shard_cache, shard_index
+from rbzarr.storage.zarr import remote, shard_cache, shard_index
 from rbzarr.storage.zarr.shard_cache import ShardCache
 from rbzarr.storage.zarr.spec import ArraySpec
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(180)]
 
 SIZES = [(6, 4), (4, 4), (8, 4), (6, 4)]
+
+
+@pytest.fixture(autouse=True)
+def _every_shard_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shards here are tiny: keep them out of the group documents, so they are cached."""
+    monkeypatch.setattr(remote, "INLINE_SHARD_BYTES", 0)
 
 
 def fill(url: str, options: dict[str, Any], cache: Path | None = None) -> list[int]:

@@ -151,6 +151,7 @@ def test_prefetched_s3_reads_happen_before_the_caller_asks(
     # the caller trains: once they are logged the store goes down, and the next two
     # sample() calls still hand out the right batches, with no request of their own.
     monkeypatch.setattr(remote, "WHOLE_SHARD_BYTES", 0)  # rows read by ranges, every batch
+    monkeypatch.setattr(remote, "INLINE_SHARD_BYTES", 0)  # and no shard inline
     with store_buffer(f"s3://{s3_bucket}/store", prefetch=2, storage_options=s3_options) as buffer:
         buffer.add_trajectories([make_trajectory(8, 2, 0)])
         buffer.flush()
@@ -182,6 +183,7 @@ def test_a_failed_prefetched_read_is_raised_in_order_and_later_batches_read_agai
     s3_bucket, s3_options, s3_proxy, monkeypatch
 ):
     monkeypatch.setattr(remote, "WHOLE_SHARD_BYTES", 0)  # rows read by ranges, every batch
+    monkeypatch.setattr(remote, "INLINE_SHARD_BYTES", 0)  # and no shard inline
     trajectories = [make_trajectory(8, 2, 1000 * i) for i in range(1)]
     with store_buffer(Path(tempfile.mkdtemp()) / "plain") as plain:
         plain.add_trajectories(trajectories)

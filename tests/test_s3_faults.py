@@ -28,6 +28,7 @@ from rbzarr.analysis.verify import verify_store
 from rbzarr.analysis.view import open_buffer
 from rbzarr.storage.backends import S3_DEFAULTS, with_s3_defaults
 from rbzarr.storage.location import Location
+from rbzarr.storage.zarr import remote
 
 pytestmark = pytest.mark.s3
 
@@ -185,10 +186,11 @@ CHILD = textwrap.dedent(
 
 
 def test_a_process_dying_during_an_outage_prints_no_tracebacks(
-    s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any]
+    s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ):
     options = default_options(s3_options)
     url = f"s3://{s3_bucket}/store"
+    monkeypatch.setattr(remote, "INLINE_SHARD_BYTES", 0)  # the child reads every shard
     build_store(url, options, count=12)
     with subprocess.Popen(
         [sys.executable, "-c", CHILD, url, json.dumps(options)],

@@ -86,6 +86,7 @@ def test_a_batch_is_one_round_of_coalesced_ranges(
     s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any], monkeypatch: Any
 ) -> None:
     monkeypatch.setattr(remote, "WHOLE_SHARD_BYTES", 0)  # every shard read by ranges
+    monkeypatch.setattr(remote, "INLINE_SHARD_BYTES", 0)  # and no shard inline
     url = f"s3://{s3_bucket}/store"
     fill(url, s3_options)
     stats = CountingByteSource()
@@ -105,8 +106,9 @@ def test_a_batch_is_one_round_of_coalesced_ranges(
 
 
 def test_small_shards_come_whole_with_their_index_and_cost_no_request_after(
-    s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any]
+    s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(remote, "INLINE_SHARD_BYTES", 0)  # no copies in the group documents
     url = f"s3://{s3_bucket}/store"
     fill(url, s3_options)
     stats = CountingByteSource()
@@ -127,6 +129,70 @@ def test_small_shards_come_whole_with_their_index_and_cost_no_request_after(
     assert s3_proxy.requests == []
     assert len(first) == 8 and len(again) == 60
     buffer.close()
+
+
+def test_tiny_shards_open_from_their_group_document_without_a_request(
+    s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"s3://{s3_bucket}/store"
+    monkeypatch.setattr(remote, "INLINE_SHARD_BYTES", 200)  # some shards stay out
+    fill(url, s3_options)
+    stats = CountingByteSource()
+    buffer = reader(url, s3_options, stats)
+    s3_proxy.reset_log()
+    inline = assert_rows_consistent(buffer.sample(40)).numpy()
+    requested = _keys(s3_proxy)
+    fetched = {key.split("/trajectories/")[1].split("/c/")[0] for key in requested}
+    # Only the shards over 200 bytes are fetched: the rest came with the group documents.
+    location = Location.from_url(url, s3_options)
+    held = set()
+    for tid in range(len(SIZES)):
+        raw = location.read_bytes("trajectories", str(tid), "zarr.json")
+        arrays = json.loads(raw)["attributes"]["rbzarr_layout"]["arrays"]
+        held |= {f"{tid}/{key}" for key, d in arrays.items() if remote.INLINE in d}
+    described = {f"{tid}/{key}" for tid in range(len(SIZES)) for key in [*ROW_BYTES, "versions"]}
+    assert held and held != described
+    assert {key for key in fetched if not key.endswith("zarr.json")} == described - held
+    assert len(requested) == len(SIZES) + len(described - held)
+    buffer.close()
+    monkeypatch.setattr(remote, "INLINE_SHARD_BYTES", 0)
+    copy = f"s3://{s3_bucket}/plain"
+    fill(copy, s3_options)
+    plain = reader(copy, s3_options, CountingByteSource())
+    np.testing.assert_array_equal(assert_rows_consistent(plain.sample(40)).numpy(), inline)
+    plain.close()
+
+
+def test_a_damaged_copy_in_a_group_document_is_a_named_error(
+    s3_bucket: str, s3_options: dict[str, Any]
+) -> None:
+    url = f"s3://{s3_bucket}/store"
+    fill(url, s3_options)
+
+    def damage(document: dict[str, Any]) -> dict[str, Any]:
+        arrays = document["attributes"]["rbzarr_layout"]["arrays"]
+        arrays["rewards"][remote.INLINE] = arrays["rewards"][remote.INLINE][:-8]
+        return document
+
+    _edit_document(url, s3_options, 1, damage)
+    with (
+        reader(url, s3_options, CountingByteSource()) as buffer,
+        pytest.raises(CorruptStoreError, match=r"trajectories/1/rewards: its layout"),
+    ):
+        for _ in range(20):
+            buffer.sample(40)
+
+
+def _keys(proxy: S3Proxy) -> list[str]:
+    return [r.key for r in proxy.requests]
+
+
+def _edit_document(url: str, options: dict[str, Any], tid: int, edit: Any) -> None:
+    location = Location.from_url(url, options)
+    raw = location.read_bytes("trajectories", str(tid), "zarr.json")
+    location.write_bytes(
+        json.dumps(edit(json.loads(raw))).encode(), "trajectories", str(tid), "zarr.json"
+    )
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))

@@ -1,7 +1,8 @@
 """Sampling from S3 through moto and the test suite's counting, delaying proxy.
 
-moto runs in its own process (so it does not share the client's interpreter lock) and is far
-slower per request than S3: two batches without the delay show what it costs by itself.
+moto and the proxy each run in a process of their own (so neither shares the client's
+interpreter lock, as a real endpoint would not); moto is far slower per request than S3:
+two batches without the delay show what it and the client cost by themselves.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def run_s3(settings: Settings, quick: bool) -> dict[str, Any]:
     import s3fs  # noqa: PLC0415
 
     with moto_process() as endpoint:
-        proxy = server_module.S3Proxy(endpoint)
+        proxy = server_module.ProxyProcess(endpoint)
         try:
             bucket = server_module.unique_bucket_name("bench")
             server_module.create_bucket(endpoint, bucket)

@@ -158,7 +158,7 @@ def _s3_store(settings: Settings) -> Iterator[tuple[str, dict[str, Any], Any] | 
     import s3fs  # noqa: PLC0415  (with the S3 server)
 
     with moto_process() as endpoint:
-        proxy = server_module.S3Proxy(endpoint)
+        proxy = server_module.ProxyProcess(endpoint)
         try:
             bucket = server_module.unique_bucket_name("training")
             server_module.create_bucket(endpoint, bucket)

@@ -8,12 +8,16 @@ layout's :class:`~rbzarr.storage.zarr.byte_source.ByteSource`: fsspec runs them
 concurrently on its event loop, so a batch costs one round trip per concurrency-limit's
 worth of ranges.  Shard indexes are fetched the same way, once, when a trajectory opens;
 a shard of at most :data:`WHOLE_SHARD_BYTES` is fetched whole by that same request and
-kept with the trajectory's handles, so its rows cost no request at all.
+kept with the trajectory's handles, so its rows cost no request at all.  A shard of at most
+:data:`INLINE_SHARD_BYTES` needs not even that: its group's layout description carries a
+copy (:func:`inline_copy`, read by :func:`open_inline`), so opening it costs no request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import base64
+import binascii
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,16 +30,24 @@ from rbzarr.storage.zarr.spec import ArraySpec
 
 __all__ = [
     "DEFAULT_RANGE_GAP",
+    "INLINE",
+    "INLINE_SHARD_BYTES",
     "WHOLE_SHARD_BYTES",
     "RemoteShard",
     "checked_bytes",
     "coalesce",
     "fetch_rows",
+    "inline_copy",
+    "open_inline",
     "open_remote",
 ]
 
 # Shards at most this large are fetched whole when their trajectory opens.
 WHOLE_SHARD_BYTES = 128 << 10
+# Shards at most this large are also copied (base64) into their group's layout description.
+INLINE_SHARD_BYTES = 16 << 10
+# The key of that copy in an array's description.
+INLINE = "inline"
 # Ranges of one object at most this far apart are fetched as one.
 DEFAULT_RANGE_GAP = 1 << 20
 
@@ -94,6 +106,43 @@ def open_remote(
         whole = data if start == 0 else None
         opened.append(RemoteShard(spec, path, where, index, whole))
     return opened
+
+
+def inline_copy(parts: Sequence[Any]) -> str | None:
+    """The copy of a shard (its ``parts``, buffers) a layout description carries, or ``None``
+    for a shard larger than :data:`INLINE_SHARD_BYTES`."""
+    if sum(memoryview(part).nbytes for part in parts) > INLINE_SHARD_BYTES:
+        return None
+    return base64.b64encode(b"".join(parts)).decode("ascii")
+
+
+def open_inline(
+    description: Mapping[str, Any], spec: ArraySpec, path: str, where: str
+) -> RemoteShard | None:
+    """The shard a layout description carries a copy of, checked as a fetched one is (its
+    size, its index); ``None`` when it carries none.
+
+    Raises
+    ------
+    CorruptStoreError
+        The copy is not base64, not the shard's size, or its index does not check.
+    """
+    text = description.get(INLINE)
+    if text is None:
+        return None
+    try:
+        data = base64.b64decode(str(text), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise CorruptStoreError(
+            f"{where}: its layout description's copy is damaged: {exc}"
+        ) from exc
+    if len(data) != spec.shard_bytes:
+        raise CorruptStoreError(
+            f"{where}: its layout description's copy holds {len(data)} bytes, not "
+            f"{spec.shard_bytes}"
+        )
+    index = spec.check_index(data[spec.index_offset :], where)
+    return RemoteShard(spec, path, where, index, data)
 
 
 def _first_byte(spec: ArraySpec) -> int:

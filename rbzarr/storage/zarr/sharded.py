@@ -25,7 +25,14 @@ from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.chunking import KeyPlan
 from rbzarr.storage.zarr.encode import encode_array, shard_key
 from rbzarr.storage.zarr.local import LocalShard, RowRead, decode_whole, plan_rows, read_local
-from rbzarr.storage.zarr.remote import RemoteShard, fetch_rows, open_remote
+from rbzarr.storage.zarr.remote import (
+    INLINE,
+    RemoteShard,
+    fetch_rows,
+    inline_copy,
+    open_inline,
+    open_remote,
+)
 from rbzarr.storage.zarr.spec import ArraySpec, check_document, parse_specs
 
 __all__ = [
@@ -106,6 +113,9 @@ def encode_trajectory(
         files[f"{key}/zarr.json"] = [encoded.document]
         files[f"{key}/{shard_key(value.dim())}"] = encoded.shard
         arrays[key] = encoded.description
+        copy = inline_copy(encoded.shard)
+        if copy is not None:
+            arrays[key] = {**encoded.description, INLINE: copy}
     return files, {"version": VERSION, "arrays": arrays}
 
 
@@ -117,8 +127,9 @@ def describe_sharded(
     layout: Mapping[str, Any],
     keys: Collection[str] | None = None,
 ) -> tuple[ShardedTrajectory, list[tuple[str, str, ArraySpec, str]]]:
-    """A v2 trajectory from its group's attributes; local shards are opened here already
-    (those of ``keys`` only, when given; the others stay unopened)."""
+    """A v2 trajectory from its group's attributes; local shards are opened here already,
+    and remote ones whose description carries a copy (those of ``keys`` only, when given;
+    the others stay unopened)."""
     where = f"{location.url}/{group}"
     specs = parse_specs(layout, where)
     if list(specs) != list(fields):
@@ -140,7 +151,11 @@ def describe_sharded(
             check_document(document, spec, f"{where}/{key}")
             opened.local[key] = LocalShard(path, spec, f"{where}/{key}")
         else:
-            pending.append((key, path, spec, f"{where}/{key}"))
+            inline = open_inline(layout["arrays"][key], spec, path, f"{where}/{key}")
+            if inline is None:
+                pending.append((key, path, spec, f"{where}/{key}"))
+            else:
+                opened.remote[key] = inline
     return opened, pending
 
 
