@@ -22,12 +22,18 @@ __all__ = ["RowGroups"]
 @dataclass(frozen=True)
 class RowGroups:
     """Rows ``rows[bounds[g]:bounds[g + 1]]`` of trajectory ``entries[g]``, to be put at batch
-    positions ``positions[bounds[g]:bounds[g + 1]]`` (all three int64 numpy arrays)."""
+    positions ``positions[bounds[g]:bounds[g + 1]]`` (all three int64 numpy arrays).
+
+    With ``others_scratch`` the batch's other rows are scratch: a read may write them (its
+    caller fills them afterwards), so a key can be gathered straight into the batch in its
+    order, with no gathered copy to scatter.
+    """
 
     entries: Sequence[Entry]
     rows: np.ndarray
     positions: np.ndarray
     bounds: np.ndarray
+    others_scratch: bool = False
 
     @classmethod
     def of(cls, requests: Sequence[tuple[Entry, torch.Tensor, torch.Tensor]]) -> RowGroups:

@@ -14,7 +14,7 @@ pieces), with no permutation pass afterwards.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -22,7 +22,7 @@ import torch
 from rbzarr.storage.documents import Entry
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.row_groups import RowGroups
-from rbzarr.trajectory.dtypes import byte_rows, dtype_from_name
+from rbzarr.trajectory.dtypes import dtype_from_name
 from rbzarr.trajectory.model import Schema
 
 __all__ = ["MissPlan", "all_cached", "plan_misses", "read_batch"]
@@ -61,7 +61,10 @@ def plan_misses(
     hit_np = hit.numpy()
     miss = np.flatnonzero(~hit_np)
     miss_ids = ids.numpy()[miss]
-    order = np.argsort(_sort_keys(miss_ids), kind="stable")
+    # By trajectory, and by row inside each: every shard is then read in address order
+    # (~1.7x faster gathers than random order, measured on 4,096 state rows).
+    order = np.argsort(_sort_keys(rows.numpy()[miss]), kind="stable")
+    order = order[np.argsort(_sort_keys(miss_ids[order]), kind="stable")]
     positions = miss[order]
     sorted_ids = miss_ids[order]
     bounds = np.flatnonzero(np.diff(sorted_ids)) + 1
@@ -96,30 +99,23 @@ def read_batch(plan: MissPlan, store: TrajectoryLayout | None) -> dict[str, torc
         key: torch.empty((plan.count, *trailing), dtype=dtype_from_name(dtype))
         for key, (dtype, trailing) in plan.schema.items()
     }
-    hits = plan.hit_positions.numpy()
-    if len(hits):
-        for key, tensor in out.items():
-            _records(tensor)[hits] = _records(plan.cached[key])
     misses = plan.misses
     stored = [flats is None for flats in plan.pending]
-    for g, flats in enumerate(plan.pending):
-        if flats is not None:
-            rows, positions = (torch.from_numpy(a) for a in misses.group(g))
-            for key, tensor in out.items():
-                tensor.index_copy_(0, positions, flats[key].index_select(0, rows))
     if not all(stored):
         keep = np.repeat(stored, np.diff(misses.bounds))
         bounds = np.zeros(sum(stored) + 1, dtype=np.int64)
         np.cumsum(np.diff(misses.bounds)[stored], out=bounds[1:])
         entries = [entry for entry, own in zip(misses.entries, stored, strict=True) if own]
         misses = RowGroups(entries, misses.rows[keep], misses.positions[keep], bounds)
-    if len(misses):
+    if len(misses):  # first: the read may write the other rows, which are filled below
         assert store is not None
-        store.read_groups_into(misses, list(plan.schema), out)
+        store.read_groups_into(replace(misses, others_scratch=True), list(plan.schema), out)
+    if len(plan.hit_positions):
+        for key, tensor in out.items():
+            tensor.index_copy_(0, plan.hit_positions, plan.cached[key])
+    for g, flats in enumerate(plan.pending):
+        if flats is not None:
+            rows, positions = (torch.from_numpy(a) for a in plan.misses.group(g))
+            for key, tensor in out.items():
+                tensor.index_copy_(0, positions, flats[key].index_select(0, rows))
     return out
-
-
-def _records(tensor: torch.Tensor) -> np.ndarray:
-    """A tensor's rows as one numpy record each (copied in and out ~2x faster than bytes)."""
-    rows = byte_rows(tensor)
-    return rows.view(np.dtype((np.void, rows.shape[1]))).reshape(-1) if rows.shape[1] else rows

@@ -118,13 +118,12 @@ class TrajectoryOpener:
         A trajectory another thread is opening meanwhile (the background warmer) is waited
         for, not fetched twice.
         """
-        found: list[ShardedTrajectory | None] = []
-        missing: list[tuple[int, Entry, int]] = []
-        for position, entry in enumerate(entries):
-            opened, generation = self.handles.get(_handle_key(entry))
-            found.append(opened)
-            if opened is None:
-                missing.append((position, entry, generation))
+        found, generation = self.handles.get_many([_handle_key(entry) for entry in entries])
+        missing = [
+            (position, entry, generation)
+            for position, (entry, opened) in enumerate(zip(entries, found, strict=True))
+            if opened is None
+        ]
         mine, theirs = self._claim(missing)
         try:
             if mine:

@@ -9,6 +9,7 @@ all of them in one concurrent round.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,9 +62,11 @@ def read_rows_into(
             plan = handles.plans[wanted] = _row_plan(handles, keys)
         plans.append(plan)
     which = groups.which()
-    table = np.array([plan.numbers for plan in plans], dtype=np.int64)
+    width = len(plans[0].numbers)
+    numbers = itertools.chain.from_iterable(plan.numbers for plan in plans)
+    table = np.fromiter(numbers, np.int64, len(plans) * width).reshape(len(plans), width)
     _check_rows(groups, table[:, 0] * table[:, 1], which)
-    _gather_slotted(plans, table, groups.rows, which, groups.positions, views, source)
+    _gather_slotted(plans, table, groups, which, views, source)
     if any(plan.others for plan in plans):
         _read_others(location, opened, plans, groups, out, views, source, range_gap)
 
@@ -128,25 +131,25 @@ class _RowPlan:
 def _gather_slotted(
     plans: Sequence[_RowPlan],
     table: np.ndarray,
-    flat: np.ndarray,
+    groups: RowGroups,
     which: np.ndarray,
-    positions: np.ndarray,
     views: Mapping[str, np.ndarray],
     source: ByteSource,
 ) -> None:
     """Rows of every slotted key: per key and region, one gather for all its trajectories.
 
-    ``table`` holds the plans' ``numbers``, ``flat`` every group's rows, ``which`` the group
-    of each, ``positions`` their rows in the batch.
+    ``table`` holds the plans' ``numbers``, ``which`` the group of each row.  Where every
+    trajectory's key is in one region and the batch's other rows are scratch, the gather
+    lands straight in batch order (the other rows get the first row, to be overwritten).
     """
     if not any(region is not None for plan in plans for region in plan.regions):
         return
-    count = len(views)
+    count, flat, positions = len(views), groups.rows, groups.positions
     first_rows = table[:, 2 : 2 + count].T.copy()
     epochs = table[:, 2 + count :].T.copy()
     same = all(plan.regions == plans[0].regions for plan in plans)
     elements: dict[bytes, np.ndarray] = {}  # by the epochs of every plan: one per kind of key
-    reads: list[tuple[str, Region, np.ndarray, np.ndarray]] = []  # key, region, rows, targets
+    reads: list[tuple[str, Region, np.ndarray, np.ndarray | None]] = []  # targets None: in order
     for column, key in enumerate(views):
         found = elements.get(epochs[column].tobytes())
         if found is None:
@@ -156,7 +159,11 @@ def _gather_slotted(
         chosen += found
         if same:
             region = plans[0].regions[column]
-            if region is not None:
+            if region is not None and groups.others_scratch:
+                ordered = np.full(len(views[key]), chosen[0], dtype=np.int64)
+                ordered[positions] = chosen
+                reads.append((key, region, ordered, None))
+            elif region is not None:
                 reads.append((key, region, chosen, positions))
             continue
         regions = [plan.regions[column] for plan in plans]
@@ -168,7 +175,10 @@ def _gather_slotted(
             region.prefetch(chosen)
     for key, region, chosen, targets in reads:
         records = views[key].view(record_dtype(views[key].shape[1])).reshape(-1)
-        records[targets] = source.gather(region.records, chosen)
+        if targets is None:
+            source.gather_into(region.records, chosen, records)
+        else:
+            records[targets] = source.gather(region.records, chosen)
 
 
 def _reset_elements(
