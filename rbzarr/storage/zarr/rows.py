@@ -77,7 +77,7 @@ def _read_others(
     plans: Sequence[_RowPlan],
     groups: RowGroups,
     out: Mapping[str, torch.Tensor],
-    views: Mapping[str, np.ndarray],
+    views: dict[str, np.ndarray],
     source: ByteSource,
     range_gap: int,
 ) -> None:
