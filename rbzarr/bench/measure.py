@@ -51,24 +51,30 @@ def timed(fn: Callable[[], object], calls: int, budget_s: float) -> list[float]:
 
 
 def interleaved(
-    fns: Sequence[Callable[[], object]], calls: int, budget_s: float
+    fns: Sequence[Callable[[], object]], calls: int, budget_s: float, rounds: int = 10
 ) -> list[list[float]]:
-    """Latencies of each of ``fns``, called in turn after one warm-up call of each.
+    """Latencies of each of ``fns``, timed in ``rounds`` interleaved rounds after one warm-up
+    call of each.
 
-    Round ``r`` calls every function once, in reverse order every other round (ABBA...), so
-    that all of them see the same load of a shared machine, and a slow spell does not land
-    on one side only.  Rounds stop after ``calls``, or after 3 once the first function has
-    spent ``budget_s``.
+    A round calls each function ``calls / rounds`` times in a row (a block keeps its own
+    caches warm, as repeated calls do), in reverse order every other round (ABBA...), so that
+    all of them see the same load of a shared machine and a slow spell does not land on one
+    side only.  Rounds stop after ``calls`` calls each, or after 3 rounds once the first
+    function has spent ``budget_s``.
     """
     for fn in fns:
         fn()
+    block = max(1, calls // rounds)
     latencies: list[list[float]] = [[] for _ in fns]
-    while len(latencies[0]) < calls and (len(latencies[0]) < 3 or sum(latencies[0]) < budget_s):
-        order = range(len(fns)) if len(latencies[0]) % 2 == 0 else range(len(fns) - 1, -1, -1)
+    done = 0
+    while len(latencies[0]) < calls and (done < 3 or sum(latencies[0]) < budget_s):
+        order = range(len(fns)) if done % 2 == 0 else range(len(fns) - 1, -1, -1)
         for i in order:
-            start = time.perf_counter()
-            fns[i]()
-            latencies[i].append(time.perf_counter() - start)
+            for _ in range(min(block, calls - len(latencies[i]))):
+                start = time.perf_counter()
+                fns[i]()
+                latencies[i].append(time.perf_counter() - start)
+        done += 1
     return latencies
 
 
