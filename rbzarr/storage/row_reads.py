@@ -3,12 +3,14 @@
 A sampled batch is a list of ``(trajectory id, flat row)`` pairs, some served by the cache
 (*hits*), the rest (*misses*) by a trajectory still waiting for its write (*pending*: its
 flat rows ``{key: [T*B, ...]}`` are read from memory, with no re-validation) or by the
-store.  :func:`plan_misses` runs under the buffer's lock: one stable argsort groups the
-misses by trajectory, and it snapshots what the read needs (index entries, pending
-trajectories).  :func:`read_batch` then runs without the lock: every row lands straight
-at its place in one preallocated ``[n, ...]`` tensor per key (cached rows with one
-assignment per key, each (trajectory, key) of the misses with one gather or one batch of
-pieces), with no permutation pass afterwards.
+store.  :func:`plan_misses` runs under the buffer's lock: two stable radix sorts group the
+misses by trajectory (rows ascending inside each), as one
+:class:`~rbzarr.storage.row_groups.RowGroups`, and it snapshots what the read needs (index
+entries, pending trajectories).  :func:`read_batch` then runs without the lock: every row
+lands straight at its place in one preallocated ``[n, ...]`` tensor per key.  The store's
+rows go first, and may write the other rows (a key held in one region is gathered straight
+into the batch in its order, with no copy to scatter); the cached and pending rows are put
+over them after, with one ``index_copy_`` per key.
 """
 
 from __future__ import annotations
