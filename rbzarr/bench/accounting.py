@@ -124,7 +124,7 @@ class CountingByteSource(ByteSource):
     def gather_into(self, rows: np.ndarray, elements: np.ndarray, out: np.ndarray) -> None:
         # docstring inherited
         self.inner.gather_into(rows, elements, out)
-        self._count(0, out.nbytes)
+        self._count(0, out.nbytes)  # the whole batch's rows: its scratch rows included
 
     def pread(self, fd: int, nbytes: int, offset: int) -> bytes:
         # docstring inherited

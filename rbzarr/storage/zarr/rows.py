@@ -159,7 +159,7 @@ def _gather_slotted(
         chosen += found
         if same:
             region = plans[0].regions[column]
-            if region is not None and groups.others_scratch:
+            if region is not None and groups.others_scratch and len(chosen):
                 ordered = np.full(len(views[key]), chosen[0], dtype=np.int64)
                 ordered[positions] = chosen
                 reads.append((key, region, ordered, None))
