@@ -249,9 +249,7 @@ def _sequences(steps: _WindowSteps, starts: torch.Tensor, length: int) -> Sequen
     row_starts, time_starts = steps.row_starts.numpy(), steps.time_starts.numpy()
     widths, at = steps.widths.numpy(), starts.numpy()
     first = np.searchsorted(steps.row_ends.numpy(), at, side="right")
-    row = at - row_starts[first]
-    width = widths[first]
-    t, env = row // width, row % width
+    t, env = np.divmod(at - row_starts[first], widths[first])
     span = np.minimum(steps.remaining.numpy()[at], length)  # real steps of each, >= 1
     offsets = np.arange(length, dtype=np.int64)
     # Padding repeats the last real step: those rows are read anyway.

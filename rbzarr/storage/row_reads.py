@@ -42,12 +42,14 @@ class MissPlan:
     pending: list[Mapping[str, torch.Tensor] | None]  # per group: its pending flat rows
 
 
+_NOTHING = np.empty(0, dtype=np.int64)
+_NO_MISSES = RowGroups([], _NOTHING, _NOTHING, np.zeros(1, dtype=np.int64))
+
+
 def all_cached(cached: dict[str, torch.Tensor], schema: Schema) -> MissPlan:
     """The plan of a batch the cache serves whole: ``cached`` holds its rows in batch order."""
     count = len(next(iter(cached.values())))
-    nothing = np.empty(0, dtype=np.int64)
-    misses = RowGroups([], nothing, nothing, np.zeros(1, dtype=np.int64))
-    return MissPlan(count, torch.arange(count), cached, schema, misses, [])
+    return MissPlan(count, torch.arange(count), cached, schema, _NO_MISSES, [])
 
 
 def plan_misses(
