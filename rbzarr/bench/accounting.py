@@ -121,6 +121,11 @@ class CountingByteSource(ByteSource):
         self._count(0, found.nbytes)
         return found
 
+    def gather_into(self, rows: np.ndarray, elements: np.ndarray, out: np.ndarray) -> None:
+        # docstring inherited
+        self.inner.gather_into(rows, elements, out)
+        self._count(0, out.nbytes)  # the whole batch's rows: its scratch rows included
+
     def pread(self, fd: int, nbytes: int, offset: int) -> bytes:
         # docstring inherited
         data = self.inner.pread(fd, nbytes, offset)

@@ -14,7 +14,7 @@ import fsspec
 from rbzarr.bench.accounting import CountingByteSource, NeededReads, StoreGeometry
 from rbzarr.bench.baselines import RangeReader
 from rbzarr.bench.draws import DrawSequence, TrackedBuffer, gather_rows, same_rows
-from rbzarr.bench.measure import add_all, nbytes, row_bytes, stats, timed
+from rbzarr.bench.measure import add_all, interleaved, nbytes, row_bytes, stats, timed
 from rbzarr.bench.page_cache import evict, process_read_bytes
 from rbzarr.bench.settings import Settings
 from rbzarr.bench.store_size import disk_usage
@@ -139,14 +139,25 @@ def _warm(run: DiskRun) -> dict[str, Any]:
     calls, budget = settings.warm_calls, settings.budget_s
     first = run.zarr.calls
     before = (run.counted_reads.requests, run.counted_reads.bytes)
-    zarr_latencies = timed(run.zarr.sample, calls, budget)
+    peer = _torchrl_peer(run)
+    if peer is None:
+        zarr_latencies = timed(run.zarr.sample, calls, budget)
+        out: dict[str, Any] = _torchrl_unavailable()
+    else:
+        # Call for call with the buffer, on the same draws (the warm-up call included).
+        batches = iter(range(first, first + 2 * calls + 2))
+        zarr_latencies, peer_latencies = interleaved(
+            [run.zarr.sample, lambda: peer.get(peer.indices(*run.draws.at(next(batches))))],
+            calls,
+            budget,
+        )
+        out = _torchrl_warm(run, peer, first, peer_latencies, budget)
     timed_calls = range(first + 1, first + 1 + len(zarr_latencies))
-    out: dict[str, Any] = {"zarr": stats(zarr_latencies, batch, per_row)}
+    out["zarr"] = stats(zarr_latencies, batch, per_row)
     out["zarr"].update(_layout_reads(run, before, len(zarr_latencies) + 1))
     out["needed"] = _needed_summary(run, timed_calls)
     # The same batches as the buffer's (same count, no budget), so both stay in step.
     out["pt"] = stats(timed(run.pt.sample, len(zarr_latencies), float("inf")), batch, per_row)
-    out.update(_torchrl_warm(run, first, len(zarr_latencies), budget))
     return out
 
 
@@ -158,22 +169,29 @@ def _layout_reads(run: DiskRun, before: tuple[int, int], calls: int) -> dict[str
     }
 
 
-def _torchrl_warm(run: DiskRun, first: int, calls: int, budget: float) -> dict[str, Any]:
+def _torchrl_peer(run: DiskRun) -> TorchRLPeer | None:
+    """The window's rows in a ``LazyMemmapStorage`` (``None`` without torchrl)."""
+    if torchrl_missing() is not None:
+        return None
+    return TorchRLPeer(run.flats, scratch_dir=str(run.root / "torchrl"))
+
+
+def _torchrl_unavailable() -> dict[str, Any]:
     missing = torchrl_missing()
-    if missing is not None:
-        return {
-            "torchrl_memmap": {"unavailable": missing},
-            "torchrl_sample": {"unavailable": missing},
-        }
+    return {
+        "torchrl_memmap": {"unavailable": missing},
+        "torchrl_sample": {"unavailable": missing},
+    }
+
+
+def _torchrl_warm(
+    run: DiskRun, peer: TorchRLPeer, first: int, latencies: list[float], budget: float
+) -> dict[str, Any]:
     batch, per_row = run.workload.batch, run.row_bytes
-    peer = TorchRLPeer(run.flats, scratch_dir=str(run.root / "torchrl"))
     expected = gather_rows(run.flats, *run.draws.at(first))
     checked = same_rows(peer.get(peer.indices(*run.draws.at(first))), expected)
-    batches = iter(range(first, first + calls + 1))
-    latencies = timed(
-        lambda: peer.get(peer.indices(*run.draws.at(next(batches)))), calls, float("inf")
-    )
     memmap = {"storage": peer.kind, "same_rows": checked, **stats(latencies, batch, per_row)}
+    calls = len(latencies)
     sample = stats(timed(lambda: peer.sample(batch), calls, budget), batch, per_row)
     return {"torchrl_memmap": memmap, "torchrl_sample": sample}
 

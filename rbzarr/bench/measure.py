@@ -1,6 +1,7 @@
 """Timing, byte sizes and the run's context (machine, versions).
 
 rows/s is ``rows / median latency`` (robust on a shared machine); ``rows_s_mean`` beside it.
+A figure compared with a peer's is timed :func:`interleaved` with it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from rbzarr.trajectory.model import Trajectory, trajectory_from_raw, validate
 __all__ = [
     "add_all",
     "clone_trajectory",
+    "interleaved",
     "machine",
     "nbytes",
     "row_bytes",
@@ -45,6 +47,34 @@ def timed(fn: Callable[[], object], calls: int, budget_s: float) -> list[float]:
         fn()
         latencies.append(time.perf_counter() - start)
         spent += latencies[-1]
+    return latencies
+
+
+def interleaved(
+    fns: Sequence[Callable[[], object]], calls: int, budget_s: float, rounds: int = 10
+) -> list[list[float]]:
+    """Latencies of each of ``fns``, timed in ``rounds`` interleaved rounds after one warm-up
+    call of each.
+
+    A round calls each function ``calls / rounds`` times in a row (a block keeps its own
+    caches warm, as repeated calls do), in reverse order every other round (ABBA...), so that
+    all of them see the same load of a shared machine and a slow spell does not land on one
+    side only.  Rounds stop after ``calls`` calls each, or after 3 rounds once the first
+    function has spent ``budget_s``.
+    """
+    for fn in fns:
+        fn()
+    block = max(1, calls // rounds)
+    latencies: list[list[float]] = [[] for _ in fns]
+    done = 0
+    while len(latencies[0]) < calls and (done < 3 or sum(latencies[0]) < budget_s):
+        order = range(len(fns)) if done % 2 == 0 else range(len(fns) - 1, -1, -1)
+        for i in order:
+            for _ in range(min(block, calls - len(latencies[i]))):
+                start = time.perf_counter()
+                fns[i]()
+                latencies[i].append(time.perf_counter() - start)
+        done += 1
     return latencies
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from rbzarr.bench.measure import stats, timed
+from rbzarr.bench.measure import interleaved, stats
 from rbzarr.bench.report import target
 from rbzarr.bench.settings import Settings
 from rbzarr.bench.torchrl_peer import torchrl_missing
@@ -31,7 +31,6 @@ from rbzarr.trajectory.model import Trajectory
 __all__ = ["run_sequences", "sequence_targets"]
 
 N, LENGTH = 64, 16
-ROUNDS = 4  # alternating timing rounds of the hot mode
 T, B = 64, 16
 
 
@@ -71,7 +70,7 @@ def _row_bytes(batch: dict[str, Any]) -> int:
 
 
 def _disk(trajectories: list[Trajectory], settings: Settings, root: str) -> dict[str, Any]:
-    """The store (cache 1/6 of the window) and TorchRL, timed in alternating rounds."""
+    """The store (cache 1/6 of the window) and TorchRL, timed call for call."""
     with TrajectoryReplayBuffer(
         seed=settings.seed,
         sample_window_size=len(trajectories),
@@ -84,20 +83,17 @@ def _disk(trajectories: list[Trajectory], settings: Settings, root: str) -> dict
         per_row = _row_bytes(buffer.sample_sequences(N, LENGTH))  # learns the episode ends
         missing = torchrl_missing()
         peer = None if missing is not None else _torchrl_slices(trajectories, root)
-        ours: list[float] = []
-        theirs: list[float] = []
-        calls = max(3, settings.warm_calls // ROUNDS)
-        for _ in range(ROUNDS):
-            ours += timed(lambda: buffer.sample_sequences(N, LENGTH), calls, settings.budget_s)
-            if peer is not None:
-                theirs += timed(peer, calls, settings.budget_s)
+        sides: list[Callable[[], object]] = [lambda: buffer.sample_sequences(N, LENGTH)]
+        ours, *others = interleaved(
+            sides if peer is None else [*sides, peer], settings.warm_calls, settings.budget_s
+        )
         result: dict[str, Any] = {"zarr": stats(ours, N * LENGTH, per_row)}
         result["cache"] = buffer.cache_size
         result["window"] = len(trajectories)
     result["torchrl_slice"] = (
         {"unavailable": missing}
         if peer is None
-        else {"storage": "LazyMemmapStorage", **stats(theirs, N * LENGTH, per_row)}
+        else {"storage": "LazyMemmapStorage", **stats(others[0], N * LENGTH, per_row)}
     )
     return result
 
@@ -140,10 +136,7 @@ def _torchrl_slices(trajectories: list[Trajectory], root: str) -> Callable[[], A
 
 
 def _hot(settings: Settings) -> dict[str, Any]:
-    """All cached, against one ``index_select`` of the same bytes, timed in alternating rounds.
-
-    The rounds interleave so that both see the same load on a shared machine.
-    """
+    """All cached, against one ``index_select`` of the same bytes, timed call for call."""
     trajectories = _trajectories(8, settings.seed + 1, image=True)
     rows = 8 * T * B
     with TrajectoryReplayBuffer(seed=settings.seed, sample_window_size=0) as buffer:
@@ -155,12 +148,11 @@ def _hot(settings: Settings) -> dict[str, Any]:
         def limit() -> torch.Tensor:
             return table.index_select(0, torch.randint(0, rows, (N * LENGTH,), generator=generator))
 
-        ours: list[float] = []
-        theirs: list[float] = []
-        calls = max(3, settings.hot_calls // ROUNDS)
-        for _ in range(ROUNDS):
-            ours += timed(lambda: buffer.sample_sequences(N, LENGTH), calls, settings.budget_s)
-            theirs += timed(limit, calls, settings.budget_s)
+        ours, theirs = interleaved(
+            [lambda: buffer.sample_sequences(N, LENGTH), limit],
+            settings.hot_calls,
+            settings.budget_s,
+        )
     result: dict[str, Any] = {
         "buffer": stats(ours, N * LENGTH, per_row),
         "limit": {**stats(theirs, N * LENGTH, per_row), "table_rows": rows},

@@ -126,12 +126,12 @@ def _damaged_of(plan: row_reads.MissPlan, layout: TrajectoryLayout) -> dict[int,
     """Each stored trajectory of ``plan`` whose rows fail to read alone: id to message."""
     keys = list(plan.schema)
     found: dict[int, str] = {}
-    for group in plan.groups:
-        if group.pending is not None:
+    for g, (entry, held) in enumerate(zip(plan.misses.entries, plan.pending, strict=True)):
+        if held is not None:
             continue
-        rows = plan.miss_rows[group.start : group.stop]
+        rows, _ = plan.misses.group(g)
         try:
-            layout.read_rows(group.entry, rows, keys)
+            layout.read_rows(entry, torch.from_numpy(rows), keys)
         except DAMAGE as exc:
-            found[int(group.entry["trajectory_id"])] = _named(layout, group.entry, exc)
+            found[int(entry["trajectory_id"])] = _named(layout, entry, exc)
     return found

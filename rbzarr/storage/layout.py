@@ -22,6 +22,7 @@ from rbzarr.storage import documents as store_documents
 from rbzarr.storage import writers as store_writers
 from rbzarr.storage.documents import Documents, Entry, Finding
 from rbzarr.storage.location import Location
+from rbzarr.storage.row_groups import RowGroups
 from rbzarr.trajectory.dtypes import dtype_name
 from rbzarr.trajectory.flat_view import flatten_trajectory
 from rbzarr.trajectory.model import Trajectory, validate
@@ -337,6 +338,32 @@ class TrajectoryLayout(ABC):
         for (_, _, positions), got in zip(requests, values, strict=True):
             for key in keys:
                 out[key].index_copy_(0, positions, got[key])
+
+    def read_groups_into(
+        self, groups: RowGroups, keys: Sequence[str], out: Mapping[str, torch.Tensor]
+    ) -> None:
+        """:meth:`read_rows_into` of rows grouped by trajectory as flat arrays.
+
+        The default makes one request per group; layouts that read a whole batch at once
+        override it (and :meth:`read_rows_into` through it).
+
+        Parameters
+        ----------
+        groups
+            The rows, their batch positions and each trajectory's run of them.
+        keys
+            Flat keys with ``[T, B, ...]`` rows.
+        out
+            Preallocated ``[n, ...]`` tensors by key, filled in place.
+
+        Raises
+        ------
+        CheckpointNotFoundError
+            A trajectory's data is missing.
+        CorruptStoreError
+            A trajectory's data is damaged.
+        """
+        self.read_rows_into(groups.requests(), keys, out)
 
     # -- presence and copies --------------------------------------------------------------
     def warm(self, entries: Sequence[Entry]) -> None:  # noqa: B027  (a hook; most ignore it)

@@ -3,38 +3,31 @@
 A sampled batch is a list of ``(trajectory id, flat row)`` pairs, some served by the cache
 (*hits*), the rest (*misses*) by a trajectory still waiting for its write (*pending*: its
 flat rows ``{key: [T*B, ...]}`` are read from memory, with no re-validation) or by the
-store.  :func:`plan_misses` runs under the buffer's lock: one stable argsort groups the
-misses by trajectory, and it snapshots what the read needs (index entries, pending
-trajectories).  :func:`read_batch` then runs without the lock: every row lands straight
-at its place in one preallocated ``[n, ...]`` tensor per key (cached rows with one
-assignment per key, each (trajectory, key) of the misses with one gather or one batch of
-pieces), with no permutation pass afterwards.
+store.  :func:`plan_misses` runs under the buffer's lock: two stable radix sorts group the
+misses by trajectory (rows ascending inside each), as one
+:class:`~rbzarr.storage.row_groups.RowGroups`, and it snapshots what the read needs (index
+entries, pending trajectories).  :func:`read_batch` then runs without the lock: every row
+lands straight at its place in one preallocated ``[n, ...]`` tensor per key.  The store's
+rows go first, and may write the other rows (a key held in one region is gathered straight
+into the batch in its order, with no copy to scatter); the cached and pending rows are put
+over them after, with one ``index_copy_`` per key.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from rbzarr.storage.documents import Entry
 from rbzarr.storage.layout import TrajectoryLayout
-from rbzarr.trajectory.dtypes import byte_rows, dtype_from_name
+from rbzarr.storage.row_groups import RowGroups
+from rbzarr.trajectory.dtypes import dtype_from_name
 from rbzarr.trajectory.model import Schema
 
 __all__ = ["MissPlan", "all_cached", "plan_misses", "read_batch"]
-
-
-@dataclass(frozen=True)
-class _Group:
-    """The missed rows of one trajectory: ``[start, stop)`` of the sorted misses."""
-
-    entry: Entry
-    start: int
-    stop: int
-    pending: Mapping[str, torch.Tensor] | None
 
 
 @dataclass(frozen=True)
@@ -45,16 +38,18 @@ class MissPlan:
     hit_positions: torch.Tensor  # batch positions the cache serves (int64)
     cached: dict[str, torch.Tensor]  # their rows, {key: [hits, ...]}
     schema: Schema
-    miss_positions: torch.Tensor  # the other positions, sorted by trajectory (int64)
-    miss_rows: torch.Tensor  # their flat rows, in the same order
-    groups: list[_Group]
+    misses: RowGroups  # the other rows, grouped by trajectory
+    pending: list[Mapping[str, torch.Tensor] | None]  # per group: its pending flat rows
+
+
+_NOTHING = np.empty(0, dtype=np.int64)
+_NO_MISSES = RowGroups([], _NOTHING, _NOTHING, np.zeros(1, dtype=np.int64))
 
 
 def all_cached(cached: dict[str, torch.Tensor], schema: Schema) -> MissPlan:
     """The plan of a batch the cache serves whole: ``cached`` holds its rows in batch order."""
     count = len(next(iter(cached.values())))
-    nothing = torch.empty(0, dtype=torch.int64)
-    return MissPlan(count, torch.arange(count), cached, schema, nothing, nothing, [])
+    return MissPlan(count, torch.arange(count), cached, schema, _NO_MISSES, [])
 
 
 def plan_misses(
@@ -70,25 +65,34 @@ def plan_misses(
     hit_np = hit.numpy()
     miss = np.flatnonzero(~hit_np)
     miss_ids = ids.numpy()[miss]
-    order = np.argsort(miss_ids, kind="stable")
+    # By trajectory, and by row inside each: every shard is then read in address order
+    # (~1.7x faster gathers than random order, measured on 4,096 state rows).
+    order = np.argsort(_sort_keys(rows.numpy()[miss]), kind="stable")
+    order = order[np.argsort(_sort_keys(miss_ids[order]), kind="stable")]
     positions = miss[order]
     sorted_ids = miss_ids[order]
-    starts = np.flatnonzero(np.diff(sorted_ids)) + 1
-    bounds = [0, *starts.tolist(), len(sorted_ids)] if len(sorted_ids) else [0]
+    bounds = np.flatnonzero(np.diff(sorted_ids)) + 1
+    bounds = np.concatenate(([0], bounds, [len(sorted_ids)])) if len(sorted_ids) else bounds[:1]
     firsts = sorted_ids[bounds[:-1]].tolist()
-    groups = [
-        _Group(entries[tid], lo, hi, pending.get(tid))
-        for tid, lo, hi in zip(firsts, bounds[:-1], bounds[1:], strict=True)
-    ]
+    picked = rows.numpy()[positions].astype(np.int64, copy=False)
+    misses = RowGroups([entries[tid] for tid in firsts], picked, positions, bounds)
     return MissPlan(
         count=len(hit_np),
         hit_positions=torch.from_numpy(np.flatnonzero(hit_np)),
         cached=cached,
         schema=schema,
-        miss_positions=torch.from_numpy(positions),
-        miss_rows=torch.from_numpy(rows.numpy()[positions]),
-        groups=groups,
+        misses=misses,
+        pending=[pending.get(tid) for tid in firsts] if pending else [None] * len(firsts),
     )
+
+
+def _sort_keys(ids: np.ndarray) -> np.ndarray:
+    """Keys that sort like ``ids``: as ``uint16`` offsets where their span allows (numpy
+    sorts those with a radix sort, ~6x faster than int64 for a batch)."""
+    if len(ids) == 0:
+        return ids
+    low = ids.min()
+    return (ids - low).astype(np.uint16) if int(ids.max()) - int(low) < 1 << 16 else ids
 
 
 def read_batch(plan: MissPlan, store: TrajectoryLayout | None) -> dict[str, torch.Tensor]:
@@ -99,27 +103,23 @@ def read_batch(plan: MissPlan, store: TrajectoryLayout | None) -> dict[str, torc
         key: torch.empty((plan.count, *trailing), dtype=dtype_from_name(dtype))
         for key, (dtype, trailing) in plan.schema.items()
     }
-    hits = plan.hit_positions.numpy()
-    if len(hits):
-        for key, tensor in out.items():
-            _records(tensor)[hits] = _records(plan.cached[key])
-    stored = []
-    sizes = [group.stop - group.start for group in plan.groups]
-    split_rows = plan.miss_rows.split(sizes)  # one call for every group's views
-    split_positions = plan.miss_positions.split(sizes)
-    for group, rows, positions in zip(plan.groups, split_rows, split_positions, strict=True):
-        if group.pending is None:
-            stored.append((group.entry, rows, positions))
-            continue
-        for key, tensor in out.items():
-            tensor.index_copy_(0, positions, group.pending[key].index_select(0, rows))
-    if stored:
+    misses = plan.misses
+    stored = [flats is None for flats in plan.pending]
+    if not all(stored):
+        keep = np.repeat(stored, np.diff(misses.bounds))
+        bounds = np.zeros(sum(stored) + 1, dtype=np.int64)
+        np.cumsum(np.diff(misses.bounds)[stored], out=bounds[1:])
+        entries = [entry for entry, own in zip(misses.entries, stored, strict=True) if own]
+        misses = RowGroups(entries, misses.rows[keep], misses.positions[keep], bounds)
+    if len(misses):  # first: the read may write the other rows, which are filled below
         assert store is not None
-        store.read_rows_into(stored, list(plan.schema), out)
+        store.read_groups_into(replace(misses, others_scratch=True), list(plan.schema), out)
+    if len(plan.hit_positions):
+        for key, tensor in out.items():
+            tensor.index_copy_(0, plan.hit_positions, plan.cached[key])
+    for g, flats in enumerate(plan.pending):
+        if flats is not None:
+            rows, positions = (torch.from_numpy(a) for a in plan.misses.group(g))
+            for key, tensor in out.items():
+                tensor.index_copy_(0, positions, flats[key].index_select(0, rows))
     return out
-
-
-def _records(tensor: torch.Tensor) -> np.ndarray:
-    """A tensor's rows as one numpy record each (copied in and out ~2x faster than bytes)."""
-    rows = byte_rows(tensor)
-    return rows.view(np.dtype((np.void, rows.shape[1]))).reshape(-1) if rows.shape[1] else rows

@@ -38,6 +38,10 @@ class ByteSource:
         """Rows ``elements`` of a memory-mapped shard's ``[count, row_bytes]`` uint8 rows."""
         return rows[elements]
 
+    def gather_into(self, rows: np.ndarray, elements: np.ndarray, out: np.ndarray) -> None:
+        """:meth:`gather` into ``out`` (no gathered copy; ``elements`` are checked already)."""
+        np.take(rows, elements, out=out, mode="clip")
+
     def pread(self, fd: int, nbytes: int, offset: int) -> bytes:
         """``nbytes`` at ``offset`` of an open local shard."""
         return os.pread(fd, nbytes, offset)

@@ -52,17 +52,19 @@ class HandleCache:
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[int, str]) -> tuple[ShardedTrajectory | None, int]:
-        """The cached handles of ``key`` (or ``None``) and the current generation.
-
-        A hit becomes the most recently used entry.
-        """
+    def get_many(
+        self, keys: Sequence[tuple[int, str]]
+    ) -> tuple[list[ShardedTrajectory | None], int]:
+        """The cached handles of each key (``None`` where not cached) and the current
+        generation, under one hold of the lock (a batch asks for ~100); hits become the most
+        recently used entries."""
         with self._lock:
             self._check_fork()
-            opened = self._handles.get(key)
-            if opened is not None:
-                self._handles.move_to_end(key)
-            return opened, self._generation
+            found = [self._handles.get(key) for key in keys]
+            for key, opened in zip(keys, found, strict=True):
+                if opened is not None:
+                    self._handles.move_to_end(key)
+            return found, self._generation
 
     def put(self, key: tuple[int, str], opened: ShardedTrajectory, generation: int) -> None:
         """Cache ``opened`` unless a write or delete ran since ``generation``.

@@ -50,6 +50,7 @@ from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.names import is_temporary_name
 from rbzarr.storage.object_ranges import object_ranges
+from rbzarr.storage.row_groups import RowGroups
 from rbzarr.storage.zarr import arrays, rows, sharded
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.chunking import DEFAULT_CHUNK_BYTES, plan_key
@@ -308,12 +309,18 @@ class ZarrLayout(TrajectoryLayout):
         out: Mapping[str, torch.Tensor],
     ) -> None:
         # docstring inherited
-        opened = self._opener.open_many([entry for entry, _, _ in requests])
+        self.read_groups_into(RowGroups.of(requests), keys, out)
+
+    def read_groups_into(
+        self, groups: RowGroups, keys: Sequence[str], out: Mapping[str, torch.Tensor]
+    ) -> None:
+        # docstring inherited
+        opened = self._opener.open_many(groups.entries)
         with translate_errors(self.location.url, "reading"):
             rows.read_rows_into(
                 self._opener.location(),
                 opened,
-                requests,
+                groups,
                 keys,
                 out,
                 self.byte_source,
@@ -321,7 +328,7 @@ class ZarrLayout(TrajectoryLayout):
             )
         if self.shard_cache is not None:
             self.shard_cache.used(
-                key for key in (cache_key(entry) for entry, _, _ in requests) if key is not None
+                key for key in (cache_key(entry) for entry in groups.entries) if key is not None
             )
 
     def warm(self, entries: Sequence[Entry]) -> None:

@@ -123,13 +123,12 @@ class TrajectoryOpener:
         """
         if keys is not None:
             return self._open_keys(entries, keys)
-        found: list[ShardedTrajectory | None] = []
-        missing: list[tuple[int, Entry, int]] = []
-        for position, entry in enumerate(entries):
-            opened, generation = self.handles.get(_handle_key(entry))
-            found.append(opened)
-            if opened is None:
-                missing.append((position, entry, generation))
+        found, generation = self.handles.get_many([_handle_key(entry) for entry in entries])
+        missing = [
+            (position, entry, generation)
+            for position, (entry, opened) in enumerate(zip(entries, found, strict=True))
+            if opened is None
+        ]
         mine, theirs = self._claim(missing)
         try:
             if mine:
@@ -147,7 +146,7 @@ class TrajectoryOpener:
 
     def _open_keys(self, entries: Sequence[Entry], keys: Sequence[str]) -> list[ShardedTrajectory]:
         """:meth:`open_many` of only ``keys``: cached handles, else partial ones, uncached."""
-        found = [self.handles.get(_handle_key(entry))[0] for entry in entries]
+        found, _ = self.handles.get_many([_handle_key(entry) for entry in entries])
         missing = [entry for entry, opened in zip(entries, found, strict=True) if opened is None]
         if not missing:
             return [opened for opened in found if opened is not None]

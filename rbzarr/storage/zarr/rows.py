@@ -9,6 +9,7 @@ all of them in one concurrent round.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,8 +20,8 @@ from zarr.core.array import AsyncArray
 
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.deadlines import sync
-from rbzarr.storage.documents import Entry
 from rbzarr.storage.location import Location
+from rbzarr.storage.row_groups import RowGroups
 from rbzarr.storage.zarr import arrays
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.handles import trajectory_id
@@ -35,20 +36,22 @@ __all__ = ["check_keys", "read_rows_into", "reset_row_elements", "zarr_arrays"]
 def read_rows_into(
     location: Location,
     opened: Sequence[ShardedTrajectory],
-    requests: Sequence[tuple[Entry, torch.Tensor, torch.Tensor]],
+    groups: RowGroups,
     keys: Sequence[str],
     out: Mapping[str, torch.Tensor],
     source: ByteSource,
     range_gap: int,
 ) -> None:
-    """Fill rows ``positions`` of ``out[key]`` for each request ``(entry, rows, positions)``.
+    """Fill rows ``groups.positions`` of ``out[key]`` with the grouped rows, for every key.
 
-    ``opened`` holds the handles of each request's trajectory.  Keys whose shards sit in
+    ``opened`` holds the handles of each group's trajectory.  Keys whose shards sit in
     region slots (:mod:`rbzarr.storage.zarr.regions`) are read with one gather per key and
     region for the whole batch; other keys with at most one gather or one batch of pieces per
     (trajectory, key), every remote range in one round.  Every row is checked before any is
     read.  Remote ranges of one object at most ``range_gap`` bytes apart are fetched as one.
     """
+    if not len(groups):
+        return
     views = {key: byte_rows(out[key]) for key in keys}
     wanted = tuple(keys)
     plans: list[_RowPlan] = []
@@ -58,30 +61,40 @@ def read_rows_into(
             check_keys(handles, keys, location.url, sampled=True)
             plan = handles.plans[wanted] = _row_plan(handles, keys)
         plans.append(plan)
-    flats = [
-        torch.as_tensor(rows, dtype=torch.int64).numpy().reshape(-1) for _, rows, _ in requests
-    ]
-    targets = [where.numpy() for _, _, where in requests]
-    if not flats:
-        return
-    lengths = np.fromiter(map(len, flats), np.int64, len(flats))
-    flat = np.concatenate(flats)
-    which = np.repeat(np.arange(len(flats)), lengths)
-    _check_rows(requests, plans, flat, which)
-    _gather_slotted(plans, flat, which, np.concatenate(targets), views, source)
+    which = groups.which()
+    width = len(plans[0].numbers)
+    numbers = itertools.chain.from_iterable(plan.numbers for plan in plans)
+    table = np.fromiter(numbers, np.int64, len(plans) * width).reshape(len(plans), width)
+    _check_rows(groups, table[:, 0] * table[:, 1], which)
+    _gather_slotted(plans, table, groups, which, views, source)
+    if any(plan.others for plan in plans):
+        _read_others(location, opened, plans, groups, out, views, source, range_gap)
+
+
+def _read_others(
+    location: Location,
+    opened: Sequence[ShardedTrajectory],
+    plans: Sequence[_RowPlan],
+    groups: RowGroups,
+    out: Mapping[str, torch.Tensor],
+    views: dict[str, np.ndarray],
+    source: ByteSource,
+    range_gap: int,
+) -> None:
+    """Rows of the keys in no region slot: per (trajectory, key) a gather, ``pread`` pieces,
+    remote ranges (one round for all) or zarr's own read."""
     batch = RowBatch(views, source, range_gap)
     plain: list[Any] = []
     deferred: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-    for plan, flat, positions, handles, (_, _, where) in zip(
-        plans, flats, targets, opened, requests, strict=True
-    ):
+    for g, (plan, handles) in enumerate(zip(plans, opened, strict=True)):
         if not plan.others:
             continue
+        flat, positions = groups.group(g)
         T, B = plan.T, plan.B
         elements = {0: flat}
         for key, local, epochs, array in plan.others:
             if array is not None:
-                plain.append((array, key, flat // B, flat % B, T, where))
+                plain.append((array, key, flat // B, flat % B, T, torch.from_numpy(positions)))
                 continue
             if epochs not in elements:
                 elements[epochs] = reset_row_elements(flat, T, B, epochs)
@@ -105,64 +118,77 @@ class _RowPlan:
     Per key of the batch: the region holding its shard (``None`` if not slotted), the
     region row of its row 0 and its reset epochs; then the keys read otherwise, as ``(key,
     local shard or None (read by pieces when unmapped), reset epochs, zarr array or None)``.
+    ``numbers`` is ``(T, B, *first_rows, *epochs)``, one row of a batch's table.
     """
 
     T: int
     B: int
     regions: tuple[Region | None, ...]
-    first_rows: tuple[int, ...]
-    epochs: tuple[int, ...]
+    numbers: tuple[int, ...]
     others: list[tuple[str, LocalShard | None, int, Any]]
 
 
 def _gather_slotted(
     plans: Sequence[_RowPlan],
-    flat: np.ndarray,
+    table: np.ndarray,
+    groups: RowGroups,
     which: np.ndarray,
-    positions: np.ndarray,
     views: Mapping[str, np.ndarray],
     source: ByteSource,
 ) -> None:
     """Rows of every slotted key: per key and region, one gather for all its trajectories.
 
-    ``flat`` holds every request's rows, ``which`` the request of each, ``positions`` their
-    rows in the batch.
+    ``table`` holds the plans' ``numbers``, ``which`` the group of each row.  Where every
+    trajectory's key is in one region and the batch's other rows are scratch, the gather
+    lands straight in batch order (the other rows get the first row, to be overwritten).
     """
     if not any(region is not None for plan in plans for region in plan.regions):
         return
-    first_rows = np.array([plan.first_rows for plan in plans], dtype=np.int64).T.copy()
-    epochs = np.array([plan.epochs for plan in plans], dtype=np.int64).T.copy()
-    sizes = np.array([(plan.T, plan.B) for plan in plans], dtype=np.int64)
+    count, flat, positions = len(views), groups.rows, groups.positions
+    first_rows = table[:, 2 : 2 + count].T.copy()
+    epochs = table[:, 2 + count :].T.copy()
     same = all(plan.regions == plans[0].regions for plan in plans)
-    reads: list[tuple[str, Region, np.ndarray, np.ndarray]] = []  # key, region, rows, targets
+    elements: dict[bytes, np.ndarray] = {}  # by the epochs of every plan: one per kind of key
+    reads: list[tuple[str, Region, np.ndarray, np.ndarray | None]] = []  # targets None: in order
     for column, key in enumerate(views):
+        found = elements.get(epochs[column].tobytes())
+        if found is None:
+            found = _reset_elements(flat, which, table, epochs[column])
+            elements[epochs[column].tobytes()] = found
         chosen = first_rows[column][which]
-        chosen += _reset_elements(flat, which, sizes, epochs[column])
+        chosen += found
         if same:
             region = plans[0].regions[column]
-            if region is not None:
+            if region is not None and groups.others_scratch and len(chosen):
+                ordered = np.full(len(views[key]), chosen[0], dtype=np.int64)
+                ordered[positions] = chosen
+                reads.append((key, region, ordered, None))
+            elif region is not None:
                 reads.append((key, region, chosen, positions))
             continue
-        found = [plan.regions[column] for plan in plans]
-        for region in {id(r): r for r in found if r is not None}.values():
-            mask = np.array([r is region for r in found])[which]
+        regions = [plan.regions[column] for plan in plans]
+        for region in {id(r): r for r in regions if r is not None}.values():
+            mask = np.array([r is region for r in regions])[which]
             reads.append((key, region, chosen[mask], positions[mask]))
     for _, region, chosen, _ in reads:  # every prefetch is issued before any gather
         if region.row_bytes >= PREFETCH_ROW_BYTES:
             region.prefetch(chosen)
     for key, region, chosen, targets in reads:
         records = views[key].view(record_dtype(views[key].shape[1])).reshape(-1)
-        records[targets] = source.gather(region.records, chosen)
+        if targets is None:
+            source.gather_into(region.records, chosen, records)
+        else:
+            records[targets] = source.gather(region.records, chosen)
 
 
 def _reset_elements(
-    flat: np.ndarray, which: np.ndarray, sizes: np.ndarray, epochs: np.ndarray
+    flat: np.ndarray, which: np.ndarray, table: np.ndarray, epochs: np.ndarray
 ) -> np.ndarray:
-    """:func:`reset_row_elements` of rows of several trajectories: request ``which[i]`` of
-    row ``i`` has ``T, B = sizes[which[i]]`` and ``epochs[which[i]]`` reset epochs."""
+    """:func:`reset_row_elements` of rows of several trajectories: group ``which[i]`` of row
+    ``i`` has ``T, B = table[which[i], :2]`` and ``epochs[which[i]]`` reset epochs."""
     if not epochs.any():
         return flat
-    T, B, row_epochs = sizes[which, 0], sizes[which, 1], epochs[which]
+    T, B, row_epochs = table[which, 0], table[which, 1], epochs[which]
     steps = flat // B
     shifted = flat + (steps // (T // np.maximum(row_epochs, 1)) + 1) * B
     return np.where(row_epochs > 0, shifted, flat)
@@ -186,9 +212,8 @@ def _row_plan(handles: ShardedTrajectory, keys: Sequence[str]) -> _RowPlan:
             others.append((key, None, 0, by_zarr[key]))
         elif slot is None:
             others.append((key, local, epochs, None))
-    return _RowPlan(
-        handles.T, handles.B, tuple(regions), tuple(first_rows), tuple(all_epochs), others
-    )
+    numbers = (handles.T, handles.B, *first_rows, *all_epochs)
+    return _RowPlan(handles.T, handles.B, tuple(regions), numbers, others)
 
 
 def reset_row_elements(flat: np.ndarray, T: int, B: int, epochs: int) -> np.ndarray:
@@ -241,20 +266,15 @@ def zarr_arrays(opened: ShardedTrajectory, keys: Sequence[str]) -> dict[str, Asy
     return {key: opened.arrays[key] for key in keys if key in opened.arrays}
 
 
-def _check_rows(
-    requests: Sequence[tuple[Entry, torch.Tensor, torch.Tensor]],
-    plans: Sequence[_RowPlan],
-    flat: np.ndarray,
-    which: np.ndarray,
-) -> None:
-    """Refuse rows outside their trajectory's ``[0, T * B)`` (all requests' rows in ``flat``,
-    the request of each in ``which``)."""
-    limits = np.array([plan.T * plan.B for plan in plans], dtype=np.int64)
+def _check_rows(groups: RowGroups, limits: np.ndarray, which: np.ndarray) -> None:
+    """Refuse rows outside their trajectory's ``[0, T * B)`` (``limits[g]`` of group ``g``,
+    the group of each row in ``which``)."""
+    flat = groups.rows
     bad = (flat < 0) | (flat >= limits[which])
     if bad.any():
         at = int(which[np.argmax(bad)])
-        rows = flat[which == at]
+        rows, _ = groups.group(at)
         raise IndexError(
-            f"trajectory {trajectory_id(requests[at][0])}: rows must be in [0, {limits[at]}), "
+            f"trajectory {trajectory_id(groups.entries[at])}: rows must be in [0, {limits[at]}), "
             f"got min {int(rows.min())}, max {int(rows.max())}"
         )
