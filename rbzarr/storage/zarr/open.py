@@ -219,6 +219,8 @@ class TrajectoryOpener:
             _check_every_chunk(zarr_arrays, f"{location.url}/{group_path(tid)}")
             handles.arrays.update(zarr_arrays)
             pending.extend((handles, request, cache_key(entry)) for request in remote)
+            if self.shard_cache is not None:
+                self._cache_inline(handles, cache_key(entry))
             opened.append(handles)
         if pending and self.shard_cache is not None:
             pending = self._open_cached(location, pending)
@@ -246,6 +248,22 @@ class TrajectoryOpener:
                 if self.shard_cache is not None and key is not None and raw is not None:
                     self.shard_cache.put_group_document(key, found[position])
         return found
+
+    def _cache_inline(self, handles: ShardedTrajectory, ckey: Any) -> None:
+        """Keep the shards ``handles`` opened from their group document in the shard cache
+        too, and read them from there: memory-mapped, as the fetched ones are."""
+        cache = self.shard_cache
+        if cache is None or ckey is None:
+            return
+        for key, shard in list(handles.remote.items()):
+            if shard.data is None:
+                continue
+            copy = cache.open_shard(ckey, key, shard.spec, shard.where)
+            if copy is None:
+                copy = cache.put_shard(ckey, key, shard.spec, shard.data, shard.where)
+            if copy is not None:
+                handles.local[key] = copy
+                del handles.remote[key]
 
     def _open_cached(self, location: Location, pending: list[Any]) -> list[Any]:
         """Open the shards of ``pending`` that the shard cache holds, fetch the others whole
