@@ -11,10 +11,10 @@ in index order, so a run on a cluster gives exactly the numbers of a run in one 
 from __future__ import annotations
 
 import collections
-import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from itertools import islice
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -86,16 +86,14 @@ class _StoreAddress:
 
     format: str
     url: str
-    storage_options_json: str
+    storage_options: Mapping[str, Any]
 
     @classmethod
     def of(cls, layout: TrajectoryLayout) -> _StoreAddress:
-        options = json.dumps(dict(layout.location.storage_options), sort_keys=True)
-        return cls(layout.format, layout.location.url, options)
+        return cls(layout.format, layout.location.url, dict(layout.location.storage_options))
 
     def open(self) -> TrajectoryLayout:
-        options = json.loads(self.storage_options_json)
-        return layout_class(self.format)(Location.from_url(self.url, options))
+        return layout_class(self.format)(Location.from_url(self.url, self.storage_options))
 
 
 def _run_remote(function: Callable[..., R], address: _StoreAddress, entry: Mapping[str, Any]) -> R:
@@ -180,22 +178,14 @@ class TrajectoryTasks:
                     yield function(layout, entry)
                     bar.update()
                 return
-            address = _StoreAddress.of(layout)
-            pending: collections.deque[Any] = collections.deque()
+            submit = partial(
+                self.client.submit, _run_remote, function, _StoreAddress.of(layout), pure=False
+            )
             queued = iter(entries)
-            for entry in queued:
-                pending.append(
-                    self.client.submit(_run_remote, function, address, entry, pure=False)
-                )
-                if len(pending) >= self.ahead:
-                    break
+            pending = collections.deque(submit(entry) for entry in islice(queued, self.ahead))
             while pending:
                 result = pending.popleft().result()
-                for entry in queued:
-                    pending.append(
-                        self.client.submit(_run_remote, function, address, entry, pure=False)
-                    )
-                    break
+                pending.extend(submit(entry) for entry in islice(queued, 1))
                 yield result
                 bar.update()
 
