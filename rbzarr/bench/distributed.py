@@ -87,15 +87,20 @@ def _write(store: str, count: int, megabytes: float, seed: int, start: Any, done
         auto_save=True, auto_save_path=store, cache_size=0, max_pending_writes=2
     ) as buffer:
         start.wait()
+        cpu = time.process_time()
         for trajectory in trajectories:
             buffer.add_trajectories([trajectory])
         buffer.flush()
-        done.put(time.perf_counter())  # CLOCK_MONOTONIC: one clock for every process
+        # perf_counter is CLOCK_MONOTONIC: one clock for every process.
+        done.put((time.perf_counter(), time.process_time() - cpu))
 
 
-def _aggregate(root: str, writers: int, count: int, megabytes: float, name: str) -> float:
-    """MB/s of ``writers`` processes, each appending ``count`` trajectories to one store:
-    from the moment all have opened it to the last commit (process exits not timed)."""
+def _aggregate(
+    root: str, writers: int, count: int, megabytes: float, name: str
+) -> tuple[float, float]:
+    """MB/s of ``writers`` processes, each appending ``count`` trajectories to one store,
+    from the moment all have opened it to the last commit (process exits not timed), and
+    the cores they kept busy meanwhile (their CPU seconds / that time)."""
     context = _processes()
     start, done = context.Barrier(writers + 1), context.Queue()
     store = os.path.join(root, name)
@@ -107,25 +112,28 @@ def _aggregate(root: str, writers: int, count: int, megabytes: float, name: str)
         process.start()
     start.wait()  # every writer has opened the store
     began = time.perf_counter()
-    ended = max(done.get(timeout=300) for _ in processes)
+    reports = [done.get(timeout=300) for _ in processes]
     for process in processes:
         process.join()
-    return writers * count * megabytes / (ended - began)
+    seconds = max(ended for ended, _ in reports) - began
+    return writers * count * megabytes / seconds, sum(cpu for _, cpu in reports) / seconds
 
 
 def _writers(root: str, quick: bool) -> dict[str, Any]:
     """1 writer vs 2, in alternating rounds (a busy host's noise falls on both alike); the
     ratio is the median of the rounds' ratios."""
     count, megabytes = (6, 8.0) if quick else (8, 16.0)
-    one: list[float] = []
-    two: list[float] = []
+    runs: dict[int, list[tuple[float, float]]] = {1: [], 2: []}
     for r in range(2 if quick else 3):
-        one.append(_aggregate(root, 1, count, megabytes, f"writers-1-{r}"))
-        two.append(_aggregate(root, 2, count, megabytes, f"writers-2-{r}"))
-    ratios = [b / a for a, b in zip(one, two, strict=True)]
+        for writers in (1, 2):
+            runs[writers].append(_aggregate(root, writers, count, megabytes, f"w{writers}-{r}"))
+    ratios = [b[0] / a[0] for a, b in zip(runs[1], runs[2], strict=True)]
     return {
-        "one_mb_s": statistics.median(one),
-        "two_mb_s": statistics.median(two),
+        "one_mb_s": statistics.median(mb_s for mb_s, _ in runs[1]),
+        "two_mb_s": statistics.median(mb_s for mb_s, _ in runs[2]),
+        # Cores busy: about 1 for one writer, 2 for two when the host has both cores free.
+        "one_cores": statistics.median(cores for _, cores in runs[1]),
+        "two_cores": statistics.median(cores for _, cores in runs[2]),
         "round_ratios": ratios,
         "ratio": statistics.median(ratios),
     }
@@ -198,7 +206,7 @@ def _ray_actor(quick: bool) -> dict[str, Any]:
         return {"unavailable": f"needs ray and torchrl: {exc}"}
     from rbzarr.distributed.ray_actor import remote_buffer  # noqa: PLC0415
 
-    steps = 20 if quick else 40
+    steps = 20 if quick else 80
     trajectories = [_trajectory(0.05, k, width=100) for k in range(steps)]
     with _ray_cluster(ray):
         ours = remote_buffer(seed=0, sample_window_size=0)
@@ -231,15 +239,20 @@ def _ray_actor(quick: bool) -> dict[str, Any]:
 
         ours_step(0)
         theirs_step(0)  # both actors started and warm
-        # Interleaved rounds: a shared machine's noise falls on both alike.
-        rounds = 4
+        # Short interleaved rounds, the order swapped every round: a shared machine's
+        # noise falls on both alike, and the median ratio leaves its bursts out.
+        rounds = 4 if quick else 8
         per_round = (steps - 1) // rounds
         ours_s: list[float] = []
         theirs_s: list[float] = []
         for r in range(rounds):
             offset = 1 + r * per_round
-            ours_s.append(_throughput(partial(_shifted, ours_step, offset), per_round))
-            theirs_s.append(_throughput(partial(_shifted, theirs_step, offset), per_round))
+            pair = [
+                (ours_s, partial(_shifted, ours_step, offset)),
+                (theirs_s, partial(_shifted, theirs_step, offset)),
+            ]
+            for figures, step in pair if r % 2 == 0 else pair[::-1]:
+                figures.append(_throughput(step, per_round))
         theirs.shutdown()
     ratios = [a / b for a, b in zip(ours_s, theirs_s, strict=True)]
     return {
