@@ -5,7 +5,8 @@ Figures, each on the local disk (a temporary folder):
 * ``notice``: the pickled size of one commit notice;
 * ``add_by_reference``: ``add_committed`` latency (p50) for a 1 MB and a 100 MB trajectory;
 * ``writers``: aggregate MB/s of 1 and of 2 writer processes appending to one store
-  (alternating rounds, the median ratio);
+  (alternating rounds, the median ratio), the cores they kept busy, and the control of 2
+  writers into 2 stores of their own;
 * ``kill``: 4 writers x 20 trajectories, one SIGKILLed: flushed trajectories missing after;
 * ``ray_actor``: add+sample throughput of a buffer owned by a Ray actor and of TorchRL's
   ``RayReplayBuffer`` on the same workload ("unavailable" without ray or torchrl).
@@ -96,16 +97,17 @@ def _write(store: str, count: int, megabytes: float, seed: int, start: Any, done
 
 
 def _aggregate(
-    root: str, writers: int, count: int, megabytes: float, name: str
+    root: str, writers: int, count: int, megabytes: float, name: str, apart: bool = False
 ) -> tuple[float, float]:
-    """MB/s of ``writers`` processes, each appending ``count`` trajectories to one store,
-    from the moment all have opened it to the last commit (process exits not timed), and
-    the cores they kept busy meanwhile (their CPU seconds / that time)."""
+    """MB/s of ``writers`` processes, each appending ``count`` trajectories to one store
+    (``apart``: each to its own), from the moment all have opened it to the last commit
+    (process exits not timed), and the cores they kept busy meanwhile (their CPU seconds
+    / that time)."""
     context = _processes()
     start, done = context.Barrier(writers + 1), context.Queue()
-    store = os.path.join(root, name)
+    stores = [os.path.join(root, f"{name}-{w}" if apart else name) for w in range(writers)]
     processes = [
-        context.Process(target=_write, args=(store, count, megabytes, w, start, done))
+        context.Process(target=_write, args=(stores[w], count, megabytes, w, start, done))
         for w in range(writers)
     ]
     for process in processes:
@@ -121,22 +123,22 @@ def _aggregate(
 
 def _writers(root: str, quick: bool) -> dict[str, Any]:
     """1 writer vs 2, in alternating rounds (a busy host's noise falls on both alike); the
-    ratio is the median of the rounds' ratios."""
+    ratio is the median of the rounds' ratios.  The control, 2 writers into 2 stores of
+    their own, shares nothing: if it is no faster than 2 into one store, the host (its
+    cores, its disk) is the limit, not the store."""
     count, megabytes = (6, 8.0) if quick else (8, 16.0)
-    runs: dict[int, list[tuple[float, float]]] = {1: [], 2: []}
+    runs: dict[str, list[tuple[float, float]]] = {"one": [], "two": [], "two_apart": []}
     for r in range(2 if quick else 3):
-        for writers in (1, 2):
-            runs[writers].append(_aggregate(root, writers, count, megabytes, f"w{writers}-{r}"))
-    ratios = [b[0] / a[0] for a, b in zip(runs[1], runs[2], strict=True)]
-    return {
-        "one_mb_s": statistics.median(mb_s for mb_s, _ in runs[1]),
-        "two_mb_s": statistics.median(mb_s for mb_s, _ in runs[2]),
+        runs["one"].append(_aggregate(root, 1, count, megabytes, f"one-{r}"))
+        runs["two"].append(_aggregate(root, 2, count, megabytes, f"two-{r}"))
+        runs["two_apart"].append(_aggregate(root, 2, count, megabytes, f"apart-{r}", True))
+    ratios = [b[0] / a[0] for a, b in zip(runs["one"], runs["two"], strict=True)]
+    figures: dict[str, Any] = {}
+    for name, measured in runs.items():
+        figures[f"{name}_mb_s"] = statistics.median(mb_s for mb_s, _ in measured)
         # Cores busy: about 1 for one writer, 2 for two when the host has both cores free.
-        "one_cores": statistics.median(cores for _, cores in runs[1]),
-        "two_cores": statistics.median(cores for _, cores in runs[2]),
-        "round_ratios": ratios,
-        "ratio": statistics.median(ratios),
-    }
+        figures[f"{name}_cores"] = statistics.median(cores for _, cores in measured)
+    return {**figures, "round_ratios": ratios, "ratio": statistics.median(ratios)}
 
 
 def _kill_writer(store: str, writer: int, report: str) -> None:
