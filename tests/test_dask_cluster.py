@@ -7,6 +7,7 @@ with the same work done in this process, for exact equality.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import numpy as np
@@ -14,7 +15,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from rbzarr import SchedulerUnavailableError, Trajectory, TrajectoryReplayBuffer
+from rbzarr import (
+    CheckpointNotFoundError,
+    SchedulerUnavailableError,
+    Trajectory,
+    TrajectoryReplayBuffer,
+)
 from rbzarr.analysis.cluster import TrajectoryTasks, connect
 from rbzarr.analysis.export import export_store
 from rbzarr.analysis.plotting import plot_store
@@ -89,6 +95,14 @@ def test_export_on_the_cluster_writes_the_same_store(client, store, tmp_path):
         assert got.keys() == want.keys()
         for key, value in want.items():
             torch.testing.assert_close(got[key], value, rtol=0, atol=0, equal_nan=True)
+
+
+def test_a_task_error_is_raised_here_as_its_own_class(client, store, tmp_path):
+    damaged = tmp_path / "damaged"
+    shutil.copytree(store, damaged)
+    shutil.rmtree(damaged / "trajectories" / "4")
+    with pytest.raises(CheckpointNotFoundError):
+        compute_stats(open_buffer(damaged), tasks=TrajectoryTasks(client))
 
 
 def test_dask_views_compute_on_the_cluster(client, store):
