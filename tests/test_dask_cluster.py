@@ -7,6 +7,7 @@ with the same work done in this process, for exact equality.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 
@@ -29,6 +30,7 @@ from rbzarr.analysis.view import open_buffer
 from rbzarr.cli.main import main
 
 distributed = pytest.importorskip("distributed")
+dask = pytest.importorskip("dask")
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +43,7 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def client(cluster):
-    with distributed.Client(cluster) as connected:
+    with distributed.Client(cluster, set_as_default=False) as connected:
         yield connected
 
 
@@ -105,10 +107,12 @@ def test_a_task_error_is_raised_here_as_its_own_class(client, store, tmp_path):
         compute_stats(open_buffer(damaged), tasks=TrajectoryTasks(client))
 
 
-def test_dask_views_compute_on_the_cluster(client, store):
+def test_dask_views_compute_on_the_cluster(cluster, store):
     view = open_buffer(store)
     arrays = view.dask_arrays("rewards")
-    computed = client.gather(client.compute(list(arrays.values())))
+    with connect(cluster.scheduler_address) as client, client.as_current():
+        computed = [array.compute() for array in arrays.values()]
+        assert dask.delayed(os.getpid)().compute() != os.getpid()  # on a worker process
     for got, trajectory_id in zip(computed, arrays, strict=True):
         want = view.trajectory(trajectory_id, ["rewards"]).rewards.numpy()
         assert np.array_equal(got, want, equal_nan=True)

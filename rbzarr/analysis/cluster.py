@@ -41,11 +41,13 @@ DEFAULT_CONNECT_TIMEOUT = 5.0
 
 
 def connect(address: str, timeout: float = DEFAULT_CONNECT_TIMEOUT) -> Client:
-    """Connect to the dask scheduler at ``address``; the client becomes dask's default.
+    """Connect to the dask scheduler at ``address``, changing no global dask setting.
 
-    With it, :meth:`~rbzarr.analysis.view.BufferView.dask_arrays` and
-    :meth:`~rbzarr.analysis.view.BufferView.xarray_dataset` compute on the cluster, and a
-    :class:`TrajectoryTasks` built on it runs ``rbzarr stats / plot / export`` there.
+    Inside ``with client.as_current():`` (or through ``client.compute``) the lazy arrays of
+    :meth:`~rbzarr.analysis.view.BufferView.dask_arrays` and
+    :meth:`~rbzarr.analysis.view.BufferView.xarray_dataset` compute on the cluster; a
+    :class:`TrajectoryTasks` built on the client runs ``rbzarr stats / plot / export``
+    there.  A failed connection leaves nothing behind.
 
     Parameters
     ----------
@@ -72,7 +74,7 @@ def connect(address: str, timeout: float = DEFAULT_CONNECT_TIMEOUT) -> Client:
     except ImportError as exc:
         raise ImportError("--scheduler needs dask.distributed: pip install 'rbzarr[ray]'") from exc
     try:
-        return Client(address, timeout=timeout)
+        return Client(address, timeout=timeout, set_as_default=False)
     except Exception as exc:  # refused, timed out, not an address, not a dask scheduler
         raise SchedulerUnavailableError(
             f"no dask scheduler answered at {address!r} within {timeout:g} s: "
