@@ -17,7 +17,7 @@ import torch
 from click.testing import CliRunner
 
 from rbzarr import (
-    CheckpointNotFoundError,
+    RbzarrError,
     SchedulerUnavailableError,
     Trajectory,
     TrajectoryReplayBuffer,
@@ -103,8 +103,12 @@ def test_a_task_error_is_raised_here_as_its_own_class(client, store, tmp_path):
     damaged = tmp_path / "damaged"
     shutil.copytree(store, damaged)
     shutil.rmtree(damaged / "trajectories" / "4")
-    with pytest.raises(CheckpointNotFoundError):
+    with pytest.raises(RbzarrError) as here:
+        compute_stats(open_buffer(damaged))
+    with pytest.raises(RbzarrError) as there:
         compute_stats(open_buffer(damaged), tasks=TrajectoryTasks(client))
+    assert type(there.value) is type(here.value)
+    assert "trajectories/4" in str(there.value)
 
 
 def test_dask_views_compute_on_the_cluster(cluster, store):
