@@ -16,6 +16,7 @@ __all__ = [
     "InsertTimeoutError",
     "InvalidTrajectoryError",
     "RbzarrError",
+    "SchedulerUnavailableError",
     "StorageUnavailableError",
     "StoreExistsError",
     "StoreNotWritableError",
@@ -73,6 +74,10 @@ class StoreExistsError(RbzarrError, FileExistsError):
 
 class StorageUnavailableError(RbzarrError, OSError):
     """The storage backend failed (unreachable, refused, timed out) after retries."""
+
+
+class SchedulerUnavailableError(RbzarrError, ConnectionError):
+    """No dask scheduler answered at the address given (``--scheduler``) in time."""
 
 
 class StoreNotWritableError(StorageUnavailableError):

@@ -76,3 +76,33 @@ def test_notices_need_a_committed_trajectory_of_a_store(tmp_path):
         commit_notices(buffer, [0])
     with pytest.raises(ValueError, match="auto_save=True"):
         TrajectoryReplayBuffer().add_committed([])
+
+
+def test_a_referenced_trajectory_enters_the_cache_on_its_first_read(tmp_path):
+    store, elsewhere = str(tmp_path / "store"), str(tmp_path / "by-value")
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store) as writer:
+        writer.add_trajectories(trajectories(0, 6))
+        writer.flush()
+        notices = commit_notices(writer, writer.trajectory_ids)
+    options = {"seed": 3, "sample_window_size": 2, "cache_size": 3, "auto_save": True}
+    learner = TrajectoryReplayBuffer(auto_save_path=store, **options)
+    adding = TrajectoryReplayBuffer(auto_save_path=elsewhere, **options)
+    learner.add_committed(notices)
+    adding.add_trajectories(trajectories(0, 6))
+    adding.flush()
+    assert learner.get_stats()["cache_size"] == 0  # nothing read at add time
+    assert_same_batch(learner.sample(30), adding.sample(30))  # the window's two: read, cached
+    learner.sample_window_size = adding.sample_window_size = 3
+    assert_same_batch(learner.sample(30), adding.sample(30))  # and the third
+    keys = ("cache_size", "cache_bytes", "total_samples")
+    assert [learner.get_stats()[k] for k in keys] == [adding.get_stats()[k] for k in keys]
+    assert learner.get_stats()["cache_size"] == 3
+    # The cache now holds what the by-value buffer holds: draws need no store at all.
+    for path in (store, elsewhere):
+        (tmp_path / path).rename(f"{path}-gone")
+    for _ in range(3):
+        assert_same_batch(learner.sample(50), adding.sample(50))
+    for k in (3, 4, 5):
+        assert_same_batch(learner.trajectory(k).tensors(), adding.trajectory(k).tensors())
+    learner.close()
+    adding.close()

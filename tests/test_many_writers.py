@@ -174,3 +174,24 @@ def test_a_lone_writer_writes_the_store_it_always_wrote(tmp_path):
     ]
     view = open_buffer(str(store))
     assert view.ids == [0, 1]
+
+
+def test_a_reader_does_not_race_a_slots_first_commit(tmp_path):
+    store = tmp_path / "store"
+    with (
+        TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(store)) as first,
+        TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(store)) as second,
+    ):
+        first.add_trajectories([expected(0, 0)])
+        second.add_trajectories([expected(1, 0)])
+        first.flush()
+        second.flush()
+    slot = store / "writers" / "1"
+    # The moment of a slot's first commit between its index and its metadata document:
+    # readers (and a writer opening the store) see the slot as not committed yet.
+    (slot / "metadata.json").rename(slot / "metadata.json.later")
+    assert open_buffer(str(store)).ids == [0]
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(store)) as third:
+        assert len(third) == 0  # opened: no error
+    (slot / "metadata.json.later").rename(slot / "metadata.json")
+    assert open_buffer(str(store)).ids == [0, ID_STRIDE]

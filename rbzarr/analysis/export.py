@@ -6,8 +6,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tqdm import tqdm
-
+from rbzarr.analysis.cluster import TrajectoryTasks
 from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.errors import StoreExistsError
 from rbzarr.storage.documents import Documents
@@ -56,6 +55,7 @@ def export_store(
     storage_options: Mapping[str, Any] | None = None,
     destination_options: Mapping[str, Any] | None = None,
     progress: bool = False,
+    tasks: TrajectoryTasks | None = None,
 ) -> Documents:
     """Copy the store at ``source`` to a new store at ``destination`` in another layout.
 
@@ -73,6 +73,9 @@ def export_store(
         fsspec options for the source and the destination.
     progress
         Show a progress bar on stderr.
+    tasks
+        Copies the trajectories, one task each on a dask cluster when it has a client
+        (:func:`~rbzarr.analysis.cluster.connect`); the documents are written here, last.
 
     Returns
     -------
@@ -101,10 +104,9 @@ def export_store(
             f"{writer.location.url} already holds a store; export writes only to a new location"
         )
     entries = [selected.entries[i] for i in selected.id_list]
-    for entry in tqdm(entries, desc="export", unit="traj", disable=not progress):
-        # Decode and re-encode even between equal formats: every trajectory passes the
-        # safe loaders and validation on its way, so an export is also a check.
-        writer.write(entry, reader.read(entry))
+    # Decode and re-encode even between equal formats: every trajectory passes the
+    # safe loaders and validation on its way, so an export is also a check.
+    (tasks or TrajectoryTasks()).copy(reader, writer, entries, progress)
     extra = {k: v for k, v in documents.metadata.items() if k not in _RECOMPUTED}
     exported = selected.to_documents(trajectory_format, extra=extra)
     return writer.write_documents(exported)

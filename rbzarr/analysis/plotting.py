@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
+from rbzarr.analysis.cluster import TrajectoryTasks
 from rbzarr.analysis.episodes import DONES, REWARDS
 from rbzarr.analysis.view import BufferView
 
@@ -36,7 +38,7 @@ def _pyplot() -> Any:
 
 
 def _collect(
-    view: BufferView, progress: bool, across_trajectories: bool
+    view: BufferView, progress: bool, across_trajectories: bool, tasks: TrajectoryTasks
 ) -> tuple[np.ndarray, list[tuple[int, int, float]]]:
     """All per-step reward elements, and ``(trajectory_id, length, return)`` per complete episode,
     the id being the trajectory the episode ended in.
@@ -47,12 +49,16 @@ def _collect(
     keys = [key for key in (REWARDS, DONES) if key in available]
     rewards: list[np.ndarray] = []
     episodes: list[tuple[int, int, float]] = []
-    if DONES in available:
-        stream = view.iter_steps_and_episodes(keys, progress, across_trajectories)
-    else:
-        stream = ((i, steps, []) for i, steps in view.iter_steps(keys, progress))
-    for _, steps, ended in stream:
-        rewards.append(steps[REWARDS].to(torch.float64).reshape(-1).numpy())
+    stream = tasks.steps_and_episodes(
+        view,
+        keys,
+        _flat_rewards,
+        progress=progress,
+        across_trajectories=across_trajectories,
+        with_episodes=DONES in available,
+    )
+    for _, flat_rewards, ended in stream:
+        rewards.append(flat_rewards)
         episodes.extend(
             (e.trajectory_ids[-1], e.length, float(e.episode_return or 0.0))
             for e in ended
@@ -60,6 +66,11 @@ def _collect(
         )
     flat = np.concatenate(rewards) if rewards else np.empty(0)
     return flat, episodes
+
+
+def _flat_rewards(steps: Mapping[str, torch.Tensor]) -> np.ndarray:
+    """One trajectory's reward elements as float64 (run where it is read)."""
+    return steps[REWARDS].to(torch.float64).reshape(-1).numpy()
 
 
 # File suffixes and the image formats they name.
@@ -83,11 +94,15 @@ def plot_store(
     path: str | os.PathLike[str],
     progress: bool = False,
     across_trajectories: bool = True,
+    tasks: TrajectoryTasks | None = None,
 ) -> dict[str, int]:
-    """Draw the four panels of ``view`` into the image file ``path`` (1000 x 800 pixels)."""
+    """Draw the four panels of ``view`` into the image file ``path`` (1000 x 800 pixels).
+
+    ``tasks`` reads the trajectories (on a dask cluster with a client).
+    """
     image_format = image_format_of(path)
     plt = _pyplot()
-    rewards, episodes = _collect(view, progress, across_trajectories)
+    rewards, episodes = _collect(view, progress, across_trajectories, tasks or TrajectoryTasks())
     figure, axes = plt.subplots(2, 2, figsize=FIGURE_SIZE, dpi=DPI)
     try:
         figure.suptitle(f"{view.url} ({len(view)} trajectories)")

@@ -5,15 +5,46 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 
+from rbzarr.analysis.cluster import TrajectoryTasks
 from rbzarr.analysis.episodes import DONES, REWARDS
 from rbzarr.analysis.view import BufferView, open_buffer
 from rbzarr.trajectory.finite import non_finite_counts
 
-__all__ = ["RunningStats", "compute_stats"]
+__all__ = ["BatchMoments", "RunningStats", "compute_stats"]
+
+
+@dataclass(frozen=True)
+class BatchMoments:
+    """Count, mean, sum of squared deviations, min and max of one batch's finite values,
+    and its NaN and ±inf counts: what :meth:`RunningStats.merge` needs of the batch."""
+
+    count: int
+    nan: int
+    inf: int
+    mean: float = 0.0
+    m2: float = 0.0
+    min: float = math.inf
+    max: float = -math.inf
+
+    @classmethod
+    def of(cls, values: torch.Tensor) -> BatchMoments:
+        """The moments of every element of ``values`` (in float64)."""
+        x = values.detach().reshape(-1).to(torch.float64)
+        nan, inf = non_finite_counts(x)
+        if nan or inf:
+            x = x[torch.isfinite(x)]
+        n = int(x.numel())
+        if n == 0:
+            return cls(0, nan, inf)
+        mean = float(x.mean())
+        m2 = float(((x - mean) ** 2).sum())
+        return cls(n, nan, inf, mean, m2, float(x.min()), float(x.max()))
 
 
 class RunningStats:
@@ -35,24 +66,22 @@ class RunningStats:
 
     def update(self, values: torch.Tensor) -> None:
         """Add every element of ``values``."""
-        x = values.detach().reshape(-1).to(torch.float64)
-        nan, inf = non_finite_counts(x)
-        if nan or inf:
-            self.nan += nan
-            self.inf += inf
-            x = x[torch.isfinite(x)]
-        n = int(x.numel())
+        self.merge(BatchMoments.of(values))
+
+    def merge(self, batch: BatchMoments) -> None:
+        """Add a batch summarised by :meth:`BatchMoments.of` (where it was read)."""
+        self.nan += batch.nan
+        self.inf += batch.inf
+        n = batch.count
         if n == 0:
             return
-        mean = float(x.mean())
-        m2 = float(((x - mean) ** 2).sum())
         total = self.count + n
-        delta = mean - self.mean
-        self._m2 += m2 + delta * delta * self.count * n / total
+        delta = batch.mean - self.mean
+        self._m2 += batch.m2 + delta * delta * self.count * n / total
         self.mean += delta * n / total
         self.count = total
-        self.min = min(self.min, float(x.min()))
-        self.max = max(self.max, float(x.max()))
+        self.min = min(self.min, batch.min)
+        self.max = max(self.max, batch.max)
 
     @property
     def std(self) -> float:
@@ -88,8 +117,13 @@ def compute_stats(
     progress: bool = False,
     across_trajectories: bool = True,
     storage_options: Mapping[str, Any] | None = None,
+    tasks: TrajectoryTasks | None = None,
 ) -> dict[str, Any]:
-    """Per-key statistics and episode returns / lengths, streaming trajectory by trajectory."""
+    """Per-key statistics and episode returns / lengths, streaming trajectory by trajectory.
+
+    ``tasks`` runs each trajectory's read and moments (on a dask cluster with a client);
+    the moments are merged in index order, so the numbers do not depend on where they ran.
+    """
     if not isinstance(view, BufferView):
         view = open_buffer(view, storage_options)
     available = view.keys()
@@ -97,19 +131,22 @@ def compute_stats(
     unknown = [key for key in wanted if key not in available]
     if unknown:
         raise ValueError(f"{view.url}: unknown keys {unknown}; the store has {available}")
-    extra = [key for key in (REWARDS, DONES) if key in available and key not in wanted]
     per_key = {key: RunningStats() for key in wanted}
     lengths, returns = RunningStats(), RunningStats()
     incomplete = 0
-    read = [*wanted, *extra]
-    if DONES in available:
-        episode_keys = [key for key in (REWARDS, DONES) if key in available]
-        stream = view.iter_steps_and_episodes(read, progress, across_trajectories, episode_keys)
-    else:
-        stream = ((i, steps, []) for i, steps in view.iter_steps(read, progress))
-    for _, steps, episodes in stream:
+    read = [*wanted, *(key for key in (REWARDS, DONES) if key in available and key not in wanted)]
+    stream = (tasks or TrajectoryTasks()).steps_and_episodes(
+        view,
+        read,
+        partial(_moments, wanted),
+        progress=progress,
+        across_trajectories=across_trajectories,
+        episode_keys=[key for key in (REWARDS, DONES) if key in available],
+        with_episodes=DONES in available,
+    )
+    for _, moments, episodes in stream:
         for key in wanted:
-            per_key[key].update(steps[key])
+            per_key[key].merge(moments[key])
         for episode in episodes:
             if not episode.done:
                 incomplete += 1
@@ -132,3 +169,8 @@ def compute_stats(
         "keys": {key: stats.to_dict() for key, stats in per_key.items()},
         "episodes": episodes_report,
     }
+
+
+def _moments(keys: Sequence[str], steps: Mapping[str, torch.Tensor]) -> dict[str, BatchMoments]:
+    """The moments of each of ``keys`` in one trajectory's time steps (run where it is read)."""
+    return {key: BatchMoments.of(steps[key]) for key in keys}

@@ -15,6 +15,7 @@ import torch
 from tqdm import tqdm
 
 from rbzarr.analysis.episodes import DONES, Episode, EpisodeTracker, continues, time_steps
+from rbzarr.analysis.steps import episode_fields, read_steps
 from rbzarr.buffer.arguments import check_count
 from rbzarr.buffer.checkpoint import schema_from_json
 from rbzarr.buffer.damaged import DamagedTrajectories
@@ -481,9 +482,8 @@ class BufferView:
             Each committed id with its ``[T, ...]`` fields by flat key, the reset rows of
             ``dones``-like fields dropped.
         """
-        for trajectory_id, trajectory in self.iter_trajectories(keys, progress):
-            T = int(self.entry(trajectory_id)["shape"][0])
-            yield trajectory_id, {k: time_steps(v, T) for k, v in trajectory.tensors().items()}
+        for trajectory_id in tqdm(self.ids, desc="trajectories", disable=not progress):
+            yield trajectory_id, read_steps(self.layout, self.entry(trajectory_id), keys)
 
     def run_continues(self, across_trajectories: bool = True) -> list[bool]:
         """Per id of :attr:`ids`: whether the next trajectory continues its run.
@@ -548,14 +548,7 @@ class BufferView:
         for (trajectory_id, steps), run_continues in zip(
             self.iter_steps(wanted, progress), runs, strict=True
         ):
-            B = int(self.entry(trajectory_id)["shape"][1])
-            per_env = {
-                k: v
-                for k, v in steps.items()
-                if v.dim() >= 2 and v.shape[1] == B and (carried is None or k in carried)
-            }
-            if DONES not in per_env:
-                raise ValueError(f"{self.url}: trajectory {trajectory_id} has no 'dones' field")
+            per_env = episode_fields(steps, self.entry(trajectory_id), carried, self.url)
             yield trajectory_id, steps, tracker.feed(trajectory_id, per_env, run_continues)
 
     def iter_episodes(

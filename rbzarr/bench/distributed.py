@@ -4,7 +4,9 @@ Figures, each on the local disk (a temporary folder):
 
 * ``notice``: the pickled size of one commit notice;
 * ``add_by_reference``: ``add_committed`` latency (p50) for a 1 MB and a 100 MB trajectory;
-* ``writers``: aggregate MB/s of 1 and of 2 writer processes appending to one store;
+* ``writers``: aggregate MB/s of 1 and of 2 writer processes appending to one store
+  (alternating rounds, the median ratio), the cores they kept busy, and the control of 2
+  writers into 2 stores of their own;
 * ``kill``: 4 writers x 20 trajectories, one SIGKILLed: flushed trajectories missing after;
 * ``ray_actor``: add+sample throughput of a buffer owned by a Ray actor and of TorchRL's
   ``RayReplayBuffer`` on the same workload ("unavailable" without ray or torchrl).
@@ -78,34 +80,65 @@ def _by_reference(root: str, quick: bool) -> dict[str, Any]:
     return {"p50_s": p50, "ratio": max(values) / min(values)}
 
 
-def _write(store: str, count: int, megabytes: float, seed: int, start: Any) -> None:
+def _write(store: str, count: int, megabytes: float, seed: int, start: Any, done: Any) -> None:
     """A writer process: open the store, meet the others at ``start``, append ``count``
-    trajectories, flush, close."""
+    trajectories, flush, and put the time its last commit ended on ``done``."""
     trajectories = [_trajectory(megabytes, seed * 1000 + k) for k in range(count)]
     with TrajectoryReplayBuffer(
         auto_save=True, auto_save_path=store, cache_size=0, max_pending_writes=2
     ) as buffer:
         start.wait()
+        cpu = time.process_time()
         for trajectory in trajectories:
             buffer.add_trajectories([trajectory])
+        buffer.flush()
+        # perf_counter is CLOCK_MONOTONIC: one clock for every process.
+        done.put((time.perf_counter(), time.process_time() - cpu))
 
 
-def _aggregate(root: str, writers: int, count: int, megabytes: float) -> float:
-    """MB/s of ``writers`` processes, each appending ``count`` trajectories to one store."""
+def _aggregate(
+    root: str, writers: int, count: int, megabytes: float, name: str, apart: bool = False
+) -> tuple[float, float]:
+    """MB/s of ``writers`` processes, each appending ``count`` trajectories to one store
+    (``apart``: each to its own), from the moment all have opened it to the last commit
+    (process exits not timed), and the cores they kept busy meanwhile (their CPU seconds
+    / that time)."""
     context = _processes()
-    start = context.Barrier(writers + 1)
-    store = os.path.join(root, f"writers-{writers}")
+    start, done = context.Barrier(writers + 1), context.Queue()
+    stores = [os.path.join(root, f"{name}-{w}" if apart else name) for w in range(writers)]
     processes = [
-        context.Process(target=_write, args=(store, count, megabytes, w, start))
+        context.Process(target=_write, args=(stores[w], count, megabytes, w, start, done))
         for w in range(writers)
     ]
     for process in processes:
         process.start()
     start.wait()  # every writer has opened the store
     began = time.perf_counter()
+    reports = [done.get(timeout=300) for _ in processes]
     for process in processes:
         process.join()
-    return writers * count * megabytes / (time.perf_counter() - began)
+    seconds = max(ended for ended, _ in reports) - began
+    return writers * count * megabytes / seconds, sum(cpu for _, cpu in reports) / seconds
+
+
+def _writers(root: str, quick: bool) -> dict[str, Any]:
+    """1 writer vs 2, in alternating rounds (a busy host's noise falls on both alike); the
+    ratio is the median of the rounds' ratios.  The control, 2 writers into 2 stores of
+    their own, shares nothing: if it is no faster than 2 into one store, the host (its
+    cores, its disk) is the limit, not the store."""
+    count, megabytes = (6, 8.0) if quick else (8, 16.0)
+    runs: dict[str, list[tuple[float, float]]] = {"one": [], "two": [], "two_apart": []}
+    for r in range(2 if quick else 3):
+        runs["one"].append(_aggregate(root, 1, count, megabytes, f"one-{r}"))
+        runs["two"].append(_aggregate(root, 2, count, megabytes, f"two-{r}"))
+        runs["two_apart"].append(_aggregate(root, 2, count, megabytes, f"apart-{r}", True))
+    ratios = [b[0] / a[0] for a, b in zip(runs["one"], runs["two"], strict=True)]
+    figures: dict[str, Any] = {}
+    for name, measured in runs.items():
+        figures[f"{name}_mb_s"] = statistics.median(mb_s for mb_s, _ in measured)
+        # Cores busy: about 1 for one writer, 2 for two when the host has both cores free.
+        figures[f"{name}_cores"] = statistics.median(cores for _, cores in measured)
+    return {**figures, "round_ratios": ratios, "ratio": statistics.median(ratios)}
 
 
 def _kill_writer(store: str, writer: int, report: str) -> None:
@@ -175,7 +208,7 @@ def _ray_actor(quick: bool) -> dict[str, Any]:
         return {"unavailable": f"needs ray and torchrl: {exc}"}
     from rbzarr.distributed.ray_actor import remote_buffer  # noqa: PLC0415
 
-    steps = 20 if quick else 40
+    steps = 20 if quick else 80
     trajectories = [_trajectory(0.05, k, width=100) for k in range(steps)]
     with _ray_cluster(ray):
         ours = remote_buffer(seed=0, sample_window_size=0)
@@ -208,15 +241,20 @@ def _ray_actor(quick: bool) -> dict[str, Any]:
 
         ours_step(0)
         theirs_step(0)  # both actors started and warm
-        # Interleaved rounds: a shared machine's noise falls on both alike.
-        rounds = 4
+        # Short interleaved rounds, the order swapped every round: a shared machine's
+        # noise falls on both alike, and the median ratio leaves its bursts out.
+        rounds = 4 if quick else 8
         per_round = (steps - 1) // rounds
         ours_s: list[float] = []
         theirs_s: list[float] = []
         for r in range(rounds):
             offset = 1 + r * per_round
-            ours_s.append(_throughput(partial(_shifted, ours_step, offset), per_round))
-            theirs_s.append(_throughput(partial(_shifted, theirs_step, offset), per_round))
+            pair = [
+                (ours_s, partial(_shifted, ours_step, offset)),
+                (theirs_s, partial(_shifted, theirs_step, offset)),
+            ]
+            for figures, step in pair if r % 2 == 0 else pair[::-1]:
+                figures.append(_throughput(step, per_round))
         theirs.shutdown()
     ratios = [a / b for a, b in zip(ours_s, theirs_s, strict=True)]
     return {
@@ -255,10 +293,7 @@ def run_distributed(quick: bool = False) -> dict[str, Any]:
         notice = _committed(store, _trajectory(1, 0))
         results: dict[str, Any] = {"notice": {"bytes": len(pickle.dumps(notice))}}
         results["add_by_reference"] = _by_reference(root, quick)
-        count, megabytes = (6, 8.0) if quick else (8, 16.0)
-        one = _aggregate(root, 1, count, megabytes)
-        two = _aggregate(root, 2, count, megabytes)
-        results["writers"] = {"one_mb_s": one, "two_mb_s": two, "ratio": two / one}
+        results["writers"] = _writers(root, quick)
         results["kill"] = _kill(root)
     results["ray_actor"] = _ray_actor(quick)
     return results

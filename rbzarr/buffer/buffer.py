@@ -352,9 +352,10 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         """Add, by reference, trajectories other writers committed to this buffer's store.
 
         Each notice (:func:`~rbzarr.distributed.commit_notices`) carries only an index
-        entry: no rows are read or copied now, they are read from the store when sampled.
-        The window and the draws are those of a buffer that added the same trajectories
-        in notice order; referenced trajectories are not cached.
+        entry: no rows are read or copied now.  Each takes its place in the cache at once
+        and is read whole from the store into it when a draw first needs its rows, so the
+        window, the draws and (once read) the cache are those of a buffer that added the
+        same trajectories in notice order.
 
         Parameters
         ----------
@@ -387,6 +388,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 self._schema = schema
                 for entry in entries:
                     self._index.add_reference(entry)
+                    self._cache.reserve(int(entry["trajectory_id"]))
 
     def _index_entry(self, trajectory: ValidatedTrajectory) -> dict[str, Any]:
         raw = trajectory.trajectory
@@ -560,6 +562,12 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         self, window: list[int], positions: torch.Tensor, rows: torch.Tensor
     ) -> row_reads.MissPlan:
         """Under the lock: the drawn rows of the cache, and where the others are read."""
+        if self._committer is not None and self._cache.has_reserved:
+            # Referenced trajectories enter the cache on their first read.
+            drawn_ids = [window[p] for p in torch.unique(positions).tolist()]
+            references.fill_reserved(
+                self._cache, self._committer.layout, self._index.entries, self._schema, drawn_ids
+            )
         slots = self._cache.slots(window)[positions]
         hit = slots >= 0
         assert self._schema is not None

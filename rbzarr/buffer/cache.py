@@ -10,6 +10,12 @@ A trajectory the store committer holds a private copy of is cached *shared*
 copied into a slot only when the writer is done with that copy (:meth:`SlotCache.materialize`)
 or when they are first read, whichever comes first.  One that is evicted before either is
 never copied, and ``add_trajectories`` copies each trajectory once, not twice.
+
+A trajectory added by reference (another writer committed it to the store) is *reserved*
+(:meth:`SlotCache.reserve`): it takes its FIFO place at once, as a trajectory added by value
+would, but holds nothing and counts as not cached until its rows are first read from the
+store and handed in (:meth:`SlotCache.fill`).  From then on the cache is the one a buffer
+that added the same trajectories by value has.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ __all__ = ["SlotCache"]
 
 # The slot of a shared trajectory whose rows are not copied into the slots yet.
 _NOT_COPIED = -1
+# The slot of a reserved (referenced) trajectory whose rows are not read yet.
+_NOT_READ = -2
 
 
 class SlotCache:
@@ -41,6 +49,7 @@ class SlotCache:
         # id -> slot (_NOT_COPIED while shared), insertion order
         self._slot_of: OrderedDict[int, int] = OrderedDict()
         self._shared: dict[int, ValidatedTrajectory] = {}  # ids whose rows are not copied yet
+        self._reserved: set[int] = set()  # referenced ids whose rows are not read yet
         self._schema: Schema | None = None  # what the slots hold, from the first trajectory
         self._rows: dict[int, int] = {}
         self._residues: dict[int, Residue] = {}
@@ -49,14 +58,23 @@ class SlotCache:
         self._free: list[int] = []
 
     def __len__(self) -> int:
-        return len(self._slot_of)
+        return len(self._slot_of) - len(self._reserved)
 
     def __contains__(self, trajectory_id: object) -> bool:
-        return trajectory_id in self._slot_of
+        return trajectory_id in self._slot_of and trajectory_id not in self._reserved
 
     def ids(self) -> list[int]:
-        """Cached ids, oldest first (a new list)."""
-        return list(self._slot_of)
+        """Cached ids, oldest first (a new list; reserved ones not read yet left out)."""
+        return [i for i in self._slot_of if i not in self._reserved]
+
+    @property
+    def has_reserved(self) -> bool:
+        """Whether any reserved trajectory is not read yet."""
+        return bool(self._reserved)
+
+    def reserved(self, trajectory_ids: list[int]) -> list[int]:
+        """Those of ``trajectory_ids`` reserved and not read yet (each once, in order)."""
+        return [i for i in dict.fromkeys(trajectory_ids) if i in self._reserved]
 
     @property
     def nbytes(self) -> int:
@@ -117,6 +135,32 @@ class SlotCache:
         self._shared[trajectory_id] = trajectory
         return evicted
 
+    def reserve(self, trajectory_id: int) -> list[int]:
+        """Take a FIFO place for a trajectory whose rows come later (:meth:`fill`); return
+        the ids evicted to make room."""
+        if not self.enabled:
+            return []
+        evicted = self._evict_for_one()
+        self._slot_of[trajectory_id] = _NOT_READ
+        self._reserved.add(trajectory_id)
+        return evicted
+
+    def fill(
+        self, trajectory_id: int, flat: dict[str, torch.Tensor], residue: Residue, width: int
+    ) -> None:
+        """Copy the rows of a reserved trajectory, just read, into its slot (its FIFO place
+        kept); an id not reserved (evicted since) is left out."""
+        if trajectory_id not in self._reserved:
+            return
+        schema = {
+            key: (dtype_name(rows.dtype), tuple(rows.shape[1:])) for key, rows in flat.items()
+        }
+        self.check(schema)
+        if self._schema is None:
+            self._schema = schema
+        self._copy_in(trajectory_id, flat, residue, width)
+        self._reserved.discard(trajectory_id)
+
     def materialize(self, trajectory_id: int) -> None:
         """Copy the rows of a shared trajectory into its slot and stop sharing it."""
         trajectory = self._shared.get(trajectory_id)
@@ -133,6 +177,10 @@ class SlotCache:
         """Evict the oldest until one more trajectory fits; remember the first schema."""
         if self._schema is None:
             self._schema = dict(schema)
+        return self._evict_for_one()
+
+    def _evict_for_one(self) -> list[int]:
+        """Evict the oldest until one more trajectory has a place."""
         evicted: list[int] = []
         if self.capacity is not None:
             while len(self._slot_of) >= self.capacity:
@@ -156,6 +204,9 @@ class SlotCache:
         oldest, slot = self._slot_of.popitem(last=False)
         if slot == _NOT_COPIED:
             self._shared.pop(oldest, None)
+            return oldest
+        if slot == _NOT_READ:
+            self._reserved.discard(oldest)
             return oldest
         del self._rows[oldest], self._residues[oldest], self._width[oldest]
         self._free.append(slot)
@@ -190,7 +241,9 @@ class SlotCache:
     def slots(self, trajectory_ids: list[int]) -> torch.Tensor:
         """The slot of each id (``-1`` where not cached), copying shared ones in first."""
         self._materialize_all(trajectory_ids)
-        return torch.tensor([self._slot_of.get(i, -1) for i in trajectory_ids], dtype=torch.int64)
+        return torch.tensor(
+            [max(self._slot_of.get(i, -1), -1) for i in trajectory_ids], dtype=torch.int64
+        )
 
     def gather(self, slots: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """Rows ``rows`` of the cached trajectories in ``slots``: one ``index_select`` per key."""
@@ -220,6 +273,8 @@ class SlotCache:
         self._materialize_all(list(self._shared))
         trajectories = []
         for trajectory_id, slot in self._slot_of.items():
+            if slot == _NOT_READ:
+                continue
             rows = self._rows[trajectory_id]
             flat = {key: slots[slot, :rows].clone() for key, slots in self._storage.items()}
             residue = _copy_residue(self._residues[trajectory_id])
@@ -236,6 +291,7 @@ class SlotCache:
         """Drop every trajectory and free the slots."""
         self._slot_of.clear()
         self._shared.clear()
+        self._reserved.clear()
         self._schema = None
         self._rows.clear()
         self._residues.clear()

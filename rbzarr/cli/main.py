@@ -110,6 +110,31 @@ def list_command(ctx: click.Context, url: str, as_json: bool) -> None:
     _echo_lines(ls_lines(rows))
 
 
+_scheduler_option = click.option(
+    "--scheduler",
+    metavar="ADDRESS",
+    default=None,
+    help="Run the per-trajectory work as tasks on this dask.distributed scheduler "
+    "(e.g. tcp://10.0.0.5:8786; needs rbzarr[ray]); its workers must reach the store's "
+    "URL. Same results as without it.",
+)
+
+
+@contextlib.contextmanager
+def _tasks(scheduler: str | None) -> Iterator[Any]:
+    """A ``TrajectoryTasks`` on the ``--scheduler`` client (closed afterwards), or in process."""
+    from rbzarr.analysis.cluster import TrajectoryTasks, connect  # noqa: PLC0415
+
+    if scheduler is None:
+        yield TrajectoryTasks()
+        return
+    client = connect(scheduler)
+    try:
+        yield TrajectoryTasks(client)
+    finally:
+        client.close()
+
+
 _per_trajectory_flag = click.option(
     "--per-trajectory",
     is_flag=True,
@@ -126,23 +151,31 @@ _per_trajectory_flag = click.option(
     help="Only these flat keys (comma-separated or repeated), e.g. rewards,curr_obs/state.",
 )
 @_per_trajectory_flag
+@_scheduler_option
 @_json_flag
 @click.pass_context
 def stats(
-    ctx: click.Context, url: str, keys: tuple[str, ...], per_trajectory: bool, as_json: bool
+    ctx: click.Context,
+    url: str,
+    keys: tuple[str, ...],
+    per_trajectory: bool,
+    scheduler: str | None,
+    as_json: bool,
 ) -> None:
     """Per-key mean / std / min / max and episode returns and lengths (streaming)."""
     from rbzarr.analysis.report_text import stats_lines  # noqa: PLC0415
     from rbzarr.analysis.stats import compute_stats  # noqa: PLC0415
 
     wanted = [key for item in keys for key in item.split(",") if key] or None
-    report = compute_stats(
-        url,
-        wanted,
-        progress=progress_wanted(),
-        across_trajectories=not per_trajectory,
-        storage_options=_options(ctx),
-    )
+    with _tasks(scheduler) as tasks:
+        report = compute_stats(
+            url,
+            wanted,
+            progress=progress_wanted(),
+            across_trajectories=not per_trajectory,
+            storage_options=_options(ctx),
+            tasks=tasks,
+        )
     if as_json:
         _print_json(report)
         return
@@ -220,6 +253,7 @@ _export_choice = click.Choice(["zarr", "pt", "pkl", "lerobot", "hdf5"])
 @click.option(
     "--codec", default="libsvtav1", show_default=True, help="lerobot: the PyAV video encoder."
 )
+@_scheduler_option
 @click.pass_context
 def export(
     ctx: click.Context,
@@ -231,6 +265,7 @@ def export(
     fps: int | None,
     task: str,
     codec: str,
+    scheduler: str | None,
 ) -> None:
     """Copy SOURCE into a new store DESTINATION in another layout, or a LeRobot / HDF5 dataset.
 
@@ -239,21 +274,21 @@ def export(
     ----------
     ctx
         The command's context; the group's ``--storage-option`` values are read from it.
-    source, destination, trajectory_format, ids, last, fps, task, codec
+    source, destination, trajectory_format, ids, last, fps, task, codec, scheduler
         The arguments and options, passed to ``export_store`` or ``export_dataset``.
 
     Raises
     ------
     click.UsageError
-        ``--ids`` or ``--last`` with ``--format lerobot`` or ``hdf5``.
+        ``--ids``, ``--last`` or ``--scheduler`` with ``--format lerobot`` or ``hdf5``.
     """
     options = _options(ctx)
     if trajectory_format in ("lerobot", "hdf5"):
         from rbzarr.interop import export_dataset  # noqa: PLC0415
 
-        if ids is not None or last is not None:
+        if ids is not None or last is not None or scheduler is not None:
             raise click.UsageError(
-                f"--ids and --last export store formats, not {trajectory_format}"
+                f"--ids, --last and --scheduler export store formats, not {trajectory_format}"
             )
         count = export_dataset(
             source,
@@ -270,16 +305,18 @@ def export(
         return
     from rbzarr.analysis.export import export_store  # noqa: PLC0415
 
-    documents = export_store(
-        source,
-        destination,
-        trajectory_format,
-        ids=ids,
-        last=last,
-        storage_options=options,
-        destination_options=options,
-        progress=progress_wanted(),
-    )
+    with _tasks(scheduler) as tasks:
+        documents = export_store(
+            source,
+            destination,
+            trajectory_format,
+            ids=ids,
+            last=last,
+            storage_options=options,
+            destination_options=options,
+            progress=progress_wanted(),
+            tasks=tasks,
+        )
     click.echo(f"exported {documents.metadata['size']} trajectories to {destination}")
 
 
@@ -354,16 +391,24 @@ def split(ctx: click.Context, source: str, destination: str, count: int) -> None
     help="Image file; its suffix picks the format (.png, .jpg / .jpeg, .svg, .pdf).",
 )
 @_per_trajectory_flag
+@_scheduler_option
 @click.pass_context
-def plot(ctx: click.Context, url: str, output: str, per_trajectory: bool) -> None:
+def plot(
+    ctx: click.Context, url: str, output: str, per_trajectory: bool, scheduler: str | None
+) -> None:
     """Histograms of rewards, episode returns and lengths; return over trajectory id."""
     from rbzarr.analysis.plotting import plot_store  # noqa: PLC0415
     from rbzarr.analysis.view import open_buffer  # noqa: PLC0415
 
     view = open_buffer(url, _options(ctx), **_cache(ctx))
-    counts = plot_store(
-        view, output, progress=progress_wanted(), across_trajectories=not per_trajectory
-    )
+    with _tasks(scheduler) as tasks:
+        counts = plot_store(
+            view,
+            output,
+            progress=progress_wanted(),
+            across_trajectories=not per_trajectory,
+            tasks=tasks,
+        )
     click.echo(f"wrote {output} ({counts['rewards']} rewards, {counts['episodes']} episodes)")
 
 

@@ -13,6 +13,9 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
+import torch
+
 from rbzarr.buffer.buffer import TrajectoryReplayBuffer
 from rbzarr.distributed.notices import CommitNotice
 from rbzarr.trajectory.model import Trajectory
@@ -43,8 +46,8 @@ class BufferActor:
         return len(self._buffer)
 
     def sample(self, num_chunks: int) -> dict[str, Any]:
-        """``num_chunks`` rows drawn as the buffer draws them."""
-        return self._buffer.sample(num_chunks)
+        """``num_chunks`` rows drawn as the buffer draws them (the caller gets a plain dict)."""
+        return _OutgoingBatch(self._buffer.sample(num_chunks))
 
     def size(self) -> int:
         """Trajectories in the buffer."""
@@ -74,6 +77,39 @@ class BufferActor:
     def close(self) -> None:
         """Flush and close the buffer."""
         self._buffer.close()
+
+
+class _OutgoingBatch(dict[str, Any]):
+    """A sampled batch leaving the actor: it pickles its tensors as numpy arrays, whose bytes
+    Ray moves out of band, where a tensor's own pickling serialises each through
+    ``torch.save``; it unpickles as a plain dict of tensors (copies the caller owns)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_tensors_of, (_arrays_of(self),))
+
+
+def _arrays_of(tree: Mapping[str, Any]) -> dict[str, Any]:
+    """The nested dict with each tensor numpy can hold as an array (bfloat16 stays a tensor)."""
+    return {
+        key: _arrays_of(value)
+        if isinstance(value, Mapping)
+        else value.numpy()
+        if isinstance(value, torch.Tensor) and value.dtype != torch.bfloat16
+        else value
+        for key, value in tree.items()
+    }
+
+
+def _tensors_of(tree: Mapping[str, Any]) -> dict[str, Any]:
+    """Unpickle an :class:`_OutgoingBatch`: the nested dict of (writable, copied) tensors."""
+    return {
+        key: _tensors_of(value)
+        if isinstance(value, Mapping)
+        else torch.from_numpy(np.array(value))
+        if isinstance(value, np.ndarray)
+        else value
+        for key, value in tree.items()
+    }
 
 
 def remote_buffer(actor_options: Mapping[str, Any] | None = None, **buffer_options: Any) -> Any:

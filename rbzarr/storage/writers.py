@@ -22,7 +22,7 @@ from typing import Any
 
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage import documents as store_documents
-from rbzarr.storage.documents import INDEX_FILE, Documents
+from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents
 from rbzarr.storage.location import Location
 
 __all__ = [
@@ -71,6 +71,15 @@ def read_slot_documents(location: Location, slot: int) -> Documents | None:
     return store_documents.read_documents(where)
 
 
+def _committed_slot_documents(location: Location, slot: int) -> Documents | None:
+    """A slot's documents as readers see them: none until its first commit is complete
+    (the index is written first, the metadata last), so a reader never races it."""
+    where = slot_location(location, slot)
+    if not where.exists(METADATA_FILE):
+        return None
+    return store_documents.read_documents(where)
+
+
 def store_has_documents(location: Location) -> bool:
     """Whether any writer (the root or a slot) has committed documents at ``location``."""
     if store_documents.documents_exist(location):
@@ -92,7 +101,7 @@ def read_store_documents(location: Location) -> Documents:
     StorageUnavailableError
         The backend failed.
     """
-    slots = [(s, read_slot_documents(location, s)) for s in writer_slots(location)]
+    slots = [(s, _committed_slot_documents(location, s)) for s in writer_slots(location)]
     others = [(s, found) for s, found in slots if found is not None]
     if not others:
         return store_documents.read_documents(location)
