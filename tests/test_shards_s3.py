@@ -20,6 +20,15 @@ from rbzarr.storage.zarr.rows import reset_row_elements
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(120)]
 
+INLINE_DEFAULT = remote.INLINE_SHARD_BYTES
+
+
+@pytest.fixture(autouse=True)
+def _every_shard_read_from_its_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shards here are tiny: keep them out of the group documents, so the damage done
+    to shard objects is met (the tests of the copies set their own bound)."""
+    monkeypatch.setattr(remote, "INLINE_SHARD_BYTES", 0)
+
 SIZES = [(6, 4), (4, 4), (8, 4)]
 # Flat keys and the bytes of one row of each (make_trajectory's fields).
 ROW_BYTES = {
@@ -164,8 +173,9 @@ def test_tiny_shards_open_from_their_group_document_without_a_request(
 
 
 def test_a_damaged_copy_in_a_group_document_is_a_named_error(
-    s3_bucket: str, s3_options: dict[str, Any]
+    s3_bucket: str, s3_options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(remote, "INLINE_SHARD_BYTES", INLINE_DEFAULT)
     url = f"s3://{s3_bucket}/store"
     fill(url, s3_options)
 
