@@ -29,6 +29,7 @@ def _every_shard_read_from_its_file(monkeypatch: pytest.MonkeyPatch) -> None:
     to shard objects is met (the tests of the copies set their own bound)."""
     monkeypatch.setattr(remote, "INLINE_SHARD_BYTES", 0)
 
+
 SIZES = [(6, 4), (4, 4), (8, 4)]
 # Flat keys and the bytes of one row of each (make_trajectory's fields).
 ROW_BYTES = {
