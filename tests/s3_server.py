@@ -492,6 +492,9 @@ class ProxyProcess:
         """Close the proxy and wait for its process."""
         with contextlib.suppress(RuntimeError, OSError):
             self._ask("close")
+        for pipe in (self._process.stdin, self._process.stdout):
+            if pipe is not None:
+                pipe.close()
         self._process.wait(timeout=30)
 
 

@@ -11,6 +11,7 @@ from conftest import make_trajectory
 import rbzarr
 from rbzarr import TrajectoryReplayBuffer
 from rbzarr.storage.object_ranges import CLIENT_ENV, object_ranges, obstore_config
+from rbzarr.storage.zarr import remote
 
 EXPLICIT = {
     "endpoint_url": "http://127.0.0.1:9000",
@@ -93,6 +94,7 @@ def _batches(url: str, options: dict[str, Any]) -> list[dict[str, Any]]:
 def test_obstore_and_s3fs_read_the_same_batches(
     s3_bucket: str, s3_options: dict[str, Any], s3_proxy: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(remote, "INLINE_SHARD_BYTES", 0)  # every shard is fetched
     url = f"s3://{s3_bucket}/store"
     with TrajectoryReplayBuffer(
         seed=0, auto_save=True, auto_save_path=url, storage_options=s3_options

@@ -30,6 +30,7 @@ from rbzarr import (
 from rbzarr.analysis.export import export_store
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import open_store
+from rbzarr.storage.zarr import remote
 
 pytestmark = pytest.mark.s3
 
@@ -75,7 +76,10 @@ def read_index(url: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- lifecycle --------------------------------------------------------------------------
-def test_lifecycle_on_s3(s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any]):
+def test_lifecycle_on_s3(
+    s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(remote, "INLINE_SHARD_BYTES", 0)  # the shards are fetched, and seen
     url, ckpt = f"s3://{s3_bucket}/store", f"s3://{s3_bucket}/ckpt"
     with TrajectoryReplayBuffer(
         seed=7,
