@@ -14,6 +14,7 @@ import json
 import os
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from zarr.abc.store import Store
@@ -44,8 +45,10 @@ __all__ = ["FIELDS_ATTR", "TRAJECTORIES", "TrajectoryOpener", "group_path"]
 
 TRAJECTORIES = "trajectories"
 FIELDS_ATTR = "fields"
-# Shards fetched whole into the shard cache are held in memory this many bytes at a time.
-FETCH_ROUND_BYTES = 256 << 20
+# Shards fetched whole into the shard cache are fetched this many bytes at a time (a round is
+# written to the cache, by CACHE_WRITERS threads, while the next one downloads).
+FETCH_ROUND_BYTES = 64 << 20
+CACHE_WRITERS = 2
 
 
 def group_path(tid: int) -> str:
@@ -281,21 +284,27 @@ class TrajectoryOpener:
                 left.append((handles, (key, path, spec, where), ckey))
             else:
                 wanted.append((handles, (key, path, spec, where), ckey))
-        for batch in _rounds(wanted, FETCH_ROUND_BYTES):
-            paths = [path for _, (_, path, _, _), _ in batch]
-            # One byte past the written size: a larger object shows by the same request.
-            ends: list[int | None] = [spec.shard_bytes + 1 for _, (_, _, spec, _), _ in batch]
-            results = self.source.cat_ranges(location.fs, paths, [0] * len(paths), ends)
-            for (handles, request, ckey), result in zip(batch, results, strict=True):
-                key, _, spec, where = request
-                data = checked_bytes(result, where)
-                cache.stats.fetched += 1
-                cache.stats.fetched_bytes += len(data)
-                shard = cache.put_shard(ckey, key, spec, data, where)
-                if shard is None:
-                    left.append((handles, request, ckey))
-                else:
-                    handles.local[key] = shard
+        # Each round's shards are written while the next round downloads.
+        placed = []
+        with ThreadPoolExecutor(CACHE_WRITERS, thread_name_prefix="rbzarr-cache-write") as pool:
+            for batch in _rounds(wanted, FETCH_ROUND_BYTES):
+                paths = [path for _, (_, path, _, _), _ in batch]
+                # One byte past the written size: a larger object shows by the same request.
+                ends: list[int | None] = [spec.shard_bytes + 1 for _, (_, _, spec, _), _ in batch]
+                results = self.source.cat_ranges(location.fs, paths, [0] * len(paths), ends)
+                for (handles, request, ckey), result in zip(batch, results, strict=True):
+                    key, _, spec, where = request
+                    data = checked_bytes(result, where)
+                    cache.stats.fetched += 1
+                    cache.stats.fetched_bytes += len(data)
+                    written = pool.submit(cache.put_shard, ckey, key, spec, data, where)
+                    placed.append((handles, request, ckey, written))
+        for handles, request, ckey, written in placed:
+            shard = written.result()
+            if shard is None:
+                left.append((handles, request, ckey))
+            else:
+                handles.local[request[0]] = shard
         return left
 
     def _open_arrays(self, tid: int, keys: Sequence[str]) -> dict[str, AsyncArray[Any]]:
