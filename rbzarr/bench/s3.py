@@ -37,7 +37,14 @@ from rbzarr.storage.backends import with_s3_defaults
 from rbzarr.storage.zarr.remote import DEFAULT_RANGE_GAP
 from rbzarr.trajectory.model import validate
 
-__all__ = ["concurrency_limit", "drop_filesystems", "load_s3_server", "moto_process", "run_s3"]
+__all__ = [
+    "concurrency_limit",
+    "drop_filesystems",
+    "load_s3_server",
+    "moto_process",
+    "proxied_bucket",
+    "run_s3",
+]
 
 SERVER_MODULE = Path(rbzarr.__file__).resolve().parents[1] / "tests" / "s3_server.py"
 
@@ -78,15 +85,27 @@ def run_s3(settings: Settings, quick: bool) -> dict[str, Any]:
         return {"unavailable": server_module}
     import s3fs  # noqa: PLC0415
 
+    with proxied_bucket(server_module, "bench") as (endpoint, proxy, bucket, options):
+        direct = s3fs.S3FileSystem(**server_module.s3_storage_options(endpoint, timeout=60.0))
+        return _measure(settings, quick, proxy, f"{bucket}/store", options, direct)
+
+
+@contextlib.contextmanager
+def proxied_bucket(
+    server_module: ModuleType, prefix: str
+) -> Iterator[tuple[str, Any, str, dict[str, Any]]]:
+    """moto in a child process, a new bucket on it and the delaying proxy in front:
+    yields ``(moto's URL, the proxy, the bucket, s3fs options through the proxy)``."""
+    import s3fs  # noqa: PLC0415  (with the S3 server)
+
     with moto_process() as endpoint:
         proxy = server_module.ProxyProcess(endpoint)
         try:
-            bucket = server_module.unique_bucket_name("bench")
+            bucket = server_module.unique_bucket_name(prefix)
             server_module.create_bucket(endpoint, bucket)
             s3fs.S3FileSystem.clear_instance_cache()
             options = server_module.s3_storage_options(proxy.endpoint_url, timeout=60.0)
-            direct = s3fs.S3FileSystem(**server_module.s3_storage_options(endpoint, timeout=60.0))
-            return _measure(settings, quick, proxy, f"{bucket}/store", options, direct)
+            yield endpoint, proxy, bucket, options
         finally:
             proxy.close()
             drop_filesystems(s3fs)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from rbzarr.bench.s3 import drop_filesystems, load_s3_server, moto_process
+from rbzarr.bench.s3 import load_s3_server, proxied_bucket
 from rbzarr.bench.settings import Settings
 from rbzarr.bench.workloads import image_trajectory
 from rbzarr.buffer.buffer import TrajectoryReplayBuffer
@@ -155,17 +155,6 @@ def _s3_store(settings: Settings) -> Iterator[tuple[str, dict[str, Any], Any] | 
     if isinstance(server_module, str):
         yield server_module
         return
-    import s3fs  # noqa: PLC0415  (with the S3 server)
-
-    with moto_process() as endpoint:
-        proxy = server_module.ProxyProcess(endpoint)
-        try:
-            bucket = server_module.unique_bucket_name("training")
-            server_module.create_bucket(endpoint, bucket)
-            s3fs.S3FileSystem.clear_instance_cache()
-            options = server_module.s3_storage_options(proxy.endpoint_url, timeout=60.0)
-            options.update(settings.training_storage_options)
-            yield f"s3://{bucket}/training", options, proxy
-        finally:
-            proxy.close()
-            drop_filesystems(s3fs)
+    with proxied_bucket(server_module, "training") as (_, proxy, bucket, options):
+        options.update(settings.training_storage_options)
+        yield f"s3://{bucket}/training", options, proxy

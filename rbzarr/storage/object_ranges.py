@@ -125,30 +125,25 @@ class ObjectRanges:
         return not _RUNTIME_PIDS - {os.getpid()} and self._pid == os.getpid()
 
     def cat_ranges(
-        self, paths: Sequence[str], starts: Sequence[int], ends: Sequence[int | None]
+        self, paths: Sequence[str], starts: Sequence[int], ends: Sequence[int]
     ) -> list[Any]:
-        """The ranges ``[start, end)`` of ``bucket/key`` paths (``None``: to the end), in one
-        round; a failed one is its exception (a missing object: ``FileNotFoundError``)."""
+        """The ranges ``[start, end)`` of ``bucket/key`` paths, in one round; a failed one is
+        its exception (a missing object: ``FileNotFoundError``)."""
         _RUNTIME_PIDS.add(os.getpid())
-        moved = sum(end - start for start, end in zip(starts, ends, strict=True) if end is not None)
+        moved = sum(end - start for start, end in zip(starts, ends, strict=True))
         requests = [
             (self._store(bucket), key, start, end)
             for (bucket, key), start, end in zip(map(_split, paths), starts, ends, strict=True)
         ]
         return sync(self._fetch(requests), moved)
 
-    async def _fetch(self, requests: list[tuple[Any, str, int, int | None]]) -> list[Any]:
+    async def _fetch(self, requests: list[tuple[Any, str, int, int]]) -> list[Any]:
         import obstore  # noqa: PLC0415  (optional extra, present when this object exists)
 
         room = asyncio.Semaphore(self.concurrency)
 
-        async def one(store: Any, key: str, start: int, end: int | None) -> Any:
+        async def one(store: Any, key: str, start: int, end: int) -> Any:
             async with room:
-                if end is None:
-                    found = await obstore.get_async(
-                        store, key, options={"range": {"offset": start}}
-                    )
-                    return await found.bytes_async()
                 return await obstore.get_range_async(store, key, start=start, end=end)
 
         return await asyncio.gather(

@@ -50,8 +50,9 @@ class ByteSource:
         self, fs: Any, paths: Sequence[str], starts: Sequence[int], ends: Sequence[int | None]
     ) -> list[Any]:
         """Byte ranges of objects on ``fs`` in one round; a failed one is its exception."""
-        if self.remote is not None and self.remote.usable():
-            return self.remote.cat_ranges(paths, starts, ends)
+        bounded = [end for end in ends if end is not None]
+        if self.remote is not None and len(bounded) == len(ends) and self.remote.usable():
+            return self.remote.cat_ranges(paths, starts, bounded)
         moved = sum(end - start for start, end in zip(starts, ends, strict=True) if end is not None)
         deadline = deadline_options(fs, moved)
         return list(
