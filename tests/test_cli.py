@@ -294,7 +294,7 @@ def test_errors_are_one_line(stores, tmp_path, case):
     corrupt = tmp_path / "corrupt"
     if case == "corrupt store":
         build(corrupt, "zarr")
-        (corrupt / "metadata.json").write_text('{"trajectory_format": ')
+        (corrupt / "index" / "head.json").write_text('{"trajectory_format": ')
     args = {
         "missing path": ["info", tmp_path / "nothing"],
         "not a store": ["ls", tmp_path],

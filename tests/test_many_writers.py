@@ -167,6 +167,7 @@ def test_a_lone_writer_writes_the_store_it_always_wrote(tmp_path):
         with TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(store)) as buffer:
             buffer.add_trajectories([expected(0, k)])
     assert sorted(os.listdir(store)) == [
+        "index",
         "metadata.json",
         "trajectories",
         "trajectory_index.json",
@@ -187,11 +188,14 @@ def test_a_reader_does_not_race_a_slots_first_commit(tmp_path):
         first.flush()
         second.flush()
     slot = store / "writers" / "1"
-    # The moment of a slot's first commit between its index and its metadata document:
-    # readers (and a writer opening the store) see the slot as not committed yet.
-    (slot / "metadata.json").rename(slot / "metadata.json.later")
+    # The moment of a slot's first commit before its first record lands (its index folder
+    # made, nothing in it yet): readers (and a writer opening the store) see the slot as
+    # not committed yet.
+    (slot / "index").rename(slot / "index.later")
+    (slot / "index").mkdir()
     assert open_buffer(str(store)).ids == [0]
     with TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(store)) as third:
         assert len(third) == 0  # opened: no error
-    (slot / "metadata.json.later").rename(slot / "metadata.json")
+    (slot / "index").rmdir()
+    (slot / "index.later").rename(slot / "index")
     assert open_buffer(str(store)).ids == [0, ID_STRIDE]

@@ -30,6 +30,7 @@ from rbzarr import (
 from rbzarr.analysis.export import export_store
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import open_store
+from rbzarr.storage.writers import read_store_documents
 from rbzarr.storage.zarr import remote
 
 pytestmark = pytest.mark.s3
@@ -72,7 +73,7 @@ def after(count: int, predicate: Callable[[Request], bool]) -> Callable[[Request
 
 
 def read_index(url: str, options: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(Location.from_url(url, options).read_bytes("trajectory_index.json"))
+    return read_store_documents(Location.from_url(url, options)).trajectory_index
 
 
 # -- lifecycle --------------------------------------------------------------------------

@@ -6,6 +6,7 @@ orphan until its commit.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -17,12 +18,21 @@ from rbzarr.errors import (
     RbzarrError,
     StorageUnavailableError,
 )
+from rbzarr.storage import index_log
 from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents, Finding, write_documents
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.names import is_temporary_name
 from rbzarr.storage.registry import open_store
-from rbzarr.storage.writers import read_slot_documents, slot_location, writer_slots
+from rbzarr.storage.writers import (
+    COMMIT_TIMES,
+    id_range,
+    read_slot_documents,
+    slot_has_log,
+    slot_location,
+    store_has_documents,
+    writer_slots,
+)
 from rbzarr.trajectory.model import validate
 
 __all__ = ["Problem", "VerifyReport", "verify_store"]
@@ -33,6 +43,18 @@ _READ_ERRORS = (RbzarrError, ValueError, KeyError, TypeError, RuntimeError, OSEr
 # How a repair fixes a problem: rewrite the documents, delete rbzarr's own leftover, or
 # (with drop_damaged) drop the trajectory from the index.
 REWRITE, DELETE, DROP = "rewrite_documents", "delete", "drop_from_index"
+# The keys of an index entry (a zarr trajectory group's attributes hold them too).
+ENTRY_KEYS = (
+    "uuid",
+    "trajectory_id",
+    "num_samples",
+    "shape",
+    "max_episode_length",
+    "model_weights_id",
+)
+TRAJECTORIES = "trajectories"
+# A slot's index log that cannot be read whole: repair keeps what reads, in order.
+SALVAGE = "salvage_log"
 
 
 @dataclass(frozen=True)
@@ -48,7 +70,7 @@ class Problem:
     @property
     def repairable(self) -> bool:
         """Whether ``repair=True`` fixes this problem by itself."""
-        return self.repair in (REWRITE, DELETE)
+        return self.repair in (REWRITE, DELETE, SALVAGE)
 
 
 @dataclass
@@ -99,6 +121,14 @@ def verify_store(
         raise ValueError("drop_damaged needs repair=True (it changes the index)")
     location = Location.from_url(url, storage_options)
     report = VerifyReport(url=location.url, format=None)
+    damaged_logs = _check_logs(location)
+    if damaged_logs and repair:
+        for damaged in damaged_logs:
+            _salvage_log(location, damaged)
+            report.repaired.append(damaged)
+    elif damaged_logs:
+        report.problems.extend(damaged_logs)
+        return report
     loaded = _load_index(location, report)
     if loaded is None:
         return report
@@ -123,8 +153,7 @@ def verify_store(
 def _load_index(
     location: Location, report: VerifyReport
 ) -> tuple[TrajectoryLayout, Documents, TrajectoryIndex] | None:
-    present = [name for name in (METADATA_FILE, INDEX_FILE) if location.exists(name)]
-    if not present and not writer_slots(location):
+    if not store_has_documents(location):
         raise CheckpointNotFoundError(
             f"{location.url}: no {METADATA_FILE} or {INDEX_FILE}: not an rbzarr or RLinf store"
         )
@@ -136,6 +165,55 @@ def _load_index(
         report.problems.append(Problem(kind, "", _one_line(exc)))
         return None
     return layout, documents, index
+
+
+def _check_logs(location: Location) -> list[Problem]:
+    """A problem per writer slot whose index log does not read whole."""
+    problems = []
+    for slot in [0, *writer_slots(location)]:
+        if not slot_has_log(location, slot):
+            continue
+        where = slot_location(location, slot)
+        try:
+            index_log.read_slot_index(where)
+        except CorruptStoreError as exc:
+            path = "/".join(p for p in ("" if slot == 0 else f"writers/{slot}", "index") if p)
+            problems.append(Problem("damaged_log", path, _one_line(exc), slot, SALVAGE))
+    return problems
+
+
+def _salvage_log(location: Location, problem: Problem) -> None:
+    """Rewrite a damaged log with the entries that still read (records up to the first
+    unreadable one), and with the complete trajectories of the slot that it lost (a zarr
+    trajectory group's attributes hold its entry)."""
+    slot = problem.trajectory_id or 0
+    where = slot_location(location, slot)
+    entries, counter, metadata = index_log.salvage(where)
+    listed = {int(e["trajectory_id"]) for e, _ in entries}
+    first, end = id_range(slot)
+    lost = []
+    for name in location.list_names(TRAJECTORIES):
+        if not name.isdigit() or not first <= int(name) < end or int(name) in listed:
+            continue
+        entry = _group_entry(location, name)
+        if entry is not None:
+            lost.append((entry, 0.0))
+    entries = sorted([*entries, *lost], key=lambda item: int(item[0]["trajectory_id"]))
+    counter = max([counter, *(int(e["trajectory_id"]) + 1 for e, _ in lost)])
+    index_log.IndexLog.for_repair(where).rewrite(entries, counter=counter, metadata=metadata)
+
+
+def _group_entry(location: Location, name: str) -> dict[str, Any] | None:
+    """The index entry a complete zarr trajectory group holds in its attributes, or None."""
+    try:
+        document = json.loads(location.read_bytes(TRAJECTORIES, name, "zarr.json"))
+        attrs = document["attributes"]
+        entry = {key: attrs[key] for key in ENTRY_KEYS}
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
+    if "fields" not in attrs or entry["trajectory_id"] != int(name):
+        return None
+    return entry
 
 
 def _check_metadata(documents: Documents, index: TrajectoryIndex, report: VerifyReport) -> None:
@@ -224,20 +302,32 @@ def _repair(layout: TrajectoryLayout, report: VerifyReport, drop_damaged: bool) 
     report.problems = remaining
     if not (rewrite or dropped):
         return
-    if not writer_slots(layout.location):
-        layout.write_documents(_documents_without(documents, index, dropped))
-    else:
-        # Many writers: each writer's documents are rewritten on their own.
-        for slot in [0, *writer_slots(layout.location)]:
-            own = read_slot_documents(layout.location, slot)
-            if own is None:
-                continue
-            own_index = TrajectoryIndex.from_documents(own, layout.location.url)
-            fixed = _documents_without(own, own_index, dropped)
-            if slot == 0:
-                layout.write_documents(fixed)
-            else:
-                write_documents(slot_location(layout.location, slot), fixed)
+    for slot in [0, *writer_slots(layout.location)]:
+        own = read_slot_documents(layout.location, slot)
+        if own is None:
+            continue
+        own_index = TrajectoryIndex.from_documents(own, layout.location.url)
+        fixed = _documents_without(own, own_index, dropped)
+        if slot_has_log(layout.location, slot):
+            listed = [
+                (dict(e), float(own.trajectory_index.get(COMMIT_TIMES, {}).get(str(i), 0.0)))
+                for i, e in (
+                    (int(k), fixed.trajectory_index["trajectory_index"][str(k)])
+                    for k in fixed.trajectory_index["trajectory_id_list"]
+                )
+            ]
+            metadata = {
+                k: v
+                for k, v in fixed.metadata.items()
+                if k not in {"size", "total_samples", "trajectory_counter"}
+            }
+            index_log.IndexLog.for_repair(slot_location(layout.location, slot)).rewrite(
+                listed, counter=own_index.trajectory_counter, metadata=metadata
+            )
+        if slot == 0:
+            layout.write_documents(fixed)
+        else:
+            write_documents(slot_location(layout.location, slot), fixed)
 
     _delete_dropped(layout, report, index, dropped)
 

@@ -29,6 +29,7 @@ from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import open_store
 from rbzarr.storage.row_reads import plan_misses
+from rbzarr.storage.writers import read_store_window
 from rbzarr.trajectory import tree
 from rbzarr.trajectory.model import Schema, Trajectory, validate
 
@@ -89,7 +90,9 @@ def open_buffer(
         ``on_damaged`` is not ``"raise"`` or ``"skip"``.
     """
     cache = LocalCacheBound.of(local_cache_dir, local_cache_bytes)
-    layout, documents = open_store(url, storage_options, {"zarr": cache.layout_options("zarr")})
+    layout, documents = open_store(
+        url, storage_options, {"zarr": cache.layout_options("zarr")}, window=sample_window_size
+    )
     return BufferView(
         layout,
         documents,
@@ -221,7 +224,7 @@ class BufferView:
 
     def refresh(self) -> None:
         """Re-read the index, picking up trajectories committed since the view was opened."""
-        self._set_documents(self.layout.read_documents())
+        self._set_documents(read_store_window(self.layout.location, self.sample_window_size))
 
     def sample(
         self, num_chunks: int, *, generator: torch.Generator | None = None

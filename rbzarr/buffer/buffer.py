@@ -129,6 +129,11 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         the id and the path), lists it in ``get_stats()["damaged_trajectories"]`` and
         draws the batch again from the same generator state, so the batches stay
         deterministic.  Unavailable storage still raises.
+    durable
+        With ``auto_save``: :meth:`flush` returns only when what it committed survives a
+        machine crash (locally every file, index record and folder is ``fsync``-ed; on S3 a
+        completed PUT is durable).  Off by default: a crash of the machine (not of the
+        process) may lose the last commits.
 
     Raises
     ------
@@ -166,6 +171,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         local_cache_bytes: int | None = None,
         check_finite: bool = False,
         on_damaged: str = "raise",
+        durable: bool = False,
     ) -> None:
         self._damaged = DamagedTrajectories(on_damaged)
         if prefetch < 0:
@@ -207,6 +213,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 metadata={"seed": seed},
                 # Not a bound method: the writer would keep the whole buffer alive.
                 on_committed=functools.partial(_materialize, self._lock, self._cache),
+                durable=durable,
             )
         self._schema: Schema | None = (
             None if self._committer is None else self._committer.stored_schema
@@ -219,7 +226,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         )
         self._warmed: tuple[int, ...] = ()
         if self._committer is not None:
-            self.local_cache.check_shapes(self._schema, self._committer.committed_shapes())
+            self.local_cache.check_shapes(self._schema, [(self._committer.largest_committed, 1)])
 
     # -- plumbing -----------------------------------------------------------------------
     def _layout(self, location: Location, trajectory_format: str) -> TrajectoryLayout:
@@ -748,6 +755,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             share_of=share_of,
             warm_capacity=self._cache.capacity,
             strict=strict,
+            window=self.sample_window_size,
         )
         with self._add_lock:
             self._check_open()
@@ -762,6 +770,9 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             loaded.schema, [tuple(e["shape"][:2]) for e in loaded.share.entries.values()]
         )
         self._index.load_state_dict(loaded.share.state_dict())
+        if self._committer is not None and loaded.source.location.url != self._committer.url:
+            # Imported into this store: only what was copied (the window) is counted.
+            self._index.clear_earlier()
         if self._committer is not None:
             # Never an id of another writer's slot of a shared store.
             self._index.trajectory_counter = self._committer.first_free_id(

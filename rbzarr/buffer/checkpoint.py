@@ -24,11 +24,16 @@ from rbzarr.errors import (
     InvalidTrajectoryError,
     StoreExistsError,
 )
-from rbzarr.storage.documents import Entry
+from rbzarr.storage.documents import Documents, Entry
 from rbzarr.storage.layout import TrajectoryLayout, check_entry_shape
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import stored_format
-from rbzarr.storage.writers import read_store_documents, store_has_documents
+from rbzarr.storage.writers import (
+    read_store_documents,
+    read_store_metadata,
+    read_store_window,
+    store_has_documents,
+)
 from rbzarr.trajectory.model import Schema
 from rbzarr.trajectory.validated import ValidatedTrajectory
 
@@ -73,7 +78,7 @@ def format_at(location: Location) -> str | None:
     """The format of the store at ``location`` (``"pt"`` if unnamed, as RLinf), else ``None``."""
     if not store_has_documents(location):
         return None
-    return stored_format(read_store_documents(location))
+    return stored_format(Documents(read_store_metadata(location), {}))
 
 
 # -- saving -----------------------------------------------------------------------------------
@@ -133,9 +138,14 @@ def load(
     share_of: tuple[int, int] | None = None,
     warm_capacity: int | None = None,
     strict: bool = False,
+    window: int | None = None,
 ) -> LoadedCheckpoint:
-    """Read the checkpoint at ``location`` (or this rank's share) before anything changes."""
-    documents = read_store_documents(location)
+    """Read the checkpoint at ``location`` (or this rank's share) before anything changes;
+    with a ``window``, a large store's last ``window`` trajectories (and the cache's)."""
+    if share_of is None and window is not None and window > 0:
+        documents = read_store_window(location, max(window, warm_capacity or 0))
+    else:
+        documents = read_store_documents(location)
     full = TrajectoryIndex.from_documents(documents, location.url)
     share = full if share_of is None else full.shard(*share_of)
     is_partial = share.id_list != full.id_list

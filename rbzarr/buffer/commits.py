@@ -24,6 +24,7 @@ import contextlib
 import functools
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -31,20 +32,26 @@ import torch
 
 from rbzarr.buffer.background import DEFAULT_TIMEOUT, BackgroundWriter
 from rbzarr.buffer.checkpoint import LoadedCheckpoint, is_rbzarr_store, schema_from_json
-from rbzarr.buffer.index import TrajectoryIndex
+from rbzarr.buffer.index import FORMAT_VERSION, TrajectoryIndex
 from rbzarr.buffer.writers import WriterSlot
-from rbzarr.errors import CheckpointConflictError, StoreExistsError
+from rbzarr.errors import CheckpointConflictError, StorageUnavailableError, StoreExistsError
 from rbzarr.storage.backends import permanent_cause, translate_errors
 from rbzarr.storage.deadlines import deadline_options
 from rbzarr.storage.documents import Documents, Entry
+from rbzarr.storage.index_log import IndexLog
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.registry import stored_format
 from rbzarr.storage.writable import check_writable
-from rbzarr.storage.writers import COMMIT_TIMES
 from rbzarr.trajectory.model import Schema
 from rbzarr.trajectory.validated import ValidatedTrajectory
 
-__all__ = ["StoreCommitter"]
+__all__ = ["DOCUMENTS_INTERVAL", "RLINF_FORMATS", "StoreCommitter"]
+
+# Formats whose stores RLinf reads: their two documents are kept whole and exact.
+RLINF_FORMATS = frozenset({"pt", "pkl"})
+# Seconds between rewrites of RLinf's documents while commits go on (flush and close also
+# rewrite them).
+DOCUMENTS_INTERVAL = 5.0
 
 
 class StoreCommitter:
@@ -57,8 +64,10 @@ class StoreCommitter:
         max_pending_writes: int = 8,
         metadata: Mapping[str, Any] | None = None,
         on_committed: Callable[[int], None] | None = None,
+        durable: bool = False,
     ) -> None:
         self.layout = layout
+        self.durable = durable
         # Called on the writer thread with each committed id, holding none of this object's
         # locks: it must not block (the writes behind it wait), and what it raises is ignored.
         self._on_committed = on_committed
@@ -66,18 +75,35 @@ class StoreCommitter:
             max_pending=max_pending_writes, target=layout.location.url, permanent=permanent_cause
         )
         self._lock = threading.Lock()
+        # Serialises the rewrites of RLinf's documents (the writer thread, flush and close).
+        self._documents_lock = threading.Lock()
         self._metadata = dict(metadata or {})
         self._pending: dict[int, ValidatedTrajectory] = {}
+        self._unrecorded: list[dict[str, Any]] = []  # data complete, not in a record yet
         self.stored_schema: Schema | None = None
-        self._commit_times: dict[int, float] = {}
+        self._counter = 0  # the next id: above everything committed or written
         self._check_folder()
         self.slot = WriterSlot.claim(layout)
         try:
-            self._committed = self._read_existing()
+            # RLinf's formats keep RLinf's documents, exact and whole (RLinf reads them; the
+            # index stays in memory); the others keep an append-only log.
+            self._check_existing()
+            self._log: IndexLog | None = None
+            if layout.format not in RLINF_FORMATS:
+                self._log = self.slot.open_log(durable=durable)
+            self._read_counter()
+            self._documents: TrajectoryIndex | None = None
+            if self._log is None:
+                self._documents = self._full_index()
+                self._counter = max(self._counter, self._documents.trajectory_counter)
         except BaseException:
             self.slot.release()
             raise
-        self._claimed = self.slot.has_documents()
+        self._claimed = self._log is not None and not self._log.is_empty()
+        self._claimed = self._claimed or (self._log is None and self.slot.has_documents())
+        self._documents_dirty = False
+        self._documents_written = time.monotonic()
+        self._recorded = False  # whether this writer committed anything
 
     def _check_folder(self) -> None:
         """Refuse an ``auto_save_path`` that is a file."""
@@ -91,34 +117,37 @@ class StoreCommitter:
             )
         check_writable(location)
 
-    def _read_existing(self) -> TrajectoryIndex:
-        """This slot's index of the store already here (empty if none); sets ``stored_schema``."""
-        location = self.layout.location
-        committed = TrajectoryIndex(trajectory_counter=self.slot.first_id)
+    def _check_existing(self) -> None:
+        """Refuse a store of another format already here; set ``stored_schema``."""
         if self.layout.has_documents():
-            # Every writer's documents (the union) name the store's format and schema.
-            union = self.layout.read_documents()
-            self._check_format(union)
-            self.stored_schema = schema_from_json(union.metadata.get("schema"))
-        documents = self.slot.read_documents()
-        if documents is not None:
-            committed = TrajectoryIndex.from_documents(documents, location.url)
-            if not is_rbzarr_store(documents.metadata):
-                # RLinf lists ids it never saved; rbzarr's documents list only what exists.
-                present = set(self.layout.list_ids())
-                committed = committed.subset(i for i in committed.id_list if i in present)
-            times = documents.trajectory_index.get(COMMIT_TIMES, {})
-            self._commit_times = {int(i): float(t) for i, t in times.items()}
-        # Data the documents do not list (an interrupted write) keeps its id too.
-        stored = [i for i in self.layout.list_ids() if self.slot.owns(i)]
-        committed.trajectory_counter = max(
-            committed.trajectory_counter, self.slot.first_id, max(stored, default=-1) + 1
-        )
-        return committed
+            # Every writer's metadata names the store's format and schema.
+            metadata = self.layout.read_store_metadata()
+            self._check_format(metadata)
+            self.stored_schema = schema_from_json(metadata.get("schema"))
 
-    def _check_format(self, documents: Documents) -> None:
+    def _read_counter(self) -> None:
+        """The next id of this slot: above everything it committed or left written."""
+        logged = 0 if self._log is None else self._log.trajectory_counter
+        self._counter = max(logged, self.slot.first_id)
+        # Data no record lists (a write interrupted by a crash) keeps its id too.
+        self._counter = self.slot.first_unused_id(self._counter)
+
+    def _full_index(self) -> TrajectoryIndex:
+        """Every trajectory this slot committed (reads the whole log)."""
+        documents = self.slot.read_documents()
+        if documents is None:
+            return TrajectoryIndex(trajectory_counter=self._counter)
+        index = TrajectoryIndex.from_documents(documents, self.url)
+        if not is_rbzarr_store(documents.metadata):
+            # RLinf lists ids it never saved; rbzarr's documents list only what exists.
+            present = set(self.layout.list_ids())
+            index = index.subset(i for i in index.id_list if i in present)
+        index.trajectory_counter = max(index.trajectory_counter, self._counter)
+        return index
+
+    def _check_format(self, metadata: Mapping[str, Any]) -> None:
         """Refuse a store of another format than this buffer writes."""
-        fmt = stored_format(documents)
+        fmt = stored_format(Documents(dict(metadata), {}))
         if fmt != self.layout.format:
             raise StoreExistsError(
                 f"auto_save_path {self.url} holds a {fmt!r} store and this buffer "
@@ -141,7 +170,7 @@ class StoreCommitter:
     def next_id(self) -> int:
         """The smallest id above everything committed or queued here."""
         with self._lock:
-            return max(self._committed.trajectory_counter, max(self._pending, default=-1) + 1)
+            return max(self._counter, max(self._pending, default=-1) + 1)
 
     @property
     def pending(self) -> int:
@@ -153,15 +182,20 @@ class StoreCommitter:
         """The error the current write keeps failing with, if any."""
         return self._writer.last_error
 
+    @property
+    def largest_committed(self) -> int:
+        """The largest ``T * B`` of the trajectories committed to this slot."""
+        with self._lock:
+            if self._log is not None:
+                return self._log.max_rows
+            assert self._documents is not None  # kept whenever there is no log
+            entries = self._documents.entries.values()
+            return max((int(e["shape"][0]) * int(e["shape"][1]) for e in entries), default=0)
+
     def pending_trajectory(self, trajectory_id: int) -> ValidatedTrajectory | None:
         """The in-memory copy of a trajectory whose data is not complete yet, else ``None``."""
         with self._lock:
             return self._pending.get(trajectory_id)
-
-    def committed_shapes(self) -> list[tuple[int, int]]:
-        """``(T, B)`` of every trajectory committed to the store."""
-        with self._lock:
-            return [tuple(e["shape"][:2]) for e in self._committed.entries.values()]
 
     def warm(self, entries: Iterable[Entry]) -> None:
         """Tell the layout which committed trajectories form the sample window (a layout with
@@ -199,37 +233,84 @@ class StoreCommitter:
         self._writer.submit([functools.partial(self._commit, dict(e), t) for e, t in items])
 
     def _commit(self, entry: dict[str, Any], trajectory: ValidatedTrajectory) -> None:
-        """Writer thread: the data, then (last of a burst) the documents that list it."""
+        """Writer thread: the data, then (last of a burst) one log record listing the burst."""
         # A new store is first committed empty (claimed), so a crash during its first write
         # leaves a store that loads.
         if not self._claimed:
-            with self._lock:
-                documents = self._committed.to_documents(self.layout.format, self._metadata)
-                times = dict(self._commit_times)
-            self.slot.write_documents(documents, times)
+            self._record([])
+            self.flush_documents()
             self._claimed = True
         self.layout.write(entry, trajectory)  # validated once, on add: not again
         trajectory_id = int(entry["trajectory_id"])
         with self._lock:
-            committed = self._committed
-            if trajectory_id not in committed.entries:
-                committed.entries[trajectory_id] = entry
-                committed.id_list.append(trajectory_id)
-                self._commit_times[trajectory_id] = time.time()
-            committed.trajectory_counter = max(committed.trajectory_counter, trajectory_id + 1)
+            self._unrecorded.append(entry)
+            self._counter = max(self._counter, trajectory_id + 1)
             # The data is complete and readable from the store from here on.
             self._pending.pop(trajectory_id, None)
             # With more writes queued behind this one, the last of them commits for all.
             last = self._writer.pending <= 1
-            documents = committed.to_documents(self.layout.format, self._metadata)
-            times = dict(self._commit_times)
         if last:
-            self.slot.write_documents(documents, times)
+            self._record_unrecorded()
         if self._on_committed is not None:
             # The commit stands whatever the callback does: a failure must not make the
             # writer retry (and rewrite) a trajectory that is already listed.
             with contextlib.suppress(Exception):
                 self._on_committed(trajectory_id)
+
+    def _record_unrecorded(self) -> None:
+        """Writer thread: list every trajectory whose data is complete in one record."""
+        with self._lock:
+            entries, self._unrecorded = self._unrecorded, []
+        if entries:
+            self._record(entries)
+        if self._documents is not None and time.monotonic() - self._documents_written >= (
+            DOCUMENTS_INTERVAL
+        ):
+            self._write_documents()
+
+    def _record(self, entries: Sequence[dict[str, Any]]) -> None:
+        """Append one record listing ``entries`` (whose data is complete)."""
+        with self._lock:
+            metadata = {
+                **self._metadata,
+                **self.layout.format_metadata(),
+                "trajectory_format": self.layout.format,
+                "rbzarr_format_version": FORMAT_VERSION,
+            }
+            counter = self._counter
+        if self._log is not None:
+            self._log.append(entries, counter=counter, metadata=metadata)
+        self._recorded = True
+        if self._documents is not None:
+            with self._lock:
+                for entry in entries:
+                    trajectory_id = int(entry["trajectory_id"])
+                    if trajectory_id not in self._documents.entries:
+                        self._documents.entries[trajectory_id] = dict(entry)
+                        self._documents.id_list.append(trajectory_id)
+                self._documents.trajectory_counter = max(
+                    self._documents.trajectory_counter, counter
+                )
+                self._documents_dirty = True
+
+    def _write_documents(self, mirror: bool = False) -> None:
+        """Rewrite RLinf's two documents whole if commits changed them (pt / pkl), or, with
+        ``mirror``, a log's full mirror (at close)."""
+        with self._documents_lock:
+            if self._documents is None:
+                if not mirror or self._log is None or self._log.is_empty():
+                    return
+                index = self._full_index()
+            else:
+                with self._lock:
+                    if not self._documents_dirty:
+                        return
+                    index = self._documents.subset(self._documents.id_list)
+                    self._documents_dirty = False
+            with self._lock:
+                metadata = dict(self._metadata)
+            self.slot.write_documents(index.to_documents(self.layout.format, metadata))
+            self._documents_written = time.monotonic()
 
     def copy_to(self, target: TrajectoryLayout, entry: Entry) -> None:
         """Copy one trajectory into ``target`` (a checkpoint), whether committed or not."""
@@ -242,17 +323,17 @@ class StoreCommitter:
 
     def adopt(self, loaded: LoadedCheckpoint) -> None:
         """Make the store hold a loaded checkpoint's trajectories, so it stays self-contained."""
-        if loaded.source.location.url == self.url and loaded.is_partial:
-            raise CheckpointConflictError(
-                f"{self.url}: a rank's share cannot continue in place in the shared "
-                "auto_save store: ranks appending to one store would write the same new ids; "
-                "give each rank its own auto_save_path"
-            )
-        share = loaded.share
         if loaded.source.location.url == self.url:
-            # Continuing in place: other writers' trajectories stay listed by their documents.
-            share = share.subset(i for i in share.id_list if self.slot.owns(i))
-        elif self.slot.slot != 0 and not all(self.slot.owns(i) for i in share.id_list):
+            if loaded.is_partial:
+                raise CheckpointConflictError(
+                    f"{self.url}: a rank's share cannot continue in place in the shared "
+                    "auto_save store: ranks appending to one store would write the same new "
+                    "ids; give each rank its own auto_save_path"
+                )
+            # Continuing in place: the store lists every trajectory of the share already.
+            return
+        share = loaded.share
+        if self.slot.slot != 0 and not all(self.slot.owns(i) for i in share.id_list):
             raise CheckpointConflictError(
                 f"{self.url} has other writers: this buffer writes its slot {self.slot.slot} "
                 f"(ids from {self.slot.first_id}) and cannot import the checkpoint "
@@ -265,8 +346,7 @@ class StoreCommitter:
         """Make the store hold ``index``'s trajectories too, copied from ``source``."""
         # Call with no write queued (after flush); what the store holds already (same id and
         # uuid) is not copied again.
-        with self._lock:
-            known = dict(self._committed.entries)
+        known = self._full_index().entries
         unlisted = {i for i in self.layout.list_ids() if self.slot.owns(i)} - set(known)
         clashes = [
             i
@@ -279,29 +359,54 @@ class StoreCommitter:
                 f"{clashes} of the checkpoint {source.location.url}; nothing was loaded: build "
                 "the buffer with a new auto_save_path to load this checkpoint"
             )
+        copied = []
         for trajectory_id in index.id_list:
             if trajectory_id not in known:
                 source.copy_to(self.layout, index.entries[trajectory_id])
-        counter = self.first_free_id(index.trajectory_counter)
+                copied.append(dict(index.entries[trajectory_id]))
         with self._lock:
-            for trajectory_id in index.id_list:
-                if trajectory_id not in self._committed.entries:
-                    self._committed.entries[trajectory_id] = dict(index.entries[trajectory_id])
-                    self._committed.id_list.append(trajectory_id)
-                    self._commit_times[trajectory_id] = time.time()
-            self._committed.trajectory_counter = counter
-            documents = self._committed.to_documents(self.layout.format, self._metadata)
-            times = dict(self._commit_times)
-        self.slot.write_documents(documents, times)
+            self._counter = max(self._counter, self.first_free_id_locked(index.trajectory_counter))
+        self._record(copied)
+        self.flush_documents()
+
+    def first_free_id_locked(self, counter: int) -> int:
+        """:meth:`first_free_id` for a caller holding the lock."""
+        next_id = max(self._counter, max(self._pending, default=-1) + 1)
+        return counter if self.slot.owns(counter) and counter >= next_id else next_id
+
+    def _fold(self) -> None:
+        """At close: compact the log and write the documents' mirror.  Every commit is in a
+        record already, so a failing store only leaves this for the next close (a warning)."""
+        try:
+            if self._log is not None:
+                self._log.compact()
+            self._write_documents(mirror=True)
+        except StorageUnavailableError as exc:
+            warnings.warn(
+                f"{self.url}: every commit is stored, but folding the index log at close "
+                f"failed ({exc}); the next writer's close folds it",
+                UserWarning,
+                stacklevel=3,
+            )
+
+    def flush_documents(self) -> None:
+        """Rewrite RLinf's documents now if commits changed them (pt / pkl stores)."""
+        if self._documents is not None:
+            self._write_documents()
 
     def flush(self, timeout: float = DEFAULT_TIMEOUT) -> None:
-        """Wait until every queued write is committed."""
+        """Wait until every queued write is committed (and RLinf's documents rewritten)."""
         self._writer.flush(timeout)
+        self.flush_documents()
 
     def close(self, timeout: float = DEFAULT_TIMEOUT, wait: bool = True) -> None:
-        """Stop accepting writes, wait for the queued ones (unless ``wait`` is false), then
-        give the writer slot up."""
-        self._writer.close(timeout, wait)
-        # Without waiting, the writes left are abandoned (lost if this process ends): the
-        # slot is given up as a killed writer's would be.
-        self.slot.release()
+        """Stop accepting writes, wait for the queued ones (unless ``wait`` is false), fold
+        the log and write the documents' mirror, then give the writer slot up."""
+        try:
+            self._writer.close(timeout, wait)
+            if wait and self._writer.last_error is None and self._recorded:
+                self._fold()
+        finally:
+            # Without waiting, the writes left are abandoned (lost if this process ends): the
+            # slot is given up as a killed writer's would be.
+            self.slot.release()

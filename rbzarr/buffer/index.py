@@ -15,6 +15,7 @@ import torch
 
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.documents import Documents
+from rbzarr.storage.writers import earlier_counts
 
 __all__ = ["FORMAT_VERSION", "TrajectoryIndex", "shard_bounds"]
 
@@ -36,19 +37,31 @@ def shard_bounds(count: int, rank: int, world_size: int) -> tuple[int, int]:
 
 @dataclass
 class TrajectoryIndex:
-    """Index entries by id, their insertion order (windows and shards follow it), the counter."""
+    """Index entries by id, their insertion order (windows and shards follow it), the counter.
+
+    An index read from the last trajectories of a large store holds only those: ``earlier``
+    and ``earlier_samples`` count the trajectories before them, which it does not hold
+    (``len`` and :attr:`total_samples` include them).
+    """
 
     entries: dict[int, dict[str, Any]] = field(default_factory=dict)
     id_list: list[int] = field(default_factory=list)
     trajectory_counter: int = 0
+    earlier: int = 0
+    earlier_samples: int = 0
 
     def __len__(self) -> int:
-        return len(self.id_list)
+        return self.earlier + len(self.id_list)
 
     @property
     def total_samples(self) -> int:
         """Samples over every listed trajectory."""
-        return sum(int(self.entries[i]["num_samples"]) for i in self.id_list)
+        return self.earlier_samples + sum(int(self.entries[i]["num_samples"]) for i in self.id_list)
+
+    @property
+    def is_complete(self) -> bool:
+        """Whether the index holds every trajectory it counts."""
+        return self.earlier == 0
 
     def new_entry(
         self, shape: Iterable[int], max_episode_length: int, model_weights_id: str
@@ -75,6 +88,10 @@ class TrajectoryIndex:
         self.entries[trajectory_id] = dict(entry)
         self.id_list.append(trajectory_id)
 
+    def clear_earlier(self) -> None:
+        """Forget the trajectories counted but not held (the index becomes what it holds)."""
+        self.earlier = self.earlier_samples = 0
+
     def remove(self, ids: Iterable[int]) -> None:
         """Drop ``ids`` from the index (the counter stays: their ids are never reused)."""
         gone = set(ids)
@@ -83,7 +100,19 @@ class TrajectoryIndex:
             self.entries.pop(i, None)
 
     def window(self, size: int) -> list[int]:
-        """The last ``size`` ids, oldest first; all of them when ``size <= 0``."""
+        """The last ``size`` ids, oldest first; all of them when ``size <= 0``.
+
+        Raises
+        ------
+        ValueError
+            The window reaches before the trajectories the index holds.
+        """
+        if (size <= 0 or size > len(self.id_list)) and not self.is_complete:
+            raise ValueError(
+                f"a window of {size} trajectories reaches past the last {len(self.id_list)} "
+                "this index holds: it was opened with a smaller sample_window_size (open or "
+                "load the store again with this window)"
+            )
         return list(self.id_list) if size <= 0 else self.id_list[-size:]
 
     def sample_counts(self, ids: Iterable[int]) -> torch.Tensor:
@@ -100,18 +129,24 @@ class TrajectoryIndex:
         )
 
     def shard(self, rank: int, world_size: int) -> TrajectoryIndex:
-        """This rank's contiguous share; its counter is ``max(id) + 1`` (0 for an empty share)."""
+        """This rank's contiguous share; its counter is ``max(id) + 1`` (0 for an empty share).
+
+        Call it on a complete index (:attr:`is_complete`).
+        """
         start, end = shard_bounds(len(self.id_list), rank, world_size)
         share = self.subset(self.id_list[start:end])
         share.trajectory_counter = max(share.id_list, default=-1) + 1
         return share
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-ready copies: ``{"entries", "id_list", "trajectory_counter"}``."""
+        """JSON-ready copies: ``{"entries", "id_list", "trajectory_counter", "earlier",
+        "earlier_samples"}``."""
         return {
             "entries": {str(i): dict(entry) for i, entry in self.entries.items()},
             "id_list": list(self.id_list),
             "trajectory_counter": self.trajectory_counter,
+            "earlier": self.earlier,
+            "earlier_samples": self.earlier_samples,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -119,9 +154,19 @@ class TrajectoryIndex:
         self.entries = {int(i): dict(entry) for i, entry in state["entries"].items()}
         self.id_list = [int(i) for i in state["id_list"]]
         self.trajectory_counter = int(state["trajectory_counter"])
+        self.earlier = int(state.get("earlier", 0))
+        self.earlier_samples = int(state.get("earlier_samples", 0))
 
     def to_documents(self, trajectory_format: str, extra: Mapping[str, Any]) -> Documents:
-        """Both JSON documents in RLinf's schema; ``extra`` adds metadata keys."""
+        """Both JSON documents in RLinf's schema; ``extra`` adds metadata keys.
+
+        Raises
+        ------
+        ValueError
+            The index does not hold every trajectory it counts.
+        """
+        if not self.is_complete:
+            raise ValueError("an index of the last trajectories only cannot be written whole")
         metadata = {
             "trajectory_format": trajectory_format,
             "size": len(self.id_list),
@@ -163,7 +208,8 @@ class TrajectoryIndex:
             )
         for i in id_list:
             _check_entry(entries[i], i, where)
-        return cls(entries=entries, id_list=id_list, trajectory_counter=counter)
+        earlier, earlier_samples = earlier_counts(documents.trajectory_index)
+        return cls(entries, id_list, counter, earlier, earlier_samples)
 
 
 def _check_entry(entry: dict[str, Any], trajectory_id: int, where: str) -> None:

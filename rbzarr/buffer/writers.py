@@ -9,15 +9,20 @@ is held until the buffer closes.
 from __future__ import annotations
 
 import itertools
-import time
-from collections.abc import Mapping
 
-from rbzarr.errors import StoreExistsError
+from rbzarr.errors import CorruptStoreError, StoreExistsError
 from rbzarr.storage import documents as store_documents
 from rbzarr.storage.claims import SlotClaim
 from rbzarr.storage.documents import Documents
+from rbzarr.storage.index_log import IndexLog
 from rbzarr.storage.layout import TrajectoryLayout
-from rbzarr.storage.writers import COMMIT_TIMES, WRITERS, id_range, read_slot_documents
+from rbzarr.storage.writers import (
+    COMMIT_TIMES,
+    WRITERS,
+    id_range,
+    read_slot_documents,
+    slot_has_documents,
+)
 from rbzarr.storage.writers import slot_location as documents_location
 
 __all__ = ["MANY_WRITER_FORMATS", "WriterSlot"]
@@ -70,29 +75,71 @@ class WriterSlot:
         return self.first_id <= trajectory_id < self.end_id
 
     def has_documents(self) -> bool:
-        """Whether this slot has committed documents already."""
-        where = documents_location(self.layout.location, self.slot)
-        return store_documents.documents_exist(where)
+        """Whether this slot has committed anything already."""
+        return slot_has_documents(self.layout.location, self.slot)
 
     def read_documents(self) -> Documents | None:
         """This slot's own documents, or ``None`` before its first commit."""
         return read_slot_documents(self.layout.location, self.slot)
 
-    def write_documents(self, documents: Documents, commit_times: Mapping[int, float]) -> None:
-        """Commit this slot's documents (slot 0 through the layout, as a lone writer does)."""
+    def open_log(self, *, durable: bool = False) -> IndexLog:
+        """This slot's index log; a slot committed by an earlier rbzarr (documents, no log)
+        is upgraded in place: its index becomes the log's first segments, no data moves."""
+        where = documents_location(self.layout.location, self.slot)
+        log = IndexLog(where, durable=durable)
+        if log.is_empty() and store_documents.documents_exist(where):
+            documents = store_documents.read_documents(where)
+            index = documents.trajectory_index
+            ids = index.get("trajectory_id_list")
+            entries = index.get("trajectory_index")
+            if not isinstance(ids, list) or not isinstance(entries, dict):
+                raise CorruptStoreError(
+                    f"{where.url}/{store_documents.INDEX_FILE}: malformed index"
+                )
+            if "rbzarr_format_version" not in documents.metadata:
+                # RLinf lists ids it never saved: the log lists only what exists.
+                present = set(self.layout.list_ids())
+                ids = [i for i in ids if i in present]
+            times = index.get(COMMIT_TIMES, {})
+            try:
+                listed = [(dict(entries[str(i)]), float(times.get(str(i), 0.0))) for i in ids]
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise CorruptStoreError(
+                    f"{where.url}/{store_documents.INDEX_FILE}: malformed index: {exc!r}"
+                ) from exc
+            counter = max(
+                int(documents.metadata.get("trajectory_counter", 0)),
+                max((int(i) for i in ids), default=-1) + 1,
+            )
+            metadata = {
+                k: v
+                for k, v in documents.metadata.items()
+                if k not in {"size", "total_samples", "trajectory_counter"}
+            }
+            log.rewrite(listed, counter=counter, metadata=metadata)
+        return log
+
+    def first_unused_id(self, counter: int) -> int:
+        """The first id from ``counter`` up that no data in the store has (a crash may leave
+        a trajectory written but never listed); probes ids, never lists the store."""
+        while self.owns(counter) and self.layout.location.exists(
+            *self.layout.trajectory_path({"trajectory_id": counter, "model_weights_id": ""})
+        ):
+            counter += 1
+        if self.layout.format in MANY_WRITER_FORMATS:
+            return counter
+        # pt / pkl file names hold model_weights_id: only a listing finds them.
+        stored = [i for i in self.layout.list_ids() if self.owns(i)]
+        return max(counter, max(stored, default=-1) + 1)
+
+    def write_documents(self, documents: Documents) -> None:
+        """Rewrite this slot's two documents whole (slot 0 through the layout, as a lone
+        writer does)."""
         if self.slot == 0:
             self.layout.write_documents(documents)
             return
-        index = {
-            **documents.trajectory_index,
-            COMMIT_TIMES: {
-                str(i): commit_times.get(i, time.time())
-                for i in documents.trajectory_index["trajectory_id_list"]
-            },
-        }
         store_documents.write_documents(
-            documents_location(self.layout.location, self.slot),
-            Documents(documents.metadata, index),
+            documents_location(self.layout.location, self.slot), documents
         )
 
     def release(self) -> None:

@@ -207,11 +207,21 @@ class TrajectoryLayout(ABC):
         """Both documents, the union of every writer's (see :mod:`rbzarr.storage.writers`)."""
         return store_writers.read_store_documents(self.location)
 
+    def format_metadata(self) -> dict[str, Any]:
+        """Keys this layout adds to ``metadata.json`` to describe its format (none here)."""
+        return {}
+
+    def read_store_metadata(self) -> dict[str, Any]:
+        """The store's ``metadata.json`` keys, without reading its index."""
+        return store_writers.read_store_metadata(self.location)
+
     def listed_ids(self) -> list[int] | None:
         """The ids the index documents list, or ``None`` when no writer committed any."""
         if not store_writers.store_has_documents(self.location):
             return None
-        if not store_writers.writer_slots(self.location):
+        if not store_writers.writer_slots(self.location) and not store_writers.slot_has_log(
+            self.location, 0
+        ):
             return store_documents.read_listed_ids(self.location)
         return list(self.read_documents().trajectory_index["trajectory_id_list"])
 

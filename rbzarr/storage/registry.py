@@ -17,7 +17,7 @@ from typing import Any
 from rbzarr.storage.documents import Documents
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
-from rbzarr.storage.writers import read_store_documents
+from rbzarr.storage.writers import read_store_window
 
 __all__ = ["known_formats", "layout_class", "open_store", "register_layout", "stored_format"]
 
@@ -69,15 +69,17 @@ def open_store(
     url: str | os.PathLike[str] | Location,
     storage_options: Mapping[str, Any] | None = None,
     layout_options: Mapping[str, Mapping[str, Any]] | None = None,
+    window: int | None = None,
 ) -> tuple[TrajectoryLayout, Documents]:
     """Open the existing store at ``url`` in the layout its metadata names, with its documents
     (the union of every writer's).
 
     ``layout_options`` holds keyword arguments for the layout by format name (only the stored
-    format's apply).
+    format's apply).  With a ``window`` of trajectories, a large store's documents hold only
+    its last ``window`` (:func:`~rbzarr.storage.writers.read_store_window`).
     """
     location = Location.from_url(url, storage_options)
-    documents = read_store_documents(location)
+    documents = read_store_window(location, window)
     fmt = stored_format(documents)
     options = dict((layout_options or {}).get(fmt, {}))
     return layout_class(fmt)(location, **options), documents

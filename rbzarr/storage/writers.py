@@ -17,21 +17,30 @@ are otherwise unchanged.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rbzarr.errors import CorruptStoreError
+from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
 from rbzarr.storage import documents as store_documents
+from rbzarr.storage import index_log
 from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents
 from rbzarr.storage.location import Location
 
 __all__ = [
     "COMMIT_TIMES",
+    "EARLIER",
+    "WHOLE_INDEX_BELOW",
     "ID_STRIDE",
     "WRITERS",
     "id_range",
+    "earlier_counts",
+    "log_documents",
     "read_slot_documents",
     "read_store_documents",
+    "read_store_metadata",
+    "read_store_window",
+    "slot_has_documents",
+    "slot_has_log",
     "slot_location",
     "store_has_documents",
     "writer_slots",
@@ -40,6 +49,10 @@ __all__ = [
 WRITERS = "writers"
 # Ids of slot s are [s * ID_STRIDE, (s + 1) * ID_STRIDE).
 ID_STRIDE = 1_000_000_000
+# Stores of at most this many trajectories are read whole even by an open with a window.
+WHOLE_INDEX_BELOW = 10_000
+# Key of a windowed read's index document: the counts of the trajectories it left out.
+EARLIER = "rbzarr_earlier"
 # Key of a slot's index document: the commit time (seconds since the epoch) of each listed id.
 COMMIT_TIMES = "rbzarr_commit_times"
 
@@ -63,34 +76,111 @@ def writer_slots(location: Location) -> list[int]:
     return sorted(slot for slot in slots if slot >= 1)
 
 
+def log_documents(state: index_log.SlotIndex) -> Documents:
+    """A slot's documents in RLinf's schema, made from its log (commit times included)."""
+    metadata = {
+        **state.metadata,
+        "size": state.size,
+        "total_samples": state.total_samples,
+        "trajectory_counter": state.trajectory_counter,
+    }
+    index = {
+        "trajectory_index": {str(e["trajectory_id"]): e for e, _ in state.entries},
+        "trajectory_id_list": [e["trajectory_id"] for e, _ in state.entries],
+        COMMIT_TIMES: {str(e["trajectory_id"]): t for e, t in state.entries},
+    }
+    return Documents(metadata, index)
+
+
 def read_slot_documents(location: Location, slot: int) -> Documents | None:
-    """One slot's own documents, or ``None`` when it has committed none."""
+    """One slot's own documents (from its log when it keeps one), or ``None`` when it has
+    committed none."""
     where = slot_location(location, slot)
+    if index_log.has_log(where):
+        return log_documents(index_log.read_slot_index(where))
     if not store_documents.documents_exist(where):
         return None
     return store_documents.read_documents(where)
 
 
-def _committed_slot_documents(location: Location, slot: int) -> Documents | None:
+def _committed_slot_documents(
+    location: Location, slot: int, last: int | None = None
+) -> Documents | None:
     """A slot's documents as readers see them: none until its first commit is complete
-    (the index is written first, the metadata last), so a reader never races it."""
+    (the index is written first, the metadata last), so a reader never races it; only the
+    last ``last`` entries of a log."""
     where = slot_location(location, slot)
+    if index_log.has_log(where):
+        state = index_log.read_slot_index(where, last)
+        documents = log_documents(state)
+        if last is not None:
+            earlier = state.size - len(state.entries)
+            held = sum(int(e["num_samples"]) for e, _ in state.entries)
+            documents.trajectory_index[EARLIER] = {
+                "size": earlier,
+                "total_samples": state.total_samples - held,
+            }
+        return documents
     if not where.exists(METADATA_FILE):
         return None
     return store_documents.read_documents(where)
 
 
+def slot_has_log(location: Location, slot: int) -> bool:
+    """Whether ``slot`` keeps its index as a log (:mod:`rbzarr.storage.index_log`)."""
+    return index_log.has_log(slot_location(location, slot))
+
+
+def slot_has_documents(location: Location, slot: int) -> bool:
+    """Whether ``slot`` has committed anything (a log or documents)."""
+    where = slot_location(location, slot)
+    return index_log.has_log(where) or store_documents.documents_exist(where)
+
+
 def store_has_documents(location: Location) -> bool:
     """Whether any writer (the root or a slot) has committed documents at ``location``."""
-    if store_documents.documents_exist(location):
+    if slot_has_documents(location, 0):
         return True
-    return any(
-        store_documents.documents_exist(slot_location(location, s)) for s in writer_slots(location)
+    return any(slot_has_documents(location, s) for s in writer_slots(location))
+
+
+def read_store_metadata(location: Location) -> dict[str, Any]:
+    """The store's ``metadata.json`` keys (the root's, else the first slot's), without
+    reading any index.
+
+    Raises
+    ------
+    CheckpointNotFoundError
+        No writer has committed anything.
+    """
+    for slot in [0, *writer_slots(location)]:
+        where = slot_location(location, slot)
+        if index_log.has_log(where):
+            return index_log.read_slot_index(where, last=0).metadata
+        if where.exists(METADATA_FILE):
+            return store_documents.read_documents(where).metadata
+    raise CheckpointNotFoundError(
+        f"{location.url}/{METADATA_FILE} not found: not an rbzarr or RLinf store"
     )
 
 
-def read_store_documents(location: Location) -> Documents:
+def read_store_documents(location: Location, last: int | None = None) -> Documents:
     """The union of every writer's documents at ``location`` (the root's alone if no slot).
+
+    Parameters
+    ----------
+    location
+        The store's root.
+    last
+        Read only the last ``last`` trajectories of the union (``None`` or ``<= 0``: all).
+        The counters of ``metadata.json`` still cover the whole store, and the index says
+        how many trajectories it leaves out under :data:`EARLIER` (see
+        :func:`earlier_counts`).  A slot that keeps a log reads ``O(last)`` entries.
+
+    Returns
+    -------
+    Documents
+        ``metadata.json`` and ``trajectory_index.json``, in RLinf's schema.
 
     Raises
     ------
@@ -101,16 +191,81 @@ def read_store_documents(location: Location) -> Documents:
     StorageUnavailableError
         The backend failed.
     """
-    slots = [(s, _committed_slot_documents(location, s)) for s in writer_slots(location)]
-    others = [(s, found) for s, found in slots if found is not None]
-    if not others:
+    if last is not None and last <= 0:
+        last = None
+    counts = []  # (size, total_samples) of each slot read
+    found: list[tuple[int, Documents]] = []
+    for slot in [0, *writer_slots(location)]:
+        documents = _committed_slot_documents(location, slot, last)
+        if documents is not None:
+            found.append((slot, documents))
+            counts.append(_counts(documents))
+    if not found:
         return store_documents.read_documents(location)
-    root = (
-        store_documents.read_documents(location)
-        if store_documents.documents_exist(location)
-        else None
-    )
-    return _union(location.url, root, others)
+    root = found[0][1] if found[0][0] == 0 else None
+    others = found[1:] if root is not None else found
+    union = root if not others and root is not None else _union(location.url, root, others)
+    if last is None:
+        return union
+    ids = union.trajectory_index["trajectory_id_list"]
+    held = ids[-last:]
+    entries = union.trajectory_index["trajectory_index"]
+    size = sum(c[0] for c in counts)
+    samples = sum(c[1] for c in counts)
+    held_samples = sum(int(entries[str(i)]["num_samples"]) for i in held)
+    index = {
+        "trajectory_index": {str(i): entries[str(i)] for i in held},
+        "trajectory_id_list": list(held),
+        EARLIER: {"size": size - len(held), "total_samples": samples - held_samples},
+    }
+    metadata = {**union.metadata, "size": size, "total_samples": samples}
+    return Documents(metadata, index)
+
+
+def read_store_window(location: Location, window: int | None) -> Documents:
+    """The documents an open with a sample window of ``window`` trajectories needs.
+
+    A store of at most :data:`WHOLE_INDEX_BELOW` trajectories (or ``window`` ``None`` or
+    ``<= 0``) is read whole, as RLinf reads it; a larger one only its last ``window``
+    trajectories (:func:`read_store_documents` with ``last``), so the open costs the window,
+    not the store.
+
+    Raises
+    ------
+    CheckpointNotFoundError
+        No writer has committed anything.
+    CorruptStoreError
+        A document or log file is malformed.
+    StorageUnavailableError
+        The backend failed.
+    """
+    if window is None or window <= 0:
+        return read_store_documents(location)
+    documents = read_store_documents(location, last=window)
+    if earlier_counts(documents.trajectory_index)[0] and (
+        int(documents.metadata.get("size", 0)) <= WHOLE_INDEX_BELOW
+    ):
+        return read_store_documents(location)
+    return documents
+
+
+def earlier_counts(index: Mapping[str, Any]) -> tuple[int, int]:
+    """``(size, total_samples)`` of the trajectories a windowed read left out of ``index``."""
+    earlier = index.get(EARLIER)
+    if not isinstance(earlier, dict):
+        return 0, 0
+    return int(earlier["size"]), int(earlier["total_samples"])
+
+
+def _counts(documents: Documents) -> tuple[int, int]:
+    """``(size, total_samples)`` of a slot's documents (read whole or windowed)."""
+    earlier = earlier_counts(documents.trajectory_index)
+    entries = documents.trajectory_index.get("trajectory_index", {})
+    ids = documents.trajectory_index.get("trajectory_id_list", [])
+    if not isinstance(entries, dict) or not isinstance(ids, list):
+        raise CorruptStoreError("malformed trajectory index in a writer's document")
+    held = sum(int(entries[str(i)]["num_samples"]) for i in ids if str(i) in entries)
+    return earlier[0] + len(ids), earlier[1] + held
 
 
 def _union(where: str, root: Documents | None, others: list[tuple[int, Documents]]) -> Documents:

@@ -1,0 +1,245 @@
+"""The index log: commits that cost their own entries, opens that cost the window, repairs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import make_trajectory
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rbzarr import CorruptStoreError, TrajectoryReplayBuffer, open_buffer
+from rbzarr.analysis.verify import verify_store
+from rbzarr.storage import index_log
+from rbzarr.storage.location import Location
+from rbzarr.storage.writers import read_store_documents
+
+ENTRY = {"uuid": "u", "num_samples": 8, "shape": [4, 2], "max_episode_length": 0}
+
+
+def entry(trajectory_id: int) -> dict:
+    return {**ENTRY, "trajectory_id": trajectory_id, "model_weights_id": ""}
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks of 8 entries, compaction every 3 records: every path runs on small stores."""
+    monkeypatch.setattr(index_log, "SEGMENT_SIZE", 8)
+    monkeypatch.setattr(index_log, "COMPACT_RECORDS", 3)
+
+
+@settings(max_examples=25, deadline=None)
+@given(bursts=st.lists(st.integers(0, 6), max_size=40), window=st.integers(0, 80))
+def test_reads_return_the_last_entries_whatever_was_compacted(tmp_path_factory, bursts, window):
+    index_log.SEGMENT_SIZE, index_log.COMPACT_RECORDS = 8, 3
+    try:
+        location = Location.from_url(tmp_path_factory.mktemp("log"))
+        log = index_log.IndexLog(location)
+        ids: list[int] = []
+        for count in bursts:
+            new = list(range(len(ids), len(ids) + count))
+            log.append([entry(i) for i in new], counter=len(ids) + count)
+            ids += new
+        state = index_log.read_slot_index(location, last=window)
+        want = ids[max(0, len(ids) - window) :] if window else []
+        assert [e["trajectory_id"] for e, _ in state.entries] == want
+        assert (state.size, state.total_samples, state.trajectory_counter) == (
+            len(ids),
+            8 * len(ids),
+            len(ids),
+        )
+        everything = index_log.read_slot_index(location)
+        assert [e["trajectory_id"] for e, _ in everything.entries] == ids
+        # A writer that opens the log again continues it.
+        again = index_log.IndexLog(location)
+        again.append([entry(len(ids))], counter=len(ids) + 1)
+        assert index_log.read_slot_index(location).size == len(ids) + 1
+    finally:
+        index_log.SEGMENT_SIZE, index_log.COMPACT_RECORDS = 4096, 16
+
+
+def test_a_commit_writes_its_own_entries_not_the_store(tmp_path, small_blocks):
+    """The bytes one tiny commit writes do not grow with the store."""
+    store = tmp_path / "s"
+
+    def written_by_one_commit(buffer) -> int:
+        before = {p: p.stat().st_mtime_ns for p in store.rglob("*") if p.is_file()}
+        buffer.add_trajectories([make_trajectory(4, 2, 0)])
+        buffer.flush()
+        return sum(
+            p.stat().st_size
+            for p in store.rglob("*")
+            if p.is_file()
+            and "trajectories" not in p.parts
+            and before.get(p) != p.stat().st_mtime_ns
+        )
+
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store) as buffer:
+        early = [written_by_one_commit(buffer) for _ in range(12)]
+        for _ in range(100):
+            buffer.add_trajectories([make_trajectory(4, 2, 0)])
+        buffer.flush()
+        late = [written_by_one_commit(buffer) for _ in range(12)]
+    # No whole-document rewrite: the largest commit late is about the largest early
+    # (a record, sometimes a block of at most 2 * SEGMENT_SIZE entries and the head).
+    assert max(late) <= max(early) * 2 + 2000
+    assert (
+        not (store / "trajectory_index.json").exists()
+        or len(json.loads((store / "trajectory_index.json").read_text())["trajectory_id_list"])
+        == 124
+    )
+
+
+def test_open_reads_the_window_not_the_store(tmp_path, small_blocks, monkeypatch):
+    store = tmp_path / "s"
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store) as buffer:
+        for i in range(60):
+            buffer.add_trajectories([make_trajectory(4, 2, i)])
+    read: list[str] = []
+    original = Location.read_bytes
+
+    def counting(self, *names):
+        read.append("/".join(names))
+        return original(self, *names)
+
+    monkeypatch.setattr(Location, "read_bytes", counting)
+    state = index_log.read_slot_index(Location.from_url(store), last=5)
+    assert [e["trajectory_id"] for e, _ in state.entries] == list(range(55, 60))
+    assert state.size == 60
+    blocks = [name for name in read if name.startswith("index/blocks/")]
+    assert len(blocks) <= 2, read  # the window's blocks only, of 8 blocks
+
+
+def test_a_torn_record_is_a_named_error_and_repair_keeps_every_complete_trajectory(tmp_path):
+    store = tmp_path / "s"
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=store)
+    buffer.add_trajectories([make_trajectory(4, 2, 0)])
+    buffer.flush()
+    buffer.add_trajectories([make_trajectory(4, 2, 8)])
+    buffer.flush()
+    records = sorted((store / "index" / "log").iterdir())
+    saved = store.parent / "saved"
+    shutil.copytree(store, saved)  # the store as a kill -9 leaves it
+    buffer.close()
+    shutil.rmtree(store)
+    saved.rename(store)
+    records = sorted((store / "index" / "log").iterdir())
+    records[-1].write_bytes(records[-1].read_bytes()[:20])  # torn, as a non-atomic disk may
+    with pytest.raises(CorruptStoreError, match=r"log/000000000002\.json is not valid JSON"):
+        open_buffer(str(store))
+    report = verify_store(store)
+    assert [p.kind for p in report.problems] == ["damaged_log"]
+    assert "verify --repair" in report.problems[0].message
+    repaired = verify_store(store, repair=True)
+    assert repaired.ok, repaired.problems
+    # The trajectory the torn record listed is complete: its group's attributes hold its
+    # entry, so the repair lists it again.
+    assert open_buffer(str(store)).ids == [0, 1]
+    assert verify_store(store).ok
+
+
+def test_a_damaged_block_is_salvaged_from_the_trajectory_groups(tmp_path, small_blocks):
+    store = tmp_path / "s"
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store) as buffer:
+        for i in range(20):
+            buffer.add_trajectories([make_trajectory(4, 2, i)])
+    blocks = sorted((store / "index" / "blocks").iterdir())
+    blocks[0].write_text("{}")
+    with pytest.raises(CorruptStoreError, match="malformed index block"):
+        index_log.read_slot_index(Location.from_url(store))
+    assert verify_store(store, repair=True).ok
+    assert open_buffer(str(store), sample_window_size=0).ids == list(range(20))
+
+
+def test_a_store_of_an_earlier_rbzarr_opens_and_appends_without_rewriting_data(tmp_path):
+    """An index in documents only (no log): it reads, and the first writer upgrades it."""
+    store = tmp_path / "s"
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store) as buffer:
+        buffer.add_trajectories([make_trajectory(4, 2, i) for i in range(3)])
+    shutil.rmtree(store / "index")  # what rbzarr wrote before the log: the documents alone
+    data = {p: p.read_bytes() for p in (store / "trajectories").rglob("*") if p.is_file()}
+    assert open_buffer(str(store)).ids == [0, 1, 2]
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store) as buffer:
+        buffer.load_checkpoint(store)
+        assert buffer.trajectory_ids == [0, 1, 2]
+        buffer.add_trajectories([make_trajectory(4, 2, 9)])
+    assert open_buffer(str(store)).ids == [0, 1, 2, 3]
+    assert (store / "index" / "head.json").exists()
+    for path, content in data.items():
+        assert path.read_bytes() == content, path
+    assert verify_store(store).ok
+
+
+def test_durable_flush_commits(tmp_path):
+    store = tmp_path / "s"
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store, durable=True) as buffer:
+        buffer.add_trajectories([make_trajectory(4, 2, 0)])
+        buffer.flush()
+        assert read_store_documents(Location.from_url(store)).metadata["size"] == 1
+
+
+KILLED_WRITER = textwrap.dedent(
+    """
+    import os, sys
+    sys.path.insert(0, {tests!r})
+    from conftest import make_trajectory
+    from rbzarr import TrajectoryReplayBuffer
+    from rbzarr.storage import index_log
+
+    index_log.SEGMENT_SIZE, index_log.COMPACT_RECORDS = 4, 2
+    step = int(sys.argv[1])
+    calls = [0]
+    original = index_log.IndexLog._write
+
+    def write(self, data, *names):
+        calls[0] += 1
+        if calls[0] == step:
+            os.kill(os.getpid(), 9)  # killed just before this file of the index is written
+        original(self, data, *names)
+
+    index_log.IndexLog._write = write
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=sys.argv[2])
+    for i in range(12):
+        buffer.add_trajectories([make_trajectory(4, 2, i)])
+        buffer.flush()
+        print(i, flush=True)
+    buffer.close()
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_kill_at_every_step_of_commits_and_compactions_loses_nothing_flushed(tmp_path):
+    """Every write of the index (records, blocks, merges, heads) killed in turn."""
+    script = tmp_path / "writer.py"
+    script.write_text(KILLED_WRITER.format(tests=str(Path(__file__).parent)))
+    for step in range(1, 26):
+        store = tmp_path / f"s{step}"
+        done = subprocess.run(
+            [sys.executable, str(script), str(step), str(store)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        assert done.returncode in (0, -signal.SIGKILL), done.stderr
+        flushed = [int(line) for line in done.stdout.split()]
+        if not store.exists() or not (store / "index").exists():
+            assert not flushed
+            continue
+        listed = open_buffer(str(store), sample_window_size=0).ids if flushed else []
+        assert listed[: len(flushed)] == flushed, (step, listed, flushed)
+        assert verify_store(store, repair=True).ok
+        with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store) as resumed:
+            resumed.add_trajectories([make_trajectory(4, 2, 99)])
+        ids = open_buffer(str(store), sample_window_size=0).ids
+        assert len(ids) == len(set(ids)) and ids[: len(flushed)] == flushed
+    assert os.path.exists(tmp_path / "s25")
