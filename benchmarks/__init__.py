@@ -1,12 +1,12 @@
-"""Sampling and write benchmarks behind ``rbzarr bench``, against baselines and limits.
+"""Sampling, write, S3 and training benchmarks (``python -m benchmarks``) against baselines.
 
-Inside the package so an installed rbzarr can run them; ``benchmarks/`` holds thin scripts.
+Not installed with rbzarr: they run from the root of a source checkout.
 """
 
-from rbzarr.bench.report import failed_targets, table
-from rbzarr.bench.runner import SUITES, parse_names, run, save
-from rbzarr.bench.settings import QUICK, Settings, settings_from
-from rbzarr.bench.workloads import (
+from benchmarks.report import failed_targets, table
+from benchmarks.runner import SUITES, parse_names, run, save
+from benchmarks.settings import QUICK, Settings, settings_from
+from benchmarks.workloads import (
     WORKLOAD_NAMES,
     Workload,
     embodied_trajectory,

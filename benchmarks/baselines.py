@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from rbzarr.bench.accounting import ByteRange
-from rbzarr.bench.draws import DrawSequence
-from rbzarr.bench.measure import clone_trajectory, stats, timed
+from benchmarks.accounting import ByteRange
+from benchmarks.draws import DrawSequence
+from benchmarks.measure import clone_trajectory, stats, timed
 from rbzarr.trajectory.flat_view import flatten_trajectory
 from rbzarr.trajectory.model import Trajectory, validate
 

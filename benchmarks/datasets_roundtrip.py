@@ -31,7 +31,7 @@ import av
 import numpy as np
 import pyarrow.parquet as pq
 
-from rbzarr.bench.report import target
+from benchmarks.report import target
 from rbzarr.interop.convert import export_dataset, import_dataset
 from rbzarr.interop.episodes import read_episodes, shifted, write_episodes
 
@@ -163,7 +163,7 @@ def _memory(work: Path, quick: bool) -> dict[str, Any]:
     export_dataset(work / "w", work / "wl", "lerobot", fps=30, codec="mpeg4")
     largest = sum(a.nbytes for a in _episode(_LONGEST, _MEMORY_FRAME, count // 2).values())
     code = (
-        "import json, sys; from rbzarr.bench.datasets_roundtrip import _peak_import; "
+        "import json, sys; from benchmarks.datasets_roundtrip import _peak_import; "
         "print(json.dumps(_peak_import(*sys.argv[1:])))"
     )
     result = subprocess.run(

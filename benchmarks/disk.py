@@ -11,15 +11,15 @@ from typing import Any
 
 import fsspec
 
-from rbzarr.bench.accounting import CountingByteSource, NeededReads, StoreGeometry
-from rbzarr.bench.baselines import RangeReader
-from rbzarr.bench.draws import DrawSequence, TrackedBuffer, gather_rows, same_rows
-from rbzarr.bench.measure import add_all, interleaved, nbytes, row_bytes, stats, timed
-from rbzarr.bench.page_cache import evict, process_read_bytes
-from rbzarr.bench.settings import Settings
-from rbzarr.bench.store_size import disk_usage
-from rbzarr.bench.torchrl_peer import TorchRLPeer, torchrl_missing
-from rbzarr.bench.workloads import Workload, trajectory_sequence
+from benchmarks.accounting import CountingByteSource, NeededReads, StoreGeometry
+from benchmarks.baselines import RangeReader
+from benchmarks.draws import DrawSequence, TrackedBuffer, gather_rows, same_rows
+from benchmarks.measure import add_all, interleaved, nbytes, row_bytes, stats, timed
+from benchmarks.page_cache import evict, process_read_bytes
+from benchmarks.settings import Settings
+from benchmarks.store_size import disk_usage
+from benchmarks.torchrl_peer import TorchRLPeer, torchrl_missing
+from benchmarks.workloads import Workload, trajectory_sequence
 from rbzarr.buffer.buffer import TrajectoryReplayBuffer
 from rbzarr.trajectory import tree
 from rbzarr.trajectory.flat_view import flatten_trajectory

@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
+from benchmarks.report import target
 from rbzarr.analysis.view import open_buffer
-from rbzarr.bench.report import target
 from rbzarr.buffer.buffer import TrajectoryReplayBuffer
 from rbzarr.distributed.notices import CommitNotice, commit_notices
 from rbzarr.trajectory.model import Trajectory
@@ -180,7 +180,7 @@ def _processes() -> Any:
     """A fork server's context: a forked child of this process could inherit zarr's event
     loop without its thread, and hang."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["rbzarr.bench.distributed"])
+    context.set_forkserver_preload(["benchmarks.distributed"])
     return context
 
 

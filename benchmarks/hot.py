@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from rbzarr.bench import baselines
-from rbzarr.bench.draws import DrawSequence, TrackedBuffer, gather_rows, same_rows
-from rbzarr.bench.measure import add_all, row_bytes, stats, timed
-from rbzarr.bench.settings import Settings
-from rbzarr.bench.torchrl_peer import TorchRLPeer, torchrl_missing
-from rbzarr.bench.workloads import Workload, trajectory_sequence
+from benchmarks import baselines
+from benchmarks.draws import DrawSequence, TrackedBuffer, gather_rows, same_rows
+from benchmarks.measure import add_all, row_bytes, stats, timed
+from benchmarks.settings import Settings
+from benchmarks.torchrl_peer import TorchRLPeer, torchrl_missing
+from benchmarks.workloads import Workload, trajectory_sequence
 from rbzarr.buffer.buffer import TrajectoryReplayBuffer
 from rbzarr.trajectory import tree
 from rbzarr.trajectory.flat_view import flatten_trajectory

@@ -12,17 +12,17 @@ from typing import Any
 
 import torch
 
-from rbzarr.bench.disk import run_disk
-from rbzarr.bench.distributed import distributed_targets, run_distributed
-from rbzarr.bench.hot import run_hot
-from rbzarr.bench.measure import machine, versions
-from rbzarr.bench.report import plot
-from rbzarr.bench.s3 import run_s3
-from rbzarr.bench.sequences import run_sequences, sequence_targets
-from rbzarr.bench.settings import Settings
-from rbzarr.bench.targets import s3_targets, sampling_targets, training_targets
-from rbzarr.bench.training import run_training
-from rbzarr.bench.workloads import workloads
+from benchmarks.disk import run_disk
+from benchmarks.distributed import distributed_targets, run_distributed
+from benchmarks.hot import run_hot
+from benchmarks.measure import machine, versions
+from benchmarks.report import plot
+from benchmarks.s3 import run_s3
+from benchmarks.sequences import run_sequences, sequence_targets
+from benchmarks.settings import Settings
+from benchmarks.targets import s3_targets, sampling_targets, training_targets
+from benchmarks.training import run_training
+from benchmarks.workloads import workloads
 
 __all__ = ["SUITES", "parse_names", "run", "save"]
 
@@ -60,7 +60,7 @@ def run(
                 documents.append(_sampling(names, settings, batches or {}, quick, workdir, say))
             elif suite == "datasets":
                 say("[datasets] LeRobot round trips and a 1,000-episode import")
-                from rbzarr.bench.datasets_roundtrip import datasets_targets, run_datasets  # noqa: PLC0415
+                from benchmarks.datasets_roundtrip import datasets_targets, run_datasets  # noqa: PLC0415
 
                 measured = run_datasets(quick, workdir)
                 documents.append(

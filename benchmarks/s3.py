@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib.util
 import logging
 import math
 import socket
@@ -21,17 +20,15 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import rbzarr
-from rbzarr.bench.accounting import StoreGeometry
-from rbzarr.bench.draws import DrawSequence, TrackedBuffer
-from rbzarr.bench.measure import nbytes
-from rbzarr.bench.s3_cache import measure_cache
-from rbzarr.bench.settings import Settings
-from rbzarr.bench.workloads import camera_and_state_trajectory
+from benchmarks.accounting import StoreGeometry
+from benchmarks.draws import DrawSequence, TrackedBuffer
+from benchmarks.measure import nbytes
+from benchmarks.s3_cache import measure_cache
+from benchmarks.settings import Settings
+from benchmarks.workloads import camera_and_state_trajectory
 from rbzarr.buffer.buffer import TrajectoryReplayBuffer
 from rbzarr.storage.backends import with_s3_defaults
 from rbzarr.storage.zarr.remote import DEFAULT_RANGE_GAP
@@ -46,25 +43,17 @@ __all__ = [
     "run_s3",
 ]
 
-SERVER_MODULE = Path(rbzarr.__file__).resolve().parents[1] / "tests" / "s3_server.py"
-
 
 def load_s3_server() -> ModuleType | str:
-    """The test suite's S3 server module, or why it cannot be used."""
-    if not SERVER_MODULE.is_file():
-        return f"needs a source checkout: {SERVER_MODULE} not found"
+    """The S3 test server module (:mod:`benchmarks.s3_server`), or why it cannot be used."""
     try:
         import moto.server  # noqa: F401, PLC0415  (test extra)
         import s3fs  # noqa: F401, PLC0415
     except ImportError as exc:
         return f"moto's S3 server or s3fs is not installed ({exc}); install rbzarr[test]"
-    spec = importlib.util.spec_from_file_location("s3_server", SERVER_MODULE)
-    assert spec is not None and spec.loader is not None
-    module = sys.modules.get("s3_server") or importlib.util.module_from_spec(spec)
-    if "s3_server" not in sys.modules:
-        sys.modules["s3_server"] = module
-        spec.loader.exec_module(module)
-    return module
+    from benchmarks import s3_server  # noqa: PLC0415
+
+    return s3_server
 
 
 def concurrency_limit(options: dict[str, Any]) -> int:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rbzarr.bench.settings import Settings
+from benchmarks.settings import Settings
 from rbzarr.buffer.buffer import TrajectoryReplayBuffer
 from rbzarr.trajectory.model import Trajectory, validate
 

@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from rbzarr.bench.measure import interleaved, stats
-from rbzarr.bench.report import target
-from rbzarr.bench.settings import Settings
-from rbzarr.bench.torchrl_peer import torchrl_missing
+from benchmarks.measure import interleaved, stats
+from benchmarks.report import target
+from benchmarks.settings import Settings
+from benchmarks.torchrl_peer import torchrl_missing
 from rbzarr.buffer.buffer import TrajectoryReplayBuffer
 from rbzarr.data.datasets import ReplayDataset
 from rbzarr.trajectory.model import Trajectory

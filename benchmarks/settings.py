@@ -10,7 +10,7 @@ __all__ = ["QUICK", "Settings", "settings_from"]
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """How much work one run does (``rbzarr bench --help`` lists the flags that set it)."""
+    """How much work one run does (``python -m benchmarks --help`` lists the flags that set it)."""
 
     trajectories: int | None = None
     window: int | None = None

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rbzarr.bench.measure import nbytes
+from benchmarks.measure import nbytes
 from rbzarr.trajectory.model import Trajectory, validate
 
 __all__ = ["disk_usage"]

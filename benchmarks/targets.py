@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rbzarr.bench.report import target
+from benchmarks.report import target
 
 __all__ = ["s3_targets", "sampling_targets", "training_targets"]
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from rbzarr.bench.s3 import load_s3_server, proxied_bucket
-from rbzarr.bench.settings import Settings
-from rbzarr.bench.workloads import image_trajectory
+from benchmarks.s3 import load_s3_server, proxied_bucket
+from benchmarks.settings import Settings
+from benchmarks.workloads import image_trajectory
 from rbzarr.buffer.buffer import TrajectoryReplayBuffer
 from rbzarr.trajectory.model import Trajectory
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbzarr.bench.settings import Settings
+from benchmarks.settings import Settings
 from rbzarr.trajectory.model import Trajectory
 
 __all__ = [
