@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from rbzarr.buffer.buffer import TrajectoryReplayBuffer
-from rbzarr.buffer.sampler import draw
+from rbzarr.sampling.window import draw
 
 __all__ = ["DrawSequence", "TrackedBuffer", "gather_rows", "same_rows"]
 

@@ -24,7 +24,7 @@ from typing import TypeVar
 import torch
 
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, DamagedTrajectoryWarning
-from rbzarr.storage import row_reads
+from rbzarr.sampling.rows import MissPlan, read_batch
 from rbzarr.storage.documents import Entry
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.trajectory.model import Trajectory
@@ -56,13 +56,11 @@ class DamagedTrajectories:
         self.policy = on_damaged
         self.dropped: dict[int, str] = {}
 
-    def read(
-        self, plan: row_reads.MissPlan, layout: TrajectoryLayout | None
-    ) -> dict[str, torch.Tensor]:
-        """:func:`~rbzarr.storage.row_reads.read_batch`; with ``"skip"`` a damaged read
+    def read(self, plan: MissPlan, layout: TrajectoryLayout | None) -> dict[str, torch.Tensor]:
+        """:func:`~rbzarr.sampling.rows.read_batch`; with ``"skip"`` a damaged read
         raises :class:`DamagedRowsError` naming the damaged trajectories."""
         try:
-            return row_reads.read_batch(plan, layout)
+            return read_batch(plan, layout)
         except DAMAGE as exc:
             if self.policy != "skip" or layout is None:
                 raise
@@ -101,7 +99,9 @@ class DamagedTrajectories:
                 f"on_damaged='skip' dropped trajectory {trajectory_id} from the sample window "
                 f"(the store is unchanged): {message}{hint}",
                 DamagedTrajectoryWarning,
-                stacklevel=5,  # the caller of sample(): record, drop, sampling, sample
+                # the caller of sample(): record, drop, sampling, the reader's _sampling and
+                # sample, the buffer's or view's sample
+                stacklevel=7,
             )
 
     def read_one(self, layout: TrajectoryLayout, entry: Entry, keys: Sequence[str]) -> Trajectory:
@@ -122,7 +122,7 @@ def _named(layout: TrajectoryLayout, entry: Entry, exc: BaseException) -> str:
     return str(exc) if path in str(exc) else f"{path}: {exc}"
 
 
-def _damaged_of(plan: row_reads.MissPlan, layout: TrajectoryLayout) -> dict[int, str]:
+def _damaged_of(plan: MissPlan, layout: TrajectoryLayout) -> dict[int, str]:
     """Each stored trajectory of ``plan`` whose rows fail to read alone: id to message."""
     keys = list(plan.schema)
     found: dict[int, str] = {}

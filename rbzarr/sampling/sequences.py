@@ -2,35 +2,44 @@
 
 A sequence starts at a step ``(t, b)`` of a trajectory in the window and follows column
 ``b`` forward in time.  Where the trajectory ends and the next one of the window continues
-it (:func:`rbzarr.analysis.episodes.continues`: the next id, the same ``B``), the sequence
+it (:func:`rbzarr.trajectory.steps.continues`: the next id, the same ``B``), the sequence
 goes on in that trajectory.  It stops after the step whose ``dones`` is set, or at the end
 of the data; the steps after that are *padding*: they repeat the last real step and their
 ``mask`` is False, so they cost no extra read.
 
 Which steps end an episode is learnt once per trajectory from its ``dones`` rows
 (:class:`EpisodeEnds`); :class:`SequenceSampler` then draws start steps uniformly over the
-valid ones and returns, like :class:`~rbzarr.buffer.sampler.WindowSampler`, window
-positions and flat rows only: pure torch, no I/O.  The cache, the pending writes and the
-store read those rows as they read :meth:`sample`'s.
+valid ones and returns, like :class:`~rbzarr.sampling.window.WindowSampler`, window
+positions and flat rows only: pure torch, no I/O (both are a
+:class:`~rbzarr.sampling.sampler.Sampler`).  The reader reads those rows as it reads
+``sample()``'s.
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from rbzarr.analysis.episodes import DONES, continues
 from rbzarr.errors import EmptyBufferError
+from rbzarr.sampling.sampler import Window
 from rbzarr.storage.documents import Entry
 from rbzarr.trajectory import tree
 from rbzarr.trajectory.model import Schema
+from rbzarr.trajectory.steps import DONES, continues, episode_ends
 
-__all__ = ["MASK", "EpisodeEnds", "SequenceDraw", "SequenceSampler", "check_sequence_request"]
+__all__ = [
+    "MASK",
+    "EpisodeEnds",
+    "SequenceDraw",
+    "SequenceSampler",
+    "SequencesOf",
+    "check_sequence_request",
+]
 
 MASK = "mask"
 
@@ -75,7 +84,7 @@ class EpisodeEnds:
     def learn(self, entry: Entry, dones: torch.Tensor) -> None:
         """Record a trajectory's ends from ``dones`` (``[T*B, ...]`` or ``[T, B, ...]``)."""
         T, B = int(entry["shape"][0]), int(entry["shape"][1])
-        self._ended[trajectory_key(entry)] = (dones.reshape(T, B, -1) != 0).any(dim=-1)
+        self._ended[trajectory_key(entry)] = episode_ends(dones, T, B)
 
     def ended(self, entry: Entry) -> torch.Tensor:
         """The ``[T, B]`` ends of a learnt trajectory."""
@@ -86,15 +95,6 @@ class EpisodeEnds:
         keep = {trajectory_key(e) for e in entries}
         for key in [k for k in self._ended if k not in keep]:
             del self._ended[key]
-
-
-def learn_window(
-    ends: EpisodeEnds, entries: Sequence[Entry], dones_of: Callable[[Entry], torch.Tensor]
-) -> None:
-    """Learn the ends of the window entries not known yet, reading ``dones`` with ``dones_of``."""
-    ends.keep_only(entries)
-    for entry in ends.unknown(entries):
-        ends.learn(entry, dones_of(entry))
 
 
 @dataclass(frozen=True)
@@ -162,8 +162,9 @@ class SequenceDraw:
 class SequenceSampler:
     """Draws sequence starts uniformly over a window's valid steps; owns their own stream.
 
-    The stream is separate from :class:`~rbzarr.buffer.sampler.WindowSampler`'s, so
-    sampling sequences leaves the RLinf stream of ``sample()`` as it was.
+    The stream is separate from :class:`~rbzarr.sampling.window.WindowSampler`'s, so
+    sampling sequences leaves the RLinf stream of ``sample()`` as it was.  The
+    :class:`~rbzarr.sampling.sampler.Sampler` of one request is :meth:`of_length`.
     """
 
     def __init__(self, seed: int | None) -> None:
@@ -185,6 +186,10 @@ class SequenceSampler:
             self._memo = (key, _window_steps(entries, self.ends))
             self._strict_memo = {}
         return self._memo[1]
+
+    def of_length(self, length: int, strict_length: bool = False) -> SequencesOf:
+        """The sampler of sequences of ``length`` steps (this one's stream and ends)."""
+        return SequencesOf(self, length, strict_length)
 
     def draw(
         self,
@@ -232,6 +237,42 @@ class SequenceSampler:
             self.generator.set_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
         else:
             self._seed(seed)
+
+
+@dataclass(frozen=True)
+class SequencesOf:
+    """A :class:`SequenceSampler` drawing sequences of one ``length``: a ``Sampler``."""
+
+    sequences: SequenceSampler
+    length: int
+    strict_length: bool
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The sequence stream."""
+        return self.sequences.generator
+
+    def unknown(self, entries: Sequence[Entry]) -> list[Entry]:
+        """Those of the window ``entries`` whose episode ends are not learnt (the others of
+        earlier windows are forgotten)."""
+        self.sequences.ends.keep_only(entries)
+        return self.sequences.ends.unknown(entries)
+
+    def learn(self, entry: Entry, dones: torch.Tensor) -> None:
+        """Learn a trajectory's episode ends from its step ``dones``."""
+        self.sequences.ends.learn(entry, dones)
+
+    def draw(
+        self, n: int, window: Window, generator: torch.Generator | None = None
+    ) -> SequenceDraw:
+        """:meth:`SequenceSampler.draw` of this length over ``window``."""
+        return self.sequences.draw(
+            n, self.length, window.entries, generator, strict_length=self.strict_length
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sequence stream's state."""
+        return self.sequences.state_dict()
 
 
 def stream_seed(seed: int) -> int:

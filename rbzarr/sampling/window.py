@@ -10,14 +10,19 @@ and on a busy host that wait cost milliseconds per sample).
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from rbzarr.buffer.arguments import check_seed
+from rbzarr.sampling.arguments import check_seed
+from rbzarr.sampling.sampler import Window
+from rbzarr.storage.documents import Entry
+from rbzarr.trajectory import tree
 
-__all__ = ["WindowSampler", "draw"]
+__all__ = ["RowDraw", "WindowSampler", "draw"]
 
 
 def draw(
@@ -32,8 +37,20 @@ def draw(
     return positions, rows
 
 
+@dataclass(frozen=True)
+class RowDraw:
+    """Single rows: the window position of each one's trajectory and its flat row."""
+
+    positions: torch.Tensor
+    rows: torch.Tensor
+
+    def batch(self, flat: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+        """The nested ``[n, ...]`` batch of the rows read."""
+        return tree.unflatten(flat)
+
+
 class WindowSampler:
-    """Owns the seeded generator that every draw without its own generator uses."""
+    """Draws rows uniformly over a window; owns the seeded generator (RLinf's stream)."""
 
     def __init__(self, seed: int | None) -> None:
         seed = check_seed(seed)
@@ -44,14 +61,17 @@ class WindowSampler:
         else:
             self.generator.manual_seed(seed)
 
-    def draw(
-        self,
-        num_chunks: int,
-        sample_counts: torch.Tensor,
-        generator: torch.Generator | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:func:`draw` with ``generator``, or this sampler's own when it is ``None``."""
-        return draw(num_chunks, sample_counts, self.generator if generator is None else generator)
+    def unknown(self, entries: Sequence[Entry]) -> list[Entry]:
+        """Nothing: a uniform draw needs only the sample counts."""
+        return []
+
+    def learn(self, entry: Entry, dones: torch.Tensor) -> None:
+        """Nothing to learn."""
+
+    def draw(self, n: int, window: Window, generator: torch.Generator | None = None) -> RowDraw:
+        """:func:`draw` over ``window`` with ``generator``, or this sampler's own."""
+        stream = self.generator if generator is None else generator
+        return RowDraw(*draw(n, window.sample_counts(), stream))
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-ready state: the seed and the generator's position (base64)."""
