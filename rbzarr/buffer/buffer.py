@@ -589,6 +589,12 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         save_path
             A new folder or URL; the buffer itself is not changed.
 
+        Notes
+        -----
+        The saved set is the one at the call.  Sampling and adds go on while the copies
+        are written; without ``auto_save`` the cached trajectories are copied in memory
+        first (the cache is their only copy).
+
         Raises
         ------
         CheckpointConflictError
@@ -600,8 +606,10 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             Location.from_url(save_path, self.storage_options), self.trajectory_format
         )
         checkpoint.check_target(target, None if self._committer is None else self._committer.url)
-        # Hold the lock throughout: the saved set is the one at save time, and no concurrent
-        # add may evict a cached trajectory half-way through.
+        # The saved set is the one at save time: its entries (and, without a store, copies of
+        # the cached trajectories) are taken under the lock.  The copies into the checkpoint
+        # (perhaps to S3) run without it, so sampling and adds go on meanwhile: committed
+        # data never changes, and the committer keeps a pending trajectory's own copy.
         with self._lock:
             if self._committer is not None:
                 ids = self._index.window(self.sample_window_size)
@@ -615,14 +623,19 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                     "sequences": self._reader.sequences.state_dict(),
                 },
             }
-            checkpoint.save(target, self._index.subset(ids), metadata, self._copy_trajectory)
+            saved = self._index.subset(ids)
+            cached = (
+                {} if self._committer is not None else {i: self._cache.trajectory(i) for i in ids}
+            )
+        checkpoint.save(target, saved, metadata, functools.partial(self._copy_trajectory, cached))
 
-    def _copy_trajectory(self, target: TrajectoryLayout, entry: Entry) -> None:
-        trajectory_id = int(entry["trajectory_id"])
+    def _copy_trajectory(
+        self, cached: Mapping[int, Trajectory], target: TrajectoryLayout, entry: Entry
+    ) -> None:
         if self._committer is None:
-            target.write(entry, self._cache.trajectory(trajectory_id))
-            return
-        self._committer.copy_to(target, entry)
+            target.write(entry, cached[int(entry["trajectory_id"])])
+        else:
+            self._committer.copy_to(target, entry)
 
     def load_checkpoint(
         self,
