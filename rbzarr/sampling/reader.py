@@ -252,7 +252,7 @@ class StoreReader:
     def _learn_held(self, sampler: Sampler, window: Window) -> list[Entry]:
         """Learn what the sampler needs of the held trajectories; the stored ones left."""
         stored = []
-        for entry in sampler.unknown(window.entries):
+        for entry in sampler.unknown(window):
             dones = None if self.held is None else self.held.dones(int(entry["trajectory_id"]))
             if dones is None:
                 stored.append(entry)

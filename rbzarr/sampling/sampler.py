@@ -10,7 +10,7 @@ single rows, :class:`~rbzarr.sampling.sequences.SequenceSampler` runs of steps.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -64,8 +64,8 @@ class Sampler(Protocol):
     @property
     def generator(self) -> torch.Generator: ...
 
-    def unknown(self, entries: Sequence[Entry]) -> list[Entry]:
-        """Those of ``entries`` whose step ``dones`` the sampler must learn before a draw."""
+    def unknown(self, window: Window) -> list[Entry]:
+        """The entries of ``window`` whose step ``dones`` the sampler must learn first."""
 
     def learn(self, entry: Entry, dones: torch.Tensor) -> None:
         """Learn a trajectory's step ``dones`` (``[T, B, ...]`` or ``[T*B, ...]``)."""

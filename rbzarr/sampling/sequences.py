@@ -252,11 +252,11 @@ class SequencesOf:
         """The sequence stream."""
         return self.sequences.generator
 
-    def unknown(self, entries: Sequence[Entry]) -> list[Entry]:
-        """Those of the window ``entries`` whose episode ends are not learnt (the others of
-        earlier windows are forgotten)."""
-        self.sequences.ends.keep_only(entries)
-        return self.sequences.ends.unknown(entries)
+    def unknown(self, window: Window) -> list[Entry]:
+        """The entries of ``window`` whose episode ends are not learnt (those of earlier
+        windows are forgotten)."""
+        self.sequences.ends.keep_only(window.entries)
+        return self.sequences.ends.unknown(window.entries)
 
     def learn(self, entry: Entry, dones: torch.Tensor) -> None:
         """Learn a trajectory's episode ends from its step ``dones``."""

@@ -10,7 +10,7 @@ and on a busy host that wait cost milliseconds per sample).
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +61,7 @@ class WindowSampler:
         else:
             self.generator.manual_seed(seed)
 
-    def unknown(self, entries: Sequence[Entry]) -> list[Entry]:
+    def unknown(self, window: Window) -> list[Entry]:
         """Nothing: a uniform draw needs only the sample counts."""
         return []
 
