@@ -108,7 +108,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         once (ahead, as they enter the sample window, or on first miss) and then read from
         the local copies at local-disk speed; what this buffer writes goes there too, so
         its own misses make no request.  Processes may share the directory.  Ignored for a
-        local store (read in place).  See "S3" in the README.
+        local store (read in place).  See docs/s3.md.
     check_finite
         Refuse trajectories holding NaN or inf in any float field
         (:class:`~rbzarr.errors.InvalidTrajectoryError` naming the fields and counts,
