@@ -1,4 +1,4 @@
-"""Rank shards: RLinf's split formula, per-share counters, and each rank reading only its share."""
+"""Rank shares: RLinf's split formula, per-share counters, and each rank reading only its share."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rbzarr import CheckpointNotFoundError, TrajectoryReplayBuffer
-from rbzarr.buffer.index import TrajectoryIndex, shard_bounds
+from rbzarr.buffer.index import TrajectoryIndex, share_bounds
 from rbzarr.storage.documents import read_documents
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
@@ -27,9 +27,9 @@ def expected_bounds(count: int, rank: int, world_size: int) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("world_size", range(1, 8))
-def test_shard_bounds_formula_disjoint_and_covering(world_size):
+def test_share_bounds_formula_disjoint_and_covering(world_size):
     for count in range(10):
-        bounds = [shard_bounds(count, rank, world_size) for rank in range(world_size)]
+        bounds = [share_bounds(count, rank, world_size) for rank in range(world_size)]
         assert bounds == [expected_bounds(count, rank, world_size) for rank in range(world_size)]
         # In order, back to back, from 0 to count: disjoint and covering.
         assert bounds[0][0] == 0 and bounds[-1][1] == count
@@ -39,10 +39,10 @@ def test_shard_bounds_formula_disjoint_and_covering(world_size):
         assert sizes == sorted(sizes, reverse=True)  # the first count % world_size get one more
 
 
-def test_shard_bounds_examples():
-    assert [shard_bounds(2, r, 2) for r in range(2)] == [(0, 1), (1, 2)]  # the seed example
-    assert [shard_bounds(5, r, 3) for r in range(3)] == [(0, 2), (2, 4), (4, 5)]
-    assert [shard_bounds(2, r, 4) for r in range(4)] == [(0, 1), (1, 2), (2, 2), (2, 2)]
+def test_share_bounds_examples():
+    assert [share_bounds(2, r, 2) for r in range(2)] == [(0, 1), (1, 2)]  # the seed example
+    assert [share_bounds(5, r, 3) for r in range(3)] == [(0, 2), (2, 4), (4, 5)]
+    assert [share_bounds(2, r, 4) for r in range(4)] == [(0, 1), (1, 2), (2, 2), (2, 2)]
 
 
 @pytest.mark.parametrize(
@@ -54,9 +54,9 @@ def test_shard_bounds_examples():
         (2, 2, r"\[0, 2\), got 2"),
     ],
 )
-def test_shard_bounds_rejects_bad_arguments(rank, world_size, message):
+def test_share_bounds_rejects_bad_arguments(rank, world_size, message):
     with pytest.raises(ValueError, match=message):
-        shard_bounds(5, rank, world_size)
+        share_bounds(5, rank, world_size)
 
 
 def index_of(ids: list[int], samples: list[int]) -> TrajectoryIndex:
@@ -73,10 +73,10 @@ def index_of(ids: list[int], samples: list[int]) -> TrajectoryIndex:
     world_size=st.integers(1, 7),
     data=st.data(),
 )
-def test_index_shards_partition_the_list_with_their_own_counters(ids, world_size, data):
+def test_index_shares_partition_the_list_with_their_own_counters(ids, world_size, data):
     samples = data.draw(st.lists(st.integers(1, 9), min_size=len(ids), max_size=len(ids)))
     full = index_of(ids, samples)
-    shares = [full.shard(rank, world_size) for rank in range(world_size)]
+    shares = [full.share(rank, world_size) for rank in range(world_size)]
     assert [i for share in shares for i in share.id_list] == ids
     assert sum(share.total_samples for share in shares) == full.total_samples
     for rank, share in enumerate(shares):

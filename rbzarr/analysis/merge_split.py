@@ -1,4 +1,4 @@
-"""Reshard stores: merge several into one (renumbering ids) or split one into parts.
+"""Merge several stores into one (renumbering ids), or split one into parts.
 
 Both validate every source first and commit the documents last, so an interrupted run
 leaves no index entry without data.
@@ -15,7 +15,7 @@ from tqdm import tqdm
 from rbzarr.analysis.export import export_store
 from rbzarr.analysis.view import BufferView, open_buffer
 from rbzarr.buffer.checkpoint import schema_from_json, schema_to_json
-from rbzarr.buffer.index import TrajectoryIndex, shard_bounds
+from rbzarr.buffer.index import TrajectoryIndex, share_bounds
 from rbzarr.errors import CorruptStoreError, StoreExistsError
 from rbzarr.storage.documents import Documents
 from rbzarr.storage.location import Location
@@ -146,7 +146,7 @@ def split_store(
         )
     parts = []
     for k in tqdm(range(count), desc="split", unit="part", disable=not progress):
-        start, end = shard_bounds(len(ids), k, count)
+        start, end = share_bounds(len(ids), k, count)
         part = root.child(f"part_{k}")
         export_store(view.layout.location, part, view.format, ids=ids[start:end])
         parts.append(part.url)

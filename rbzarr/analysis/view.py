@@ -18,7 +18,7 @@ from rbzarr.analysis.episodes import Episode, EpisodeTracker
 from rbzarr.analysis.steps import episode_fields, read_steps
 from rbzarr.buffer.checkpoint import schema_from_json
 from rbzarr.buffer.index import TrajectoryIndex
-from rbzarr.buffer.local_cache import LocalCacheBound
+from rbzarr.buffer.local_cache_settings import LocalCacheSettings
 from rbzarr.sampling.reader import StoreReader
 from rbzarr.storage.documents import Documents
 from rbzarr.storage.layout import TrajectoryLayout
@@ -83,7 +83,7 @@ def open_buffer(
         ``local_cache_bytes`` is not positive, or is given without ``local_cache_dir``, or
         ``on_damaged`` is not ``"raise"`` or ``"skip"``.
     """
-    cache = LocalCacheBound.of(local_cache_dir, local_cache_bytes)
+    cache = LocalCacheSettings.of(local_cache_dir, local_cache_bytes)
     layout, documents = open_store(url, storage_options, {"zarr": cache.layout_options("zarr")})
     return BufferView(
         layout,

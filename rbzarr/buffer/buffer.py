@@ -25,7 +25,7 @@ from rbzarr.buffer.cache import SlotCache
 from rbzarr.buffer.commits import StoreCommitter
 from rbzarr.buffer.held import BufferRows
 from rbzarr.buffer.index import TrajectoryIndex
-from rbzarr.buffer.local_cache import LocalCacheBound
+from rbzarr.buffer.local_cache_settings import LocalCacheSettings
 from rbzarr.buffer.read_ahead import ReadAhead
 from rbzarr.buffer.rlinf_compat import RLinfCompatMixin
 from rbzarr.errors import BufferClosedError, TrajectoryListError
@@ -180,7 +180,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         self.check_finite = check_finite
         self.storage_options = dict(storage_options or {})
         self.layout_options = dict(layout_options or {})
-        self.local_cache = LocalCacheBound.of(local_cache_dir, local_cache_bytes)
+        self.local_cache = LocalCacheSettings.of(local_cache_dir, local_cache_bytes)
         self.trajectory_format = trajectory_format or DEFAULT_FORMAT
         if not auto_save:
             # The cache is the storage: it must hold the whole sampling window.

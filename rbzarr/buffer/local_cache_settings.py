@@ -13,11 +13,11 @@ from rbzarr.trajectory.dtypes import dtype_from_name
 from rbzarr.trajectory.model import Schema
 from rbzarr.trajectory.validated import ValidatedTrajectory
 
-__all__ = ["LocalCacheBound"]
+__all__ = ["LocalCacheSettings"]
 
 
 @dataclass(frozen=True)
-class LocalCacheBound:
+class LocalCacheSettings:
     """``local_cache_dir`` and ``local_cache_bytes`` as a buffer was given them (checked).
 
     Parameters
@@ -32,7 +32,9 @@ class LocalCacheBound:
     capacity: int
 
     @classmethod
-    def of(cls, directory: str | os.PathLike[str] | None, capacity: int | None) -> LocalCacheBound:
+    def of(
+        cls, directory: str | os.PathLike[str] | None, capacity: int | None
+    ) -> LocalCacheSettings:
         """Check the two arguments.
 
         Raises

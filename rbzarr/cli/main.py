@@ -359,7 +359,7 @@ def merge(
     ctx: click.Context, destination: str, sources: tuple[str, ...], trajectory_format: str | None
 ) -> None:
     """Merge SOURCES into a new store DESTINATION; ids are renumbered 0..N-1."""
-    from rbzarr.analysis.reshard import merge_stores  # noqa: PLC0415
+    from rbzarr.analysis.merge_split import merge_stores  # noqa: PLC0415
 
     documents = merge_stores(
         destination, sources, trajectory_format, _options(ctx), progress=progress_wanted()
@@ -373,8 +373,8 @@ def merge(
 @click.option("--count", type=click.IntRange(min=1), required=True, help="Number of parts.")
 @click.pass_context
 def split(ctx: click.Context, source: str, destination: str, count: int) -> None:
-    """Split SOURCE into COUNT stores DESTINATION/part_<k> (the load_checkpoint shards)."""
-    from rbzarr.analysis.reshard import split_store  # noqa: PLC0415
+    """Split SOURCE into COUNT stores DESTINATION/part_<k> (the load_checkpoint shares)."""
+    from rbzarr.analysis.merge_split import split_store  # noqa: PLC0415
 
     for part in split_store(source, destination, count, _options(ctx), progress=progress_wanted()):
         click.echo(part)

@@ -82,8 +82,8 @@ class HeldRows(Protocol):
 class Ahead(Protocol):
     """Batches drawn ahead from the reader's own generator (the buffer's read-ahead)."""
 
-    def sample(self, num_chunks: int) -> Batch:
-        """The next batch of ``num_chunks`` rows, as the reader would draw it."""
+    def sample(self, n: int) -> Batch:
+        """The next batch of ``n`` rows, as the reader would draw it."""
 
     def discard(self) -> None:
         """Drop the batches drawn ahead (the window changed)."""
@@ -156,26 +156,26 @@ class StoreReader:
         if self.ahead is not None:
             self.ahead.discard()
 
-    def sample(self, num_chunks: int, generator: torch.Generator | None = None) -> Batch:
-        """``num_chunks`` rows drawn uniformly from the window, as a nested ``[n, ...]`` dict.
+    def sample(self, n: int, generator: torch.Generator | None = None) -> Batch:
+        """``n`` rows drawn uniformly from the window, as a nested ``[n, ...]`` dict.
 
         Raises
         ------
         ValueError
-            ``num_chunks`` is not positive.
+            ``n`` is not positive (named ``num_chunks``, RLinf's name, in the message).
         TypeError
-            ``num_chunks`` is not an int.
+            ``n`` is not an int.
         EmptyBufferError
             The window is empty.
         """
-        num_chunks = check_count("num_chunks", num_chunks)
+        n = check_count("num_chunks", n)
         if generator is None and self.ahead is not None:
-            return self._sampling(self.rows, functools.partial(self.ahead.sample, num_chunks), None)
-        return self._sampling(self.rows, self._drawing(self.rows, num_chunks, generator), generator)
+            return self._sampling(self.rows, functools.partial(self.ahead.sample, n), None)
+        return self._sampling(self.rows, self._drawing(self.rows, n, generator), generator)
 
-    def draw_rows(self, num_chunks: int, generator: torch.Generator | None) -> Callable[[], Batch]:
+    def draw_rows(self, n: int, generator: torch.Generator | None) -> Callable[[], Batch]:
         """Draw a batch of rows under the lock; the call returned reads it (without the lock)."""
-        return self._draw(self.rows, num_chunks, generator)
+        return self._draw(self.rows, n, generator)
 
     def sample_sequences(
         self,

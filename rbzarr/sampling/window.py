@@ -26,12 +26,12 @@ __all__ = ["RowDraw", "WindowSampler", "draw"]
 
 
 def draw(
-    num_chunks: int, sample_counts: torch.Tensor, generator: torch.Generator
+    n: int, sample_counts: torch.Tensor, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw ``num_chunks`` rows (clamped) uniformly: each one's trajectory position and row."""
+    """Draw ``n`` rows (clamped) uniformly: each one's trajectory position and row."""
     ends = torch.cumsum(sample_counts, dim=0)
     total = int(ends[-1])
-    ids = torch.randint(0, total, (min(num_chunks, total),), generator=generator)
+    ids = torch.randint(0, total, (min(n, total),), generator=generator)
     positions = torch.from_numpy(np.searchsorted(ends.numpy(), ids.numpy(), side="right"))
     rows = ids - (ends - sample_counts)[positions]
     return positions, rows
