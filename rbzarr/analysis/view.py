@@ -23,7 +23,7 @@ from rbzarr.sampling.reader import StoreReader
 from rbzarr.storage.documents import Documents
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
-from rbzarr.storage.registry import open_store
+from rbzarr.storage.registry import known_formats, layout_class, open_store
 from rbzarr.trajectory.model import Schema, Trajectory, validate
 from rbzarr.trajectory.steps import DONES, continues
 
@@ -84,7 +84,8 @@ def open_buffer(
         ``on_damaged`` is not ``"raise"`` or ``"skip"``.
     """
     cache = LocalCacheSettings.of(local_cache_dir, local_cache_bytes)
-    layout, documents = open_store(url, storage_options, {"zarr": cache.layout_options("zarr")})
+    options = {name: cache.layout_options(layout_class(name)) for name in known_formats()}
+    layout, documents = open_store(url, storage_options, options)
     return BufferView(
         layout,
         documents,

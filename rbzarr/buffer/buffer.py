@@ -195,7 +195,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             self.trajectory_format = checkpoint.format_at(location) or DEFAULT_FORMAT
         # The format layout_options are meant for (loading may adopt another one).
         self._options_format = self.trajectory_format
-        self.local_cache.check_format(self.trajectory_format)
+        self.local_cache.check_layout(layout_class(self.trajectory_format))
         self._committer: StoreCommitter | None = None
         if location is not None:
             self._committer = StoreCommitter(
@@ -223,9 +223,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
     def _layout(self, location: Location, trajectory_format: str) -> TrajectoryLayout:
         """A layout at ``location``; this buffer's layout options apply to its format only."""
         options = self.layout_options if trajectory_format == self._options_format else {}
-        return layout_class(trajectory_format)(
-            location, **options, **self.local_cache.layout_options(trajectory_format)
-        )
+        layout = layout_class(trajectory_format)
+        return layout(location, **options, **self.local_cache.layout_options(layout))
 
     def _first_free_id(self) -> int:
         return 0 if self._committer is None else self._committer.next_id

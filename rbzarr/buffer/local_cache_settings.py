@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.zarr.shard_cache import DEFAULT_LOCAL_CACHE_BYTES
 from rbzarr.trajectory.dtypes import dtype_from_name
 from rbzarr.trajectory.model import Schema
@@ -54,23 +55,22 @@ class LocalCacheSettings:
             raise ValueError("local_cache_dir is empty")
         return cls(os.fspath(directory), capacity)
 
-    def check_format(self, trajectory_format: str) -> None:
-        """Refuse a cache for the file layouts (pt/pkl objects are read whole anyway).
+    def check_layout(self, layout: type[TrajectoryLayout]) -> None:
+        """Refuse a cache for a layout without one (pt/pkl objects are read whole anyway).
 
         Raises
         ------
         ValueError
-            A cache directory is set and ``trajectory_format`` is not ``"zarr"``.
+            A cache directory is set and ``layout`` does not support a local cache.
         """
-        if self.directory is not None and trajectory_format != "zarr":
+        if self.directory is not None and not layout.supports_local_cache:
             raise ValueError(
-                f"local_cache_dir works with zarr stores; this store's format is "
-                f"{trajectory_format!r}"
+                f"local_cache_dir works with zarr stores; this store's format is {layout.format!r}"
             )
 
-    def layout_options(self, trajectory_format: str) -> dict[str, Any]:
-        """The keyword arguments that give a layout of ``trajectory_format`` this cache."""
-        if self.directory is None or trajectory_format != "zarr":
+    def layout_options(self, layout: type[TrajectoryLayout]) -> dict[str, Any]:
+        """The keyword arguments that give a layout of class ``layout`` this cache."""
+        if self.directory is None or not layout.supports_local_cache:
             return {}
         return {"local_cache_dir": self.directory, "local_cache_bytes": self.capacity}
 

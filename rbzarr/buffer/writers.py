@@ -20,10 +20,8 @@ from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.writers import COMMIT_TIMES, WRITERS, id_range, read_slot_documents
 from rbzarr.storage.writers import slot_location as documents_location
 
-__all__ = ["MANY_WRITER_FORMATS", "WriterSlot"]
+__all__ = ["WriterSlot"]
 
-# Formats whose stores take many writers at once; the others (RLinf's files) take one.
-MANY_WRITER_FORMATS = frozenset({"zarr"})
 # Slots tried before giving up (killed writers on an object store keep theirs).
 MAX_SLOTS = 4096
 
@@ -40,7 +38,7 @@ class WriterSlot:
     def claim(cls, layout: TrajectoryLayout) -> WriterSlot:
         """Claim the lowest free slot of ``layout``'s store (only slot 0 for pt / pkl)."""
         location = layout.location
-        if layout.format not in MANY_WRITER_FORMATS:
+        if not layout.supports_many_writers:
             claim = SlotClaim.acquire(location, 0)
             if claim is None:
                 raise StoreExistsError(
