@@ -13,8 +13,8 @@ import os
 
 import torch
 import torch.distributed as dist
-from s3_server import s3_storage_options
 
+from benchmarks.s3_server import s3_storage_options
 from rbzarr import TrajectoryReplayBuffer
 
 

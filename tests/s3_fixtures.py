@@ -1,7 +1,8 @@
 """S3 fixtures: one moto server per session, a fresh bucket and proxy per test.
 
 Registered from ``conftest.py`` (``pytest_plugins``).  Clients talk to the per-test
-:class:`~s3_server.S3Proxy` (``s3_options``), which logs requests and can simulate outages;
+``S3Proxy`` of benchmarks/s3_server.py (``s3_options``), which logs requests and can
+simulate outages;
 ``s3_direct_options`` reach moto without the proxy, to inspect what the server really holds.
 If moto's server extra is missing, the fixtures fail (they never skip).  A test that uses
 them must carry the ``s3`` marker (so ``-m "not s3"`` leaves moto out); collection stops
@@ -17,7 +18,14 @@ from typing import Any
 
 import pytest
 import s3fs
-from s3_server import S3Proxy, create_bucket, s3_storage_options, start_moto, unique_bucket_name
+
+from benchmarks.s3_server import (
+    S3Proxy,
+    create_bucket,
+    s3_storage_options,
+    start_moto,
+    unique_bucket_name,
+)
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: every collected test is seen

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from rbzarr import InvalidTrajectoryError, TrajectoryReplayBuffer
 from rbzarr.analysis import open_buffer
-from rbzarr.analysis.reshard import split_store
+from rbzarr.analysis.merge_split import split_store
 from rbzarr.analysis.stats import RunningStats, compute_stats
-from rbzarr.buffer.arguments import SEED_MAX, SEED_MIN
+from rbzarr.sampling.arguments import SEED_MAX, SEED_MIN
 
 
 @pytest.fixture

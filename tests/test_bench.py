@@ -24,11 +24,11 @@ from click.testing import CliRunner
 from zarr.codecs import ZstdCodec
 from zarr.storage import LocalStore
 
-from rbzarr import bench
-from rbzarr.bench.accounting import StoreGeometry, coalesce
-from rbzarr.bench.report import aligned, target
-from rbzarr.bench.torchrl_peer import torchrl_missing
-from rbzarr.cli.main import main
+import benchmarks as bench
+from benchmarks.__main__ import main
+from benchmarks.accounting import StoreGeometry, coalesce
+from benchmarks.report import aligned, target
+from benchmarks.torchrl_peer import torchrl_missing
 from rbzarr.trajectory.model import validate
 
 STATS = {"calls", "rows_s", "mb_s", "p50_ms", "p99_ms"}
@@ -63,7 +63,7 @@ S3_TARGETS = {
 
 
 def run_bench(*args: str) -> Any:
-    return CliRunner().invoke(main, ["bench", *args], catch_exceptions=False)
+    return CliRunner().invoke(main, [*args], catch_exceptions=False)
 
 
 def test_trajectories_have_the_documented_shapes() -> None:
@@ -89,19 +89,19 @@ def test_trajectories_have_the_documented_shapes() -> None:
 def test_unknown_names_are_refused() -> None:
     with pytest.raises(ValueError, match="unknown workload 'video'"):
         bench.workloads(["video"], {})
-    result = CliRunner().invoke(main, ["bench", "--quick", "--workloads", "video"])
+    result = CliRunner().invoke(main, ["--quick", "--workloads", "video"])
     assert result.exit_code == 1
     assert "unknown workload ['video']" in result.output
-    result = CliRunner().invoke(main, ["bench", "--quick", "--suites", "gpu"])
+    result = CliRunner().invoke(main, ["--quick", "--suites", "gpu"])
     assert result.exit_code == 1
     assert "unknown suite ['gpu']" in result.output
 
 
 def test_bad_settings_are_refused_before_any_work(tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["bench", "--quick", "--cache", "0", "--out", str(tmp_path)])
+    result = CliRunner().invoke(main, ["--quick", "--cache", "0", "--out", str(tmp_path)])
     assert result.exit_code == 1
     assert "--cache must be positive, got 0" in result.output
-    result = CliRunner().invoke(main, ["bench", "--warm-calls", "-1", "--out", str(tmp_path)])
+    result = CliRunner().invoke(main, ["--warm-calls", "-1", "--out", str(tmp_path)])
     assert result.exit_code == 1
     assert "--warm-calls must be positive, got -1" in result.output
     assert not list(tmp_path.iterdir())

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rbzarr.bench.sequences import run_sequences, sequence_targets
-from rbzarr.bench.settings import QUICK
+from benchmarks.sequences import run_sequences, sequence_targets
+from benchmarks.settings import QUICK
 
 
 def test_quick_sequences_suite_reports_its_targets(tmp_path) -> None:

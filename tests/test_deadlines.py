@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 from conftest import make_trajectory
-from s3_server import REGION, S3Proxy, create_bucket, unique_bucket_name
 
+from benchmarks.s3_server import REGION, S3Proxy, create_bucket, unique_bucket_name
 from rbzarr import StorageUnavailableError, TrajectoryReplayBuffer
 from rbzarr.analysis import open_buffer
 from rbzarr.storage.deadlines import DEADLINE_ENV

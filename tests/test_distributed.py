@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 from conftest import make_trajectory
-from s3_server import S3Proxy
 
+from benchmarks.s3_server import S3Proxy
 from rbzarr import TrajectoryReplayBuffer
 
 pytestmark = pytest.mark.s3
@@ -53,6 +53,8 @@ def test_ranks_load_disjoint_complete_shares_from_s3(
             "RBZARR_TEST_S3_ENDPOINTS": json.dumps([p.endpoint_url for p in proxies]),
             "OMP_NUM_THREADS": "1",
             "GLOO_SOCKET_IFNAME": "lo",
+            # the worker imports the S3 helpers of benchmarks/ from the repository root
+            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), *sys.path]),
         }
         result = tmp_path / "result.json"
         command = [

@@ -459,8 +459,8 @@ def test_a_destination_holding_a_store_is_left_alone(lerobot, tmp_path):
 
 
 def test_the_datasets_benchmark_reads_its_targets_and_prints_a_table():
-    from rbzarr.bench import table  # noqa: PLC0415
-    from rbzarr.bench.datasets_roundtrip import datasets_targets  # noqa: PLC0415
+    from benchmarks import table  # noqa: PLC0415
+    from benchmarks.datasets_roundtrip import datasets_targets  # noqa: PLC0415
 
     error = {"max_abs": 25.0, "mean_abs": 2.0, "psnr_db": 38.8}
     results = {

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import assert_rows_consistent, make_trajectory
-from s3_server import S3Proxy
 
+from benchmarks.s3_server import S3Proxy
 from rbzarr import StorageUnavailableError, TrajectoryReplayBuffer
 from rbzarr.storage.zarr import remote, shard_cache, shard_index
 from rbzarr.storage.zarr.shard_cache import ShardCache
@@ -173,7 +173,7 @@ def _store_key(cache: Path, copy: Path) -> str:
 def test_two_stores_in_one_directory_never_mix(
     s3_proxy: S3Proxy, s3_options: dict[str, Any], tmp_path: Path
 ) -> None:
-    from s3_server import create_bucket, unique_bucket_name  # noqa: PLC0415
+    from benchmarks.s3_server import create_bucket, unique_bucket_name  # noqa: PLC0415
 
     cache = tmp_path / "cache"
     urls = []

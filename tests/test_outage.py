@@ -19,8 +19,8 @@ import torch
 from conftest import assert_rows_consistent, assert_same_trajectory, make_trajectory
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from s3_server import S3Proxy
 
+from benchmarks.s3_server import S3Proxy
 from rbzarr import BufferClosedError, Trajectory, TrajectoryReplayBuffer, WriterFailedError
 from rbzarr.storage.documents import read_documents
 from rbzarr.storage.location import Location

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from conftest import make_trajectory
-from s3_server import unique_bucket_name
 
+from benchmarks.s3_server import unique_bucket_name
 from rbzarr import StoreNotWritableError, TrajectoryReplayBuffer, WriterFailedError
 from rbzarr.storage.backends import permanent_cause
 from rbzarr.storage.documents import read_documents
@@ -95,7 +95,7 @@ import sys
 from pathlib import Path
 sys.path.insert(0, {tests!r})
 from conftest import make_trajectory
-from s3_server import unique_bucket_name
+from benchmarks.s3_server import unique_bucket_name
 from test_permanent_errors import break_trajectories_folder
 from rbzarr import TrajectoryReplayBuffer
 buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path={store!r})

@@ -294,13 +294,12 @@ def test_replay_dataset_in_fork_workers_draws_the_same_with_any_prefetch(tmp_pat
 def test_training_bench_suite_reports_steps_and_the_ratio(memory_url):
     from click.testing import CliRunner  # noqa: PLC0415
 
-    from rbzarr.cli.main import main  # noqa: PLC0415
+    from benchmarks.__main__ import main  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory() as out:
         result = CliRunner().invoke(
             main,
             [
-                "bench",
                 "--quick",
                 "--suites",
                 "training",

@@ -11,10 +11,10 @@ import pytest
 import torch
 from conftest import make_trajectory
 
+from rbzarr.sampling.rows import plan_misses, read_batch
 from rbzarr.storage.file_layout import PtLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.row_groups import RowGroups
-from rbzarr.storage.row_reads import plan_misses, read_batch
 from rbzarr.storage.zarr.layout import ZarrLayout
 from rbzarr.trajectory.flat_view import flatten_trajectory
 from rbzarr.trajectory.model import validate

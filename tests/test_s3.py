@@ -1,6 +1,6 @@
 """The buffer on S3, against moto's real HTTP server (see ``s3_fixtures.py``).
 
-Every request goes through the test's :class:`~s3_server.S3Proxy`, so the tests count what
+Every request goes through the test's ``S3Proxy`` (benchmarks/s3_server.py), so the tests count what
 actually crosses the wire and can cut the connection mid-write.
 """
 
@@ -18,8 +18,8 @@ import s3fs
 import torch
 from conftest import assert_rows_consistent, assert_same_trajectory, make_trajectory
 from rlinf_oracle import expected_numbers
-from s3_server import Request, S3Proxy
 
+from benchmarks.s3_server import Request, S3Proxy
 from rbzarr import (
     CheckpointNotFoundError,
     StorageUnavailableError,

@@ -1,6 +1,6 @@
 """S3 failures with rbzarr's default client settings: clear errors, bounded waits, no noise.
 
-Faults are real: moto's server sits behind the test's :class:`~s3_server.S3Proxy`, which
+Faults are real: moto's server sits behind the test's ``S3Proxy`` (benchmarks/s3_server.py), which
 drops every request (``go_down``) or stops listening (``close``: connection refused).  The
 options here set no timeouts or retries of their own, so every bound comes from rbzarr's
 defaults (``S3_DEFAULTS`` in ``rbzarr/storage/backends.py``).  Times are asserted loosely
@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 from conftest import make_trajectory
-from s3_server import S3Proxy
 
+from benchmarks.s3_server import S3Proxy
 from rbzarr import StorageUnavailableError, TrajectoryReplayBuffer
 from rbzarr.analysis.verify import verify_store
 from rbzarr.analysis.view import open_buffer

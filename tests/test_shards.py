@@ -24,9 +24,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from zarr.codecs import ZstdCodec
 
+from benchmarks.page_cache import evict
 from rbzarr import CorruptStoreError, TrajectoryReplayBuffer
 from rbzarr.analysis.view import open_buffer
-from rbzarr.bench.page_cache import evict
 from rbzarr.storage.location import Location
 from rbzarr.storage.zarr import shard_index
 from rbzarr.storage.zarr.layout import ZarrLayout

@@ -8,12 +8,12 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import assert_rows_consistent, make_trajectory
-from s3_server import S3Proxy
 from test_shards import DAMAGE, ZSTD, undecodable
 from zarr.codecs import ZstdCodec
 
+from benchmarks.accounting import CountingByteSource
+from benchmarks.s3_server import S3Proxy
 from rbzarr import CorruptStoreError, TrajectoryReplayBuffer
-from rbzarr.bench.accounting import CountingByteSource
 from rbzarr.storage.location import Location
 from rbzarr.storage.zarr import remote
 from rbzarr.storage.zarr.rows import reset_row_elements

@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from tqdm import tqdm
 
-from rbzarr.analysis.episodes import DONES, Episode, EpisodeTracker
+from rbzarr.analysis.episodes import Episode, EpisodeTracker
 from rbzarr.analysis.steps import episode_fields, read_steps
 from rbzarr.errors import SchedulerUnavailableError
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
+from rbzarr.trajectory.steps import DONES
 
 if TYPE_CHECKING:
     from distributed import Client

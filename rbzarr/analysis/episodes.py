@@ -1,31 +1,19 @@
 """Cutting ``[T, B]`` time steps into per-environment episodes, across trajectories.
 
-Two trajectories form one *run* when their ids are consecutive and ``B`` is the same; an
-episode still running where its run ends is incomplete.
+Trajectories form runs (:func:`rbzarr.trajectory.steps.continues`); an episode still running
+where its run ends is incomplete.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-from rbzarr.trajectory.model import raw_time_rows
+from rbzarr.trajectory.steps import DONES, REWARDS, episode_ends
 
-__all__ = [
-    "DONES",
-    "REWARDS",
-    "Episode",
-    "EpisodeTracker",
-    "continues",
-    "episode_segments",
-    "time_steps",
-]
-
-REWARDS = "rewards"
-DONES = "dones"
+__all__ = ["Episode", "EpisodeTracker", "episode_segments"]
 
 
 @dataclass(frozen=True)
@@ -47,17 +35,10 @@ class Episode:
         return None if rewards is None else float(rewards.double().sum())
 
 
-def time_steps(raw: torch.Tensor, T: int) -> torch.Tensor:
-    """The ``T`` time steps of a raw field: the reset rows of ``dones``-like fields dropped."""
-    if raw.dim() == 0 or raw.shape[0] == T:
-        return raw
-    return raw.index_select(0, raw_time_rows(torch.arange(T), T, int(raw.shape[0])))
-
-
 def episode_segments(dones: torch.Tensor) -> list[tuple[int, int, int, bool]]:
     """Cut ``[T, B, ...]`` step dones into ``(env, start, length, done)`` segments."""
     T, B = int(dones.shape[0]), int(dones.shape[1])
-    ended = (dones.reshape(T, B, -1) != 0).any(dim=-1)
+    ended = episode_ends(dones, T, B)
     segments = []
     for env in range(B):
         start = 0
@@ -67,13 +48,6 @@ def episode_segments(dones: torch.Tensor) -> list[tuple[int, int, int, bool]]:
         if start < T:
             segments.append((env, start, T - start, False))
     return segments
-
-
-def continues(entry: Mapping[str, Any], following: Mapping[str, Any]) -> bool:
-    """Whether the trajectory of index entry ``following`` continues that of ``entry``."""
-    return int(following["trajectory_id"]) == int(entry["trajectory_id"]) + 1 and int(
-        following["shape"][1]
-    ) == int(entry["shape"][1])
 
 
 @dataclass

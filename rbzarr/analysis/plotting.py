@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from rbzarr.analysis.cluster import TrajectoryTasks
-from rbzarr.analysis.episodes import DONES, REWARDS
 from rbzarr.analysis.view import BufferView
+from rbzarr.trajectory.steps import DONES, REWARDS
 
 __all__ = [
     "DPI",

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 
 from rbzarr.analysis.cluster import TrajectoryTasks
-from rbzarr.analysis.episodes import DONES, REWARDS
 from rbzarr.analysis.view import BufferView, open_buffer
 from rbzarr.trajectory.finite import non_finite_counts
+from rbzarr.trajectory.steps import DONES, REWARDS
 
 __all__ = ["BatchMoments", "RunningStats", "compute_stats"]
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from rbzarr.analysis.episodes import DONES, time_steps
 from rbzarr.storage.layout import TrajectoryLayout
+from rbzarr.trajectory.steps import DONES, time_steps
 
 __all__ = ["episode_fields", "read_steps"]
 

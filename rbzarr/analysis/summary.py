@@ -54,7 +54,7 @@ def describe_store(view: BufferView, progress: bool = False) -> dict[str, Any]:
     return {
         "url": view.url,
         "format": view.format,
-        "layout_version": metadata.get("layout_version", 1 if view.format == "zarr" else None),
+        "layout_version": metadata.get("layout_version", view.layout.unrecorded_version),
         "trajectories": len(view),
         "total_samples": view.total_samples,
         "trajectory_counter": metadata.get("trajectory_counter"),

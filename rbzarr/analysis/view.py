@@ -14,24 +14,19 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from rbzarr.analysis.episodes import DONES, Episode, EpisodeTracker, continues, time_steps
+from rbzarr.analysis.episodes import Episode, EpisodeTracker
 from rbzarr.analysis.steps import episode_fields, read_steps
-from rbzarr.buffer.arguments import check_count
 from rbzarr.buffer.checkpoint import schema_from_json
-from rbzarr.buffer.damaged import DamagedTrajectories
 from rbzarr.buffer.index import TrajectoryIndex
-from rbzarr.buffer.local_cache import LocalCacheBound
-from rbzarr.buffer.sampler import WindowSampler
-from rbzarr.buffer.sequences import SequenceSampler, check_sequence_request, learn_window
-from rbzarr.errors import EmptyBufferError
+from rbzarr.buffer.local_cache_settings import LocalCacheSettings
+from rbzarr.sampling.reader import StoreReader
 from rbzarr.storage.documents import Documents
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
-from rbzarr.storage.registry import open_store
-from rbzarr.storage.row_reads import plan_misses
+from rbzarr.storage.registry import known_formats, layout_class, open_store
 from rbzarr.storage.writers import read_store_window
-from rbzarr.trajectory import tree
 from rbzarr.trajectory.model import Schema, Trajectory, validate
+from rbzarr.trajectory.steps import DONES, continues
 
 __all__ = ["BufferView", "open_buffer"]
 
@@ -89,10 +84,9 @@ def open_buffer(
         ``local_cache_bytes`` is not positive, or is given without ``local_cache_dir``, or
         ``on_damaged`` is not ``"raise"`` or ``"skip"``.
     """
-    cache = LocalCacheBound.of(local_cache_dir, local_cache_bytes)
-    layout, documents = open_store(
-        url, storage_options, {"zarr": cache.layout_options("zarr")}, window=sample_window_size
-    )
+    cache = LocalCacheSettings.of(local_cache_dir, local_cache_bytes)
+    options = {name: cache.layout_options(layout_class(name)) for name in known_formats()}
+    layout, documents = open_store(url, storage_options, options, window=sample_window_size)
     return BufferView(
         layout,
         documents,
@@ -136,22 +130,38 @@ class BufferView:
         refresh_interval: float | None = None,
         on_damaged: str = "raise",
     ) -> None:
-        self._damaged = DamagedTrajectories(on_damaged)
+        url = layout.location.url
+        self._reader = StoreReader(
+            TrajectoryIndex(),
+            layout,
+            seed=seed,
+            window_size=sample_window_size,
+            on_damaged=on_damaged,
+            where=url,
+            empty=f"{url}: no committed trajectory to sample from",
+        )
         if refresh_interval is not None and not refresh_interval >= 0:
             raise ValueError(f"refresh_interval must be >= 0 seconds, got {refresh_interval}")
         self.layout = layout
-        self.sample_window_size = sample_window_size
         self.refresh_interval = refresh_interval
-        self._sampler = WindowSampler(seed)
-        self._sequences = SequenceSampler(seed)
         self._schema: Schema | None = None
         self._set_documents(documents)
 
     def _set_documents(self, documents: Documents) -> None:
         self._documents = documents
-        self._index = TrajectoryIndex.from_documents(documents, self.url)
-        self._index.remove(self._damaged.dropped)  # on_damaged="skip": they stay dropped
+        self._index = self._reader.index = TrajectoryIndex.from_documents(documents, self.url)
+        # on_damaged="skip": the damaged ones stay dropped
+        self._index.remove(self._reader.damaged.dropped)
         self._read_at = time.monotonic()
+
+    @property
+    def sample_window_size(self) -> int:
+        """Sampling draws from this many last committed trajectories (0 or negative: all)."""
+        return self._reader.window_size
+
+    @sample_window_size.setter
+    def sample_window_size(self, size: int) -> None:
+        self._reader.window_size = size
 
     def state_dict(self) -> dict[str, Any]:
         """The view's sampling state: ``{"sampler": ...}`` (seed and generator state).
@@ -161,7 +171,8 @@ class BufferView:
         dict of str to Any
             ``{"sampler": WindowSampler.state_dict(), "sequences": ...}``, JSON-ready.
         """
-        return {"sampler": self._sampler.state_dict(), "sequences": self._sequences.state_dict()}
+        reader = self._reader
+        return {"sampler": reader.rows.state_dict(), "sequences": reader.sequences.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a state from :meth:`state_dict`: the next draws continue that stream.
@@ -171,8 +182,8 @@ class BufferView:
         state
             A dict from :meth:`state_dict` (of this view or another one).
         """
-        self._sampler.load_state_dict(state["sampler"])
-        self._sequences.load_state_dict(state.get("sequences"), self._sampler.seed)
+        self._reader.rows.load_state_dict(state["sampler"])
+        self._reader.sequences.load_state_dict(state.get("sequences"), self._reader.rows.seed)
 
     def __len__(self) -> int:
         return len(self._index)
@@ -180,12 +191,12 @@ class BufferView:
     @property
     def on_damaged(self) -> str:
         """What sampling does with a damaged trajectory: ``"raise"`` or ``"skip"``."""
-        return self._damaged.policy
+        return self._reader.damaged.policy
 
     @property
     def damaged_trajectories(self) -> list[int]:
         """The ids ``on_damaged="skip"`` dropped from the view's index, sorted."""
-        return sorted(self._damaged.dropped)
+        return sorted(self._reader.damaged.dropped)
 
     @property
     def url(self) -> str:
@@ -258,25 +269,7 @@ class BufferView:
         EmptyBufferError
             The index lists no trajectory.
         """
-        num_chunks = check_count("num_chunks", num_chunks)
-        stream = self._sampler.generator if generator is None else generator
-        return self._damaged.sampling(
-            lambda: self._sample_once(num_chunks, generator), stream, self._drop_damaged
-        )
-
-    def _sample_once(self, num_chunks: int, generator: torch.Generator | None) -> dict[str, Any]:
-        window = self._window()
-        counts = self._index.sample_counts(window)
-        positions, rows = self._sampler.draw(num_chunks, counts, generator)
-        ids = torch.tensor(window, dtype=torch.int64)[positions]
-        nothing_cached = torch.zeros(len(ids), dtype=torch.bool)
-        plan = plan_misses(ids, rows, nothing_cached, {}, self.schema(), self._index.entries, {})
-        return tree.unflatten(self._damaged.read(plan, self.layout))
-
-    def _drop_damaged(self, found: dict[int, str]) -> None:
-        """``on_damaged="skip"``: the damaged trajectories leave the view's index."""
-        self._index.remove(found)
-        self._damaged.record(found, self.url)
+        return self._ready().sample(num_chunks, generator)
 
     def sample_sequences(
         self,
@@ -315,48 +308,15 @@ class BufferView:
         EmptyBufferError
             The index lists no trajectory, or with ``strict_length`` no episode is that long.
         """
-        check_sequence_request(n, length, self.schema() or None)
-        stream = self._sequences.generator if generator is None else generator
-        return self._damaged.sampling(
-            lambda: self._sequences_once(n, length, generator, strict_length),
-            stream,
-            self._drop_damaged,
-        )
+        return self._ready().sample_sequences(n, length, generator, strict_length)
 
-    def _sequences_once(
-        self, n: int, length: int, generator: torch.Generator | None, strict_length: bool
-    ) -> dict[str, Any]:
-        window = self._window()
-        entries = [self._index.entries[i] for i in window]
-        learn_window(self._sequences.ends, entries, self._dones)
-        drawn = self._sequences.draw(n, length, entries, generator, strict_length=strict_length)
-        ids = torch.tensor(window, dtype=torch.int64)[drawn.positions]
-        nothing_cached = torch.zeros(len(ids), dtype=torch.bool)
-        plan = plan_misses(
-            ids, drawn.rows, nothing_cached, {}, self.schema(), self._index.entries, {}
-        )
-        return drawn.batch(self._damaged.read(plan, self.layout))
-
-    def _window(self) -> list[int]:
-        """The sampling window, after a refresh when the index is older than the interval.
-
-        Raises
-        ------
-        EmptyBufferError
-            The index lists no trajectory.
-        """
+    def _ready(self) -> StoreReader:
+        """The reader, after a refresh when the index is older than the interval."""
         interval = self.refresh_interval
         if interval is not None and time.monotonic() - self._read_at >= interval:
             self.refresh()
-        window = self._index.window(self.sample_window_size)
-        if not window:
-            raise EmptyBufferError(f"{self.url}: no committed trajectory to sample from")
-        return window
-
-    def _dones(self, entry: Mapping[str, Any]) -> torch.Tensor:
-        raw = self._damaged.read_one(self.layout, entry, [DONES]).dones
-        assert raw is not None
-        return time_steps(raw, int(entry["shape"][0]))
+        self._reader.schema = self.schema()
+        return self._reader
 
     def schema(self) -> Schema:
         """Sampled keys (in batch order) with their dtype names and trailing shapes.
@@ -437,7 +397,7 @@ class BufferView:
 
     def __reduce__(self) -> tuple[Any, ...]:
         options = {
-            "seed": self._sampler.seed,
+            "seed": self._reader.rows.seed,
             "sample_window_size": self.sample_window_size,
             "refresh_interval": self.refresh_interval,
             "on_damaged": self.on_damaged,
@@ -499,7 +459,7 @@ class BufferView:
         Returns
         -------
         list of bool
-            One flag per id, in index order (:func:`rbzarr.analysis.episodes.continues` of it and
+            One flag per id, in index order (:func:`rbzarr.trajectory.steps.continues` of it and
             the next id); the last is always false.
         """
         entries = [self._index.entries[i] for i in self._index.id_list]

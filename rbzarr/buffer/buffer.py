@@ -1,8 +1,8 @@
 """TrajectoryReplayBuffer: RLinf's trajectory buffer, rebuilt on Zarr.
 
 The buffer is a coordinator.  It validates, takes its lock and delegates: ids and counters
-to :class:`~rbzarr.buffer.index.TrajectoryIndex`, draws to
-:class:`~rbzarr.buffer.sampler.WindowSampler`, hot rows to
+to :class:`~rbzarr.buffer.index.TrajectoryIndex`, sampling to its
+:class:`~rbzarr.sampling.reader.StoreReader`, hot rows to
 :class:`~rbzarr.buffer.cache.SlotCache`, persistence to the
 :class:`~rbzarr.buffer.commits.StoreCommitter`, and checkpoints to
 :mod:`rbzarr.buffer.checkpoint`.  RLinf's other names for its calls come from
@@ -14,37 +14,30 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Self
+from collections.abc import Iterable, Mapping
+from typing import Any, Self
 
 import torch
 
-from rbzarr.analysis.episodes import DONES, time_steps
 from rbzarr.buffer import checkpoint, references
-from rbzarr.buffer.arguments import check_count
 from rbzarr.buffer.background import DEFAULT_TIMEOUT
 from rbzarr.buffer.cache import SlotCache
 from rbzarr.buffer.commits import StoreCommitter
-from rbzarr.buffer.damaged import DamagedTrajectories
+from rbzarr.buffer.held import BufferRows
 from rbzarr.buffer.index import TrajectoryIndex
-from rbzarr.buffer.local_cache import LocalCacheBound
+from rbzarr.buffer.local_cache_settings import LocalCacheSettings
 from rbzarr.buffer.read_ahead import ReadAhead
 from rbzarr.buffer.rlinf_compat import RLinfCompatMixin
-from rbzarr.buffer.sampler import WindowSampler
-from rbzarr.buffer.sequences import SequenceSampler, check_sequence_request, learn_window
-from rbzarr.errors import BufferClosedError, EmptyBufferError, TrajectoryListError
-from rbzarr.storage import row_reads
+from rbzarr.errors import BufferClosedError, TrajectoryListError
+from rbzarr.sampling.arguments import check_count
+from rbzarr.sampling.reader import StoreReader
 from rbzarr.storage.documents import Entry
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
-from rbzarr.trajectory import tree
 from rbzarr.trajectory.finite import check_finite
 from rbzarr.trajectory.model import Schema, Trajectory
 from rbzarr.trajectory.validated import ValidatedTrajectory, clone_trajectory
-
-if TYPE_CHECKING:
-    from rbzarr.distributed.notices import CommitNotice
 
 __all__ = ["TrajectoryReplayBuffer"]
 
@@ -115,7 +108,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         once (ahead, as they enter the sample window, or on first miss) and then read from
         the local copies at local-disk speed; what this buffer writes goes there too, so
         its own misses make no request.  Processes may share the directory.  Ignored for a
-        local store (read in place).  See "S3" in the README.
+        local store (read in place).  See docs/s3.md.
     check_finite
         Refuse trajectories holding NaN or inf in any float field
         (:class:`~rbzarr.errors.InvalidTrajectoryError` naming the fields and counts,
@@ -173,7 +166,15 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         on_damaged: str = "raise",
         durable: bool = False,
     ) -> None:
-        self._damaged = DamagedTrajectories(on_damaged)
+        self._lock = threading.RLock()  # index, cache, schema, samplers
+        self._reader = StoreReader(
+            TrajectoryIndex(),
+            None,
+            seed=seed,
+            window_size=sample_window_size,
+            on_damaged=on_damaged,
+            lock=self._lock,
+        )
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0 batches, got {prefetch}")
         if trajectory_format is not None:
@@ -181,12 +182,11 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         check_count("cache_size", cache_size, minimum=0)
         if auto_save and not os.fspath(auto_save_path):
             raise ValueError("auto_save=True requires auto_save_path (a local path or URL)")
-        self.sample_window_size = sample_window_size
         self.auto_save = auto_save
         self.check_finite = check_finite
         self.storage_options = dict(storage_options or {})
         self.layout_options = dict(layout_options or {})
-        self.local_cache = LocalCacheBound.of(local_cache_dir, local_cache_bytes)
+        self.local_cache = LocalCacheSettings.of(local_cache_dir, local_cache_bytes)
         self.trajectory_format = trajectory_format or DEFAULT_FORMAT
         if not auto_save:
             # The cache is the storage: it must hold the whole sampling window.
@@ -194,9 +194,6 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         else:
             capacity = max(cache_size, 0) if enable_cache else 0
         self._cache = SlotCache(capacity)
-        self._sampler = WindowSampler(seed)
-        self._sequences = SequenceSampler(seed)
-        self._lock = threading.RLock()  # index, cache, schema, sampler
         self._add_lock = threading.Lock()  # serialises adders, loads, clear and close
         self._closed = False
         location = Location.from_url(auto_save_path, self.storage_options) if auto_save else None
@@ -204,7 +201,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             self.trajectory_format = checkpoint.format_at(location) or DEFAULT_FORMAT
         # The format layout_options are meant for (loading may adopt another one).
         self._options_format = self.trajectory_format
-        self.local_cache.check_format(self.trajectory_format)
+        self.local_cache.check_layout(layout_class(self.trajectory_format))
         self._committer: StoreCommitter | None = None
         if location is not None:
             self._committer = StoreCommitter(
@@ -215,16 +212,17 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 on_committed=functools.partial(_materialize, self._lock, self._cache),
                 durable=durable,
             )
-        self._schema: Schema | None = (
-            None if self._committer is None else self._committer.stored_schema
-        )
-        self._index = TrajectoryIndex(trajectory_counter=self._first_free_id())
+        self._schema = None if self._committer is None else self._committer.stored_schema
+        self._index = self._reader.index = TrajectoryIndex(trajectory_counter=self._first_free_id())
+        self._reader.layout = None if self._committer is None else self._committer.layout
+        self._reader.where = self.store_url or ""
+        self._reader.held = BufferRows(self._cache, self._committer, self._lock)
         self._read_ahead = (
-            ReadAhead(prefetch, self._sampler.generator, self._draw, self._lock)
+            ReadAhead(prefetch, self.generator, self._reader.draw_rows, self._lock)
             if prefetch
             else None
         )
-        self._warmed: tuple[int, ...] = ()
+        self._reader.ahead = self._read_ahead
         if self._committer is not None:
             self.local_cache.check_shapes(self._schema, [(self._committer.largest_committed, 1)])
 
@@ -232,9 +230,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
     def _layout(self, location: Location, trajectory_format: str) -> TrajectoryLayout:
         """A layout at ``location``; this buffer's layout options apply to its format only."""
         options = self.layout_options if trajectory_format == self._options_format else {}
-        return layout_class(trajectory_format)(
-            location, **options, **self.local_cache.layout_options(trajectory_format)
-        )
+        layout = layout_class(trajectory_format)
+        return layout(location, **options, **self.local_cache.layout_options(layout))
 
     def _first_free_id(self) -> int:
         return 0 if self._committer is None else self._committer.next_id
@@ -244,9 +241,16 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             raise BufferClosedError("the buffer is closed")
 
     def _window_changed(self) -> None:
-        """Batches drawn ahead from the window before it changed are never handed out."""
-        if self._read_ahead is not None:
-            self._read_ahead.discard()
+        self._reader.window_changed()
+
+    @property
+    def _schema(self) -> Schema | None:
+        """The schema of the trajectories held (the reader's)."""
+        return self._reader.schema
+
+    @_schema.setter
+    def _schema(self, schema: Schema | None) -> None:
+        self._reader.schema = schema
 
     def _set_store_metadata(self) -> None:
         if self._committer is not None:
@@ -258,7 +262,16 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
     @property
     def seed(self) -> int | None:
         """The seed of the sampling generator."""
-        return self._sampler.seed
+        return self._reader.rows.seed
+
+    @property
+    def sample_window_size(self) -> int:
+        """Sampling draws from this many most recent trajectories (0 or negative: all)."""
+        return self._reader.window_size
+
+    @sample_window_size.setter
+    def sample_window_size(self, size: int) -> None:
+        self._reader.window_size = size
 
     @property
     def prefetch(self) -> int:
@@ -268,7 +281,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
     @property
     def on_damaged(self) -> str:
         """What sampling does with a damaged trajectory: ``"raise"`` or ``"skip"``."""
-        return self._damaged.policy
+        return self._reader.damaged.policy
 
     @property
     def enable_cache(self) -> bool:
@@ -355,7 +368,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                     self._cache.put_shared(entry["trajectory_id"], trajectory)
                 self._committer.submit(items)
 
-    def add_committed(self, notices: Iterable[CommitNotice]) -> None:
+    def add_committed(self, notices: Iterable[references.Notice]) -> None:
         """Add, by reference, trajectories other writers committed to this buffer's store.
 
         Each notice (:func:`~rbzarr.distributed.commit_notices`) carries only an index
@@ -461,46 +474,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         EmptyBufferError
             The buffer holds no trajectory (a ``RuntimeError``).
         """
-        num_chunks = check_count("num_chunks", num_chunks)
-        stream = self._sampler.generator if generator is None else generator
-        return self._damaged.sampling(
-            lambda: self._sample_once(num_chunks, generator), stream, self._drop_damaged
-        )
-
-    def _sample_once(self, num_chunks: int, generator: torch.Generator | None) -> dict[str, Any]:
-        if generator is None and self._read_ahead is not None:
-            return self._read_ahead.sample(num_chunks)
-        return self._draw(num_chunks, generator)()
-
-    def _drop_damaged(self, found: dict[int, str]) -> None:
-        """``on_damaged="skip"``: the damaged trajectories leave the index, as if evicted."""
-        with self._lock:
-            self._index.remove(found)
-            self._window_changed()
-        self._damaged.record(found, self.store_url or "")
-
-    def _draw(
-        self, num_chunks: int, generator: torch.Generator | None
-    ) -> Callable[[], dict[str, Any]]:
-        """Draw a batch under the lock; the call returned makes it (reading misses unlocked).
-
-        Raises
-        ------
-        EmptyBufferError
-            The window is empty.
-        """
-        with self._lock:
-            window = self._index.window(self.sample_window_size)
-            if not window:
-                raise EmptyBufferError("cannot sample from an empty buffer: add trajectories first")
-            if self._committer is not None and tuple(window) != self._warmed:
-                self._warmed = tuple(window)
-                self._committer.warm(self._index.entries[i] for i in window)
-            positions, rows = self._sampler.draw(
-                num_chunks, self._index.sample_counts(window), generator
-            )
-            plan = self._plan_rows(window, positions, rows)
-        return lambda: tree.unflatten(self._read_planned(plan))
+        return self._reader.sample(num_chunks, generator)
 
     def sample_sequences(
         self,
@@ -545,65 +519,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         EmptyBufferError
             The buffer holds no trajectory, or with ``strict_length`` no episode is that long.
         """
-        check_sequence_request(n, length, self._schema)
-        stream = self._sequences.generator if generator is None else generator
-        return self._damaged.sampling(
-            lambda: self._sequences_once(n, length, generator, strict_length),
-            stream,
-            self._drop_damaged,
-        )
-
-    def _sequences_once(
-        self, n: int, length: int, generator: torch.Generator | None, strict_length: bool
-    ) -> dict[str, Any]:
-        with self._lock:
-            window = self._index.window(self.sample_window_size)
-            entries = [self._index.entries[i] for i in window]
-            # Once per trajectory; a stored one's dones are read under the lock.
-            learn_window(self._sequences.ends, entries, self._dones)
-            drawn = self._sequences.draw(n, length, entries, generator, strict_length=strict_length)
-            plan = self._plan_rows(window, drawn.positions, drawn.rows)
-        return drawn.batch(self._read_planned(plan))
-
-    def _plan_rows(
-        self, window: list[int], positions: torch.Tensor, rows: torch.Tensor
-    ) -> row_reads.MissPlan:
-        """Under the lock: the drawn rows of the cache, and where the others are read."""
-        if self._committer is not None and self._cache.has_reserved:
-            # Referenced trajectories enter the cache on their first read.
-            drawn_ids = [window[p] for p in torch.unique(positions).tolist()]
-            references.fill_reserved(
-                self._cache, self._committer.layout, self._index.entries, self._schema, drawn_ids
-            )
-        slots = self._cache.slots(window)[positions]
-        hit = slots >= 0
-        assert self._schema is not None
-        if bool(hit.all()):
-            return row_reads.all_cached(self._cache.gather(slots, rows), self._schema)
-        cached = self._cache.gather(slots[hit], rows[hit]) if bool(hit.any()) else {}
-        ids = torch.tensor(window, dtype=torch.int64)[positions]
-        drawn = window if len(window) <= len(ids) else ids.tolist()  # the shorter to scan
-        pending = {} if self._committer is None else self._committer.pending_flats(drawn)
-        return row_reads.plan_misses(
-            ids, rows, hit, cached, self._schema, self._index.entries, pending
-        )
-
-    def _read_planned(self, plan: row_reads.MissPlan) -> dict[str, torch.Tensor]:
-        layout = None if self._committer is None else self._committer.layout
-        return self._damaged.read(plan, layout)
-
-    def _dones(self, entry: Entry) -> torch.Tensor:
-        """The step ``dones`` of a trajectory in the index, from the cache, memory or the store."""
-        trajectory_id = int(entry["trajectory_id"])
-        if trajectory_id in self._cache:
-            return self._cache.field_rows(trajectory_id, DONES)
-        assert self._committer is not None  # not cached: pending or committed to the store
-        pending = self._committer.pending_flats([trajectory_id])
-        if trajectory_id in pending:
-            return pending[trajectory_id][DONES]
-        raw = self._damaged.read_one(self._committer.layout, entry, [DONES]).dones
-        assert raw is not None
-        return time_steps(raw, int(entry["shape"][0]))
+        return self._reader.sample_sequences(n, length, generator, strict_length)
 
     # -- reading (rlinf_compat builds RLinf's names on these) -------------------------
     @property
@@ -621,7 +537,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
     @property
     def generator(self) -> torch.Generator:
         """The generator :meth:`sample` draws from."""
-        return self._sampler.generator
+        return self._reader.rows.generator
 
     @property
     def store_url(self) -> str | None:
@@ -679,6 +595,12 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         save_path
             A new folder or URL; the buffer itself is not changed.
 
+        Notes
+        -----
+        The saved set is the one at the call.  Sampling and adds go on while the copies
+        are written; without ``auto_save`` the cached trajectories are copied in memory
+        first (the cache is their only copy).
+
         Raises
         ------
         CheckpointConflictError
@@ -690,8 +612,10 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             Location.from_url(save_path, self.storage_options), self.trajectory_format
         )
         checkpoint.check_target(target, None if self._committer is None else self._committer.url)
-        # Hold the lock throughout: the saved set is the one at save time, and no concurrent
-        # add may evict a cached trajectory half-way through.
+        # The saved set is the one at save time: its entries (and, without a store, copies of
+        # the cached trajectories) are taken under the lock.  The copies into the checkpoint
+        # (perhaps to S3) run without it, so sampling and adds go on meanwhile: committed
+        # data never changes, and the committer keeps a pending trajectory's own copy.
         with self._lock:
             if self._committer is not None:
                 ids = self._index.window(self.sample_window_size)
@@ -701,18 +625,23 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 "seed": self.seed,
                 "schema": checkpoint.schema_to_json(self._schema),
                 "sampler": {
-                    **self._sampler.state_dict(),
-                    "sequences": self._sequences.state_dict(),
+                    **self._reader.rows.state_dict(),
+                    "sequences": self._reader.sequences.state_dict(),
                 },
             }
-            checkpoint.save(target, self._index.subset(ids), metadata, self._copy_trajectory)
+            saved = self._index.subset(ids)
+            cached = (
+                {} if self._committer is not None else {i: self._cache.trajectory(i) for i in ids}
+            )
+        checkpoint.save(target, saved, metadata, functools.partial(self._copy_trajectory, cached))
 
-    def _copy_trajectory(self, target: TrajectoryLayout, entry: Entry) -> None:
-        trajectory_id = int(entry["trajectory_id"])
+    def _copy_trajectory(
+        self, cached: Mapping[int, Trajectory], target: TrajectoryLayout, entry: Entry
+    ) -> None:
         if self._committer is None:
-            target.write(entry, self._cache.trajectory(trajectory_id))
-            return
-        self._committer.copy_to(target, entry)
+            target.write(entry, cached[int(entry["trajectory_id"])])
+        else:
+            self._committer.copy_to(target, entry)
 
     def load_checkpoint(
         self,
@@ -785,8 +714,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 "trajectories": [(i, t.flat, t.residue, t.spec.B) for i, t in loaded.warm],
             }
         )
-        self._sampler.load_state_dict({"seed": self.seed, **loaded.sampler})
-        self._sequences.load_state_dict(loaded.sampler.get("sequences"), self.seed)
+        self._reader.rows.load_state_dict({"seed": self.seed, **loaded.sampler})
+        self._reader.sequences.load_state_dict(loaded.sampler.get("sequences"), self.seed)
         self._window_changed()
         if self._committer is None:
             self.trajectory_format = loaded.trajectory_format
@@ -851,7 +780,9 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         overwrites one.  Without ``auto_save`` the counter restarts at 0.
         """
         with self._add_lock, self._lock:
-            self._index = TrajectoryIndex(trajectory_counter=self._first_free_id())
+            self._index = self._reader.index = TrajectoryIndex(
+                trajectory_counter=self._first_free_id()
+            )
             self._cache.clear()
             self._window_changed()
             if self._committer is None:
@@ -881,5 +812,5 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 "trajectory_counter": self._index.trajectory_counter,
                 "pending_writes": 0 if self._committer is None else self._committer.pending,
                 "write_error": None if error is None else str(error),
-                "damaged_trajectories": sorted(self._damaged.dropped),
+                "damaged_trajectories": sorted(self._reader.damaged.dropped),
             }

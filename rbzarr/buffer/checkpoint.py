@@ -147,7 +147,7 @@ def load(
     else:
         documents = read_store_documents(location)
     full = TrajectoryIndex.from_documents(documents, location.url)
-    share = full if share_of is None else full.shard(*share_of)
+    share = full if share_of is None else full.share(*share_of)
     is_partial = share.id_list != full.id_list
     source = open_layout(location, stored_format(documents))
     missing = [i for i in share.id_list if not source.contains(share.entries[i])]

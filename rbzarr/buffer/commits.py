@@ -45,10 +45,8 @@ from rbzarr.storage.writable import check_writable
 from rbzarr.trajectory.model import Schema
 from rbzarr.trajectory.validated import ValidatedTrajectory
 
-__all__ = ["DOCUMENTS_INTERVAL", "RLINF_FORMATS", "StoreCommitter"]
+__all__ = ["DOCUMENTS_INTERVAL", "StoreCommitter"]
 
-# Formats whose stores RLinf reads: their two documents are kept whole and exact.
-RLINF_FORMATS = frozenset({"pt", "pkl"})
 # Seconds between rewrites of RLinf's documents while commits go on (flush and close also
 # rewrite them).
 DOCUMENTS_INTERVAL = 5.0
@@ -85,11 +83,12 @@ class StoreCommitter:
         self._check_folder()
         self.slot = WriterSlot.claim(layout)
         try:
-            # RLinf's formats keep RLinf's documents, exact and whole (RLinf reads them; the
-            # index stays in memory); the others keep an append-only log.
+            # A store of many writers keeps an append-only log per writer; RLinf's formats
+            # (one writer) keep RLinf's documents, exact and whole (RLinf reads them; the
+            # index stays in memory).
             self._check_existing()
             self._log: IndexLog | None = None
-            if layout.format not in RLINF_FORMATS:
+            if layout.supports_many_writers:
                 self._log = self.slot.open_log(durable=durable)
             self._read_counter()
             self._documents: TrajectoryIndex | None = None

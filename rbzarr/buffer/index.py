@@ -1,4 +1,4 @@
-"""The trajectory index: entries, insertion order, counters, windows and shards.
+"""The trajectory index: entries, insertion order, counters, windows and shares.
 
 It is the in-memory form of ``trajectory_index.json`` plus the counters of
 ``metadata.json``.  It never touches storage.
@@ -17,13 +17,13 @@ from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.documents import Documents
 from rbzarr.storage.writers import earlier_counts
 
-__all__ = ["FORMAT_VERSION", "TrajectoryIndex", "shard_bounds"]
+__all__ = ["FORMAT_VERSION", "TrajectoryIndex", "share_bounds"]
 
 # Version of the documents rbzarr writes; a newer one than this code knows is refused.
 FORMAT_VERSION = 1
 
 
-def shard_bounds(count: int, rank: int, world_size: int) -> tuple[int, int]:
+def share_bounds(count: int, rank: int, world_size: int) -> tuple[int, int]:
     """The ``[start, end)`` slice of ``count`` items that ``rank`` of ``world_size`` owns."""
     if world_size <= 0:
         raise ValueError(f"world_size must be > 0, got {world_size}")
@@ -37,7 +37,7 @@ def shard_bounds(count: int, rank: int, world_size: int) -> tuple[int, int]:
 
 @dataclass
 class TrajectoryIndex:
-    """Index entries by id, their insertion order (windows and shards follow it), the counter.
+    """Index entries by id, their insertion order (windows and shares follow it), the counter.
 
     An index read from the last trajectories of a large store holds only those: ``earlier``
     and ``earlier_samples`` count the trajectories before them, which it does not hold
@@ -128,12 +128,12 @@ class TrajectoryIndex:
             trajectory_counter=self.trajectory_counter,
         )
 
-    def shard(self, rank: int, world_size: int) -> TrajectoryIndex:
+    def share(self, rank: int, world_size: int) -> TrajectoryIndex:
         """This rank's contiguous share; its counter is ``max(id) + 1`` (0 for an empty share).
 
         Call it on a complete index (:attr:`is_complete`).
         """
-        start, end = shard_bounds(len(self.id_list), rank, world_size)
+        start, end = share_bounds(len(self.id_list), rank, world_size)
         share = self.subset(self.id_list[start:end])
         share.trajectory_counter = max(share.id_list, default=-1) + 1
         return share

@@ -44,19 +44,17 @@ class ReadAhead:
         self._draw = draw
         self._lock = lock  # the buffer's: draws and discards are ordered with its changes
         self._pending: deque[tuple[Future[Batch], torch.Tensor]] = deque()
-        self._num_chunks = 0
+        self._n = 0
         self._expected = stream.get_state()
         self._pool: ThreadPoolExecutor | None = None
         self._drawer: ThreadPoolExecutor | None = None
         self._closed = False
 
-    def sample(self, num_chunks: int) -> Batch:
-        """The next batch of ``num_chunks`` rows of the buffer's stream, as ``sample`` draws it."""
+    def sample(self, n: int) -> Batch:
+        """The next batch of ``n`` rows of the buffer's stream, as ``sample`` draws it."""
         with self._lock:
-            if self._closed:  # no threads: the draw and read of a buffer without prefetch
-                read = self._draw(num_chunks, self._stream)
-            else:
-                read = self._hand_out(num_chunks).result
+            # Closed, no threads: the draw and read of a buffer without prefetch.
+            read = self._draw(n, self._stream) if self._closed else self._hand_out(n).result
         try:
             return read()
         except BaseException:
@@ -65,13 +63,11 @@ class ReadAhead:
                 self.discard()
             raise
 
-    def _hand_out(self, num_chunks: int) -> Future[Batch]:
+    def _hand_out(self, n: int) -> Future[Batch]:
         """The read of the next batch; the drawing thread then draws the ones after it."""
-        if num_chunks != self._num_chunks or not torch.equal(
-            self._stream.get_state(), self._expected
-        ):
+        if n != self._n or not torch.equal(self._stream.get_state(), self._expected):
             self.discard()
-            self._num_chunks = num_chunks
+            self._n = n
         if not self._pending:
             self._draw_one()
         future, state = self._pending.popleft()
@@ -102,7 +98,7 @@ class ReadAhead:
 
     def _draw_one(self) -> None:
         """Draw the batch after the last one drawn and start its read (under the lock)."""
-        read = self._draw(self._num_chunks, self._ahead)
+        read = self._draw(self._n, self._ahead)
         self._pending.append((self._threads()[0].submit(read), self._ahead.get_state()))
 
     def _fill(self) -> None:

@@ -3,8 +3,9 @@
 A learner's buffer shares its auto-save store with the writers.  What it adds by reference
 is checked here (the right store, committed data, no id twice) before anything changes;
 nothing is read at add time.  Each takes its FIFO place in the cache at once (reserved) and
-is read whole into it the first time a draw needs its rows (:func:`fill_reserved`), so
-window, draws and cache are those of a buffer that added the trajectories by value.
+is read whole into it after the first draw that needs its rows
+(:meth:`~rbzarr.buffer.held.BufferRows.fill`), so window, draws and cache are those of a
+buffer that added the trajectories by value.
 """
 
 from __future__ import annotations
@@ -12,16 +13,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from rbzarr.buffer.cache import SlotCache
 from rbzarr.buffer.checkpoint import schema_from_json
 from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.errors import CheckpointNotFoundError, InvalidTrajectoryError
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.trajectory.model import Schema
-from rbzarr.trajectory.validated import ValidatedTrajectory
 
-__all__ = ["Notice", "check_notices", "fill_reserved", "store_schema"]
+__all__ = ["Notice", "check_notices", "store_schema"]
 
 
 class Notice(Protocol):
@@ -72,16 +71,3 @@ def store_schema(layout: TrajectoryLayout) -> Schema | None:
     if not layout.has_documents():
         return None
     return schema_from_json(layout.read_documents().metadata.get("schema"))
-
-
-def fill_reserved(
-    cache: SlotCache,
-    layout: TrajectoryLayout,
-    entries: Mapping[int, Mapping[str, Any]],
-    schema: Schema | None,
-    trajectory_ids: list[int],
-) -> None:
-    """Read each reserved trajectory among ``trajectory_ids`` whole into its cache slot."""
-    for trajectory_id in cache.reserved(trajectory_ids):
-        validated = ValidatedTrajectory.check(layout.read(entries[trajectory_id]), schema)
-        cache.fill(trajectory_id, validated.flat, validated.residue, validated.spec.B)

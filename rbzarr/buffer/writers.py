@@ -25,10 +25,8 @@ from rbzarr.storage.writers import (
 )
 from rbzarr.storage.writers import slot_location as documents_location
 
-__all__ = ["MANY_WRITER_FORMATS", "WriterSlot"]
+__all__ = ["WriterSlot"]
 
-# Formats whose stores take many writers at once; the others (RLinf's files) take one.
-MANY_WRITER_FORMATS = frozenset({"zarr"})
 # Slots tried before giving up (killed writers on an object store keep theirs).
 MAX_SLOTS = 4096
 
@@ -45,7 +43,7 @@ class WriterSlot:
     def claim(cls, layout: TrajectoryLayout) -> WriterSlot:
         """Claim the lowest free slot of ``layout``'s store (only slot 0 for pt / pkl)."""
         location = layout.location
-        if layout.format not in MANY_WRITER_FORMATS:
+        if not layout.supports_many_writers:
             claim = SlotClaim.acquire(location, 0)
             if claim is None:
                 raise StoreExistsError(
@@ -126,7 +124,7 @@ class WriterSlot:
             *self.layout.trajectory_path({"trajectory_id": counter, "model_weights_id": ""})
         ):
             counter += 1
-        if self.layout.format in MANY_WRITER_FORMATS:
+        if self.layout.supports_many_writers:
             return counter
         # pt / pkl file names hold model_weights_id: only a listing finds them.
         stored = [i for i in self.layout.list_ids() if self.owns(i)]

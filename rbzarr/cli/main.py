@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -360,7 +359,7 @@ def merge(
     ctx: click.Context, destination: str, sources: tuple[str, ...], trajectory_format: str | None
 ) -> None:
     """Merge SOURCES into a new store DESTINATION; ids are renumbered 0..N-1."""
-    from rbzarr.analysis.reshard import merge_stores  # noqa: PLC0415
+    from rbzarr.analysis.merge_split import merge_stores  # noqa: PLC0415
 
     documents = merge_stores(
         destination, sources, trajectory_format, _options(ctx), progress=progress_wanted()
@@ -374,8 +373,8 @@ def merge(
 @click.option("--count", type=click.IntRange(min=1), required=True, help="Number of parts.")
 @click.pass_context
 def split(ctx: click.Context, source: str, destination: str, count: int) -> None:
-    """Split SOURCE into COUNT stores DESTINATION/part_<k> (the load_checkpoint shards)."""
-    from rbzarr.analysis.reshard import split_store  # noqa: PLC0415
+    """Split SOURCE into COUNT stores DESTINATION/part_<k> (the load_checkpoint shares)."""
+    from rbzarr.analysis.merge_split import split_store  # noqa: PLC0415
 
     for part in split_store(source, destination, count, _options(ctx), progress=progress_wanted()):
         click.echo(part)
@@ -445,133 +444,6 @@ def demo(store: str, **settings: Any) -> None:
     result = run_demo(DemoSettings(store=Path(store), progress=progress_wanted(), **settings))
     click.echo(report(result))
     click.echo(f"learning curve {write_learning_curve(result)}")
-
-
-@main.command()
-@click.option("--quick", is_flag=True, help="A tiny run (seconds) for smoke tests.")
-@click.option(
-    "--suites",
-    default="sampling,s3,training",
-    show_default=True,
-    help="Comma-separated: sampling, s3, training, sequences, datasets (LeRobot round trips; "
-    "the datasets extra), distributed (Ray and many writers).",
-)
-@click.option(
-    "--workloads",
-    default="state,image,embodied",
-    show_default=True,
-    help="Sampling workloads, comma-separated: state, image, embodied, atari.",
-)
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="Directory for the JSON results (and chart); default: a new temporary directory. "
-    "The committed results change only when named here (--out benchmarks/results).",
-)
-@click.option("--check", is_flag=True, help="Exit with status 1 when a measured target is missed.")
-@click.option("--plot/--no-plot", default=True, show_default=True, help="Write a PNG chart.")
-@click.option("--trajectories", type=int, help="Trajectories added per mode (default: window).")
-@click.option("--window", type=int, help="sample_window_size (default 100; embodied 40).")
-@click.option("--cache", type=int, help="cache_size of the disk-backed modes (default 5).")
-@click.option("--pool", type=int, help="Distinct trajectories generated and cycled (default 8).")
-@click.option("--hot-calls", type=int, help="sample() calls per hot variant (default 200).")
-@click.option("--warm-calls", type=int, help="sample() calls per warm variant (default 30).")
-@click.option("--cold-calls", type=int, help="sample() calls per cold variant (default 6).")
-@click.option("--budget", "budget_s", type=float, help="Seconds per timed variant (default 6).")
-@click.option("--state-batch", type=int, help="Rows per state sample() (default 4096).")
-@click.option("--image-batch", type=int, help="Rows per image sample() (default 256).")
-@click.option("--embodied-batch", type=int, help="Rows per embodied sample() (default 64).")
-@click.option("--s3-batch", type=int, help="Rows per S3 sample() (default 256).")
-@click.option("--s3-batches", type=int, help="Steady S3 batches measured (default 5).")
-@click.option("--threads", type=int, help="torch intra-op threads (default 1; 0 keeps torch's).")
-@click.option("--training-steps", type=int, help="Steps per training loop (default 40).")
-@click.option(
-    "--training-store",
-    metavar="URL",
-    help="The remote store of the training loop (default: moto behind the delaying proxy).",
-)
-@click.option(
-    "--training-storage-option",
-    "training_storage_options",
-    multiple=True,
-    callback=parse_storage_options,
-    metavar="KEY=VALUE",
-    help="fsspec option for the training loop's remote store (repeatable).",
-)
-@click.option(
-    "--training-buffer-option",
-    "training_buffer_options",
-    multiple=True,
-    callback=parse_storage_options,
-    metavar="KEY=VALUE",
-    help="TrajectoryReplayBuffer option of the training loop's buffers (repeatable).",
-)
-@click.option(
-    "--workdir",
-    type=click.Path(file_okay=False),
-    help="Directory for the temporary stores (default: the system's).",
-)
-def bench(**options: Any) -> None:
-    """Sampling, write and S3 benchmarks against baselines and limits (benchmarks/README.md).
-
-    Prints each suite's figures and its targets (what each measures, the value against the
-    threshold), and writes one JSON document per suite.
-
-    \f
-    Parameters
-    ----------
-    **options
-        The command's options by name; the sizes left after ``quick``, ``out``, ``check``,
-        ``plot``, ``suites``, ``workloads``, ``*_batch`` and ``workdir`` go to
-        ``settings_from``.
-
-    Raises
-    ------
-    click.ClickException
-        With ``--check``, when a measured target is missed (exit status 1, after the
-        results are written).
-    """
-    import tempfile  # noqa: PLC0415
-    from pathlib import Path  # noqa: PLC0415
-
-    from rbzarr import bench as benchmarks  # noqa: PLC0415
-
-    quick, out, check, chart = (options.pop(name) for name in ("quick", "out", "check", "plot"))
-    suites = benchmarks.parse_names(options.pop("suites"), benchmarks.SUITES, "suite")
-    names = benchmarks.parse_names(options.pop("workloads"), benchmarks.WORKLOAD_NAMES, "workload")
-    batches = {name: options.pop(f"{name}_batch") for name in ("state", "image", "embodied")}
-    batches = {name: rows for name, rows in batches.items() if rows is not None}
-    workdir = options.pop("workdir")
-    settings = benchmarks.settings_from(quick, **options)
-    with _progress() as say:
-        documents = benchmarks.run(suites, names, settings, batches, quick, workdir, say)
-    folder = Path(out) if out else Path(tempfile.mkdtemp(prefix="rbzarr-bench-"))
-    for document in documents:
-        click.echo(benchmarks.table(document) + "\n")
-        for path in benchmarks.save(document, folder, chart):
-            click.echo(f"wrote {path}")
-    missed = benchmarks.failed_targets(documents)
-    if check and missed:
-        names_missed = "; ".join(t["target"] for t in missed)
-        raise click.ClickException(f"{len(missed)} target(s) not met: {names_missed}")
-
-
-@contextlib.contextmanager
-def _progress() -> Iterator[Callable[[str], None] | None]:
-    """A progress bar on stderr when it is a terminal; nothing otherwise."""
-    if not sys.stderr.isatty():
-        yield None
-        return
-    from tqdm import tqdm  # noqa: PLC0415
-
-    with tqdm(file=sys.stderr, bar_format="{desc} [{elapsed}]", leave=False) as bar:
-
-        def say(label: str) -> None:
-            bar.set_description_str(label)
-            bar.update()
-
-        yield say
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from rbzarr.buffer.index import shard_bounds
+from rbzarr.buffer.index import share_bounds
 from rbzarr.data.mixing import BatchCounts, DemoSchedule, MixedBatches, draw_of
 from rbzarr.data.prefetch import ReplayLoader
 from rbzarr.data.rate_limit import SampleRateLimiter
@@ -187,7 +187,7 @@ class ReplayDataset(IterableDataset[Batch]):
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         batches = self.num_batches
         if batches is not None:
-            start, end = shard_bounds(batches, worker, workers)
+            start, end = share_bounds(batches, worker, workers)
             batches = end - start
         generator = torch.Generator()
         if self.seed is None:

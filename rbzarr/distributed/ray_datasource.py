@@ -19,7 +19,7 @@ from ray.data.block import Block, BlockAccessor, BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from rbzarr.analysis.view import open_buffer
-from rbzarr.buffer.index import shard_bounds
+from rbzarr.buffer.index import share_bounds
 from rbzarr.trajectory.dtypes import to_numpy
 from rbzarr.trajectory.flat_view import flatten_trajectory
 from rbzarr.trajectory.model import validate
@@ -70,7 +70,7 @@ class StoreDatasource(Datasource):
         count = len(self._entries)
         tasks_wanted = max(1, min(parallelism, count))
         for rank in range(tasks_wanted if count else 0):
-            start, end = shard_bounds(count, rank, tasks_wanted)
+            start, end = share_bounds(count, rank, tasks_wanted)
             share = self._entries[start:end]
             rows = sum(int(e["num_samples"]) for e in share)
             ids = [int(e["trajectory_id"]) for e in share]

@@ -1,7 +1,7 @@
 """fsspec backends: how long S3 may stall a call, and which failures mean "storage failed".
 
 :data:`S3_DEFAULTS` (filled in by :func:`with_s3_defaults`) and :func:`bound_retries` bound
-how long an unreachable S3 endpoint can stall a call (see "S3" in the README to tune it).
+how long an unreachable S3 endpoint can stall a call (docs/s3.md says how to tune it).
 :func:`translate_errors` is the one boundary where backend failures become rbzarr's: anything
 that means "the storage failed" becomes :class:`~rbzarr.errors.StorageUnavailableError`
 naming the URL (the backend's error is its ``__cause__``).

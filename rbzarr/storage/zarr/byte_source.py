@@ -5,7 +5,7 @@ Every row read of a shard asks a :class:`ByteSource`: a gather out of a local me
 ``cat_ranges``, concurrent on its event loop, or obstore's client where the location allows:
 :mod:`rbzarr.storage.object_ranges`).  Wrap one to observe its reads, as zarr's
 ``LoggingStore`` wraps a store; the benchmark counts requests and bytes that way
-(:class:`rbzarr.bench.accounting.CountingByteSource`).
+(``benchmarks/accounting.py``, outside the package).
 """
 
 from __future__ import annotations

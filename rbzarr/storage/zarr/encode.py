@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from numcodecs import zstd
 
-from rbzarr.storage import workers
+from rbzarr.storage import thread_pool
 from rbzarr.storage.zarr import shard_index
 from rbzarr.storage.zarr.chunking import KeyPlan
 from rbzarr.trajectory.dtypes import dtype_name, to_numpy
@@ -130,6 +130,6 @@ def _inner_chunks(data: np.ndarray, inner: tuple[int, ...]) -> np.ndarray:
 
 def _compressed(chunks: np.ndarray, level: int, checksum: bool) -> list[bytes]:
     threaded = chunks.nbytes >= THREADED_BYTES
-    return workers.run_all(
+    return thread_pool.run_all(
         lambda chunk: zstd.compress(chunk, level, checksum), list(chunks), threaded
     )

@@ -120,6 +120,10 @@ class ZarrLayout(TrajectoryLayout):
     """
 
     format = "zarr"
+    supports_many_writers = True
+    supports_local_cache = True
+    supports_zarr_access = True
+    unrecorded_version = 1  # stores written before layout 2 recorded no version
 
     def __init__(
         self,

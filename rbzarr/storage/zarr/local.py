@@ -46,7 +46,7 @@ import numpy as np
 from numcodecs import zstd
 
 from rbzarr.errors import CorruptStoreError
-from rbzarr.storage import workers
+from rbzarr.storage import thread_pool
 from rbzarr.storage.zarr import regions, shard_index
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.spec import ArraySpec
@@ -284,7 +284,7 @@ def read_local(reads: list[tuple[LocalShard, RowRead]], source: ByteSource) -> N
     """Land every piece of the ``(shard, read)`` pairs (on the pool when there are many),
     then finish each read."""
     work = [(shard, piece) for shard, read in reads for piece in read.pieces]
-    workers.run_all(lambda job: job[0].read(job[1], source), work, len(work) >= THREADED_PIECES)
+    thread_pool.run_all(lambda job: job[0].read(job[1], source), work, len(work) >= THREADED_PIECES)
     for _, read in reads:
         if read.finish is not None:
             read.finish()

@@ -1,0 +1,284 @@
+"""The one read core: :class:`StoreReader` samples rows and sequences from an index over a layout.
+
+A draw runs in two halves.  Under the owner's lock the reader takes the window from the
+index, lets a :class:`~rbzarr.sampling.sampler.Sampler` pick window positions and flat rows
+(pure torch), and plans where each row comes from: the owner's memory (:class:`HeldRows`:
+a cache's hits, writes still pending) or the store.  The store's rows are then read without
+the lock.  What a sampler must learn from storage first (a trajectory's ``dones``, for
+sequences) is read without the lock too, and learnt under it before the draw.  Damaged
+trajectories are handled by :class:`~rbzarr.sampling.damaged.DamagedTrajectories`: with
+``on_damaged="skip"`` they leave the index and the batch is drawn again.
+
+:class:`~rbzarr.buffer.buffer.TrajectoryReplayBuffer` is this reader plus a cache, a
+committer and the read-ahead; :class:`~rbzarr.analysis.view.BufferView` is this reader plus
+``refresh``.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import torch
+
+from rbzarr.errors import EmptyBufferError
+from rbzarr.sampling.arguments import check_count
+from rbzarr.sampling.damaged import DamagedTrajectories
+from rbzarr.sampling.rows import MissPlan, all_cached, plan_misses
+from rbzarr.sampling.sampler import Draw, Sampler, Window
+from rbzarr.sampling.sequences import SequenceSampler, check_sequence_request
+from rbzarr.sampling.window import WindowSampler
+from rbzarr.storage.documents import Entry
+from rbzarr.storage.layout import TrajectoryLayout
+from rbzarr.trajectory.model import Schema
+from rbzarr.trajectory.steps import DONES, time_steps
+
+__all__ = ["Ahead", "HeldRows", "StoreReader", "WindowIndex"]
+
+Batch = dict[str, Any]
+
+
+class WindowIndex(Protocol):
+    """What the reader asks of its index (:class:`~rbzarr.buffer.index.TrajectoryIndex`)."""
+
+    @property
+    def entries(self) -> Mapping[int, Entry]: ...
+
+    def window(self, size: int) -> list[int]: ...
+
+    def sample_counts(self, ids: Iterable[int]) -> torch.Tensor: ...
+
+    def remove(self, ids: Iterable[int]) -> None: ...
+
+
+class HeldRows(Protocol):
+    """Rows an owner holds in memory beside the store (called under the owner's lock)."""
+
+    def drawing(self, window: Window) -> None:
+        """A draw from ``window`` is about to be made."""
+
+    def slots(self, window: Sequence[int]) -> torch.Tensor:
+        """The cache slot of each id of ``window`` (``-1`` where not cached)."""
+
+    def gather(self, slots: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The flat rows ``rows`` of the cached trajectories in ``slots``."""
+
+    def pending(self, ids: Sequence[int]) -> Mapping[int, Mapping[str, torch.Tensor]]:
+        """The flat rows of those of ``ids`` whose write is still pending."""
+
+    def dones(self, trajectory_id: int) -> torch.Tensor | None:
+        """The step ``dones`` of a held trajectory; ``None`` when only the store has it."""
+
+    def reserved(self, window: Window, positions: torch.Tensor) -> list[Entry]:
+        """The trajectories drawn (at ``positions``) that memory should read whole after."""
+
+    def fill(self, entries: Sequence[Entry], schema: Schema | None) -> None:
+        """Read :meth:`reserved`'s trajectories into memory (called without the lock)."""
+
+
+class Ahead(Protocol):
+    """Batches drawn ahead from the reader's own generator (the buffer's read-ahead)."""
+
+    def sample(self, n: int) -> Batch:
+        """The next batch of ``n`` rows, as the reader would draw it."""
+
+    def discard(self) -> None:
+        """Drop the batches drawn ahead (the window changed)."""
+
+
+class StoreReader:
+    """Samples rows (:meth:`sample`) and sequences (:meth:`sample_sequences`) of a window.
+
+    Parameters
+    ----------
+    index
+        The trajectories listed, in insertion order; the owner may replace it.
+    layout
+        The store rows are read from; ``None`` when every row is held in memory.
+    seed
+        Seed of both samplers' streams.
+    window_size
+        Draw from the last ``window_size`` trajectories; 0 or negative: all.
+    on_damaged
+        ``"raise"`` or ``"skip"`` (see :mod:`rbzarr.sampling.damaged`).
+    where
+        The store's URL, for messages.
+    empty
+        The message of the :class:`~rbzarr.errors.EmptyBufferError` an empty window raises.
+    held, lock
+        The owner's memory and the lock that guards it, the index and the samplers.
+    """
+
+    def __init__(
+        self,
+        index: WindowIndex,
+        layout: TrajectoryLayout | None,
+        *,
+        seed: int | None,
+        window_size: int = 0,
+        on_damaged: str = "raise",
+        where: str = "",
+        empty: str = "cannot sample from an empty buffer: add trajectories first",
+        held: HeldRows | None = None,
+        lock: AbstractContextManager[Any] | None = None,
+    ) -> None:
+        self.damaged = DamagedTrajectories(on_damaged)
+        self.index = index
+        self.layout = layout
+        self.window_size = window_size
+        self.where = where
+        self.empty = empty
+        self.held = held
+        self.lock = threading.RLock() if lock is None else lock
+        self.rows = WindowSampler(seed)
+        self.sequences = SequenceSampler(seed)
+        self.schema: Schema | None = None
+        self.ahead: Ahead | None = None
+
+    def window(self) -> list[int]:
+        """The ids drawn from, oldest first (call under the lock).
+
+        Raises
+        ------
+        EmptyBufferError
+            The window is empty.
+        """
+        window = self.index.window(self.window_size)
+        if not window:
+            raise EmptyBufferError(self.empty)
+        return window
+
+    def window_changed(self) -> None:
+        """Batches drawn ahead from the window before it changed are never handed out."""
+        if self.ahead is not None:
+            self.ahead.discard()
+
+    def sample(self, n: int, generator: torch.Generator | None = None) -> Batch:
+        """``n`` rows drawn uniformly from the window, as a nested ``[n, ...]`` dict.
+
+        Raises
+        ------
+        ValueError
+            ``n`` is not positive (named ``num_chunks``, RLinf's name, in the message).
+        TypeError
+            ``n`` is not an int.
+        EmptyBufferError
+            The window is empty.
+        """
+        n = check_count("num_chunks", n)
+        if generator is None and self.ahead is not None:
+            return self._sampling(self.rows, functools.partial(self.ahead.sample, n), None)
+        return self._sampling(self.rows, self._drawing(self.rows, n, generator), generator)
+
+    def draw_rows(self, n: int, generator: torch.Generator | None) -> Callable[[], Batch]:
+        """Draw a batch of rows under the lock; the call returned reads it (without the lock)."""
+        return self._draw(self.rows, n, generator)
+
+    def sample_sequences(
+        self,
+        n: int,
+        length: int,
+        generator: torch.Generator | None = None,
+        strict_length: bool = False,
+    ) -> Batch:
+        """``n`` sequences of ``length`` steps, ``[n, length, ...]`` each, with ``"mask"``.
+
+        Raises
+        ------
+        ValueError
+            ``n`` or ``length`` is not positive, or the trajectories have no ``dones``.
+        EmptyBufferError
+            The window is empty, or with ``strict_length`` no episode is that long.
+        """
+        check_sequence_request(n, length, self.schema or None)
+        sampler = self.sequences.of_length(length, strict_length)
+        return self._sampling(sampler, self._drawing(sampler, n, generator), generator)
+
+    def _drawing(
+        self, sampler: Sampler, n: int, generator: torch.Generator | None
+    ) -> Callable[[], Batch]:
+        """A call that draws and reads one batch (again each time: damage redraws it)."""
+        return functools.partial(self._draw_and_read, sampler, n, generator)
+
+    def _draw_and_read(self, sampler: Sampler, n: int, generator: torch.Generator | None) -> Batch:
+        return self._draw(sampler, n, generator)()
+
+    def _sampling(
+        self, sampler: Sampler, sample: Callable[[], Batch], generator: torch.Generator | None
+    ) -> Batch:
+        stream = sampler.generator if generator is None else generator
+        return self.damaged.sampling(sample, stream, self.drop_damaged)
+
+    def drop_damaged(self, found: dict[int, str]) -> None:
+        """``on_damaged="skip"``: the damaged trajectories leave the index, as if evicted."""
+        with self.lock:
+            self.index.remove(found)
+            self.window_changed()
+        self.damaged.record(found, self.where)
+
+    def _draw(
+        self, sampler: Sampler, n: int, generator: torch.Generator | None
+    ) -> Callable[[], Batch]:
+        """Learn what ``sampler`` needs, draw and plan under the lock; return the read."""
+        learnt: list[tuple[Entry, torch.Tensor]] = []
+        while True:
+            with self.lock:
+                for entry, dones in learnt:
+                    sampler.learn(entry, dones)
+                window = Window(self.window(), self.index)
+                stored = self._learn_held(sampler, window)
+                if not stored:
+                    if self.held is not None:
+                        self.held.drawing(window)
+                    drawn = sampler.draw(n, window, generator)
+                    plan = self._plan(window, drawn.positions, drawn.rows)
+                    fill = [] if self.held is None else self.held.reserved(window, drawn.positions)
+                    break
+            # Read from the store without the lock; learnt under it on the next round.
+            learnt = [(entry, self._stored_dones(entry)) for entry in stored]
+        return lambda: self._read(drawn, plan, fill)
+
+    def _read(self, drawn: Draw, plan: MissPlan, fill: list[Entry]) -> Batch:
+        """Read a planned batch (without the lock), then what memory should hold of it."""
+        batch = drawn.batch(self.damaged.read(plan, self.layout))
+        if fill:
+            assert self.held is not None
+            self.held.fill(fill, plan.schema)
+        return batch
+
+    def _learn_held(self, sampler: Sampler, window: Window) -> list[Entry]:
+        """Learn what the sampler needs of the held trajectories; the stored ones left."""
+        stored = []
+        for entry in sampler.unknown(window):
+            dones = None if self.held is None else self.held.dones(int(entry["trajectory_id"]))
+            if dones is None:
+                stored.append(entry)
+            else:
+                sampler.learn(entry, dones)
+        return stored
+
+    def _stored_dones(self, entry: Entry) -> torch.Tensor:
+        """The step ``dones`` of a stored trajectory."""
+        assert self.layout is not None  # not held: committed to the store
+        raw = self.damaged.read_one(self.layout, entry, [DONES]).dones
+        assert raw is not None
+        return time_steps(raw, int(entry["shape"][0]))
+
+    def _plan(self, window: Window, positions: torch.Tensor, rows: torch.Tensor) -> MissPlan:
+        """Under the lock: the drawn rows held in memory, and where the others are read."""
+        assert self.schema is not None
+        ids = torch.tensor(window.ids, dtype=torch.int64)[positions]
+        if self.held is None:
+            nothing_held = torch.zeros(len(ids), dtype=torch.bool)
+            return plan_misses(ids, rows, nothing_held, {}, self.schema, self.index.entries, {})
+        slots = self.held.slots(window.ids)[positions]
+        hit = slots >= 0
+        if bool(hit.all()):
+            return all_cached(self.held.gather(slots, rows), self.schema)
+        cached = self.held.gather(slots[hit], rows[hit]) if bool(hit.any()) else {}
+        drawn = window.ids if len(window.ids) <= len(ids) else ids.tolist()  # the shorter
+        pending = self.held.pending(drawn)
+        return plan_misses(ids, rows, hit, cached, self.schema, self.index.entries, pending)

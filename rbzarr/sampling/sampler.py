@@ -1,0 +1,77 @@
+"""The sampler protocol: what the reader asks of a sampler, and the window it draws from.
+
+A sampler turns a window into a :class:`Draw`: a window position and a flat row per drawn
+row, and how the rows read for them form the batch.  It does no I/O; what it must know of
+a trajectory's steps first (its ``dones``) it names with :meth:`Sampler.unknown` and is
+told with :meth:`Sampler.learn`.  :class:`~rbzarr.sampling.window.WindowSampler` draws
+single rows, :class:`~rbzarr.sampling.sequences.SequenceSampler` runs of steps.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from rbzarr.storage.documents import Entry
+
+__all__ = ["Draw", "Sampler", "Window"]
+
+
+class _Counts(Protocol):
+    @property
+    def entries(self) -> Mapping[int, Entry]: ...
+
+    def sample_counts(self, ids: Iterable[int]) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class Window:
+    """The trajectories a draw picks from (ids oldest first) and the index listing them."""
+
+    ids: list[int]
+    index: _Counts
+
+    @functools.cached_property
+    def entries(self) -> list[Entry]:
+        """The index entry of each id."""
+        return [self.index.entries[i] for i in self.ids]
+
+    def sample_counts(self) -> torch.Tensor:
+        """``num_samples`` of each trajectory, int64."""
+        return self.index.sample_counts(self.ids)
+
+
+class Draw(Protocol):
+    """Drawn rows: the window position of each one's trajectory and its flat row."""
+
+    @property
+    def positions(self) -> torch.Tensor: ...
+
+    @property
+    def rows(self) -> torch.Tensor: ...
+
+    def batch(self, flat: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+        """The nested batch of the rows read (``{key: [len(rows), ...]}``, in draw order)."""
+
+
+class Sampler(Protocol):
+    """Draws rows of a window from a seeded stream; pure torch, no I/O."""
+
+    @property
+    def generator(self) -> torch.Generator: ...
+
+    def unknown(self, window: Window) -> list[Entry]:
+        """The entries of ``window`` whose step ``dones`` the sampler must learn first."""
+
+    def learn(self, entry: Entry, dones: torch.Tensor) -> None:
+        """Learn a trajectory's step ``dones`` (``[T, B, ...]`` or ``[T*B, ...]``)."""
+
+    def draw(self, n: int, window: Window, generator: torch.Generator | None = None) -> Draw:
+        """Draw ``n`` from ``window`` with ``generator``, or the sampler's own stream."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-ready state: the stream's position."""

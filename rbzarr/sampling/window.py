@@ -1,0 +1,91 @@
+"""Uniform window sampling: which rows of which trajectories a batch holds.
+
+Pure torch, no I/O.  The draw is RLinf's, bit for bit: one ``torch.randint`` over the
+window's total sample count, then the bucket of each draw among the cumulative counts
+(``torch.bucketize(..., right=True)``'s answer, found by numpy's single-threaded
+``searchsorted``: torch's kernel wakes its intra-op threads even for a few hundred draws,
+and on a busy host that wait cost milliseconds per sample).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from rbzarr.sampling.arguments import check_seed
+from rbzarr.sampling.sampler import Window
+from rbzarr.storage.documents import Entry
+from rbzarr.trajectory import tree
+
+__all__ = ["RowDraw", "WindowSampler", "draw"]
+
+
+def draw(
+    n: int, sample_counts: torch.Tensor, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw ``n`` rows (clamped) uniformly: each one's trajectory position and row."""
+    ends = torch.cumsum(sample_counts, dim=0)
+    total = int(ends[-1])
+    ids = torch.randint(0, total, (min(n, total),), generator=generator)
+    positions = torch.from_numpy(np.searchsorted(ends.numpy(), ids.numpy(), side="right"))
+    rows = ids - (ends - sample_counts)[positions]
+    return positions, rows
+
+
+@dataclass(frozen=True)
+class RowDraw:
+    """Single rows: the window position of each one's trajectory and its flat row."""
+
+    positions: torch.Tensor
+    rows: torch.Tensor
+
+    def batch(self, flat: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+        """The nested ``[n, ...]`` batch of the rows read."""
+        return tree.unflatten(flat)
+
+
+class WindowSampler:
+    """Draws rows uniformly over a window; owns the seeded generator (RLinf's stream)."""
+
+    def __init__(self, seed: int | None) -> None:
+        seed = check_seed(seed)
+        self.seed = seed
+        self.generator = torch.Generator()
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+
+    def unknown(self, window: Window) -> list[Entry]:
+        """Nothing: a uniform draw needs only the sample counts."""
+        return []
+
+    def learn(self, entry: Entry, dones: torch.Tensor) -> None:
+        """Nothing to learn."""
+
+    def draw(self, n: int, window: Window, generator: torch.Generator | None = None) -> RowDraw:
+        """:func:`draw` over ``window`` with ``generator``, or this sampler's own."""
+        stream = self.generator if generator is None else generator
+        return RowDraw(*draw(n, window.sample_counts(), stream))
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-ready state: the seed and the generator's position (base64)."""
+        state = self.generator.get_state().numpy().tobytes()
+        return {"seed": self.seed, "generator_state": base64.b64encode(state).decode("ascii")}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; without a generator state, reseed from the seed."""
+        self.seed = state.get("seed")
+        encoded = state.get("generator_state")
+        if encoded:
+            raw = base64.b64decode(encoded)
+            self.generator.set_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+        elif self.seed is not None:
+            self.generator.manual_seed(self.seed)
+        else:
+            self.generator.seed()
