@@ -26,7 +26,7 @@ from benchmarks.workloads import workloads
 
 __all__ = ["SUITES", "parse_names", "run", "save"]
 
-SUITES = ("sampling", "s3", "training", "sequences", "datasets", "distributed")
+SUITES = ("sampling", "s3", "training", "sequences", "datasets", "distributed", "scale")
 Progress = Callable[[str], None]
 
 
@@ -85,6 +85,12 @@ def run(
                 documents.append(
                     _document("distributed", settings, result, distributed_targets(result))
                 )
+            elif suite == "scale":
+                say("[scale] tiny commits, resume and open of a large store, durable, S3")
+                from benchmarks.scale import run_scale, scale_targets  # noqa: PLC0415
+
+                result = run_scale(quick, workdir)
+                documents.append(_document("scale", settings, result, scale_targets(result)))
             else:
                 raise ValueError(f"unknown suite {suite!r}; expected some of {list(SUITES)}")
         return documents

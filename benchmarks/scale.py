@@ -1,7 +1,5 @@
 """The ``scale`` suite: what a commit, a resume and an open cost as the store grows.
 
-Measured on a local store (moto S3 figures need the S3 harness, see benchmarks/README.md):
-
 * ``commits``: one buffer adds tiny trajectories (T=4, B=2, three keys) one at a time and
   flushes every 50, with real commits all the way to ``--trajectories`` (100,000 by
   default).  For the 1,000 trajectories after the first 500 and the last 1,000, it reports
@@ -14,30 +12,38 @@ Measured on a local store (moto S3 figures need the S3 harness, see benchmarks/R
   ``open`` is ``open_buffer(url, sample_window_size=100)`` + the first ``sample(256)``, in a
   fresh process that reports its peak RSS.
 * ``durable``: ms per ``flush()`` of one tiny trajectory with ``durable=False`` and ``True``.
+* ``s3``: on moto behind the delaying proxy (20 ms a request): ms per tiny trajectory of
+  real commits appended after a log of 500 and of 10,000 trajectories (the prefix written
+  directly: what a commit costs depends on the log's state, not on how it was made), and
+  the requests a resume of a large store (window 100, no cache warming) makes.
 
-Run: ``python benchmarks/scale.py [--quick] [--out benchmarks/results/scale.json]``.
+Run: ``python -m benchmarks --suites scale [--quick]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from benchmarks.report import target
+from benchmarks.s3 import load_s3_server, proxied_bucket
 from rbzarr import Trajectory, TrajectoryReplayBuffer
+from rbzarr.buffer.checkpoint import schema_to_json
 from rbzarr.storage import index_log
 from rbzarr.storage.location import Location
 from rbzarr.storage.zarr.layout import ZarrLayout
+from rbzarr.trajectory.model import validate
+
+__all__ = ["run_scale", "scale_targets"]
 
 WINDOW = 100
 FLUSH_EVERY = 50
@@ -89,13 +95,12 @@ def commits(store: Path, count: int) -> dict[str, Any]:
     return result
 
 
-def synthetic_store(store: Path, count: int) -> None:
-    """A store of ``count`` trajectories: a log written directly, data for the last WINDOW."""
-    location = Location.from_url(store)
+def synthetic_store(location: Location, count: int, data: int = WINDOW) -> None:
+    """A store of ``count`` trajectories: a log written directly, data for the last ``data``."""
     layout = ZarrLayout(location)
     entries = []
     now = time.time()
-    first_data = count - WINDOW
+    first_data = count - data
     for i in range(count):
         entry = {
             "uuid": str(uuid.UUID(int=i)),
@@ -112,22 +117,40 @@ def synthetic_store(store: Path, count: int) -> None:
     log.rewrite(
         entries,
         counter=count,
-        metadata={"trajectory_format": "zarr", "rbzarr_format_version": 1, "seed": 1234},
+        metadata={
+            "trajectory_format": "zarr",
+            "rbzarr_format_version": 1,
+            "seed": 1234,
+            "schema": schema_to_json(validate(tiny(0)).schema),
+        },
     )
 
 
-def resume(store: Path) -> dict[str, Any]:
-    """``load_checkpoint`` of the live store, window 100."""
+def resume(
+    store: str, options: dict[str, Any] | None = None, cache: int = 5, loaded: Any = None
+) -> dict[str, Any]:
+    """``load_checkpoint`` of the live store, window 100 (``loaded()`` is called right after
+    it, before the first sample)."""
     start = time.perf_counter()
     buffer = TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=store, sample_window_size=WINDOW, cache_size=5
+        auto_save=True,
+        auto_save_path=store,
+        sample_window_size=WINDOW,
+        cache_size=cache,
+        storage_options=options,
     )
     buffer.load_checkpoint(store)
     seconds = time.perf_counter() - start
+    result = loaded() if loaded is not None else {}
     size = len(buffer)
     batch = buffer.sample(256)
     buffer.close()
-    return {"seconds": seconds, "len": size, "sampled_rows": int(batch["rewards"].shape[0])}
+    return {
+        "seconds": seconds,
+        "len": size,
+        "sampled_rows": int(batch["rewards"].shape[0]),
+        **result,
+    }
 
 
 OPEN_CHILD = """
@@ -186,82 +209,145 @@ def store_cost(store: Path) -> dict[str, Any]:
     }
 
 
-def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets, evaluated on this run."""
-    found = []
+def s3_figures(quick: bool) -> dict[str, Any]:
+    """Commits after a short and a long log, and a resume's requests, on moto behind the
+    20 ms proxy."""
+    server = load_s3_server()
+    if isinstance(server, str):
+        return {"unavailable": server}
+    appended = 20 if quick else 100
+    result: dict[str, Any] = {"delay_s": 0.02, "appended": appended}
+    with proxied_bucket(server, "scale") as (_, proxy, bucket, options):
+        for name, prefix in (("after_500", 500), ("after_10k", 10_000)):
+            url = f"s3://{bucket}/commits-{prefix}"
+            proxy.slow_down(0.0)
+            synthetic_store(Location.from_url(url, options), prefix, data=0)
+            proxy.slow_down(0.02)
+            with TrajectoryReplayBuffer(
+                auto_save=True, auto_save_path=url, storage_options=options
+            ) as buffer:
+                buffer.add_trajectories([tiny(0)])
+                buffer.flush()
+                start = time.perf_counter()
+                for i in range(appended):
+                    buffer.add_trajectories([tiny(i)])
+                    if i % FLUSH_EVERY == FLUSH_EVERY - 1:
+                        buffer.flush()
+                buffer.flush()
+                seconds = time.perf_counter() - start
+            result[name] = {"ms_per_trajectory": 1000 * seconds / appended}
+        large = 100_000 if quick else 1_000_000
+        url = f"s3://{bucket}/large"
+        proxy.slow_down(0.0)
+        synthetic_store(Location.from_url(url, options), large)
+        proxy.slow_down(0.02)
+        proxy.reset_log()
 
-    def add(name: str, value: float, threshold: float, op: str) -> None:
-        met = value <= threshold if op == "<=" else value >= threshold
-        found.append({"name": name, "value": value, "threshold": threshold, "op": op, "met": met})
+        def counted() -> dict[str, Any]:
+            requests = proxy.requests
+            return {
+                "requests": len(requests),
+                "by_method": dict(Counter(r.method for r in requests)),
+                "cache_size": 0,
+            }
 
-    early, late = results["commits"]["early"], results["commits"]["late"]
-    n = results["commits"]["trajectories"]
-    add(
-        f"ms per tiny trajectory at {n} vs at 1k",
-        late["ms_per_trajectory"] / early["ms_per_trajectory"],
-        1.2,
-        "<=",
-    )
-    add(
-        f"bytes written per tiny trajectory at {n} vs at 1k",
-        late["bytes_per_trajectory"] / max(early["bytes_per_trajectory"], 1),
-        1.2,
-        "<=",
-    )
-    add("tiny-trajectory commits/s, one writer (at 1k)", early["commits_per_s"], 1000, ">=")
-    add(
-        f"resume (load_checkpoint, window 100) at {results['resume']['len']} trajectories, s",
-        results["resume"]["seconds"],
-        0.5,
-        "<=",
-    )
-    add("open_buffer + first sample(256), window 100, s", results["open"]["seconds"], 0.5, "<=")
-    add("peak RSS of that view, MB", results["open"]["peak_rss_mb"], 300, "<=")
-    return found
+        result["resume"] = resume(url, options, cache=0, loaded=counted)
+    return result
 
 
-def main() -> None:
-    """Run the suite and write its results JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="10k commits, a 100k store")
-    parser.add_argument("--trajectories", type=int, default=None)
-    parser.add_argument("--large", type=int, default=None, help="trajectories of resume/open")
-    parser.add_argument("--out", default="benchmarks/results/scale.json")
-    parser.add_argument("--workdir", default=None)
-    args = parser.parse_args()
-    count = args.trajectories or (10_000 if args.quick else 100_000)
-    large = args.large or (100_000 if args.quick else 1_000_000)
-    with tempfile.TemporaryDirectory(dir=args.workdir) as work:
-        workdir = Path(work)
-        print(f"[scale] {count} tiny commits", flush=True)
-        committed = commits(workdir / "commits", count)
-        cost = store_cost(workdir / "commits")
-        print(f"[scale] a {large}-trajectory store (log written directly)", flush=True)
-        synthetic_store(workdir / "large", large)
-        print("[scale] resume and open", flush=True)
-        resumed = resume(workdir / "large")
-        opened = open_view(workdir / "large")
-        print("[scale] durable flushes", flush=True)
-        durable = durable_flush(workdir, 50 if args.quick else 200)
-    results = {
+def run_scale(quick: bool, workdir: str | None) -> dict[str, Any]:
+    """Every figure of the suite (see the module docs)."""
+    count = 10_000 if quick else 100_000
+    large = 100_000 if quick else 1_000_000
+    with tempfile.TemporaryDirectory(dir=workdir) as work:
+        root = Path(work)
+        committed = commits(root / "commits", count)
+        cost = store_cost(root / "commits")
+        synthetic_store(Location.from_url(root / "large"), large)
+        resumed = resume(str(root / "large"))
+        opened = open_view(root / "large")
+        durable = durable_flush(root, 50 if quick else 200)
+    return {
         "commits": {"trajectories": count, **committed, "store": cost},
         "resume": resumed,
         "open": opened,
         "durable": durable,
+        "s3": s3_figures(quick),
         "notes": (
             f"resume/open use a store of {large} trajectories whose index log the bench "
-            f"wrote directly, with data only for the window's last {WINDOW}; the commit "
-            "figures use real commits"
+            f"wrote directly, with data only for the window's last {WINDOW}; the local commit "
+            "figures use real commits; the S3 commit figures append real commits to a log "
+            "prefix written directly"
         ),
-        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
-        "peak_rss_mb_bench": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
-    document = {"suite": "scale", "results": results, "targets": targets(results)}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(document, indent=2) + "\n")
-    for found in document["targets"]:
-        print(f"{'met' if found['met'] else 'NOT met'}: {found['name']} = {found['value']:.3g}")
 
 
-if __name__ == "__main__":
-    main()
+def scale_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The targets of the suite, evaluated on ``results``."""
+    commit = results["commits"]
+    early, late = commit["early"], commit["late"]
+    n = commit["trajectories"]
+    s3 = results["s3"]
+    s3_reason = s3.get("unavailable")
+    return [
+        target(
+            f"ms per tiny trajectory at {n:,} vs at 1k, local",
+            "add + commit of T=4, B=2, three keys, one add at a time, flush every 50",
+            late["ms_per_trajectory"] / early["ms_per_trajectory"],
+            1.2,
+            "<=",
+        ),
+        target(
+            "the same on moto S3 behind the 20 ms proxy, at 10k vs at 500",
+            "real commits appended to a log of 10,000 and of 500 trajectories",
+            None
+            if s3_reason
+            else s3["after_10k"]["ms_per_trajectory"] / s3["after_500"]["ms_per_trajectory"],
+            1.2,
+            "<=",
+            s3_reason,
+        ),
+        target(
+            f"bytes written per tiny trajectory at {n:,} vs at 1k",
+            "wchar of /proc/self/io per trajectory (data is constant: this is metadata)",
+            late["bytes_per_trajectory"] / max(early["bytes_per_trajectory"], 1.0),
+            1.2,
+            "<=",
+        ),
+        target(
+            "tiny-trajectory commits per second, one writer, local",
+            "trajectories committed per second after the first 500",
+            early["commits_per_s"],
+            1000,
+            ">=",
+        ),
+        target(
+            f"resume at {results['resume']['len']:,} trajectories, local, s",
+            "a new auto_save buffer + load_checkpoint of the live store, window 100",
+            results["resume"]["seconds"],
+            0.5,
+            "<=",
+        ),
+        target(
+            "resume on S3 (20 ms/request), requests",
+            "requests of the same resume through the proxy (cache_size=0: no trajectory warmed)",
+            None if s3_reason else float(s3["resume"]["requests"]),
+            20,
+            "<=",
+            s3_reason,
+        ),
+        target(
+            "open_buffer + the first sample(256), window 100, s",
+            "in a fresh process, after the import",
+            results["open"]["seconds"],
+            0.5,
+            "<=",
+        ),
+        target(
+            "peak RSS of that view, MB",
+            "ru_maxrss of that process (the import of torch included)",
+            results["open"]["peak_rss_mb"],
+            300,
+            "<=",
+        ),
+    ]

@@ -46,6 +46,7 @@ __all__ = [
     "SlotIndex",
     "has_log",
     "read_slot_index",
+    "read_slot_metadata",
 ]
 
 INDEX_DIR = "index"
@@ -117,6 +118,24 @@ def read_slot_index(location: Location, last: int | None = None) -> SlotIndex:
         return _read_once(location, last)
     except FileNotFoundError as exc:
         raise CorruptStoreError(f"{location.url}/{INDEX_DIR}: {exc}") from exc
+
+
+def read_slot_metadata(location: Location) -> dict[str, Any]:
+    """The slot's ``metadata.json`` keys: the head's (one read), or the log's before its
+    first compaction.
+
+    Raises
+    ------
+    CorruptStoreError
+        The head or a record is malformed.
+    StorageUnavailableError
+        The backend failed.
+    """
+    try:
+        raw = location.read_bytes(INDEX_DIR, HEAD_FILE)
+    except FileNotFoundError:
+        return read_slot_index(location, last=0).metadata
+    return dict(_parse_head(raw, f"{location.url}/{INDEX_DIR}/{HEAD_FILE}")["metadata"])
 
 
 def _read_once(location: Location, last: int | None) -> SlotIndex:
@@ -264,7 +283,8 @@ class IndexLog:
         self.metadata.update(changed)
         self._records.append(record)
         _count_record(self._state, record)
-        if len(self._records) >= COMPACT_RECORDS:
+        # A change of metadata is compacted at once: readers of the metadata read the head.
+        if changed or len(self._records) >= COMPACT_RECORDS:
             self.compact()
 
     def rewrite(
@@ -487,6 +507,11 @@ def _read_head(location: Location) -> dict[str, Any]:
         raw = location.read_bytes(INDEX_DIR, HEAD_FILE)
     except FileNotFoundError:
         return _empty_head()
+    return _parse_head(raw, where)
+
+
+def _parse_head(raw: bytes, where: str) -> dict[str, Any]:
+    """A head's checked contents."""
     head = _load(raw, where)
     try:
         version = head["version"]

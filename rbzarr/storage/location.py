@@ -163,7 +163,8 @@ class Location:
         target = self.join(*names)
         with translate_errors(self.url, "listing"):
             try:
-                entries = self.fs.ls(target, detail=False, **self._deadline())
+                # Never a cached listing: a reader must see what writers added since.
+                entries = self.fs.ls(target, detail=False, refresh=True, **self._deadline())
             except FileNotFoundError:
                 return []
         return sorted(PurePosixPath(str(entry)).name for entry in entries)

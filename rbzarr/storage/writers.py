@@ -68,9 +68,7 @@ def slot_location(location: Location, slot: int) -> Location:
 
 
 def writer_slots(location: Location) -> list[int]:
-    """The slots ``s >= 1`` that have a folder under ``writers/``, sorted."""
-    if not location.exists(WRITERS):
-        return []
+    """The slots ``s >= 1`` that have a folder under ``writers/``, sorted (one listing)."""
     names = location.list_names(WRITERS)
     slots = (int(name) for name in names if name.isdigit() and str(int(name)) == name)
     return sorted(slot for slot in slots if slot >= 1)
@@ -156,7 +154,7 @@ def read_store_metadata(location: Location) -> dict[str, Any]:
     for slot in [0, *writer_slots(location)]:
         where = slot_location(location, slot)
         if index_log.has_log(where):
-            return index_log.read_slot_index(where, last=0).metadata
+            return index_log.read_slot_metadata(where)
         if where.exists(METADATA_FILE):
             return store_documents.read_documents(where).metadata
     raise CheckpointNotFoundError(
