@@ -84,9 +84,9 @@ def test_a_commit_writes_its_own_entries_not_the_store(tmp_path, small_blocks):
 
     with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store) as buffer:
         early = [written_by_one_commit(buffer) for _ in range(12)]
-        for _ in range(100):
+        for _ in range(100):  # one record each, as the measured commits
             buffer.add_trajectories([make_trajectory(4, 2, 0)])
-        buffer.flush()
+            buffer.flush()
         late = [written_by_one_commit(buffer) for _ in range(12)]
     # No whole-document rewrite: the largest commit late is about the largest early
     # (a record, sometimes a block of at most 2 * SEGMENT_SIZE entries and the head).
