@@ -115,7 +115,7 @@ _scheduler_option = click.option(
     metavar="ADDRESS",
     default=None,
     help="Run the per-trajectory work as tasks on this dask.distributed scheduler "
-    "(e.g. tcp://10.0.0.5:8786; needs rbzarr[ray]); its workers must reach the store's "
+    "(e.g. tcp://10.0.0.5:8786; needs rbzarr[dask]); its workers must reach the store's "
     "URL. Same results as without it.",
 )
 

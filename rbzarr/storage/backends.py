@@ -64,11 +64,15 @@ _CREDENTIAL_ERRORS = ("NoCredentialsError", "PartialCredentialsError", "Credenti
 
 
 def with_s3_defaults(url: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` with :data:`S3_DEFAULTS` in ``config_kwargs`` for S3 URLs (caller's keys win)."""
+    """``options`` with :data:`S3_DEFAULTS` in ``config_kwargs`` and no listings cache for S3
+    URLs (caller's keys win)."""
     merged = dict(options)
     protocol = fsspec.core.split_protocol(url)[0]
     if protocol in _S3_PROTOCOLS:
         merged["config_kwargs"] = {**S3_DEFAULTS, **dict(merged.get("config_kwargs") or {})}
+        # Other processes write the same store (writer slots, documents): a listing cached
+        # when the store was empty would hide their commits.
+        merged.setdefault("use_listings_cache", False)
     return merged
 
 
