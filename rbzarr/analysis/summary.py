@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import posixpath
 from typing import Any
 
 from rbzarr.analysis.view import BufferView
@@ -24,6 +26,22 @@ def file_sizes(location: Location) -> dict[str, int]:
         str(path)[len(root) :]: int(info.get("size") or 0)
         for path, info in found.items()
         if str(path).startswith(root)
+    }
+
+
+def store_costs(location: Location, sizes: dict[str, int]) -> dict[str, Any]:
+    """What the store's files cost: their count, their bytes, the bytes of the metadata
+    documents (``zarr.json`` and the JSON indexes) and, locally, the disk blocks they take."""
+    documents = [name for name in sizes if posixpath.basename(name).endswith(".json")]
+    disk = None
+    if location.is_local:
+        disk = sum(os.stat(location.join(*name.split("/"))).st_blocks * 512 for name in sizes)
+    return {
+        "files": len(sizes),
+        "file_bytes": sum(sizes.values()),
+        "json_files": len(documents),
+        "json_bytes": sum(sizes[name] for name in documents),
+        "disk_usage": disk,
     }
 
 
@@ -63,4 +81,5 @@ def describe_store(view: BufferView, progress: bool = False) -> dict[str, Any]:
         "raw_bytes": raw,
         "bytes_on_disk": disk,
         "compression_ratio": raw / disk if disk else None,
+        "store": store_costs(view.layout.location, sizes),
     }

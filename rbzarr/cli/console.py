@@ -10,7 +10,6 @@ from typing import Any
 import click
 
 from rbzarr.errors import RbzarrError
-from rbzarr.storage.backends import backend_errors
 
 __all__ = [
     "OneLineErrors",
@@ -29,6 +28,8 @@ class OneLineErrors(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         """Run the chosen command; a user error becomes one line, a closed pipe exit 1."""
+        from rbzarr.storage.backends import backend_errors  # noqa: PLC0415  (imports fsspec, zarr)
+
         handled: tuple[type[BaseException], ...] = (*_USER_ERRORS, *backend_errors())
         try:
             return super().invoke(ctx)
