@@ -95,7 +95,7 @@ def test_info_zarr(stores):
             "file_bytes": sum(f.stat().st_size for f in files),
             "json_files": len(documents),
             "json_bytes": sum(f.stat().st_size for f in documents),
-            "disk_usage": sum(f.stat().st_blocks * 512 for f in files),
+            "disk_usage": sum(p.stat().st_blocks * 512 for p in [root, *root.rglob("*")]),
         },
     }
     result = rbzarr("info", root)

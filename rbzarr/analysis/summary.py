@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+from collections.abc import Iterator
 from typing import Any
 
 from rbzarr.analysis.view import BufferView
@@ -17,6 +18,8 @@ __all__ = ["describe_store", "file_sizes", "list_trajectories"]
 
 def file_sizes(location: Location) -> dict[str, int]:
     """Size of every file below ``location``."""
+    if location.is_local:
+        return {name: stat.st_size for name, stat in _local_files(location.path)}
     with translate_errors(location.url, "listing"):
         if not location.exists():
             return {}
@@ -29,13 +32,30 @@ def file_sizes(location: Location) -> dict[str, int]:
     }
 
 
+def _local_files(root: str) -> Iterator[tuple[str, os.stat_result]]:
+    """``(relative path, stat)`` of every file below a local folder (none if it is missing)."""
+    for folder, _, names in os.walk(root):
+        relative = os.path.relpath(folder, root)
+        for name in names:
+            path = name if relative == "." else f"{relative}/{name}".replace(os.sep, "/")
+            yield path, os.stat(os.path.join(folder, name))
+
+
+def _disk_usage(root: str) -> int:
+    """The disk blocks of a local folder, its subfolders and files, in bytes (as ``du``)."""
+    total = 0
+    for folder, _, names in os.walk(root):
+        total += os.stat(folder).st_blocks * 512
+        total += sum(os.stat(os.path.join(folder, name)).st_blocks * 512 for name in names)
+    return total
+
+
 def store_costs(location: Location, sizes: dict[str, int]) -> dict[str, Any]:
     """What the store's files cost: their count, their bytes, the bytes of the metadata
-    documents (``zarr.json`` and the JSON indexes) and, locally, the disk blocks they take."""
+    documents (``zarr.json`` and the JSON indexes) and, locally, the disk blocks of the
+    store's files and folders."""
     documents = [name for name in sizes if posixpath.basename(name).endswith(".json")]
-    disk = None
-    if location.is_local:
-        disk = sum(os.stat(location.join(*name.split("/"))).st_blocks * 512 for name in sizes)
+    disk = _disk_usage(location.path) if location.is_local else None
     return {
         "files": len(sizes),
         "file_bytes": sum(sizes.values()),
