@@ -33,13 +33,15 @@ __all__ = [
 ]
 
 # botocore's own settings for every S3 location unless the caller sets them: give up
-# connecting after 5 s and waiting for a response after 20 s, 2 attempts per request.
+# connecting after 5 s and waiting for a response after 15 s, 2 attempts per request, so
+# a server that accepts connections but never answers fails a request after 2 x 15 s, the
+# per-call deadline (storage/deadlines.py: 30 s).
 # s3fs retries a failed request itself (S3_RETRIES times here); the product bounds a call.
 # 64 connections, not botocore's 10: a cold batch's requests overlap (measured on moto at
 # 20 ms per request: 400 ranged GETs 4.2 s with 10, 3.1 s with 64, 3.1 s with 256).
 S3_DEFAULTS: dict[str, Any] = {
     "connect_timeout": 5,
-    "read_timeout": 20,
+    "read_timeout": 15,
     "retries": {"max_attempts": 2, "mode": "standard"},
     "max_pool_connections": 64,
 }
@@ -86,7 +88,13 @@ def bound_retries(fs: fsspec.AbstractFileSystem) -> None:
 def backend_errors() -> tuple[type[BaseException], ...]:
     """Exception types meaning "the backend failed": OSError, timeouts, botocore's, aiohttp's,
     obstore's."""
-    found: list[type[BaseException]] = [OSError, TimeoutError, ConnectionError]
+    return (OSError, TimeoutError, ConnectionError, *_transport_errors())
+
+
+@functools.cache
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The installed optional backends' transport failures (:data:`_TRANSPORT_ERRORS`)."""
+    found: list[type[BaseException]] = []
     for module_name, name in _TRANSPORT_ERRORS:
         try:
             module = importlib.import_module(module_name)
@@ -98,7 +106,8 @@ def backend_errors() -> tuple[type[BaseException], ...]:
 
 def _describe_failure(exc: BaseException) -> str:
     """The backend error in one line, with advice where the cause is a usual one."""
-    text = " ".join(str(exc).split())
+    # obstore appends the Rust error's debug dump; it stays in __cause__, not the message.
+    text = " ".join(str(exc).split("Debug source:", 1)[0].split())
     if isinstance(exc, TimeoutError) and not text:
         return no_answer(deadline_s())  # fsspec's FSTimeoutError carries no message
     text = text or type(exc).__name__
@@ -108,6 +117,8 @@ def _describe_failure(exc: BaseException) -> str:
             "or AWS_PROFILE, pass storage_options key= and secret=, or anon=True for a "
             "public bucket"
         )
+    if isinstance(exc, _transport_errors()):
+        return f"{text}; check that the endpoint is up and reachable, then retry"
     return text
 
 
