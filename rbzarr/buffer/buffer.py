@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Self
 
@@ -21,7 +22,7 @@ import torch
 
 from rbzarr.analysis.episodes import DONES, time_steps
 from rbzarr.buffer import checkpoint, references
-from rbzarr.buffer.arguments import check_count
+from rbzarr.buffer.arguments import check_count, check_window_size
 from rbzarr.buffer.background import DEFAULT_TIMEOUT
 from rbzarr.buffer.cache import SlotCache
 from rbzarr.buffer.commits import StoreCommitter
@@ -32,7 +33,12 @@ from rbzarr.buffer.read_ahead import ReadAhead
 from rbzarr.buffer.rlinf_compat import RLinfCompatMixin
 from rbzarr.buffer.sampler import WindowSampler
 from rbzarr.buffer.sequences import SequenceSampler, check_sequence_request, learn_window
-from rbzarr.errors import BufferClosedError, EmptyBufferError, TrajectoryListError
+from rbzarr.errors import (
+    BufferClosedError,
+    CheckpointNotFoundError,
+    EmptyBufferError,
+    TrajectoryListError,
+)
 from rbzarr.storage import row_reads
 from rbzarr.storage.documents import Entry
 from rbzarr.storage.layout import TrajectoryLayout
@@ -140,12 +146,17 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         than one of the store's trajectories, or ``on_damaged`` is not ``"raise"`` or
         ``"skip"``.
     TypeError
-        ``seed`` or ``cache_size`` is not an int.
+        ``seed``, ``cache_size`` or ``sample_window_size`` is not an int.
     StoreNotWritableError
         ``auto_save_path`` cannot be written (an ``OSError``): locally under a file,
         read-only or without permission; on S3 no such bucket or access denied.
     StoreExistsError
         ``auto_save_path`` is a file, or holds a store of another ``trajectory_format``.
+
+    Warns
+    -----
+    UserWarning
+        ``auto_save_path`` is given without ``auto_save=True``: it is ignored.
     """
 
     def __init__(
@@ -175,6 +186,14 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         check_count("cache_size", cache_size, minimum=0)
         if auto_save and not os.fspath(auto_save_path):
             raise ValueError("auto_save=True requires auto_save_path (a local path or URL)")
+        if not auto_save and os.fspath(auto_save_path):
+            warnings.warn(
+                f"auto_save_path={os.fspath(auto_save_path)!r} is ignored without auto_save=True: "
+                "nothing is written there; pass auto_save=True to keep the trajectories",
+                UserWarning,
+                stacklevel=2,
+            )
+        sample_window_size = check_window_size(sample_window_size)
         self.sample_window_size = sample_window_size
         self.auto_save = auto_save
         self.check_finite = check_finite
@@ -390,6 +409,17 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                     self._index.add_reference(entry)
                     self._cache.reserve(int(entry["trajectory_id"]))
 
+    def _empty_message(self) -> str:
+        """Why sampling an empty buffer fails, and what to do (a store may hold a run)."""
+        message = "cannot sample from an empty buffer: add trajectories first"
+        if self._committer is None or not self._committer.layout.has_documents():
+            return message
+        url = self._committer.url
+        return (
+            f"{message}, or load_checkpoint({url!r}) to sample the trajectories its "
+            "auto_save_path already holds (a new buffer samples only what it adds or loads)"
+        )
+
     def _index_entry(self, trajectory: ValidatedTrajectory) -> dict[str, Any]:
         raw = trajectory.trajectory
         return self._index.new_entry(
@@ -485,7 +515,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         with self._lock:
             window = self._index.window(self.sample_window_size)
             if not window:
-                raise EmptyBufferError("cannot sample from an empty buffer: add trajectories first")
+                raise EmptyBufferError(self._empty_message())
             if self._committer is not None and tuple(window) != self._warmed:
                 self._warmed = tuple(window)
                 self._committer.warm(self._index.entries[i] for i in window)
@@ -734,13 +764,18 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         Raises
         ------
         CheckpointNotFoundError
-            A document or listed data is missing.
+            A document or listed data is missing, or ``load_path`` is a file.
         CheckpointConflictError
             A rank's share cannot continue in the shared auto-save store.
         StoreExistsError
             The auto-save store holds other trajectories under the checkpoint's ids.
         """
         location = Location.from_url(load_path, self.storage_options)
+        if location.is_local and os.path.isfile(location.path):
+            raise CheckpointNotFoundError(
+                f"load_checkpoint: {location.url} is a file, expected a store folder (the "
+                "save_path of save_checkpoint or an auto_save_path)"
+            )
         share_of = (local_rank, world_size) if is_distributed else None
         loaded = checkpoint.load(
             location,
