@@ -106,3 +106,25 @@ def test_a_referenced_trajectory_enters_the_cache_on_its_first_read(tmp_path):
         assert_same_batch(learner.trajectory(k).tensors(), adding.trajectory(k).tensors())
     learner.close()
     adding.close()
+
+
+@pytest.mark.s3
+def test_a_learner_built_on_an_empty_s3_store_adds_what_a_writer_commits_later(
+    s3_bucket, s3_options
+):
+    # The learner lists the store while it is empty; the writer's commit comes after.
+    store = f"s3://{s3_bucket}/store"
+    learner = TrajectoryReplayBuffer(
+        seed=7, auto_save=True, auto_save_path=store, storage_options=s3_options
+    )
+    writer = TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=store, storage_options=s3_options
+    )
+    writer.add_trajectories(trajectories(0, 2))
+    writer.flush()
+    learner.add_committed(commit_notices(writer, writer.trajectory_ids))
+    adding = TrajectoryReplayBuffer(seed=7)
+    adding.add_trajectories(trajectories(0, 2))
+    assert_same_batch(learner.sample(16), adding.sample(16))
+    for buffer in (writer, learner):
+        buffer.close()

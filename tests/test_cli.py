@@ -76,6 +76,8 @@ def test_info_zarr(stores):
         }
     raw = sum(raw_bytes(key) for key in first)
     disk = tree_bytes(root / "trajectories") - (root / "trajectories" / "zarr.json").stat().st_size
+    files = [p for p in root.rglob("*") if p.is_file()]
+    documents = [p for p in files if p.name.endswith(".json")]
     assert ok_json("info", root) == {
         "url": str(root),
         "format": "zarr",
@@ -88,7 +90,17 @@ def test_info_zarr(stores):
         "raw_bytes": raw,
         "bytes_on_disk": disk,
         "compression_ratio": pytest.approx(raw / disk),
+        "store": {
+            "files": len(files),
+            "file_bytes": sum(f.stat().st_size for f in files),
+            "json_files": len(documents),
+            "json_bytes": sum(f.stat().st_size for f in documents),
+            "disk_usage": sum(p.stat().st_blocks * 512 for p in [root, *root.rglob("*")]),
+        },
     }
+    result = rbzarr("info", root)
+    text = result.stdout.splitlines()[3]
+    assert text.startswith(f"store: {len(files)} files of ") and "JSON documents" in text
 
 
 def test_info_and_ls_pt(stores):

@@ -14,7 +14,14 @@ import torch
 from conftest import assert_rows_consistent, make_trajectory
 from torch.utils.data import DataLoader
 
-from rbzarr import CheckpointNotFoundError, ReplayDataset, TrajectoryReplayBuffer, open_buffer
+from rbzarr import (
+    CheckpointNotFoundError,
+    EmptyBufferError,
+    ReplayDataset,
+    TrajectoryReplayBuffer,
+    open_buffer,
+)
+from rbzarr.storage.zarr import remote
 
 # Batches a DataLoader of two workers can hold that were drawn before a given moment: per
 # worker the prefetch queue (2), the batch its thread is putting (1) and the one the
@@ -163,3 +170,64 @@ def test_forked_workers_open_s3_stores_after_the_fork(s3_bucket, s3_options):
         got = [numbers(batch) for batch in loader]
     assert len(got) == 4 and len(set(got)) == 4
     assert all(0 <= n < 64 for rows in got for n in rows)
+
+
+@pytest.mark.timeout(120)
+def test_workers_draw_from_the_buffers_window_not_an_earlier_run(tmp_path):
+    store = tmp_path / "store"
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store) as earlier:
+        earlier.add_trajectories([make_trajectory(8, 8, 0)])
+    with TrajectoryReplayBuffer(seed=0, auto_save=True, auto_save_path=store) as buffer:
+        buffer.add_trajectories([make_trajectory(8, 8, 1000)])
+        buffer.flush()
+        dataset = ReplayDataset(buffer, batch_size=16, num_batches=4, seed=0)
+        in_workers = [numbers(b) for b in dataset.data_loader(num_workers=2)]
+        here = [numbers(b) for b in dataset.data_loader(num_workers=0)]
+    for rows in in_workers + here:
+        assert all(1000 <= n < 1064 for n in rows)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_new_buffer_over_an_earlier_run_is_empty_in_workers_too(tmp_path, num_workers):
+    store = tmp_path / "store"
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store) as earlier:
+        earlier.add_trajectories([make_trajectory(8, 8, 0)])
+    with TrajectoryReplayBuffer(seed=0, auto_save=True, auto_save_path=store) as buffer:
+        dataset = ReplayDataset(buffer, batch_size=4, num_batches=2, seed=0)
+        batches = None
+        with pytest.raises(EmptyBufferError) as caught:
+            batches = iter(dataset.data_loader(num_workers=num_workers))
+            next(batches)
+        caught.value.__traceback__ = None
+        del batches, caught
+
+
+@pytest.mark.s3
+@pytest.mark.timeout(180)
+def test_workers_read_cached_shards_from_the_local_cache(
+    s3_proxy, s3_bucket, s3_options, tmp_path, monkeypatch
+):
+    # Shards kept out of the group documents: each is an object a worker would GET.
+    monkeypatch.setattr(remote, "INLINE_SHARD_BYTES", 0)
+    url = f"s3://{s3_bucket}/store"
+    with TrajectoryReplayBuffer(
+        seed=0,
+        cache_size=0,
+        enable_cache=False,
+        auto_save=True,
+        auto_save_path=url,
+        storage_options=s3_options,
+        local_cache_dir=tmp_path / "cache",
+    ) as buffer:
+        buffer.add_trajectories([make_trajectory(4, 8, 0), make_trajectory(4, 8, 32)])
+        buffer.flush()  # written through to the cache
+        s3_proxy.reset_log()
+        dataset = ReplayDataset(buffer, batch_size=8, num_batches=4, seed=1)
+        loader = dataset.data_loader(num_workers=2, multiprocessing_context="fork")
+        got = [numbers(batch) for batch in loader]
+    assert all(0 <= n < 64 for rows in got for n in rows)
+    # Listings (GET of the bucket) and the index documents; no object of a trajectory.
+    gets = [r.key for r in s3_proxy.requests if r.method == "GET"]
+    assert [key for key in gets if "/trajectories/" in key] == []
+    assert gets

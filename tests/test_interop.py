@@ -316,6 +316,33 @@ def test_cli_import_and_export(lerobot, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.fixture(scope="module")
+def thousand_demos(tmp_path_factory):
+    """A pt store of 1,000 one-step trajectories: h5py reads back its file past a few hundred."""
+    root = tmp_path_factory.mktemp("thousand") / "store"
+    buffer = TrajectoryReplayBuffer(
+        seed=0, auto_save=True, auto_save_path=str(root), trajectory_format="pt"
+    )
+    buffer.add_trajectories([make_trajectory(1, 1, i) for i in range(1000)])
+    buffer.close()
+    return root
+
+
+def test_cli_exports_a_thousand_demos_to_hdf5(thousand_demos, tmp_path):
+    out = tmp_path / "out.hdf5"
+    result = CliRunner().invoke(main, ["export", str(thousand_demos), str(out), "--format", "hdf5"])
+    assert (result.exit_code, result.output) == (0, f"exported 1000 episodes to {out}\n")
+    with h5py.File(out) as written:
+        assert len(written["data"]) == 1000
+        assert written["data/demo_999/actions"][()].tolist() == [[999, 999]]
+
+
+def test_hdf5_export_to_a_remote_filesystem_uploads_the_finished_file(thousand_demos, memory_url):
+    assert export_dataset(thousand_demos, f"{memory_url}/out.hdf5", "hdf5") == 1000
+    with fsspec.open(f"{memory_url}/out.hdf5", "rb") as handle, h5py.File(handle) as written:
+        assert written["data"].attrs["total"] == 1000
+
+
 def test_seed_buffer_fills_a_demo_buffer_that_then_grows(lerobot, tmp_path):
     root, _ = lerobot
     demo_buffer = TrajectoryReplayBuffer(seed=0, sample_window_size=0)

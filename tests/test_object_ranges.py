@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import pytest
@@ -9,7 +10,8 @@ import torch
 from conftest import make_trajectory
 
 import rbzarr
-from rbzarr import TrajectoryReplayBuffer
+from rbzarr import StorageUnavailableError, TrajectoryReplayBuffer
+from rbzarr.storage.backends import translate_errors
 from rbzarr.storage.object_ranges import CLIENT_ENV, object_ranges, obstore_config
 from rbzarr.storage.zarr import remote
 
@@ -111,3 +113,25 @@ def test_obstore_and_s3fs_read_the_same_batches(
     assert "object_store" not in agents and agents
     for one, other in zip(through_obstore, through_s3fs, strict=True):
         torch.testing.assert_close(one, other, rtol=0, atol=0)
+
+
+def test_an_obstore_failure_is_one_line_and_its_debug_dump_stays_in_the_cause() -> None:
+    with socket.socket() as probe:  # a port nothing listens on: connections are refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    options = {**EXPLICIT, "endpoint_url": f"http://127.0.0.1:{port}"}
+    options["config_kwargs"] = {"connect_timeout": 2, "retries": {"max_attempts": 1}}
+    ranges = object_ranges("s3", options)
+    assert ranges is not None
+    (failure,) = ranges.cat_ranges(["bucket/key"], [0], [10])
+    assert isinstance(failure, BaseException)
+    with (
+        pytest.raises(StorageUnavailableError) as caught,
+        translate_errors("s3://bucket", "reading"),
+    ):
+        raise failure
+    message = str(caught.value)
+    assert message.startswith("reading 's3://bucket' failed: ") and f"127.0.0.1:{port}" in message
+    assert "Debug source" not in message and "\n" not in message
+    assert message.endswith("check that the endpoint is up and reachable, then retry")
+    assert "Debug source" in str(caught.value.__cause__)

@@ -141,8 +141,9 @@ def test_clear_resets_window():
 @pytest.mark.parametrize("auto_save", [False, True])
 def test_caller_generator_replaces_the_buffer_stream_for_that_call(tmp_path, auto_save):
     def make(name: str) -> TrajectoryReplayBuffer:
+        path = tmp_path / name if auto_save else ""
         return TrajectoryReplayBuffer(
-            seed=7, sample_window_size=0, auto_save=auto_save, auto_save_path=tmp_path / name
+            seed=7, sample_window_size=0, auto_save=auto_save, auto_save_path=path
         )
 
     with make("plain") as plain, make("mixed") as mixed:

@@ -65,7 +65,7 @@ def connect(address: str, timeout: float = DEFAULT_CONNECT_TIMEOUT) -> Client:
     Raises
     ------
     ImportError
-        ``distributed`` is not installed (``pip install 'rbzarr[ray]'``).
+        ``distributed`` is not installed (``pip install 'rbzarr[dask]'``).
     SchedulerUnavailableError
         No scheduler answered at ``address`` within ``timeout`` seconds, or ``address`` is
         not an address.
@@ -73,7 +73,7 @@ def connect(address: str, timeout: float = DEFAULT_CONNECT_TIMEOUT) -> Client:
     try:
         from distributed import Client  # noqa: PLC0415 (optional dependency)
     except ImportError as exc:
-        raise ImportError("--scheduler needs dask.distributed: pip install 'rbzarr[ray]'") from exc
+        raise ImportError("--scheduler needs dask.distributed: pip install 'rbzarr[dask]'") from exc
     try:
         return Client(address, timeout=timeout, set_as_default=False)
     except Exception as exc:  # refused, timed out, not an address, not a dask scheduler

@@ -19,6 +19,7 @@ def info_lines(report: dict[str, Any]) -> list[str]:
         f"next id={report['trajectory_counter']}  seed={report['seed']}",
         f"data: {report['bytes_on_disk']} bytes on disk, {report['raw_bytes']} raw, "
         f"compression {'-' if ratio is None else f'{ratio:.2f}x (raw / on disk)'}",
+        _costs_line(report["store"], report["raw_bytes"]),
     ]
     lines.extend(
         f"  {key:<28} {item['dtype']:<9} shape={item['shape']} chunks={item['chunks']} "
@@ -26,6 +27,21 @@ def info_lines(report: dict[str, Any]) -> list[str]:
         for key, item in report["keys"].items()
     )
     return lines
+
+
+def _costs_line(costs: dict[str, Any], raw: int) -> str:
+    """What the whole store costs: files, their bytes (JSON documents apart), disk blocks."""
+    disk = costs["disk_usage"]
+    used = "" if disk is None else f", {_mb(disk)} on disk (blocks, as du counts)"
+    return (
+        f"store: {costs['files']} files of {_mb(costs['file_bytes'])}{used}; "
+        f"{costs['json_files']} JSON documents of {_mb(costs['json_bytes'])}; "
+        f"{_mb(raw)} of raw data"
+    )
+
+
+def _mb(nbytes: int) -> str:
+    return f"{nbytes / 1e6:.1f} MB"
 
 
 def ls_lines(rows: list[dict[str, Any]]) -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import posixpath
 from typing import Any
 
 from rbzarr.analysis.view import BufferView
@@ -15,15 +17,51 @@ __all__ = ["describe_store", "file_sizes", "list_trajectories"]
 
 def file_sizes(location: Location) -> dict[str, int]:
     """Size of every file below ``location``."""
+    return _file_costs(location)[0]
+
+
+def _file_costs(location: Location) -> tuple[dict[str, int], int | None]:
+    """Size of every file below ``location`` and, locally, the disk blocks of its files and
+    folders in bytes (as ``du`` counts them; ``None`` elsewhere)."""
+    if location.is_local:
+        return _local_tree(location.path)
     with translate_errors(location.url, "listing"):
         if not location.exists():
-            return {}
+            return {}, None
         found = location.fs.find(location.path, detail=True, **deadline_options(location.fs))
     root = location.path.rstrip("/") + "/"
-    return {
+    sizes = {
         str(path)[len(root) :]: int(info.get("size") or 0)
         for path, info in found.items()
         if str(path).startswith(root)
+    }
+    return sizes, None
+
+
+def _local_tree(root: str) -> tuple[dict[str, int], int]:
+    """One walk of a local folder (none if it is missing): file sizes, and disk blocks."""
+    sizes: dict[str, int] = {}
+    disk = 0
+    for folder, _, names in os.walk(root):
+        disk += os.stat(folder).st_blocks * 512
+        relative = os.path.relpath(folder, root).replace(os.sep, "/")
+        for name in names:
+            stat = os.stat(os.path.join(folder, name))
+            sizes[name if relative == "." else f"{relative}/{name}"] = stat.st_size
+            disk += stat.st_blocks * 512
+    return sizes, disk
+
+
+def store_costs(sizes: dict[str, int], disk_usage: int | None) -> dict[str, Any]:
+    """What the store's files cost: their count, their bytes, the bytes of the metadata
+    documents (``zarr.json`` and the JSON indexes) and, locally, their disk blocks."""
+    documents = [name for name in sizes if posixpath.basename(name).endswith(".json")]
+    return {
+        "files": len(sizes),
+        "file_bytes": sum(sizes.values()),
+        "json_files": len(documents),
+        "json_bytes": sum(sizes[name] for name in documents),
+        "disk_usage": disk_usage,
     }
 
 
@@ -47,7 +85,7 @@ def list_trajectories(view: BufferView) -> list[dict[str, Any]]:
 
 def describe_store(view: BufferView, progress: bool = False) -> dict[str, Any]:
     """Counts, per-key layout and sizes of a store; see ``rbzarr info``."""
-    sizes = file_sizes(view.layout.location)
+    sizes, disk_usage = _file_costs(view.layout.location)
     keys, disk = view.layout.describe_keys(view.entries.values(), sizes, progress)
     raw = sum(int(info["raw_bytes"]) for info in keys.values())
     metadata = view.metadata
@@ -63,4 +101,5 @@ def describe_store(view: BufferView, progress: bool = False) -> dict[str, Any]:
         "raw_bytes": raw,
         "bytes_on_disk": disk,
         "compression_ratio": raw / disk if disk else None,
+        "store": store_costs(sizes, disk_usage),
     }

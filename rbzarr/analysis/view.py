@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Container, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -41,6 +41,7 @@ def open_buffer(
     local_cache_dir: str | os.PathLike[str] | None = None,
     local_cache_bytes: int | None = None,
     on_damaged: str = "raise",
+    trajectories: Container[int] | None = None,
 ) -> BufferView:
     """Open the store or checkpoint at ``url`` read-only.
 
@@ -68,6 +69,9 @@ def open_buffer(
         ``"raise"`` or ``"skip"``: what :meth:`BufferView.sample` and
         :meth:`BufferView.sample_sequences` do with a damaged trajectory, as for the buffer
         (``"skip"`` drops it from the view's index, also after a refresh).
+    trajectories
+        The ids the view keeps of those the store lists (a buffer's own, for its DataLoader
+        workers); ``None`` (default): all of them.
 
     Returns
     -------
@@ -94,6 +98,7 @@ def open_buffer(
         sample_window_size=sample_window_size,
         refresh_interval=refresh_interval,
         on_damaged=on_damaged,
+        trajectories=trajectories,
     )
 
 
@@ -109,7 +114,7 @@ class BufferView:
         The store's layout, opened read-only.
     documents
         Its ``metadata.json`` and ``trajectory_index.json``, as just read.
-    seed, sample_window_size, refresh_interval, on_damaged
+    seed, sample_window_size, refresh_interval, on_damaged, trajectories
         As for :func:`open_buffer`.
 
     Raises
@@ -129,6 +134,7 @@ class BufferView:
         sample_window_size: int = 0,
         refresh_interval: float | None = None,
         on_damaged: str = "raise",
+        trajectories: Container[int] | None = None,
     ) -> None:
         url = layout.location.url
         self._reader = StoreReader(
@@ -140,6 +146,7 @@ class BufferView:
             where=url,
             empty=f"{url}: no committed trajectory to sample from",
         )
+        self._kept = trajectories
         if refresh_interval is not None and not refresh_interval >= 0:
             raise ValueError(f"refresh_interval must be >= 0 seconds, got {refresh_interval}")
         self.layout = layout
@@ -149,7 +156,11 @@ class BufferView:
 
     def _set_documents(self, documents: Documents) -> None:
         self._documents = documents
-        self._index = self._reader.index = TrajectoryIndex.from_documents(documents, self.url)
+        index = TrajectoryIndex.from_documents(documents, self.url)
+        kept = self._kept
+        if kept is not None:
+            index = index.subset(i for i in index.id_list if i in kept)
+        self._index = self._reader.index = index
         # on_damaged="skip": the damaged ones stay dropped
         self._index.remove(self._reader.damaged.dropped)
         self._read_at = time.monotonic()
@@ -401,6 +412,7 @@ class BufferView:
             "sample_window_size": self.sample_window_size,
             "refresh_interval": self.refresh_interval,
             "on_damaged": self.on_damaged,
+            "trajectories": self._kept,
         }
         return (_reopen, (self.url, self.storage_options, options, self.state_dict()["sampler"]))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any, Self
 
@@ -28,8 +29,8 @@ from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.buffer.local_cache_settings import LocalCacheSettings
 from rbzarr.buffer.read_ahead import ReadAhead
 from rbzarr.buffer.rlinf_compat import RLinfCompatMixin
-from rbzarr.errors import BufferClosedError, TrajectoryListError
-from rbzarr.sampling.arguments import check_count
+from rbzarr.errors import BufferClosedError, CheckpointNotFoundError, TrajectoryListError
+from rbzarr.sampling.arguments import check_count, check_window_size
 from rbzarr.sampling.reader import StoreReader
 from rbzarr.storage.documents import Entry
 from rbzarr.storage.layout import TrajectoryLayout
@@ -138,12 +139,17 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         than one of the store's trajectories, or ``on_damaged`` is not ``"raise"`` or
         ``"skip"``.
     TypeError
-        ``seed`` or ``cache_size`` is not an int.
+        ``seed``, ``cache_size`` or ``sample_window_size`` is not an int.
     StoreNotWritableError
         ``auto_save_path`` cannot be written (an ``OSError``): locally under a file,
         read-only or without permission; on S3 no such bucket or access denied.
     StoreExistsError
         ``auto_save_path`` is a file, or holds a store of another ``trajectory_format``.
+
+    Warns
+    -----
+    UserWarning
+        ``auto_save_path`` is given without ``auto_save=True``: it is ignored.
     """
 
     def __init__(
@@ -166,6 +172,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         on_damaged: str = "raise",
         durable: bool = False,
     ) -> None:
+        sample_window_size = check_window_size(sample_window_size)
         self._lock = threading.RLock()  # index, cache, schema, samplers
         self._reader = StoreReader(
             TrajectoryIndex(),
@@ -182,6 +189,13 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         check_count("cache_size", cache_size, minimum=0)
         if auto_save and not os.fspath(auto_save_path):
             raise ValueError("auto_save=True requires auto_save_path (a local path or URL)")
+        if not auto_save and os.fspath(auto_save_path):
+            warnings.warn(
+                f"auto_save_path={os.fspath(auto_save_path)!r} is ignored without auto_save=True: "
+                "nothing is written there; pass auto_save=True to keep the trajectories",
+                UserWarning,
+                stacklevel=2,
+            )
         self.auto_save = auto_save
         self.check_finite = check_finite
         self.storage_options = dict(storage_options or {})
@@ -216,6 +230,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         self._index = self._reader.index = TrajectoryIndex(trajectory_counter=self._first_free_id())
         self._reader.layout = None if self._committer is None else self._committer.layout
         self._reader.where = self.store_url or ""
+        self._reader.empty = self._empty_message()
         self._reader.held = BufferRows(self._cache, self._committer, self._lock)
         self._read_ahead = (
             ReadAhead(prefetch, self.generator, self._reader.draw_rows, self._lock)
@@ -227,6 +242,17 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             self.local_cache.check_shapes(self._schema, [(self._committer.largest_committed, 1)])
 
     # -- plumbing -----------------------------------------------------------------------
+    def _empty_message(self) -> str:
+        """Why sampling an empty buffer fails, and what to do (a store may hold a run)."""
+        message = "cannot sample from an empty buffer: add trajectories first"
+        if self._committer is None or not self._committer.layout.has_documents():
+            return message
+        url = self._committer.url
+        return (
+            f"{message}, or load_checkpoint({url!r}) to sample the trajectories its "
+            "auto_save_path already holds (a new buffer samples only what it adds or loads)"
+        )
+
     def _layout(self, location: Location, trajectory_format: str) -> TrajectoryLayout:
         """A layout at ``location``; this buffer's layout options apply to its format only."""
         options = self.layout_options if trajectory_format == self._options_format else {}
@@ -670,13 +696,18 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         Raises
         ------
         CheckpointNotFoundError
-            A document or listed data is missing.
+            A document or listed data is missing, or ``load_path`` is a file.
         CheckpointConflictError
             A rank's share cannot continue in the shared auto-save store.
         StoreExistsError
             The auto-save store holds other trajectories under the checkpoint's ids.
         """
         location = Location.from_url(load_path, self.storage_options)
+        if location.is_local and os.path.isfile(location.path):
+            raise CheckpointNotFoundError(
+                f"load_checkpoint: {location.url} is a file, expected a store folder (the "
+                "save_path of save_checkpoint or an auto_save_path)"
+            )
         share_of = (local_rank, world_size) if is_distributed else None
         loaded = checkpoint.load(
             location,

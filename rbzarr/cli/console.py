@@ -10,7 +10,6 @@ from typing import Any
 import click
 
 from rbzarr.errors import RbzarrError
-from rbzarr.storage.backends import backend_errors
 
 __all__ = [
     "OneLineErrors",
@@ -29,13 +28,18 @@ class OneLineErrors(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         """Run the chosen command; a user error becomes one line, a closed pipe exit 1."""
-        handled: tuple[type[BaseException], ...] = (*_USER_ERRORS, *backend_errors())
         try:
             return super().invoke(ctx)
         except BrokenPipeError:
             silence_stdout()
             ctx.exit(1)
-        except handled as exc:
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise  # --help, usage errors: click's own, before the backends are imported
+        except Exception as exc:
+            from rbzarr.storage.backends import backend_errors  # noqa: PLC0415 (fsspec, zarr)
+
+            if not isinstance(exc, (*_USER_ERRORS, *backend_errors())):
+                raise
             message = " ".join(str(exc).split()) or type(exc).__name__
             raise click.ClickException(message) from None
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from rbzarr import __version__
 from rbzarr.cli.console import OneLineErrors, parse_ids, parse_storage_options, progress_wanted
 
 __all__ = ["main"]
@@ -68,7 +69,7 @@ _json_flag = click.option("--json", "as_json", is_flag=True, help="Print JSON on
     metavar="N",
     help="Bound of --local-cache in bytes (default 16 GiB).",
 )
-@click.version_option(package_name="rbzarr")
+@click.version_option(version=__version__, prog_name="rbzarr")
 def main(
     storage_options: dict[str, Any], local_cache: str | None, local_cache_bytes: int | None
 ) -> None:
@@ -114,7 +115,7 @@ _scheduler_option = click.option(
     metavar="ADDRESS",
     default=None,
     help="Run the per-trajectory work as tasks on this dask.distributed scheduler "
-    "(e.g. tcp://10.0.0.5:8786; needs rbzarr[ray]); its workers must reach the store's "
+    "(e.g. tcp://10.0.0.5:8786; needs rbzarr[dask]); its workers must reach the store's "
     "URL. Same results as without it.",
 )
 

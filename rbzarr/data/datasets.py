@@ -74,7 +74,9 @@ class ReplayDataset(IterableDataset[Batch]):
         ``generator`` keyword, it receives this iterator's seeded ``torch.Generator``.
         DataLoader workers sample a view of a buffer's ``auto_save`` store (module docs).
     batch_size
-        Rows per batch. A buffer that clamps to the rows it holds may return fewer.
+        Rows per batch.  A buffer clamps a draw to the rows of its sampling window, as
+        RLinf's does: while the window holds fewer rows, batches have that many (the
+        dataset warns once, ``UserWarning``).
     num_batches
         Batches per pass on this rank, shared out among ``DataLoader`` workers (the first
         ``num_batches % num_workers`` workers make one more); ``None`` never stops.
@@ -168,6 +170,7 @@ class ReplayDataset(IterableDataset[Batch]):
         self.max_staleness = max_staleness
         self.epoch = 0
         self._loaders: weakref.WeakSet[ReplayLoader] = weakref.WeakSet()
+        self._warned_small_batch = False
 
     def set_epoch(self, epoch: int) -> None:
         """Start the streams of ``epoch``: later iterators draw rows unrelated to earlier ones.
@@ -251,9 +254,24 @@ class ReplayDataset(IterableDataset[Batch]):
         def produce() -> Batch:
             parts = mixed.parts()
             batch = parts[0] if len(parts) == 1 else concat_batches(*parts)
+            self._check_batch_size(batch)
             return _pin(batch) if pin else batch
 
         return produce
+
+    def _check_batch_size(self, batch: Batch) -> None:
+        """Warn once when the buffer clamped a batch to the fewer rows its window holds."""
+        rows = next((len(value) for _, value in tree.leaves(batch)), self.batch_size)
+        if rows >= self.batch_size or self._warned_small_batch:
+            return
+        self._warned_small_batch = True
+        warnings.warn(
+            f"ReplayDataset: a batch has {rows} rows, not batch_size={self.batch_size}: the "
+            f"buffer's sampling window holds fewer (it clamps, as RLinf's does); add "
+            "trajectories or lower batch_size for full batches",
+            UserWarning,
+            stacklevel=2,
+        )
 
     def get_stats(self) -> dict[str, Any]:
         """Counters of this process's iterators (DataLoader workers keep their own).

@@ -9,8 +9,16 @@ from typing import Any, Protocol
 from rbzarr.analysis.view import BufferView, open_buffer
 from rbzarr.buffer.buffer import TrajectoryReplayBuffer
 from rbzarr.errors import CheckpointNotFoundError
+from rbzarr.storage.writers import ID_STRIDE
 
-__all__ = ["SampleSource", "StoreSpec", "store_spec", "takes_generator", "worker_source"]
+__all__ = [
+    "BufferIds",
+    "SampleSource",
+    "StoreSpec",
+    "store_spec",
+    "takes_generator",
+    "worker_source",
+]
 
 
 class SampleSource(Protocol):
@@ -33,14 +41,40 @@ def takes_generator(source: SampleSource) -> bool:
 
 
 @dataclass(frozen=True)
+class BufferIds:
+    """The ids a buffer samples: those it lists now and the ones its own writer adds next
+    (``[next_id, end_id)``, the rest of its writer slot), not an earlier run's of its store."""
+
+    listed: frozenset[int]
+    next_id: int
+    end_id: int
+
+    @classmethod
+    def of(cls, buffer: TrajectoryReplayBuffer) -> BufferIds:
+        """The ids of ``buffer`` as they are now."""
+        counter = buffer.trajectory_counter
+        return cls(
+            frozenset(buffer.trajectory_ids), counter, (counter // ID_STRIDE + 1) * ID_STRIDE
+        )
+
+    def __contains__(self, trajectory_id: object) -> bool:
+        if trajectory_id in self.listed:
+            return True
+        return isinstance(trajectory_id, int) and self.next_id <= trajectory_id < self.end_id
+
+
+@dataclass(frozen=True)
 class StoreSpec:
-    """Where a worker opens its view: a store's URL, fsspec options, sampling window and
-    ``on_damaged`` policy (the buffer's)."""
+    """Where a worker opens its view: a store's URL, fsspec options, sampling window,
+    ``on_damaged`` policy, local shard cache and trajectories (the buffer's)."""
 
     url: str
     storage_options: dict[str, Any]
     sample_window_size: int
     on_damaged: str = "raise"
+    local_cache_dir: str | None = None
+    local_cache_bytes: int | None = None
+    trajectories: BufferIds | None = None
 
     def open(self, refresh_interval: float) -> BufferView:
         """Open the store as a read-only view, in the calling process."""
@@ -51,6 +85,9 @@ class StoreSpec:
                 sample_window_size=self.sample_window_size,
                 refresh_interval=refresh_interval,
                 on_damaged=self.on_damaged,
+                local_cache_dir=self.local_cache_dir,
+                local_cache_bytes=self.local_cache_bytes,
+                trajectories=self.trajectories,
             )
         except CheckpointNotFoundError as exc:
             raise CheckpointNotFoundError(
@@ -75,11 +112,15 @@ def store_spec(source: object) -> StoreSpec | None:
             "draw from a frozen copy). Use num_workers=0 (ReplayDataset prefetches on a "
             "thread), or build the buffer with auto_save=True so workers read its store"
         )
+    cache = source.local_cache
     return StoreSpec(
         source.store_url,
         dict(source.storage_options),
         source.sample_window_size,
         source.on_damaged,
+        local_cache_dir=cache.directory,
+        local_cache_bytes=cache.capacity if cache.directory is not None else None,
+        trajectories=BufferIds.of(source),
     )
 
 

@@ -23,7 +23,9 @@ import json
 import os
 import posixpath
 import re
+import tempfile
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import h5py
@@ -190,6 +192,19 @@ def _write_demo(group: h5py.Group, episode: StoredEpisode, synthesized: set[str]
     return length
 
 
+@contextmanager
+def _local_file(location: Location) -> Iterator[str]:
+    """A local path for h5py to write (it reads back what it wrote), uploaded on success."""
+    if location.is_local:
+        location.fs.makedirs(posixpath.dirname(location.path), exist_ok=True)
+        yield location.path
+        return
+    with tempfile.TemporaryDirectory(prefix="rbzarr-export-") as folder:
+        path = os.path.join(folder, "out.hdf5")
+        yield path
+        location.fs.put_file(path, location.path)
+
+
 def export_robomimic(
     source: str | os.PathLike[str] | Location,
     destination: str | os.PathLike[str],
@@ -208,8 +223,7 @@ def export_robomimic(
     synthesized = set(recorded.get("synthesized", [])) if from_robomimic else set()
     names = list(recorded["demos"]) if from_robomimic else []
     try:
-        location.fs.makedirs(posixpath.dirname(location.path), exist_ok=True)
-        with location.fs.open(location.path, "wb") as handle, h5py.File(handle, "w") as out:
+        with _local_file(location) as path, h5py.File(path, "w") as out:
             data = out.create_group("data")
             total = 0
             for position, episode in enumerate(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-__all__ = ["SEED_MAX", "SEED_MIN", "check_count", "check_seed"]
+__all__ = ["SEED_MAX", "SEED_MIN", "check_count", "check_seed", "check_window_size"]
 
 # What torch.Generator.manual_seed accepts: a signed or unsigned 64-bit integer.
 SEED_MIN = -(2**63)
@@ -47,3 +47,9 @@ def check_seed(seed: Any) -> int | None:
     if not SEED_MIN <= number <= SEED_MAX:
         raise ValueError(f"seed must be {expected}, got {number}")
     return number
+
+
+def check_window_size(value: Any) -> int:
+    """``sample_window_size`` as an int (0 or negative: every trajectory, as in RLinf), else
+    ``TypeError``."""
+    return _as_int("sample_window_size", value, "an int (0 or negative: every trajectory)")

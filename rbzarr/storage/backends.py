@@ -64,11 +64,15 @@ _CREDENTIAL_ERRORS = ("NoCredentialsError", "PartialCredentialsError", "Credenti
 
 
 def with_s3_defaults(url: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` with :data:`S3_DEFAULTS` in ``config_kwargs`` for S3 URLs (caller's keys win)."""
+    """``options`` with :data:`S3_DEFAULTS` in ``config_kwargs`` and no listings cache for S3
+    URLs (caller's keys win)."""
     merged = dict(options)
     protocol = fsspec.core.split_protocol(url)[0]
     if protocol in _S3_PROTOCOLS:
         merged["config_kwargs"] = {**S3_DEFAULTS, **dict(merged.get("config_kwargs") or {})}
+        # Other processes write the same store (writer slots, documents): a listing cached
+        # when the store was empty would hide their commits.
+        merged.setdefault("use_listings_cache", False)
     return merged
 
 
@@ -82,7 +86,13 @@ def bound_retries(fs: fsspec.AbstractFileSystem) -> None:
 def backend_errors() -> tuple[type[BaseException], ...]:
     """Exception types meaning "the backend failed": OSError, timeouts, botocore's, aiohttp's,
     obstore's."""
-    found: list[type[BaseException]] = [OSError, TimeoutError, ConnectionError]
+    return (OSError, TimeoutError, ConnectionError, *_transport_errors())
+
+
+@functools.cache
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The installed optional backends' transport failures (:data:`_TRANSPORT_ERRORS`)."""
+    found: list[type[BaseException]] = []
     for module_name, name in _TRANSPORT_ERRORS:
         try:
             module = importlib.import_module(module_name)
@@ -94,7 +104,8 @@ def backend_errors() -> tuple[type[BaseException], ...]:
 
 def _describe_failure(exc: BaseException) -> str:
     """The backend error in one line, with advice where the cause is a usual one."""
-    text = " ".join(str(exc).split())
+    # obstore appends the Rust error's debug dump; it stays in __cause__, not the message.
+    text = " ".join(str(exc).split("Debug source:", 1)[0].split())
     if isinstance(exc, TimeoutError) and not text:
         return no_answer(deadline_s())  # fsspec's FSTimeoutError carries no message
     text = text or type(exc).__name__
@@ -104,6 +115,8 @@ def _describe_failure(exc: BaseException) -> str:
             "or AWS_PROFILE, pass storage_options key= and secret=, or anon=True for a "
             "public bucket"
         )
+    if isinstance(exc, _transport_errors()):
+        return f"{text}; check that the endpoint is up and reachable, then retry"
     return text
 
 

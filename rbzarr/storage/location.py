@@ -34,6 +34,14 @@ def _same_filesystem(one: fsspec.AbstractFileSystem, other: fsspec.AbstractFileS
     return type(one) is type(other) and one.storage_options == other.storage_options
 
 
+def _missing_client(url: str, exc: ImportError) -> str:
+    """What to install for a URL whose fsspec filesystem is missing."""
+    protocol = fsspec.core.split_protocol(url)[0]
+    if protocol in ("s3", "s3a"):
+        return f"{url}: S3 needs s3fs, in rbzarr's s3 extra: pip install 'rbzarr[s3]'"
+    return f"{url}: {exc}"
+
+
 @dataclass(frozen=True)
 class Location:
     """A root path on an fsspec filesystem.
@@ -79,7 +87,10 @@ class Location:
             raise ValueError("empty location: expected a local path or an fsspec URL")
         options = with_s3_defaults(text, storage_options or {})
         with translate_errors(text, "opening"):
-            fs, path = fsspec.core.url_to_fs(text, **options)
+            try:
+                fs, path = fsspec.core.url_to_fs(text, **options)
+            except ImportError as exc:
+                raise ImportError(_missing_client(text, exc)) from exc
         bound_retries(fs)
         if isinstance(fs, LocalFileSystem):
             path = os.path.abspath(path)
