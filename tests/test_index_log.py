@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -9,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,12 @@ from conftest import make_trajectory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rbzarr import CorruptStoreError, TrajectoryReplayBuffer, open_buffer
+from rbzarr import (
+    CheckpointNotFoundError,
+    CorruptStoreError,
+    TrajectoryReplayBuffer,
+    open_buffer,
+)
 from rbzarr.analysis.verify import verify_store
 from rbzarr.storage import index_log
 from rbzarr.storage.location import Location
@@ -243,3 +250,55 @@ def test_a_kill_at_every_step_of_commits_and_compactions_loses_nothing_flushed(t
         ids = open_buffer(str(store), sample_window_size=0).ids
         assert len(ids) == len(set(ids)) and ids[: len(flushed)] == flushed
     assert os.path.exists(tmp_path / "s25")
+
+
+def test_four_writers_append_while_compactions_run_and_a_reader_follows(tmp_path, small_blocks):
+    """Four buffers (four slots) commit and compact at once; a reader never fails, never
+    loses an id it saw, and ends with every trajectory."""
+    store = tmp_path / "s"
+    per_writer = 30
+    errors: list[BaseException] = []
+    seen: list[list[int]] = []
+    done = threading.Event()
+
+    def write(k: int) -> None:
+        try:
+            with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store) as buffer:
+                for i in range(per_writer):
+                    buffer.add_trajectories([make_trajectory(4, 2, 100 * k + i)])
+                    if i % 3 == 2:
+                        buffer.flush()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    def read() -> None:
+        while not done.is_set():
+            try:
+                seen.append(open_buffer(str(store), sample_window_size=0).ids)
+            except CheckpointNotFoundError:
+                continue  # before the first commit
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+                return
+
+    writers = [threading.Thread(target=write, args=(k,)) for k in range(4)]
+    reader = threading.Thread(target=read)
+    reader.start()
+    for thread in writers:
+        thread.start()
+    for thread in writers:
+        thread.join()
+    done.set()
+    reader.join()
+    assert errors == []
+    check_reads(seen, open_buffer(str(store), sample_window_size=0).ids, 4 * per_writer)
+    assert verify_store(store).ok
+
+
+def check_reads(seen: list[list[int]], final: list[int], count: int) -> None:
+    """Every read lists each id once, and later reads keep what earlier ones listed."""
+    assert len(final) == len(set(final)) == count
+    for ids in seen:
+        assert set(ids) <= set(final) and len(ids) == len(set(ids))
+    for earlier, later in itertools.pairwise(seen):
+        assert set(earlier) <= set(later)

@@ -176,7 +176,7 @@ class Location:
             try:
                 # Never a cached listing: a reader must see what writers added since.
                 entries = self.fs.ls(target, detail=False, refresh=True, **self._deadline())
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):
                 return []
         return sorted(PurePosixPath(str(entry)).name for entry in entries)
 
