@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import PurePosixPath
@@ -54,7 +55,7 @@ from rbzarr.storage.row_groups import RowGroups
 from rbzarr.storage.zarr import arrays, rows, sharded
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.chunking import DEFAULT_CHUNK_BYTES, plan_key
-from rbzarr.storage.zarr.encode import shard_key
+from rbzarr.storage.zarr.encode import LOCAL_SEPARATOR, shard_key
 from rbzarr.storage.zarr.handles import time_and_envs, trajectory_id
 from rbzarr.storage.zarr.open import FIELDS_ATTR, TRAJECTORIES, TrajectoryOpener, group_path
 from rbzarr.storage.zarr.publish import GroupPublisher
@@ -75,6 +76,8 @@ LAYOUT_VERSION = 2
 WARM_BATCH = 32
 # The root group's attribute that mirrors the two documents.
 ROOT_ATTR = "rbzarr"
+# A chunk key joined by ".", as layout-2 shards are named (``c.0.0.0``).
+_DOTTED_CHUNK = re.compile(r"c(\.\d+)+")
 
 
 class ZarrLayout(TrajectoryLayout):
@@ -351,7 +354,10 @@ class ZarrLayout(TrajectoryLayout):
             key: plan_key(value.shape, value.element_size(), self.codecs, key)
             for key, value in fields.items()
         }
-        files, description = sharded.encode_trajectory(fields, plans, *time_and_envs(entry))
+        separator = LOCAL_SEPARATOR if self._opener.local_files else "/"
+        files, description = sharded.encode_trajectory(
+            fields, plans, *time_and_envs(entry), separator
+        )
         attrs = {
             **dict(entry),
             FIELDS_ATTR: {key: dtype_name(value.dtype) for key, value in fields.items()},
@@ -362,7 +368,9 @@ class ZarrLayout(TrajectoryLayout):
         self._opener.handles.forget(tid)
         with translate_errors(self.location.url, "writing"):
             if not zarr_keys and self._opener.local_files:
-                self._publisher.publish_files(self.location.path, group, fields, attrs, files)
+                self._publisher.publish_files(
+                    self.location.path, group, fields, attrs, files, self.location.durable
+                )
             else:
                 publish = self._publisher.publish(
                     self._opener.store(),
@@ -373,11 +381,19 @@ class ZarrLayout(TrajectoryLayout):
                     zarr_keys,
                     self.codecs,
                     self.chunk_bytes,
+                    self._durable_folder(group),
                 )
                 sync(publish, nbytes=sum(v.numel() * v.element_size() for v in fields.values()))
         self._opener.handles.forget(tid)
         if self.shard_cache is not None and not zarr_keys:
             self._write_through(entry, attrs, files, description)
+
+    def _durable_folder(self, group: str) -> str | None:
+        """The local folder of ``group`` when writes must be durable and zarr's store is
+        local (it never syncs), else ``None``; object stores' PUTs are durable."""
+        if not (self.location.durable and self.location.is_local):
+            return None
+        return os.path.join(self.location.path, *group.split("/"))
 
     def _write_through(
         self,
@@ -396,7 +412,7 @@ class ZarrLayout(TrajectoryLayout):
         cache.put_group_document(key, json.dumps(document).encode())
         for array_key, spec in parse_specs(description, where).items():
             assert spec is not None  # a trajectory without zarr-kind arrays
-            parts = files[f"{array_key}/{shard_key(len(spec.shape))}"]
+            parts = files[f"{array_key}/{shard_key(len(spec.shape), spec.separator)}"]
             data = b"".join(bytes(memoryview(part).cast("B")) for part in parts)
             if cache.put_shard(key, array_key, spec, data, f"{where}/{array_key}") is not None:
                 cache.stats.written_through += 1
@@ -543,4 +559,9 @@ def _owning_key(relative: str, keys: Mapping[str, Any]) -> str | None:
 
 def _written_by_rbzarr(name: PurePosixPath) -> bool:
     """Whether a file below a trajectory group is one rbzarr writes (see ``foreign_files``)."""
-    return name.name == "zarr.json" or "c" in name.parts[:-1] or is_temporary_name(name.name)
+    return (
+        name.name == "zarr.json"
+        or "c" in name.parts[:-1]
+        or _DOTTED_CHUNK.fullmatch(name.name) is not None
+        or is_temporary_name(name.name)
+    )

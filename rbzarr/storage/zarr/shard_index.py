@@ -81,8 +81,10 @@ def sharded_metadata(
     checksum: bool,
     torch_dtype: str,
     dimension_names: tuple[str, ...],
+    separator: str = "/",
 ) -> bytes:
-    """The ``zarr.json`` of an array stored as one shard of ``inner``-shaped chunks.
+    """The ``zarr.json`` of an array stored as one shard of ``inner``-shaped chunks, its
+    chunk keys joined by ``separator``.
 
     Documents are cached: trajectories of one schema share them.
     """
@@ -96,7 +98,7 @@ def sharded_metadata(
         shape=tuple(shape),
         data_type=data_type,
         chunk_grid={"name": "regular", "configuration": {"chunk_shape": tuple(shape)}},
-        chunk_key_encoding={"name": "default", "configuration": {"separator": "/"}},
+        chunk_key_encoding={"name": "default", "configuration": {"separator": separator}},
         fill_value=data_type.default_scalar(),
         codecs=(sharding,),
         attributes={DTYPE_ATTR: torch_dtype},

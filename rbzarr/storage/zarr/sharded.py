@@ -99,9 +99,14 @@ class ShardedTrajectory:
 
 
 def encode_trajectory(
-    fields: Mapping[str, torch.Tensor], plans: Mapping[str, KeyPlan], T: int, B: int
+    fields: Mapping[str, torch.Tensor],
+    plans: Mapping[str, KeyPlan],
+    T: int,
+    B: int,
+    separator: str = "/",
 ) -> tuple[dict[str, list[Any]], dict[str, Any]]:
-    """Encode the ``mapped`` and ``chunked`` fields of one trajectory as shards."""
+    """Encode the ``mapped`` and ``chunked`` fields of one trajectory as shards, their chunk
+    keys joined by ``separator``."""
     files: dict[str, list[Any]] = {}
     arrays: dict[str, Any] = {}
     for key, value in fields.items():
@@ -109,9 +114,9 @@ def encode_trajectory(
         if plan.kind == "zarr":
             arrays[key] = {"kind": "zarr"}
             continue
-        encoded = encode_array(key, value, plan, T, B)
+        encoded = encode_array(key, value, plan, T, B, separator)
         files[f"{key}/zarr.json"] = [encoded.document]
-        files[f"{key}/{shard_key(value.dim())}"] = encoded.shard
+        files[f"{key}/{shard_key(value.dim(), separator)}"] = encoded.shard
         arrays[key] = encoded.description
         copy = inline_copy(encoded.shard)
         if copy is not None:
@@ -176,7 +181,7 @@ def _shard_path(location: Any, group: str, key: str, spec: ArraySpec) -> str:
     parts = [
         *group.split("/"),
         *key.split("/"),
-        *shard_key(len(spec.shape)).split("/"),
+        *shard_key(len(spec.shape), spec.separator).split("/"),
     ]
     return os.path.join(location.path, *parts) if location.is_local else location.join(*parts)
 
