@@ -8,6 +8,7 @@ key comes from :func:`rbzarr.storage.zarr.chunking.plan_key`.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,10 +106,10 @@ def encode_array(
         parts = [data.reshape(-1).view(np.uint8)]
     else:
         parts = _compressed(_inner_chunks(data, plan.inner), plan.level or 1, plan.checksum)
-    nbytes = np.array([len(part) for part in parts], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(np.int64)
+    nbytes = [len(part) for part in parts]
+    offsets = [0, *itertools.accumulate(nbytes)][:-1]
     shard = [*(memoryview(p).cast("B") for p in parts), shard_index.encode_index(offsets, nbytes)]
-    size = sum(len(part) for part in shard)
+    size = sum(nbytes) + len(shard[-1])
     shape = tuple(int(d) for d in data.shape)
     document = shard_index.sharded_metadata(
         shape,

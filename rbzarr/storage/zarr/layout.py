@@ -354,9 +354,11 @@ class ZarrLayout(TrajectoryLayout):
             key: plan_key(value.shape, value.element_size(), self.codecs, key)
             for key, value in fields.items()
         }
-        separator = LOCAL_SEPARATOR if self._opener.local_files else "/"
+        # Local files: one file per shard (no folder per dimension), read in place (no
+        # copies in the group's document).
+        local = self._opener.local_files
         files, description = sharded.encode_trajectory(
-            fields, plans, *time_and_envs(entry), separator
+            fields, plans, *time_and_envs(entry), LOCAL_SEPARATOR if local else "/", not local
         )
         attrs = {
             **dict(entry),

@@ -12,6 +12,7 @@ byte.
 from __future__ import annotations
 
 import functools
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,8 +44,11 @@ def index_size(chunks: int) -> int:
     return 16 * chunks + 4
 
 
-def encode_index(offsets: np.ndarray, nbytes: np.ndarray) -> bytes:
+def encode_index(offsets: Sequence[int], nbytes: Sequence[int]) -> bytes:
     """The index of a shard: ``(offset, nbytes)`` per inner chunk, then their crc32c."""
+    if len(offsets) == 1:  # one inner chunk (every uncompressed shard): no arrays to build
+        raw = struct.pack("<QQ", int(offsets[0]), int(nbytes[0]))
+        return raw + google_crc32c.value(raw).to_bytes(4, "little")
     pairs = np.empty((len(offsets), 2), dtype=_ENTRY)
     pairs[:, 0] = offsets
     pairs[:, 1] = nbytes

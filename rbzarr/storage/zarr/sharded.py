@@ -104,9 +104,11 @@ def encode_trajectory(
     T: int,
     B: int,
     separator: str = "/",
+    inline: bool = True,
 ) -> tuple[dict[str, list[Any]], dict[str, Any]]:
     """Encode the ``mapped`` and ``chunked`` fields of one trajectory as shards, their chunk
-    keys joined by ``separator``."""
+    keys joined by ``separator``; ``inline`` copies small shards into the description (for
+    object stores: opening them then costs no request)."""
     files: dict[str, list[Any]] = {}
     arrays: dict[str, Any] = {}
     for key, value in fields.items():
@@ -118,7 +120,7 @@ def encode_trajectory(
         files[f"{key}/zarr.json"] = [encoded.document]
         files[f"{key}/{shard_key(value.dim(), separator)}"] = encoded.shard
         arrays[key] = encoded.description
-        copy = inline_copy(encoded.shard)
+        copy = inline_copy(encoded.shard) if inline else None
         if copy is not None:
             arrays[key] = {**encoded.description, INLINE: copy}
     return files, {"version": VERSION, "arrays": arrays}
