@@ -509,3 +509,25 @@ def test_durable_writes_sync_the_data_before_the_commit_marker(
         after = [path for kind, path in events[commit:] if kind == "fsync"]
         assert after == [str(group)]  # the marker itself was synced before its rename
         assert any(path.startswith(marker) for path in synced_before)
+
+
+def test_local_groups_with_nested_chunk_keys_still_read(tmp_path: Path) -> None:
+    """Groups whose shards are ``c/0/0...`` (local stores written before ``c.0.0...``, or
+    through a given store) read and sample as before, beside new ones."""
+    location = Location.from_url(tmp_path / "store")
+    older = ZarrLayout(location, store=location.zarr_store())  # writes through zarr's store
+    traj = _small_fields()
+    older.write(_entry(0, traj), traj)
+    group = tmp_path / "store" / "trajectories" / "0"
+    assert (group / "rewards" / "c" / "0" / "0" / "0").is_file()
+    document = json.loads((group / "zarr.json").read_bytes())
+    for description in document["attributes"]["rbzarr_layout"]["arrays"].values():
+        assert description.pop("separator") == "/"  # as written before descriptions named it
+    (group / "zarr.json").write_text(json.dumps(document))
+    layout = ZarrLayout(location)
+    layout.write(_entry(1, traj), traj)
+    for tid in (0, 1):
+        _assert_same(layout.read(_entry(tid, traj)).tensors(), traj.tensors())
+        rows = layout.read_rows(_entry(tid, traj), torch.tensor([1, 4]), ["rewards"])
+        assert torch.equal(rows["rewards"], traj.rewards.reshape(T * B, 1)[[1, 4]])
+    assert layout.foreign_files("trajectories/0") == []

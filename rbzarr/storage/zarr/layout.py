@@ -11,10 +11,16 @@ Layout below the root (a Zarr v3 group)::
 
 Each array is one Zarr v3 shard (``sharding_indexed``) with ``dimension_names`` and records
 its torch dtype in ``attrs["torch_dtype"]``; ``bfloat16`` is stored as its ``uint16`` bit
-pattern, so every dtype round-trips bit for bit.  The group's description lets a reader
-open a trajectory with one document and read the shards directly
-(:mod:`rbzarr.storage.zarr.sharded`).  A trajectory group's attributes are written after
-all of its arrays: a group without them is an unfinished write and reads as missing.
+pattern, so every dtype round-trips bit for bit.  On a local filesystem the shard is the file
+``<array>/c.0.0...`` (chunk keys joined by ``"."``, so no folder per dimension); on object
+stores, and in local stores written before, ``<array>/c/0/0/...``.  The description names
+the separator; plain zarr reads either from the array's document.  The group's description
+lets a reader open a trajectory with one document and read the shards directly
+(:mod:`rbzarr.storage.zarr.sharded`).  A trajectory group's attributes are written after all
+of its arrays: a group without them is an unfinished write and reads as missing.  On a
+``durable`` location (:meth:`~rbzarr.storage.location.Location.with_durable`) every file
+and folder of the group is ``fsync``'d before its attributes are renamed into place, and
+they after, so a returned :meth:`ZarrLayout.write` survives a machine crash.
 ``metadata.json`` and the root attributes record ``layout_version`` 2.  Chunking and codecs
 follow :mod:`rbzarr.storage.zarr.chunking`.
 
