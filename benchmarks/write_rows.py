@@ -18,9 +18,11 @@ Neither syncs to disk (both leave the bytes in the page cache).  Workloads: ``st
 (``[T=256, B=16]``, a 64-d float32 observation before and after each step, 7-d actions,
 rewards, dones) and ``image`` (``[T=64, B=8]``, ``3x84x84`` uint8 frames before and after
 each step, 7-d actions, rewards, dones).  Frames are smooth noise (they compress, as real
-ones do, but more).
+ones do, but more).  ``tiny`` is the fixed cost of one small trajectory: ms per
+``ZarrLayout.write`` of a ``T=4, B=2`` trajectory (three keys) on a local store, plain and
+on a durable location, with its files, folders and bytes on disk.
 
-    .venv/bin/python benchmarks/write_rows.py                # both workloads, 3 repeats
+    .venv/bin/python benchmarks/write_rows.py                # every workload, 3 repeats
     .venv/bin/python benchmarks/write_rows.py --workloads image --repeats 5 --json out.json
 
 Needs ``torchrl`` and ``tensordict`` (the ``bench`` extra).
@@ -43,6 +45,10 @@ from typing import Any
 import torch
 
 from rbzarr import Trajectory, TrajectoryReplayBuffer
+from rbzarr.storage.location import Location
+from rbzarr.storage.zarr.layout import ZarrLayout
+from rbzarr.trajectory.model import validate
+from rbzarr.trajectory.validated import ValidatedTrajectory
 
 WORKLOADS: dict[str, dict[str, Any]] = {
     "state": {"T": 256, "B": 16, "count": 8, "obs": (64,), "dtype": torch.float32},
@@ -197,10 +203,62 @@ def measure(name: str, repeats: int, workdir: str, options: dict[str, Any]) -> d
     return result
 
 
+def tiny_writes(workdir: str, count: int, batches: int, durable: bool) -> dict[str, float]:
+    """ms per tiny trajectory (``T=4, B=2``: rewards, 7-d actions, dones) in
+    ``ZarrLayout.write`` on a local store: wall and process CPU, the best of ``batches``
+    batches of ``count`` (a shared machine's bursts left out), and files per trajectory."""
+    trajectory = Trajectory(
+        max_episode_length=4,
+        rewards=torch.randn(4, 2, 1),
+        actions=torch.randn(4, 2, 7),
+        dones=torch.zeros(4, 2, 1, dtype=torch.bool),
+    )
+    validated = ValidatedTrajectory.check(trajectory)
+    spec = validate(trajectory)
+    root = os.path.join(workdir, f"tiny-{'durable' if durable else 'plain'}")
+    layout = ZarrLayout(Location.from_url(root).with_durable(durable))
+
+    def entry(tid: int) -> dict[str, Any]:
+        return {
+            "uuid": f"{tid:032x}",
+            "trajectory_id": tid,
+            "num_samples": spec.num_samples,
+            "shape": list(spec.shape),
+            "max_episode_length": 4,
+            "model_weights_id": "",
+        }
+
+    layout.write(entry(0), validated)  # the store's own groups
+    walls, cpus = [], []
+    for batch in range(batches):
+        entries = [entry(1 + batch * count + i) for i in range(count)]
+        start = _now()
+        for one in entries:
+            layout.write(one, validated)
+        wall, cpu = _since(start)
+        walls.append(wall / count * 1e3)
+        cpus.append(cpu / count * 1e3)
+    group = os.path.join(root, "trajectories", "1")
+    files = sum(len(names) for _, _, names in os.walk(group))
+    folders = sum(len(names) for _, names, _ in os.walk(group)) + 1
+    disk, _ = disk_bytes(os.path.join(root, "trajectories"))
+    shutil.rmtree(root)
+    return {
+        "wall_ms": min(walls),
+        "wall_ms_median": statistics.median(walls),
+        "cpu_ms": min(cpus),
+        "files": files,
+        "folders": folders,
+        "disk_kib_per_trajectory": disk / 1024 / (1 + batches * count),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison and print one line per workload (and the JSON, when asked)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument(
+        "--workloads", nargs="+", default=[*WORKLOADS, "tiny"], choices=[*WORKLOADS, "tiny"]
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", default=None, help="where the stores go (a new temp dir)")
     parser.add_argument("--json", default=None, help="write the results here")
@@ -228,6 +286,19 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     try:
         for name in args.workloads:
+            if name == "tiny":
+                for durable in (False, True):
+                    tiny = results[f"tiny_durable_{durable}"] = tiny_writes(
+                        workdir, 200, 5, durable
+                    )
+                    print(
+                        f"tiny ({'durable' if durable else 'plain'}): ZarrLayout.write "
+                        f"{tiny['wall_ms']:.3f} ms wall (median {tiny['wall_ms_median']:.3f}), "
+                        f"{tiny['cpu_ms']:.3f} ms CPU per trajectory; {tiny['files']} files, "
+                        f"{tiny['folders']} folders, "
+                        f"{tiny['disk_kib_per_trajectory']:.1f} KiB on disk each"
+                    )
+                continue
             result = results[name] = measure(name, args.repeats, workdir, options)
             ours, first, again = (result[k] for k in ("rbzarr", "torchrl_first", "torchrl_again"))
             print(

@@ -1,11 +1,12 @@
 """Publishing one trajectory group of the zarr layout: its data first, its attributes last.
 
-A trajectory group's attributes are its commit marker: a group without them is an
-unfinished write and reads as missing.  :class:`GroupPublisher` puts the same objects in
-place in the same order either way (the subgroups without attributes, then every document,
-shard and chunk, then the group's attributes): :meth:`GroupPublisher.publish_files`
-straight to the local filesystem without the event loop, each file renamed into place, and
-:meth:`GroupPublisher.publish` through a zarr store, concurrently.
+A trajectory group's attributes are its commit marker: a group without them (or without its
+``zarr.json``) is an unfinished write and reads as missing.  :class:`GroupPublisher` puts the
+same objects in place in the same order either way (the subgroups' documents, every array
+document, shard and chunk, then the group's document with its attributes):
+:meth:`GroupPublisher.publish_files` straight to the local filesystem without the event loop
+(the files inside the new group written in place, its document renamed into place last),
+and :meth:`GroupPublisher.publish` through a zarr store, concurrently.
 """
 
 from __future__ import annotations
@@ -128,17 +129,17 @@ class GroupPublisher:
         """
         await StorePath(store, group).delete_dir()
         await self._ensure_parents(store)
-        # Every document, shard and chunk is set directly and concurrently: no existence
-        # checks or listings per array (zarr's create_array costs ~4 extra requests each).
-        # The groups first appear without attributes (an unfinished write), then the data.
-        parts = [key.split("/") for key in fields]
-        subgroups = {"/".join([group, *part[:n]]) for part in parts for n in range(len(part))}
+        # Every document, shard and chunk is set directly and concurrently, in one round: no
+        # existence checks or listings per array (zarr's create_array costs ~4 extra
+        # requests each).  Until its attributes exist the group is an unfinished write.
+        subgroups = sorted({key.rsplit("/", 1)[0] for key in fields if "/" in key})
         T, B = (int(d) for d in attrs["shape"][:2])
         from_bytes = default_buffer_prototype().buffer.from_bytes
         await asyncio.gather(
-            *(store.set(f"{sub}/zarr.json", group_document({})) for sub in subgroups)
-        )
-        await asyncio.gather(
+            *(
+                store.set(f"{group}/{sub}/zarr.json", group_document({}))
+                for sub in _with_parents(subgroups)
+            ),
             *(
                 store.set(f"{group}/{name}", from_bytes(b"".join(parts)))
                 for name, parts in files.items()
