@@ -65,7 +65,7 @@ def assert_refused(store: Path, fmt: str, names: str) -> None:
 
 
 def chunk(store: Path) -> Path:
-    return store / "trajectories" / "1" / "rewards" / "c" / "0" / "0" / "0"
+    return store / "trajectories" / "1" / "rewards" / "c.0.0.0"
 
 
 def rewrite(path: Path, transform: Callable[[bytes], bytes]) -> None:

@@ -67,7 +67,8 @@ def test_info_reads_compression_as_raw_over_disk(tmp_path: Path):
 
 def damage_one_chunk(url: str, options: dict[str, Any] | None = None) -> None:
     location = Location.from_url(url, options)
-    chunk = next(f for f in location.list_files("trajectories", "1") if f.startswith("actions/c/"))
+    files = location.list_files("trajectories", "1")
+    chunk = next(f for f in files if f.startswith(("actions/c/", "actions/c.")))
     location.delete("trajectories", "1", *chunk.split("/"))
 
 

@@ -347,3 +347,41 @@ def test_formats_are_registered() -> None:
     assert (PtLayout.format, PklLayout.format) == ("pt", "pkl")
     # Files are read whole: rows come from the decoded trajectory (the ABC's read_rows).
     assert PtLayout.read_rows is PklLayout.read_rows is TrajectoryLayout.read_rows
+
+
+@pytest.mark.parametrize("layout_type", LAYOUTS)
+def test_durable_writes_sync_the_file_before_renaming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout_type: type[FileLayout]
+) -> None:
+    """On a durable location a trajectory file's bytes are synced before the rename that
+    makes it appear, and its directory after (and a directory made for it, in its parent);
+    a plain location syncs nothing."""
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(source: str, target: str) -> None:
+        events.append(("replace", str(target)))
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    traj = make_trajectory()
+    entry = entry_for(traj, 3)
+    for durable in (False, True):
+        events.clear()
+        root = tmp_path / str(durable)
+        layout = layout_type(Location.from_url(root).with_durable(durable))
+        layout.write(entry, traj)
+        path = str(root / layout.file_name(entry))
+        assert_same_trajectory(layout.read(entry), traj)
+        if not durable:
+            assert events == [("replace", path)]
+            continue
+        assert [kind for kind, _ in events] == ["fsync", "fsync", "replace", "fsync"]
+        assert events[0] == ("fsync", str(tmp_path))  # the store's folder was made: its name
+        assert events[1][1].startswith(f"{path}.tmp-")  # the bytes, before they appear
+        assert events[2:] == [("replace", path), ("fsync", str(root))]  # then the new name

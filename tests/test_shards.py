@@ -55,7 +55,7 @@ def build(path: Path, codecs: dict[str, Any] | None = None) -> Path:
 
 
 def shard(store: Path, tid: int = 1, key: str = KEY) -> Path:
-    return store / "trajectories" / str(tid) / key / "c" / "0" / "0" / "0"
+    return store / "trajectories" / str(tid) / key / "c.0.0.0"
 
 
 def description(store: Path, tid: int = 1, key: str = KEY) -> dict[str, Any]:

@@ -46,7 +46,7 @@ def test_clean_store_is_ok(tmp_path, fmt):
 def test_zarr_damage_is_found_and_only_orphans_are_repaired(tmp_path):
     root = build(tmp_path / "s", "zarr")
     trajectories = root / "trajectories"
-    (trajectories / "0" / "rewards" / "c" / "0" / "0" / "0").unlink()  # a removed chunk
+    (trajectories / "0" / "rewards" / "c.0.0.0").unlink()  # a removed chunk
     meta = trajectories / "1" / "actions" / "zarr.json"
     meta.write_bytes(meta.read_bytes()[:40])  # a truncated JSON file
     shutil.copytree(trajectories / "2", trajectories / "7")  # an orphan group
@@ -124,7 +124,7 @@ def test_not_a_store(tmp_path):
 def test_drop_damaged_removes_only_unreadable_entries(tmp_path, fmt):
     root = build(tmp_path / "s", fmt, count=4)
     if fmt == "zarr":
-        (root / "trajectories" / "0" / "rewards" / "c" / "0" / "0" / "0").unlink()
+        (root / "trajectories" / "0" / "rewards" / "c.0.0.0").unlink()
         meta = root / "trajectories" / "2" / "actions" / "zarr.json"
         meta.write_bytes(meta.read_bytes()[:40])
     else:

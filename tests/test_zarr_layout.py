@@ -7,6 +7,7 @@ layout-1 writer.  Shard-level tests of layout 2 are in ``test_shards.py``.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 import uuid
@@ -424,3 +425,110 @@ def test_missing_chunk_of_an_array_zarr_reads_is_damage(tmp_path: Path) -> None:
         fresh.read_rows(entry, torch.tensor([0]), ["rewards"])
     with pytest.raises(CorruptStoreError, match="chunks are missing"):
         fresh.read(entry)
+
+
+def _small_fields(seed: int = 0) -> Trajectory:
+    gen = torch.Generator().manual_seed(seed)
+    return Trajectory(
+        rewards=torch.randn(T, B, 1, generator=gen),
+        dones=torch.rand(T + E, B, 1, generator=gen) < 0.5,
+        curr_obs={"arm": {"joints": torch.randn(T, B, 7, generator=gen)}},
+        versions=torch.arange(T, dtype=torch.int64),
+    )
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_local_files_of_a_trajectory(tmp_path: Path, durable: bool) -> None:
+    """Locally a trajectory is its group document, a document per subgroup and, per array, a
+    folder holding its document and one shard ``c.0...`` (no folder per dimension); plain
+    zarr reads it, and a durable location writes the same files."""
+    location = Location.from_url(tmp_path / "store").with_durable(durable)
+    assert location.child("trajectories").durable is durable
+    layout = ZarrLayout(location)
+    traj = _small_fields()
+    entry = _entry(4, traj)
+    layout.write(entry, _small_fields(seed=1))  # replaced by the next write
+    layout.write(entry, traj)
+    group = tmp_path / "store" / "trajectories" / "4"
+    found = {str(p.relative_to(group)) for p in group.rglob("*")}
+    shards = {key: ".".join(["c", *"0" * value.dim()]) for key, value in traj.tensors().items()}
+    assert found == {
+        "zarr.json",
+        "curr_obs",
+        "curr_obs/zarr.json",
+        "curr_obs/arm",
+        "curr_obs/arm/zarr.json",
+        *shards,
+        *(f"{key}/zarr.json" for key in shards),
+        *(f"{key}/{name}" for key, name in shards.items()),
+    }
+    node = zarr.open_group(location.url, mode="r")["trajectories/4"]
+    assert isinstance(node, zarr.Group)
+    for key, value in traj.tensors().items():
+        array = node[key]
+        assert isinstance(array, zarr.Array)
+        np.testing.assert_array_equal(array[...], to_numpy(value))
+    _assert_same(layout.read(entry).tensors(), traj.tensors())
+    rows = layout.read_rows(entry, torch.tensor([0, 5]), ["curr_obs/arm/joints"])
+    flat = traj.curr_obs["arm"]["joints"].reshape(T * B, 7)
+    assert torch.equal(rows["curr_obs/arm/joints"], flat[[0, 5]])
+    assert layout.foreign_files("trajectories/4") == []
+
+
+def test_durable_writes_sync_the_data_before_the_commit_marker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every file and folder of a durable local write is synced before the group's
+    attributes are renamed into place, and they and their folder after."""
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(source: str, target: str) -> None:
+        events.append(("replace", str(target)))
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    for durable, name in ((False, "plain"), (True, "durable")):
+        events.clear()
+        layout = ZarrLayout(Location.from_url(tmp_path / name).with_durable(durable))
+        traj = _small_fields()
+        layout.write(_entry(0, traj), traj)
+        if not durable:
+            assert [kind for kind, _ in events] == ["replace"] * 3  # two parents, the marker
+            continue
+        group = tmp_path / name / "trajectories" / "0"
+        marker = str(group / "zarr.json")
+        commit = events.index(("replace", marker))
+        synced_before = {path for kind, path in events[:commit] if kind == "fsync"}
+        written = {str(p) for p in group.rglob("*")} - {marker}
+        assert written | {str(group), str(group.parent)} <= synced_before
+        after = [path for kind, path in events[commit:] if kind == "fsync"]
+        assert after == [str(group)]  # the marker itself was synced before its rename
+        assert any(path.startswith(marker) for path in synced_before)
+
+
+def test_local_groups_with_nested_chunk_keys_still_read(tmp_path: Path) -> None:
+    """Groups whose shards are ``c/0/0...`` (local stores written before ``c.0.0...``, or
+    through a given store) read and sample as before, beside new ones."""
+    location = Location.from_url(tmp_path / "store")
+    older = ZarrLayout(location, store=location.zarr_store())  # writes through zarr's store
+    traj = _small_fields()
+    older.write(_entry(0, traj), traj)
+    group = tmp_path / "store" / "trajectories" / "0"
+    assert (group / "rewards" / "c" / "0" / "0" / "0").is_file()
+    document = json.loads((group / "zarr.json").read_bytes())
+    for description in document["attributes"]["rbzarr_layout"]["arrays"].values():
+        assert description.pop("separator") == "/"  # as written before descriptions named it
+    (group / "zarr.json").write_text(json.dumps(document))
+    layout = ZarrLayout(location)
+    layout.write(_entry(1, traj), traj)
+    for tid in (0, 1):
+        _assert_same(layout.read(_entry(tid, traj)).tensors(), traj.tensors())
+        rows = layout.read_rows(_entry(tid, traj), torch.tensor([1, 4]), ["rewards"])
+        assert torch.equal(rows["rewards"], traj.rewards.reshape(T * B, 1)[[1, 4]])
+    assert layout.foreign_files("trajectories/0") == []

@@ -104,7 +104,8 @@ class FileLayout(TrajectoryLayout):
         return (self.file_name(entry),)
 
     def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
-        """Write the trajectory's non-None fields as one file, atomically."""
+        """Write the trajectory's non-None fields as one file, atomically (and synced with
+        its directory when the location is ``durable``)."""
         name = self.file_name(entry)
         trajectory = rows_to_write(trajectory)
         self.location.write_bytes(self._dumps(_to_record(trajectory)), name)

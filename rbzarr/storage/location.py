@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -24,7 +24,8 @@ from zarr.abc.store import Store
 from rbzarr.errors import StoreExistsError
 from rbzarr.storage.backends import bound_retries, translate_errors, with_s3_defaults
 from rbzarr.storage.deadlines import deadline_options
-from rbzarr.storage.names import safe_name, temporary_name
+from rbzarr.storage.files import make_directories, write_file
+from rbzarr.storage.names import safe_name
 
 __all__ = ["Location"]
 
@@ -61,12 +62,17 @@ class Location:
         The root's path inside ``fs``.
     storage_options
         The fsspec options ``fs`` was opened with (a forked child reopens with them).
+    durable
+        Whether writes must survive a machine crash once they return: local files (and
+        their directories) are ``fsync``'d; an object store's PUT is durable as it is.
+        :meth:`with_durable` gives such a location; children inherit it.
     """
 
     url: str
     fs: fsspec.AbstractFileSystem = field(repr=False, compare=False)
     path: str
     storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    durable: bool = field(default=False, repr=False, compare=False)
 
     @classmethod
     def from_url(
@@ -111,6 +117,10 @@ class Location:
         """The deadline keyword of a call on ``fs`` (:func:`deadline_options`)."""
         return deadline_options(self.fs, nbytes)
 
+    def with_durable(self, durable: bool = True) -> Location:
+        """This location, its writes durable (or not): see ``durable``."""
+        return replace(self, durable=durable)
+
     def child(self, *names: str) -> Location:
         """The location ``names`` below this one; each must be a plain name (:func:`safe_name`)."""
         for name in names:
@@ -121,6 +131,7 @@ class Location:
             fs=self.fs,
             path=f"{self.path}/{suffix}",
             storage_options=self.storage_options,
+            durable=self.durable,
         )
 
     def join(self, *names: str) -> str:
@@ -144,23 +155,17 @@ class Location:
     def write_bytes(self, data: bytes, *names: str) -> None:
         """Write a file below the root atomically: readers see the old or the new bytes.
 
-        Locally that is a temporary sibling renamed into place (parent directories created);
-        on object stores a single PUT.
+        Locally that is a temporary sibling renamed into place (parent directories created),
+        ``fsync``'d with its directory when the location is ``durable``; on object stores a
+        single PUT.
         """
         target = self.join(*names)
         with translate_errors(self.url, "writing"):
             if not self.is_local:
                 self.fs.pipe_file(target, data, **self._deadline(len(data)))
                 return
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            temp = temporary_name(target)
-            try:
-                with open(temp, "wb") as handle:
-                    handle.write(data)
-                os.replace(temp, target)
-            finally:
-                if os.path.exists(temp):
-                    os.remove(temp)
+            make_directories(os.path.dirname(target), self.durable)
+            write_file(target, [data], durable=self.durable)
 
     def delete(self, *names: str) -> None:
         """Remove a file or directory tree below the root (none: the root); missing is fine."""

@@ -8,6 +8,7 @@ key comes from :func:`rbzarr.storage.zarr.chunking.plan_key`.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +22,20 @@ from rbzarr.storage.zarr.chunking import KeyPlan
 from rbzarr.trajectory.dtypes import dtype_name, to_numpy
 from rbzarr.trajectory.model import RESET_ROW_FIELDS
 
-__all__ = ["EncodedArray", "dimension_names", "encode_array", "shard_key", "stored_dtype"]
+__all__ = [
+    "LOCAL_SEPARATOR",
+    "EncodedArray",
+    "dimension_names",
+    "encode_array",
+    "shard_key",
+    "stored_dtype",
+]
 
+# The chunk key separator of shards written to local files: ``c.0.0.0`` is one file in
+# the array's folder, where ``c/0/0/0`` made a folder per dimension (most of a small
+# trajectory's write went to ``mkdir``, and every folder takes a block on disk).  Object
+# stores have no folders and keep ``/``.
+LOCAL_SEPARATOR = "."
 # Arrays at least this large are compressed on the worker pool (zstd releases the GIL).
 THREADED_BYTES = 1 << 20
 
@@ -40,7 +53,8 @@ class EncodedArray:
         to ``<key>/<shard_key>``.
     description
         What the trajectory group's attributes record of the array: ``kind``, ``shape``,
-        ``dtype``, ``inner``, ``checksum`` and ``shard_bytes``.
+        ``dtype``, ``inner``, ``checksum``, ``shard_bytes`` and the chunk key's
+        ``separator``.
     """
 
     document: bytes
@@ -53,9 +67,9 @@ def stored_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
     return dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
 
 
-def shard_key(ndim: int) -> str:
-    """The chunk key of an array's only shard: ``c/0/0/...``."""
-    return "/".join(["c", *("0" * ndim)])
+def shard_key(ndim: int, separator: str = "/") -> str:
+    """The chunk key of an array's only shard: ``c/0/0/...``, or ``c.0.0...``."""
+    return separator.join(["c", *("0" * ndim)])
 
 
 def dimension_names(key: str, shape: tuple[int, ...], T: int, B: int) -> list[str]:
@@ -76,8 +90,11 @@ def dimension_names(key: str, shape: tuple[int, ...], T: int, B: int) -> list[st
     return names
 
 
-def encode_array(key: str, value: torch.Tensor, plan: KeyPlan, T: int, B: int) -> EncodedArray:
-    """Encode ``value`` (the raw field ``key``) as one shard following ``plan``.
+def encode_array(
+    key: str, value: torch.Tensor, plan: KeyPlan, T: int, B: int, separator: str = "/"
+) -> EncodedArray:
+    """Encode ``value`` (the raw field ``key``) as one shard following ``plan``, its chunk
+    keys joined by ``separator``.
 
     Large chunked arrays are compressed on the worker pool.
     """
@@ -89,10 +106,10 @@ def encode_array(key: str, value: torch.Tensor, plan: KeyPlan, T: int, B: int) -
         parts = [data.reshape(-1).view(np.uint8)]
     else:
         parts = _compressed(_inner_chunks(data, plan.inner), plan.level or 1, plan.checksum)
-    nbytes = np.array([len(part) for part in parts], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(np.int64)
+    nbytes = [len(part) for part in parts]
+    offsets = [0, *itertools.accumulate(nbytes)][:-1]
     shard = [*(memoryview(p).cast("B") for p in parts), shard_index.encode_index(offsets, nbytes)]
-    size = sum(len(part) for part in shard)
+    size = sum(nbytes) + len(shard[-1])
     shape = tuple(int(d) for d in data.shape)
     document = shard_index.sharded_metadata(
         shape,
@@ -102,6 +119,7 @@ def encode_array(key: str, value: torch.Tensor, plan: KeyPlan, T: int, B: int) -
         plan.checksum,
         dtype_name(value.dtype),
         tuple(dimension_names(key, shape, T, B)),
+        separator,
     )
     description = {
         "kind": plan.kind,
@@ -110,6 +128,7 @@ def encode_array(key: str, value: torch.Tensor, plan: KeyPlan, T: int, B: int) -
         "inner": list(plan.inner),
         "checksum": plan.checksum,
         "shard_bytes": size,
+        "separator": separator,
     }
     return EncodedArray(document, shard, description)
 

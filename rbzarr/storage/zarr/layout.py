@@ -11,10 +11,16 @@ Layout below the root (a Zarr v3 group)::
 
 Each array is one Zarr v3 shard (``sharding_indexed``) with ``dimension_names`` and records
 its torch dtype in ``attrs["torch_dtype"]``; ``bfloat16`` is stored as its ``uint16`` bit
-pattern, so every dtype round-trips bit for bit.  The group's description lets a reader
-open a trajectory with one document and read the shards directly
-(:mod:`rbzarr.storage.zarr.sharded`).  A trajectory group's attributes are written after
-all of its arrays: a group without them is an unfinished write and reads as missing.
+pattern, so every dtype round-trips bit for bit.  On a local filesystem the shard is the file
+``<array>/c.0.0...`` (chunk keys joined by ``"."``, so no folder per dimension); on object
+stores, and in local stores written before, ``<array>/c/0/0/...``.  The description names
+the separator; plain zarr reads either from the array's document.  The group's description
+lets a reader open a trajectory with one document and read the shards directly
+(:mod:`rbzarr.storage.zarr.sharded`).  A trajectory group's attributes are written after all
+of its arrays: a group without them is an unfinished write and reads as missing.  On a
+``durable`` location (:meth:`~rbzarr.storage.location.Location.with_durable`) every file
+and folder of the group is ``fsync``'d before its attributes are renamed into place, and
+they after, so a returned :meth:`ZarrLayout.write` survives a machine crash.
 ``metadata.json`` and the root attributes record ``layout_version`` 2.  Chunking and codecs
 follow :mod:`rbzarr.storage.zarr.chunking`.
 
@@ -28,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import PurePosixPath
@@ -54,7 +61,7 @@ from rbzarr.storage.row_groups import RowGroups
 from rbzarr.storage.zarr import arrays, rows, sharded
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.chunking import DEFAULT_CHUNK_BYTES, plan_key
-from rbzarr.storage.zarr.encode import shard_key
+from rbzarr.storage.zarr.encode import LOCAL_SEPARATOR, shard_key
 from rbzarr.storage.zarr.handles import time_and_envs, trajectory_id
 from rbzarr.storage.zarr.open import FIELDS_ATTR, TRAJECTORIES, TrajectoryOpener, group_path
 from rbzarr.storage.zarr.publish import GroupPublisher
@@ -75,6 +82,8 @@ LAYOUT_VERSION = 2
 WARM_BATCH = 32
 # The root group's attribute that mirrors the two documents.
 ROOT_ATTR = "rbzarr"
+# A chunk key joined by ".", as layout-2 shards are named (``c.0.0.0``).
+_DOTTED_CHUNK = re.compile(r"c(\.\d+)+")
 
 
 class ZarrLayout(TrajectoryLayout):
@@ -363,7 +372,12 @@ class ZarrLayout(TrajectoryLayout):
             key: plan_key(value.shape, value.element_size(), self.codecs, key)
             for key, value in fields.items()
         }
-        files, description = sharded.encode_trajectory(fields, plans, *time_and_envs(entry))
+        # Local files: one file per shard (no folder per dimension), read in place (no
+        # copies in the group's document).
+        local = self._opener.local_files
+        files, description = sharded.encode_trajectory(
+            fields, plans, *time_and_envs(entry), LOCAL_SEPARATOR if local else "/", not local
+        )
         attrs = {
             **dict(entry),
             FIELDS_ATTR: {key: dtype_name(value.dtype) for key, value in fields.items()},
@@ -374,7 +388,9 @@ class ZarrLayout(TrajectoryLayout):
         self._opener.handles.forget(tid)
         with translate_errors(self.location.url, "writing"):
             if not zarr_keys and self._opener.local_files:
-                self._publisher.publish_files(self.location.path, group, fields, attrs, files)
+                self._publisher.publish_files(
+                    self.location.path, group, fields, attrs, files, self.location.durable
+                )
             else:
                 publish = self._publisher.publish(
                     self._opener.store(),
@@ -385,11 +401,19 @@ class ZarrLayout(TrajectoryLayout):
                     zarr_keys,
                     self.codecs,
                     self.chunk_bytes,
+                    self._durable_folder(group),
                 )
                 sync(publish, nbytes=sum(v.numel() * v.element_size() for v in fields.values()))
         self._opener.handles.forget(tid)
         if self.shard_cache is not None and not zarr_keys:
             self._write_through(entry, attrs, files, description)
+
+    def _durable_folder(self, group: str) -> str | None:
+        """The local folder of ``group`` when writes must be durable and zarr's store is
+        local (it never syncs), else ``None``; object stores' PUTs are durable."""
+        if not (self.location.durable and self.location.is_local):
+            return None
+        return os.path.join(self.location.path, *group.split("/"))
 
     def _write_through(
         self,
@@ -408,7 +432,7 @@ class ZarrLayout(TrajectoryLayout):
         cache.put_group_document(key, json.dumps(document).encode())
         for array_key, spec in parse_specs(description, where).items():
             assert spec is not None  # a trajectory without zarr-kind arrays
-            parts = files[f"{array_key}/{shard_key(len(spec.shape))}"]
+            parts = files[f"{array_key}/{shard_key(len(spec.shape), spec.separator)}"]
             data = b"".join(bytes(memoryview(part).cast("B")) for part in parts)
             if cache.put_shard(key, array_key, spec, data, f"{where}/{array_key}") is not None:
                 cache.stats.written_through += 1
@@ -563,4 +587,9 @@ def _owning_key(relative: str, keys: Mapping[str, Any]) -> str | None:
 
 def _written_by_rbzarr(name: PurePosixPath) -> bool:
     """Whether a file below a trajectory group is one rbzarr writes (see ``foreign_files``)."""
-    return name.name == "zarr.json" or "c" in name.parts[:-1] or is_temporary_name(name.name)
+    return (
+        name.name == "zarr.json"
+        or "c" in name.parts[:-1]
+        or _DOTTED_CHUNK.fullmatch(name.name) is not None
+        or is_temporary_name(name.name)
+    )

@@ -1,16 +1,18 @@
 """Publishing one trajectory group of the zarr layout: its data first, its attributes last.
 
-A trajectory group's attributes are its commit marker: a group without them is an
-unfinished write and reads as missing.  :class:`GroupPublisher` puts the same objects in
-place in the same order either way (the subgroups without attributes, then every document,
-shard and chunk, then the group's attributes): :meth:`GroupPublisher.publish_files`
-straight to the local filesystem without the event loop, each file renamed into place, and
-:meth:`GroupPublisher.publish` through a zarr store, concurrently.
+A trajectory group's attributes are its commit marker: a group without them (or without its
+``zarr.json``) is an unfinished write and reads as missing.  :class:`GroupPublisher` puts the
+same objects in place in the same order either way (the subgroups' documents, every array
+document, shard and chunk, then the group's document with its attributes):
+:meth:`GroupPublisher.publish_files` straight to the local filesystem without the event loop
+(the files inside the new group written in place, its document renamed into place last),
+and :meth:`GroupPublisher.publish` through a zarr store, concurrently.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -22,12 +24,17 @@ from zarr.abc.store import Store
 from zarr.codecs import BytesCodec
 from zarr.core.array import AsyncArray
 from zarr.core.buffer import Buffer, default_buffer_prototype
-from zarr.core.group import GroupMetadata
 from zarr.core.metadata.v3 import ArrayV3Metadata
 from zarr.dtype import parse_data_type
 from zarr.storage import StorePath
 
-from rbzarr.storage.names import temporary_name
+from rbzarr.storage.files import (
+    commit_file,
+    make_directories,
+    sync_paths,
+    sync_tree,
+    write_file,
+)
 from rbzarr.storage.zarr.chunking import chunk_shape, pick_codec
 from rbzarr.storage.zarr.encode import dimension_names
 from rbzarr.storage.zarr.open import TRAJECTORIES
@@ -54,29 +61,52 @@ class GroupPublisher:
         fields: Mapping[str, torch.Tensor],
         attrs: dict[str, Any],
         files: Mapping[str, list[Any]],
+        durable: bool = False,
     ) -> None:
-        """:meth:`publish` straight to the local filesystem (no event loop), each file renamed
-        into place; only for trajectories with no array of kind ``"zarr"``."""
+        """:meth:`publish` straight to the local filesystem (no event loop); only for
+        trajectories with no array of kind ``"zarr"``.
+
+        Inside the new group folder the files are written in place: until its attributes
+        exist the group is an unfinished write that no reader opens.  Only the attributes
+        (the commit marker) are renamed into place, last.  ``durable`` syncs every file and
+        directory written before the marker, then the marker and its directory.
+        """
         folder = os.path.join(root, *group.split("/"))
         if os.path.islink(folder) or (os.path.lexists(folder) and not os.path.isdir(folder)):
             raise NotADirectoryError(
                 f"delete_dir {folder}: not a directory rbzarr wrote (something else is in the "
                 "way of the trajectory group; it is left alone)"
             )
-        shutil.rmtree(folder, ignore_errors=True)
-        empty = bytes(group_document({}).to_bytes())
+        if os.path.lexists(folder):
+            shutil.rmtree(folder)
         if not self._parents_ready:
             for name in ("zarr.json", f"{TRAJECTORIES}/zarr.json"):
-                if not os.path.exists(os.path.join(root, name)):
-                    _put_file(root, name, empty)
+                path = os.path.join(root, *name.split("/"))
+                if not os.path.exists(path):
+                    make_directories(os.path.dirname(path), durable)
+                    write_file(path, [EMPTY_GROUP], durable=durable)
             self._parents_ready = True
-        parts = [key.split("/") for key in fields]
-        subgroups = sorted({"/".join([group, *p[:n]]) for p in parts for n in range(len(p))})
-        for sub in subgroups:
-            _put_file(root, f"{sub}/zarr.json", empty)
+        make_directories(os.path.dirname(folder), durable)
+        os.mkdir(folder)
+        # What this write makes, parents first: the folders of subgroups and arrays, files.
+        made = [folder]
+        subgroups = sorted({key.rsplit("/", 1)[0] for key in fields if "/" in key})
+        for sub in _with_parents(subgroups):
+            made.append(os.path.join(folder, *sub.split("/")))
+            os.mkdir(made[-1])
+            made.append(os.path.join(made[-1], "zarr.json"))
+            write_file(made[-1], [EMPTY_GROUP], atomic=False)
+        for key in fields:
+            made.append(os.path.join(folder, *key.split("/")))
+            os.mkdir(made[-1])
         for name, parts in files.items():
-            _put_file(root, f"{group}/{name}", *parts)
-        _put_file(root, f"{group}/zarr.json", bytes(group_document(attrs).to_bytes()))
+            made.append(os.path.join(folder, *name.split("/")))
+            write_file(made[-1], parts, atomic=False)
+        # The group's attributes are its commit marker: written only after every array.
+        synced = [*made, os.path.dirname(folder)] if durable else []
+        commit_file(
+            os.path.join(folder, "zarr.json"), [group_bytes(attrs)], durable=durable, synced=synced
+        )
 
     async def publish(
         self,
@@ -88,22 +118,28 @@ class GroupPublisher:
         zarr_keys: Sequence[str],
         codecs: Mapping[str, Any],
         chunk_bytes: int,
+        durable_folder: str | None = None,
     ) -> None:
         """Write one trajectory group through ``store`` (its old contents deleted first),
-        every object set concurrently, the group's attributes last."""
+        every object set concurrently, the group's attributes last.
+
+        ``durable_folder``: the group's local folder, when ``store`` is local and the write
+        must be durable; everything in it is synced before the attributes are written, and
+        they after.
+        """
         await StorePath(store, group).delete_dir()
         await self._ensure_parents(store)
-        # Every document, shard and chunk is set directly and concurrently: no existence
-        # checks or listings per array (zarr's create_array costs ~4 extra requests each).
-        # The groups first appear without attributes (an unfinished write), then the data.
-        parts = [key.split("/") for key in fields]
-        subgroups = {"/".join([group, *part[:n]]) for part in parts for n in range(len(part))}
+        # Every document, shard and chunk is set directly and concurrently, in one round: no
+        # existence checks or listings per array (zarr's create_array costs ~4 extra
+        # requests each).  Until its attributes exist the group is an unfinished write.
+        subgroups = sorted({key.rsplit("/", 1)[0] for key in fields if "/" in key})
         T, B = (int(d) for d in attrs["shape"][:2])
         from_bytes = default_buffer_prototype().buffer.from_bytes
         await asyncio.gather(
-            *(store.set(f"{sub}/zarr.json", group_document({})) for sub in subgroups)
-        )
-        await asyncio.gather(
+            *(
+                store.set(f"{group}/{sub}/zarr.json", group_document({}))
+                for sub in _with_parents(subgroups)
+            ),
             *(
                 store.set(f"{group}/{name}", from_bytes(b"".join(parts)))
                 for name, parts in files.items()
@@ -122,7 +158,11 @@ class GroupPublisher:
             ),
         )
         # The group's attributes are its commit marker: written only after every array.
+        if durable_folder is not None:
+            sync_tree(durable_folder)
         await store.set(f"{group}/zarr.json", group_document(attrs))
+        if durable_folder is not None:
+            sync_paths([os.path.join(durable_folder, "zarr.json"), durable_folder])
 
     async def _ensure_parents(self, store: Store) -> None:
         """Create the root and ``trajectories`` groups if missing (once per instance)."""
@@ -185,20 +225,21 @@ def _array_metadata(
 
 def group_document(attrs: dict[str, Any]) -> Buffer:
     """The ``zarr.json`` of a Zarr v3 group with ``attrs``."""
-    metadata = GroupMetadata(attributes=attrs, zarr_format=3)
-    return metadata.to_buffer_dict(default_buffer_prototype())["zarr.json"]
+    return default_buffer_prototype().buffer.from_bytes(group_bytes(attrs))
 
 
-def _put_file(root: str, name: str, *parts: Any) -> None:
-    """Write ``parts`` (byte-like) to ``root/name`` atomically (a temporary file renamed)."""
-    path = os.path.join(root, *name.split("/"))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    temp = temporary_name(path)
-    try:
-        with open(temp, "wb") as handle:
-            for part in parts:
-                handle.write(part)
-        os.replace(temp, path)
-    finally:
-        if os.path.exists(temp):
-            os.remove(temp)
+def group_bytes(attrs: Mapping[str, Any]) -> bytes:
+    """The ``zarr.json`` of a Zarr v3 group with ``attrs`` (JSON values), as zarr writes it
+    but compact: zarr's ``GroupMetadata`` copies the attributes and encodes indented, in
+    Python, which cost more than the rest of a small trajectory's write."""
+    document = {"attributes": attrs, "zarr_format": 3, "node_type": "group"}
+    return json.dumps(document, allow_nan=True, separators=(",", ":")).encode()
+
+
+def _with_parents(paths: Sequence[str]) -> list[str]:
+    """``paths`` (``a/b``) and every parent of them (``a``), parents first."""
+    found = {"/".join(path.split("/")[:n]) for path in paths for n in range(1, path.count("/") + 2)}
+    return sorted(found, key=lambda path: (path.count("/"), path))
+
+
+EMPTY_GROUP = group_bytes({})

@@ -12,6 +12,7 @@ byte.
 from __future__ import annotations
 
 import functools
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,8 +44,11 @@ def index_size(chunks: int) -> int:
     return 16 * chunks + 4
 
 
-def encode_index(offsets: np.ndarray, nbytes: np.ndarray) -> bytes:
+def encode_index(offsets: Sequence[int], nbytes: Sequence[int]) -> bytes:
     """The index of a shard: ``(offset, nbytes)`` per inner chunk, then their crc32c."""
+    if len(offsets) == 1:  # one inner chunk (every uncompressed shard): no arrays to build
+        raw = struct.pack("<QQ", int(offsets[0]), int(nbytes[0]))
+        return raw + google_crc32c.value(raw).to_bytes(4, "little")
     pairs = np.empty((len(offsets), 2), dtype=_ENTRY)
     pairs[:, 0] = offsets
     pairs[:, 1] = nbytes
@@ -81,8 +85,10 @@ def sharded_metadata(
     checksum: bool,
     torch_dtype: str,
     dimension_names: tuple[str, ...],
+    separator: str = "/",
 ) -> bytes:
-    """The ``zarr.json`` of an array stored as one shard of ``inner``-shaped chunks.
+    """The ``zarr.json`` of an array stored as one shard of ``inner``-shaped chunks, its
+    chunk keys joined by ``separator``.
 
     Documents are cached: trajectories of one schema share them.
     """
@@ -96,7 +102,7 @@ def sharded_metadata(
         shape=tuple(shape),
         data_type=data_type,
         chunk_grid={"name": "regular", "configuration": {"chunk_shape": tuple(shape)}},
-        chunk_key_encoding={"name": "default", "configuration": {"separator": "/"}},
+        chunk_key_encoding={"name": "default", "configuration": {"separator": separator}},
         fill_value=data_type.default_scalar(),
         codecs=(sharding,),
         attributes={DTYPE_ATTR: torch_dtype},

@@ -99,9 +99,16 @@ class ShardedTrajectory:
 
 
 def encode_trajectory(
-    fields: Mapping[str, torch.Tensor], plans: Mapping[str, KeyPlan], T: int, B: int
+    fields: Mapping[str, torch.Tensor],
+    plans: Mapping[str, KeyPlan],
+    T: int,
+    B: int,
+    separator: str = "/",
+    inline: bool = True,
 ) -> tuple[dict[str, list[Any]], dict[str, Any]]:
-    """Encode the ``mapped`` and ``chunked`` fields of one trajectory as shards."""
+    """Encode the ``mapped`` and ``chunked`` fields of one trajectory as shards, their chunk
+    keys joined by ``separator``; ``inline`` copies small shards into the description (for
+    object stores: opening them then costs no request)."""
     files: dict[str, list[Any]] = {}
     arrays: dict[str, Any] = {}
     for key, value in fields.items():
@@ -109,11 +116,11 @@ def encode_trajectory(
         if plan.kind == "zarr":
             arrays[key] = {"kind": "zarr"}
             continue
-        encoded = encode_array(key, value, plan, T, B)
+        encoded = encode_array(key, value, plan, T, B, separator)
         files[f"{key}/zarr.json"] = [encoded.document]
-        files[f"{key}/{shard_key(value.dim())}"] = encoded.shard
+        files[f"{key}/{shard_key(value.dim(), separator)}"] = encoded.shard
         arrays[key] = encoded.description
-        copy = inline_copy(encoded.shard)
+        copy = inline_copy(encoded.shard) if inline else None
         if copy is not None:
             arrays[key] = {**encoded.description, INLINE: copy}
     return files, {"version": VERSION, "arrays": arrays}
@@ -176,7 +183,7 @@ def _shard_path(location: Any, group: str, key: str, spec: ArraySpec) -> str:
     parts = [
         *group.split("/"),
         *key.split("/"),
-        *shard_key(len(spec.shape)).split("/"),
+        *shard_key(len(spec.shape), spec.separator).split("/"),
     ]
     return os.path.join(location.path, *parts) if location.is_local else location.join(*parts)
 

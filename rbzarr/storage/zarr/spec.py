@@ -43,6 +43,9 @@ class ArraySpec:
         The inner chunk shape (it divides ``shape``).
     shard_bytes
         The shard object's size, index included.
+    separator
+        The chunk key separator: the shard is ``c.0.0...`` (``"."``) or, in groups whose
+        description names none, ``c/0/0/...`` (``"/"``).
     """
 
     key: str
@@ -51,6 +54,7 @@ class ArraySpec:
     dtype: np.dtype[Any]
     inner: tuple[int, ...]
     shard_bytes: int
+    separator: str = "/"
 
     @classmethod
     def parse(cls, key: str, description: Any, where: str) -> ArraySpec:
@@ -63,13 +67,19 @@ class ArraySpec:
                 dtype=np.dtype(str(description["dtype"])),
                 inner=tuple(int(d) for d in description["inner"]),
                 shard_bytes=int(description["shard_bytes"]),
+                separator=str(description.get("separator", "/")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptStoreError(f"{where}: unreadable layout description: {exc}") from exc
         grid_ok = len(spec.inner) == len(spec.shape) and all(
             i > 0 and s % i == 0 for s, i in zip(spec.shape, spec.inner, strict=False)
         )
-        if spec.kind not in KINDS or not spec.shape or not grid_ok:
+        if (
+            spec.kind not in KINDS
+            or not spec.shape
+            or not grid_ok
+            or spec.separator not in (".", "/")
+        ):
             raise CorruptStoreError(f"{where}: invalid layout description {description!r}")
         return spec
 
@@ -125,8 +135,11 @@ def check_document(raw: bytes | None, spec: ArraySpec, where: str) -> None:
         document = json.loads(raw)
         sharding = document["codecs"][0]
         inner = sharding["configuration"]["chunk_shape"]
+        encoding = document.get("chunk_key_encoding") or {}
+        separator = (encoding.get("configuration") or {}).get("separator", "/")
         agrees = (
             document.get("node_type") == "array"
+            and separator == spec.separator
             and tuple(document["shape"]) == spec.shape
             and sharding["name"] == "sharding_indexed"
             and tuple(inner) == spec.inner

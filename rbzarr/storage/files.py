@@ -1,0 +1,153 @@
+"""Local files written whole, atomically or in place, and durably when asked.
+
+An atomic write goes through a temporary sibling (:func:`~rbzarr.storage.names.temporary_name`)
+renamed onto the target, so a reader sees the old bytes or the new ones.  A durable write
+also survives a machine crash once it returns: the file is ``fsync``'d before it is closed
+(and renamed), then its directory, so that the new name is on disk too.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from rbzarr.storage.names import temporary_name
+
+__all__ = [
+    "commit_file",
+    "make_directories",
+    "sync_directory",
+    "sync_paths",
+    "sync_tree",
+    "write_file",
+]
+
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+# Concurrent fsyncs: a journaling filesystem commits them together (measured on ext4 here:
+# ten fsyncs of a small trajectory took 36 ms one after the other, 2-4 ms at once).
+SYNC_THREADS = 16
+_pool_lock = threading.Lock()
+_pools: dict[int, ThreadPoolExecutor] = {}  # by process id: a forked child has no threads
+
+
+def write_file(
+    path: str, parts: Iterable[Any], *, atomic: bool = True, durable: bool = False
+) -> None:
+    """Write ``parts`` (byte-like, written one after the other uncopied) to ``path``.
+
+    Parameters
+    ----------
+    path
+        The file; its directory must exist.
+    parts
+        The bytes, in pieces.
+    atomic
+        Write a temporary sibling and rename it onto ``path``; otherwise ``path`` is
+        written in place (for files no reader opens before a later commit marker).
+    durable
+        ``fsync`` the file before closing it and, after an atomic rename, its directory.
+        A file written in place leaves its directory to the caller
+        (:func:`sync_directory`), which may hold many such files.
+    """
+    target = temporary_name(path) if atomic else path
+    try:
+        fd = os.open(target, _CREATE, 0o666)
+        try:
+            for part in parts:
+                view = memoryview(part).cast("B")
+                while view.nbytes:
+                    view = view[os.write(fd, view) :]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        if atomic:
+            os.replace(target, path)
+    finally:
+        if atomic and os.path.lexists(target):
+            os.remove(target)
+    if atomic and durable:
+        sync_directory(os.path.dirname(path))
+
+
+def commit_file(
+    path: str, parts: Iterable[Any], *, durable: bool = False, synced: Sequence[str] = ()
+) -> None:
+    """Write ``path`` atomically, as the commit marker of the files ``synced`` written before.
+
+    With ``durable``, the paths of ``synced`` (files and directories) and the new bytes are
+    ``fsync``'d together before the rename, then ``path``'s directory: once this returns,
+    the marker and everything it commits survive a machine crash, and a crash before never
+    leaves the marker without them.
+    """
+    temp = temporary_name(path)
+    try:
+        write_file(temp, parts, atomic=False)
+        if durable:
+            sync_paths([*synced, temp])
+        os.replace(temp, path)
+    finally:
+        if os.path.lexists(temp):
+            os.remove(temp)
+    if durable:
+        sync_directory(os.path.dirname(path))
+
+
+def sync_paths(paths: Sequence[str]) -> None:
+    """``fsync`` files and directories ``paths``, concurrently."""
+    if len(paths) < 2:
+        for path in paths:
+            _sync(path)
+        return
+    with _pool_lock:
+        pool = _pools.get(os.getpid())
+        if pool is None:
+            _pools.clear()
+            pool = _pools[os.getpid()] = ThreadPoolExecutor(
+                SYNC_THREADS, thread_name_prefix="rbzarr-sync"
+            )
+    for future in [pool.submit(_sync, path) for path in paths]:
+        future.result()
+
+
+def _sync(path: str) -> None:
+    """``fsync`` one file or directory."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_directories(path: str, durable: bool = False) -> None:
+    """Create directory ``path`` and its missing parents; ``durable`` syncs the parent of
+    each one created, so the new names survive a machine crash."""
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for directory in reversed(missing):
+        os.makedirs(directory, exist_ok=True)
+        if durable:
+            sync_directory(os.path.dirname(directory))
+
+
+def sync_tree(path: str) -> None:
+    """``fsync`` every file and directory below directory ``path``, then ``path`` and its
+    parent: for trees written by others (zarr's ``LocalStore`` never syncs)."""
+    found = [os.path.dirname(path)]
+    for folder, _, names in os.walk(path):
+        found.append(folder)
+        found.extend(os.path.join(folder, name) for name in names)
+    sync_paths(found)
+
+
+def sync_directory(path: str) -> None:
+    """``fsync`` directory ``path``, so the names created in it survive a machine crash."""
+    _sync(path)
