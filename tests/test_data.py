@@ -100,21 +100,23 @@ def test_close_stops_an_endless_loader() -> None:
 
 
 def test_seeds_per_rank_and_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Pinned: a change of derive_seed changes every seeded run's streams.
+    assert derive_seed(7, 0, 0) == 4474668370826950401
+    assert derive_seed(7, 3, 0) == 7443599362937997628
+    assert derive_seed(7, 1, 2) == 3725288599296678794
+    assert derive_seed(7, 1, 2, 1) == 1974998814027136257  # epoch 1
     dataset = ReplayDataset(SeededBuffer(), batch_size=3, num_batches=2, seed=7)
     with iter(dataset) as first, iter(dataset) as second:
-        assert first.seed == derive_seed(7, 0, 0)
+        assert first.seed == 4474668370826950401
         assert torch.equal(next(first)["ids"], next(second)["ids"])
-        expected = torch.Generator().manual_seed(derive_seed(7, 0, 0))
-        assert torch.equal(
-            next(first)["ids"], torch.randint(0, 1 << 30, (6,), generator=expected)[3:]
-        )
+        # The second batch of torch.Generator().manual_seed(4474668370826950401).
+        assert next(first)["ids"].tolist() == [378660024, 328248599, 461795818]
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_rank", lambda: 3)
     with iter(dataset) as ranked:
-        assert ranked.seed == derive_seed(7, 3, 0)
+        assert ranked.seed == 7443599362937997628
     seeds = {derive_seed(7, rank, worker) for rank in range(4) for worker in range(4)}
     assert len(seeds) == 16
-    assert derive_seed(7, 1, 2) == derive_seed(7, 1, 2)
 
 
 def test_unseeded_loaders_differ() -> None:

@@ -16,6 +16,7 @@ import zarr
 from conftest import make_trajectory
 
 from rbzarr.storage.location import Location
+from rbzarr.storage.row_groups import RowGroups
 from rbzarr.storage.zarr import regions
 from rbzarr.storage.zarr.layout import ZarrLayout
 from rbzarr.storage.zarr.rows import reset_row_elements
@@ -65,7 +66,7 @@ def _batch(layout: ZarrLayout, entries: list[Any], seed: int) -> tuple[dict[str,
         positions = torch.from_numpy(order[start : start + len(rows)])
         requests.append((entry, torch.from_numpy(rows), positions))
         start += len(rows)
-    layout.read_rows_into(requests, KEYS, out)
+    layout.read_groups_into(RowGroups.of(requests), KEYS, out)
     return out, requests
 
 

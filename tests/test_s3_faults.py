@@ -15,7 +15,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -31,8 +30,6 @@ from rbzarr.storage.location import Location
 from rbzarr.storage.zarr import remote
 
 pytestmark = pytest.mark.s3
-
-BOUND_S = 30.0
 
 
 def default_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -61,11 +58,9 @@ def reader(url: str, options: dict[str, Any]) -> TrajectoryReplayBuffer:
 
 
 def surfaces(action: Callable[[], object], url: str) -> StorageUnavailableError:
-    """Run ``action``; it must raise StorageUnavailableError naming ``url``, within bound."""
-    start = time.monotonic()
+    """Run ``action``; it must raise StorageUnavailableError naming ``url``."""
     with pytest.raises(StorageUnavailableError, match=re.escape(url)) as info:
         action()
-    assert time.monotonic() - start < BOUND_S
     assert info.value.__cause__ is not None  # the backend's own error is kept
     return info.value
 
@@ -135,9 +130,7 @@ def test_cli_prints_one_line_when_the_endpoint_is_down(
     s3_proxy.go_down()
     endpoint = f"endpoint_url={s3_proxy.endpoint_url}"
     for command in (["info", url], ["ls", url]):
-        start = time.monotonic()
-        result = run_cli("--storage-option", endpoint, *command)
-        assert time.monotonic() - start < BOUND_S + 10  # the interpreter's start included
+        result = run_cli("--storage-option", endpoint, *command)  # its timeout: a hang guard
         assert result.returncode == 1, command
         assert result.stderr.startswith("Error: ") and url in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -38,11 +38,12 @@ class TrajectoryLayout(ABC):
 
     Subclasses implement :meth:`write`, :meth:`read`, :meth:`delete`, :meth:`list_ids`,
     :meth:`trajectory_path` and :meth:`stored_paths`, and name their ``format``.  Layouts
-    that read single rows without loading a whole trajectory override :meth:`read_rows`,
-    :meth:`read_rows_many` and :meth:`read_rows_into`; layouts that keep more than the two
-    documents (the zarr layout mirrors them in its root group) or that find damage cheaper
-    than by decoding override :meth:`write_documents`, :meth:`check_documents`,
-    :meth:`missing_parts`, :meth:`describe_keys` and :meth:`field_names`.
+    that read single rows without loading a whole trajectory override the two row reads,
+    :meth:`read_rows` (one trajectory) and :meth:`read_groups_into` (a batch); layouts
+    that keep more than the two documents (the zarr layout mirrors them in its root group)
+    or that find damage cheaper than by decoding override :meth:`write_documents`,
+    :meth:`check_documents`, :meth:`missing_parts`, :meth:`describe_keys` and
+    :meth:`field_names`.
 
     Parameters
     ----------
@@ -299,72 +300,14 @@ class TrajectoryLayout(ABC):
         flat = flatten_trajectory(trajectory, spec)
         return {key: flat[key].index_select(0, rows) for key in keys}
 
-    def read_rows_many(
-        self, requests: Sequence[tuple[Entry, torch.Tensor]], keys: Sequence[str]
-    ) -> list[dict[str, torch.Tensor]]:
-        """:meth:`read_rows` for several trajectories; layouts may fetch them concurrently.
-
-        Parameters
-        ----------
-        requests
-            ``(entry, rows)`` per trajectory.
-        keys
-            Flat keys with ``[T, B, ...]`` rows.
-
-        Returns
-        -------
-        list of dict
-            ``{key: tensor[len(rows), ...]}`` per request, in order.
-
-        Raises
-        ------
-        CheckpointNotFoundError
-            A trajectory's data is missing.
-        CorruptStoreError
-            A trajectory's data is damaged.
-        """
-        return [self.read_rows(entry, rows, keys) for entry, rows in requests]
-
-    def read_rows_into(
-        self,
-        requests: Sequence[tuple[Entry, torch.Tensor, torch.Tensor]],
-        keys: Sequence[str],
-        out: Mapping[str, torch.Tensor],
-    ) -> None:
-        """Read rows of several trajectories into preallocated blocks.
-
-        Each request ``(entry, rows, positions)`` puts flat rows ``rows`` of the trajectory
-        into rows ``positions`` (int64) of ``out[key]``, for every key.  The default goes
-        through :meth:`read_rows_many`.
-
-        Parameters
-        ----------
-        requests
-            ``(entry, rows, positions)`` per trajectory.
-        keys
-            Flat keys with ``[T, B, ...]`` rows.
-        out
-            Preallocated ``[n, ...]`` tensors by key, filled in place.
-
-        Raises
-        ------
-        CheckpointNotFoundError
-            A trajectory's data is missing.
-        CorruptStoreError
-            A trajectory's data is damaged.
-        """
-        values = self.read_rows_many([(entry, rows) for entry, rows, _ in requests], keys)
-        for (_, _, positions), got in zip(requests, values, strict=True):
-            for key in keys:
-                out[key].index_copy_(0, positions, got[key])
-
     def read_groups_into(
         self, groups: RowGroups, keys: Sequence[str], out: Mapping[str, torch.Tensor]
     ) -> None:
-        """:meth:`read_rows_into` of rows grouped by trajectory as flat arrays.
+        """Read the rows of several trajectories, grouped as flat arrays, into ``out``.
 
-        The default makes one request per group; layouts that read a whole batch at once
-        override it (and :meth:`read_rows_into` through it).
+        Group ``g``'s flat rows go to rows ``positions`` (int64) of ``out[key]``, for every
+        key.  The default reads each group with :meth:`read_rows`; layouts that read a whole
+        batch at once override it.
 
         Parameters
         ----------
@@ -382,7 +325,10 @@ class TrajectoryLayout(ABC):
         CorruptStoreError
             A trajectory's data is damaged.
         """
-        self.read_rows_into(groups.requests(), keys, out)
+        for entry, rows, positions in groups.requests():
+            got = self.read_rows(entry, rows, keys)
+            for key in keys:
+                out[key].index_copy_(0, positions, got[key])
 
     # -- presence and copies --------------------------------------------------------------
     def warm(self, entries: Sequence[Entry]) -> None:  # noqa: B027  (a hook; most ignore it)

@@ -58,7 +58,8 @@ from rbzarr.storage.location import Location
 from rbzarr.storage.names import is_temporary_name
 from rbzarr.storage.object_ranges import object_ranges
 from rbzarr.storage.row_groups import RowGroups
-from rbzarr.storage.zarr import arrays, rows, sharded
+from rbzarr.storage.zarr import arrays, sharded
+from rbzarr.storage.zarr import rows as zarr_rows
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.chunking import DEFAULT_CHUNK_BYTES, plan_key
 from rbzarr.storage.zarr.encode import LOCAL_SEPARATOR, shard_key
@@ -283,8 +284,8 @@ class ZarrLayout(TrajectoryLayout):
         # docstring inherited
         opened = self._opener.open_many([entry], keys)[0]
         wanted = list(opened.dtypes) if keys is None else list(keys)
-        rows.check_keys(opened, wanted, self.location.url)
-        zarr_arrays = rows.zarr_arrays(opened, wanted)
+        zarr_rows.check_keys(opened, wanted, self.location.url)
+        zarr_arrays = zarr_rows.zarr_arrays(opened, wanted)
         where = f"{self.location.url}/{opened.group}"
         with translate_errors(self.location.url, "reading"):
             whole = arrays.gather(
@@ -304,33 +305,15 @@ class ZarrLayout(TrajectoryLayout):
         self, entry: Entry, rows: torch.Tensor, keys: Sequence[str]
     ) -> dict[str, torch.Tensor]:
         # docstring inherited
-        return self.read_rows_many([(entry, rows)], keys)[0]
-
-    def read_rows_many(
-        self, requests: Sequence[tuple[Entry, torch.Tensor]], keys: Sequence[str]
-    ) -> list[dict[str, torch.Tensor]]:
-        # docstring inherited
-        opened = self._opener.open_many([entry for entry, _ in requests])
-        results = []
-        for (entry, flat), handles in zip(requests, opened, strict=True):
-            rows.check_keys(handles, keys, self.location.url, sampled=True)
-            count = int(torch.as_tensor(flat).numel())
-            out = {
-                key: torch.empty((count, *handles.shape(key)[2:]), dtype=handles.dtypes[key])
-                for key in keys
-            }
-            self.read_rows_into([(entry, flat, torch.arange(count))], keys, out)
-            results.append(out)
-        return results
-
-    def read_rows_into(
-        self,
-        requests: Sequence[tuple[Entry, torch.Tensor, torch.Tensor]],
-        keys: Sequence[str],
-        out: Mapping[str, torch.Tensor],
-    ) -> None:
-        # docstring inherited
-        self.read_groups_into(RowGroups.of(requests), keys, out)
+        (handles,) = self._opener.open_many([entry])
+        zarr_rows.check_keys(handles, keys, self.location.url, sampled=True)
+        count = int(torch.as_tensor(rows).numel())
+        out = {
+            key: torch.empty((count, *handles.shape(key)[2:]), dtype=handles.dtypes[key])
+            for key in keys
+        }
+        self.read_groups_into(RowGroups.of([(entry, rows, torch.arange(count))]), keys, out)
+        return out
 
     def read_groups_into(
         self, groups: RowGroups, keys: Sequence[str], out: Mapping[str, torch.Tensor]
@@ -338,7 +321,7 @@ class ZarrLayout(TrajectoryLayout):
         # docstring inherited
         opened = self._opener.open_many(groups.entries)
         with translate_errors(self.location.url, "reading"):
-            rows.read_rows_into(
+            zarr_rows.read_rows_into(
                 self._opener.location(),
                 opened,
                 groups,
