@@ -211,6 +211,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         self._add_lock = threading.Lock()  # serialises adders, loads, clear and close
         self._closed = False
         location = Location.from_url(auto_save_path, self.storage_options) if auto_save else None
+        if location is not None and durable:
+            location = location.with_durable()
         if location is not None and trajectory_format is None:
             self.trajectory_format = checkpoint.format_at(location) or DEFAULT_FORMAT
         # The format layout_options are meant for (loading may adopt another one).
@@ -224,7 +226,6 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 metadata={"seed": seed},
                 # Not a bound method: the writer would keep the whole buffer alive.
                 on_committed=functools.partial(_materialize, self._lock, self._cache),
-                durable=durable,
             )
         self._schema = None if self._committer is None else self._committer.stored_schema
         self._index = self._reader.index = TrajectoryIndex(trajectory_counter=self._first_free_id())

@@ -62,10 +62,8 @@ class StoreCommitter:
         max_pending_writes: int = 8,
         metadata: Mapping[str, Any] | None = None,
         on_committed: Callable[[int], None] | None = None,
-        durable: bool = False,
     ) -> None:
         self.layout = layout
-        self.durable = durable
         # Called on the writer thread with each committed id, holding none of this object's
         # locks: it must not block (the writes behind it wait), and what it raises is ignored.
         self._on_committed = on_committed
@@ -89,7 +87,7 @@ class StoreCommitter:
             self._check_existing()
             self._log: IndexLog | None = None
             if layout.supports_many_writers:
-                self._log = self.slot.open_log(durable=durable)
+                self._log = self.slot.open_log()
             self._read_counter()
             self._documents: TrajectoryIndex | None = None
             if self._log is None:

@@ -80,11 +80,11 @@ class WriterSlot:
         """This slot's own documents, or ``None`` before its first commit."""
         return read_slot_documents(self.layout.location, self.slot)
 
-    def open_log(self, *, durable: bool = False) -> IndexLog:
+    def open_log(self) -> IndexLog:
         """This slot's index log; a slot committed by an earlier rbzarr (documents, no log)
         is upgraded in place: its index becomes the log's first segments, no data moves."""
         where = documents_location(self.layout.location, self.slot)
-        log = IndexLog(where, durable=durable)
+        log = IndexLog(where)
         if log.is_empty() and store_documents.documents_exist(where):
             documents = store_documents.read_documents(where)
             index = documents.trajectory_index

@@ -28,7 +28,6 @@ cost ``O(W + SEGMENT_SIZE)`` bytes whatever the store holds.  A file that vanish
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -178,15 +177,12 @@ class IndexLog:
     Parameters
     ----------
     location
-        The slot's folder.
-    durable
-        Make each record (and each compacted file) reach the disk before it counts
-        (``fsync`` of the file and its folder locally; a completed PUT is durable on S3).
+        The slot's folder; a durable one (``Location.with_durable``) makes each record and
+        each compacted file reach the disk before it counts.
     """
 
-    def __init__(self, location: Location, *, durable: bool = False) -> None:
+    def __init__(self, location: Location) -> None:
         self.location = location
-        self.durable = durable
         for attempt in range(READ_ATTEMPTS):
             try:
                 self._head = _read_head(location)
@@ -218,7 +214,6 @@ class IndexLog:
         """A writer of a log that may not read (only :meth:`rewrite` is meant to follow)."""
         log = cls.__new__(cls)
         log.location = location
-        log.durable = False
         log._head = _empty_head()
         log._records = []
         log._open = []
@@ -374,8 +369,6 @@ class IndexLog:
 
     def _write(self, data: bytes, *names: str) -> None:
         self.location.write_bytes(data, INDEX_DIR, *names)
-        if self.durable and self.location.is_local:
-            _fsync(self.location.join(INDEX_DIR, *names))
 
 
 def salvage(location: Location) -> tuple[list[LogEntry], int, dict[str, Any]]:
@@ -467,20 +460,6 @@ def _count_record(state: SlotIndex, record: Mapping[str, Any]) -> None:
     state.trajectory_counter = max(state.trajectory_counter, record["counter"])
     rows = (int(e["shape"][0]) * int(e["shape"][1]) for e in entries)
     state.max_rows = max(state.max_rows, *rows, 0)
-
-
-def _fsync(path: str) -> None:
-    """Flush ``path`` and its folder's entry to the disk."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-    folder = os.open(os.path.dirname(path), os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
 
 
 def _record_name(seq: int) -> str:
