@@ -65,6 +65,8 @@ def table(document: dict[str, Any]) -> str:
         parts = [_sequences_table(document["results"])]
     elif document["benchmark"] == "distributed":
         parts = [_figures_table(document["results"])]
+    elif document["benchmark"] == "scale":
+        parts = []  # its figures are its targets' values (the JSON holds the rest)
     else:
         parts = [_rows_table(document["results"]), _bytes_table(document["results"])]
         parts.append(_writes_table(document["results"]))

@@ -12,6 +12,9 @@
   ``open`` is ``open_buffer(url, sample_window_size=100)`` + the first ``sample(256)``, in a
   fresh process that reports its peak RSS.
 * ``durable``: ms per ``flush()`` of one tiny trajectory with ``durable=False`` and ``True``.
+* ``writes``: rows/s of the buffer's writes against TorchRL's ``LazyMemmapStorage.extend`` on
+  the same state and image rows (:mod:`benchmarks.write_rows`: TorchRL's first pass over new
+  files, and again over the same storage).
 * ``s3``: on moto behind the delaying proxy (20 ms a request): ms per tiny trajectory of
   real commits appended after a log of 500 and of 10,000 trajectories (the prefix written
   directly: what a commit costs depends on the log's state, not on how it was made), and
@@ -36,6 +39,7 @@ import torch
 
 from benchmarks.report import target
 from benchmarks.s3 import load_s3_server, proxied_bucket
+from benchmarks.write_rows import measure
 from rbzarr import Trajectory, TrajectoryReplayBuffer
 from rbzarr.buffer.checkpoint import schema_to_json
 from rbzarr.storage import index_log
@@ -255,6 +259,16 @@ def s3_figures(quick: bool) -> dict[str, Any]:
     return result
 
 
+def write_figures(quick: bool, workdir: str) -> dict[str, Any]:
+    """Buffer writes against TorchRL's, state and image rows (see the module docs)."""
+    try:
+        import tensordict  # noqa: F401, PLC0415  (the bench extra)
+        import torchrl  # noqa: F401, PLC0415
+    except ImportError as exc:
+        return {"unavailable": f"torchrl is not installed ({exc}); install rbzarr[bench]"}
+    return {name: measure(name, 1 if quick else 3, workdir, {}) for name in ("state", "image")}
+
+
 def run_scale(quick: bool, workdir: str | None) -> dict[str, Any]:
     """Every figure of the suite (see the module docs)."""
     count = 10_000 if quick else 100_000
@@ -267,11 +281,13 @@ def run_scale(quick: bool, workdir: str | None) -> dict[str, Any]:
         resumed = resume(str(root / "large"))
         opened = open_view(root / "large")
         durable = durable_flush(root, 50 if quick else 200)
+        writes = write_figures(quick, str(root))
     return {
         "commits": {"trajectories": count, **committed, "store": cost},
         "resume": resumed,
         "open": opened,
         "durable": durable,
+        "writes": writes,
         "s3": s3_figures(quick),
         "notes": (
             f"resume/open use a store of {large} trajectories whose index log the bench "
@@ -289,6 +305,7 @@ def scale_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     n = commit["trajectories"]
     s3 = results["s3"]
     s3_reason = s3.get("unavailable")
+    writes = results["writes"]
     return [
         target(
             f"ms per tiny trajectory at {n:,} vs at 1k, local",
@@ -342,6 +359,18 @@ def scale_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             results["open"]["seconds"],
             0.5,
             "<=",
+        ),
+        *(
+            target(
+                f"{name}-row writes >= TorchRL LazyMemmapStorage.extend",
+                "rows/s of add_trajectories + flush (auto_save, zarr) / rows/s of extend into "
+                "a new LazyMemmapStorage, same rows, median of the run",
+                None if "unavailable" in writes else writes[name]["ratio_first"],
+                1.0,
+                ">=",
+                writes.get("unavailable"),
+            )
+            for name in ("state", "image")
         ),
         target(
             "peak RSS of that view, MB",

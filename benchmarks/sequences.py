@@ -170,7 +170,7 @@ def _rate(settings: Settings, seconds: float) -> dict[str, Any]:
         for _ in range(4)
     ]
     buffer = TrajectoryReplayBuffer(seed=settings.seed, sample_window_size=50)
-    buffer.add_trajectories(trajectories[:1])
+    buffer.add_trajectories(trajectories[:2])  # 64 rows: full batches from the first
     stop = threading.Event()
 
     def collect() -> None:
