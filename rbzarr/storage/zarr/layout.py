@@ -46,6 +46,7 @@ from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.backends import translate_errors
 from rbzarr.storage.deadlines import sync
 from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents, Entry, Finding
+from rbzarr.storage.json_limits import read_json
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.names import is_temporary_name
@@ -214,7 +215,9 @@ class ZarrLayout(TrajectoryLayout):
     def check_documents(self, documents: Documents) -> list[Finding]:
         """Also checks that the root group's ``rbzarr`` attribute mirrors the documents."""
         try:
-            root = json.loads(self.location.read_bytes("zarr.json"))
+            root = read_json(
+                self.location.read_bytes("zarr.json"), f"{self.location.url}/zarr.json"
+            )
             mirror = root.get("attributes", {}).get(ROOT_ATTR)
         except (FileNotFoundError, ValueError, AttributeError) as exc:
             return [Finding("root_attrs_mismatch", "zarr.json", " ".join(str(exc).split()))]

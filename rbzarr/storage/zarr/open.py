@@ -10,7 +10,6 @@ survive a fork).
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ from rbzarr.errors import CorruptStoreError, RbzarrError
 from rbzarr.storage.backends import translate_errors
 from rbzarr.storage.deadlines import sync
 from rbzarr.storage.documents import Entry
+from rbzarr.storage.json_limits import read_json
 from rbzarr.storage.location import Location
 from rbzarr.storage.zarr import sharded
 from rbzarr.storage.zarr.arrays import gather
@@ -362,7 +362,7 @@ def _group_attrs(tid: int, raw: Any, url: str) -> dict[str, Any]:
             f"missing; {repair}"
         )
     try:
-        attrs = json.loads(raw).get("attributes", {})
+        attrs = read_json(raw, f"{url}/{group}/zarr.json").get("attributes", {})
     except (ValueError, AttributeError) as exc:
         raise _unreadable(exc, tid, url) from exc
     if not isinstance(attrs, dict) or not isinstance(attrs.get(FIELDS_ATTR), dict):

@@ -8,7 +8,6 @@ array's ``zarr.json`` to the description, since plain zarr readers rely on the d
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from rbzarr.errors import CorruptStoreError
+from rbzarr.storage.json_limits import read_json
 from rbzarr.storage.zarr import shard_index
 
 __all__ = ["KINDS", "ArraySpec", "check_document", "parse_specs"]
@@ -122,7 +122,7 @@ def check_document(raw: bytes | None, spec: ArraySpec, where: str) -> None:
     if raw is None:
         raise CorruptStoreError(f"{name} is missing")
     try:
-        document = json.loads(raw)
+        document = read_json(raw, name)
         sharding = document["codecs"][0]
         inner = sharding["configuration"]["chunk_shape"]
         agrees = (
