@@ -2,6 +2,10 @@
 
 Do not repair a store while a buffer writes to it: the trajectory being written is an
 orphan until its commit.
+
+A path through a symbolic link inside a local store is reported (``unsafe_path``), never
+followed; with ``follow_links`` it is followed for reading, but a repair still never deletes
+or writes through a link (it reports what it left).
 """
 
 from __future__ import annotations
@@ -10,12 +14,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rbzarr.buffer.checkpoint import schema_from_json
 from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.errors import (
     CheckpointNotFoundError,
     CorruptStoreError,
     RbzarrError,
     StorageUnavailableError,
+    UnsafePathError,
 )
 from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents, Finding, write_documents
 from rbzarr.storage.layout import TrajectoryLayout
@@ -23,7 +29,7 @@ from rbzarr.storage.location import Location
 from rbzarr.storage.names import is_temporary_name
 from rbzarr.storage.registry import open_store
 from rbzarr.storage.writers import read_slot_documents, slot_location, writer_slots
-from rbzarr.trajectory.model import validate
+from rbzarr.trajectory.model import Schema, validate
 
 __all__ = ["Problem", "VerifyReport", "verify_store"]
 
@@ -93,11 +99,17 @@ def verify_store(
     storage_options: Mapping[str, Any] | None = None,
     repair: bool = False,
     drop_damaged: bool = False,
+    *,
+    follow_links: bool = False,
 ) -> VerifyReport:
-    """Check the store at ``url`` (see the module docs); with ``repair``, fix what is safe."""
+    """Check the store at ``url`` (see the module docs); with ``repair``, fix what is safe.
+
+    ``follow_links`` reads a local store through symbolic links inside it (a trusted store
+    whose folders were linked on purpose); a repair never deletes or writes through one.
+    """
     if drop_damaged and not repair:
         raise ValueError("drop_damaged needs repair=True (it changes the index)")
-    location = Location.from_url(url, storage_options)
+    location = Location.from_url(url, storage_options, follow_links=follow_links)
     report = VerifyReport(url=location.url, format=None)
     loaded = _load_index(location, report)
     if loaded is None:
@@ -106,17 +118,20 @@ def verify_store(
     report.format = layout.format
     report.trajectories = len(index)
     _check_metadata(documents, index, report)
+    schema = _check_schema(documents, report)
     report.problems.extend(
         Problem(found.kind, found.path, found.message, repair=REWRITE)
         for found in _check_root_documents(layout, documents)
     )
     for trajectory_id in index.id_list:
-        problem = _check_trajectory(layout, index.entries[trajectory_id])
+        problem = _check_trajectory(layout, index.entries[trajectory_id], schema)
         if problem is not None:
             report.problems.append(problem)
     report.problems.extend(_orphans(layout, index))
     if repair:
-        _repair(layout, report, drop_damaged)
+        # Repairs go through a location that never follows a link, whatever was asked.
+        strict, _ = open_store(location.without_links())
+        _repair(strict, report, drop_damaged)
     return report
 
 
@@ -131,6 +146,9 @@ def _load_index(
     try:
         layout, documents = open_store(location)
         index = TrajectoryIndex.from_documents(documents, location.url)
+    except UnsafePathError as exc:
+        report.problems.append(Problem("unsafe_path", "", _one_line(exc)))
+        return None
     except (CheckpointNotFoundError, CorruptStoreError, ValueError) as exc:
         kind = "missing_document" if isinstance(exc, FileNotFoundError) else "unreadable_document"
         report.problems.append(Problem(kind, "", _one_line(exc)))
@@ -138,7 +156,27 @@ def _load_index(
     return layout, documents, index
 
 
+def _check_schema(documents: Documents, report: VerifyReport) -> Schema | None:
+    """The metadata's schema (``None`` if it records none or it is unreadable: reported)."""
+    try:
+        return schema_from_json(documents.metadata.get("schema"))
+    except CorruptStoreError as exc:
+        report.problems.append(Problem("unreadable_schema", METADATA_FILE, _one_line(exc)))
+        return None
+
+
 def _check_metadata(documents: Documents, index: TrajectoryIndex, report: VerifyReport) -> None:
+    listed = documents.trajectory_index.get("trajectory_id_list", [])
+    if len(index.id_list) != len(listed):
+        report.problems.append(
+            Problem(
+                "duplicate_ids",
+                INDEX_FILE,
+                f"trajectory_id_list names {len(listed) - len(index.id_list)} ids more than "
+                "once (each is read once)",
+                repair=REWRITE,
+            )
+        )
     metadata = documents.metadata
     expected = {"size": len(index), "total_samples": index.total_samples}
     for key, value in expected.items():
@@ -153,7 +191,9 @@ def _check_metadata(documents: Documents, index: TrajectoryIndex, report: Verify
             )
 
 
-def _check_trajectory(layout: TrajectoryLayout, entry: dict[str, Any]) -> Problem | None:
+def _check_trajectory(
+    layout: TrajectoryLayout, entry: dict[str, Any], schema: Schema | None
+) -> Problem | None:
     """The first thing wrong with one indexed trajectory's data, or ``None``."""
     trajectory_id = int(entry["trajectory_id"])
     path = "/".join(layout.trajectory_path(entry))
@@ -161,13 +201,15 @@ def _check_trajectory(layout: TrajectoryLayout, entry: dict[str, Any]) -> Proble
     def damaged(kind: str, message: str) -> Problem:
         return Problem(kind, path, message, trajectory_id, repair=DROP)
 
-    if not layout.contains(entry):
-        return damaged("missing_data", "indexed but its data is missing")
     try:
+        if not layout.contains(entry):
+            return damaged("missing_data", "indexed but its data is missing")
         missing = layout.missing_parts(entry)
         if missing:
             return damaged("missing_chunks", "; ".join(missing))
-        shape = list(validate(layout.read(entry)).shape)
+        shape = list(validate(layout.read(entry), schema).shape)
+    except UnsafePathError as exc:
+        return Problem("unsafe_path", path, _one_line(exc), trajectory_id)
     except StorageUnavailableError:
         raise  # the store is unreachable: that says nothing about this trajectory
     except _READ_ERRORS as exc:
@@ -189,7 +231,11 @@ def _orphans(layout: TrajectoryLayout, index: TrajectoryIndex) -> list[Problem]:
     for path, trajectory_id in sorted(layout.stored_paths().items(), key=lambda item: item[1]):
         if path in expected:
             continue
-        foreign = layout.foreign_files(path)
+        try:
+            foreign = layout.foreign_files(path)
+        except UnsafePathError as exc:
+            problems.append(Problem("unsafe_path", path, _one_line(exc), trajectory_id))
+            continue
         if foreign:
             message = (
                 "trajectory data not listed in the index, holding files rbzarr did not write "
@@ -214,7 +260,11 @@ def _repair(layout: TrajectoryLayout, report: VerifyReport, drop_damaged: bool) 
         if problem.repair == REWRITE:
             rewrite = True
         elif problem.repair == DELETE and problem.path not in committed:
-            layout.location.delete(*problem.path.split("/"))
+            try:
+                layout.location.delete(*problem.path.split("/"))
+            except UnsafePathError as exc:
+                remaining.append(Problem("unsafe_path", problem.path, _one_line(exc)))
+                continue
         elif problem.repair == DROP and drop_damaged and problem.trajectory_id is not None:
             dropped.add(problem.trajectory_id)
         else:
@@ -236,8 +286,11 @@ def _repair(layout: TrajectoryLayout, report: VerifyReport, drop_damaged: bool) 
             fixed = _documents_without(own, own_index, dropped)
             if slot == 0:
                 layout.write_documents(fixed)
-            else:
+                continue
+            try:
                 write_documents(slot_location(layout.location, slot), fixed)
+            except UnsafePathError as exc:
+                report.problems.append(Problem("unsafe_path", f"writers/{slot}", _one_line(exc)))
 
     _delete_dropped(layout, report, index, dropped)
 
@@ -251,10 +304,14 @@ def _delete_dropped(
     # the commit point, stopped listing it), so a plain verify that follows is clean.
     for trajectory_id in sorted(dropped):
         path = "/".join(layout.trajectory_path(index.entries[trajectory_id]))
-        if not layout.location.exists(*path.split("/")):
+        try:
+            if not layout.location.exists(*path.split("/")):
+                continue
+            # The index listed it: a file at ``path`` itself is rbzarr's, damaged or not.
+            foreign = [name for name in layout.foreign_files(path) if name != path]
+        except UnsafePathError as exc:
+            report.problems.append(Problem("unsafe_path", path, _one_line(exc), trajectory_id))
             continue
-        # The index listed it: a file at ``path`` itself is rbzarr's, damaged or not.
-        foreign = [name for name in layout.foreign_files(path) if name != path]
         if foreign:
             message = (
                 "dropped from the index, holding files rbzarr did not write "

@@ -167,6 +167,7 @@ class ZarrLayout(TrajectoryLayout):
 
     def list_ids(self) -> list[int]:
         # docstring inherited
+        self.location.join(TRAJECTORIES)  # the gate: locally, not a link
         with translate_errors(self.location.url, "listing"):
             names = sync(self._list_names(TRAJECTORIES))
         return sorted(int(name) for name in names if name.isdigit() and str(int(name)) == name)

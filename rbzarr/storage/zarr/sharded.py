@@ -10,7 +10,6 @@ as is every array of a layout-1 group (no description).
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -145,9 +144,7 @@ def describe_sharded(
         _check_shape(spec, T, B, f"{where}/{key}", entry_shape)
         path = _shard_path(location, group, key, spec)
         if location.is_local:
-            document = _read_file(
-                os.path.join(location.path, *group.split("/"), *key.split("/"), "zarr.json")
-            )
+            document = _read_file(location.join(*group.split("/"), *key.split("/"), "zarr.json"))
             check_document(document, spec, f"{where}/{key}")
             opened.local[key] = LocalShard(path, spec, f"{where}/{key}")
         else:
@@ -178,7 +175,8 @@ def _shard_path(location: Any, group: str, key: str, spec: ArraySpec) -> str:
         *key.split("/"),
         *shard_key(len(spec.shape)).split("/"),
     ]
-    return os.path.join(location.path, *parts) if location.is_local else location.join(*parts)
+    # The one gate (Location.child): every part a plain name, no link inside a local store.
+    return location.join(*parts)
 
 
 def _check_shape(spec: ArraySpec, T: int, B: int, where: str, entry_shape: Any) -> None:
