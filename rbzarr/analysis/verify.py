@@ -228,7 +228,11 @@ def _orphans(layout: TrajectoryLayout, index: TrajectoryIndex) -> list[Problem]:
         for name in layout.location.list_names()
         if is_temporary_name(name)
     ]
-    for path, trajectory_id in sorted(layout.stored_paths().items(), key=lambda item: item[1]):
+    try:
+        stored = layout.stored_paths()
+    except UnsafePathError as exc:
+        return [*problems, Problem("unsafe_path", "", _one_line(exc))]
+    for path, trajectory_id in sorted(stored.items(), key=lambda item: item[1]):
         if path in expected:
             continue
         try:

@@ -45,6 +45,7 @@ def open_buffer(
     local_cache_dir: str | os.PathLike[str] | None = None,
     local_cache_bytes: int | None = None,
     on_damaged: str = "raise",
+    follow_links: bool = False,
 ) -> BufferView:
     """Open the store or checkpoint at ``url`` read-only.
 
@@ -72,6 +73,10 @@ def open_buffer(
         ``"raise"`` or ``"skip"``: what :meth:`BufferView.sample` and
         :meth:`BufferView.sample_sequences` do with a damaged trajectory, as for the buffer
         (``"skip"`` drops it from the view's index, also after a refresh).
+    follow_links
+        Read a local store through symbolic links inside it: only for a trusted store whose
+        folders were linked on purpose.  Without it a path through such a link raises
+        :class:`~rbzarr.errors.UnsafePathError` (the store's root itself may be a link).
 
     Returns
     -------
@@ -89,7 +94,10 @@ def open_buffer(
         ``on_damaged`` is not ``"raise"`` or ``"skip"``.
     """
     cache = LocalCacheBound.of(local_cache_dir, local_cache_bytes)
-    layout, documents = open_store(url, storage_options, {"zarr": cache.layout_options("zarr")})
+    location = Location.from_url(url, storage_options, follow_links=follow_links)
+    layout, documents = open_store(
+        location, storage_options, {"zarr": cache.layout_options("zarr")}
+    )
     return BufferView(
         layout,
         documents,

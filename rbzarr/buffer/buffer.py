@@ -715,6 +715,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         world_size: int = 1,
         *,
         strict: bool = False,
+        follow_links: bool = False,
     ) -> None:
         """Replace the buffer's state by a checkpoint's, or by this rank's share of it.
 
@@ -730,6 +731,10 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         strict
             Refuse an RLinf checkpoint that lists ids without data, instead of skipping them
             with a warning.
+        follow_links
+            Read a local checkpoint through symbolic links inside it (only a trusted one whose
+            folders were linked on purpose); without it such a link raises
+            :class:`~rbzarr.errors.UnsafePathError`.
 
         Raises
         ------
@@ -740,7 +745,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         StoreExistsError
             The auto-save store holds other trajectories under the checkpoint's ids.
         """
-        location = Location.from_url(load_path, self.storage_options)
+        location = Location.from_url(load_path, self.storage_options, follow_links=follow_links)
         share_of = (local_rank, world_size) if is_distributed else None
         loaded = checkpoint.load(
             location,

@@ -24,6 +24,7 @@ from rbzarr.errors import (
     CorruptStoreError,
     InvalidTrajectoryError,
     StoreExistsError,
+    UnsafePathError,
 )
 from rbzarr.storage.documents import Entry
 from rbzarr.storage.layout import TrajectoryLayout, check_entry_shape
@@ -63,9 +64,14 @@ def schema_from_json(document: Any) -> Schema | None:
         return None
     try:
         schema = {
-            safe_key(key): (_dtype_name(dtype), tuple(count(d) for d in trailing))
+            safe_key(key, "metadata.json 'schema'"): (
+                _dtype_name(dtype),
+                tuple(count(d) for d in trailing),
+            )
             for key, (dtype, trailing) in document.items()
         }
+    except UnsafePathError:
+        raise
     except (TypeError, ValueError, AttributeError) as exc:
         raise CorruptStoreError(f"metadata.json: unreadable 'schema': {exc}") from exc
     return schema

@@ -149,10 +149,11 @@ class TrajectoryIndex:
             )
         try:
             raw_entries = documents.trajectory_index["trajectory_index"]
+            listed = documents.trajectory_index["trajectory_id_list"]
+            if not isinstance(listed, list):
+                raise TypeError(f"trajectory_id_list is a {type(listed).__name__}, not a list")
             # A repeated id is listed once (``verify`` reports it, ``--repair`` rewrites).
-            id_list = list(
-                dict.fromkeys(count(i) for i in documents.trajectory_index["trajectory_id_list"])
-            )
+            id_list = list(dict.fromkeys(count(i) for i in listed))
             entries = {count(k): dict(v) for k, v in raw_entries.items()}
             # Never below max(id) + 1: a crash between the index and the metadata write
             # leaves the metadata's counter behind, and reusing an id would overwrite data.

@@ -38,7 +38,7 @@ from rbzarr.storage.location import Location
 from rbzarr.storage.names import safe_name
 from rbzarr.storage.safe_pickle import safe_load
 from rbzarr.trajectory import tree
-from rbzarr.trajectory.model import Trajectory, trajectory_from_raw
+from rbzarr.trajectory.model import Trajectory, trajectory_from_raw, validate
 from rbzarr.trajectory.validated import ValidatedTrajectory, rows_to_write
 
 __all__ = ["FileLayout", "PklLayout", "PtLayout"]
@@ -186,10 +186,14 @@ def _trajectory_from_record(
         fields = {key: fields[key] for key in keys}
     try:
         trajectory = trajectory_from_raw(fields, mel, mwid)
+        shape = list(validate(trajectory).shape) if keys is None else None
     except InvalidTrajectoryError as exc:
         raise CorruptStoreError(f"{source}: {exc}") from exc
-    for path, value in fields.items():
-        _check_rows(value, entry, f"{source}: field {path!r}")
+    if shape is not None and "shape" in entry and shape != list(entry["shape"]):
+        raise CorruptStoreError(
+            f"{source}: holds a trajectory of shape {shape}, but the index entry of trajectory "
+            f"{entry['trajectory_id']} says {list(entry['shape'])}"
+        )
     return trajectory
 
 
@@ -220,19 +224,6 @@ def _check_tensor(tensor: torch.Tensor, where: str) -> None:
             f"{where}: a tensor view of size {list(dims)}, stride {list(steps)} over a storage "
             f"of {held} elements (zero strides or overlapping elements): not written by rbzarr "
             "or RLinf"
-        )
-
-
-def _check_rows(tensor: torch.Tensor, entry: Entry, where: str) -> None:
-    """Refuse a ``[T(+E), B, ...]`` field disagreeing with its index entry's ``[T, B]``."""
-    if tensor.ndim < 2 or "shape" not in entry:
-        return
-    T, B = (int(d) for d in entry["shape"][:2])
-    rows, envs = int(tensor.shape[0]), int(tensor.shape[1])
-    if envs != B or rows < T or (rows > T and T % (rows - T) != 0):
-        raise CorruptStoreError(
-            f"{where}: shape {list(tensor.shape)} disagrees with the index entry's shape "
-            f"{list(entry['shape'])} (trajectory {entry['trajectory_id']})"
         )
 
 

@@ -332,6 +332,11 @@ class TrajectoryOpener:
                 f"trajectory {tid} at {self._location.url}/{group} is committed but an array "
                 f"is missing: {exc}"
             ) from exc
+        except (ValueError, TypeError, KeyError) as exc:  # zarr refused an array document
+            raise CorruptStoreError(
+                f"trajectory {tid} at {self._location.url}/{group}: an array's zarr.json is "
+                f"not one rbzarr reads: {exc}"
+            ) from exc
         return dict(zip(keys, arrays, strict=True))
 
 
