@@ -532,3 +532,47 @@ def test_the_cli_names_the_opt_in_and_follows_links_with_it(
     assert followed.returncode == 0, followed.stderr
     assert json.loads(followed.stdout)["ok"] is True
     assert SECRET not in followed.stdout.encode()
+
+
+@pytest.mark.parametrize(
+    ("shape", "inner", "shard_bytes", "message"),
+    [
+        ([4, 2, 2**24], [4, 2, 2**24], 10**6, "a decoded chunk may have"),
+        ([2500 * 4, 2, 2**20], [4, 2, 2**20], 40_004 + 10, "times its size"),
+        ([4, 2, 1], [4, 2, 1], 8, "cannot hold"),
+    ],
+)
+def test_a_layout_description_cannot_ask_for_more_than_its_shard_holds(
+    shape: list[int], inner: list[int], shard_bytes: int, message: str
+) -> None:
+    """A 40 KB zstd shard may not declare chunks decoding to more than 64 MiB each, nor
+    more than 4096 times its bytes in all (past 64 MiB)."""
+    from rbzarr import CorruptStoreError  # noqa: PLC0415
+    from rbzarr.storage.zarr.spec import ArraySpec  # noqa: PLC0415
+
+    description = {
+        "kind": "chunked",
+        "shape": shape,
+        "dtype": "<f8",
+        "inner": inner,
+        "shard_bytes": shard_bytes,
+    }
+    with pytest.raises(CorruptStoreError, match=message):
+        ArraySpec.parse("rewards", description, "store/trajectories/0/rewards")
+
+
+def test_verify_reports_repeated_ids_and_a_bad_schema_and_repair_fixes_the_ids(
+    tmp_path: Path, bases: dict[str, Path]
+) -> None:
+    from rbzarr.analysis.verify import verify_store  # noqa: PLC0415
+    from rbzarr.analysis.view import open_buffer  # noqa: PLC0415
+
+    case = prepare(tmp_path, "pt", bases)
+    edit_json(_index(case), lambda d: d.update(trajectory_id_list=[0, 1, 1, 2, 3, 3]))
+    assert len(open_buffer(str(case.store))) == 4
+    assert {p.kind for p in verify_store(str(case.store)).problems} == {"duplicate_ids"}
+    assert verify_store(str(case.store), repair=True).ok
+    listed = json.loads(_index(case).read_text())["trajectory_id_list"]
+    assert listed == [0, 1, 2, 3] and verify_store(str(case.store)).ok
+    edit_json(_metadata(case), lambda m: m.update(schema={"rewards": 5}))
+    assert {p.kind for p in verify_store(str(case.store)).problems} == {"unreadable_schema"}

@@ -25,7 +25,11 @@ __all__ = ["KINDS", "MAX_CHUNK_BYTES", "ArraySpec", "check_document", "parse_spe
 KINDS = ("mapped", "chunked")
 # The largest decoded inner chunk a description may ask for (rbzarr writes ~64 KiB ones, or
 # one row): a codec is never asked to fill more than this per chunk.
-MAX_CHUNK_BYTES = 256 << 20
+MAX_CHUNK_BYTES = 64 << 20
+# A compressed array decodes to at most this many times its shard's bytes, once past
+# MAX_RATIO_FLOOR (rbzarr's ~64 KiB zstd chunks of zeros decode ~2000x their bytes).
+MAX_RATIO = 4096
+MAX_RATIO_FLOOR = 64 << 20
 # Every dimension is below this (an int64, as numpy and torch hold shapes).
 MAX_DIM = 2**63
 # numpy kinds of the dtypes rbzarr stores: bool, signed, unsigned, float, complex.
@@ -90,6 +94,12 @@ class ArraySpec:
             raise CorruptStoreError(
                 f"{where}: inner chunks of {spec.chunk_bytes} bytes, more than the "
                 f"{MAX_CHUNK_BYTES} a decoded chunk may have"
+            )
+        bound = max(MAX_RATIO_FLOOR, spec.shard_bytes * MAX_RATIO)
+        if spec.kind == "chunked" and spec.data_bytes > bound:
+            raise CorruptStoreError(
+                f"{where}: {spec.data_bytes} bytes decoded from a shard of {spec.shard_bytes} "
+                f"bytes, more than {MAX_RATIO} times its size"
             )
         if not 0 <= spec.index_offset < spec.shard_bytes or (
             spec.kind == "mapped" and spec.index_offset != spec.data_bytes
