@@ -383,6 +383,14 @@ MUTATIONS: dict[str, tuple[tuple[str, ...], Callable[[Case], None], dict[str, st
         lambda c: link(_shard(c), c.outside / "id_rsa"),
         {"sample": "UnsafePathError"},
     ),
+    "linked_chunk_file": (
+        ("zarr1",),
+        lambda c: link(
+            _shard(c),
+            c.outside / "other" / "trajectories" / "0" / "rewards" / "c" / "0" / "0" / "0",
+        ),
+        {"sample": "UnsafePathError"},
+    ),
     "linked_array_folder": (
         ("zarr1",),
         _symlinked_folder("trajectories/0/rewards"),
@@ -398,8 +406,29 @@ MUTATIONS: dict[str, tuple[tuple[str, ...], Callable[[Case], None], dict[str, st
     "linked_writer_slot": (("zarr", "pkl"), _linked_writer_slot, {"sample": "UnsafePathError"}),
 }
 
+# The repros, one store kind each, run in the quick subset (``-m "not slow"``); the
+# full run (CI's) has every case.
+QUICK = {
+    ("pkl_numpy_dtype_forgery", "pkl"),
+    ("field_key_escapes", "zarr"),
+    ("linked_trajectories_with_orphans", "zarr"),
+    ("linked_writer_slot", "zarr"),
+    ("linked_trajectory_file", "pt"),
+    ("zarr_grid_of_1e10", "zarr1"),
+    ("description_huge_inner_chunk", "zarrz"),
+    ("pkl_bytearray_bomb", "pkl"),
+    ("counter_infinity", "zarr"),
+    ("duplicate_ids", "pt"),
+    ("pt_lying_shape", "pt"),
+    ("index_deeply_nested", "zarr"),
+}
 CASES = [
-    pytest.param(name, kind, id=f"{name}-{kind}")
+    pytest.param(
+        name,
+        kind,
+        id=f"{name}-{kind}",
+        marks=() if (name, kind) in QUICK else pytest.mark.slow,
+    )
     for name, (kinds, _, _) in MUTATIONS.items()
     for kind in kinds
 ]

@@ -322,7 +322,9 @@ class TrajectoryOpener:
         store = self.store()
         group = group_path(tid)
         for key in keys:
-            self._location.join(TRAJECTORIES, str(tid), *key.split("/"))  # the gate
+            # The gate; zarr reads these arrays' chunk files itself, so locally the whole
+            # folder is checked for links too.
+            self._location.child(TRAJECTORIES, str(tid), *key.split("/")).check_tree()
         try:
             arrays = sync(
                 gather(*(AsyncArray.open(StorePath(store, f"{group}/{key}")) for key in keys))
