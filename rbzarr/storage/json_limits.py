@@ -62,6 +62,9 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
 def read_json(raw: bytes | str, where: str) -> Any:
     """The JSON value in ``raw``, checked for size, nesting and numbers (``where`` names it).
 
@@ -87,9 +90,10 @@ def read_json(raw: bytes | str, where: str) -> Any:
     """
     check_size(len(raw), where)
     data = raw.encode() if isinstance(raw, str) else bytes(raw)
-    _check_depth(data, where)
+    if data.count(b"[") + data.count(b"{") > MAX_JSON_DEPTH:  # else it cannot nest deeper
+        _check_depth(data, where)
     try:
-        document = json.loads(data, parse_constant=_refuse_constant)
+        document = _DECODER.decode(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise CorruptStoreError(f"{where} is not valid JSON: {exc}") from exc
     return document

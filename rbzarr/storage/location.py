@@ -141,19 +141,21 @@ class Location:
             top=self.top or self.path,
         )
         if names and self.is_local and not self.follow_links:
-            found.refuse_links()
+            # This location's own path was checked when it was made: only the new parts.
+            found.refuse_links(self.path)
         return found
 
     def without_links(self) -> Location:
         """This location, refusing paths through symbolic links (what a repair writes through)."""
         return dataclasses.replace(self, follow_links=False)
 
-    def refuse_links(self) -> None:
-        """Raise :class:`UnsafePathError` if a local path component below :attr:`top` (down to
-        this location) is a symbolic link; a missing one ends the check."""
+    def refuse_links(self, checked: str = "") -> None:
+        """Raise :class:`UnsafePathError` if a local path component below :attr:`top` (or
+        below ``checked``, a prefix known to be free of links) down to this location is a
+        symbolic link; a missing one ends the check."""
         top = self.top or self.path
-        current = top
-        for part in self.path[len(top) :].strip("/").split("/"):
+        current = checked or top
+        for part in self.path[len(current) :].strip("/").split("/"):
             if not part:
                 continue
             current = f"{current}/{part}"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import uuid
-from pathlib import PurePosixPath
 
 from rbzarr.errors import UnsafePathError
 
@@ -24,7 +23,8 @@ TEMP_SUFFIX = ".tmp-"
 _TEMPORARY_NAME = re.compile(
     rf".+{re.escape(TEMP_SUFFIX)}[0-9a-f]{{32}}|.+\.[0-9a-f]{{32}}\.partial"
 )
-_FORBIDDEN = frozenset(["/", "\\", *map(chr, range(32)), "\x7f"])
+# Separators, NUL and the other control characters.
+_FORBIDDEN = re.compile(r"[/\\\x00-\x1f\x7f]")
 
 
 def temporary_name(path: str) -> str:
@@ -42,8 +42,7 @@ def safe_name(name: str, root: str = "") -> str:
     if (
         not isinstance(name, str)
         or name in ("", ".", "..")
-        or any(ch in name for ch in _FORBIDDEN)
-        or PurePosixPath(name).is_absolute()
+        or _FORBIDDEN.search(name) is not None  # "/" included: nothing absolute is left
     ):
         raise UnsafePathError(f"unsafe name {name!r}: it must be a plain file name inside {root!r}")
     return name
