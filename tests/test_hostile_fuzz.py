@@ -110,6 +110,8 @@ def test_any_json_value_in_a_layout_description(
         shutil.rmtree(path.parent)
 
 
+# torch warns about a pickle protocol byte it does not expect: a warning, not an error.
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol:UserWarning")
 @FUZZ
 @given(
     flips=st.lists(

@@ -18,6 +18,7 @@ import dataclasses
 import io
 import pickle
 import re
+import struct
 import zipfile
 from abc import abstractmethod
 from collections.abc import Sequence
@@ -44,6 +45,19 @@ from rbzarr.trajectory.validated import ValidatedTrajectory, rows_to_write
 __all__ = ["FileLayout", "PklLayout", "PtLayout"]
 
 _SCALAR_FIELDS = ("max_episode_length", "model_weights_id")
+# What torch.load(weights_only=True) raises on a damaged or hostile file.
+_TORCH_LOAD_ERRORS = (
+    pickle.UnpicklingError,
+    RuntimeError,
+    EOFError,
+    ValueError,
+    KeyError,
+    IndexError,
+    TypeError,
+    AttributeError,
+    OverflowError,
+    struct.error,
+)
 # A trajectory file's dicts nest this deep at most (fields, then ``curr_obs`` and the like,
 # then their keys' own dicts), and hold this many values at most.
 _MAX_RECORD_DEPTH = 32
@@ -275,8 +289,9 @@ class PtLayout(FileLayout):
         _check_torch_archive(data, source)
         try:
             return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
-            # torch reports a refused global and a damaged file with the same class.
+        except _TORCH_LOAD_ERRORS as exc:
+            # torch reports a refused global and a damaged file with the same class; its
+            # weights-only unpickler meets malformed opcodes with lookup and type errors.
             refused = "unsupported global" in str(exc).lower()
             kind = UnsafePickleError if refused else CorruptStoreError
             raise kind(f"{source}: torch.load(weights_only=True) failed: {exc}") from exc

@@ -248,7 +248,7 @@ def safe_load(
     allow_unsafe: bool = False,
     source: str = "<bytes>",
 ) -> Any:
-    """Unpickle ``file_or_bytes``, admitting only tensors, arrays and plain containers.
+    """Unpickle ``file_or_bytes``, admitting only tensors and plain containers.
 
     ``allow_unsafe`` is the explicit opt-in to plain :func:`pickle.load`, which can run arbitrary
     code (trusted files only).  A refused global raises :class:`UnsafePickleError` before
