@@ -33,14 +33,16 @@ from conftest import make_trajectory
 
 # What an operation may raise on a hostile store: the named errors.
 NAMED = ("CorruptStoreError", "UnsafePathError", "CheckpointNotFoundError")
+# In this order, on the same store: the export sees the store as tampered with, and the
+# repair comes last (it may drop what is damaged).
 OPERATIONS = (
     "sample",
     "load_plain",
     "load_auto_save",
     "info",
+    "export",
     "verify",
     "repair",
-    "export",
 )
 # Rows of the valid stores encode 0..31; the store planted outside encodes 1000 and up.
 VALID_NUMBERS = 32
