@@ -47,10 +47,6 @@ class UnsafePathError(RbzarrError, ValueError):
     """A name would escape the directory it must stay inside."""
 
 
-class UnsafePickleError(RbzarrError, ValueError):
-    """A pickle refers to a global that the restricted unpickler does not admit."""
-
-
 class CheckpointNotFoundError(RbzarrError, FileNotFoundError):
     """A checkpoint, its JSON documents or a trajectory's data are missing."""
 
@@ -66,6 +62,10 @@ class EmptyBufferError(RbzarrError, RuntimeError):
 
 class CorruptStoreError(RbzarrError, ValueError):
     """A store exists but its documents or data cannot be parsed or disagree."""
+
+
+class UnsafePickleError(CorruptStoreError):
+    """A pickle refers to a global that the restricted unpickler does not admit."""
 
 
 class StoreExistsError(RbzarrError, FileExistsError):

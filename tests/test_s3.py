@@ -7,7 +7,6 @@ actually crosses the wire and can cut the connection mid-write.
 from __future__ import annotations
 
 import itertools
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path

@@ -2,6 +2,10 @@
 
 Do not repair a store while a buffer writes to it: the trajectory being written is an
 orphan until its commit.
+
+A path through a symbolic link inside a local store is reported (``unsafe_path``), never
+followed; with ``follow_links`` it is followed for reading, but a repair still never deletes
+or writes through a link (it reports what it left).
 """
 
 from __future__ import annotations
@@ -11,12 +15,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rbzarr.buffer.checkpoint import schema_from_json
 from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.errors import (
     CheckpointNotFoundError,
     CorruptStoreError,
     RbzarrError,
     StorageUnavailableError,
+    UnsafePathError,
 )
 from rbzarr.storage import index_log
 from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents, Finding, write_documents
@@ -33,7 +39,7 @@ from rbzarr.storage.writers import (
     store_has_documents,
     writer_slots,
 )
-from rbzarr.trajectory.model import validate
+from rbzarr.trajectory.model import Schema, validate
 
 __all__ = ["Problem", "VerifyReport", "verify_store"]
 
@@ -115,16 +121,22 @@ def verify_store(
     storage_options: Mapping[str, Any] | None = None,
     repair: bool = False,
     drop_damaged: bool = False,
+    *,
+    follow_links: bool = False,
 ) -> VerifyReport:
-    """Check the store at ``url`` (see the module docs); with ``repair``, fix what is safe."""
+    """Check the store at ``url`` (see the module docs); with ``repair``, fix what is safe.
+
+    ``follow_links`` reads a local store through symbolic links inside it (a trusted store
+    whose folders were linked on purpose); a repair never deletes or writes through one.
+    """
     if drop_damaged and not repair:
         raise ValueError("drop_damaged needs repair=True (it changes the index)")
-    location = Location.from_url(url, storage_options)
+    location = Location.from_url(url, storage_options, follow_links=follow_links)
     report = VerifyReport(url=location.url, format=None)
     damaged_logs = _check_logs(location)
     if damaged_logs and repair:
         for damaged in damaged_logs:
-            _salvage_log(location, damaged)
+            _salvage_log(location.without_links(), damaged)
             report.repaired.append(damaged)
     elif damaged_logs:
         report.problems.extend(damaged_logs)
@@ -136,17 +148,20 @@ def verify_store(
     report.format = layout.format
     report.trajectories = len(index)
     _check_metadata(documents, index, report)
+    schema = _check_schema(documents, report)
     report.problems.extend(
         Problem(found.kind, found.path, found.message, repair=REWRITE)
         for found in _check_root_documents(layout, documents)
     )
     for trajectory_id in index.id_list:
-        problem = _check_trajectory(layout, index.entries[trajectory_id])
+        problem = _check_trajectory(layout, index.entries[trajectory_id], schema)
         if problem is not None:
             report.problems.append(problem)
     report.problems.extend(_orphans(layout, index))
     if repair:
-        _repair(layout, report, drop_damaged)
+        # Repairs go through a location that never follows a link, whatever was asked.
+        strict, _ = open_store(location.without_links())
+        _repair(strict, report, drop_damaged)
     return report
 
 
@@ -160,6 +175,9 @@ def _load_index(
     try:
         layout, documents = open_store(location)
         index = TrajectoryIndex.from_documents(documents, location.url)
+    except UnsafePathError as exc:
+        report.problems.append(Problem("unsafe_path", "", _one_line(exc)))
+        return None
     except (CheckpointNotFoundError, CorruptStoreError, ValueError) as exc:
         kind = "missing_document" if isinstance(exc, FileNotFoundError) else "unreadable_document"
         report.problems.append(Problem(kind, "", _one_line(exc)))
@@ -216,7 +234,27 @@ def _group_entry(location: Location, name: str) -> dict[str, Any] | None:
     return entry
 
 
+def _check_schema(documents: Documents, report: VerifyReport) -> Schema | None:
+    """The metadata's schema (``None`` if it records none or it is unreadable: reported)."""
+    try:
+        return schema_from_json(documents.metadata.get("schema"))
+    except CorruptStoreError as exc:
+        report.problems.append(Problem("unreadable_schema", METADATA_FILE, _one_line(exc)))
+        return None
+
+
 def _check_metadata(documents: Documents, index: TrajectoryIndex, report: VerifyReport) -> None:
+    listed = documents.trajectory_index.get("trajectory_id_list", [])
+    if len(index.id_list) != len(listed):
+        report.problems.append(
+            Problem(
+                "duplicate_ids",
+                INDEX_FILE,
+                f"trajectory_id_list names {len(listed) - len(index.id_list)} ids more than "
+                "once (each is read once)",
+                repair=REWRITE,
+            )
+        )
     metadata = documents.metadata
     expected = {"size": len(index), "total_samples": index.total_samples}
     for key, value in expected.items():
@@ -231,7 +269,9 @@ def _check_metadata(documents: Documents, index: TrajectoryIndex, report: Verify
             )
 
 
-def _check_trajectory(layout: TrajectoryLayout, entry: dict[str, Any]) -> Problem | None:
+def _check_trajectory(
+    layout: TrajectoryLayout, entry: dict[str, Any], schema: Schema | None
+) -> Problem | None:
     """The first thing wrong with one indexed trajectory's data, or ``None``."""
     trajectory_id = int(entry["trajectory_id"])
     path = "/".join(layout.trajectory_path(entry))
@@ -239,13 +279,15 @@ def _check_trajectory(layout: TrajectoryLayout, entry: dict[str, Any]) -> Proble
     def damaged(kind: str, message: str) -> Problem:
         return Problem(kind, path, message, trajectory_id, repair=DROP)
 
-    if not layout.contains(entry):
-        return damaged("missing_data", "indexed but its data is missing")
     try:
+        if not layout.contains(entry):
+            return damaged("missing_data", "indexed but its data is missing")
         missing = layout.missing_parts(entry)
         if missing:
             return damaged("missing_chunks", "; ".join(missing))
-        shape = list(validate(layout.read(entry)).shape)
+        shape = list(validate(layout.read(entry), schema).shape)
+    except UnsafePathError as exc:
+        return Problem("unsafe_path", path, _one_line(exc), trajectory_id)
     except StorageUnavailableError:
         raise  # the store is unreachable: that says nothing about this trajectory
     except _READ_ERRORS as exc:
@@ -264,10 +306,18 @@ def _orphans(layout: TrajectoryLayout, index: TrajectoryIndex) -> list[Problem]:
         for name in layout.location.list_names()
         if is_temporary_name(name)
     ]
-    for path, trajectory_id in sorted(layout.stored_paths().items(), key=lambda item: item[1]):
+    try:
+        stored = layout.stored_paths()
+    except UnsafePathError as exc:
+        return [*problems, Problem("unsafe_path", "", _one_line(exc))]
+    for path, trajectory_id in sorted(stored.items(), key=lambda item: item[1]):
         if path in expected:
             continue
-        foreign = layout.foreign_files(path)
+        try:
+            foreign = layout.foreign_files(path)
+        except UnsafePathError as exc:
+            problems.append(Problem("unsafe_path", path, _one_line(exc), trajectory_id))
+            continue
         if foreign:
             message = (
                 "trajectory data not listed in the index, holding files rbzarr did not write "
@@ -292,7 +342,11 @@ def _repair(layout: TrajectoryLayout, report: VerifyReport, drop_damaged: bool) 
         if problem.repair == REWRITE:
             rewrite = True
         elif problem.repair == DELETE and problem.path not in committed:
-            layout.location.delete(*problem.path.split("/"))
+            try:
+                layout.location.delete(*problem.path.split("/"))
+            except UnsafePathError as exc:
+                remaining.append(Problem("unsafe_path", problem.path, _one_line(exc)))
+                continue
         elif problem.repair == DROP and drop_damaged and problem.trajectory_id is not None:
             dropped.add(problem.trajectory_id)
         else:
@@ -308,28 +362,42 @@ def _repair(layout: TrajectoryLayout, report: VerifyReport, drop_damaged: bool) 
             continue
         own_index = TrajectoryIndex.from_documents(own, layout.location.url)
         fixed = _documents_without(own, own_index, dropped)
-        if slot_has_log(layout.location, slot):
-            listed = [
-                (dict(e), float(own.trajectory_index.get(COMMIT_TIMES, {}).get(str(i), 0.0)))
-                for i, e in (
-                    (int(k), fixed.trajectory_index["trajectory_index"][str(k)])
-                    for k in fixed.trajectory_index["trajectory_id_list"]
-                )
-            ]
-            metadata = {
-                k: v
-                for k, v in fixed.metadata.items()
-                if k not in {"size", "total_samples", "trajectory_counter"}
-            }
-            index_log.IndexLog.for_repair(slot_location(layout.location, slot)).rewrite(
-                listed, counter=own_index.trajectory_counter, metadata=metadata
-            )
-        if slot == 0:
-            layout.write_documents(fixed)
-        else:
-            write_documents(slot_location(layout.location, slot), fixed)
+        try:
+            _rewrite_slot(layout, slot, own, own_index, fixed)
+        except UnsafePathError as exc:
+            where = "" if slot == 0 else f"writers/{slot}"
+            report.problems.append(Problem("unsafe_path", where, _one_line(exc)))
 
     _delete_dropped(layout, report, index, dropped)
+
+
+def _rewrite_slot(
+    layout: TrajectoryLayout,
+    slot: int,
+    own: Documents,
+    own_index: TrajectoryIndex,
+    fixed: Documents,
+) -> None:
+    """Write one writer's fixed index: its log (if it keeps one) and its documents."""
+    if slot_has_log(layout.location, slot):
+        times = own.trajectory_index.get(COMMIT_TIMES, {})
+        entries = fixed.trajectory_index["trajectory_index"]
+        listed = [
+            (dict(entries[str(i)]), float(times.get(str(i), 0.0)))
+            for i in fixed.trajectory_index["trajectory_id_list"]
+        ]
+        metadata = {
+            k: v
+            for k, v in fixed.metadata.items()
+            if k not in {"size", "total_samples", "trajectory_counter"}
+        }
+        index_log.IndexLog.for_repair(slot_location(layout.location, slot)).rewrite(
+            listed, counter=own_index.trajectory_counter, metadata=metadata
+        )
+    if slot == 0:
+        layout.write_documents(fixed)
+    else:
+        write_documents(slot_location(layout.location, slot), fixed)
 
 
 def _delete_dropped(
@@ -341,10 +409,14 @@ def _delete_dropped(
     # the commit point, stopped listing it), so a plain verify that follows is clean.
     for trajectory_id in sorted(dropped):
         path = "/".join(layout.trajectory_path(index.entries[trajectory_id]))
-        if not layout.location.exists(*path.split("/")):
+        try:
+            if not layout.location.exists(*path.split("/")):
+                continue
+            # The index listed it: a file at ``path`` itself is rbzarr's, damaged or not.
+            foreign = [name for name in layout.foreign_files(path) if name != path]
+        except UnsafePathError as exc:
+            report.problems.append(Problem("unsafe_path", path, _one_line(exc), trajectory_id))
             continue
-        # The index listed it: a file at ``path`` itself is rbzarr's, damaged or not.
-        foreign = [name for name in layout.foreign_files(path) if name != path]
         if foreign:
             message = (
                 "dropped from the index, holding files rbzarr did not write "

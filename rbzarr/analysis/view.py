@@ -42,6 +42,7 @@ def open_buffer(
     local_cache_bytes: int | None = None,
     on_damaged: str = "raise",
     trajectories: Container[int] | None = None,
+    follow_links: bool = False,
 ) -> BufferView:
     """Open the store or checkpoint at ``url`` read-only.
 
@@ -72,6 +73,10 @@ def open_buffer(
     trajectories
         The ids the view keeps of those the store lists (a buffer's own, for its DataLoader
         workers); ``None`` (default): all of them.
+    follow_links
+        Read a local store through symbolic links inside it: only for a trusted store whose
+        folders were linked on purpose.  Without it a path through such a link raises
+        :class:`~rbzarr.errors.UnsafePathError` (the store's root itself may be a link).
 
     Returns
     -------
@@ -90,7 +95,8 @@ def open_buffer(
     """
     cache = LocalCacheSettings.of(local_cache_dir, local_cache_bytes)
     options = {name: cache.layout_options(layout_class(name)) for name in known_formats()}
-    layout, documents = open_store(url, storage_options, options, window=sample_window_size)
+    location = Location.from_url(url, storage_options, follow_links=follow_links)
+    layout, documents = open_store(location, storage_options, options, window=sample_window_size)
     return BufferView(
         layout,
         documents,

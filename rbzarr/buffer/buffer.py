@@ -678,6 +678,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         world_size: int = 1,
         *,
         strict: bool = False,
+        follow_links: bool = False,
     ) -> None:
         """Replace the buffer's state by a checkpoint's, or by this rank's share of it.
 
@@ -693,6 +694,10 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         strict
             Refuse an RLinf checkpoint that lists ids without data, instead of skipping them
             with a warning.
+        follow_links
+            Read a local checkpoint through symbolic links inside it (only a trusted one whose
+            folders were linked on purpose); without it such a link raises
+            :class:`~rbzarr.errors.UnsafePathError`.
 
         Raises
         ------
@@ -703,7 +708,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         StoreExistsError
             The auto-save store holds other trajectories under the checkpoint's ids.
         """
-        location = Location.from_url(load_path, self.storage_options)
+        location = Location.from_url(load_path, self.storage_options, follow_links=follow_links)
         if location.is_local and os.path.isfile(location.path):
             raise CheckpointNotFoundError(
                 f"load_checkpoint: {location.url} is a file, expected a store folder (the "

@@ -17,16 +17,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rbzarr.buffer.index import TrajectoryIndex
+from rbzarr.buffer.index import TrajectoryIndex, count
 from rbzarr.errors import (
     CheckpointConflictError,
     CheckpointNotFoundError,
+    CorruptStoreError,
     InvalidTrajectoryError,
     StoreExistsError,
+    UnsafePathError,
 )
 from rbzarr.storage.documents import Documents, Entry
 from rbzarr.storage.layout import TrajectoryLayout, check_entry_shape
 from rbzarr.storage.location import Location
+from rbzarr.storage.names import safe_key
 from rbzarr.storage.registry import stored_format
 from rbzarr.storage.writers import (
     read_store_documents,
@@ -34,6 +37,7 @@ from rbzarr.storage.writers import (
     read_store_window,
     store_has_documents,
 )
+from rbzarr.trajectory.dtypes import dtype_from_name
 from rbzarr.trajectory.model import Schema
 from rbzarr.trajectory.validated import ValidatedTrajectory
 
@@ -63,10 +67,25 @@ def schema_from_json(document: Any) -> Schema | None:
     """Inverse of :func:`schema_to_json`; ``None`` when the store records none (RLinf)."""
     if not document:
         return None
-    return {
-        key: (str(dtype), tuple(int(d) for d in trailing))
-        for key, (dtype, trailing) in document.items()
-    }
+    try:
+        schema = {
+            safe_key(key, "metadata.json 'schema'"): (
+                _dtype_name(dtype),
+                tuple(count(d) for d in trailing),
+            )
+            for key, (dtype, trailing) in document.items()
+        }
+    except UnsafePathError:
+        raise
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise CorruptStoreError(f"metadata.json: unreadable 'schema': {exc}") from exc
+    return schema
+
+
+def _dtype_name(name: Any) -> str:
+    """``name`` if it names a dtype rbzarr stores, else ``ValueError``."""
+    dtype_from_name(str(name))
+    return str(name)
 
 
 def is_rbzarr_store(metadata: Mapping[str, Any]) -> bool:

@@ -21,6 +21,8 @@ __all__ = ["FORMAT_VERSION", "TrajectoryIndex", "share_bounds"]
 
 # Version of the documents rbzarr writes; a newer one than this code knows is refused.
 FORMAT_VERSION = 1
+# Ids, sizes and counts in the documents are below this (int64, as tensors hold them).
+MAX_COUNT = 2**63
 
 
 def share_bounds(count: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -192,12 +194,16 @@ class TrajectoryIndex:
             )
         try:
             raw_entries = documents.trajectory_index["trajectory_index"]
-            id_list = [int(i) for i in documents.trajectory_index["trajectory_id_list"]]
-            entries = {int(k): dict(v) for k, v in raw_entries.items()}
+            listed = documents.trajectory_index["trajectory_id_list"]
+            if not isinstance(listed, list):
+                raise TypeError(f"trajectory_id_list is a {type(listed).__name__}, not a list")
+            # A repeated id is listed once (``verify`` reports it, ``--repair`` rewrites).
+            id_list = list(dict.fromkeys(count(i) for i in listed))
+            entries = {count(k): dict(v) for k, v in raw_entries.items()}
             # Never below max(id) + 1: a crash between the index and the metadata write
             # leaves the metadata's counter behind, and reusing an id would overwrite data.
             counter = max(
-                int(documents.metadata.get("trajectory_counter", 0)), max(id_list, default=-1) + 1
+                count(documents.metadata.get("trajectory_counter", 0)), max(id_list, default=-1) + 1
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CorruptStoreError(f"{where}: malformed trajectory index: {exc!r}") from exc
@@ -212,13 +218,24 @@ class TrajectoryIndex:
         return cls(entries, id_list, counter, earlier, earlier_samples)
 
 
+def count(value: Any) -> int:
+    """``value`` (an int, or a str of one) as an id, size or count: ``0 <= n < 2**63``, else
+    ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"expected a whole number, got {value!r}")
+    number = int(value)
+    if not 0 <= number < MAX_COUNT:
+        raise ValueError(f"{value!r} is not in [0, 2**63)")
+    return number
+
+
 def _check_entry(entry: dict[str, Any], trajectory_id: int, where: str) -> None:
     try:
-        shape = [int(d) for d in entry["shape"]]
+        shape = [count(d) for d in entry["shape"]]
         ok = (
-            int(entry["trajectory_id"]) == trajectory_id
+            count(entry["trajectory_id"]) == trajectory_id
             and len(shape) >= 2
-            and int(entry["num_samples"]) == shape[0] * shape[1]
+            and count(entry["num_samples"]) == shape[0] * shape[1]
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptStoreError(

@@ -22,6 +22,15 @@ def _options(ctx: click.Context) -> dict[str, Any]:
     return dict(ctx.find_root().params.get("storage_options") or {})
 
 
+def _source(ctx: click.Context, url: str) -> Any:
+    """``url``, or with ``--follow-links`` a location that follows links inside the store."""
+    if not ctx.find_root().params.get("follow_links"):
+        return url
+    from rbzarr.storage.location import Location  # noqa: PLC0415 (keep --help fast)
+
+    return Location.from_url(url, _options(ctx), follow_links=True)
+
+
 def _cache(ctx: click.Context) -> dict[str, Any]:
     """``open_buffer``'s local cache arguments from the group's ``--local-cache`` options."""
     params = ctx.find_root().params
@@ -69,9 +78,20 @@ _json_flag = click.option("--json", "as_json", is_flag=True, help="Print JSON on
     metavar="N",
     help="Bound of --local-cache in bytes (default 16 GiB).",
 )
+@click.option(
+    "--follow-links",
+    "follow_links",
+    is_flag=True,
+    help="Read a local store through symbolic links inside it (only a trusted store whose "
+    "folders you linked on purpose); without it such a link is an error. verify --repair "
+    "never deletes or writes through a link either way.",
+)
 @click.version_option(version=__version__, prog_name="rbzarr")
 def main(
-    storage_options: dict[str, Any], local_cache: str | None, local_cache_bytes: int | None
+    storage_options: dict[str, Any],
+    local_cache: str | None,
+    local_cache_bytes: int | None,
+    follow_links: bool,
 ) -> None:
     """Inspect and manage rbzarr / RLinf trajectory stores (local paths or fsspec URLs)."""
 
@@ -86,7 +106,7 @@ def info(ctx: click.Context, url: str, as_json: bool) -> None:
     from rbzarr.analysis.summary import describe_store  # noqa: PLC0415
     from rbzarr.analysis.view import open_buffer  # noqa: PLC0415 (keep --help fast)
 
-    report = describe_store(open_buffer(url, _options(ctx), **_cache(ctx)))
+    report = describe_store(open_buffer(_source(ctx, url), _options(ctx), **_cache(ctx)))
     if as_json:
         _print_json(report)
         return
@@ -103,7 +123,7 @@ def list_command(ctx: click.Context, url: str, as_json: bool) -> None:
     from rbzarr.analysis.summary import list_trajectories  # noqa: PLC0415
     from rbzarr.analysis.view import open_buffer  # noqa: PLC0415
 
-    rows = list_trajectories(open_buffer(url, _options(ctx), **_cache(ctx)))
+    rows = list_trajectories(open_buffer(_source(ctx, url), _options(ctx), **_cache(ctx)))
     if as_json:
         _print_json(rows)
         return
@@ -218,7 +238,9 @@ def verify(ctx: click.Context, url: str, repair: bool, drop_damaged: bool, as_js
 
     if drop_damaged and not repair:
         raise click.UsageError("--drop-damaged changes the index: use it with --repair")
-    report = verify_store(url, _options(ctx), repair=repair, drop_damaged=drop_damaged)
+    report = verify_store(
+        _source(ctx, url), _options(ctx), repair=repair, drop_damaged=drop_damaged
+    )
     if as_json:
         _print_json(report.to_dict())
     else:
@@ -307,7 +329,7 @@ def export(
 
     with _tasks(scheduler) as tasks:
         documents = export_store(
-            source,
+            _source(ctx, source),
             destination,
             trajectory_format,
             ids=ids,
@@ -400,7 +422,7 @@ def plot(
     from rbzarr.analysis.plotting import plot_store  # noqa: PLC0415
     from rbzarr.analysis.view import open_buffer  # noqa: PLC0415
 
-    view = open_buffer(url, _options(ctx), **_cache(ctx))
+    view = open_buffer(_source(ctx, url), _options(ctx), **_cache(ctx))
     with _tasks(scheduler) as tasks:
         counts = plot_store(
             view,

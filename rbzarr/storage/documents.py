@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
+from rbzarr.storage.json_limits import read_json
 from rbzarr.storage.location import Location
 
 __all__ = [
@@ -128,10 +129,7 @@ def _read_json(location: Location, name: str) -> dict[str, Any]:
         raise CheckpointNotFoundError(
             f"{location.url}/{name} not found: not an rbzarr or RLinf store"
         ) from exc
-    try:
-        document = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptStoreError(f"{location.url}/{name} is not valid JSON: {exc}") from exc
+    document = read_json(raw, f"{location.url}/{name}")
     if not isinstance(document, dict):
         raise CorruptStoreError(f"{location.url}/{name}: expected a JSON object")
     return document

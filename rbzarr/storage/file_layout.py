@@ -18,6 +18,8 @@ import dataclasses
 import io
 import pickle
 import re
+import struct
+import zipfile
 from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -37,12 +39,29 @@ from rbzarr.storage.location import Location
 from rbzarr.storage.names import safe_name
 from rbzarr.storage.safe_pickle import safe_load
 from rbzarr.trajectory import tree
-from rbzarr.trajectory.model import Trajectory, trajectory_from_raw
+from rbzarr.trajectory.model import Trajectory, trajectory_from_raw, validate
 from rbzarr.trajectory.validated import ValidatedTrajectory, rows_to_write
 
 __all__ = ["FileLayout", "PklLayout", "PtLayout"]
 
 _SCALAR_FIELDS = ("max_episode_length", "model_weights_id")
+# What torch.load(weights_only=True) raises on a damaged or hostile file.
+_TORCH_LOAD_ERRORS = (
+    pickle.UnpicklingError,
+    RuntimeError,
+    EOFError,
+    ValueError,
+    KeyError,
+    IndexError,
+    TypeError,
+    AttributeError,
+    OverflowError,
+    struct.error,
+)
+# A trajectory file's dicts nest this deep at most (fields, then ``curr_obs`` and the like,
+# then their keys' own dicts), and hold this many values at most.
+_MAX_RECORD_DEPTH = 32
+_MAX_RECORD_VALUES = 100_000
 
 
 def _compact(tensor: torch.Tensor) -> torch.Tensor:
@@ -157,6 +176,7 @@ def _trajectory_from_record(
     record: dict[str, Any], entry: Entry, keys: Sequence[str] | None, source: str
 ) -> Trajectory:
     """The trajectory (only ``keys``, if given) a loaded dict holds, or CorruptStoreError."""
+    _check_record_size(record, source)
     scalars = {name: record.pop(name, entry.get(name)) for name in _SCALAR_FIELDS}
     mel, mwid = scalars["max_episode_length"], scalars["model_weights_id"]
     if not isinstance(mel, int) or isinstance(mel, bool) or not isinstance(mwid, str):
@@ -173,15 +193,83 @@ def _trajectory_from_record(
             raise CorruptStoreError(
                 f"{source}: field {path!r}: expected a torch.Tensor, got {type(value).__name__}"
             )
+        _check_tensor(value, f"{source}: field {path!r}")
     if keys is not None:
         missing = [key for key in keys if key not in fields]
         if missing:
             raise CorruptStoreError(f"{source}: fields {missing} missing; it has {list(fields)}")
         fields = {key: fields[key] for key in keys}
     try:
-        return trajectory_from_raw(fields, mel, mwid)
+        trajectory = trajectory_from_raw(fields, mel, mwid)
+        shape = list(validate(trajectory).shape) if keys is None else None
     except InvalidTrajectoryError as exc:
         raise CorruptStoreError(f"{source}: {exc}") from exc
+    if shape is not None and "shape" in entry and shape != list(entry["shape"]):
+        raise CorruptStoreError(
+            f"{source}: holds a trajectory of shape {shape}, but the index entry of trajectory "
+            f"{entry['trajectory_id']} says {list(entry['shape'])}"
+        )
+    return trajectory
+
+
+def _check_record_size(record: dict[str, Any], source: str) -> None:
+    """Refuse a loaded dict nesting deeper or holding more values than a trajectory's can."""
+    stack: list[tuple[Any, int]] = [(record, 1)]
+    seen = 0
+    while stack:
+        value, depth = stack.pop()
+        seen += 1
+        if depth > _MAX_RECORD_DEPTH or seen > _MAX_RECORD_VALUES:
+            raise CorruptStoreError(
+                f"{source}: nested deeper than {_MAX_RECORD_DEPTH} dicts or holding more than "
+                f"{_MAX_RECORD_VALUES} values: not a trajectory file"
+            )
+        if isinstance(value, dict):
+            stack.extend((child, depth + 1) for child in value.values())
+
+
+def _check_tensor(tensor: torch.Tensor, where: str) -> None:
+    """Refuse a tensor viewing its storage with zero strides or overlapping elements."""
+    dims, steps = tensor.shape, tensor.stride()
+    if tensor.numel() == 0:
+        return
+    held = tensor.untyped_storage().nbytes() // tensor.element_size()
+    if any(s <= 0 and d > 1 for d, s in zip(dims, steps, strict=True)) or tensor.numel() > held:
+        raise CorruptStoreError(
+            f"{where}: a tensor view of size {list(dims)}, stride {list(steps)} over a storage "
+            f"of {held} elements (zero strides or overlapping elements): not written by rbzarr "
+            "or RLinf"
+        )
+
+
+def _check_torch_archive(data: bytes, source: str) -> None:
+    """Refuse a ``.pt`` that is not a zip archive of stored records lying inside the file.
+
+    ``torch.save`` stores every record uncompressed; a compressed one (which could inflate far
+    past the file's size) or one claiming more bytes than the file holds is refused before
+    torch reads it.
+    """
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            records = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, EOFError) as exc:
+        raise CorruptStoreError(
+            f"{source}: not a torch.save zip archive ({exc}); rbzarr and RLinf write those"
+        ) from exc
+    total = 0
+    for record in records:
+        total += record.file_size
+        if (
+            record.compress_type != zipfile.ZIP_STORED
+            or record.file_size != record.compress_size
+            or record.header_offset + record.compress_size > len(data)
+            or total > len(data)
+        ):
+            raise CorruptStoreError(
+                f"{source}: zip record {record.filename!r} is compressed or claims "
+                f"{record.file_size} bytes, more than the file's {len(data)}: torch.save "
+                "writes stored records inside the file"
+            )
 
 
 class PtLayout(FileLayout):
@@ -199,10 +287,12 @@ class PtLayout(FileLayout):
 
     def _loads(self, data: bytes, source: str) -> Any:
         # docstring inherited
+        _check_torch_archive(data, source)
         try:
             return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
-            # torch reports a refused global and a damaged file with the same class.
+        except _TORCH_LOAD_ERRORS as exc:
+            # torch reports a refused global and a damaged file with the same class; its
+            # weights-only unpickler meets malformed opcodes with lookup and type errors.
             refused = "unsupported global" in str(exc).lower()
             kind = UnsafePickleError if refused else CorruptStoreError
             raise kind(f"{source}: torch.load(weights_only=True) failed: {exc}") from exc

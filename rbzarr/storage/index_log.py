@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rbzarr.errors import CorruptStoreError
+from rbzarr.storage.json_limits import DocumentTooLargeError, read_json
 from rbzarr.storage.location import Location
 
 __all__ = [
@@ -600,12 +601,13 @@ def _is_block(block: Any) -> bool:
 
 
 def _load(raw: bytes, where: str) -> dict[str, Any]:
+    """A JSON object of the log (bounded as every document: :mod:`rbzarr.storage.json_limits`)."""
     try:
-        document = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise CorruptStoreError(
-            f"{where} is not valid JSON (a torn write?): {exc}; run `rbzarr verify --repair`"
-        ) from exc
+        document = read_json(raw, where)
+    except DocumentTooLargeError:
+        raise
+    except CorruptStoreError as exc:
+        raise CorruptStoreError(f"{exc} (a torn write?); run `rbzarr verify --repair`") from exc
     if not isinstance(document, dict):
         raise CorruptStoreError(f"{where}: expected a JSON object")
     return document

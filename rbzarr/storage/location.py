@@ -2,15 +2,20 @@
 
 A :class:`Location` pairs an fsspec filesystem with a root path inside it.  It is the only
 way rbzarr builds child paths: :meth:`Location.child` accepts plain names only and rejects
-anything that could leave the root (``..``, separators, absolute parts, NUL; see
-:func:`~rbzarr.storage.names.safe_name`).  Every call that touches the backend goes through
+anything that could leave the root (``..``, separators, absolute parts, NUL, control
+characters; see :func:`~rbzarr.storage.names.safe_name`).  On the local disk it also refuses
+a path through a symbolic link inside the store (the root itself may be one), unless the
+location was opened with ``follow_links=True``: a store made by someone else cannot point
+rbzarr at files outside it.  Every call that touches the backend goes through
 :func:`~rbzarr.storage.backends.translate_errors`, so a failed backend reads as
 :class:`~rbzarr.errors.StorageUnavailableError`, never as "missing".
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
@@ -21,13 +26,23 @@ import zarr.storage
 from fsspec.implementations.local import LocalFileSystem
 from zarr.abc.store import Store
 
-from rbzarr.errors import StoreExistsError
+from rbzarr.errors import StoreExistsError, UnsafePathError
 from rbzarr.storage.backends import bound_retries, translate_errors, with_s3_defaults
 from rbzarr.storage.deadlines import deadline_options
 from rbzarr.storage.files import make_directories, write_file
 from rbzarr.storage.names import safe_name
 
 __all__ = ["Location"]
+
+
+def link_message(path: str, top: str) -> str:
+    """Why a path through a symbolic link inside a store is refused, and the opt-in."""
+    return (
+        f"{path} is a symbolic link inside the store {top}: rbzarr does not follow links "
+        "inside a store (they could reach files outside it); for a trusted store whose "
+        "folders you linked on purpose, pass follow_links=True (open_buffer, load_checkpoint) "
+        "or --follow-links (the rbzarr command)"
+    )
 
 
 def _same_filesystem(one: fsspec.AbstractFileSystem, other: fsspec.AbstractFileSystem) -> bool:
@@ -66,6 +81,11 @@ class Location:
         Whether writes must survive a machine crash once they return: local files (and
         their directories) are ``fsync``'d; an object store's PUT is durable as it is.
         :meth:`with_durable` gives such a location; children inherit it.
+    follow_links
+        Local only: follow symbolic links below :attr:`top` (else a path through one raises
+        :class:`~rbzarr.errors.UnsafePathError`).
+    top
+        The store's root path, below which links are refused (``""``: :attr:`path`).
     """
 
     url: str
@@ -73,18 +93,23 @@ class Location:
     path: str
     storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
     durable: bool = field(default=False, repr=False, compare=False)
+    follow_links: bool = field(default=False, repr=False, compare=False)
+    top: str = field(default="", repr=False, compare=False)
 
     @classmethod
     def from_url(
         cls,
         url: str | os.PathLike[str] | Location,
         storage_options: Mapping[str, Any] | None = None,
+        *,
+        follow_links: bool = False,
     ) -> Location:
         """Resolve a local path or a ``file://``, ``memory://`` or ``s3://`` URL; creates nothing.
 
         S3 URLs get :data:`~rbzarr.storage.backends.S3_DEFAULTS` for the options not given; a
         :class:`Location` is returned as it is.  An empty URL or an unknown protocol raises
-        ``ValueError``.
+        ``ValueError``.  ``follow_links`` lets local paths go through symbolic links inside
+        the store (the root itself may always be one): only for a trusted store.
         """
         if isinstance(url, Location):
             return url
@@ -106,6 +131,7 @@ class Location:
             fs=fs,
             path=path.rstrip("/") or path,
             storage_options=options,
+            follow_links=follow_links,
         )
 
     @property
@@ -122,17 +148,45 @@ class Location:
         return replace(self, durable=durable)
 
     def child(self, *names: str) -> Location:
-        """The location ``names`` below this one; each must be a plain name (:func:`safe_name`)."""
+        """The location ``names`` below this one; each must be a plain name (:func:`safe_name`),
+        and locally none a symbolic link (unless :attr:`follow_links`)."""
         for name in names:
             safe_name(name, self.url)
         suffix = "/".join(names)
-        return Location(
+        found = Location(
             url=f"{self.url}/{suffix}",
             fs=self.fs,
             path=f"{self.path}/{suffix}",
             storage_options=self.storage_options,
             durable=self.durable,
+            follow_links=self.follow_links,
+            top=self.top or self.path,
         )
+        if names and self.is_local and not self.follow_links:
+            # This location's own path was checked when it was made: only the new parts.
+            found.refuse_links(self.path)
+        return found
+
+    def without_links(self) -> Location:
+        """This location, refusing paths through symbolic links (what a repair writes through)."""
+        return dataclasses.replace(self, follow_links=False)
+
+    def refuse_links(self, checked: str = "") -> None:
+        """Raise :class:`UnsafePathError` if a local path component below :attr:`top` (or
+        below ``checked``, a prefix known to be free of links) down to this location is a
+        symbolic link; a missing one ends the check."""
+        top = self.top or self.path
+        current = checked or top
+        for part in self.path[len(current) :].strip("/").split("/"):
+            if not part:
+                continue
+            current = f"{current}/{part}"
+            try:
+                mode = os.lstat(current).st_mode
+            except OSError:
+                return
+            if stat.S_ISLNK(mode):
+                raise UnsafePathError(link_message(current, top))
 
     def join(self, *names: str) -> str:
         """The filesystem path of ``names`` below the root (none: the root's path)."""
@@ -196,6 +250,22 @@ class Location:
             for path in found
         )
 
+    def check_tree(self) -> None:
+        """Locally, refuse (:class:`UnsafePathError`) a tree holding anything but folders and
+        regular files: a symbolic link (unless :attr:`follow_links`), a FIFO, a device."""
+        if not self.is_local:
+            return
+        for current, folders, files in os.walk(self.path, followlinks=self.follow_links):
+            for name in [*folders, *files]:
+                path = os.path.join(current, name)
+                mode = os.lstat(path).st_mode
+                if stat.S_ISLNK(mode) and not self.follow_links:
+                    raise UnsafePathError(link_message(path, self.top or self.path))
+                if not (stat.S_ISLNK(mode) or stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                    raise UnsafePathError(
+                        f"{path}: neither a folder nor a regular file; a store holds only those"
+                    )
+
     def copy_into(self, destination: Location) -> None:
         """Copy the file or tree here to ``destination``; :class:`StoreExistsError` if it exists.
 
@@ -207,6 +277,8 @@ class Location:
         """
         if destination.exists():
             raise StoreExistsError(f"{destination.url} already exists; a copy never overwrites")
+        self.refuse_links()
+        self.check_tree()
         with translate_errors(f"{self.url} -> {destination.url}", "copying"):
             recursive = self.fs.isdir(self.path, **self._deadline())
             sizes = self._sizes(recursive)

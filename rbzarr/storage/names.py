@@ -1,8 +1,9 @@
 """Names below a location: what a plain child name is, and how temporary files are named.
 
 :func:`safe_name` is the check behind :meth:`~rbzarr.storage.location.Location.child`: a
-name that could leave its root (``..``, separators, absolute parts, NUL) is refused, naming
-the root.  An atomic write goes through a sibling named by :func:`temporary_name`; a
+name that could leave its root (``..``, separators, absolute parts, NUL and other control
+characters) is refused, naming the root; :func:`safe_key` checks each part of a
+``/``-joined field key.  An atomic write goes through a sibling named by :func:`temporary_name`; a
 leftover one of an interrupted write (ours or zarr's ``LocalStore``'s) is recognised by
 :func:`is_temporary_name`.
 """
@@ -11,11 +12,10 @@ from __future__ import annotations
 
 import re
 import uuid
-from pathlib import PurePosixPath
 
 from rbzarr.errors import UnsafePathError
 
-__all__ = ["TEMP_SUFFIX", "is_temporary_name", "safe_name", "temporary_name"]
+__all__ = ["TEMP_SUFFIX", "is_temporary_name", "safe_key", "safe_name", "temporary_name"]
 
 # Temporary files of an interrupted atomic write: ours (``<name>.tmp-<hex>``) and those of
 # zarr's LocalStore (``<stem>.<hex>.partial``).
@@ -23,7 +23,8 @@ TEMP_SUFFIX = ".tmp-"
 _TEMPORARY_NAME = re.compile(
     rf".+{re.escape(TEMP_SUFFIX)}[0-9a-f]{{32}}|.+\.[0-9a-f]{{32}}\.partial"
 )
-_FORBIDDEN = ("/", "\\", "\x00")
+# Separators, NUL and the other control characters.
+_FORBIDDEN = re.compile(r"[/\\\x00-\x1f\x7f]")
 
 
 def temporary_name(path: str) -> str:
@@ -41,8 +42,16 @@ def safe_name(name: str, root: str = "") -> str:
     if (
         not isinstance(name, str)
         or name in ("", ".", "..")
-        or any(ch in name for ch in _FORBIDDEN)
-        or PurePosixPath(name).is_absolute()
+        or _FORBIDDEN.search(name) is not None  # "/" included: nothing absolute is left
     ):
         raise UnsafePathError(f"unsafe name {name!r}: it must be a plain file name inside {root!r}")
     return name
+
+
+def safe_key(key: str, root: str = "") -> str:
+    """``key`` if each of its ``/``-separated parts is a plain name (:func:`safe_name`)."""
+    if not isinstance(key, str):
+        raise UnsafePathError(f"unsafe key {key!r}: expected a str inside {root!r}")
+    for part in key.split("/"):
+        safe_name(part, root)
+    return key

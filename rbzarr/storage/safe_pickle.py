@@ -1,19 +1,21 @@
 """Loading pickles without running arbitrary code.
 
 :func:`safe_load` unpickles with a :class:`RestrictedUnpickler` that resolves only the
-globals tensors, numpy arrays and plain containers need.  Anything else (``os.system``,
-``builtins.eval``, a user class, ...) raises :class:`~rbzarr.errors.UnsafePickleError`
-naming ``module.global`` and the source before it is called.
+globals that pickled tensors and plain containers need (what rbzarr and RLinf write).
+Anything else (``os.system``, ``builtins.eval``, numpy's array and dtype builders, a user
+class, ...) raises :class:`~rbzarr.errors.UnsafePickleError` naming ``module.global`` and the
+source before it is called.
 
 ``pickle.dumps`` of a tensor refers to ``torch.storage._load_from_bytes``, which runs
 ``torch.load(weights_only=False)`` on the embedded storage: it is never resolved as is, but
-replaced by a loader that reads those bytes with ``weights_only=True``.  Tensor views are
-checked to lie inside their storage before they are built.
+replaced by a reader of that embedded (legacy ``torch.save``) format that admits one typed
+storage whose declared size matches the bytes that follow.  Tensor views are checked before
+they are built: inside their storage, no zero or negative strides over more than one
+element, no more elements than the storage holds (no overlapping views).
 """
 
 from __future__ import annotations
 
-import codecs
 import io
 import pickle
 import struct
@@ -21,15 +23,12 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import IO, Any
 
-import numpy as np
 import torch
 
 from rbzarr.errors import CorruptStoreError, UnsafePickleError
 
 __all__ = ["RestrictedUnpickler", "safe_load"]
 
-# numpy moved its internals from numpy.core to numpy._core in 2.0; pickles name either.
-_NUMPY_PACKAGES = ("numpy.core", "numpy._core")
 # Protocols 0-2 name Python 2's builtins module; the allow-list needs no other mapping.
 _PYTHON2_MODULES = {"__builtin__": "builtins"}
 
@@ -41,14 +40,35 @@ def _check_view(available: int, offset: int, size: Any, stride: Any) -> None:
     asked for by a few bytes of pickle).
     """
     dims, steps = tuple(size), tuple(stride)
-    if len(dims) != len(steps) or offset < 0 or min((*dims, *steps), default=0) < 0:
+    if (
+        len(dims) != len(steps)
+        or not all(_is_count(n) for n in (offset, *dims, *steps))
+        or any(s == 0 and d > 1 for d, s in zip(dims, steps, strict=True))
+    ):
         raise ValueError(f"invalid tensor view: size {dims}, stride {steps}, offset {offset}")
+    if 0 in dims:
+        return
     last = offset + sum((d - 1) * s for d, s in zip(dims, steps, strict=True))
-    if 0 not in dims and last >= available:
+    elements = 1
+    for d in dims:
+        elements *= d
+    if last >= available or elements > available:
         raise ValueError(
             f"tensor view (size {dims}, stride {steps}, offset {offset}) reaches past its "
             f"storage of {available} elements"
         )
+
+
+def _is_count(value: Any) -> bool:
+    """Whether ``value`` is a non-negative int (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _encode(text: Any, encoding: Any = "utf-8") -> bytes:
+    """``_codecs.encode`` as protocol 2 uses it for bytes: a str to latin-1 bytes only."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise ValueError(f"_codecs.encode is admitted for latin-1 str only, got {encoding!r}")
+    return text.encode("latin-1")
 
 
 def _rebuild_tensor(storage: Any, offset: int, size: Any, stride: Any) -> torch.Tensor:
@@ -86,28 +106,6 @@ def _rebuild_tensor_v2(
     return tensor
 
 
-def _new_array(subtype: Any, shape: Any, dtype: Any) -> np.ndarray:
-    """The empty ``numpy.ndarray`` that ``ndarray.__reduce__`` starts from (no subclass allowed)."""
-    if subtype is not np.ndarray:
-        raise TypeError(f"expected numpy.ndarray, got {subtype!r}")
-    return np.ndarray(shape, dtype)
-
-
-def _array_from_buffer(buffer: Any, dtype: Any, shape: Any, order: Any) -> np.ndarray:
-    """An array of protocol 5's out-of-band form: ``buffer`` read as ``dtype``, reshaped."""
-    return np.frombuffer(buffer, dtype=dtype).reshape(shape, order=order)
-
-
-def _scalar(dtype: np.dtype, data: Any) -> Any:
-    """A numpy scalar from its pickled raw bytes (an object scalar is its object)."""
-    if dtype.hasobject:
-        return data
-    raw = data.encode("latin1") if isinstance(data, str) else bytes(data)
-    if len(raw) != dtype.itemsize:
-        raise ValueError(f"a {dtype} scalar needs {dtype.itemsize} bytes, got {len(raw)}")
-    return np.frombuffer(raw, dtype=dtype)[0]
-
-
 _ALLOWED: dict[tuple[str, str], Any] = {
     ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
     ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
@@ -118,19 +116,32 @@ _ALLOWED: dict[tuple[str, str], Any] = {
     ("builtins", "frozenset"): frozenset,
     ("builtins", "complex"): complex,
     ("builtins", "slice"): slice,
-    ("builtins", "bytearray"): bytearray,
     # protocol 2 encodes bytes as _codecs.encode(str, "latin1")
-    ("_codecs", "encode"): codecs.encode,
-    ("numpy", "ndarray"): np.ndarray,
-    ("numpy", "dtype"): np.dtype,
+    ("_codecs", "encode"): _encode,
 }
-for _package in _NUMPY_PACKAGES:
-    _ALLOWED[(f"{_package}.multiarray", "_reconstruct")] = _new_array
-    _ALLOWED[(f"{_package}.multiarray", "scalar")] = _scalar
-    # protocol 5 rebuilds arrays from out-of-band style buffers
-    _ALLOWED[(f"{_package}.numeric", "_frombuffer")] = _array_from_buffer
 
 _STORAGE_LOADER = ("torch.storage", "_load_from_bytes")
+# The legacy torch.save format of an embedded storage: three header pickles (magic number,
+# protocol, system info), the storage's persistent id, its keys, then per key an int64
+# element count and the raw bytes.
+_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+_LEGACY_PROTOCOL = 1001
+_COUNT = struct.Struct("<q")
+# torch's legacy storage classes, by the name the format refers to them with.
+_STORAGE_DTYPES = {
+    "FloatStorage": torch.float32,
+    "DoubleStorage": torch.float64,
+    "HalfStorage": torch.float16,
+    "BFloat16Storage": torch.bfloat16,
+    "LongStorage": torch.int64,
+    "IntStorage": torch.int32,
+    "ShortStorage": torch.int16,
+    "CharStorage": torch.int8,
+    "ByteStorage": torch.uint8,
+    "BoolStorage": torch.bool,
+    "ComplexFloatStorage": torch.complex64,
+    "ComplexDoubleStorage": torch.complex128,
+}
 _MALFORMED = (
     pickle.UnpicklingError,
     EOFError,
@@ -162,19 +173,73 @@ class RestrictedUnpickler(pickle.Unpickler):
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         raise UnsafePickleError(
-            f"{self.source}: refusing to unpickle global '{module}.{name}': only tensors, "
-            "numpy arrays and plain containers are allowed (pass allow_unsafe=True to load "
-            "a trusted file with plain pickle)"
+            f"{self.source}: refusing to unpickle global '{module}.{name}': only tensors "
+            "and plain containers are allowed (pass allow_unsafe=True to load a trusted file "
+            "with plain pickle)"
         )
 
-    def _load_storage(self, data: bytes) -> Any:
-        try:
-            return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-        except pickle.UnpicklingError as exc:
-            raise UnsafePickleError(
-                f"{self.source}: an embedded torch storage was refused by "
-                f"torch.load(weights_only=True): {exc}"
-            ) from exc
+    def _load_storage(self, data: Any) -> torch.storage.TypedStorage:
+        """The typed storage embedded as ``data``: legacy ``torch.save`` bytes of one storage."""
+        if not isinstance(data, bytes):
+            raise TypeError(f"an embedded torch storage must be bytes, got {type(data).__name__}")
+        stream = io.BytesIO(data)
+        header = [_StorageHeader(stream, self.source).load() for _ in range(3)]
+        if header[0] != _LEGACY_MAGIC or header[1] != _LEGACY_PROTOCOL:
+            raise ValueError("an embedded torch storage is not in torch's legacy format")
+        if not isinstance(header[2], dict) or header[2].get("little_endian") is not True:
+            raise ValueError("an embedded torch storage is not little-endian")
+        found = _StorageHeader(stream, self.source)
+        found.load()
+        keys = _StorageHeader(stream, self.source).load()
+        if len(found.storages) != 1 or keys != [found.storages[0][0]]:
+            raise ValueError("an embedded torch storage must hold exactly one storage")
+        _, dtype, count = found.storages[0]
+        (stored,) = _COUNT.unpack(stream.read(_COUNT.size))
+        nbytes = count * torch.empty((), dtype=dtype).element_size()
+        start = stream.tell()
+        if stored != count or start + nbytes != len(data):
+            raise ValueError(
+                f"an embedded torch storage declares {count} elements ({nbytes} bytes) but "
+                f"holds {len(data) - start} bytes"
+            )
+        raw = torch.frombuffer(bytearray(data[start:]), dtype=torch.uint8) if nbytes else None
+        untyped = torch.UntypedStorage(0) if raw is None else raw.untyped_storage()
+        return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
+
+
+class _StorageHeader(pickle.Unpickler):
+    """One pickle of an embedded storage's legacy format: plain values, the storage classes
+    (as their dtypes) and persistent storage ids (recorded in :attr:`storages`)."""
+
+    def __init__(self, file: IO[bytes], source: str) -> None:
+        super().__init__(file)
+        self.source = source
+        self.storages: list[tuple[str, torch.dtype, int]] = []
+
+    def find_class(self, module: str, name: str) -> Any:
+        """A legacy storage class's dtype, else UnsafePickleError."""
+        dtype = _STORAGE_DTYPES.get(name) if module == "torch" else None
+        if dtype is not None:
+            return dtype
+        raise UnsafePickleError(
+            f"{self.source}: an embedded torch storage refers to global '{module}.{name}'; "
+            "only torch's storage types are allowed"
+        )
+
+    def persistent_load(self, pid: Any) -> None:
+        """Record a storage's ``(key, dtype, element count)``; anything else is refused."""
+        if not (
+            isinstance(pid, tuple)
+            and len(pid) in (5, 6)
+            and pid[0] == "storage"
+            and isinstance(pid[1], torch.dtype)
+            and isinstance(pid[2], str)
+            and pid[3] == "cpu"
+            and _is_count(pid[4])
+            and pid[5:] in ((), (None,))
+        ):
+            raise ValueError(f"an embedded torch storage has an unexpected id {pid!r}")
+        self.storages.append((pid[2], pid[1], pid[4]))
 
 
 def safe_load(
@@ -183,7 +248,7 @@ def safe_load(
     allow_unsafe: bool = False,
     source: str = "<bytes>",
 ) -> Any:
-    """Unpickle ``file_or_bytes``, admitting only tensors, arrays and plain containers.
+    """Unpickle ``file_or_bytes``, admitting only tensors and plain containers.
 
     ``allow_unsafe`` is the explicit opt-in to plain :func:`pickle.load`, which can run arbitrary
     code (trusted files only).  A refused global raises :class:`UnsafePickleError` before

@@ -53,6 +53,7 @@ from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.backends import translate_errors
 from rbzarr.storage.deadlines import sync
 from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents, Entry, Finding
+from rbzarr.storage.json_limits import read_json
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.names import is_temporary_name
@@ -64,7 +65,13 @@ from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.chunking import DEFAULT_CHUNK_BYTES, plan_key
 from rbzarr.storage.zarr.encode import LOCAL_SEPARATOR, shard_key
 from rbzarr.storage.zarr.handles import time_and_envs, trajectory_id
-from rbzarr.storage.zarr.open import FIELDS_ATTR, TRAJECTORIES, TrajectoryOpener, group_path
+from rbzarr.storage.zarr.open import (
+    FIELDS_ATTR,
+    MAX_ARRAY_CHUNKS,
+    TRAJECTORIES,
+    TrajectoryOpener,
+    group_path,
+)
 from rbzarr.storage.zarr.publish import GroupPublisher
 from rbzarr.storage.zarr.remote import DEFAULT_RANGE_GAP
 from rbzarr.storage.zarr.shard_cache import DEFAULT_LOCAL_CACHE_BYTES, ShardCache, cache_key
@@ -180,6 +187,7 @@ class ZarrLayout(TrajectoryLayout):
 
     def list_ids(self) -> list[int]:
         # docstring inherited
+        self.location.join(TRAJECTORIES)  # the gate: locally, not a link
         with translate_errors(self.location.url, "listing"):
             names = sync(self._list_names(TRAJECTORIES))
         return sorted(int(name) for name in names if name.isdigit() and str(int(name)) == name)
@@ -217,18 +225,42 @@ class ZarrLayout(TrajectoryLayout):
             raise ValueError(f"{self.location.url}: trajectory group has no {FIELDS_ATTR!r}")
         return list(fields)
 
+    def group_arrays(self, group: zarr.Group) -> dict[str, zarr.Array]:
+        """Every array below a trajectory group; an array document zarr refuses is
+        :class:`CorruptStoreError`."""
+        try:
+            return {
+                name: node
+                for name, node in group.members(max_depth=None)
+                if isinstance(node, zarr.Array)
+            }
+        except (ValueError, TypeError, KeyError) as exc:
+            raise CorruptStoreError(
+                f"{self.location.url}/{group.path}: an array's zarr.json is not one rbzarr "
+                f"reads: {exc}"
+            ) from exc
+
     def missing_parts(self, entry: Entry) -> list[str]:
         # docstring inherited
-        return [
-            f"array {name!r} stores {node.nchunks_initialized} of {node.nchunks} chunks"
-            for name, node in self.zarr_group(entry).members(max_depth=None)
-            if isinstance(node, zarr.Array) and node.nchunks_initialized != node.nchunks
-        ]
+        found = []
+        for name, node in self.group_arrays(self.zarr_group(entry)).items():
+            if node.nchunks > MAX_ARRAY_CHUNKS:  # never walk a grid of any size
+                found.append(
+                    f"array {name!r} declares {node.nchunks} chunks, more than the "
+                    f"{MAX_ARRAY_CHUNKS} an array may have"
+                )
+            elif node.nchunks_initialized != node.nchunks:
+                found.append(
+                    f"array {name!r} stores {node.nchunks_initialized} of {node.nchunks} chunks"
+                )
+        return found
 
     def check_documents(self, documents: Documents) -> list[Finding]:
         """Also checks that the root group's ``rbzarr`` attribute mirrors the documents."""
         try:
-            root = json.loads(self.location.read_bytes("zarr.json"))
+            root = read_json(
+                self.location.read_bytes("zarr.json"), f"{self.location.url}/zarr.json"
+            )
             mirror = root.get("attributes", {}).get(ROOT_ATTR)
         except (FileNotFoundError, ValueError, AttributeError) as exc:
             return [Finding("root_attrs_mismatch", "zarr.json", " ".join(str(exc).split()))]
@@ -260,11 +292,7 @@ class ZarrLayout(TrajectoryLayout):
         by_trajectory = _sizes_by_trajectory(sizes)
         for entry in tqdm(list(entries), desc="info", unit="traj", disable=not progress):
             group = self.zarr_group(entry)
-            members = {
-                name: node
-                for name, node in group.members(max_depth=None)
-                if isinstance(node, zarr.Array)
-            }
+            members = self.group_arrays(group)
             # In the trajectory's field order (that of a sampled batch), not listing order.
             fields = group.attrs.get(FIELDS_ATTR)
             order = list(fields) if isinstance(fields, dict) else list(members)

@@ -10,7 +10,7 @@ survive a fork).
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import threading
 from collections.abc import Sequence
@@ -26,6 +26,7 @@ from rbzarr.errors import CorruptStoreError, RbzarrError
 from rbzarr.storage.backends import translate_errors
 from rbzarr.storage.deadlines import sync
 from rbzarr.storage.documents import Entry
+from rbzarr.storage.json_limits import read_json
 from rbzarr.storage.location import Location
 from rbzarr.storage.zarr import sharded
 from rbzarr.storage.zarr.arrays import gather
@@ -39,6 +40,7 @@ from rbzarr.storage.zarr.handles import (
 from rbzarr.storage.zarr.remote import checked_bytes
 from rbzarr.storage.zarr.shard_cache import ShardCache, cache_key
 from rbzarr.storage.zarr.sharded import ShardedTrajectory
+from rbzarr.storage.zarr.spec import MAX_CHUNK_BYTES, NUMERIC_KINDS
 from rbzarr.trajectory.dtypes import dtype_from_name
 
 __all__ = ["FIELDS_ATTR", "TRAJECTORIES", "TrajectoryOpener", "group_path"]
@@ -49,6 +51,8 @@ FIELDS_ATTR = "fields"
 # written to the cache, by CACHE_WRITERS threads, while the next one downloads).
 FETCH_ROUND_BYTES = 64 << 20
 CACHE_WRITERS = 2
+# The most chunks an array that zarr reads (layout 1, other codecs) may have.
+MAX_ARRAY_CHUNKS = 1 << 20
 
 
 def group_path(tid: int) -> str:
@@ -103,7 +107,9 @@ class TrajectoryOpener:
             if self._own_store and self._pid != os.getpid():
                 self._zarr_store = None
                 self._location = Location.from_url(
-                    self._location.url, self._location.storage_options
+                    self._location.url,
+                    self._location.storage_options,
+                    follow_links=self._location.follow_links,
                 )
                 self._pid = os.getpid()
             if self._zarr_store is None:
@@ -244,6 +250,9 @@ class TrajectoryOpener:
         if missing:
             prototype = default_buffer_prototype()
             paths = [f"{group_path(trajectory_id(entries[p]))}/zarr.json" for p in missing]
+            location = self.location()
+            for path in paths:
+                location.join(*path.split("/"))  # the gate: plain names, no link inside
             fetched = sync(gather(*(store.get(path, prototype) for path in paths)))
             for position, raw in zip(missing, fetched, strict=True):
                 found[position] = None if raw is None else raw.to_bytes()
@@ -312,6 +321,10 @@ class TrajectoryOpener:
             return {}
         store = self.store()
         group = group_path(tid)
+        for key in keys:
+            # The gate; zarr reads these arrays' chunk files itself, so locally the whole
+            # folder is checked for links too.
+            self._location.child(TRAJECTORIES, str(tid), *key.split("/")).check_tree()
         try:
             arrays = sync(
                 gather(*(AsyncArray.open(StorePath(store, f"{group}/{key}")) for key in keys))
@@ -320,6 +333,11 @@ class TrajectoryOpener:
             raise CorruptStoreError(
                 f"trajectory {tid} at {self._location.url}/{group} is committed but an array "
                 f"is missing: {exc}"
+            ) from exc
+        except (ValueError, TypeError, KeyError) as exc:  # zarr refused an array document
+            raise CorruptStoreError(
+                f"trajectory {tid} at {self._location.url}/{group}: an array's zarr.json is "
+                f"not one rbzarr reads: {exc}"
             ) from exc
         return dict(zip(keys, arrays, strict=True))
 
@@ -340,7 +358,23 @@ def _rounds(items: list[Any], limit: int) -> list[list[Any]]:
 
 
 def _check_every_chunk(arrays: dict[str, AsyncArray[Any]], where: str) -> None:
-    """Arrays zarr reads are written with every chunk: a missing one is damage, not zeros."""
+    """Arrays zarr reads are written with every chunk: a missing one is damage, not zeros.
+
+    Their grids and chunks are bounded first (numeric dtypes, at most
+    :data:`MAX_ARRAY_CHUNKS` chunks of at most :data:`MAX_CHUNK_BYTES` decoded bytes), so a
+    description cannot ask for a walk or an allocation of any size.
+    """
+    for key, array in arrays.items():
+        dtype = array.dtype
+        kind = getattr(dtype, "kind", "")
+        chunk_bytes = math.prod(array.chunks) * getattr(dtype, "itemsize", 0)
+        if kind not in NUMERIC_KINDS or dtype.fields is not None:
+            raise CorruptStoreError(f"{where}/{key}: dtype {dtype} is not one rbzarr stores")
+        if array.nchunks > MAX_ARRAY_CHUNKS or chunk_bytes > MAX_CHUNK_BYTES:
+            raise CorruptStoreError(
+                f"{where}/{key}: a grid of {array.nchunks} chunks of {chunk_bytes} bytes; "
+                f"rbzarr writes at most {MAX_ARRAY_CHUNKS} chunks of {MAX_CHUNK_BYTES} bytes"
+            )
     found = sync(gather(*(array.nchunks_initialized() for array in arrays.values())))
     for (key, array), count in zip(arrays.items(), found, strict=True):
         if count != array.nchunks:
@@ -362,7 +396,7 @@ def _group_attrs(tid: int, raw: Any, url: str) -> dict[str, Any]:
             f"missing; {repair}"
         )
     try:
-        attrs = json.loads(raw).get("attributes", {})
+        attrs = read_json(raw, f"{url}/{group}/zarr.json").get("attributes", {})
     except (ValueError, AttributeError) as exc:
         raise _unreadable(exc, tid, url) from exc
     if not isinstance(attrs, dict) or not isinstance(attrs.get(FIELDS_ATTR), dict):

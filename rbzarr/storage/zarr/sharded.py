@@ -10,7 +10,6 @@ as is every array of a layout-1 group (no description).
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -145,16 +144,17 @@ def describe_sharded(
         )
     T, B = entry_shape
     opened = ShardedTrajectory(group, T, B, dict(fields), specs)
+    # The one gate (Location.child): every part a plain name, no link inside a local store.
+    folder = location.child(*group.split("/"))
     pending = []
     for key, spec in specs.items():
         if spec is None or (keys is not None and key not in keys):
             continue
         _check_shape(spec, T, B, f"{where}/{key}", entry_shape)
-        path = _shard_path(location, group, key, spec)
+        array = folder.child(*key.split("/"))
+        path = array.join(*shard_key(len(spec.shape)).split("/"))
         if location.is_local:
-            document = _read_file(
-                os.path.join(location.path, *group.split("/"), *key.split("/"), "zarr.json")
-            )
+            document = _read_file(array.join("zarr.json"))
             check_document(document, spec, f"{where}/{key}")
             opened.local[key] = LocalShard(path, spec, f"{where}/{key}")
         else:
@@ -180,12 +180,13 @@ def open_pending(
 
 
 def _shard_path(location: Any, group: str, key: str, spec: ArraySpec) -> str:
+    """A shard's path, through the one gate (Location.child)."""
     parts = [
         *group.split("/"),
         *key.split("/"),
         *shard_key(len(spec.shape), spec.separator).split("/"),
     ]
-    return os.path.join(location.path, *parts) if location.is_local else location.join(*parts)
+    return location.join(*parts)
 
 
 def _check_shape(spec: ArraySpec, T: int, B: int, where: str, entry_shape: Any) -> None:

@@ -8,7 +8,6 @@ array's ``zarr.json`` to the description, since plain zarr readers rely on the d
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,12 +16,24 @@ from typing import Any
 import numpy as np
 
 from rbzarr.errors import CorruptStoreError
+from rbzarr.storage.json_limits import read_json
 from rbzarr.storage.zarr import shard_index
 
-__all__ = ["KINDS", "ArraySpec", "check_document", "parse_specs"]
+__all__ = ["KINDS", "MAX_CHUNK_BYTES", "ArraySpec", "check_document", "parse_specs"]
 
 # The kinds of array a layout description names for rbzarr's own readers.
 KINDS = ("mapped", "chunked")
+# The largest decoded inner chunk a description may ask for (rbzarr writes ~64 KiB ones, or
+# one row): a codec is never asked to fill more than this per chunk.
+MAX_CHUNK_BYTES = 64 << 20
+# A compressed array decodes to at most this many times its shard's bytes, once past
+# MAX_RATIO_FLOOR (rbzarr's ~64 KiB zstd chunks of zeros decode ~2000x their bytes).
+MAX_RATIO = 4096
+MAX_RATIO_FLOOR = 64 << 20
+# Every dimension is below this (an int64, as numpy and torch hold shapes).
+MAX_DIM = 2**63
+# numpy kinds of the dtypes rbzarr stores: bool, signed, unsigned, float, complex.
+NUMERIC_KINDS = frozenset("biufc")
 
 
 @dataclass(frozen=True)
@@ -72,15 +83,37 @@ class ArraySpec:
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptStoreError(f"{where}: unreadable layout description: {exc}") from exc
         grid_ok = len(spec.inner) == len(spec.shape) and all(
-            i > 0 and s % i == 0 for s, i in zip(spec.shape, spec.inner, strict=False)
+            0 < i < MAX_DIM and 0 <= s < MAX_DIM and s % i == 0
+            for s, i in zip(spec.shape, spec.inner, strict=False)
         )
         if (
             spec.kind not in KINDS
             or not spec.shape
             or not grid_ok
             or spec.separator not in (".", "/")
+            or spec.dtype.kind not in NUMERIC_KINDS
+            or spec.dtype.fields is not None
+            or spec.dtype.shape != ()
         ):
             raise CorruptStoreError(f"{where}: invalid layout description {description!r}")
+        if spec.kind == "chunked" and spec.chunk_bytes > MAX_CHUNK_BYTES:
+            raise CorruptStoreError(
+                f"{where}: inner chunks of {spec.chunk_bytes} bytes, more than the "
+                f"{MAX_CHUNK_BYTES} a decoded chunk may have"
+            )
+        bound = max(MAX_RATIO_FLOOR, spec.shard_bytes * MAX_RATIO)
+        if spec.kind == "chunked" and spec.data_bytes > bound:
+            raise CorruptStoreError(
+                f"{where}: {spec.data_bytes} bytes decoded from a shard of {spec.shard_bytes} "
+                f"bytes, more than {MAX_RATIO} times its size"
+            )
+        if not 0 <= spec.index_offset < spec.shard_bytes or (
+            spec.kind == "mapped" and spec.index_offset != spec.data_bytes
+        ):
+            raise CorruptStoreError(
+                f"{where}: a shard of {spec.shard_bytes} bytes cannot hold {spec.chunks} inner "
+                f"chunks of shape {list(spec.inner)} and their index"
+            )
         return spec
 
     @property
@@ -132,7 +165,7 @@ def check_document(raw: bytes | None, spec: ArraySpec, where: str) -> None:
     if raw is None:
         raise CorruptStoreError(f"{name} is missing")
     try:
-        document = json.loads(raw)
+        document = read_json(raw, name)
         sharding = document["codecs"][0]
         inner = sharding["configuration"]["chunk_shape"]
         encoding = document.get("chunk_key_encoding") or {}
