@@ -137,7 +137,7 @@ def test_task_index_and_timestamps_are_kept(lerobot, tmp_path):
 def test_lerobot_round_trip_is_bit_exact_outside_the_video(lerobot, tmp_path):
     root, spec = lerobot
     import_dataset(root, tmp_path / "store", "lerobot")
-    assert export_dataset(tmp_path / "store", tmp_path / "out", "lerobot") == 3
+    assert export_dataset(tmp_path / "store", tmp_path / "out", "lerobot").episodes == 3
     source = pq.read_table(root / "data/chunk-000/file-000.parquet")
     written = pq.read_table(tmp_path / "out/data/chunk-000/file-000.parquet")
     assert sorted(written.column_names) == sorted(source.column_names)
@@ -201,6 +201,8 @@ def test_a_dataset_without_rewards_gets_zero_rewards_that_export_leaves_out(tmp_
 def test_a_buffer_store_exports_one_episode_per_env_column(tmp_path):
     buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "store")
     trajectory = make_trajectory(4, 2, base=0)
+    # Each column's episode ends at its last step (the reset row leads).
+    trajectory.dones = torch.tensor([-1, 0, 0, 0, 1] * 2).reshape(2, 5, 1).transpose(0, 1)
     trajectory.curr_obs["image"] = (
         torch.arange(4 * 2 * 16 * 16 * 3, dtype=torch.int64)
         .reshape(4, 2, 16, 16, 3)
@@ -209,8 +211,8 @@ def test_a_buffer_store_exports_one_episode_per_env_column(tmp_path):
     )
     buffer.add_trajectories([trajectory])
     buffer.close()
-    count = export_dataset(tmp_path / "store", tmp_path / "out", "lerobot", fps=5, task="push")
-    assert count == 2
+    written = export_dataset(tmp_path / "store", tmp_path / "out", "lerobot", fps=5, task="push")
+    assert (written.episodes, written.left_out) == (2, 0)
     info = json.loads((tmp_path / "out/meta/info.json").read_text())
     assert info["features"]["observation.image"]["dtype"] == "video"
     assert info["features"]["observation.state"] == {
@@ -222,7 +224,7 @@ def test_a_buffer_store_exports_one_episode_per_env_column(tmp_path):
     assert data.column("episode_index").to_pylist() == [0] * 4 + [1] * 4
     # dones lose their reset row; column 1 of the trajectory is episode 1; [T, 1] rows
     # are scalar columns, as LeRobot writes its shape [1] features.
-    assert data.column("next.done").to_pylist() == [0, 2, 4, 6, 1, 3, 5, 7]
+    assert data.column("next.done").to_pylist() == [0, 0, 0, 1] * 2
     assert info["features"]["next.reward"]["shape"] == [1]
     assert data.column("timestamp").to_pylist() == pytest.approx([0, 0.2, 0.4, 0.6] * 2)
     assert len(decoded(tmp_path / "out/videos/observation.image/chunk-000/file-000.mp4")) == 8
@@ -251,7 +253,7 @@ def test_robomimic_round_trip_is_bit_exact(tmp_path):
         first.forward_inputs["states"][:, 0], torch.from_numpy(arrays["demo_0"]["states"])
     )
     assert first.dones.dtype == torch.int64
-    assert export_dataset(tmp_path / "store", tmp_path / "out.hdf5", "hdf5") == 3
+    assert export_dataset(tmp_path / "store", tmp_path / "out.hdf5", "hdf5").episodes == 3
     with h5py.File(tmp_path / "demos.hdf5") as source, h5py.File(tmp_path / "out.hdf5") as out:
         assert out["data"].attrs["env_args"] == source["data"].attrs["env_args"]
         assert out["data"].attrs["total"] == 14

@@ -194,16 +194,20 @@ def export_robomimic(
     source: str | os.PathLike[str] | Location,
     destination: str | os.PathLike[str],
     *,
+    include_incomplete: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     destination_options: Mapping[str, Any] | None = None,
     progress: bool = False,
-) -> int:
-    """Write the store at ``source`` as a new robomimic HDF5 file; returns the demo count."""
+) -> tuple[int, int]:
+    """Write the store at ``source`` as a new robomimic HDF5 file.
+
+    Returns the demo count and the number of incomplete episodes left out.
+    """
     location = Location.from_url(destination, destination_options)
     if location.exists():
         raise StoreExistsError(f"{location.url} already exists; export writes only a new file")
-    documents, count, episodes = read_episodes(source, storage_options)
-    recorded = documents.metadata.get(SOURCE_KEY) or {}
+    episodes = read_episodes(source, storage_options, include_incomplete=include_incomplete)
+    recorded = episodes.documents.metadata.get(SOURCE_KEY) or {}
     from_robomimic = recorded.get("format") == "robomimic"
     synthesized = set(recorded.get("synthesized", [])) if from_robomimic else set()
     names = list(recorded["demos"]) if from_robomimic else []
@@ -211,10 +215,11 @@ def export_robomimic(
         location.fs.makedirs(posixpath.dirname(location.path), exist_ok=True)
         with location.fs.open(location.path, "wb") as handle, h5py.File(handle, "w") as out:
             data = out.create_group("data")
-            total = 0
+            total = count = 0
             for position, episode in enumerate(
-                tqdm(episodes, desc="export", unit="demo", total=count, disable=not progress)
+                tqdm(episodes, desc="export", unit="demo", disable=not progress)
             ):
+                count += 1
                 name = names[position] if position < len(names) else f"demo_{position}"
                 total += _write_demo(data.create_group(name), episode, synthesized)
             data.attrs["total"] = total
@@ -224,4 +229,4 @@ def export_robomimic(
     except BaseException:
         location.delete()
         raise
-    return count
+    return count, episodes.left_out
