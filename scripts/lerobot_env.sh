@@ -29,11 +29,16 @@ setup() {
     if [ ! -x "$env_dir/bin/python" ]; then
         "$(find_python)" -m venv "$env_dir"
     fi
-    if ! "$env_dir/bin/python" -c "import lerobot" 2>/dev/null; then
-        "$env_dir/bin/pip" install --quiet lerobot==0.6.1
+    if ! "$env_dir/bin/python" -c "import lerobot.datasets.lerobot_dataset" 2>/dev/null; then
+        "$env_dir/bin/pip" install --quiet 'lerobot[dataset]==0.6.1'
     fi
-    # rbzarr from this checkout, with what its tests need; minari to run the Minari tests too.
-    "$env_dir/bin/pip" install --quiet -e '.[test]' minari==0.5.4
+    # rbzarr from this checkout with its datasets extra (minari too), and what the tests'
+    # conftest and the oracle tests use (s3fs, moto: the S3 fixtures; jax: Minari's
+    # DataCollector).  s3fs follows the fsspec that LeRobot's datasets pins.
+    local fsspec_version
+    fsspec_version=$("$env_dir/bin/python" -c "import fsspec; print(fsspec.__version__)")
+    "$env_dir/bin/pip" install --quiet -e '.[datasets]' pytest pytest-timeout hypothesis jax \
+        "s3fs==$fsspec_version" 'moto[s3]' flask flask-cors boto3
 }
 
 case "$job" in

@@ -21,14 +21,18 @@ IMAGE_TYPE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 
 
 def png_column(frames: np.ndarray) -> pa.Array:
-    """``[T, H, W, 3]`` uint8 frames as a column of embedded PNG images."""
+    """``[T, H, W, 3]`` uint8 frames as a column of embedded PNG images (named as LeRobot
+    names its frame files)."""
     encoded = []
     for frame in frames:
         out = io.BytesIO()
         Image.fromarray(np.ascontiguousarray(frame)).save(out, format="PNG")
         encoded.append(out.getvalue())
     return pa.StructArray.from_arrays(
-        [pa.array(encoded, pa.binary()), pa.nulls(len(encoded), pa.string())],
+        [
+            pa.array(encoded, pa.binary()),
+            pa.array([f"frame-{row:06d}.png" for row in range(len(encoded))], pa.string()),
+        ],
         fields=list(IMAGE_TYPE),
     )
 

@@ -11,7 +11,8 @@ What LeRobot computes (the method, written here from its documented behaviour):
 * **Image and video features**, per episode: up to ``max(100, min(n**0.75, 10000))`` frames
   evenly spaced (``round(linspace(0, n - 1, k))``), every ``w // 150``-th pixel each way
   when a side is 300 or more; statistics per channel over every sampled pixel, divided by
-  255, shaped ``[3, 1, 1]``; ``count`` is the number of sampled frames.
+  255, shaped ``[3, 1, 1]``; ``count`` is the number of sampled frames.  The float32 sums
+  run over the pixels laid out as LeRobot lays them out, so they round alike.
 * **The dataset**: ``min`` / ``max`` of the episodes', the count-weighted mean, the pooled
   variance (each episode's variance plus its squared distance to the mean, weighted), and
   the count-weighted mean of each quantile.
@@ -85,6 +86,7 @@ def episode_stats(rows: np.ndarray) -> Stats:
 
     Shapes: ``[1]`` for ``[T]`` rows, ``[d]`` for ``[T, ..., d]`` rows.
     """
+    rows = np.ascontiguousarray(rows)
     values = rows.reshape(-1, 1) if rows.ndim == 1 else rows.reshape(-1, rows.shape[-1])
     stats = _vector_stats(values) if len(values) >= 2 else _few_stats(values)
     if rows.ndim == 1:
@@ -108,7 +110,10 @@ def image_episode_stats(frames: np.ndarray) -> Stats:
     if max(height, width) >= _DOWNSAMPLE_FROM:
         step = int(width / _DOWNSAMPLE_TO) if width > height else int(height / _DOWNSAMPLE_TO)
         sampled = sampled[:, ::step, ::step]
-    values = sampled.reshape(-1, sampled.shape[-1])
+    # Pixels by channel as LeRobot lays them out (from channel-first frames), so float32
+    # sums run in the same order: row-major for several frames, column-major for one.
+    channel_first = np.ascontiguousarray(sampled.transpose(0, 3, 1, 2))
+    values = channel_first.transpose(0, 2, 3, 1).reshape(-1, sampled.shape[-1])
     stats = _vector_stats(values) if len(values) >= 2 else _few_stats(values)
     out = {name: (value / 255.0).reshape(-1, 1, 1) for name, value in stats.items()}
     out["count"] = np.array([len(sampled)])

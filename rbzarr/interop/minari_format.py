@@ -305,7 +305,7 @@ def _buffer(fields: Mapping[str, np.ndarray], space: gym.Space, meta: Mapping[st
         truncations=fields.get("truncations", np.zeros(steps, dtype=bool))
         .reshape(steps)
         .astype(bool),
-        infos=infos or None,
+        infos=infos,
     )
 
 
