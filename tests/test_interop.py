@@ -485,6 +485,16 @@ def test_the_datasets_benchmark_reads_its_targets_and_prints_a_table():
             "import_frames_s": 300.0,
             "import_episodes_s": 45.0,
         },
+        "throughput": {
+            "episodes": 1000,
+            "frames": 6000,
+            "formats": {
+                "lerobot": {"export_frames_s": 900.0, "import_frames_s": 1000.0},
+                "hdf5": {"export_frames_s": 2000.0, "import_frames_s": 1100.0},
+                "minari": {"unavailable": "minari is not installed here"},
+            },
+            "lerobot_writer": {"frames_s": 150.0},
+        },
         "torchrl_lerobot": {"unavailable": "not installed here: datasets"},
     }
     found = datasets_targets(results)
@@ -492,6 +502,7 @@ def test_the_datasets_benchmark_reads_its_targets_and_prints_a_table():
         (1.0, True),
         (1.0, True),
         (0.5, True),
+        (1000.0, True),
         (1.4, True),
     ]
     results["memory"]["peak_vs_largest_episode"] = 2.5
@@ -500,6 +511,8 @@ def test_the_datasets_benchmark_reads_its_targets_and_prints_a_table():
     text = table(document)
     assert "14.00 MB = 2.50x the largest episode (10.00 MB)" in text
     assert "not installed here: datasets" in text
+    assert "export 2,000, import 1,100 frames/s" in text
+    assert "LeRobot's own writer, 1000 short numeric episodes" in text
 
 
 _DTYPES = st.sampled_from(["float32", "float64", "int64", "uint8", "bool"])

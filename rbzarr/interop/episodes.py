@@ -9,7 +9,9 @@ its ``dones``, followed across consecutive trajectories; incomplete ones are cou
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,13 +22,13 @@ from tqdm import tqdm
 from rbzarr.analysis.episodes import DONES, continues
 from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.errors import StoreExistsError
-from rbzarr.storage.documents import Documents
+from rbzarr.storage.documents import Documents, Entry
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import open_store
 from rbzarr.storage.zarr.layout import ZarrLayout
 from rbzarr.trajectory.dtypes import to_numpy
 from rbzarr.trajectory.fields import RESET_ROW_FIELDS
-from rbzarr.trajectory.model import trajectory_from_raw
+from rbzarr.trajectory.model import Trajectory, trajectory_from_raw
 
 __all__ = [
     "SOURCE_KEY",
@@ -39,6 +41,10 @@ __all__ = [
 
 # The metadata.json key under which an import records where its store came from.
 SOURCE_KEY = "source_dataset"
+# Import writes: threads, trajectories queued or being written, and the bytes they may hold.
+_WRITERS = 2
+_IN_FLIGHT = 4
+_BURST_BYTES = 16 * 2**20
 
 
 def shifted(rows: np.ndarray) -> np.ndarray:
@@ -54,6 +60,46 @@ def _trajectory_fields(episode: Mapping[str, np.ndarray]) -> dict[str, torch.Ten
     }
 
 
+class _Writes:
+    """Trajectory writes on a few threads, while the caller reads the next episodes.
+
+    At most :data:`_IN_FLIGHT` trajectories are queued or being written, and one larger
+    than :data:`_BURST_BYTES` is written alone, so memory stays near one episode's.
+    """
+
+    def __init__(self, layout: ZarrLayout) -> None:
+        self.layout = layout
+        self.pool = ThreadPoolExecutor(_WRITERS, thread_name_prefix="rbzarr-import")
+        self.pending: deque[tuple[Future[None], int]] = deque()
+        self.bytes = 0
+
+    def submit(self, entry: Entry, trajectory: Trajectory, size: int) -> None:
+        while self.pending and (
+            len(self.pending) >= _IN_FLIGHT or self.bytes + size > _BURST_BYTES
+        ):
+            self._wait_one()
+        self.pending.append((self.pool.submit(self.layout.write, entry, trajectory), size))
+        self.bytes += size
+
+    def _wait_one(self) -> None:
+        future, size = self.pending.popleft()
+        self.bytes -= size
+        future.result()
+
+    def finish(self) -> None:
+        """Wait for every write; the first error propagates."""
+        while self.pending:
+            self._wait_one()
+        self.pool.shutdown()
+
+    def abandon(self) -> None:
+        """After an error: cancel the queued writes, wait for those running."""
+        for future, _ in self.pending:
+            future.cancel()
+        self.pool.shutdown(wait=True)
+        self.pending.clear()
+
+
 def write_episodes(
     episodes: Iterable[Mapping[str, np.ndarray]],
     destination: str | os.PathLike[str] | Location,
@@ -65,10 +111,11 @@ def write_episodes(
 ) -> Documents:
     """Write each episode as one ``[T, 1, ...]`` trajectory of a new zarr store.
 
-    The documents are written last, so a store appears only when every episode is in.  If
-    an episode fails (bad data, a backend error), what was written is removed and the error
-    propagates: ``destination`` is left as it was.  ``source`` is recorded in the metadata
-    under :data:`SOURCE_KEY`.
+    Trajectories are written on :data:`_WRITERS` threads while the next episodes are read,
+    and the documents are written once, last, so a store appears only when every episode
+    is in.  If an episode fails (bad data, a backend error), what was written is removed
+    and the error propagates: ``destination`` is left as it was.  ``source`` is recorded
+    in the metadata under :data:`SOURCE_KEY`.
     """
     location = Location.from_url(destination, destination_options)
     layout = ZarrLayout(location)
@@ -78,19 +125,21 @@ def write_episodes(
         )
     existed = location.exists()
     index = TrajectoryIndex()
-    longest = 0
+    writes = _Writes(layout)
     try:
         for episode in tqdm(
             episodes, desc="import", unit="episode", total=total, disable=not progress
         ):
             fields = _trajectory_fields(episode)
             rows = len(next(iter(episode.values())))
-            longest = max(longest, rows)
             entry = index.new_entry((rows, 1), rows, "")
-            layout.write(entry, trajectory_from_raw(fields, rows, ""))
+            size = sum(int(rows.nbytes) for rows in episode.values())
+            writes.submit(entry, trajectory_from_raw(fields, rows, ""), size)
+        writes.finish()
         documents = index.to_documents("zarr", extra={SOURCE_KEY: dict(source)})
         return layout.write_documents(documents)
     except BaseException:
+        writes.abandon()
         if existed:
             for trajectory_id in index.id_list:
                 layout.delete(index.entries[trajectory_id])
