@@ -568,3 +568,43 @@ def test_a_missing_extra_names_it(lerobot, tmp_path, monkeypatch):
     ):
         import_dataset(root, tmp_path / "store", "lerobot")
     assert not (tmp_path / "store").exists()
+
+
+def test_export_leaves_a_running_episode_out_and_says_so(tmp_path):
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "store")
+    trajectory = make_trajectory(4, 2, base=0)
+    # Column 0 ends at its last step; column 1 is still running where the store ends.
+    trajectory.dones = torch.tensor([[-1, -1], [0, 0], [0, 0], [0, 0], [1, 0]]).reshape(5, 2, 1)
+    buffer.add_trajectories([trajectory])
+    buffer.close()
+    runner = CliRunner()
+    out = tmp_path / "out.hdf5"
+    result = runner.invoke(main, ["export", str(tmp_path / "store"), str(out), "--format", "hdf5"])
+    assert (result.exit_code, result.output) == (
+        0,
+        f"exported 1 episodes to {out}; 1 incomplete episodes left out (--include-incomplete "
+        "writes them)\n",
+    )
+    with h5py.File(out) as written:
+        assert sorted(written["data"]) == ["demo_0"]
+    every = tmp_path / "every.hdf5"
+    result = runner.invoke(
+        main,
+        ["export", str(tmp_path / "store"), str(every), "--format", "hdf5", "--include-incomplete"],
+    )
+    assert (result.exit_code, result.output) == (0, f"exported 2 episodes to {every}\n")
+    with h5py.File(every) as written:
+        assert written["data/demo_1/dones"][()].ravel().tolist() == [0, 0, 0, 0]
+    result = runner.invoke(
+        main,
+        [
+            "export",
+            str(tmp_path / "store"),
+            str(tmp_path / "z"),
+            "--format",
+            "zarr",
+            "--include-incomplete",
+        ],
+    )
+    assert result.exit_code == 2
+    assert not (tmp_path / "z").exists()

@@ -37,7 +37,7 @@ EXPORT_FORMATS = ("lerobot", "hdf5", "minari")
 class DatasetExport:
     """What :func:`export_dataset` wrote.
 
-    Attributes
+    Parameters
     ----------
     episodes
         The episodes written.
