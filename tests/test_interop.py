@@ -32,6 +32,7 @@ from rbzarr.errors import (
     UnsupportedDatasetError,
 )
 from rbzarr.interop import export_dataset, import_dataset, seed_buffer
+from rbzarr.interop.episodes import write_episodes
 from rbzarr.storage.registry import open_store
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:av")
@@ -608,3 +609,30 @@ def test_export_leaves_a_running_episode_out_and_says_so(tmp_path):
     )
     assert result.exit_code == 2
     assert not (tmp_path / "z").exists()
+
+
+def test_an_hdf5_export_of_many_demos_and_to_an_fsspec_url(tmp_path):
+    """HDF5 reads back its file as it grows (1,000 demos did, through a write-only handle)."""
+    rng = np.random.default_rng(0)
+    episodes = [
+        {
+            "curr_obs/state": rng.standard_normal((3, 2)),
+            "actions": rng.standard_normal((3, 1)),
+            "rewards": rng.standard_normal(3),
+        }
+        for _ in range(1000)
+    ]
+    write_episodes(iter(episodes), tmp_path / "store", {"format": "synthetic"})
+    assert export_dataset(tmp_path / "store", tmp_path / "out.hdf5", "hdf5").episodes == 1000
+    memory = fsspec.filesystem("memory")
+    try:
+        export_dataset(tmp_path / "store", "memory://exports/out.hdf5", "hdf5")
+        memory.get("/exports/out.hdf5", str(tmp_path / "fetched.hdf5"))
+    finally:
+        memory.rm("/exports", recursive=True)
+    for path in (tmp_path / "out.hdf5", tmp_path / "fetched.hdf5"):
+        with h5py.File(path) as written:
+            assert len(written["data"]) == 1000
+            assert np.array_equal(
+                written["data/demo_999/obs/state"][()], episodes[999]["curr_obs/state"]
+            )

@@ -19,11 +19,13 @@ robomimic dataset           rbzarr key
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
 import re
-from collections.abc import Iterator, Mapping
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import h5py
@@ -190,6 +192,30 @@ def _write_demo(group: h5py.Group, episode: StoredEpisode, synthesized: set[str]
     return length
 
 
+def _write_demos(
+    out: h5py.File,
+    episodes: Iterable[StoredEpisode],
+    recorded: Mapping[str, Any],
+    synthesized: set[str],
+    names: list[str],
+    progress: bool,
+) -> int:
+    """Every episode as ``data/<demo>``, then the file's attributes and masks; the count."""
+    data = out.create_group("data")
+    total = count = 0
+    for position, episode in enumerate(
+        tqdm(episodes, desc="export", unit="demo", disable=not progress)
+    ):
+        count += 1
+        name = names[position] if position < len(names) else f"demo_{position}"
+        total += _write_demo(data.create_group(name), episode, synthesized)
+    data.attrs["total"] = total
+    data.attrs["env_args"] = recorded.get("env_args") or json.dumps(_GENERIC_ENV)
+    for mask, demos in (recorded.get("masks") or {}).items():
+        out.create_dataset(f"mask/{mask}", data=np.array(demos, dtype="S"))
+    return count
+
+
 def export_robomimic(
     source: str | os.PathLike[str] | Location,
     destination: str | os.PathLike[str],
@@ -213,19 +239,18 @@ def export_robomimic(
     names = list(recorded["demos"]) if from_robomimic else []
     try:
         location.fs.makedirs(posixpath.dirname(location.path), exist_ok=True)
-        with location.fs.open(location.path, "wb") as handle, h5py.File(handle, "w") as out:
-            data = out.create_group("data")
-            total = count = 0
-            for position, episode in enumerate(
-                tqdm(episodes, desc="export", unit="demo", disable=not progress)
-            ):
-                count += 1
-                name = names[position] if position < len(names) else f"demo_{position}"
-                total += _write_demo(data.create_group(name), episode, synthesized)
-            data.attrs["total"] = total
-            data.attrs["env_args"] = recorded.get("env_args") or json.dumps(_GENERIC_ENV)
-            for mask, demos in (recorded.get("masks") or {}).items():
-                out.create_dataset(f"mask/{mask}", data=np.array(demos, dtype="S"))
+        # HDF5 reads back what it wrote as the file grows: a local file is written in place,
+        # another location gets a local temporary file, uploaded when complete.
+        with contextlib.ExitStack() as stack:
+            if location.is_local:
+                path = location.path
+            else:
+                folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="rbzarr-hdf5-"))
+                path = os.path.join(folder, "export.hdf5")
+            with h5py.File(path, "w") as out:
+                count = _write_demos(out, episodes, recorded, synthesized, names, progress)
+            if not location.is_local:
+                location.fs.put_file(path, location.path)
     except BaseException:
         location.delete()
         raise
