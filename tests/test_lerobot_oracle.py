@@ -165,6 +165,17 @@ def test_video_info_is_lerobots_and_kept_and_numeric_columns_are_exact(video_sou
     assert info["features"][CAMERA]["info"]["is_depth_map"] is False
     assert "video.is_depth_map" not in info["features"][CAMERA]["info"]
     assert_items_equal(load(source.root, "rbzarr/source"), load(export), skip={CAMERA})
+    # The imported frames are LeRobot's own decode (pyav) of the source's video, and the
+    # export decodes, in LeRobot, to the frames rbzarr encoded within the codec's loss.
+    imported = np.concatenate(
+        [e.fields["curr_obs/images.cam"] for e in read_episodes(tmp_path / "store")]
+    )
+    theirs, ours = load(source.root, "rbzarr/source"), load(export)
+    for position in range(len(theirs)):
+        decoded = (theirs[position][CAMERA].numpy().transpose(1, 2, 0) * 255).round()
+        assert np.array_equal(decoded.astype(np.uint8), imported[position]), position
+        again = (ours[position][CAMERA].numpy().transpose(1, 2, 0) * 255).round()
+        assert np.abs(again - imported[position].astype(np.float64)).mean() < 3.0
 
 
 def test_a_store_export_has_lerobots_video_info_keys(video_source, tmp_path):
