@@ -8,6 +8,12 @@
   lose no more than the codec's own round trip (the first encode, against the original
   frames) loses: max / mean absolute error and PSNR of both.
 * **throughput**: frames/s of the import and the export of the fidelity dataset.
+* **throughput**: 1,000 short numeric episodes (3-9 frames of a 6-float state, 4-float
+  actions, rewards) exported from a store to each format (LeRobot, robomimic HDF5, Minari)
+  and imported back, in frames/s; beside them LeRobot's own writer
+  (``LeRobotDataset.create`` -> ``add_frame`` -> ``save_episode`` -> ``finalize``) on the
+  same frames where ``lerobot`` is importable (Python >= 3.12: run the suite in the
+  environment ``bash scripts/lerobot_env.sh setup`` builds).
 * **memory**: a 1,000-episode synthetic LeRobot dataset (64x64 frames, mpeg4 for a quick
   encode; 3-9 frames per episode and one of 400) is imported in a fresh process; the peak
   of what Python and numpy allocate (tracemalloc) plus pyarrow's pool is compared with the
@@ -76,7 +82,7 @@ def _store(path: Path, lengths: list[int], size: int) -> None:
 
 
 def _episodes(path: Path) -> list[dict[str, np.ndarray]]:
-    return [episode.fields for episode in read_episodes(path)[2]]
+    return [episode.fields for episode in read_episodes(path)]
 
 
 def _decoded(path: Path) -> np.ndarray:
@@ -189,6 +195,88 @@ def _memory(work: Path, quick: bool) -> dict[str, Any]:
     }
 
 
+_FORMATS = {"lerobot": ("lerobot", "lerobot", ""), "hdf5": ("hdf5", "robomimic", ".hdf5")}
+_FORMATS["minari"] = ("minari", "minari", "")
+_NUMERIC_TARGET = 3 * 283  # frames/s: 3x the import before bursts (1,000 short episodes)
+
+
+def _numeric_episode(length: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    state = rng.standard_normal((length + 1, 6)).astype(np.float32)
+    dones = np.zeros(length, dtype=bool)
+    dones[-1] = True
+    return {
+        "curr_obs/state": state[:-1],
+        "next_obs/state": state[1:],
+        "actions": rng.standard_normal((length, 4)).astype(np.float32),
+        "rewards": rng.standard_normal(length).astype(np.float32),
+        "terminations": dones.copy(),
+        "truncations": np.zeros(length, dtype=bool),
+        "dones": dones,
+    }
+
+
+def _lerobot_writer(episodes: list[dict[str, np.ndarray]], root: Path) -> dict[str, Any]:
+    """LeRobot's own writer on the same frames: frames/s, or why it is not measured."""
+    if find_spec("lerobot") is None:
+        return {"unavailable": "lerobot is not installed here (it needs Python >= 3.12)"}
+    try:
+        from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: PLC0415
+    except ImportError as exc:
+        return {"unavailable": f"lerobot does not import here: {exc}"}
+    features = {
+        "observation.state": {"dtype": "float32", "shape": (6,), "names": None},
+        "action": {"dtype": "float32", "shape": (4,), "names": None},
+        "next.reward": {"dtype": "float32", "shape": (1,), "names": None},
+        "next.done": {"dtype": "bool", "shape": (1,), "names": None},
+    }
+    started = time.perf_counter()
+    dataset = LeRobotDataset.create("rbzarr/bench", fps=30, features=features, root=root)
+    for episode in episodes:
+        for row in range(len(episode["actions"])):
+            dataset.add_frame(
+                {
+                    "observation.state": episode["curr_obs/state"][row],
+                    "action": episode["actions"][row],
+                    "next.reward": episode["rewards"][row : row + 1],
+                    "next.done": episode["dones"][row : row + 1],
+                    "task": "bench",
+                }
+            )
+        dataset.save_episode()
+    dataset.finalize()
+    frames = sum(len(e["actions"]) for e in episodes)
+    return {"frames_s": frames / (time.perf_counter() - started)}
+
+
+def _throughput(work: Path, quick: bool) -> dict[str, Any]:
+    """Export and import frames/s of short numeric episodes, per format."""
+    count = 100 if quick else 1000
+    rng = np.random.default_rng(1)
+    episodes = [_numeric_episode(int(n), seed) for seed, n in enumerate(rng.integers(3, 10, count))]
+    frames = sum(len(e["actions"]) for e in episodes)
+    write_episodes(iter(episodes), work / "store", {"format": "synthetic"})
+    formats: dict[str, Any] = {}
+    for name, (target_format, source_format, suffix) in _FORMATS.items():
+        if name == "minari" and find_spec("minari") is None:
+            formats[name] = {"unavailable": "minari is not installed here"}
+            continue
+        out = work / f"{name}-v0{suffix}"
+        started = time.perf_counter()
+        export_dataset(work / "store", out, target_format)
+        export_s = time.perf_counter() - started
+        started = time.perf_counter()
+        import_dataset(out, work / f"{name}-store", source_format)
+        import_s = time.perf_counter() - started
+        formats[name] = {"export_frames_s": frames / export_s, "import_frames_s": frames / import_s}
+    return {
+        "episodes": count,
+        "frames": frames,
+        "formats": formats,
+        "lerobot_writer": _lerobot_writer(episodes, work / "lerobot-writer"),
+    }
+
+
 def _torchrl_peer() -> dict[str, str]:
     """Why TorchRL's ``LeRobotExperienceReplay`` is not measured beside the import, if it is not."""
     missing = [
@@ -208,8 +296,10 @@ def run_datasets(quick: bool, workdir: str | None = None) -> dict[str, Any]:
         work = Path(folder)
         (work / "f").mkdir()
         (work / "mem").mkdir()
+        (work / "speed").mkdir()
         return {
             "fidelity": _fidelity(work / "f", quick),
+            "throughput": _throughput(work / "speed", quick),
             "memory": _memory(work / "mem", quick),
             "torchrl_lerobot": _torchrl_peer(),
         }
@@ -245,6 +335,14 @@ def datasets_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             export["mean_abs"] / max(codec["mean_abs"], 1e-9),
             1.0,
             "<=",
+        ),
+        target(
+            "datasets: import of short numeric episodes (LeRobot) >= 3x 283 frames/s",
+            f"frames/s importing {results['throughput']['episodes']} LeRobot episodes of 3-9 "
+            "frames",
+            results["throughput"]["formats"]["lerobot"]["import_frames_s"],
+            float(_NUMERIC_TARGET),
+            ">=",
         ),
         target(
             "datasets: peak import memory <= 2x the largest episode",

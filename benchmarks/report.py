@@ -100,6 +100,7 @@ def _datasets_table(results: dict[str, Any]) -> str:
             f"{_number(memory['import_frames_s'])} ({_number(memory['import_episodes_s'])} "
             "episodes/s)",
         ],
+        *_throughput_rows(results.get("throughput")),
         ["TorchRL LeRobotExperienceReplay", results["torchrl_lerobot"].get("unavailable", "")],
         [
             f"peak import memory, {memory['episodes']} episodes",
@@ -109,6 +110,28 @@ def _datasets_table(results: dict[str, Any]) -> str:
         ],
     ]
     return aligned(["datasets", "value"], rows, [False, False])
+
+
+def _throughput_rows(throughput: dict[str, Any] | None) -> list[list[str]]:
+    """Export / import frames/s per dataset format, and LeRobot's own writer."""
+    if throughput is None:
+        return []
+    where = f"{throughput['episodes']} short numeric episodes"
+    rows = []
+    for name, measured in throughput["formats"].items():
+        value = measured.get("unavailable") or (
+            f"export {_number(measured['export_frames_s'])}, "
+            f"import {_number(measured['import_frames_s'])} frames/s"
+        )
+        rows.append([f"{name}, {where}", value])
+    writer = throughput["lerobot_writer"]
+    rows.append(
+        [
+            f"LeRobot's own writer, {where}",
+            writer.get("unavailable") or f"{_number(writer['frames_s'])} frames/s",
+        ]
+    )
+    return rows
 
 
 def _training_table(results: dict[str, Any]) -> str:

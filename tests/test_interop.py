@@ -32,6 +32,7 @@ from rbzarr.errors import (
     UnsupportedDatasetError,
 )
 from rbzarr.interop import export_dataset, import_dataset, seed_buffer
+from rbzarr.interop.episodes import write_episodes
 from rbzarr.storage.registry import open_store
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:av")
@@ -137,7 +138,7 @@ def test_task_index_and_timestamps_are_kept(lerobot, tmp_path):
 def test_lerobot_round_trip_is_bit_exact_outside_the_video(lerobot, tmp_path):
     root, spec = lerobot
     import_dataset(root, tmp_path / "store", "lerobot")
-    assert export_dataset(tmp_path / "store", tmp_path / "out", "lerobot") == 3
+    assert export_dataset(tmp_path / "store", tmp_path / "out", "lerobot").episodes == 3
     source = pq.read_table(root / "data/chunk-000/file-000.parquet")
     written = pq.read_table(tmp_path / "out/data/chunk-000/file-000.parquet")
     assert sorted(written.column_names) == sorted(source.column_names)
@@ -201,6 +202,8 @@ def test_a_dataset_without_rewards_gets_zero_rewards_that_export_leaves_out(tmp_
 def test_a_buffer_store_exports_one_episode_per_env_column(tmp_path):
     buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "store")
     trajectory = make_trajectory(4, 2, base=0)
+    # Each column's episode ends at its last step (the reset row leads).
+    trajectory.dones = torch.tensor([-1, 0, 0, 0, 1] * 2).reshape(2, 5, 1).transpose(0, 1)
     trajectory.curr_obs["image"] = (
         torch.arange(4 * 2 * 16 * 16 * 3, dtype=torch.int64)
         .reshape(4, 2, 16, 16, 3)
@@ -209,8 +212,8 @@ def test_a_buffer_store_exports_one_episode_per_env_column(tmp_path):
     )
     buffer.add_trajectories([trajectory])
     buffer.close()
-    count = export_dataset(tmp_path / "store", tmp_path / "out", "lerobot", fps=5, task="push")
-    assert count == 2
+    written = export_dataset(tmp_path / "store", tmp_path / "out", "lerobot", fps=5, task="push")
+    assert (written.episodes, written.left_out) == (2, 0)
     info = json.loads((tmp_path / "out/meta/info.json").read_text())
     assert info["features"]["observation.image"]["dtype"] == "video"
     assert info["features"]["observation.state"] == {
@@ -222,7 +225,7 @@ def test_a_buffer_store_exports_one_episode_per_env_column(tmp_path):
     assert data.column("episode_index").to_pylist() == [0] * 4 + [1] * 4
     # dones lose their reset row; column 1 of the trajectory is episode 1; [T, 1] rows
     # are scalar columns, as LeRobot writes its shape [1] features.
-    assert data.column("next.done").to_pylist() == [0, 2, 4, 6, 1, 3, 5, 7]
+    assert data.column("next.done").to_pylist() == [0, 0, 0, 1] * 2
     assert info["features"]["next.reward"]["shape"] == [1]
     assert data.column("timestamp").to_pylist() == pytest.approx([0, 0.2, 0.4, 0.6] * 2)
     assert len(decoded(tmp_path / "out/videos/observation.image/chunk-000/file-000.mp4")) == 8
@@ -251,7 +254,7 @@ def test_robomimic_round_trip_is_bit_exact(tmp_path):
         first.forward_inputs["states"][:, 0], torch.from_numpy(arrays["demo_0"]["states"])
     )
     assert first.dones.dtype == torch.int64
-    assert export_dataset(tmp_path / "store", tmp_path / "out.hdf5", "hdf5") == 3
+    assert export_dataset(tmp_path / "store", tmp_path / "out.hdf5", "hdf5").episodes == 3
     with h5py.File(tmp_path / "demos.hdf5") as source, h5py.File(tmp_path / "out.hdf5") as out:
         assert out["data"].attrs["env_args"] == source["data"].attrs["env_args"]
         assert out["data"].attrs["total"] == 14
@@ -510,6 +513,16 @@ def test_the_datasets_benchmark_reads_its_targets_and_prints_a_table():
             "import_frames_s": 300.0,
             "import_episodes_s": 45.0,
         },
+        "throughput": {
+            "episodes": 1000,
+            "frames": 6000,
+            "formats": {
+                "lerobot": {"export_frames_s": 900.0, "import_frames_s": 1000.0},
+                "hdf5": {"export_frames_s": 2000.0, "import_frames_s": 1100.0},
+                "minari": {"unavailable": "minari is not installed here"},
+            },
+            "lerobot_writer": {"frames_s": 150.0},
+        },
         "torchrl_lerobot": {"unavailable": "not installed here: datasets"},
     }
     found = datasets_targets(results)
@@ -517,6 +530,7 @@ def test_the_datasets_benchmark_reads_its_targets_and_prints_a_table():
         (1.0, True),
         (1.0, True),
         (0.5, True),
+        (1000.0, True),
         (1.4, True),
     ]
     results["memory"]["peak_vs_largest_episode"] = 2.5
@@ -525,6 +539,8 @@ def test_the_datasets_benchmark_reads_its_targets_and_prints_a_table():
     text = table(document)
     assert "14.00 MB = 2.50x the largest episode (10.00 MB)" in text
     assert "not installed here: datasets" in text
+    assert "export 2,000, import 1,100 frames/s" in text
+    assert "LeRobot's own writer, 1000 short numeric episodes" in text
 
 
 _DTYPES = st.sampled_from(["float32", "float64", "int64", "uint8", "bool"])
@@ -580,3 +596,70 @@ def test_a_missing_extra_names_it(lerobot, tmp_path, monkeypatch):
     ):
         import_dataset(root, tmp_path / "store", "lerobot")
     assert not (tmp_path / "store").exists()
+
+
+def test_export_leaves_a_running_episode_out_and_says_so(tmp_path):
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "store")
+    trajectory = make_trajectory(4, 2, base=0)
+    # Column 0 ends at its last step; column 1 is still running where the store ends.
+    trajectory.dones = torch.tensor([[-1, -1], [0, 0], [0, 0], [0, 0], [1, 0]]).reshape(5, 2, 1)
+    buffer.add_trajectories([trajectory])
+    buffer.close()
+    runner = CliRunner()
+    out = tmp_path / "out.hdf5"
+    result = runner.invoke(main, ["export", str(tmp_path / "store"), str(out), "--format", "hdf5"])
+    assert (result.exit_code, result.output) == (
+        0,
+        f"exported 1 episodes to {out}; 1 incomplete episodes left out (--include-incomplete "
+        "writes them)\n",
+    )
+    with h5py.File(out) as written:
+        assert sorted(written["data"]) == ["demo_0"]
+    every = tmp_path / "every.hdf5"
+    result = runner.invoke(
+        main,
+        ["export", str(tmp_path / "store"), str(every), "--format", "hdf5", "--include-incomplete"],
+    )
+    assert (result.exit_code, result.output) == (0, f"exported 2 episodes to {every}\n")
+    with h5py.File(every) as written:
+        assert written["data/demo_1/dones"][()].ravel().tolist() == [0, 0, 0, 0]
+    result = runner.invoke(
+        main,
+        [
+            "export",
+            str(tmp_path / "store"),
+            str(tmp_path / "z"),
+            "--format",
+            "zarr",
+            "--include-incomplete",
+        ],
+    )
+    assert result.exit_code == 2
+    assert not (tmp_path / "z").exists()
+
+
+def test_an_hdf5_export_of_many_demos_and_to_an_fsspec_url(tmp_path):
+    """HDF5 reads back its file as it grows (1,000 demos did, through a write-only handle)."""
+    rng = np.random.default_rng(0)
+    episodes = [
+        {
+            "curr_obs/state": rng.standard_normal((3, 2)),
+            "actions": rng.standard_normal((3, 1)),
+            "rewards": rng.standard_normal(3),
+        }
+        for _ in range(1000)
+    ]
+    write_episodes(iter(episodes), tmp_path / "store", {"format": "synthetic"})
+    assert export_dataset(tmp_path / "store", tmp_path / "out.hdf5", "hdf5").episodes == 1000
+    memory = fsspec.filesystem("memory")
+    try:
+        export_dataset(tmp_path / "store", "memory://exports/out.hdf5", "hdf5")
+        memory.get("/exports/out.hdf5", str(tmp_path / "fetched.hdf5"))
+    finally:
+        memory.rm("/exports", recursive=True)
+    for path in (tmp_path / "out.hdf5", tmp_path / "fetched.hdf5"):
+        with h5py.File(path) as written:
+            assert len(written["data"]) == 1000
+            assert np.array_equal(
+                written["data/demo_999/obs/state"][()], episodes[999]["curr_obs/state"]
+            )

@@ -250,8 +250,10 @@ def verify(ctx: click.Context, url: str, repair: bool, drop_damaged: bool, as_js
 
 
 _format_choice = click.Choice(["zarr", "pt", "pkl"])
-# export also writes a LeRobot v3.0 dataset or a robomimic-layout HDF5 file (rbzarr.interop).
-_export_choice = click.Choice(["zarr", "pt", "pkl", "lerobot", "hdf5"])
+# export also writes a LeRobot v3.0 dataset, a robomimic-layout HDF5 file or a Minari
+# dataset (rbzarr.interop).
+_DATASET_FORMATS = ("lerobot", "hdf5", "minari")
+_export_choice = click.Choice(["zarr", "pt", "pkl", *_DATASET_FORMATS])
 
 
 @main.command()
@@ -275,6 +277,11 @@ _export_choice = click.Choice(["zarr", "pt", "pkl", "lerobot", "hdf5"])
 @click.option(
     "--codec", default="libsvtav1", show_default=True, help="lerobot: the PyAV video encoder."
 )
+@click.option(
+    "--include-incomplete",
+    is_flag=True,
+    help="lerobot, hdf5, minari: also write the episodes still running where the store ends.",
+)
 @_scheduler_option
 @click.pass_context
 def export(
@@ -287,44 +294,58 @@ def export(
     fps: int | None,
     task: str,
     codec: str,
+    include_incomplete: bool,
     scheduler: str | None,
 ) -> None:
-    """Copy SOURCE into a new store DESTINATION in another layout, or a LeRobot / HDF5 dataset.
+    """Copy SOURCE into a new store DESTINATION in another layout, or a LeRobot / HDF5 / Minari
+    dataset (the episodes that ended).
 
     \f
     Parameters
     ----------
     ctx
         The command's context; the group's ``--storage-option`` values are read from it.
-    source, destination, trajectory_format, ids, last, fps, task, codec, scheduler
+    source, destination, trajectory_format, ids, last, fps, task, codec, include_incomplete
+    scheduler
         The arguments and options, passed to ``export_store`` or ``export_dataset``.
 
     Raises
     ------
     click.UsageError
-        ``--ids``, ``--last`` or ``--scheduler`` with ``--format lerobot`` or ``hdf5``.
+        ``--ids``, ``--last`` or ``--scheduler`` with a dataset format, or
+        ``--include-incomplete`` with a store format.
     """
     options = _options(ctx)
-    if trajectory_format in ("lerobot", "hdf5"):
+    if trajectory_format in _DATASET_FORMATS:
         from rbzarr.interop import export_dataset  # noqa: PLC0415
 
         if ids is not None or last is not None or scheduler is not None:
             raise click.UsageError(
                 f"--ids, --last and --scheduler export store formats, not {trajectory_format}"
             )
-        count = export_dataset(
+        written = export_dataset(
             source,
             destination,
             trajectory_format,
             fps=fps,
             task=task,
             codec=codec,
+            include_incomplete=include_incomplete,
             storage_options=options,
             destination_options=options,
             progress=progress_wanted(),
         )
-        click.echo(f"exported {count} episodes to {destination}")
+        left = (
+            f"; {written.left_out} incomplete episodes left out (--include-incomplete writes them)"
+            if written.left_out
+            else ""
+        )
+        click.echo(f"exported {written.episodes} episodes to {destination}{left}")
         return
+    if include_incomplete:
+        raise click.UsageError(
+            f"--include-incomplete exports dataset formats, not {trajectory_format}"
+        )
     from rbzarr.analysis.export import export_store  # noqa: PLC0415
 
     with _tasks(scheduler) as tasks:
@@ -348,13 +369,15 @@ def export(
 @click.option(
     "--from",
     "source_format",
-    type=click.Choice(["lerobot", "robomimic"]),
+    type=click.Choice(["lerobot", "robomimic", "minari"]),
     required=True,
-    help="lerobot: a LeRobot v3.0 dataset folder; robomimic: an HDF5 file.",
+    help="lerobot: a LeRobot v3.0 dataset folder; robomimic: an HDF5 file; minari: a Minari "
+    "dataset folder or an id under MINARI_DATASETS_PATH.",
 )
 @click.pass_context
 def import_command(ctx: click.Context, source: str, destination: str, source_format: str) -> None:
-    """Import a LeRobot v3.0 dataset or robomimic HDF5 file SOURCE into a new zarr store."""
+    """Import a LeRobot v3.0 dataset, robomimic HDF5 file or Minari dataset SOURCE into a new
+    zarr store."""
     from rbzarr.interop import import_dataset  # noqa: PLC0415
 
     options = _options(ctx)

@@ -1,6 +1,8 @@
-"""Import LeRobot v3.0 and robomimic datasets into stores, export stores to them, seed buffers.
+"""Import LeRobot v3.0, robomimic and Minari datasets into stores, export stores to them,
+seed buffers.
 
-pyarrow, PyAV and h5py come with the ``datasets`` extra; they are imported on first use.
+pyarrow, PyAV, Pillow, h5py and minari come with the ``datasets`` extra; they are imported
+on first use.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rbzarr.interop.episodes import write_episodes
@@ -17,15 +20,38 @@ from rbzarr.storage.location import Location
 if TYPE_CHECKING:
     from rbzarr.buffer.buffer import TrajectoryReplayBuffer
 
-__all__ = ["EXPORT_FORMATS", "IMPORT_FORMATS", "export_dataset", "import_dataset", "seed_buffer"]
+__all__ = [
+    "EXPORT_FORMATS",
+    "IMPORT_FORMATS",
+    "DatasetExport",
+    "export_dataset",
+    "import_dataset",
+    "seed_buffer",
+]
 
-IMPORT_FORMATS = ("lerobot", "robomimic")
-EXPORT_FORMATS = ("lerobot", "hdf5")
+IMPORT_FORMATS = ("lerobot", "robomimic", "minari")
+EXPORT_FORMATS = ("lerobot", "hdf5", "minari")
+
+
+@dataclass(frozen=True)
+class DatasetExport:
+    """What :func:`export_dataset` wrote.
+
+    Parameters
+    ----------
+    episodes
+        The episodes written.
+    left_out
+        The incomplete episodes (still running where the store ends) not written.
+    """
+
+    episodes: int
+    left_out: int
 
 
 @contextlib.contextmanager
 def _datasets_extra() -> Iterator[None]:
-    """Name the extra when pyarrow, PyAV or h5py is missing.
+    """Name the extra when pyarrow, PyAV, Pillow, h5py or minari is missing.
 
     Raises
     ------
@@ -54,21 +80,22 @@ def import_dataset(
     destination_options: Mapping[str, Any] | None = None,
     progress: bool = False,
 ) -> Documents:
-    """Import a LeRobot v3.0 dataset or a robomimic HDF5 file into a new zarr store.
+    """Import a LeRobot v3.0 dataset, a robomimic HDF5 file or a Minari dataset into a new store.
 
-    Every episode (demo) becomes one trajectory of shape ``[T, 1, ...]``, written one at a
-    time; the mapping of fields is in ``docs/behaviour.md``.  The source is checked before
+    Every episode (demo) becomes one trajectory of shape ``[T, 1, ...]``, written in bursts;
+    the mapping of fields is in ``docs/behaviour.md``.  The source is checked before
     anything is written, and an error part-way removes what was written: ``destination``
     is left as it was.
 
     Parameters
     ----------
     source
-        A LeRobot dataset's root folder or a robomimic ``.hdf5`` file (path or fsspec URL).
+        A LeRobot dataset's root folder or a robomimic ``.hdf5`` file (path or fsspec URL),
+        or a Minari dataset's folder or id (under ``MINARI_DATASETS_PATH``).
     destination
         Where the new store goes; it must not hold a store yet.
     source_format
-        ``"lerobot"`` or ``"robomimic"``.
+        ``"lerobot"``, ``"robomimic"`` or ``"minari"``.
     storage_options, destination_options
         fsspec options for the source and the destination.
     progress
@@ -85,16 +112,18 @@ def import_dataset(
     ValueError
         An unknown ``source_format``.
     UnsupportedDatasetError
-        A LeRobot version other than v3.x (the message names the converter), an image or
-        string feature, a codec PyAV cannot decode, or an HDF5 file without ``data/``.
+        A LeRobot version other than v3.x (the message names the converter), a string
+        feature, a codec PyAV cannot decode, an HDF5 file without ``data/``, or Minari
+        spaces or infos that are not numeric.
     DatasetFileNotFoundError
-        A file the metadata names (parquet, mp4, ``info.json``, the HDF5 file) is missing.
+        A file the metadata names (parquet, mp4, ``info.json``, the HDF5 file) is missing,
+        or no Minari dataset is at ``source``.
     DatasetMismatchError
         Episode lengths, frame counts or indices disagree between metadata and data.
     StoreExistsError
         ``destination`` already holds a store (nothing is written).
     ImportError
-        pyarrow, PyAV or h5py is not installed (the ``datasets`` extra).
+        A module of the ``datasets`` extra is not installed.
     """
     _check_format(source_format, IMPORT_FORMATS, "import")
     if source_format == "lerobot":
@@ -124,6 +153,19 @@ def import_dataset(
             destination_options=destination_options,
             progress=progress,
         )
+    if source_format == "minari":
+        with _datasets_extra():
+            from rbzarr.interop.minari_format import MinariSource  # noqa: PLC0415
+
+        minari = MinariSource(source)
+        return write_episodes(
+            minari.episodes(),
+            destination,
+            minari.metadata(),
+            total=len(minari),
+            destination_options=destination_options,
+            progress=progress,
+        )
     with _datasets_extra():
         from rbzarr.interop.robomimic import RobomimicSource  # noqa: PLC0415
 
@@ -149,79 +191,116 @@ def export_dataset(
     fps: int | None = None,
     task: str = "",
     codec: str = "libsvtav1",
+    include_incomplete: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     destination_options: Mapping[str, Any] | None = None,
     progress: bool = False,
-) -> int:
-    """Write a store as a new LeRobot v3.0 dataset or robomimic HDF5 file.
+) -> DatasetExport:
+    """Write a store as a new LeRobot v3.0 dataset, robomimic HDF5 file or Minari dataset.
 
-    Every env column of every trajectory becomes one episode (demo), in the store's order;
-    reset rows are left out.  A store imported from either format is written back with its
-    own names, tasks, fps and attributes, and the fields the import filled in are left out,
-    so the non-video fields come back bit for bit.  On failure what was written is removed.
+    Every env column is cut into episodes at its ``dones`` (followed across consecutive
+    trajectories), in the store's order; reset rows are left out.  Episodes that ended are
+    written; one still running where the store ends is left out unless
+    ``include_incomplete``.  A store imported from one of these formats is written back
+    with its own names, tasks, fps, spaces and metadata, and the fields the import filled
+    in are left out, so the non-video fields come back bit for bit.  On failure what was
+    written is removed.
 
     Parameters
     ----------
     source
         The store to export.
     destination
-        A new LeRobot dataset folder, or a new ``.hdf5`` file.
+        A new LeRobot dataset folder, a new ``.hdf5`` file, or a new Minari dataset folder
+        (its name is the dataset id of a store not imported from Minari).
     target_format
-        ``"lerobot"`` or ``"hdf5"`` (robomimic's layout).
+        ``"lerobot"``, ``"hdf5"`` (robomimic's layout) or ``"minari"``.
     fps
         LeRobot frames per second (default: the imported dataset's, else 30).
     task
         LeRobot task of every episode of a store that was not imported from LeRobot.
     codec
         The PyAV encoder of LeRobot videos (``"libsvtav1"``, LeRobot's default, or
-        ``"libx264"``, ``"mpeg4"``...).  ``uint8`` ``[H, W, 3]`` observations become videos.
+        ``"libx264"``, ``"mpeg4"``...).  ``uint8`` ``[H, W, 3]`` observations become videos,
+        or PNG frames where the imported LeRobot dataset had image features.
+    include_incomplete
+        Also write the episodes still running where the store ends.
     storage_options, destination_options
-        fsspec options for the source and the destination.
+        fsspec options for the source and the destination (Minari: a local folder).
     progress
         Show a progress bar on stderr.
 
     Returns
     -------
-    int
-        The number of episodes written.
+    DatasetExport
+        The number of episodes written and of incomplete episodes left out.
 
     Raises
     ------
     ValueError
-        An unknown ``target_format``, or a store without trajectories.
+        An unknown ``target_format``, or a store without an episode to write.
     StoreExistsError
         ``destination`` is not empty (a folder) or exists (a file); nothing is written.
     CheckpointNotFoundError
         ``source`` is not a store.
     ImportError
-        pyarrow, PyAV or h5py is not installed (the ``datasets`` extra).
+        A module of the ``datasets`` extra is not installed.
     """
     _check_format(target_format, EXPORT_FORMATS, "export")
     if target_format == "lerobot":
         with _datasets_extra():
             from rbzarr.interop.lerobot_write import export_lerobot  # noqa: PLC0415
 
-        info = export_lerobot(
+        info, left_out = export_lerobot(
             source,
             destination,
             fps=fps,
             task=task,
             codec=codec,
+            include_incomplete=include_incomplete,
             storage_options=storage_options,
             destination_options=destination_options,
             progress=progress,
         )
-        return int(info["total_episodes"])
+        return DatasetExport(int(info["total_episodes"]), left_out)
+    if target_format == "minari":
+        with _datasets_extra():
+            from rbzarr.interop.minari_format import export_minari  # noqa: PLC0415
+
+        return DatasetExport(
+            *export_minari(
+                source,
+                destination,
+                include_incomplete=include_incomplete,
+                storage_options=storage_options,
+                progress=progress,
+            )
+        )
     with _datasets_extra():
         from rbzarr.interop.robomimic import export_robomimic  # noqa: PLC0415
 
-    return export_robomimic(
-        source,
-        destination,
-        storage_options=storage_options,
-        destination_options=destination_options,
-        progress=progress,
+    return DatasetExport(
+        *export_robomimic(
+            source,
+            destination,
+            include_incomplete=include_incomplete,
+            storage_options=storage_options,
+            destination_options=destination_options,
+            progress=progress,
+        )
     )
+
+
+def _source_url(
+    source: str | os.PathLike[str], source_format: str, options: Mapping[str, Any] | None
+) -> str:
+    """The URL an import records of ``source`` (a Minari id resolves to its folder)."""
+    if source_format == "minari":
+        with _datasets_extra():
+            from rbzarr.interop.minari_format import resolve_minari  # noqa: PLC0415
+
+        return str(resolve_minari(source).parent)
+    return Location.from_url(source, options).url
 
 
 def seed_buffer(
@@ -233,7 +312,7 @@ def seed_buffer(
     storage_options: Mapping[str, Any] | None = None,
     progress: bool = False,
 ) -> Documents:
-    """Fill ``buffer`` (a demo buffer) with a LeRobot or robomimic dataset's episodes.
+    """Fill ``buffer`` (a demo buffer) with a LeRobot, robomimic or Minari dataset's episodes.
 
     The dataset is imported into a new store at ``store`` (:func:`import_dataset`), which
     ``buffer`` then loads with ``load_checkpoint``; an existing store at ``store`` that an
@@ -246,7 +325,7 @@ def seed_buffer(
     source
         The dataset (see :func:`import_dataset`).
     source_format
-        ``"lerobot"`` or ``"robomimic"``.
+        ``"lerobot"``, ``"robomimic"`` or ``"minari"``.
     store
         Where the imported store is kept.
     storage_options
@@ -283,7 +362,7 @@ def seed_buffer(
     except StoreExistsError:
         _, documents = open_store(location, storage_options)
         recorded = documents.metadata.get("source_dataset") or {}
-        wanted = Location.from_url(source, storage_options).url
+        wanted = _source_url(source, source_format, storage_options)
         if recorded.get("url") != wanted:
             raise StoreExistsError(
                 f"{location.url} holds a store imported from {recorded.get('url')!r}, "

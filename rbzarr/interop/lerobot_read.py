@@ -1,6 +1,7 @@
 """Read a LeRobot v3.0 dataset (a folder or fsspec URL) episode by episode, with pyarrow and PyAV.
 
-The dataset is checked before anything is decoded: its version, that every parquet and
+Image features (PNG frames in the parquet files) decode to ``uint8`` ``[H, W, 3]``.  The
+dataset is checked before anything is decoded: its version, that every parquet and
 video file its episodes metadata names exists, that the files hold as many rows as the
 metadata says, and that every video codec can be decoded.  Then episodes stream one at a
 time: the rows of each data file are read in batches and handed out per episode, and each
@@ -21,6 +22,7 @@ import pyarrow.parquet as pq
 
 from rbzarr.errors import DatasetFileNotFoundError, DatasetMismatchError, UnsupportedDatasetError
 from rbzarr.interop.episodes import shifted
+from rbzarr.interop.images import decode_images
 from rbzarr.interop.lerobot_keys import CODEBASE_VERSION, flat_key
 from rbzarr.interop.video import VideoFrameReader, check_decodable
 from rbzarr.storage.location import Location
@@ -157,6 +159,8 @@ class LeRobotSource:
                     episode[f"videos/{name}/from_timestamp"]
                 )
                 fields[key] = videos.frames(episode, name, times)
+            elif spec.get("dtype") == "image":
+                fields[key] = decode_images(rows.column(name), spec["shape"], f"{where}: {name!r}")
             else:
                 fields[key] = _column_array(rows.column(name), spec, where, name)
         for key in [k for k in fields if k.startswith("curr_obs/")]:
@@ -197,10 +201,15 @@ def _check_feature(where: str, name: str, spec: Mapping[str, Any]) -> None:
         if codec is not None:
             check_decodable(str(codec), f"{where}: feature {name!r}")
         return
-    if dtype in ("image", "string"):
+    if dtype == "image" and (len(spec.get("shape", ())) != 3 or spec["shape"][-1] != 3):
         raise UnsupportedDatasetError(
-            f"{where}: feature {name!r} has dtype {dtype!r}; rbzarr imports numeric and "
-            f"video features"
+            f"{where}: image feature {name!r} has shape {spec.get('shape')}; rbzarr imports "
+            f"RGB images [H, W, 3]"
+        )
+    if dtype == "string":
+        raise UnsupportedDatasetError(
+            f"{where}: feature {name!r} has dtype 'string'; rbzarr imports numeric, image "
+            f"and video features"
         )
 
 

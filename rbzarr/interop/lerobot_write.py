@@ -1,10 +1,13 @@
 """Write a store as a LeRobot v3.0 dataset: one data parquet file, one mp4 per video feature.
 
-Every episode (one env column of one trajectory) is one row group of
+Every episode (cut at ``dones``, see :mod:`rbzarr.interop.episodes`) is one row group of
 ``data/chunk-000/file-000.parquet`` and one stretch of each
-``videos/<key>/chunk-000/file-000.mp4``; ``meta/`` gets ``info.json``, ``stats.json``,
-``tasks.parquet`` and ``episodes/chunk-000/file-000.parquet``.  A store imported from
-LeRobot is written back with its own features, fps, robot type and tasks.
+``videos/<key>/chunk-000/file-000.mp4``; ``meta/`` gets ``info.json``, ``stats.json``
+(LeRobot 0.6's statistics with quantiles, :mod:`rbzarr.interop.lerobot_stats`),
+``tasks.parquet`` and ``episodes/chunk-000/file-000.parquet`` (with each episode's
+``stats/<feature>/<stat>``).  A store imported from LeRobot is written back with its own
+features (their ``info`` included), fps, robot type and tasks; its image features are PNG
+frames in the parquet file again.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from tqdm import tqdm
 
 from rbzarr.errors import StoreExistsError
 from rbzarr.interop.episodes import SOURCE_KEY, StoredEpisode, read_episodes
+from rbzarr.interop.images import png_column
 from rbzarr.interop.lerobot_keys import CODEBASE_VERSION, feature_name, flat_key
+from rbzarr.interop.lerobot_stats import aggregate_stats, episode_stats, image_episode_stats
 from rbzarr.interop.video import VideoFrameWriter
 from rbzarr.storage.location import Location
 
@@ -106,47 +111,34 @@ def _arrow_column(rows: np.ndarray) -> pa.Array:
     return flat
 
 
-class _RunningStats:
-    """min / max / mean / std / count per feature, accumulated episode by episode."""
+def _video_info(
+    source: Mapping[str, Any] | None, writer: VideoFrameWriter, codec: str, fps: int
+) -> dict[str, Any]:
+    """A video feature's ``info`` with LeRobot 0.6's keys: the stream's, then the encoder's.
 
-    def __init__(self) -> None:
-        self.sums: dict[str, list[Any]] = {}
-        self.shapes: dict[str, tuple[int, ...]] = {}
-
-    def add(
-        self, name: str, values: np.ndarray, shape: tuple[int, ...], scale: float = 1.0
-    ) -> None:
-        """Add ``values`` ``[n, d]`` times ``scale``; the statistics have ``shape``."""
-        self.shapes[name] = shape
-        # In slices of about a MB: a float64 copy of a whole video episode would be 8x it.
-        step = max(1, 2**17 // max(1, values.shape[1]))
-        for start in range(0, len(values), step):
-            self._add(name, values[start : start + step].astype(np.float64) * scale)
-
-    def _add(self, name: str, values: np.ndarray) -> None:
-        part = [values.min(0), values.max(0), values.sum(0), (values**2).sum(0)]
-        count = len(values)
-        held = self.sums.get(name)
-        if held is None:
-            self.sums[name] = [*part, count]
-            return
-        held[0], held[1] = np.minimum(held[0], part[0]), np.maximum(held[1], part[1])
-        held[2], held[3], held[4] = held[2] + part[2], held[3] + part[3], held[4] + count
-
-    def document(self) -> dict[str, dict[str, Any]]:
-        out = {}
-        for name, (low, high, total, squares, count) in self.sums.items():
-            mean = total / count
-            std = np.sqrt(np.maximum(squares / count - mean**2, 0.0))
-            shape = self.shapes[name]
-            out[name] = {
-                "min": np.reshape(low, shape).tolist(),
-                "max": np.reshape(high, shape).tolist(),
-                "mean": np.reshape(mean, shape).tolist(),
-                "std": np.reshape(std, shape).tolist(),
-                "count": [count],
-            }
-        return out
+    A source dataset's ``info`` is kept; only what the stream now says is set over it.
+    """
+    stream = {
+        "video.height": writer.height,
+        "video.width": writer.width,
+        "video.codec": writer.codec_name,
+        "video.pix_fmt": "yuv420p",
+        "video.fps": fps,
+        "video.channels": 3,
+        "has_audio": False,
+    }
+    if source:
+        return {**source, **stream}
+    options = LEROBOT_CODEC_OPTIONS.get(codec, {})
+    encoder: dict[str, Any] = {
+        "video.g": int(options["g"]) if "g" in options else None,
+        "video.crf": int(options["crf"]) if "crf" in options else None,
+        "video.preset": int(options["preset"]) if "preset" in options else None,
+        "video.fast_decode": 0,
+        "video.video_backend": "pyav",
+        "video.extra_options": {},
+    }
+    return {**stream, **encoder, "is_depth_map": False}
 
 
 class _LeRobotWriter:
@@ -154,7 +146,7 @@ class _LeRobotWriter:
 
     def __init__(self, location: Location, plan: _Plan, codec: str) -> None:
         self.location, self.plan, self.codec = location, plan, codec
-        self.stats = _RunningStats()
+        self.stats: dict[str, list[dict[str, np.ndarray]]] = {}
         self.episodes: list[dict[str, Any]] = []
         self.tasks: dict[str, int] = {}
         self.frames = 0
@@ -189,15 +181,22 @@ class _LeRobotWriter:
             "dataset_from_index": self.frames,
             "dataset_to_index": self.frames + length,
         }
+        stats: dict[str, dict[str, np.ndarray]] = {}
         for name, spec in self.plan.features.items():
             rows = self._rows(name, episode, index, length, tasks)
-            if name in self.plan.video_keys:
-                meta.update(self._add_video(name, rows))
-                # LeRobot's image statistics: per channel, of values in [0, 1], shaped [3, 1, 1].
-                self.stats.add(name, rows.reshape(-1, 3), (3, 1, 1), scale=1 / 255)
+            if spec["dtype"] in ("video", "image"):
+                stats[name] = image_episode_stats(rows)
+                if spec["dtype"] == "video":
+                    meta.update(self._add_video(name, rows))
+                else:
+                    columns[name] = png_column(rows)
                 continue
             columns[name] = _arrow_column(rows)
-            self.stats.add(name, rows.reshape(length, -1), tuple(spec["shape"]))
+            stats[name] = episode_stats(rows)
+        for name, values in stats.items():
+            self.stats.setdefault(name, []).append(values)
+            for stat, value in values.items():
+                meta[f"stats/{name}/{stat}"] = value.tolist()
         meta["meta/episodes/chunk_index"] = 0
         meta["meta/episodes/file_index"] = 0
         table = pa.table(columns)
@@ -243,16 +242,8 @@ class _LeRobotWriter:
                 LEROBOT_CODEC_OPTIONS.get(self.codec, {}),
             )
             self._videos[name] = writer
-            self.plan.features[name]["info"] = {
-                "video.height": height,
-                "video.width": width,
-                "video.codec": writer.codec_name,
-                "video.pix_fmt": "yuv420p",
-                "video.is_depth_map": False,
-                "video.fps": self.plan.fps,
-                "video.channels": 3,
-                "has_audio": False,
-            }
+            feature = self.plan.features[name]
+            feature["info"] = _video_info(feature.get("info"), writer, self.codec, self.plan.fps)
         start, end = writer.append(frames)
         return {
             f"videos/{name}/chunk_index": 0,
@@ -287,9 +278,11 @@ class _LeRobotWriter:
             "video_path": VIDEO_PATH if self.plan.video_keys else None,
             "features": self.plan.features,
         }
-        self.location.write_bytes(
-            json.dumps(self.stats.document(), indent=2).encode(), "meta", "stats.json"
-        )
+        stats = {
+            name: {stat: value.tolist() for stat, value in aggregate_stats(episodes).items()}
+            for name, episodes in self.stats.items()
+        }
+        self.location.write_bytes(json.dumps(stats, indent=4).encode(), "meta", "stats.json")
         self.location.write_bytes(json.dumps(info, indent=4).encode(), "meta", "info.json")
         return info
 
@@ -345,32 +338,34 @@ def export_lerobot(
     fps: int | None = None,
     task: str = "",
     codec: str = "libsvtav1",
+    include_incomplete: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     destination_options: Mapping[str, Any] | None = None,
     progress: bool = False,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], int]:
     """Write the store at ``source`` as a new LeRobot v3.0 dataset at ``destination``.
 
-    Returns ``info.json``'s document.  ``destination`` must be empty; on failure what was
-    written is removed.
+    Returns ``info.json``'s document and the number of incomplete episodes left out.
+    ``destination`` must be empty; on failure what was written is removed.
     """
     location = Location.from_url(destination, destination_options)
     existed = location.exists()
     if existed and location.list_names():
         raise StoreExistsError(f"{location.url} is not empty; export writes only to a new location")
-    documents, count, episodes = read_episodes(source, storage_options)
+    episodes = read_episodes(source, storage_options, include_incomplete=include_incomplete)
     writer: _LeRobotWriter | None = None
     try:
-        for episode in tqdm(
-            episodes, desc="export", unit="episode", total=count, disable=not progress
-        ):
+        for episode in tqdm(episodes, desc="export", unit="episode", disable=not progress):
             if writer is None:
-                plan = _plan(episode, documents.metadata.get(SOURCE_KEY), fps, task)
+                plan = _plan(episode, episodes.documents.metadata.get(SOURCE_KEY), fps, task)
                 writer = _LeRobotWriter(location, plan, codec)
             writer.add(episode)
         if writer is None:
-            raise ValueError(f"{source}: the store holds no trajectory to export")
-        return writer.finish()
+            raise ValueError(
+                f"{source}: the store holds no complete episode to export"
+                f" ({episodes.left_out} incomplete; --include-incomplete writes them)"
+            )
+        return writer.finish(), episodes.left_out
     except BaseException:
         if writer is not None:
             writer.close_files()

@@ -19,13 +19,13 @@ robomimic dataset           rbzarr key
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
 import re
 import tempfile
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import h5py
@@ -192,50 +192,66 @@ def _write_demo(group: h5py.Group, episode: StoredEpisode, synthesized: set[str]
     return length
 
 
-@contextmanager
-def _local_file(location: Location) -> Iterator[str]:
-    """A local path for h5py to write (it reads back what it wrote), uploaded on success."""
-    if location.is_local:
-        location.fs.makedirs(posixpath.dirname(location.path), exist_ok=True)
-        yield location.path
-        return
-    with tempfile.TemporaryDirectory(prefix="rbzarr-export-") as folder:
-        path = os.path.join(folder, "out.hdf5")
-        yield path
-        location.fs.put_file(path, location.path)
+def _write_demos(
+    out: h5py.File,
+    episodes: Iterable[StoredEpisode],
+    recorded: Mapping[str, Any],
+    synthesized: set[str],
+    names: list[str],
+    progress: bool,
+) -> int:
+    """Every episode as ``data/<demo>``, then the file's attributes and masks; the count."""
+    data = out.create_group("data")
+    total = count = 0
+    for position, episode in enumerate(
+        tqdm(episodes, desc="export", unit="demo", disable=not progress)
+    ):
+        count += 1
+        name = names[position] if position < len(names) else f"demo_{position}"
+        total += _write_demo(data.create_group(name), episode, synthesized)
+    data.attrs["total"] = total
+    data.attrs["env_args"] = recorded.get("env_args") or json.dumps(_GENERIC_ENV)
+    for mask, demos in (recorded.get("masks") or {}).items():
+        out.create_dataset(f"mask/{mask}", data=np.array(demos, dtype="S"))
+    return count
 
 
 def export_robomimic(
     source: str | os.PathLike[str] | Location,
     destination: str | os.PathLike[str],
     *,
+    include_incomplete: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     destination_options: Mapping[str, Any] | None = None,
     progress: bool = False,
-) -> int:
-    """Write the store at ``source`` as a new robomimic HDF5 file; returns the demo count."""
+) -> tuple[int, int]:
+    """Write the store at ``source`` as a new robomimic HDF5 file.
+
+    Returns the demo count and the number of incomplete episodes left out.
+    """
     location = Location.from_url(destination, destination_options)
     if location.exists():
         raise StoreExistsError(f"{location.url} already exists; export writes only a new file")
-    documents, count, episodes = read_episodes(source, storage_options)
-    recorded = documents.metadata.get(SOURCE_KEY) or {}
+    episodes = read_episodes(source, storage_options, include_incomplete=include_incomplete)
+    recorded = episodes.documents.metadata.get(SOURCE_KEY) or {}
     from_robomimic = recorded.get("format") == "robomimic"
     synthesized = set(recorded.get("synthesized", [])) if from_robomimic else set()
     names = list(recorded["demos"]) if from_robomimic else []
     try:
-        with _local_file(location) as path, h5py.File(path, "w") as out:
-            data = out.create_group("data")
-            total = 0
-            for position, episode in enumerate(
-                tqdm(episodes, desc="export", unit="demo", total=count, disable=not progress)
-            ):
-                name = names[position] if position < len(names) else f"demo_{position}"
-                total += _write_demo(data.create_group(name), episode, synthesized)
-            data.attrs["total"] = total
-            data.attrs["env_args"] = recorded.get("env_args") or json.dumps(_GENERIC_ENV)
-            for mask, demos in (recorded.get("masks") or {}).items():
-                out.create_dataset(f"mask/{mask}", data=np.array(demos, dtype="S"))
+        location.fs.makedirs(posixpath.dirname(location.path), exist_ok=True)
+        # HDF5 reads back what it wrote as the file grows: a local file is written in place,
+        # another location gets a local temporary file, uploaded when complete.
+        with contextlib.ExitStack() as stack:
+            if location.is_local:
+                path = location.path
+            else:
+                folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="rbzarr-hdf5-"))
+                path = os.path.join(folder, "export.hdf5")
+            with h5py.File(path, "w") as out:
+                count = _write_demos(out, episodes, recorded, synthesized, names, progress)
+            if not location.is_local:
+                location.fs.put_file(path, location.path)
     except BaseException:
         location.delete()
         raise
-    return count
+    return count, episodes.left_out

@@ -94,7 +94,7 @@ class VideoFrameWriter:
         stream.pix_fmt = "yuv420p"
         stream.time_base = Fraction(1, fps)
         self._container, self._stream = container, stream
-        self.fps = fps
+        self.fps, self.height, self.width = fps, height, width
         self.frames_written = 0
 
     @property
