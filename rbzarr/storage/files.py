@@ -8,6 +8,7 @@ also survives a machine crash once it returns: the file is ``fsync``'d before it
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections.abc import Iterable, Sequence
@@ -133,6 +134,9 @@ def make_directories(path: str, durable: bool = False) -> None:
             break
         path = parent
     for directory in reversed(missing):
+        if os.path.lexists(directory) and not os.path.isdir(directory):
+            # A file where a folder must be: no retry can cure it (makedirs says EEXIST).
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), directory)
         os.makedirs(directory, exist_ok=True)
         if durable:
             sync_directory(os.path.dirname(directory))
