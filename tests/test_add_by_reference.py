@@ -10,7 +10,7 @@ from conftest import make_trajectory
 
 from rbzarr import CheckpointNotFoundError, InvalidTrajectoryError, TrajectoryReplayBuffer
 from rbzarr.distributed import CommitNotice, commit_notices
-from rbzarr.storage.writers import ID_STRIDE
+from rbzarr.storage.index.slots import ID_STRIDE
 
 
 def trajectories(first: int, count: int) -> list:

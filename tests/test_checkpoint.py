@@ -18,10 +18,10 @@ from rbzarr import (
     WriterFailedError,
 )
 from rbzarr.storage.documents import Documents
+from rbzarr.storage.index.slots import read_store_documents
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
-from rbzarr.storage.writers import read_store_documents
 from rbzarr.trajectory import tree
 
 FORMATS = ["zarr", "pt", "pkl"]

@@ -25,9 +25,9 @@ from rbzarr import (
     open_buffer,
 )
 from rbzarr.analysis.verify import verify_store
-from rbzarr.storage import index_log
+from rbzarr.storage.index import log as index_log
+from rbzarr.storage.index.slots import read_store_documents
 from rbzarr.storage.location import Location
-from rbzarr.storage.writers import read_store_documents
 
 ENTRY = {"uuid": "u", "num_samples": 8, "shape": [4, 2], "max_episode_length": 0}
 
@@ -199,7 +199,7 @@ KILLED_WRITER = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     from conftest import make_trajectory
     from rbzarr import TrajectoryReplayBuffer
-    from rbzarr.storage import index_log
+    from rbzarr.storage.index import log as index_log
 
     index_log.SEGMENT_SIZE, index_log.COMPACT_RECORDS = 4, 2
     step = int(sys.argv[1])

@@ -20,7 +20,7 @@ from many_writers_worker import expected, write
 
 from rbzarr import StoreExistsError, TrajectoryReplayBuffer, open_buffer
 from rbzarr.analysis.verify import verify_store
-from rbzarr.storage.writers import ID_STRIDE
+from rbzarr.storage.index.slots import ID_STRIDE
 
 WRITERS = 4
 PER_WRITER = 20

@@ -27,9 +27,9 @@ from rbzarr import (
     WriterFailedError,
 )
 from rbzarr.analysis.export import export_store
+from rbzarr.storage.index.slots import read_store_documents
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import open_store
-from rbzarr.storage.writers import read_store_documents
 from rbzarr.storage.zarr import remote
 
 pytestmark = pytest.mark.s3

@@ -24,13 +24,9 @@ from rbzarr.errors import (
     StorageUnavailableError,
     UnsafePathError,
 )
-from rbzarr.storage import index_log
 from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents, Finding, write_documents
-from rbzarr.storage.layout import TrajectoryLayout
-from rbzarr.storage.location import Location
-from rbzarr.storage.names import is_temporary_name
-from rbzarr.storage.registry import open_store
-from rbzarr.storage.writers import (
+from rbzarr.storage.index import log as index_log
+from rbzarr.storage.index.slots import (
     COMMIT_TIMES,
     id_range,
     read_slot_documents,
@@ -39,6 +35,10 @@ from rbzarr.storage.writers import (
     store_has_documents,
     writer_slots,
 )
+from rbzarr.storage.layout import TrajectoryLayout
+from rbzarr.storage.location import Location
+from rbzarr.storage.names import is_temporary_name
+from rbzarr.storage.registry import open_store
 from rbzarr.trajectory.model import Schema, validate
 
 __all__ = ["Problem", "VerifyReport", "verify_store"]

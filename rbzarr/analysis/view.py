@@ -21,10 +21,10 @@ from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.buffer.local_cache_settings import LocalCacheSettings
 from rbzarr.sampling.reader import StoreReader
 from rbzarr.storage.documents import Documents
+from rbzarr.storage.index.slots import read_store_window
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import known_formats, layout_class, open_store
-from rbzarr.storage.writers import read_store_window
 from rbzarr.trajectory.model import Schema, Trajectory, validate
 from rbzarr.trajectory.steps import DONES, continues
 

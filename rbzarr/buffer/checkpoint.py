@@ -27,16 +27,16 @@ from rbzarr.errors import (
     UnsafePathError,
 )
 from rbzarr.storage.documents import Documents, Entry
-from rbzarr.storage.layout import TrajectoryLayout, check_entry_shape
-from rbzarr.storage.location import Location
-from rbzarr.storage.names import safe_key
-from rbzarr.storage.registry import stored_format
-from rbzarr.storage.writers import (
+from rbzarr.storage.index.slots import (
     read_store_documents,
     read_store_metadata,
     read_store_window,
     store_has_documents,
 )
+from rbzarr.storage.layout import TrajectoryLayout, check_entry_shape
+from rbzarr.storage.location import Location
+from rbzarr.storage.names import safe_key
+from rbzarr.storage.registry import stored_format
 from rbzarr.trajectory.dtypes import dtype_from_name
 from rbzarr.trajectory.model import Schema
 from rbzarr.trajectory.validated import ValidatedTrajectory

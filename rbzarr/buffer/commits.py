@@ -8,7 +8,7 @@ in-memory copy of every trajectory until its data is complete, so sampling never
 storage.
 
 While a buffer runs, this is the only writer of its slot of the store
-(:class:`~rbzarr.buffer.writers.WriterSlot`): other buffers may append to the same zarr
+(:class:`~rbzarr.storage.index.writer_slot.WriterSlot`): other buffers may append to the same zarr
 store at once, each to its own documents and ids.  Deletions have two owners, and
 both delete only what rbzarr wrote: here, rewriting a trajectory (a retried write) first
 clears what an earlier attempt left in that trajectory's own group; offline,
@@ -33,12 +33,12 @@ import torch
 from rbzarr.buffer.background import DEFAULT_TIMEOUT, BackgroundWriter
 from rbzarr.buffer.checkpoint import LoadedCheckpoint, is_rbzarr_store, schema_from_json
 from rbzarr.buffer.index import FORMAT_VERSION, TrajectoryIndex
-from rbzarr.buffer.writers import WriterSlot
 from rbzarr.errors import CheckpointConflictError, StorageUnavailableError, StoreExistsError
 from rbzarr.storage.backends import permanent_cause, translate_errors
 from rbzarr.storage.deadlines import deadline_options
 from rbzarr.storage.documents import Documents, Entry
-from rbzarr.storage.index_log import IndexLog
+from rbzarr.storage.index.log import IndexLog
+from rbzarr.storage.index.writer_slot import WriterSlot
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.registry import stored_format
 from rbzarr.storage.writable import check_writable

@@ -15,7 +15,7 @@ import torch
 
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.documents import Documents
-from rbzarr.storage.writers import earlier_counts
+from rbzarr.storage.index.slots import earlier_counts
 
 __all__ = ["FORMAT_VERSION", "TrajectoryIndex", "share_bounds"]
 

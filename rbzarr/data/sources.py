@@ -9,7 +9,7 @@ from typing import Any, Protocol
 from rbzarr.analysis.view import BufferView, open_buffer
 from rbzarr.buffer.buffer import TrajectoryReplayBuffer
 from rbzarr.errors import CheckpointNotFoundError
-from rbzarr.storage.writers import ID_STRIDE
+from rbzarr.storage.index.slots import ID_STRIDE
 
 __all__ = [
     "BufferIds",

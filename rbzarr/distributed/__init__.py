@@ -1,7 +1,7 @@
 """Beyond one machine: commit notices between writers and learners, and a Ray integration.
 
 The store is the transport: writers append to one shared store (see
-:mod:`rbzarr.storage.writers`) and send only a :class:`CommitNotice` per trajectory; a
+:mod:`rbzarr.storage.index.slots`) and send only a :class:`CommitNotice` per trajectory; a
 learner's buffer adds it by reference (``TrajectoryReplayBuffer.add_committed``).  The Ray
 parts (:mod:`rbzarr.distributed.ray_actor`, :mod:`rbzarr.distributed.ray_datasource`) need
 the ``ray`` extra.

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rbzarr.errors import CheckpointNotFoundError
-from rbzarr.storage.writers import ID_STRIDE
+from rbzarr.storage.index.slots import ID_STRIDE
 
 if TYPE_CHECKING:
     from rbzarr.buffer.buffer import TrajectoryReplayBuffer

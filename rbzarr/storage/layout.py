@@ -19,8 +19,8 @@ from tqdm import tqdm
 
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, StoreExistsError
 from rbzarr.storage import documents as store_documents
-from rbzarr.storage import writers as store_writers
 from rbzarr.storage.documents import Documents, Entry, Finding
+from rbzarr.storage.index import slots as store_writers
 from rbzarr.storage.location import Location
 from rbzarr.storage.row_groups import RowGroups
 from rbzarr.trajectory.dtypes import dtype_name
@@ -214,7 +214,7 @@ class TrajectoryLayout(ABC):
         return documents
 
     def read_documents(self) -> Documents:
-        """Both documents, the union of every writer's (see :mod:`rbzarr.storage.writers`)."""
+        """Both documents, the union of every writer's (see :mod:`rbzarr.storage.index.slots`)."""
         return store_writers.read_store_documents(self.location)
 
     def format_metadata(self) -> dict[str, Any]:

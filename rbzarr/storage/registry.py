@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from rbzarr.storage.documents import Documents
+from rbzarr.storage.index.slots import read_store_window
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
-from rbzarr.storage.writers import read_store_window
 
 __all__ = ["known_formats", "layout_class", "open_store", "register_layout", "stored_format"]
 
@@ -76,7 +76,7 @@ def open_store(
 
     ``layout_options`` holds keyword arguments for the layout by format name (only the stored
     format's apply).  With a ``window`` of trajectories, a large store's documents hold only
-    its last ``window`` (:func:`~rbzarr.storage.writers.read_store_window`).
+    its last ``window`` (:func:`~rbzarr.storage.index.slots.read_store_window`).
     """
     location = Location.from_url(url, storage_options)
     documents = read_store_window(location, window)

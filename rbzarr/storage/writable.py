@@ -3,7 +3,7 @@
 A local path is probed by creating and removing a temporary file (see
 :func:`~rbzarr.storage.names.temporary_name`) in it, or, when it does not exist yet, in its
 nearest existing ancestor (nothing is created that stays).  Object stores are not probed
-here: the writer's claim (:mod:`rbzarr.storage.claims`), a PUT made at construction
+here: the writer's claim (:mod:`rbzarr.storage.index.claims`), a PUT made at construction
 anyway, is their probe, and later permanent errors are classified when a write meets them
 (:func:`~rbzarr.storage.backends.permanent_cause`).
 """

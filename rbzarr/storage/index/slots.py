@@ -22,8 +22,8 @@ from typing import Any
 
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
 from rbzarr.storage import documents as store_documents
-from rbzarr.storage import index_log
 from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents
+from rbzarr.storage.index import log as index_log
 from rbzarr.storage.location import Location
 
 __all__ = [
@@ -125,7 +125,7 @@ def _committed_slot_documents(
 
 
 def slot_has_log(location: Location, slot: int) -> bool:
-    """Whether ``slot`` keeps its index as a log (:mod:`rbzarr.storage.index_log`)."""
+    """Whether ``slot`` keeps its index as a log (:mod:`rbzarr.storage.index.log`)."""
     return index_log.has_log(slot_location(location, slot))
 
 

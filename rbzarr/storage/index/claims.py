@@ -22,8 +22,8 @@ import time
 from rbzarr.errors import StorageUnavailableError, StoreNotWritableError
 from rbzarr.storage.backends import permanent_cause, translate_errors
 from rbzarr.storage.deadlines import deadline_options
+from rbzarr.storage.index.slots import WRITERS, slot_location
 from rbzarr.storage.location import Location
-from rbzarr.storage.writers import WRITERS, slot_location
 
 __all__ = ["CLAIM_FILE", "SlotClaim"]
 

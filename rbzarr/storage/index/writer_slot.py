@@ -1,6 +1,6 @@
 """WriterSlot: which slot of a shared store this buffer writes, and how it commits there.
 
-See :mod:`rbzarr.storage.writers` for the format.  A zarr buffer takes the lowest free
+See :mod:`rbzarr.storage.index.slots` for the format.  A zarr buffer takes the lowest free
 slot (0 if no other writer is running, so a lone writer writes exactly what it always
 has); a pt / pkl buffer (RLinf's format, one writer) takes slot 0 or is refused.  The slot
 is held until the buffer closes.
@@ -12,18 +12,18 @@ import itertools
 
 from rbzarr.errors import CorruptStoreError, StoreExistsError
 from rbzarr.storage import documents as store_documents
-from rbzarr.storage.claims import SlotClaim
 from rbzarr.storage.documents import Documents
-from rbzarr.storage.index_log import IndexLog
-from rbzarr.storage.layout import TrajectoryLayout
-from rbzarr.storage.writers import (
+from rbzarr.storage.index.claims import SlotClaim
+from rbzarr.storage.index.log import IndexLog
+from rbzarr.storage.index.slots import (
     COMMIT_TIMES,
     WRITERS,
     id_range,
     read_slot_documents,
     slot_has_documents,
 )
-from rbzarr.storage.writers import slot_location as documents_location
+from rbzarr.storage.index.slots import slot_location as documents_location
+from rbzarr.storage.layout import TrajectoryLayout
 
 __all__ = ["WriterSlot"]
 
