@@ -152,7 +152,7 @@ def describe_sharded(
             continue
         _check_shape(spec, T, B, f"{where}/{key}", entry_shape)
         array = folder.child(*key.split("/"))
-        path = array.join(*shard_key(len(spec.shape)).split("/"))
+        path = array.join(*shard_key(len(spec.shape), spec.separator).split("/"))
         if location.is_local:
             document = _read_file(array.join("zarr.json"))
             check_document(document, spec, f"{where}/{key}")
