@@ -89,7 +89,8 @@ def _array_document(key: str, change: Callable[[dict[str, Any]], None]) -> Calla
 
 
 def _shard(case: Case, key: str = "rewards") -> Path:
-    return next(p for p in (group(case) / key / "c").rglob("*") if p.is_file())
+    folder = group(case) / key  # the shard: c.0.0 (or c/0/0 in older stores)
+    return next(p for p in folder.rglob("*") if p.is_file() and p.name != "zarr.json")
 
 
 def _forge_index(case: Case) -> None:
@@ -295,7 +296,7 @@ MUTATIONS: dict[str, tuple[tuple[str, ...], Callable[[Case], None], dict[str, st
     "description_shape_infinity": (
         ("zarr",),
         lambda c: replace_text(
-            group(c) / "zarr.json", r'"shard_bytes": \d+', '"shard_bytes": Infinity'
+            group(c) / "zarr.json", r'"shard_bytes": ?\d+', '"shard_bytes": Infinity'
         ),
         {"sample": "CorruptStoreError"},
     ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -299,6 +300,44 @@ def check_reads(seen: list[list[int]], final: list[int], count: int) -> None:
     """Every read lists each id once, and later reads keep what earlier ones listed."""
     assert len(final) == len(set(final)) == count
     for ids in seen:
-        assert set(ids) <= set(final) and len(ids) == len(set(ids))
+        assert set(ids) <= set(final) and len(ids) == len(set(ids)), (sorted(final), ids)
     for earlier, later in itertools.pairwise(seen):
         assert set(earlier) <= set(later)
+
+
+LOG_DAMAGE = {
+    "garbage": lambda raw: b"\x8f\x00garbage",
+    "truncated": lambda raw: raw[: len(raw) // 2],
+    "not-an-object": lambda raw: b"[1, 2]",
+    "deeply-nested": lambda raw: b"[" * 100_000 + b"]" * 100_000,
+    "infinity": lambda raw: re.sub(rb'":(\d+)', b'":Infinity', raw, count=1),
+    "past-int64": lambda raw: re.sub(rb'":(\d+)', b'":' + b"9" * 24, raw, count=1),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(LOG_DAMAGE))
+@pytest.mark.parametrize("part", ["head", "block", "record"])
+def test_a_damaged_log_file_is_a_named_error_on_every_read(tmp_path, small_blocks, part, damage):
+    store = tmp_path / "s"
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=store)
+    for i in range(10):
+        buffer.add_trajectories([make_trajectory(4, 2, i)])
+        buffer.flush()
+    index = store / "index"
+    target = {
+        "head": index / "head.json",
+        "block": sorted((index / "blocks").iterdir())[-1],
+        "record": sorted((index / "log").iterdir())[-1],
+    }[part]
+    target.write_bytes(LOG_DAMAGE[damage](target.read_bytes()))
+    buffer.close(wait=False)
+    for read in (
+        lambda: open_buffer(str(store), sample_window_size=0),
+        lambda: TrajectoryReplayBuffer().load_checkpoint(store),
+    ):
+        with pytest.raises(CorruptStoreError) as info:
+            read()
+        assert "index" in str(info.value)
+    assert [p.kind for p in verify_store(store).problems] == ["damaged_log"]
+    assert verify_store(store, repair=True).ok
+    assert open_buffer(str(store), sample_window_size=0).ids == list(range(10))

@@ -326,7 +326,12 @@ def thousand_demos(tmp_path_factory):
     buffer = TrajectoryReplayBuffer(
         seed=0, auto_save=True, auto_save_path=str(root), trajectory_format="pt"
     )
-    buffer.add_trajectories([make_trajectory(1, 1, i) for i in range(1000)])
+    demos = []
+    for i in range(1000):
+        demo = make_trajectory(1, 1, i)
+        demo.dones = torch.ones_like(demo.dones)  # each one a complete episode
+        demos.append(demo)
+    buffer.add_trajectories(demos)
     buffer.close()
     return root
 
@@ -341,7 +346,7 @@ def test_cli_exports_a_thousand_demos_to_hdf5(thousand_demos, tmp_path):
 
 
 def test_hdf5_export_to_a_remote_filesystem_uploads_the_finished_file(thousand_demos, memory_url):
-    assert export_dataset(thousand_demos, f"{memory_url}/out.hdf5", "hdf5") == 1000
+    assert export_dataset(thousand_demos, f"{memory_url}/out.hdf5", "hdf5").episodes == 1000
     with fsspec.open(f"{memory_url}/out.hdf5", "rb") as handle, h5py.File(handle) as written:
         assert written["data"].attrs["total"] == 1000
 

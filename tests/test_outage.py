@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from benchmarks.s3_server import S3Proxy
 from rbzarr import BufferClosedError, Trajectory, TrajectoryReplayBuffer, WriterFailedError
-from rbzarr.storage.documents import read_documents
+from rbzarr.storage.index.slots import read_store_documents
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
 
@@ -36,7 +36,7 @@ def block(store: Path, trajectory_id: int) -> Path:
 
 
 def stored(url: str, options: dict[str, Any] | None = None) -> tuple[list[int], dict]:
-    documents = read_documents(Location.from_url(url, options))
+    documents = read_store_documents(Location.from_url(url, options))
     return documents.trajectory_index["trajectory_id_list"], documents.trajectory_index
 
 

@@ -7,3 +7,5 @@
 - :mod:`~rbzarr.storage.index.claims`: exclusive claims of slots (``SlotClaim``);
 - :mod:`~rbzarr.storage.index.writer_slot`: the slot a buffer writes (``WriterSlot``).
 """
+
+__all__: list[str] = []

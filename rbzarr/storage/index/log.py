@@ -61,6 +61,11 @@ SEGMENT_SIZE = 1024
 # Attempts of a reader that keeps losing files to concurrent compactions.
 READ_ATTEMPTS = 8
 
+
+class LogGapError(FileNotFoundError):
+    """A record missing between the head's last and the next present one."""
+
+
 # An index entry with its commit time (seconds since the epoch).
 LogEntry = tuple[dict[str, Any], float]
 
@@ -300,7 +305,7 @@ class IndexLog:
             name = _block_name(self._next_seq, self._next_seq)
             self._next_seq += 1
             if block:
-                self._write(_dump_block(block), BLOCKS, f"{name}.json")
+                self._write(_dump_block(block, metadata), BLOCKS, f"{name}.json")
                 blocks.append([name, len(block)])
         record = {"entries": [e for e, _ in items], "counter": int(counter)}
         self._state = SlotIndex()
@@ -350,12 +355,12 @@ class IndexLog:
             # Merge the blocks after the last full one with this one into one full block.
             merged = [item for b in self._open for item in b] + block
             name = _block_name(int(opened[0][0].split("-")[0]), last)
-            self._write(_dump_block(merged), BLOCKS, f"{name}.json")
+            self._write(_dump_block(merged, self.metadata), BLOCKS, f"{name}.json")
             head["blocks"] = [*full, [name, len(merged)]]
             dropped = [n for n, _ in opened]
             self._open = []
         else:
-            self._write(_dump_block(block), BLOCKS, f"{name}.json")
+            self._write(_dump_block(block, self.metadata), BLOCKS, f"{name}.json")
             head["blocks"] = [*self._head["blocks"], [name, len(block)]]
             self._open = [] if len(block) >= SEGMENT_SIZE else [*self._open, block]
         self._write(_dump(head), HEAD_FILE)
@@ -377,10 +382,16 @@ def salvage(location: Location) -> tuple[list[LogEntry], int, dict[str, Any]]:
     the records up to the first unreadable one, the counter and the metadata."""
     try:
         head = _read_head(location)
+        blocks = [(name, count) for name, count in head["blocks"]]
     except CorruptStoreError:
-        head = _empty_head()
+        # No head: the blocks found, each range once (the widest first), and the mirror's
+        # metadata (the store's format and schema).
+        blocks = [(name, None) for name in _found_blocks(location)]
+        head = {**_empty_head(), "metadata": _lost_metadata(location, [n for n, _ in blocks])}
+        if blocks:
+            head["compacted_seq"] = int(blocks[-1][0].split("-")[1])
     entries: list[LogEntry] = []
-    for name, count in head["blocks"]:
+    for name, count in blocks:
         try:
             entries.extend(_read_block(location, name, count))
         except (CorruptStoreError, FileNotFoundError):
@@ -403,11 +414,54 @@ def salvage(location: Location) -> tuple[list[LogEntry], int, dict[str, Any]]:
     seen: set[int] = set()
     unique = []
     for entry, when in entries:
+        try:
+            _check_entry(entry, location.url)
+        except CorruptStoreError:
+            continue  # a damaged entry: its trajectory's group lists it again (verify)
         if entry["trajectory_id"] not in seen:
             seen.add(entry["trajectory_id"])
             unique.append((entry, when))
     counter = max([counter, *(e["trajectory_id"] + 1 for e, _ in unique)])
     return unique, counter, metadata
+
+
+def _found_blocks(location: Location) -> list[str]:
+    """The block files present, covering each range of records once, in order."""
+    names = [n.removesuffix(".json") for n in location.list_names(INDEX_DIR, BLOCKS)]
+    ranges = sorted(
+        (int(first), -int(last), name)
+        for name in names
+        if _is_block([name, 1])
+        for first, last in [name.split("-")]
+    )
+    chosen, covered = [], -1
+    for first, negative_last, name in ranges:
+        if first > covered:
+            chosen.append(name)
+            covered = -negative_last
+    return chosen
+
+
+def _lost_metadata(location: Location, blocks: list[str]) -> dict[str, Any]:
+    """The metadata of a slot whose head is lost: the newest block's that reads, else the
+    mirror ``metadata.json``'s (without counters), else none."""
+    for name in reversed(blocks):
+        where = f"{location.url}/{INDEX_DIR}/{BLOCKS}/{name}.json"
+        try:
+            metadata = _load(location.read_bytes(INDEX_DIR, BLOCKS, f"{name}.json"), where)
+        except (CorruptStoreError, FileNotFoundError):
+            continue
+        if isinstance(metadata.get("metadata"), dict):
+            return dict(metadata["metadata"])
+    try:
+        metadata = _load(location.read_bytes("metadata.json"), f"{location.url}/metadata.json")
+    except (CorruptStoreError, FileNotFoundError):
+        return {}
+    return {
+        k: v
+        for k, v in metadata.items()
+        if k not in {"size", "total_samples", "trajectory_counter", "layout_version"}
+    }
 
 
 def named_files(location: Location) -> set[str]:
@@ -530,7 +584,9 @@ def _read_records(location: Location, head: Mapping[str, Any]) -> list[dict[str,
     for seq in seqs:
         where = f"{location.url}/{INDEX_DIR}/{RECORDS}/{_record_name(seq)}"
         if seq != expected:
-            raise CorruptStoreError(
+            # A concurrent compaction deleted records the head read before it names: a
+            # reader reads the new head again; a gap that stays is damage.
+            raise LogGapError(
                 f"{where}: the log has a gap (record {expected} is missing); run "
                 "`rbzarr verify --repair` to drop the records after it"
             )
@@ -556,14 +612,14 @@ def _check_record(record: dict[str, Any], seq: int, where: str) -> dict[str, Any
     return {**record, "time": when, "counter": counter}
 
 
-def _read_block(location: Location, name: str, count: int) -> list[LogEntry]:
-    """A block's ``count`` entries with their times."""
+def _read_block(location: Location, name: str, count: int | None) -> list[LogEntry]:
+    """A block's ``count`` entries (any number for ``None``) with their times."""
     where = f"{location.url}/{INDEX_DIR}/{BLOCKS}/{name}.json"
     block = _load(location.read_bytes(INDEX_DIR, BLOCKS, f"{name}.json"), where)
     entries, times = block.get("entries"), block.get("times")
     if not isinstance(entries, list) or not isinstance(times, list) or len(entries) != len(times):
         raise CorruptStoreError(f"{where}: malformed index block")
-    if len(entries) != count:
+    if count is not None and len(entries) != count:
         raise CorruptStoreError(
             f"{where}: holds {len(entries)} entries, the head says {count}; run "
             "`rbzarr verify --repair`"
@@ -617,6 +673,9 @@ def _dump(document: Mapping[str, Any]) -> bytes:
     return json.dumps(document, separators=(",", ":")).encode()
 
 
-def _dump_block(block: Iterable[LogEntry]) -> bytes:
+def _dump_block(block: Iterable[LogEntry], metadata: Mapping[str, Any]) -> bytes:
+    # The metadata rides along (a few hundred bytes): a repair that lost the head keeps it.
     items = list(block)
-    return _dump({"entries": [e for e, _ in items], "times": [t for _, t in items]})
+    return _dump(
+        {"entries": [e for e, _ in items], "times": [t for _, t in items], "metadata": metadata}
+    )

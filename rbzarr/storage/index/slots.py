@@ -197,7 +197,8 @@ def read_store_documents(location: Location, last: int | None = None) -> Documen
         documents = _committed_slot_documents(location, slot, last)
         if documents is not None:
             found.append((slot, documents))
-            counts.append(_counts(documents))
+            if last is not None:
+                counts.append(_counts(documents, location.url))
     if not found:
         return store_documents.read_documents(location)
     root = found[0][1] if found[0][0] == 0 else None
@@ -210,7 +211,7 @@ def read_store_documents(location: Location, last: int | None = None) -> Documen
     entries = union.trajectory_index["trajectory_index"]
     size = sum(c[0] for c in counts)
     samples = sum(c[1] for c in counts)
-    held_samples = sum(int(entries[str(i)]["num_samples"]) for i in held)
+    held_samples = _samples(entries, held, location.url)
     index = {
         "trajectory_index": {str(i): entries[str(i)] for i in held},
         "trajectory_id_list": list(held),
@@ -255,15 +256,22 @@ def earlier_counts(index: Mapping[str, Any]) -> tuple[int, int]:
     return int(earlier["size"]), int(earlier["total_samples"])
 
 
-def _counts(documents: Documents) -> tuple[int, int]:
+def _counts(documents: Documents, where: str) -> tuple[int, int]:
     """``(size, total_samples)`` of a slot's documents (read whole or windowed)."""
     earlier = earlier_counts(documents.trajectory_index)
     entries = documents.trajectory_index.get("trajectory_index", {})
     ids = documents.trajectory_index.get("trajectory_id_list", [])
     if not isinstance(entries, dict) or not isinstance(ids, list):
-        raise CorruptStoreError("malformed trajectory index in a writer's document")
-    held = sum(int(entries[str(i)]["num_samples"]) for i in ids if str(i) in entries)
-    return earlier[0] + len(ids), earlier[1] + held
+        raise CorruptStoreError(f"{where}: malformed trajectory index in a writer's document")
+    return earlier[0] + len(ids), earlier[1] + _samples(entries, ids, where)
+
+
+def _samples(entries: Mapping[str, Any], ids: Iterable[Any], where: str) -> int:
+    """``num_samples`` summed over ``ids``' entries (a malformed one is a named error)."""
+    try:
+        return sum(int(entries[str(i)]["num_samples"]) for i in ids)
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise CorruptStoreError(f"{where}: malformed trajectory index entry: {exc!r}") from exc
 
 
 def _union(where: str, root: Documents | None, others: list[tuple[int, Documents]]) -> Documents:
