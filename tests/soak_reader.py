@@ -1,7 +1,7 @@
 """Soak-test reader: a separate process that keeps reading a store while it is written.
 
 Usage: ``python soak_reader.py <store> <final-count>``.  Each pass reads
-``trajectory_index.json``, then reads in full every listed trajectory it has not read yet
+the store's index (its log), then reads in full every listed trajectory it has not read yet
 (and three it has, at random) and checks each against :func:`expected_trajectory`.  It
 prints ``ready`` after its first pass, and exits 0 after a pass over an index of
 ``<final-count>`` trajectories, printing
@@ -18,7 +18,7 @@ import sys
 import torch
 from crash_writer import expected_trajectory
 
-from rbzarr.storage.documents import read_documents
+from rbzarr.storage.index.slots import read_store_documents
 from rbzarr.storage.location import Location
 from rbzarr.storage.zarr.layout import ZarrLayout
 
@@ -31,7 +31,7 @@ def main(store: str, final: int) -> None:
     passes = reads = 0
     states: set[int] = set()
     while True:
-        index = read_documents(location).trajectory_index
+        index = read_store_documents(location).trajectory_index
         ids = [int(i) for i in index["trajectory_id_list"]]
         states.add(len(ids))
         todo = [i for i in ids if i not in seen]
