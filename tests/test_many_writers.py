@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import signal
 import threading
 import time
@@ -192,10 +193,10 @@ def test_a_reader_does_not_race_a_slots_first_commit(tmp_path):
     # made, nothing in it yet): readers (and a writer opening the store) see the slot as
     # not committed yet.
     (slot / "index").rename(slot / "index.later")
-    (slot / "index").mkdir()
+    (slot / "index" / "log").mkdir(parents=True)
     assert open_buffer(str(store)).ids == [0]
     with TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(store)) as third:
         assert len(third) == 0  # opened: no error
-    (slot / "index").rmdir()
+    shutil.rmtree(slot / "index")
     (slot / "index.later").rename(slot / "index")
     assert open_buffer(str(store)).ids == [0, ID_STRIDE]

@@ -101,7 +101,7 @@ class SlotIndex:
 
 def has_log(location: Location) -> bool:
     """Whether the slot at ``location`` keeps its index as a log."""
-    return location.exists(INDEX_DIR)
+    return bool(location.list_names(INDEX_DIR))  # one listing (an exists is two on S3)
 
 
 def read_slot_index(location: Location, last: int | None = None) -> SlotIndex:
