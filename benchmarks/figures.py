@@ -19,7 +19,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = "benchmarks/results"
-SUITES = ("sampling", "s3", "training", "sequences", "distributed")
+SUITES = ("sampling", "s3", "training", "sequences", "distributed", "scale")
 # The front page's figures: (suite, target) in the order shown.
 HEADLINES = (
     ("sampling", "image: hot within 1.5x of one index_select"),
@@ -34,6 +34,9 @@ HEADLINES = (
     ("training", "training: 10 ms step with prefetch, S3 steps/s >= 0.9x local"),
     ("sequences", "sequences: rows/s >= TorchRL SliceSampler"),
     ("distributed", "Ray actor add+sample >= TorchRL RayReplayBuffer"),
+    ("scale", "ms per tiny trajectory at 100,000 vs at 1k, local"),
+    ("scale", "resume at 1,000,000 trajectories, local, s"),
+    ("scale", "open_buffer + the first sample(256), window 100, s"),
 )
 BLOCK = re.compile(r"(<!-- figures:(\w+) -->\n)(.*?)(<!-- /figures -->)", re.DOTALL)
 # Where each page links the results from.
