@@ -3,7 +3,7 @@
 The buffer is a coordinator.  It validates, takes its lock and delegates: ids and counters
 to :class:`~rbzarr.buffer.index.TrajectoryIndex`, sampling to its
 :class:`~rbzarr.sampling.reader.StoreReader`, hot rows to
-:class:`~rbzarr.buffer.cache.TrajectoryCache`, persistence to the
+:class:`~rbzarr.buffer.cache.RowCache`, persistence to the
 :class:`~rbzarr.buffer.commits.StoreCommitter`, and checkpoints to
 :mod:`rbzarr.buffer.checkpoint`.  RLinf's other names for its calls come from
 :class:`~rbzarr.buffer.rlinf_compat.RLinfCompatMixin`.
@@ -22,7 +22,7 @@ import torch
 
 from rbzarr.buffer import checkpoint, references
 from rbzarr.buffer.background import DEFAULT_TIMEOUT
-from rbzarr.buffer.cache import TrajectoryCache
+from rbzarr.buffer.cache import RowCache
 from rbzarr.buffer.commits import StoreCommitter
 from rbzarr.buffer.held import BufferRows
 from rbzarr.buffer.index import TrajectoryIndex
@@ -62,7 +62,7 @@ def _listed(trajectories: object) -> list[Trajectory]:
     return list(trajectories)
 
 
-def _materialize(lock: threading.RLock, cache: TrajectoryCache, trajectory_id: int) -> None:
+def _materialize(lock: threading.RLock, cache: RowCache, trajectory_id: int) -> None:
     """Writer thread, after a commit: copy the trajectory's rows into the cache, if it is free."""
     # The writer never waits for the buffer: while another thread holds the lock (a sample,
     # a checkpoint being saved), the rows stay shared and are copied when first read.
@@ -201,7 +201,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             capacity: int | None = sample_window_size if sample_window_size > 0 else None
         else:
             capacity = max(cache_size, 0) if enable_cache else 0
-        self._cache = TrajectoryCache(capacity)
+        self._cache = RowCache(capacity)
         self._add_lock = threading.Lock()  # serialises adders, loads, clear and close
         self._closed = False
         location = Location.from_url(auto_save_path, self.storage_options) if auto_save else None

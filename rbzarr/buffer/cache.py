@@ -1,4 +1,4 @@
-"""TrajectoryCache: a FIFO cache of flattened trajectories in preallocated cells.
+"""RowCache: a FIFO cache of flattened trajectories in preallocated cells.
 
 Every key has one tensor ``[cells, max_rows, ...]``; a trajectory occupies one cell.  A batch
 of cached rows is then one ``index_select`` per key over the flattened cell tensor, whatever
@@ -6,15 +6,15 @@ the mix of trajectories.  Cells are allocated lazily and grow (in count up to th
 and in rows when a longer trajectory arrives).
 
 A trajectory the store committer holds a private copy of is cached *shared*
-(:meth:`TrajectoryCache.put_shared`): it takes its place in the FIFO order at once, and its rows are
-copied into a cell only when the writer is done with that copy (:meth:`TrajectoryCache.materialize`)
+(:meth:`RowCache.put_shared`): it takes its place in the FIFO order at once, and its rows are
+copied into a cell only when the writer is done with that copy (:meth:`RowCache.materialize`)
 or when they are first read, whichever comes first.  One that is evicted before either is
 never copied, and ``add_trajectories`` copies each trajectory once, not twice.
 
 A trajectory added by reference (another writer committed it to the store) is *reserved*
-(:meth:`TrajectoryCache.reserve`): it takes its FIFO place at once, as a trajectory added by value
+(:meth:`RowCache.reserve`): it takes its FIFO place at once, as a trajectory added by value
 would, but holds nothing and counts as not cached until its rows are first read from the
-store and handed in (:meth:`TrajectoryCache.fill`).  From then on the cache is the one a buffer
+store and handed in (:meth:`RowCache.fill`).  From then on the cache is the one a buffer
 that added the same trajectories by value has.
 """
 
@@ -31,7 +31,7 @@ from rbzarr.trajectory.flat_view import Residue, join_trajectory
 from rbzarr.trajectory.model import Schema, Trajectory
 from rbzarr.trajectory.validated import ValidatedTrajectory
 
-__all__ = ["TrajectoryCache"]
+__all__ = ["RowCache"]
 
 # The cell of a shared trajectory whose rows are not copied into the cells yet.
 _NOT_COPIED = -1
@@ -39,7 +39,7 @@ _NOT_COPIED = -1
 _NOT_READ = -2
 
 
-class TrajectoryCache:
+class RowCache:
     """FIFO cache of flat trajectories; ``capacity=None`` keeps all, 0 none; not thread-safe."""
 
     def __init__(self, capacity: int | None) -> None:

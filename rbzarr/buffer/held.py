@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from rbzarr.buffer.cache import TrajectoryCache
+from rbzarr.buffer.cache import RowCache
 from rbzarr.buffer.commits import StoreCommitter
 from rbzarr.sampling.sampler import Window
 from rbzarr.storage.documents import Entry
@@ -27,7 +27,7 @@ class BufferRows:
     """A buffer's cache and (with ``auto_save``) its committer's pending writes."""
 
     def __init__(
-        self, cache: TrajectoryCache, committer: StoreCommitter | None, lock: threading.RLock
+        self, cache: RowCache, committer: StoreCommitter | None, lock: threading.RLock
     ) -> None:
         self._cache = cache
         self._committer = committer
