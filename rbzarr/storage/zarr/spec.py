@@ -18,11 +18,12 @@ import numpy as np
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.json_limits import read_json
 from rbzarr.storage.zarr import shard_index
+from rbzarr.storage.zarr.codecs import image_layout, parse_codec
 
 __all__ = ["KINDS", "MAX_CHUNK_BYTES", "ArraySpec", "check_document", "parse_specs"]
 
 # The kinds of array a layout description names for rbzarr's own readers.
-KINDS = ("mapped", "chunked")
+KINDS = ("mapped", "chunked", "image")
 # The largest decoded inner chunk a description may ask for (rbzarr writes ~64 KiB ones, or
 # one row): a codec is never asked to fill more than this per chunk.
 MAX_CHUNK_BYTES = 64 << 20
@@ -45,7 +46,8 @@ class ArraySpec:
     key
         The flat key (``"curr_obs/image"``).
     kind
-        ``"mapped"`` (uncompressed, one inner chunk) or ``"chunked"`` (zstd inner chunks).
+        ``"mapped"`` (uncompressed, one inner chunk), ``"chunked"`` (zstd inner chunks) or
+        ``"image"`` (one frame per inner chunk, encoded by an image codec).
     shape
         The raw array's shape, ``[T(+E), B, ...]`` or ``[T]``.
     dtype
@@ -57,6 +59,12 @@ class ArraySpec:
     separator
         The chunk key separator: the shard is ``c.0.0...`` (``"."``) or, in groups whose
         description names none, ``c/0/0/...`` (``"/"``).
+    codec
+        The codec spec of a ``"chunked"`` or ``"image"`` array (``"zstd:1"``, ``"qoi"``).
+    image
+        How an ``"image"`` array's frames lie: ``"hwc"`` or ``"chw"``.
+    psnr
+        The PSNR a lossy codec measured at encode (dB), else ``None``.
     """
 
     key: str
@@ -66,6 +74,9 @@ class ArraySpec:
     inner: tuple[int, ...]
     shard_bytes: int
     separator: str = "/"
+    codec: str = ""
+    image: str = ""
+    psnr: float | None = None
 
     @classmethod
     def parse(cls, key: str, description: Any, where: str) -> ArraySpec:
@@ -79,6 +90,9 @@ class ArraySpec:
                 inner=tuple(int(d) for d in description["inner"]),
                 shard_bytes=int(description["shard_bytes"]),
                 separator=str(description.get("separator", "/")),
+                codec=str(description.get("codec", "")),
+                image=str(description.get("image", "")),
+                psnr=None if description.get("psnr") is None else float(description["psnr"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptStoreError(f"{where}: unreadable layout description: {exc}") from exc
@@ -96,13 +110,17 @@ class ArraySpec:
             or spec.dtype.shape != ()
         ):
             raise CorruptStoreError(f"{where}: invalid layout description {description!r}")
-        if spec.kind == "chunked" and spec.chunk_bytes > MAX_CHUNK_BYTES:
+        if spec.kind == "image" and not _image_ok(spec):
+            raise CorruptStoreError(f"{where}: invalid image description {description!r}")
+        if spec.kind == "chunked" and spec.codec and not spec.codec.startswith("zstd"):
+            raise CorruptStoreError(f"{where}: chunked arrays are zstd, not {spec.codec!r}")
+        if spec.kind != "mapped" and spec.chunk_bytes > MAX_CHUNK_BYTES:
             raise CorruptStoreError(
                 f"{where}: inner chunks of {spec.chunk_bytes} bytes, more than the "
                 f"{MAX_CHUNK_BYTES} a decoded chunk may have"
             )
         bound = max(MAX_RATIO_FLOOR, spec.shard_bytes * MAX_RATIO)
-        if spec.kind == "chunked" and spec.data_bytes > bound:
+        if spec.kind != "mapped" and spec.data_bytes > bound:
             raise CorruptStoreError(
                 f"{where}: {spec.data_bytes} bytes decoded from a shard of {spec.shard_bytes} "
                 f"bytes, more than {MAX_RATIO} times its size"
@@ -155,6 +173,19 @@ class ArraySpec:
                 f"array ([0, {self.data_bytes}])"
             )
         return index
+
+
+def _image_ok(spec: ArraySpec) -> bool:
+    """Whether an ``"image"`` description names an image codec and one frame per chunk."""
+    try:
+        codec = parse_codec(spec.codec)
+    except ValueError:
+        return False
+    return (
+        codec.is_image
+        and spec.image == image_layout(spec.shape, spec.dtype)
+        and spec.inner == (1, 1, *spec.shape[2:])
+    )
 
 
 def check_document(raw: bytes | None, spec: ArraySpec, where: str) -> None:
