@@ -3,10 +3,11 @@
 API (what ``layout_options={"codecs": {key: spec}}`` and the tools take)::
 
     parse_codec(spec) -> Codec
-        spec: "raw" | "zstd" | "zstd:<level>" | "lossless" | "qoi" | "png" | "png:<level>"
-              | "jpegxl-lossless" | "jpegxl-lossless:<effort>" | "jpeg:<quality>"
-              | "jpegxl:<quality>" | None (raw) | a zarr codec object (ZstdCodec, BloscCodec..)
-              | a Codec.  Unknown or malformed specs raise ValueError naming the spec.
+        spec: "raw" | "zstd" | "zstd:<level>" | "zstd:<level>+checksum" | "lossless"
+              | "qoi" | "png" | "png:<level>" | "jpegxl-lossless" | "jpegxl-lossless:<effort>"
+              | "jpeg:<quality>" | "jpegxl:<quality>" | None (raw)
+              | a zarr codec object (ZstdCodec, BloscCodec..) | a Codec.
+        Unknown or malformed specs raise ValueError naming the spec.
     parse_codecs({key: spec}) -> {key: Codec}      keys are flat ("curr_obs/image") or
                                                     "default" (every key not named)
     choose_codec(codecs, key, shape, dtype) -> Codec   the concrete codec of one array:
@@ -36,7 +37,6 @@ JPEG-XL effort 1 (0.21 / 0.59 of raw per frame) and decodes 5-10x faster than ei
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -180,8 +180,12 @@ RAW = Codec("raw")
 
 
 def images_available() -> bool:
-    """Whether ``imagecodecs`` (the ``rbzarr[images]`` extra) is installed."""
-    return importlib.util.find_spec("imagecodecs") is not None
+    """Whether ``imagecodecs`` (the ``rbzarr[images]`` extra) can be imported."""
+    try:
+        import imagecodecs  # noqa: F401, PLC0415
+    except ImportError:
+        return False
+    return True
 
 
 def require_images(what: str) -> None:
@@ -219,15 +223,14 @@ def parse_codec(spec: Any) -> Codec:
     """
     if isinstance(spec, Codec):
         return spec
-    if spec is None:
-        return Codec("raw")
-    if isinstance(spec, ZstdCodec):
-        return Codec("zstd", int(spec.level), given=spec)
     if not isinstance(spec, str):
-        if hasattr(spec, "to_dict"):
-            return Codec("zarr", given=spec)
-        raise ValueError(f"codec {spec!r}: expected a spec string, a zarr codec or None")
-    name, sep, raw_param = spec.strip().lower().partition(":")
+        return _from_object(spec)
+    text = spec.strip().lower()
+    if text.startswith("zstd") and text.endswith("+checksum"):
+        plain = parse_codec(text.removesuffix("+checksum"))
+        level = int(plain.param if plain.param is not None else 1)
+        return Codec("zstd", level, given=ZstdCodec(level=level, checksum=True))
+    name, sep, raw_param = text.partition(":")
     if name not in _DEFAULT_PARAM:
         known = ", ".join(repr(n) for n in _DEFAULT_PARAM)
         raise ValueError(f"codec {spec!r}: unknown name {name!r} (known: {known})")
@@ -245,6 +248,17 @@ def parse_codec(spec: Any) -> Codec:
     if not low <= param <= high:
         raise ValueError(f"codec {spec!r}: {name} takes {low}..{high}, got {param}")
     return Codec(name, param)
+
+
+def _from_object(spec: Any) -> Codec:
+    """The :class:`Codec` of ``None`` (raw) or a zarr codec object."""
+    if spec is None:
+        return Codec("raw")
+    if isinstance(spec, ZstdCodec):
+        return Codec("zstd", int(spec.level), given=spec)
+    if hasattr(spec, "to_dict"):
+        return Codec("zarr", given=spec)
+    raise ValueError(f"codec {spec!r}: expected a spec string, a zarr codec or None")
 
 
 def parse_codecs(codecs: Mapping[str, Any] | None) -> dict[str, Codec]:

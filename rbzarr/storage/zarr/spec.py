@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -65,6 +65,14 @@ class ArraySpec:
         How an ``"image"`` array's frames lie: ``"hwc"`` or ``"chw"``.
     psnr
         The PSNR a lossy codec measured at encode (dB), else ``None``.
+    same_as
+        For a ``next_obs`` key stored once (:mod:`rbzarr.storage.zarr.next_obs`): the
+        ``curr_obs`` key its other rows are read from, else ``""``.
+    rows
+        ``(T, B)`` of a key stored once, else ``()``.
+    explicit
+        The sorted elements ``t * B + b`` a key stored once holds (row ``m`` holds
+        ``explicit[m]``), else ``None``.
     """
 
     key: str
@@ -77,6 +85,9 @@ class ArraySpec:
     codec: str = ""
     image: str = ""
     psnr: float | None = None
+    same_as: str = ""
+    rows: tuple[int, ...] = ()
+    explicit: np.ndarray | None = field(default=None, compare=False)
 
     @classmethod
     def parse(cls, key: str, description: Any, where: str) -> ArraySpec:
@@ -93,6 +104,9 @@ class ArraySpec:
                 codec=str(description.get("codec", "")),
                 image=str(description.get("image", "")),
                 psnr=None if description.get("psnr") is None else float(description["psnr"]),
+                same_as=str(description.get("same_as", "")),
+                rows=tuple(int(d) for d in description.get("rows", ())),
+                explicit=_explicit(description.get("explicit")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptStoreError(f"{where}: unreadable layout description: {exc}") from exc
@@ -110,6 +124,8 @@ class ArraySpec:
             or spec.dtype.shape != ()
         ):
             raise CorruptStoreError(f"{where}: invalid layout description {description!r}")
+        if (spec.same_as or spec.explicit is not None or spec.rows) and not _shared_ok(spec):
+            raise CorruptStoreError(f"{where}: invalid next_obs description {description!r}")
         if spec.kind == "image" and not _image_ok(spec):
             raise CorruptStoreError(f"{where}: invalid image description {description!r}")
         if spec.kind == "chunked" and spec.codec and not spec.codec.startswith("zstd"):
@@ -133,6 +149,13 @@ class ArraySpec:
                 f"chunks of shape {list(spec.inner)} and their index"
             )
         return spec
+
+    @property
+    def logical_shape(self) -> tuple[int, ...]:
+        """The array's shape as read (``[T, B, ...]`` for a key stored once)."""
+        if not self.same_as:
+            return self.shape
+        return (*self.rows, *self.shape[2:])
 
     @property
     def chunks(self) -> int:
@@ -173,6 +196,33 @@ class ArraySpec:
                 f"array ([0, {self.data_bytes}])"
             )
         return index
+
+
+def _explicit(found: Any) -> np.ndarray | None:
+    """The ``explicit`` elements of a description (``None`` when absent)."""
+    if found is None:
+        return None
+    if not isinstance(found, list) or not all(type(e) is int for e in found):
+        raise TypeError(f"explicit must list integers, got {type(found).__name__}")
+    return np.asarray(found, dtype=np.int64)
+
+
+def _shared_ok(spec: ArraySpec) -> bool:
+    """Whether a ``next_obs`` key stored once is described consistently: its rows sorted,
+    distinct, inside ``T * B`` and including every row of the last step."""
+    explicit = spec.explicit
+    if explicit is None or len(spec.rows) != 2 or len(spec.shape) < 2 or spec.kind != "image":
+        return False
+    T, B = spec.rows
+    if not (0 < T < MAX_DIM and 0 < B < MAX_DIM) or spec.shape[:2] != (len(explicit), 1):
+        return False
+    last = explicit[explicit >= (T - 1) * B]
+    return (
+        spec.same_as.startswith("curr_obs/")
+        and bool((np.diff(explicit) > 0).all())
+        and (not len(explicit) or (int(explicit[0]) >= 0 and int(explicit[-1]) < T * B))
+        and len(last) == B
+    )
 
 
 def _image_ok(spec: ArraySpec) -> bool:
