@@ -709,10 +709,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         """
         location = Location.from_url(load_path, self.storage_options, follow_links=follow_links)
         if location.is_local and os.path.isfile(location.path):
-            raise CheckpointNotFoundError(
-                f"load_checkpoint: {location.url} is a file, expected a store folder (the "
-                "save_path of save_checkpoint or an auto_save_path)"
-            )
+            raise CheckpointNotFoundError(f"load_checkpoint: {location.absence()}")
         share_of = (local_rank, world_size) if is_distributed else None
         loaded = checkpoint.load(
             location,

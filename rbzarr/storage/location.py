@@ -58,6 +58,10 @@ def _missing_client(url: str, exc: ImportError) -> str:
     return f"{url}: {exc}"
 
 
+# Object stores whose first path part is a bucket (or container).
+_BUCKET_PROTOCOLS = ("s3", "s3a", "gs", "gcs", "az", "abfs")
+
+
 @dataclass(frozen=True)
 class Location:
     """A root path on an fsspec filesystem.
@@ -196,6 +200,35 @@ class Location:
         """Whether a file or directory is at the root or ``names`` below it."""
         with translate_errors(self.url, "checking"):
             return bool(self.fs.exists(self.join(*names), **self._deadline()))
+
+    def absence(self) -> str:
+        """Why no store is here, with the fix: a missing bucket or folder, a file, or neither."""
+        with translate_errors(self.url, "checking"):
+            if not self.is_local:
+                bucket = self.path.strip("/").split("/", 1)[0]
+                protocol = fsspec.core.split_protocol(self.url)[0]
+                if (
+                    protocol in _BUCKET_PROTOCOLS
+                    and bucket
+                    and not self.fs.exists(bucket, **self._deadline())
+                ):
+                    return (
+                        f"the bucket {bucket!r} does not exist (or these credentials cannot "
+                        f"see it): create it, e.g. `aws s3 mb s3://{bucket}` (with "
+                        "--endpoint-url for a local server), or fix the URL"
+                    )
+                return "not an rbzarr or RLinf store"
+            found = self.path  # the nearest part of the path that exists
+            while not os.path.lexists(found) and os.path.dirname(found) != found:
+                found = os.path.dirname(found)
+            if os.path.isfile(found):
+                return (
+                    f"{found} is a file, expected a store folder (the save_path of "
+                    "save_checkpoint or an auto_save_path)"
+                )
+            if found != self.path:
+                return f"no folder {self.path}: check the path"
+        return "not an rbzarr or RLinf store"
 
     def read_bytes(self, *names: str) -> bytes:
         """The bytes of a file below the root (``FileNotFoundError`` names a missing one)."""
