@@ -12,6 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import make_trajectory
+
+from rbzarr import TrajectoryReplayBuffer
 from rbzarr.cli.main import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,4 +53,14 @@ def first_importing_torch(runs: list[list[str]]) -> str:
 
 def test_help_of_the_group_and_of_every_command_imports_no_torch() -> None:
     runs = [["--help"], *([name, "--help"] for name in COMMANDS)]
+    assert first_importing_torch(runs) == "none"
+
+
+def test_info_and_ls_of_a_zarr_store_import_no_torch(tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store) as buffer:
+        buffer.add_trajectories([make_trajectory(4, 2, i) for i in range(3)])
+    runs = [["info", store], ["info", "--json", store], ["ls", store], ["ls", "--json", store]]
+    if "checkpoints" in COMMANDS:
+        runs.append(["checkpoints", store])
     assert first_importing_torch(runs) == "none"

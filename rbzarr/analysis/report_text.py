@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rbzarr.analysis.verify import VerifyReport
+if TYPE_CHECKING:
+    from rbzarr.analysis.verify import VerifyReport
 
 __all__ = ["info_lines", "ls_lines", "stats_lines", "verify_lines"]
 

@@ -30,13 +30,11 @@ __all__ = ["info", "list_command", "plot", "stats", "verify"]
 @click.pass_context
 def info(ctx: click.Context, url: str, as_json: bool) -> None:
     """Counts, per-key dtype / shape / chunks / codec, and sizes of the store at URL."""
+    from rbzarr.analysis.listing import StoreListing  # noqa: PLC0415 (torch-free)
     from rbzarr.analysis.report_text import info_lines  # noqa: PLC0415
     from rbzarr.analysis.summary import describe_store  # noqa: PLC0415
-    from rbzarr.analysis.view import open_buffer  # noqa: PLC0415 (keep --help fast)
 
-    report = describe_store(
-        open_buffer(store_source(ctx, url), storage_options(ctx), **cache_arguments(ctx))
-    )
+    report = describe_store(StoreListing(store_source(ctx, url), storage_options(ctx)))
     if as_json:
         print_json(report)
         return
@@ -49,13 +47,11 @@ def info(ctx: click.Context, url: str, as_json: bool) -> None:
 @click.pass_context
 def list_command(ctx: click.Context, url: str, as_json: bool) -> None:
     """One line per committed trajectory: id, uuid, shape, samples, weights id, bytes."""
+    from rbzarr.analysis.listing import StoreListing  # noqa: PLC0415 (torch-free)
     from rbzarr.analysis.report_text import ls_lines  # noqa: PLC0415
     from rbzarr.analysis.summary import list_trajectories  # noqa: PLC0415
-    from rbzarr.analysis.view import open_buffer  # noqa: PLC0415
 
-    rows = list_trajectories(
-        open_buffer(store_source(ctx, url), storage_options(ctx), **cache_arguments(ctx))
-    )
+    rows = list_trajectories(StoreListing(store_source(ctx, url), storage_options(ctx)))
     if as_json:
         print_json(rows)
         return
