@@ -238,10 +238,15 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             else None,
         )
         self._read_ahead = self._reader.ahead
+        self._sampler_at_open = self._sampler_state()
         if self._committer is not None:
             self.local_cache.check_shapes(self._schema, [(self._committer.largest_committed, 1)])
 
     # -- plumbing -----------------------------------------------------------------------
+    def _sampler_state(self) -> dict[str, Any]:
+        """Both samplers' state, JSON-ready, as a checkpoint's ``sampler`` holds it."""
+        return {**self._reader.rows.state_dict(), "sequences": self._reader.sequences.state_dict()}
+
     def _empty_message(self) -> str:
         """Why sampling an empty buffer fails, and what to do (a store may hold a run)."""
         message = "cannot sample from an empty buffer: add trajectories first"
@@ -650,10 +655,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             metadata = {
                 "seed": self.seed,
                 "schema": checkpoint.schema_to_json(self._schema),
-                "sampler": {
-                    **self._reader.rows.state_dict(),
-                    "sequences": self._reader.sequences.state_dict(),
-                },
+                "sampler": self._sampler_state(),
             }
             saved = self._index.subset(ids)
             cached = (
@@ -749,6 +751,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         )
         self._reader.rows.load_state_dict({"seed": self.seed, **loaded.sampler})
         self._reader.sequences.load_state_dict(loaded.sampler.get("sequences"), self.seed)
+        self._sampler_at_open = self._sampler_state()
         self._window_changed()
         if self._committer is None:
             self.trajectory_format = loaded.trajectory_format
@@ -793,11 +796,17 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             and every later ``close()`` or ``flush()`` waits again and reports the same.
         """
         with self._add_lock:
+            first = not self._closed
             self._closed = True
         if self._read_ahead is not None:
             self._read_ahead.close()
         if self._committer is not None:
-            self._committer.close(timeout, wait)
+            # The samplers' state as of the batches handed out, for load_checkpoint of this
+            # store to continue the draws (recorded only if they moved since opening).
+            with self._lock:
+                state = self._sampler_state()
+            moved = first and state != self._sampler_at_open
+            self._committer.close(timeout, wait, {"sampler": state} if moved else None)
 
     def __enter__(self) -> Self:
         return self
