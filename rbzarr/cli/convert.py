@@ -47,6 +47,12 @@ _export_choice = click.Choice(["zarr", "pt", "pkl", *_DATASET_FORMATS])
     "--codec", default="libsvtav1", show_default=True, help="lerobot: the PyAV video encoder."
 )
 @click.option(
+    "--dataset-id",
+    default=None,
+    help="minari: the dataset id, (namespace/)name-v<N> (default: the path below "
+    "MINARI_DATASETS_PATH when written there, else the folder's name).",
+)
+@click.option(
     "--include-incomplete",
     is_flag=True,
     help="lerobot, hdf5, minari: also write the episodes still running where the store ends.",
@@ -63,6 +69,7 @@ def export(
     fps: int | None,
     task: str,
     codec: str,
+    dataset_id: str | None,
     include_incomplete: bool,
     scheduler: str | None,
 ) -> None:
@@ -74,8 +81,8 @@ def export(
     ----------
     ctx
         The command's context; the group's ``--storage-option`` values are read from it.
-    source, destination, trajectory_format, ids, last, fps, task, codec, include_incomplete
-    scheduler
+    source, destination, trajectory_format, ids, last, fps, task, codec, dataset_id
+    include_incomplete, scheduler
         The arguments and options, passed to ``export_store`` or ``export_dataset``.
 
     Raises
@@ -103,6 +110,7 @@ def export(
             storage_options=options,
             destination_options=options,
             progress=progress_wanted(),
+            dataset_id=dataset_id,
         )
         left = (
             f"; {written.left_out} incomplete episodes left out (--include-incomplete writes them)"

@@ -195,6 +195,7 @@ def export_dataset(
     storage_options: Mapping[str, Any] | None = None,
     destination_options: Mapping[str, Any] | None = None,
     progress: bool = False,
+    dataset_id: str | None = None,
 ) -> DatasetExport:
     """Write a store as a new LeRobot v3.0 dataset, robomimic HDF5 file or Minari dataset.
 
@@ -211,8 +212,7 @@ def export_dataset(
     source
         The store to export.
     destination
-        A new LeRobot dataset folder, a new ``.hdf5`` file, or a new Minari dataset folder
-        (its name is the dataset id of a store not imported from Minari).
+        A new LeRobot dataset folder, a new ``.hdf5`` file, or a new Minari dataset folder.
     target_format
         ``"lerobot"``, ``"hdf5"`` (robomimic's layout) or ``"minari"``.
     fps
@@ -229,6 +229,10 @@ def export_dataset(
         fsspec options for the source and the destination (Minari: a local folder).
     progress
         Show a progress bar on stderr.
+    dataset_id
+        Minari: the dataset's id, ``(namespace/)name-v<N>``; by default its path below
+        Minari's datasets folder (``MINARI_DATASETS_PATH``) when written there, else the
+        destination folder's name, so ``minari.load_dataset`` finds it by that id.
 
     Returns
     -------
@@ -247,6 +251,8 @@ def export_dataset(
         A module of the ``datasets`` extra is not installed.
     """
     _check_format(target_format, EXPORT_FORMATS, "export")
+    if dataset_id is not None and target_format != "minari":
+        raise ValueError(f"dataset_id names a Minari dataset, not a {target_format} export")
     if target_format == "lerobot":
         with _datasets_extra():
             from rbzarr.interop.lerobot_write import export_lerobot  # noqa: PLC0415
@@ -274,6 +280,7 @@ def export_dataset(
                 include_incomplete=include_incomplete,
                 storage_options=storage_options,
                 progress=progress,
+                dataset_id=dataset_id,
             )
         )
     with _datasets_extra():
