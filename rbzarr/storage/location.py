@@ -19,18 +19,19 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
-import zarr.storage
 from fsspec.implementations.local import LocalFileSystem
-from zarr.abc.store import Store
 
 from rbzarr.errors import StoreExistsError, UnsafePathError
 from rbzarr.storage.backends import bound_retries, translate_errors, with_s3_defaults
 from rbzarr.storage.deadlines import deadline_options
 from rbzarr.storage.files import make_directories, write_file
 from rbzarr.storage.names import safe_name
+
+if TYPE_CHECKING:
+    from zarr.abc.store import Store
 
 __all__ = ["Location"]
 
@@ -356,6 +357,8 @@ class Location:
 
     def zarr_store(self, read_only: bool = False) -> Store:
         """A new zarr store rooted here: ``LocalStore`` locally, else ``FsspecStore``."""
+        import zarr.storage  # noqa: PLC0415 (zarr loads only when a store is opened)
+
         if self.is_local:
             return zarr.storage.LocalStore(self.path, read_only=read_only)
         store = zarr.storage.FsspecStore.from_url(

@@ -7,14 +7,17 @@ documents only, so they answer without importing torch;
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import zarr
 from tqdm import tqdm
 
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.documents import Entry
+from rbzarr.storage.json_limits import read_json
 from rbzarr.storage.location import Location
 from rbzarr.storage.zarr.shard_index import DTYPE_ATTR
 
@@ -32,6 +35,8 @@ __all__ = [
 
 TRAJECTORIES = "trajectories"
 FIELDS_ATTR = "fields"
+# The group attribute where layout 2 records its arrays (their kind, shape, dtype, ...).
+LAYOUT_ATTR = "rbzarr_layout"
 # The layout version of a store written before layout 2 recorded one.
 UNRECORDED_VERSION = 1
 
@@ -87,21 +92,47 @@ def describe_keys(
     disk = 0
     by_trajectory = _sizes_by_trajectory(sizes)
     for entry in tqdm(list(entries), desc="info", unit="traj", disable=not progress):
-        group = trajectory_group(location, entry)
-        members = group_arrays(location, group)
-        # In the trajectory's field order (that of a sampled batch), not listing order.
-        fields = group.attrs.get(FIELDS_ATTR)
-        order = list(fields) if isinstance(fields, dict) else list(members)
-        described = {name: members[name] for name in order if name in members}
-        for name, array in described.items():
-            info = keys.setdefault(name, _key_info(array))
-            info["raw_bytes"] += int(array.nbytes)
+        recorded = _recorded_sizes(location, entry)
+        if recorded is not None and all(name in keys for name in recorded):
+            # Layout 2 records every array's shape and dtype in the group's attributes: one
+            # small read, not zarr's walk of the group, once each key is described.
+            raw_bytes = recorded
+        else:
+            group = trajectory_group(location, entry)
+            members = group_arrays(location, group)
+            # In the trajectory's field order (that of a sampled batch), not listing order.
+            fields = group.attrs.get(FIELDS_ATTR)
+            order = list(fields) if isinstance(fields, dict) else list(members)
+            arrays = {name: members[name] for name in order if name in members}
+            for name, array in arrays.items():
+                keys.setdefault(name, _key_info(array))
+            raw_bytes = {name: int(array.nbytes) for name, array in arrays.items()}
+        for name, nbytes in raw_bytes.items():
+            keys[name]["raw_bytes"] += nbytes
         for relative, size in by_trajectory.get(str(int(entry["trajectory_id"])), {}).items():
             disk += size
-            key = _owning_key(relative, described)
+            key = _owning_key(relative, raw_bytes)
             if key is not None:
                 keys[key]["bytes_on_disk"] += size
     return keys, disk
+
+
+def _recorded_sizes(location: Location, entry: Entry) -> dict[str, int] | None:
+    """The bytes of each array of a trajectory, in field order, from the shapes and dtypes
+    layout 2 records in its group's attributes; ``None`` where they are not recorded (or
+    not readable: zarr's own read then names the problem)."""
+    where = f"{location.url}/{'/'.join(trajectory_path(entry))}/zarr.json"
+    try:
+        document = read_json(location.read_bytes(*trajectory_path(entry), "zarr.json"), where)
+        attributes = document["attributes"]
+        fields, arrays = attributes[FIELDS_ATTR], attributes[LAYOUT_ATTR]["arrays"]
+        return {
+            name: math.prod(int(n) for n in arrays[name]["shape"])
+            * np.dtype(arrays[name]["dtype"]).itemsize
+            for name in fields
+        }
+    except (FileNotFoundError, CorruptStoreError, KeyError, TypeError, ValueError):
+        return None
 
 
 def _sizes_by_trajectory(sizes: Mapping[str, int]) -> dict[str, dict[str, int]]:
