@@ -17,6 +17,7 @@ torch: ``tests/test_cli_imports.py`` checks every registered command):
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 import click
@@ -91,14 +92,25 @@ class LazyCommands(OneLineErrors):
     "folders you linked on purpose); without it such a link is an error. verify --repair "
     "never deletes or writes through a link either way.",
 )
+@click.option(
+    "--verbose",
+    is_flag=True,
+    help="Let third-party libraries log to stderr (e.g. the AV1 encoder of export "
+    "--format lerobot); quiet by default.",
+)
 @click.version_option(version=__version__, prog_name="rbzarr")
 def main(
     storage_options: dict[str, Any],
     local_cache: str | None,
     local_cache_bytes: int | None,
     follow_links: bool,
+    verbose: bool,
 ) -> None:
     """Inspect and manage rbzarr / RLinf trajectory stores (local paths or fsspec URLs)."""
+    if not verbose:
+        # SVT-AV1 logs its settings at every encoder start; errors only (a value the user
+        # set in the environment wins).
+        os.environ.setdefault("SVT_LOG", "1")
 
 
 if __name__ == "__main__":
