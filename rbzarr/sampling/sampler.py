@@ -57,6 +57,10 @@ class Draw(Protocol):
     def batch(self, flat: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         """The nested batch of the rows read (``{key: [len(rows), ...]}``, in draw order)."""
 
+    def info(self, window_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per item drawn (row or sequence): ``"index"``, the global index of its (first)
+        row, and ``"weight"``, its importance weight (float32; 1 for uniform draws)."""
+
 
 class Sampler(Protocol):
     """Draws rows of a window from a seeded stream; pure torch, no I/O."""
