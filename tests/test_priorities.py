@@ -24,6 +24,7 @@ from rbzarr import (
     Trajectory,
     TrajectoryReplayBuffer,
 )
+from rbzarr.data.datasets import ReplayDataset
 from rbzarr.sampling.priorities import WindowPriorities
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -420,3 +421,46 @@ def test_the_tree_follows_windows_that_slide_and_grow(counts, window, data):
         least = min(model.values())
         for p, r, w in zip(positions.tolist(), rows.tolist(), weights.tolist(), strict=True):
             assert w == pytest.approx(least / model[(ids[p], r)], rel=1e-6)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
+def test_dataloader_workers_draw_by_the_flushed_priorities(tmp_path, context):
+    settings_ = PrioritizedReplay(alpha=1.0, beta=1.0, eps=0.0)
+    buffer = prioritized_buffer(
+        sample_window_size=0, auto_save=True, auto_save_path=tmp_path / "s", prioritized=settings_
+    )
+    buffer.add_trajectories([make_trajectory(2, 2, 100 * k) for k in range(4)])
+    buffer.update_priority(window_indices(buffer), 0.0)
+    buffer.update_priority([index_of(1, 3), index_of(2, 0)], [1.0, 4.0])
+    buffer.flush()
+    dataset = ReplayDataset(buffer, batch_size=64, num_batches=4, seed=5, max_staleness=0.0)
+    loader = dataset.data_loader(num_workers=2, multiprocessing_context=context)
+    for batch in loader:
+        info = batch["sample_info"]
+        assert set(info["index"].tolist()) <= {index_of(1, 3), index_of(2, 0)}
+        assert_rows_consistent({k: v for k, v in batch.items() if k != "sample_info"})
+        weights = dict(zip(info["index"].tolist(), info["weight"].tolist(), strict=True))
+        assert weights.get(index_of(1, 3), 1.0) == 1.0
+        assert weights.get(index_of(2, 0), 0.25) == 0.25
+        # The trainer routes the updates to the buffer, the one owner of the priorities.
+        buffer.update_priority(info["index"], 2.0)
+    assert buffer.get_priority([index_of(1, 3), index_of(2, 0)]).tolist() == [2.0, 2.0]
+    buffer.update_priority([index_of(3, 1)], [8.0])
+    buffer.update_priority([index_of(1, 3), index_of(2, 0)], [0.0, 0.0])
+    buffer.flush()
+    for batch in dataset.data_loader(num_workers=2, multiprocessing_context=context):
+        assert set(batch["sample_info"]["index"].tolist()) == {index_of(3, 1)}
+    buffer.close()
+
+
+def test_a_dataset_without_workers_sees_every_update():
+    buffer = prioritized_buffer(
+        sample_window_size=0, prioritized=PrioritizedReplay(alpha=1.0, beta=1.0, eps=0.0)
+    )
+    buffer.add_trajectories([make_trajectory(2, 2, 0)])
+    buffer.update_priority(window_indices(buffer), [0.0, 1.0, 0.0, 0.0])
+    dataset = ReplayDataset(buffer, batch_size=8, num_batches=2, seed=1, prefetch=1)
+    for step, batch in enumerate(dataset):
+        assert set(batch["sample_info"]["index"].tolist()) == {index_of(0, 1 + step)}
+        buffer.update_priority([index_of(0, 1), index_of(0, 2)], [0.0, 1.0])

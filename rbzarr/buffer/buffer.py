@@ -508,7 +508,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         Parameters
         ----------
         num_chunks
-            Rows to draw (clamped to the window's sample count).
+            Rows to draw (clamped to the window's sample count; with ``prioritized``
+            drawn with replacement, never clamped).
         generator
             A CPU ``torch.Generator`` to draw with for this call instead of the buffer's
             own, whose stream is then left untouched (one stream per DataLoader worker or

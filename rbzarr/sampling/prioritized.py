@@ -33,9 +33,8 @@ class PrioritizedSampler(WindowSampler):
         self.priorities = priorities
 
     def draw(self, n: int, window: Window, generator: torch.Generator | None = None) -> RowDraw:
-        """``min(n, rows)`` rows of ``window`` by priority, with their importance weights."""
-        counts = window.sample_counts()
-        self.priorities.sync(window.ids, counts.tolist())
+        """``n`` rows of ``window`` by priority (with replacement, never clamped), with their
+        importance weights."""
+        self.priorities.sync(window.ids, window.sample_counts().tolist())
         stream = self.generator if generator is None else generator
-        n = min(n, int(counts.sum()))
         return RowDraw(*self.priorities.draw(n, stream))
