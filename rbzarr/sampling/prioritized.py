@@ -35,6 +35,6 @@ class PrioritizedSampler(WindowSampler):
     def draw(self, n: int, window: Window, generator: torch.Generator | None = None) -> RowDraw:
         """``n`` rows of ``window`` by priority (with replacement, never clamped), with their
         importance weights."""
-        self.priorities.sync(window.ids, window.sample_counts().tolist())
+        self.priorities.sync(window.ids, window.sample_counts())
         stream = self.generator if generator is None else generator
         return RowDraw(*self.priorities.draw(n, stream))

@@ -162,6 +162,7 @@ class StoreReader:
         )
         self.sequences = SequenceSampler(seed, self.priorities)
         self.schema = schema
+        self._window: Window | None = None
         self.ahead = None if read_ahead is None else read_ahead(self.rows.generator, self.draw_rows)
 
     def window(self) -> list[int]:
@@ -180,19 +181,35 @@ class StoreReader:
     def window_changed(self) -> None:
         """Batches drawn ahead from the window before it changed are never handed out; the
         priorities follow the window (new rows enter at the largest priority now)."""
+        self._window = None
         if self.ahead is not None:
             self.ahead.discard()
         self.sync_priorities()
+
+    def _current(self) -> Window:
+        """The window, kept while the index and its ids stay the same (call under the lock).
+
+        Raises
+        ------
+        EmptyBufferError
+            The window is empty.
+        """
+        ids = self.window()
+        kept = self._window
+        if kept is None or kept.index is not self.index or kept.ids != ids:
+            kept = self._window = Window(ids, self.index)
+        return kept
 
     def sync_priorities(self) -> None:
         """Let the priorities follow the window (call under the lock)."""
         if self.priorities is None:
             return
         try:
-            ids = self.index.window(self.window_size)
-        except ValueError:  # a window past what the index holds: the next draw says so
+            window = self._current()
+        except (ValueError, EmptyBufferError):  # empty, or past what the index holds
+            self.priorities.sync([], [])
             return
-        self.priorities.sync(ids, self.index.sample_counts(ids).tolist())
+        self.priorities.sync(window.ids, window.counts)
 
     def sample(self, n: int, generator: torch.Generator | None = None) -> Batch:
         """``n`` rows drawn from the window (uniformly, or by priority), as a nested
@@ -289,15 +306,14 @@ class StoreReader:
             with self.lock:
                 for entry, dones in learnt:
                     sampler.learn(entry, dones)
-                window = Window(self.window(), self.index)
+                window = self._current()
                 stored = self._learn_held(sampler, window)
                 if not stored:
                     if self.held is not None:
                         self.held.drawing(window)
                     drawn = sampler.draw(n, window, generator)
-                    window_ids = torch.tensor(window.ids, dtype=torch.int64)
-                    info = drawn.info(window_ids)
-                    plan = self._plan(window, window_ids, drawn.positions, drawn.rows)
+                    info = drawn.info(window.id_tensor)
+                    plan = self._plan(window, drawn.positions, drawn.rows)
                     fill = [] if self.held is None else self.held.reserved(window, drawn.positions)
                     break
             # Read from the store without the lock; learnt under it on the next round.
@@ -330,16 +346,18 @@ class StoreReader:
         assert raw is not None
         return time_steps(raw, int(entry["shape"][0]))
 
-    def _plan(
-        self, window: Window, window_ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor
-    ) -> MissPlan:
+    def _plan(self, window: Window, positions: torch.Tensor, rows: torch.Tensor) -> MissPlan:
         """Under the lock: the drawn rows held in memory, and where the others are read."""
         assert self.schema is not None
-        ids = window_ids[positions]
+        ids = window.id_tensor[positions]
         if self.held is None:
             nothing_held = torch.zeros(len(ids), dtype=torch.bool)
             return plan_misses(ids, rows, nothing_held, {}, self.schema, self.index.entries, {})
-        cells = self.held.cells(window.ids)[positions]
+        if len(window.ids) <= len(ids):
+            cells = self.held.cells(window.ids)[positions]
+        else:  # only the trajectories drawn: the cost follows the batch, not the window
+            drawn_ids, back = torch.unique(ids, return_inverse=True)
+            cells = self.held.cells(drawn_ids.tolist())[back]
         hit = cells >= 0
         if bool(hit.all()):
             return all_cached(self.held.gather(cells, rows), self.schema)
