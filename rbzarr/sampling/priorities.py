@@ -137,6 +137,7 @@ class WindowPriorities:
         self._offered: dict[int, np.ndarray] = {}  # read from the store, not yet in the window
         self._unsaved: set[int] = set()
         self._lookup = _Lookup.of({}, [])
+        self._changed = np.zeros(1, dtype=bool)  # per id of the lookup: updated, unsaved
 
     # -- the window ---------------------------------------------------------------------
     def sync(self, ids: Sequence[int], counts: Sequence[int] | torch.Tensor) -> None:
@@ -165,7 +166,15 @@ class WindowPriorities:
             self._head += rows
         self._window = list(ids)
         self._offered = {i: p for i, p in self._offered.items() if i not in present}
+        self._fold_changed()
         self._lookup = _Lookup.of(self._segments, self._window)
+        self._changed = np.zeros(len(self._lookup.starts), dtype=bool)
+
+    def _fold_changed(self) -> None:
+        """Move the lookup's changed marks into :attr:`_unsaved` (ids still in the window)."""
+        marked = self._lookup.ids[np.flatnonzero(self._changed[: len(self._lookup.ids)])]
+        self._unsaved.update(i for i in marked.tolist() if i in self._segments)
+        self._changed[:] = False
 
     def _compact(self, needed: int) -> None:
         """Move the held segments to the start of a tree with room for ``needed`` more rows."""
@@ -219,7 +228,7 @@ class WindowPriorities:
         self._tree.set(starts[known] + rows[known], priorities[known])
         if known.any():
             self.max_priority = max(self.max_priority, float(priorities[known].max()))
-            self._unsaved.update(np.unique(ids[known]).tolist())
+            self._changed[position[known]] = True
         stale = int(len(index) - known.sum())
         self.stale_updates += stale
         return stale
@@ -286,6 +295,7 @@ class WindowPriorities:
 
     def unsaved(self) -> dict[int, np.ndarray]:
         """Copies of the priorities changed since last taken (now counted as saved)."""
+        self._fold_changed()
         taken = self.held(sorted(self._unsaved))
         self._unsaved = set()
         return taken

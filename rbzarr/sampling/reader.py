@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
+import numpy as np
 import torch
 
 from rbzarr.errors import EmptyBufferError
@@ -312,13 +313,13 @@ class StoreReader:
                     if self.held is not None:
                         self.held.drawing(window)
                     drawn = sampler.draw(n, window, generator)
-                    info = drawn.info(window.id_tensor)
+                    ids = window.id_tensor
                     plan = self._plan(window, drawn.positions, drawn.rows)
                     fill = [] if self.held is None else self.held.reserved(window, drawn.positions)
                     break
             # Read from the store without the lock; learnt under it on the next round.
             learnt = [(entry, self._stored_dones(entry)) for entry in stored]
-        return lambda: (self._read(drawn, plan, fill), info)
+        return lambda: (self._read(drawn, plan, fill), drawn.info(ids))
 
     def _read(self, drawn: Draw, plan: MissPlan, fill: list[Entry]) -> Batch:
         """Read a planned batch (without the lock), then what memory should hold of it."""
@@ -356,8 +357,8 @@ class StoreReader:
         if len(window.ids) <= len(ids):
             cells = self.held.cells(window.ids)[positions]
         else:  # only the trajectories drawn: the cost follows the batch, not the window
-            drawn_ids, back = torch.unique(ids, return_inverse=True)
-            cells = self.held.cells(drawn_ids.tolist())[back]
+            drawn_ids, back = np.unique(ids.numpy(), return_inverse=True)
+            cells = self.held.cells(drawn_ids.tolist())[torch.from_numpy(back)]
         hit = cells >= 0
         if bool(hit.all()):
             return all_cached(self.held.gather(cells, rows), self.schema)

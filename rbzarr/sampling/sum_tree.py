@@ -128,9 +128,11 @@ class SumTree:
         level = len(self.sums) - 1
         ends = np.cumsum(self.sums[level])
         remaining = uniform * ends[-1]
-        nodes = np.searchsorted(ends, remaining, side="right")
-        nodes = np.minimum(nodes, np.flatnonzero(self.sums[level] > 0)[-1])
-        remaining -= ends[nodes] - self.sums[level][nodes]
+        top = self.sums[level]
+        nodes = np.minimum(np.searchsorted(ends, remaining, side="right"), len(top) - 1)
+        if not top[nodes].all():  # rounding went past the last node of positive mass
+            nodes = np.minimum(nodes, np.flatnonzero(top > 0)[-1])
+        remaining -= ends[nodes] - top[nodes]
         np.maximum(remaining, 0.0, out=remaining)
         for below in range(level - 1, -1, -1):
             nodes = nodes * FANOUT + _child(self.sums[below].reshape(-1, FANOUT)[nodes], remaining)
