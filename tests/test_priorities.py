@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
+from benchmarks.priorities import priorities_targets
 from rbzarr import (
     CorruptStoreError,
     EmptyBufferError,
@@ -464,3 +465,20 @@ def test_a_dataset_without_workers_sees_every_update():
     for step, batch in enumerate(dataset):
         assert set(batch["sample_info"]["index"].tolist()) == {index_of(0, 1 + step)}
         buffer.update_priority([index_of(0, 1), index_of(0, 2)], [0.0, 1.0])
+
+
+def test_the_benchmark_targets_read_a_run_and_say_why_the_peer_is_missing():
+
+    case = {"ours": {"p50_ms": 0.5, "rows": 10}, "torchrl": {"p50_ms": 1.0}}
+    results = {
+        "hot": case,
+        "disk": {**case, "torchrl": {"unavailable": "no torchrl here"}},
+        "sequences": case,
+        "torchrl_versions": {"torchrl": "0.14.1"},
+        "distribution": {"draws": 10, "rows": 2, "p_value": 0.5, "max_weight_error": 0.0},
+        "kill": {"killed": True, "equal": True},
+        "memory": {"rows": 10, "bytes": 60, "float32_bytes": 40, "float64_bytes": 80},
+    }
+    found = {t["target"].split(" (")[0]: t for t in priorities_targets(results)}
+    assert [t["met"] for t in found.values()] == [True, None, True, True, True, True, True]
+    assert "no torchrl here" in found["the same, rows from disk, vs LazyMemmapStorage"]["reason"]
