@@ -14,9 +14,8 @@ import torch
 from conftest import assert_rows_consistent, make_trajectory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from scipy.stats import chisquare
 
-from benchmarks.priorities import priorities_targets
+from benchmarks.priorities import chi_square_p, priorities_targets
 from rbzarr import (
     CorruptStoreError,
     EmptyBufferError,
@@ -160,7 +159,7 @@ def test_drawn_frequencies_match_the_proportional_probabilities():
         index = info["index"].numpy()
         np.add.at(counts, (index >> 32) * 100 + (index & 0xFFFFFFFF), 1)
     mass = priorities.astype(np.float64) ** 0.8
-    assert chisquare(counts, mass / mass.sum() * counts.sum()).pvalue >= 0.01
+    assert chi_square_p(counts, mass / mass.sum() * counts.sum())[1] >= 0.01
 
 
 def test_a_seed_gives_the_same_draws_and_a_checkpoint_resumes_them(tmp_path):
@@ -465,6 +464,13 @@ def test_a_dataset_without_workers_sees_every_update():
     for step, batch in enumerate(dataset):
         assert set(batch["sample_info"]["index"].tolist()) == {index_of(0, 1 + step)}
         buffer.update_priority([index_of(0, 1), index_of(0, 2)], [0.0, 1.0])
+
+
+def test_the_chi_square_p_value_is_the_textbook_one():
+    # 2 degrees of freedom: p = exp(-statistic / 2).
+    statistic, p = chi_square_p(np.array([10.0, 20.0, 30.0]), np.array([20.0, 20.0, 20.0]))
+    assert statistic == 10.0
+    assert p == pytest.approx(np.exp(-5.0))
 
 
 def test_the_benchmark_targets_read_a_run_and_say_why_the_peer_is_missing():
