@@ -122,7 +122,8 @@ class ReplayDataset(IterableDataset[Batch]):
     them to the buffer's ``update_priority`` in the training process: the buffer is the
     one owner of the priorities.  A DataLoader worker draws by the priorities of the
     buffer's last ``flush()``, re-read with the index (``max_staleness``), so a worker's
-    draws miss the updates made since; without workers the draws see every update.
+    draws miss the updates made since; without workers a draw sees every update made before
+    it (``prefetch`` batches are drawn ahead of the one handed out).
 
     Raises
     ------
