@@ -26,7 +26,16 @@ from benchmarks.workloads import workloads
 
 __all__ = ["SUITES", "parse_names", "run", "save"]
 
-SUITES = ("sampling", "s3", "training", "sequences", "datasets", "distributed", "scale")
+SUITES = (
+    "sampling",
+    "s3",
+    "training",
+    "sequences",
+    "datasets",
+    "distributed",
+    "scale",
+    "priorities",
+)
 Progress = Callable[[str], None]
 
 
@@ -91,6 +100,13 @@ def run(
 
                 result = run_scale(quick, workdir)
                 documents.append(_document("scale", settings, result, scale_targets(result)))
+            elif suite == "priorities":
+                say("[priorities] prioritized replay vs TorchRL, its distribution and storage")
+                from benchmarks.priorities import priorities_targets, run_priorities  # noqa: PLC0415
+
+                result = run_priorities(quick, workdir)
+                found = priorities_targets(result)
+                documents.append(_document("priorities", settings, result, found))
             else:
                 raise ValueError(f"unknown suite {suite!r}; expected some of {list(SUITES)}")
         return documents
