@@ -318,9 +318,14 @@ class ZarrLayout(TrajectoryLayout):
             fields = group.attrs.get(FIELDS_ATTR)
             order = list(fields) if isinstance(fields, dict) else list(members)
             described = {name: members[name] for name in order if name in members}
+            layout = group.attrs.get(sharded.LAYOUT_ATTR)
+            descriptions = layout.get("arrays", {}) if isinstance(layout, dict) else {}
             for name, array in described.items():
                 info = keys.setdefault(name, _key_info(array))
-                info["raw_bytes"] += int(array.nbytes)
+                info["raw_bytes"] += _raw_bytes(array, descriptions.get(name))
+                psnr = (descriptions.get(name) or {}).get("psnr")
+                if isinstance(psnr, int | float):  # the worst trajectory's, for a lossy key
+                    info["psnr"] = min(float(psnr), info.get("psnr", float(psnr)))
             for relative, size in by_trajectory.get(str(int(entry["trajectory_id"])), {}).items():
                 disk += size
                 key = _owning_key(relative, described)
@@ -669,6 +674,14 @@ def codec_text(codecs: Any) -> str:
         args = ", ".join(f"{k}={v}" for k, v in config.items())
         parts.append(f"{name}({args})")
     return " | ".join(parts) or "none"
+
+
+def _raw_bytes(array: zarr.Array, description: Any) -> int:
+    """Bytes of an array as read: a ``next_obs`` key stored once counts its full rows."""
+    rows = description.get("rows") if isinstance(description, dict) else None
+    if isinstance(rows, list) and len(rows) == 2 and all(isinstance(r, int) for r in rows):
+        return int(array.nbytes) // max(1, int(array.shape[0])) * rows[0] * rows[1]
+    return int(array.nbytes)
 
 
 def _owning_key(relative: str, keys: Mapping[str, Any]) -> str | None:
