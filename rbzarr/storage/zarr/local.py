@@ -4,9 +4,9 @@ A shard opens once per trajectory (its size checked, its index read and checked)
 cached with the trajectory's handles.  Reading rows then costs:
 
 * **uncompressed arrays**: nothing but numpy gathers out of read-only memory maps,
-  straight into the batch's output rows.  Each shard is mapped at a slot of a reserved
+  straight into the batch's output rows.  Each shard is mapped at a bay of a reserved
   address range shared by every shard of its row size (:mod:`rbzarr.storage.zarr.regions`),
-  so a batch gathers each key once for all its trajectories; a shard that finds no slot
+  so a batch gathers each key once for all its trajectories; a shard that finds no bay
   (not Linux, or its reservation failed) keeps a map of its own, one gather per
   (trajectory, key), and one past the map budget a descriptor.  Every map is
   marked ``MADV_RANDOM``, small rows' too: a cold row read then faults in that row's pages
@@ -122,7 +122,7 @@ class LocalShard:
     """An open local shard: its checked index, a descriptor or a memory map.
 
     An uncompressed array of at least two dimensions is memory-mapped (``rows``: one uint8
-    row per element ``raw_t * B + b``; ``slot``: where it sits in a region, if it does),
+    row per element ``raw_t * B + b``; ``bay``: where it sits in a region, if it does),
     unless the map budget is spent; other shards keep a descriptor read with ``pread``.
 
     Parameters
@@ -165,21 +165,21 @@ class LocalShard:
             self._closer()
             raise
         self.rows: np.ndarray | None = None
-        self.slot: regions.Slot | None = None
+        self.bay: regions.Bay | None = None
         self._map: mmap.mmap | None = None
         if spec.kind == "mapped" and len(spec.shape) >= 2:
             self._map_rows(fd, size)
 
     def _map_rows(self, fd: int, size: int) -> None:
-        """Map the rows into a region slot, else into a map of their own; none once
+        """Map the rows into a region bay, else into a map of their own; none once
         :data:`regions.MAP_BUDGET` is spent (then ``pread``)."""
         spec = self.spec
         count = spec.data_bytes // spec.row_bytes
-        self.slot = regions.place(fd, size, spec.row_bytes)
-        if self.slot is not None:
-            weakref.finalize(self, self.slot.release)
-            first = self.slot.first_row
-            self.rows = self.slot.region.rows[first : first + count]
+        self.bay = regions.place(fd, size, spec.row_bytes)
+        if self.bay is not None:
+            weakref.finalize(self, self.bay.release)
+            first = self.bay.first_row
+            self.rows = self.bay.region.rows[first : first + count]
         elif (budget := regions.MAP_BUDGET).take(1):
             weakref.finalize(self, budget.give, 1)
             mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
