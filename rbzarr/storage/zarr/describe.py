@@ -92,11 +92,12 @@ def describe_keys(
     disk = 0
     by_trajectory = _sizes_by_trajectory(sizes)
     for entry in tqdm(list(entries), desc="info", unit="traj", disable=not progress):
-        recorded = _recorded_sizes(location, entry)
+        recorded = _recorded_arrays(location, entry)
         if recorded is not None and all(name in keys for name in recorded):
             # Layout 2 records every array's shape and dtype in the group's attributes: one
             # small read, not zarr's walk of the group, once each key is described.
-            raw_bytes = recorded
+            descriptions = recorded
+            raw_bytes = {name: _raw_bytes(d) for name, d in recorded.items()}
         else:
             group = trajectory_group(location, entry)
             members = group_arrays(location, group)
@@ -106,9 +107,18 @@ def describe_keys(
             arrays = {name: members[name] for name in order if name in members}
             for name, array in arrays.items():
                 keys.setdefault(name, _key_info(array))
-            raw_bytes = {name: int(array.nbytes) for name, array in arrays.items()}
+            layout = group.attrs.get(LAYOUT_ATTR)
+            described = layout.get("arrays", {}) if isinstance(layout, dict) else {}
+            descriptions = {name: described.get(name) for name in arrays}
+            raw_bytes = {
+                name: _raw_bytes(descriptions[name], int(array.nbytes))
+                for name, array in arrays.items()
+            }
         for name, nbytes in raw_bytes.items():
             keys[name]["raw_bytes"] += nbytes
+            psnr = (descriptions.get(name) or {}).get("psnr")
+            if isinstance(psnr, int | float):  # the worst trajectory's, for a lossy key
+                keys[name]["psnr"] = min(float(psnr), keys[name].get("psnr", float(psnr)))
         for relative, size in by_trajectory.get(str(int(entry["trajectory_id"])), {}).items():
             disk += size
             key = _owning_key(relative, raw_bytes)
@@ -117,22 +127,49 @@ def describe_keys(
     return keys, disk
 
 
-def _recorded_sizes(location: Location, entry: Entry) -> dict[str, int] | None:
-    """The bytes of each array of a trajectory, in field order, from the shapes and dtypes
-    layout 2 records in its group's attributes; ``None`` where they are not recorded (or
-    not readable: zarr's own read then names the problem)."""
+def _recorded_arrays(location: Location, entry: Entry) -> dict[str, dict[str, Any]] | None:
+    """Each array's description (shape, dtype, ...) in field order, as layout 2 records them
+    in a trajectory group's attributes; ``None`` where they are not recorded (or not
+    readable: zarr's own read then names the problem)."""
     where = f"{location.url}/{'/'.join(trajectory_path(entry))}/zarr.json"
     try:
         document = read_json(location.read_bytes(*trajectory_path(entry), "zarr.json"), where)
         attributes = document["attributes"]
         fields, arrays = attributes[FIELDS_ATTR], attributes[LAYOUT_ATTR]["arrays"]
-        return {
-            name: math.prod(int(n) for n in arrays[name]["shape"])
-            * np.dtype(arrays[name]["dtype"]).itemsize
-            for name in fields
-        }
+        described = {name: dict(arrays[name]) for name in fields}
+        for description in described.values():
+            _raw_bytes(description)  # a shape or dtype that does not read: not recorded
+        return described
     except (FileNotFoundError, CorruptStoreError, KeyError, TypeError, ValueError):
         return None
+
+
+def _raw_bytes(description: Any, stored: int | None = None) -> int:
+    """Bytes of an array as read, from its recorded description (or ``stored``, its zarr
+    size): a ``next_obs`` key stored once counts its full ``[T, B]`` rows."""
+    if not isinstance(description, dict):
+        if stored is None:
+            raise TypeError("no description")
+        return stored
+    shape = [int(n) for n in description["shape"]] if stored is None else None
+    rows = description.get("rows")
+    if isinstance(rows, list) and len(rows) == 2 and all(isinstance(r, int) for r in rows):
+        if stored is not None:
+            per_row = stored // max(1, _stored_rows(description))
+        else:
+            assert shape is not None
+            per_row = math.prod(shape[2:]) * np.dtype(description["dtype"]).itemsize
+        return per_row * rows[0] * rows[1]
+    if stored is not None:
+        return stored
+    assert shape is not None
+    return math.prod(shape) * np.dtype(description["dtype"]).itemsize
+
+
+def _stored_rows(description: dict[str, Any]) -> int:
+    """How many rows a ``next_obs`` key stored once keeps in its own array."""
+    explicit = description.get("explicit")
+    return len(explicit) if isinstance(explicit, list) else 1
 
 
 def _sizes_by_trajectory(sizes: Mapping[str, int]) -> dict[str, dict[str, int]]:
