@@ -369,6 +369,14 @@ class StoreCommitter:
         # uuid) is not copied again.
         known = self._full_index().entries
         unlisted = {i for i in self.layout.list_ids() if self.slot.owns(i)} - set(known)
+        # An earlier load that failed before its record left complete copies: this one
+        # resumes after them (same id and uuid under a commit marker), never rewriting them.
+        copied_before = {
+            i
+            for i in unlisted.intersection(index.id_list)
+            if (self.layout.written_attributes(i) or {}).get("uuid") == index.entries[i]["uuid"]
+        }
+        unlisted -= copied_before
         clashes = [
             i
             for i in index.id_list
@@ -383,7 +391,8 @@ class StoreCommitter:
         copied = []
         for trajectory_id in index.id_list:
             if trajectory_id not in known:
-                source.copy_to(self.layout, index.entries[trajectory_id])
+                if trajectory_id not in copied_before:
+                    source.copy_to(self.layout, index.entries[trajectory_id])
                 copied.append(dict(index.entries[trajectory_id]))
         with self._lock:
             self._counter = max(self._counter, self.first_free_id_locked(index.trajectory_counter))

@@ -220,6 +220,7 @@ class IndexLog:
         self._next_seq += 1
         self._written_metadata = dict(self.metadata)
         self._fold_due = False  # a compaction failed: the next append, flush or close retries
+        self._unsure = False  # a record write failed: it may have been written all the same
         self._garbage: list[tuple[str, ...]] = []  # files a head no longer names, not deleted
 
     @classmethod
@@ -234,6 +235,7 @@ class IndexLog:
         log.metadata = {}
         log._written_metadata = {}
         log._fold_due = False
+        log._unsure = False
         log._garbage = []
         seqs = [-1]
         for name in location.list_files(INDEX_DIR) if has_log(location) else []:
@@ -277,24 +279,62 @@ class IndexLog:
         counter: int,
         metadata: Mapping[str, Any] | None = None,
     ) -> None:
-        """Commit ``entries`` (their data complete) as one record; compact when it is time."""
+        """Commit ``entries`` (their data complete) as one record; compact when it is time.
+
+        A record whose write failed may still have been written (a reply lost on the way
+        back): the next append reads it first, counts it, and leaves out the entries it
+        lists, so a retry neither overwrites nor repeats it.
+        """
+        listed = self._settle()
+        kept = [dict(e) for e in entries if int(e["trajectory_id"]) not in listed]
         changed = {k: v for k, v in (metadata or {}).items() if self._written_metadata.get(k) != v}
+        if entries and not kept and not changed:
+            return  # the failed write had committed them all
         record: dict[str, Any] = {
             "seq": self._next_seq,
             "time": time.time(),
             "counter": int(counter),
-            "entries": [dict(e) for e in entries],
+            "entries": kept,
         }
         if changed:
             record["metadata"] = changed
+        self._unsure = True
         self._write(_dump(record), RECORDS, _record_name(self._next_seq))
+        self._unsure = False
+        self._adopt(record)
+        self._after_append(bool(changed))
+
+    def _settle(self) -> set[int]:
+        """After a failed record write: adopt the record if it was written after all; the
+        ids it lists (none if it was not written)."""
+        if not self._unsure:
+            return set()
+        seq = self._next_seq
+        where = f"{self.location.url}/{INDEX_DIR}/{RECORDS}/{_record_name(seq)}"
+        try:
+            raw = self.location.read_bytes(INDEX_DIR, RECORDS, _record_name(seq))
+        except FileNotFoundError:
+            self._unsure = False
+            return set()
+        record = _check_record(_load(raw, where), seq, where)
+        self._unsure = False
+        self._adopt(record)
+        return {int(e["trajectory_id"]) for e in record["entries"]}
+
+    def _adopt(self, record: dict[str, Any]) -> None:
+        """Count a written record into this writer's state."""
+        changed = dict(record.get("metadata") or {})
         self._next_seq += 1
         self._written_metadata.update(changed)
         self.metadata.update(changed)
         self._records.append(record)
         _count_record(self._state, record)
-        # The record is written: the entries are committed, whatever compaction does next.
-        # A change of metadata is compacted at once: readers of the metadata read the head.
+        if changed:
+            self._fold_due = True
+
+    def _after_append(self, changed: bool) -> None:
+        """The record is written: the entries are committed, whatever compaction does next.
+        A change of metadata is compacted at once: readers of the metadata read the head."""
         if changed or self._fold_due or len(self._records) >= COMPACT_RECORDS:
             self._fold_due = True
             self.compact_if_due()
@@ -357,6 +397,7 @@ class IndexLog:
     def compact(self) -> None:
         """Fold the log's tail into a block (merging the blocks after the last full one with
         it once they hold :data:`SEGMENT_SIZE` entries)."""
+        self._settle()
         self._fold_due = bool(self._records)
         self._delete_garbage()
         if not self._records:
@@ -589,12 +630,15 @@ def _read_head(location: Location) -> dict[str, Any]:
 def _head_from(location: Location, raw: bytes | None) -> dict[str, Any]:
     """The head of ``raw`` (its bytes, ``None`` for a missing head).
 
-    A missing head with blocks present is damage: a compaction writes the head before it
-    deletes anything.
+    A missing head with blocks present is damage unless the first record is still there
+    (the first compaction is under way or failed): a compaction writes the head before it
+    deletes any record.
     """
     where = f"{location.url}/{INDEX_DIR}/{HEAD_FILE}"
     if raw is None:
-        if location.list_names(INDEX_DIR, BLOCKS):
+        if location.list_names(INDEX_DIR, BLOCKS) and _record_name(0) not in (
+            location.list_names(INDEX_DIR, RECORDS)
+        ):
             raise CorruptStoreError(
                 f"{where} is missing but the log has compacted blocks: run "
                 "`rbzarr verify --repair` to rebuild it"
