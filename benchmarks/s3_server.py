@@ -150,6 +150,8 @@ class S3Proxy:
         self._trigger: Trigger | None = None
         self._error_status: int | None = None
         self._delay = 0.0
+        # (which requests, status, delay, drop, how many more): see fault_requests.
+        self._rule: tuple[Trigger, int | None, float, bool, int] | None = None
         self._answering = threading.Event()
         self._answering.set()
         self._sockets: set[socket.socket] = set()
@@ -189,6 +191,21 @@ class S3Proxy:
         ``None`` forwards again."""
         with self._lock:
             self._error_status = status
+
+    def fault_requests(
+        self,
+        when: Trigger,
+        *,
+        status: int | None = None,
+        delay: float = 0.0,
+        drop: bool = False,
+        count: int = 1,
+    ) -> None:
+        """Fault the next ``count`` requests that ``when`` accepts (the others pass): drop
+        each (its connection closed unanswered), answer it with HTTP ``status``, or hold it
+        ``delay`` seconds before forwarding it."""
+        with self._lock:
+            self._rule = (when, status, delay, drop, count)
 
     def slow_down(self, seconds: float) -> None:
         """Hold every request ``seconds`` before forwarding it (0 to stop)."""
@@ -268,15 +285,13 @@ class S3Proxy:
                 if head is None:
                     return
                 request, length, chunked = _parse_head(head)
-                if not self._admit(request):
+                status = self._admit(request)
+                if status is False:
                     return
-                status, delay = self._mode()
                 if status is not None:
-                    _discard_body(reader, length, chunked)
-                    client.sendall(_error_response(status, with_body=request.method != "HEAD"))
-                    continue
-                if delay:
-                    time.sleep(delay)  # simulates a slow server, not a wait for work
+                    if _refuse(client, reader, request, status, length, chunked):
+                        continue
+                    return
                 if upstream is None:
                     upstream = socket.create_connection(self._target)
                     with self._lock:
@@ -299,23 +314,34 @@ class S3Proxy:
             if responder is not None:
                 responder.join()
 
-    def _admit(self, request: Request) -> bool:
+    def _admit(self, request: Request) -> int | bool | None:
+        """Hold ``request`` for the delay asked, then: ``False`` to drop it, an error status
+        to answer, ``None`` to forward it."""
         with self._lock:
             if not self._down and self._trigger is not None and self._trigger(request):
                 self._down = True
                 self._trigger = None
-            if self._down:
+            mode = self._mode(request)
+            if self._down or mode is None:
                 self._dropped.append(request)
                 return False
             self._log.append(request)
         if not self._answering.is_set():
             self._answering.wait()  # a silent endpoint: this request is never answered
             return False
-        return True
+        status, delay = mode
+        if delay:
+            time.sleep(delay)  # simulates a slow server, not a wait for work
+        return status
 
-    def _mode(self) -> tuple[int | None, float]:
-        with self._lock:
+    def _mode(self, request: Request) -> tuple[int | None, float] | None:
+        """(Holding the lock.)  The status and delay of ``request``; ``None``: drop it."""
+        rule = self._rule
+        if self._down or rule is None or not rule[0](request):
             return self._error_status, self._delay
+        when, status, delay, drop, count = rule
+        self._rule = (when, status, delay, drop, count - 1) if count > 1 else None
+        return None if drop else (status, delay + self._delay)
 
     def _pump_back(self, upstream: socket.socket, client: socket.socket) -> None:
         """Relay the server's responses to the client, in the kernel (``splice`` through a
@@ -409,14 +435,35 @@ def _discard_body(reader: _Reader, length: int, chunked: bool) -> None:
         reader.relay(length, sink)
 
 
-def _error_response(status: int, with_body: bool) -> bytes:
+def _refuse(
+    client: socket.socket,
+    reader: _Reader,
+    request: Request,
+    status: int,
+    length: int,
+    chunked: bool,
+) -> bool:
+    """Answer ``request`` with HTTP ``status``; whether the connection stays open.
+
+    A request with a body is answered at once and its connection closed: the client may
+    wait for ``100 Continue`` before it sends the body (botocore does, for PUTs)."""
+    if length or chunked:
+        client.sendall(_error_response(status, with_body=True, close=True))
+        return False
+    _discard_body(reader, length, chunked)
+    client.sendall(_error_response(status, with_body=request.method != "HEAD"))
+    return True
+
+
+def _error_response(status: int, with_body: bool, close: bool = False) -> bytes:
     body = (
         f"<?xml version='1.0'?><Error><Code>ServiceUnavailable</Code>"
         f"<Message>injected HTTP {status}</Message></Error>"
     ).encode()
+    closing = "Connection: close\r\n" if close else ""
     head = (
         f"HTTP/1.1 {status} Injected\r\nContent-Type: application/xml\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
+        f"Content-Length: {len(body)}\r\n{closing}\r\n"
     ).encode()
     return head + body if with_body else head
 

@@ -10,6 +10,7 @@ or writes through a link (it reports what it left).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -46,6 +47,8 @@ __all__ = ["Problem", "VerifyReport", "verify_store"]
 # What reading a damaged trajectory can raise: rbzarr's errors, decode failures from the
 # codecs (RuntimeError), bad metadata (ValueError, KeyError, TypeError) and I/O (OSError).
 _READ_ERRORS = (RbzarrError, ValueError, KeyError, TypeError, RuntimeError, OSError)
+# The metadata keys a salvaged log must keep (what a user set, and the format).
+KEPT_METADATA = ("trajectory_format", "schema", "seed")
 # How a repair fixes a problem: rewrite the documents, delete rbzarr's own leftover, or
 # (with drop_damaged) drop the trajectory from the index.
 REWRITE, DELETE, DROP = "rewrite_documents", "delete", "drop_from_index"
@@ -218,6 +221,15 @@ def _salvage_log(location: Location, problem: Problem) -> None:
             lost.append((entry, 0.0))
     entries = sorted([*entries, *lost], key=lambda item: int(item[0]["trajectory_id"]))
     counter = max([counter, *(int(e["trajectory_id"]) + 1 for e, _ in lost)])
+    # A repair never changes a store's format nor loses its schema or seed: what the slot's
+    # own files lost, another writer's metadata still holds; only a zarr store keeps a log.
+    for other in [0, *writer_slots(location)]:
+        if other == slot or all(key in metadata for key in KEPT_METADATA):
+            continue
+        with contextlib.suppress(CorruptStoreError, FileNotFoundError, CheckpointNotFoundError):
+            found = index_log.read_slot_metadata(slot_location(location, other))
+            metadata = {**found, **metadata}
+    metadata.setdefault("trajectory_format", "zarr")
     index_log.IndexLog.for_repair(where).rewrite(entries, counter=counter, metadata=metadata)
 
 

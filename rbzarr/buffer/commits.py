@@ -33,7 +33,12 @@ import torch
 from rbzarr.buffer.background import DEFAULT_TIMEOUT, BackgroundWriter
 from rbzarr.buffer.checkpoint import LoadedCheckpoint, is_rbzarr_store, schema_from_json
 from rbzarr.buffer.index import FORMAT_VERSION, TrajectoryIndex
-from rbzarr.errors import CheckpointConflictError, StorageUnavailableError, StoreExistsError
+from rbzarr.errors import (
+    CheckpointConflictError,
+    StorageUnavailableError,
+    StoreExistsError,
+    WriterFailedError,
+)
 from rbzarr.storage.backends import permanent_cause, translate_errors
 from rbzarr.storage.deadlines import deadline_options
 from rbzarr.storage.documents import Documents, Entry
@@ -73,6 +78,8 @@ class StoreCommitter:
         self._lock = threading.Lock()
         # Serialises the rewrites of RLinf's documents (the writer thread, flush and close).
         self._documents_lock = threading.Lock()
+        # Serialises the log's writes (the writer thread's records, flush's compaction).
+        self._log_lock = threading.Lock()
         self._metadata = dict(metadata or {})
         self._pending: dict[int, ValidatedTrajectory] = {}
         self._unrecorded: list[dict[str, Any]] = []  # data complete, not in a record yet
@@ -236,15 +243,21 @@ class StoreCommitter:
         # leaves a store that loads.
         if not self._claimed:
             self._record([])
-            self.flush_documents()
             self._claimed = True
-        self.layout.write(entry, trajectory)  # validated once, on add: not again
+            self.flush_documents()
         trajectory_id = int(entry["trajectory_id"])
+        # A retried task resumes at its first step not done: data and marker (once: a group
+        # whose write completed is never rewritten), then the record.
         with self._lock:
-            self._unrecorded.append(entry)
-            self._counter = max(self._counter, trajectory_id + 1)
-            # The data is complete and readable from the store from here on.
-            self._pending.pop(trajectory_id, None)
+            written = trajectory_id not in self._pending
+        if not written:
+            self.layout.write(entry, trajectory)  # validated once, on add: not again
+            with self._lock:
+                self._unrecorded.append(entry)
+                self._counter = max(self._counter, trajectory_id + 1)
+                # The data is complete and readable from the store from here on.
+                self._pending.pop(trajectory_id, None)
+        with self._lock:
             # With more writes queued behind this one, the last of them commits for all.
             last = self._writer.pending <= 1
         if last:
@@ -258,9 +271,13 @@ class StoreCommitter:
     def _record_unrecorded(self) -> None:
         """Writer thread: list every trajectory whose data is complete in one record."""
         with self._lock:
-            entries, self._unrecorded = self._unrecorded, []
+            entries = list(self._unrecorded)
         if entries:
             self._record(entries)
+        with self._lock:
+            # They leave the queue only once their record is durable: a failed record
+            # leaves them all for the retry.
+            del self._unrecorded[: len(entries)]
         if self._documents is not None and time.monotonic() - self._documents_written >= (
             DOCUMENTS_INTERVAL
         ):
@@ -277,7 +294,8 @@ class StoreCommitter:
             }
             counter = self._counter
         if self._log is not None:
-            self._log.append(entries, counter=counter, metadata=metadata)
+            with self._log_lock:
+                self._log.append(entries, counter=counter, metadata=metadata)
         self._recorded = True
         if self._documents is not None:
             with self._lock:
@@ -307,7 +325,13 @@ class StoreCommitter:
                     self._documents_dirty = False
             with self._lock:
                 metadata = dict(self._metadata)
-            self.slot.write_documents(index.to_documents(self.layout.format, metadata))
+            try:
+                self.slot.write_documents(index.to_documents(self.layout.format, metadata))
+            except BaseException:
+                if self._documents is not None:
+                    with self._lock:
+                        self._documents_dirty = True  # the next flush writes them again
+                raise
             self._documents_written = time.monotonic()
 
     def copy_to(self, target: TrajectoryLayout, entry: Entry) -> None:
@@ -346,6 +370,14 @@ class StoreCommitter:
         # uuid) is not copied again.
         known = self._full_index().entries
         unlisted = {i for i in self.layout.list_ids() if self.slot.owns(i)} - set(known)
+        # An earlier load that failed before its record left complete copies: this one
+        # resumes after them (same id and uuid under a commit marker), never rewriting them.
+        copied_before = {
+            i
+            for i in unlisted.intersection(index.id_list)
+            if (self.layout.written_attributes(i) or {}).get("uuid") == index.entries[i]["uuid"]
+        }
+        unlisted -= copied_before
         clashes = [
             i
             for i in index.id_list
@@ -360,7 +392,8 @@ class StoreCommitter:
         copied = []
         for trajectory_id in index.id_list:
             if trajectory_id not in known:
-                source.copy_to(self.layout, index.entries[trajectory_id])
+                if trajectory_id not in copied_before:
+                    source.copy_to(self.layout, index.entries[trajectory_id])
                 copied.append(dict(index.entries[trajectory_id]))
         with self._lock:
             self._counter = max(self._counter, self.first_free_id_locked(index.trajectory_counter))
@@ -377,7 +410,8 @@ class StoreCommitter:
         record already, so a failing store only leaves this for the next close (a warning)."""
         try:
             if self._log is not None:
-                self._log.compact()
+                with self._log_lock:
+                    self._log.compact()
             self._write_documents(mirror=True)
         except StorageUnavailableError as exc:
             warnings.warn(
@@ -393,9 +427,25 @@ class StoreCommitter:
             self._write_documents()
 
     def flush(self, timeout: float = DEFAULT_TIMEOUT) -> None:
-        """Wait until every queued write is committed (and RLinf's documents rewritten)."""
+        """Wait until every queued write is committed (and RLinf's documents rewritten).
+
+        Raises
+        ------
+        WriterFailedError
+            A write or record is not committed: the error names the trajectories.
+        """
         self._writer.flush(timeout)
+        with self._lock:
+            unrecorded = [int(e["trajectory_id"]) for e in self._unrecorded]
+        if unrecorded:
+            raise WriterFailedError(
+                f"{self.url}: trajectories {unrecorded} are written but no record lists them "
+                "yet; call flush() again to retry"
+            )
         self.flush_documents()
+        if self._log is not None:
+            with self._log_lock:
+                self._log.compact_if_due()  # a failed compaction is retried, never raised
 
     def close(
         self,

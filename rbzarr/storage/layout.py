@@ -345,6 +345,11 @@ class TrajectoryLayout(ABC):
         """A hint: ``entries`` (committed) form the sample window.  A layout keeping a local
         copy of a remote store fetches them ahead and evicts them last; this one ignores it."""
 
+    def written_attributes(self, trajectory_id: int) -> dict[str, Any] | None:
+        """The attributes a trajectory's commit marker holds (its entry among them), or
+        ``None`` where there is no complete marker (a layout without markers: always)."""
+        return None
+
     def contains(self, entry: Entry) -> bool:
         """Whether the trajectory's data is present (its :meth:`trajectory_path` exists)."""
         return self.location.exists(*self.trajectory_path(entry))

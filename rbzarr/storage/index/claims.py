@@ -22,6 +22,7 @@ import time
 from rbzarr.errors import StorageUnavailableError, StoreNotWritableError
 from rbzarr.storage.backends import permanent_cause, translate_errors
 from rbzarr.storage.deadlines import deadline_options
+from rbzarr.storage.files import make_directories
 from rbzarr.storage.index.slots import WRITERS, slot_location
 from rbzarr.storage.location import Location
 
@@ -66,7 +67,8 @@ class SlotClaim:
     def _lock_folder(cls, location: Location, slot: int) -> SlotClaim | None:
         folder = slot_location(location, slot).path
         with translate_errors(location.url, "claiming a writer slot of"):
-            os.makedirs(folder, exist_ok=True)
+            # A durable store's new folders are synced into their parents too.
+            make_directories(folder, location.durable)
             descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
             try:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rbzarr.errors import CorruptStoreError
+from rbzarr.errors import CorruptStoreError, StorageUnavailableError
 from rbzarr.storage.json_limits import DocumentTooLargeError, read_json
 from rbzarr.storage.location import Location
 
@@ -144,8 +144,13 @@ def read_slot_metadata(location: Location) -> dict[str, Any]:
 
 
 def _read_once(location: Location, last: int | None) -> SlotIndex:
-    head = _read_head(location)
+    raw = _head_bytes(location)
+    head = _head_from(location, raw)
     records = _read_records(location, head)
+    if not records and _head_bytes(location) != raw:
+        # No record after the head: a compaction may have deleted them between the head's
+        # read and the listing (a non-empty listing shows such a gap itself).
+        raise LogGapError(f"{location.url}/{INDEX_DIR}: the head changed during the read")
     state = SlotIndex(
         size=head["size"],
         total_samples=head["total_samples"],
@@ -214,6 +219,9 @@ class IndexLog:
         )
         self._next_seq += 1
         self._written_metadata = dict(self.metadata)
+        self._fold_due = False  # a compaction failed: the next append, flush or close retries
+        self._unsure = False  # a record write failed: it may have been written all the same
+        self._garbage: list[tuple[str, ...]] = []  # files a head no longer names, not deleted
 
     @classmethod
     def for_repair(cls, location: Location) -> IndexLog:
@@ -226,6 +234,9 @@ class IndexLog:
         log._state = SlotIndex()
         log.metadata = {}
         log._written_metadata = {}
+        log._fold_due = False
+        log._unsure = False
+        log._garbage = []
         seqs = [-1]
         for name in location.list_files(INDEX_DIR) if has_log(location) else []:
             digits = [
@@ -268,25 +279,79 @@ class IndexLog:
         counter: int,
         metadata: Mapping[str, Any] | None = None,
     ) -> None:
-        """Commit ``entries`` (their data complete) as one record; compact when it is time."""
+        """Commit ``entries`` (their data complete) as one record; compact when it is time.
+
+        A record whose write failed may still have been written (a reply lost on the way
+        back): the next append reads it first, counts it, and leaves out the entries it
+        lists, so a retry neither overwrites nor repeats it.
+        """
+        listed = self._settle()
+        kept = [dict(e) for e in entries if int(e["trajectory_id"]) not in listed]
         changed = {k: v for k, v in (metadata or {}).items() if self._written_metadata.get(k) != v}
+        if entries and not kept and not changed:
+            return  # the failed write had committed them all
         record: dict[str, Any] = {
             "seq": self._next_seq,
             "time": time.time(),
             "counter": int(counter),
-            "entries": [dict(e) for e in entries],
+            "entries": kept,
         }
         if changed:
             record["metadata"] = changed
+        self._unsure = True
         self._write(_dump(record), RECORDS, _record_name(self._next_seq))
+        self._unsure = False
+        self._adopt(record)
+        self._after_append(bool(changed))
+
+    def _settle(self) -> set[int]:
+        """After a failed record write: adopt the record if it was written after all; the
+        ids it lists (none if it was not written)."""
+        if not self._unsure:
+            return set()
+        seq = self._next_seq
+        where = f"{self.location.url}/{INDEX_DIR}/{RECORDS}/{_record_name(seq)}"
+        try:
+            raw = self.location.read_bytes(INDEX_DIR, RECORDS, _record_name(seq))
+        except FileNotFoundError:
+            self._unsure = False
+            return set()
+        record = _check_record(_load(raw, where), seq, where)
+        self._unsure = False
+        self._adopt(record)
+        return {int(e["trajectory_id"]) for e in record["entries"]}
+
+    def _adopt(self, record: dict[str, Any]) -> None:
+        """Count a written record into this writer's state."""
+        changed = dict(record.get("metadata") or {})
         self._next_seq += 1
         self._written_metadata.update(changed)
         self.metadata.update(changed)
         self._records.append(record)
         _count_record(self._state, record)
-        # A change of metadata is compacted at once: readers of the metadata read the head.
-        if changed or len(self._records) >= COMPACT_RECORDS:
+        if changed:
+            self._fold_due = True
+
+    def _after_append(self, changed: bool) -> None:
+        """The record is written: the entries are committed, whatever compaction does next.
+        A change of metadata is compacted at once: readers of the metadata read the head."""
+        if changed or self._fold_due or len(self._records) >= COMPACT_RECORDS:
+            self._fold_due = True
+            self.compact_if_due()
+
+    @property
+    def compaction_due(self) -> bool:
+        """Whether a compaction failed and waits for :meth:`compact_if_due`."""
+        return self._fold_due or bool(self._garbage)
+
+    def compact_if_due(self) -> None:
+        """Retry a compaction that failed; a failure again leaves it for the next call."""
+        if not self.compaction_due:
+            return
+        try:
             self.compact()
+        except StorageUnavailableError:
+            return  # every entry is in a record already: only the compaction waits
 
     def rewrite(
         self, entries: Sequence[LogEntry], *, counter: int, metadata: Mapping[str, Any]
@@ -332,6 +397,9 @@ class IndexLog:
     def compact(self) -> None:
         """Fold the log's tail into a block (merging the blocks after the last full one with
         it once they hold :data:`SEGMENT_SIZE` entries)."""
+        self._settle()
+        self._fold_due = bool(self._records)
+        self._delete_garbage()
         if not self._records:
             return
         first, last = self._records[0]["seq"], self._records[-1]["seq"]
@@ -349,8 +417,11 @@ class IndexLog:
         full = [b for b in self._head["blocks"] if b[1] >= SEGMENT_SIZE]
         opened = self._head["blocks"][len(full) :]
         dropped: list[str] = []
+        # Each step is idempotent: a failure leaves this object as it was, and the retry
+        # writes the same files again.
         if not block:
             head["blocks"] = list(self._head["blocks"])  # records of no entries: nothing to keep
+            still_open = self._open
         elif sum(len(b) for b in self._open) + len(block) >= SEGMENT_SIZE and opened:
             # Merge the blocks after the last full one with this one into one full block.
             merged = [item for b in self._open for item in b] + block
@@ -358,20 +429,26 @@ class IndexLog:
             self._write(_dump_block(merged, self.metadata), BLOCKS, f"{name}.json")
             head["blocks"] = [*full, [name, len(merged)]]
             dropped = [n for n, _ in opened]
-            self._open = []
+            still_open = []
         else:
             self._write(_dump_block(block, self.metadata), BLOCKS, f"{name}.json")
             head["blocks"] = [*self._head["blocks"], [name, len(block)]]
-            self._open = [] if len(block) >= SEGMENT_SIZE else [*self._open, block]
+            still_open = [] if len(block) >= SEGMENT_SIZE else [*self._open, block]
         self._write(_dump(head), HEAD_FILE)
-        old_records = [r["seq"] for r in self._records]
+        self._open = still_open
+        self._garbage.extend((RECORDS, _record_name(r["seq"])) for r in self._records)
+        self._garbage.extend((BLOCKS, f"{n}.json") for n in dropped)
         self._head = head
         self._records = []
+        self._fold_due = False
         # The new head names everything a reader needs: what it dropped goes.
-        for seq in old_records:
-            self.location.delete(INDEX_DIR, RECORDS, _record_name(seq))
-        for block_name in dropped:
-            self.location.delete(INDEX_DIR, BLOCKS, f"{block_name}.json")
+        self._delete_garbage()
+
+    def _delete_garbage(self) -> None:
+        """Delete the files no head names any more (the oldest first; a failure keeps the rest)."""
+        while self._garbage:
+            self.location.delete(INDEX_DIR, *self._garbage[0])
+            self._garbage.pop(0)
 
     def _write(self, data: bytes, *names: str) -> None:
         self.location.write_bytes(data, INDEX_DIR, *names)
@@ -381,11 +458,14 @@ def salvage(location: Location) -> tuple[list[LogEntry], int, dict[str, Any]]:
     """What still reads of a damaged log: the entries of the head's readable blocks and of
     the records up to the first unreadable one, the counter and the metadata."""
     try:
-        head = _read_head(location)
+        raw = _head_bytes(location)
+        if raw is None:
+            raise CorruptStoreError(f"{location.url}/{INDEX_DIR}/{HEAD_FILE} is missing")
+        head = _parse_head(raw, f"{location.url}/{INDEX_DIR}/{HEAD_FILE}")
         blocks = [(name, count) for name, count in head["blocks"]]
     except CorruptStoreError:
-        # No head: the blocks found, each range once (the widest first), and the mirror's
-        # metadata (the store's format and schema).
+        # No head: the blocks found, each range once (the widest first), and the blocks' or
+        # the mirror's metadata (the store's format and schema), never nothing.
         blocks = [(name, None) for name in _found_blocks(location)]
         head = {**_empty_head(), "metadata": _lost_metadata(location, [n for n, _ in blocks])}
         if blocks:
@@ -534,12 +614,35 @@ def _empty_head() -> dict[str, Any]:
     }
 
 
+def _head_bytes(location: Location) -> bytes | None:
+    """The head's bytes, ``None`` when it does not exist."""
+    try:
+        return location.read_bytes(INDEX_DIR, HEAD_FILE)
+    except FileNotFoundError:
+        return None
+
+
 def _read_head(location: Location) -> dict[str, Any]:
     """The slot's head (an empty one before the first compaction)."""
+    return _head_from(location, _head_bytes(location))
+
+
+def _head_from(location: Location, raw: bytes | None) -> dict[str, Any]:
+    """The head of ``raw`` (its bytes, ``None`` for a missing head).
+
+    A missing head with blocks present is damage unless the first record is still there
+    (the first compaction is under way or failed): a compaction writes the head before it
+    deletes any record.
+    """
     where = f"{location.url}/{INDEX_DIR}/{HEAD_FILE}"
-    try:
-        raw = location.read_bytes(INDEX_DIR, HEAD_FILE)
-    except FileNotFoundError:
+    if raw is None:
+        if location.list_names(INDEX_DIR, BLOCKS) and _record_name(0) not in (
+            location.list_names(INDEX_DIR, RECORDS)
+        ):
+            raise CorruptStoreError(
+                f"{where} is missing but the log has compacted blocks: run "
+                "`rbzarr verify --repair` to rebuild it"
+            )
         return _empty_head()
     return _parse_head(raw, where)
 

@@ -205,6 +205,16 @@ class ZarrLayout(TrajectoryLayout):
         # docstring inherited
         return {f"{TRAJECTORIES}/{tid}": tid for tid in self.list_ids()}
 
+    def written_attributes(self, trajectory_id: int) -> dict[str, Any] | None:
+        # docstring inherited
+        where = f"{self.location.url}/{TRAJECTORIES}/{int(trajectory_id)}/zarr.json"
+        try:
+            raw = self.location.read_bytes(TRAJECTORIES, str(int(trajectory_id)), "zarr.json")
+            attributes = read_json(raw, where).get("attributes")
+        except (FileNotFoundError, CorruptStoreError, AttributeError):
+            return None
+        return attributes if isinstance(attributes, dict) else None
+
     def list_ids(self) -> list[int]:
         # docstring inherited
         self.location.join(TRAJECTORIES)  # the gate: locally, not a link
