@@ -26,7 +26,16 @@ from benchmarks.workloads import workloads
 
 __all__ = ["SUITES", "parse_names", "run", "save"]
 
-SUITES = ("sampling", "s3", "training", "sequences", "datasets", "distributed", "scale")
+SUITES = (
+    "sampling",
+    "s3",
+    "training",
+    "sequences",
+    "datasets",
+    "distributed",
+    "scale",
+    "images",
+)
 Progress = Callable[[str], None]
 
 
@@ -91,6 +100,12 @@ def run(
 
                 result = run_scale(quick, workdir)
                 documents.append(_document("scale", settings, result, scale_targets(result)))
+            elif suite == "images":
+                say("[images] real frames: sizes, writes and sampling against TorchRL, S3")
+                from benchmarks.images import images_targets, run_images  # noqa: PLC0415
+
+                result = run_images(settings, quick, workdir, say)
+                documents.append(_document("images", settings, result, images_targets(result)))
             else:
                 raise ValueError(f"unknown suite {suite!r}; expected some of {list(SUITES)}")
         return documents
