@@ -15,9 +15,10 @@ two cameras and a state in ``curr_obs`` and ``next_obs``, auto-reset dones).  Pe
 * ``sampling``: ``sample(256)`` of the default and the raw store (cache off, page cache
   warm) and TorchRL's ``LazyMemmapStorage.get`` / ``CompressedListStorage.get`` of the same
   rows (the buffer's draws replayed), timed interleaved.
-* ``lerobot``: random-access frames/s of LeRobot's own ``LeRobotDataset`` on a video dataset
-  of the same frames (:mod:`benchmarks.lerobot_peer`), against ``sample(256)`` of the
-  default store (frames: the two ``curr_obs`` cameras of each row).
+* ``lerobot`` (``mujoco128`` only, not in ``--quick``): random-access frames/s of LeRobot's
+  own ``LeRobotDataset`` on a video dataset of the same frames (:mod:`benchmarks.lerobot_peer`:
+  ``dataset[i]``, random ``i``, uint8 frames), against ``sample(256)`` of the default store
+  (frames: the two ``curr_obs`` cameras of each row; ``next_obs`` comes free).
 
 Across sources: ``state_writes`` (state rows over a grid of shapes, store creation included,
 against ``LazyMemmapStorage``) and ``s3`` (the default store on moto behind the proxy, read
@@ -43,6 +44,7 @@ import torch
 
 from benchmarks.draws import DrawSequence, gather_rows, same_rows
 from benchmarks.frames import SOURCES, FrameSource, image_keys, load_trajectories
+from benchmarks.lerobot_peer import measure_lerobot
 from benchmarks.measure import interleaved, nbytes, stats
 from benchmarks.report import target
 from benchmarks.settings import Settings
@@ -66,6 +68,8 @@ LOSSY = ("jpeg",)
 # State-row writes: (T, B, floats of obs), each as one add of many and many adds of one.
 STATE_SHAPES = ((4, 2, 8), (16, 8, 32), (64, 32, 64))
 STATE_TRAJECTORIES = 16
+# The source LeRobot's video dataset is made of (encoding video is slow: one source).
+LEROBOT_SOURCE = "mujoco128"
 
 
 def run_images(settings: Settings, quick: bool, workdir: str | None, say: Say) -> dict[str, Any]:
@@ -90,6 +94,10 @@ def run_images(settings: Settings, quick: bool, workdir: str | None, say: Say) -
                 source, trajectories, settings, size, codec_api, Path(root), say
             )
         default_stores[source.name] = trajectories
+        if source.name == LEROBOT_SOURCE:
+            results["lerobot"] = _lerobot(
+                trajectories, results["sources"][source.name], cache, quick, settings.seed
+            )
     say("[images] state-row writes across shapes")
     results["state_writes"] = state_writes(size["repeats"], workdir)
     first = next(iter(default_stores.values()), None)
@@ -102,6 +110,23 @@ def run_images(settings: Settings, quick: bool, workdir: str | None, say: Say) -
         except RbzarrError as exc:  # reported as the figure's reason, the run goes on
             results["s3"] = {"unavailable": f"the S3 run failed: {type(exc).__name__}: {exc}"}
     return results
+
+
+def _lerobot(
+    trajectories: list[Trajectory], entry: dict[str, Any], cache: Path, quick: bool, seed: int
+) -> dict[str, Any]:
+    """LeRobot's random reads of the same frames against ``sample`` of the default store."""
+    if quick:
+        return {"unavailable": "not run in --quick (LeRobot encodes video: minutes)"}
+    sampled = entry.get("sampling", {}).get("rbzarr default")
+    if sampled is None:
+        return {"unavailable": "rbzarr's sampling was not measured (TorchRL missing)"}
+    shape = "-".join(str(d) for d in trajectories[0].tensors()["curr_obs/main_images"].shape)
+    found = measure_lerobot(trajectories, cache / f"lerobot-{len(trajectories)}-{shape}", 300, seed)
+    if "unavailable" in found:
+        return found
+    ours = 2 * sampled["rows_s"]  # the two curr_obs cameras of each row
+    return {"rbzarr_frames_s": ours, "lerobot": found, "ratio": ours / found["frames_s"]}
 
 
 def codecs_missing(workdir: str | None) -> str | None:
