@@ -72,6 +72,7 @@ from rbzarr.storage.zarr.chunking import (
     plan_key,
     zarr_compressor,
 )
+from rbzarr.storage.zarr.codec_facts import key_codecs
 from rbzarr.storage.zarr.codecs import Codec, parse_codec, parse_codecs
 from rbzarr.storage.zarr.encode import LOCAL_SEPARATOR, shard_key
 from rbzarr.storage.zarr.handles import time_and_envs, trajectory_id
@@ -311,6 +312,7 @@ class ZarrLayout(TrajectoryLayout):
         keys: dict[str, dict[str, Any]] = {}
         disk = 0
         by_trajectory = _sizes_by_trajectory(sizes)
+        psnrs: dict[str, list[float]] = {}  # recorded by lossy codecs, per trajectory
         for entry in tqdm(list(entries), desc="info", unit="traj", disable=not progress):
             group = self.zarr_group(entry)
             members = self.group_arrays(group)
@@ -318,14 +320,23 @@ class ZarrLayout(TrajectoryLayout):
             fields = group.attrs.get(FIELDS_ATTR)
             order = list(fields) if isinstance(fields, dict) else list(members)
             described = {name: members[name] for name in order if name in members}
+            recorded = key_codecs(group.attrs.get(sharded.LAYOUT_ATTR), group.path)
             for name, array in described.items():
                 info = keys.setdefault(name, _key_info(array))
-                info["raw_bytes"] += int(array.nbytes)
+                facts = recorded.get(name)
+                info["raw_bytes"] += int(array.nbytes) if facts is None else facts.raw_bytes
+                if facts is not None:
+                    info["codec_spec"] = facts.codec
+                    if facts.psnr is not None:
+                        psnrs.setdefault(name, []).append(facts.psnr)
             for relative, size in by_trajectory.get(str(int(entry["trajectory_id"])), {}).items():
                 disk += size
                 key = _owning_key(relative, described)
                 if key is not None:
                     keys[key]["bytes_on_disk"] += size
+        for name, found in psnrs.items():
+            keys[name]["psnr_min"] = min(found)
+            keys[name]["psnr_mean"] = sum(found) / len(found)
         return keys, disk
 
     # -- reading --------------------------------------------------------------------------
