@@ -38,10 +38,10 @@ def _stored_vs_raw(item: dict[str, Any]) -> str:
 
 
 def _psnr(item: dict[str, Any]) -> str:
-    """`` psnr=41.9dB (min 39.9)``: what a lossy codec recorded at encode."""
-    if "psnr_mean" not in item:
+    """`` psnr>=41.9dB``: the worst trajectory's PSNR a lossy codec recorded at encode."""
+    if "psnr" not in item:
         return ""
-    return f" psnr={item['psnr_mean']:.1f}dB (min {item['psnr_min']:.1f})"
+    return f" psnr>={item['psnr']:.1f}dB"
 
 
 def _costs_line(costs: dict[str, Any], raw: int) -> str:

@@ -4,15 +4,19 @@
 object, a Zarr v3 ``sharding_indexed`` shard holding the whole array; what varies per key
 is the inner chunking and the codec:
 
-* **unconfigured keys: uncompressed, one inner chunk** (kind ``"mapped"``).  The shard's
-  data is then the array's C-order bytes at offset 0, so a sampled row ``(t, b)`` is read
-  in place: gathered out of a memory map of the file locally (no decode, no syscall per
-  row), one byte range per run of adjacent rows on object stores.  This covers small
-  per-step keys (rewards, dones, actions, states) and large ones (images) alike;
+* **unconfigured keys (not image-like): uncompressed, one inner chunk** (kind
+  ``"mapped"``).  The shard's data is then the array's C-order bytes at offset 0, so a
+  sampled row ``(t, b)`` is read in place: gathered out of a memory map of the file
+  locally (no decode, no syscall per row), one byte range per run of adjacent rows on
+  object stores.  This covers small per-step keys (rewards, dones, actions, states) and
+  raw images alike;
 * **keys given a ``ZstdCodec``** (kind ``"chunked"``): inner chunks of ``k`` steps of one
   env, ``(k, 1, *trailing)``, ``k`` the largest divisor of the row count with ``k`` rows in
   at most :data:`INNER_CHUNK_BYTES` (64 KiB).  An image row (21 KB for ``3x84x84``) is its
   own inner chunk, so a sampled row decodes only its own bytes; rewards get 64 KiB runs;
+* **image codecs** (kind ``"image"``; unconfigured image-like keys get ``"lossless"``, see
+  :mod:`rbzarr.storage.zarr.codecs`): one frame per inner chunk, ``(1, 1, *trailing)``,
+  each an image codec's stream, so a sampled row decodes only its own frame;
 * any other codec (kind ``"zarr"``), and 0-d or zero-size arrays: regular chunks written
   and read through zarr's pipeline (correct, with zarr's per-chunk overhead).
 

@@ -72,7 +72,6 @@ from rbzarr.storage.zarr.chunking import (
     plan_key,
     zarr_compressor,
 )
-from rbzarr.storage.zarr.codec_facts import key_codecs
 from rbzarr.storage.zarr.codecs import Codec, parse_codec, parse_codecs
 from rbzarr.storage.zarr.encode import LOCAL_SEPARATOR, shard_key
 from rbzarr.storage.zarr.handles import time_and_envs, trajectory_id
@@ -312,7 +311,6 @@ class ZarrLayout(TrajectoryLayout):
         keys: dict[str, dict[str, Any]] = {}
         disk = 0
         by_trajectory = _sizes_by_trajectory(sizes)
-        psnrs: dict[str, list[float]] = {}  # recorded by lossy codecs, per trajectory
         for entry in tqdm(list(entries), desc="info", unit="traj", disable=not progress):
             group = self.zarr_group(entry)
             members = self.group_arrays(group)
@@ -320,23 +318,22 @@ class ZarrLayout(TrajectoryLayout):
             fields = group.attrs.get(FIELDS_ATTR)
             order = list(fields) if isinstance(fields, dict) else list(members)
             described = {name: members[name] for name in order if name in members}
-            recorded = key_codecs(group.attrs.get(sharded.LAYOUT_ATTR), group.path)
+            layout = group.attrs.get(sharded.LAYOUT_ATTR)
+            descriptions = layout.get("arrays", {}) if isinstance(layout, dict) else {}
             for name, array in described.items():
                 info = keys.setdefault(name, _key_info(array))
-                facts = recorded.get(name)
-                info["raw_bytes"] += int(array.nbytes) if facts is None else facts.raw_bytes
-                if facts is not None:
-                    info["codec_spec"] = facts.codec
-                    if facts.psnr is not None:
-                        psnrs.setdefault(name, []).append(facts.psnr)
+                info["raw_bytes"] += _raw_bytes(array, descriptions.get(name))
+                spec = _codec_spec(descriptions.get(name))
+                if spec is not None:
+                    info["codec_spec"] = spec
+                psnr = (descriptions.get(name) or {}).get("psnr")
+                if isinstance(psnr, int | float):  # the worst trajectory's, for a lossy key
+                    info["psnr"] = min(float(psnr), info.get("psnr", float(psnr)))
             for relative, size in by_trajectory.get(str(int(entry["trajectory_id"])), {}).items():
                 disk += size
                 key = _owning_key(relative, described)
                 if key is not None:
                     keys[key]["bytes_on_disk"] += size
-        for name, found in psnrs.items():
-            keys[name]["psnr_min"] = min(found)
-            keys[name]["psnr_mean"] = sum(found) / len(found)
         return keys, disk
 
     # -- reading --------------------------------------------------------------------------
@@ -680,6 +677,22 @@ def codec_text(codecs: Any) -> str:
         args = ", ".join(f"{k}={v}" for k, v in config.items())
         parts.append(f"{name}({args})")
     return " | ".join(parts) or "none"
+
+
+def _codec_spec(description: Any) -> str | None:
+    """The codec spec a v2 group's description records (``"raw"`` when uncompressed), or
+    ``None`` for arrays zarr wrote (their chain is in ``codec``)."""
+    if not isinstance(description, dict) or description.get("kind") in (None, "zarr"):
+        return None
+    return str(description.get("codec") or "raw")
+
+
+def _raw_bytes(array: zarr.Array, description: Any) -> int:
+    """Bytes of an array as read: a ``next_obs`` key stored once counts its full rows."""
+    rows = description.get("rows") if isinstance(description, dict) else None
+    if isinstance(rows, list) and len(rows) == 2 and all(isinstance(r, int) for r in rows):
+        return int(array.nbytes) // max(1, int(array.shape[0])) * rows[0] * rows[1]
+    return int(array.nbytes)
 
 
 def _owning_key(relative: str, keys: Mapping[str, Any]) -> str | None:
