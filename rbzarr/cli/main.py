@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from rbzarr import __version__
+from rbzarr.cli.codecs import codec_option, codecs_command, recode_command
 from rbzarr.cli.console import OneLineErrors, parse_ids, parse_storage_options, progress_wanted
 
 __all__ = ["main"]
@@ -374,10 +375,17 @@ def export(
     help="lerobot: a LeRobot v3.0 dataset folder; robomimic: an HDF5 file; minari: a Minari "
     "dataset folder or an id under MINARI_DATASETS_PATH.",
 )
+@codec_option
 @click.pass_context
-def import_command(ctx: click.Context, source: str, destination: str, source_format: str) -> None:
+def import_command(
+    ctx: click.Context,
+    source: str,
+    destination: str,
+    source_format: str,
+    codecs: dict[str, str],
+) -> None:
     """Import a LeRobot v3.0 dataset, robomimic HDF5 file or Minari dataset SOURCE into a new
-    zarr store."""
+    zarr store (image keys lossless unless --codec says otherwise)."""
     from rbzarr.interop import import_dataset  # noqa: PLC0415
 
     options = _options(ctx)
@@ -388,6 +396,7 @@ def import_command(ctx: click.Context, source: str, destination: str, source_for
         storage_options=options,
         destination_options=options,
         progress=progress_wanted(),
+        codecs=codecs,
     )
     metadata = documents.metadata
     click.echo(
@@ -491,6 +500,9 @@ def demo(store: str, **settings: Any) -> None:
     click.echo(report(result))
     click.echo(f"learning curve {write_learning_curve(result)}")
 
+
+main.add_command(codecs_command)
+main.add_command(recode_command)
 
 if __name__ == "__main__":
     main()
