@@ -26,7 +26,8 @@ from rbzarr.cli.console import parse_storage_options
     show_default=True,
     help="Comma-separated: sampling, s3, training, sequences, datasets (LeRobot round trips; "
     "the datasets extra), distributed (Ray and many writers), scale, priorities (prioritized "
-    "replay vs TorchRL, built in its own environment by scripts/torchrl_env.sh).",
+    "replay vs TorchRL, built in its own environment by scripts/torchrl_env.sh), images (real "
+    "camera frames: the bench-images extra).",
 )
 @click.option(
     "--workloads",

@@ -63,7 +63,7 @@ def table(document: dict[str, Any]) -> str:
         parts = [_training_table(document["results"])]
     elif document["benchmark"] == "sequences":
         parts = [_sequences_table(document["results"])]
-    elif document["benchmark"] == "distributed":
+    elif document["benchmark"] in ("distributed", "images"):
         parts = [_figures_table(document["results"])]
     elif document["benchmark"] == "scale":
         parts = []  # its figures are its targets' values (the JSON holds the rest)

@@ -35,6 +35,7 @@ SUITES = (
     "distributed",
     "scale",
     "priorities",
+    "images",
 )
 Progress = Callable[[str], None]
 
@@ -107,6 +108,12 @@ def run(
                 result = run_priorities(quick, workdir)
                 found = priorities_targets(result)
                 documents.append(_document("priorities", settings, result, found))
+            elif suite == "images":
+                say("[images] real frames: sizes, writes and sampling against TorchRL, S3")
+                from benchmarks.images import images_targets, run_images  # noqa: PLC0415
+
+                result = run_images(settings, quick, workdir, say)
+                documents.append(_document("images", settings, result, images_targets(result)))
             else:
                 raise ValueError(f"unknown suite {suite!r}; expected some of {list(SUITES)}")
         return documents

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import click
 
+from rbzarr.cli.codecs import codec_option
 from rbzarr.cli.console import parse_ids, progress_wanted
 from rbzarr.cli.options import (
     scheduler_option,
@@ -151,10 +152,17 @@ def export(
     help="lerobot: a LeRobot v3.0 dataset folder; robomimic: an HDF5 file; minari: a Minari "
     "dataset folder or an id under MINARI_DATASETS_PATH.",
 )
+@codec_option
 @click.pass_context
-def import_command(ctx: click.Context, source: str, destination: str, source_format: str) -> None:
+def import_command(
+    ctx: click.Context,
+    source: str,
+    destination: str,
+    source_format: str,
+    codecs: dict[str, str],
+) -> None:
     """Import a LeRobot v3.0 dataset, robomimic HDF5 file or Minari dataset SOURCE into a new
-    zarr store."""
+    zarr store (image keys lossless unless --codec says otherwise)."""
     from rbzarr.interop import import_dataset  # noqa: PLC0415
 
     options = storage_options(ctx)
@@ -165,6 +173,7 @@ def import_command(ctx: click.Context, source: str, destination: str, source_for
         storage_options=options,
         destination_options=options,
         progress=progress_wanted(),
+        codecs=codecs,
     )
     metadata = documents.metadata
     click.echo(

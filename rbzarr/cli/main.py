@@ -39,6 +39,8 @@ COMMANDS = {
     "merge": "rbzarr.cli.convert:merge",
     "split": "rbzarr.cli.convert:split",
     "demo": "rbzarr.cli.demo:demo",
+    "codecs": "rbzarr.cli.codecs:codecs_command",
+    "recode": "rbzarr.cli.codecs:recode_command",
 }
 
 

@@ -79,6 +79,7 @@ def import_dataset(
     storage_options: Mapping[str, Any] | None = None,
     destination_options: Mapping[str, Any] | None = None,
     progress: bool = False,
+    codecs: Mapping[str, Any] | None = None,
 ) -> Documents:
     """Import a LeRobot v3.0 dataset, a robomimic HDF5 file or a Minari dataset into a new store.
 
@@ -100,6 +101,9 @@ def import_dataset(
         fsspec options for the source and the destination.
     progress
         Show a progress bar on stderr.
+    codecs
+        Codec per flat key of the new store, or ``"default"`` (``{key: spec}``, as
+        ``layout_options={"codecs": ...}``); image-like keys not named are stored lossless.
 
     Returns
     -------
@@ -110,7 +114,7 @@ def import_dataset(
     Raises
     ------
     ValueError
-        An unknown ``source_format``.
+        An unknown ``source_format`` or a malformed codec spec.
     UnsupportedDatasetError
         A LeRobot version other than v3.x (the message names the converter), a string
         feature, a codec PyAV cannot decode, an HDF5 file without ``data/``, or Minari
@@ -152,6 +156,7 @@ def import_dataset(
             total=len(lerobot.episodes_meta),
             destination_options=destination_options,
             progress=progress,
+            codecs=codecs,
         )
     if source_format == "minari":
         with _datasets_extra():
@@ -165,6 +170,7 @@ def import_dataset(
             total=len(minari),
             destination_options=destination_options,
             progress=progress,
+            codecs=codecs,
         )
     with _datasets_extra():
         from rbzarr.interop.robomimic import RobomimicSource  # noqa: PLC0415
@@ -178,6 +184,7 @@ def import_dataset(
             total=len(robomimic.demos),
             destination_options=destination_options,
             progress=progress,
+            codecs=codecs,
         )
     finally:
         robomimic.close()

@@ -116,6 +116,9 @@ def describe_keys(
             }
         for name, nbytes in raw_bytes.items():
             keys[name]["raw_bytes"] += nbytes
+            spec = _codec_spec(descriptions.get(name))
+            if spec is not None:
+                keys[name]["codec_spec"] = spec
             psnr = (descriptions.get(name) or {}).get("psnr")
             if isinstance(psnr, int | float):  # the worst trajectory's, for a lossy key
                 keys[name]["psnr"] = min(float(psnr), keys[name].get("psnr", float(psnr)))
@@ -164,6 +167,14 @@ def _raw_bytes(description: Any, stored: int | None = None) -> int:
         return stored
     assert shape is not None
     return math.prod(shape) * np.dtype(description["dtype"]).itemsize
+
+
+def _codec_spec(description: Any) -> str | None:
+    """The codec spec a layout-2 description records (``"raw"`` when uncompressed), or
+    ``None`` for arrays zarr wrote (their chain is in ``codec``)."""
+    if not isinstance(description, dict) or description.get("kind") in (None, "zarr"):
+        return None
+    return str(description.get("codec") or "raw")
 
 
 def _stored_rows(description: dict[str, Any]) -> int:
