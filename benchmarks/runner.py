@@ -64,61 +64,68 @@ def run(
     if settings.threads > 0:
         torch.set_num_threads(settings.threads)
     try:
-        documents = []
-        for suite in suites:
-            if suite == "sampling":
-                documents.append(_sampling(names, settings, batches or {}, quick, workdir, say))
-            elif suite == "datasets":
-                say("[datasets] LeRobot round trips and a 1,000-episode import")
-                from benchmarks.datasets_roundtrip import datasets_targets, run_datasets  # noqa: PLC0415
-
-                measured = run_datasets(quick, workdir)
-                documents.append(
-                    _document("datasets", settings, measured, datasets_targets(measured))
-                )
-            elif suite == "s3":
-                say("[s3] sampling through the proxy")
-                result = run_s3(settings, quick)
-                documents.append(_document("s3", settings, {"image": result}, s3_targets(result)))
-            elif suite == "training":
-                say("[training] a training loop, local and S3, with and without prefetch")
-                result = run_training(settings, quick, workdir)
-                found = training_targets(result)
-                documents.append(_document("training", settings, {"image": result}, found))
-            elif suite == "sequences":
-                say("[sequences] sequences, samples per insert, demo mixing")
-                sequences = run_sequences(settings, quick, workdir)
-                documents.append(_document(suite, settings, sequences, sequence_targets(sequences)))
-            elif suite == "distributed":
-                say("[distributed] many writers, notices, add by reference, Ray actors")
-                result = run_distributed(quick)
-                documents.append(
-                    _document("distributed", settings, result, distributed_targets(result))
-                )
-            elif suite == "scale":
-                say("[scale] tiny commits, resume and open of a large store, durable, S3")
-                from benchmarks.scale import run_scale, scale_targets  # noqa: PLC0415
-
-                result = run_scale(quick, workdir)
-                documents.append(_document("scale", settings, result, scale_targets(result)))
-            elif suite == "priorities":
-                say("[priorities] prioritized replay vs TorchRL, its distribution and storage")
-                from benchmarks.priorities import priorities_targets, run_priorities  # noqa: PLC0415
-
-                result = run_priorities(quick, workdir)
-                found = priorities_targets(result)
-                documents.append(_document("priorities", settings, result, found))
-            elif suite == "images":
-                say("[images] real frames: sizes, writes and sampling against TorchRL, S3")
-                from benchmarks.images import images_targets, run_images  # noqa: PLC0415
-
-                result = run_images(settings, quick, workdir, say)
-                documents.append(_document("images", settings, result, images_targets(result)))
-            else:
-                raise ValueError(f"unknown suite {suite!r}; expected some of {list(SUITES)}")
-        return documents
+        return [
+            _run_suite(suite, names, settings, batches, quick, workdir, say) for suite in suites
+        ]
     finally:
         torch.set_num_threads(threads)
+
+
+def _run_suite(
+    suite: str,
+    names: Sequence[str],
+    settings: Settings,
+    batches: Mapping[str, int] | None,
+    quick: bool,
+    workdir: str | None,
+    say: Progress,
+) -> dict[str, Any]:
+    """Run one suite; its JSON document."""
+    if suite == "sampling":
+        return _sampling(names, settings, batches or {}, quick, workdir, say)
+    if suite == "datasets":
+        say("[datasets] LeRobot round trips and a 1,000-episode import")
+        from benchmarks.datasets_roundtrip import datasets_targets, run_datasets  # noqa: PLC0415
+
+        measured = run_datasets(quick, workdir)
+        return _document("datasets", settings, measured, datasets_targets(measured))
+    if suite == "s3":
+        say("[s3] sampling through the proxy")
+        result = run_s3(settings, quick)
+        return _document("s3", settings, {"image": result}, s3_targets(result))
+    if suite == "training":
+        say("[training] a training loop, local and S3, with and without prefetch")
+        result = run_training(settings, quick, workdir)
+        found = training_targets(result)
+        return _document("training", settings, {"image": result}, found)
+    if suite == "sequences":
+        say("[sequences] sequences, samples per insert, demo mixing")
+        sequences = run_sequences(settings, quick, workdir)
+        return _document(suite, settings, sequences, sequence_targets(sequences))
+    if suite == "distributed":
+        say("[distributed] many writers, notices, add by reference, Ray actors")
+        result = run_distributed(quick)
+        return _document("distributed", settings, result, distributed_targets(result))
+    if suite == "scale":
+        say("[scale] tiny commits, resume and open of a large store, durable, S3")
+        from benchmarks.scale import run_scale, scale_targets  # noqa: PLC0415
+
+        result = run_scale(quick, workdir)
+        return _document("scale", settings, result, scale_targets(result))
+    if suite == "priorities":
+        say("[priorities] prioritized replay vs TorchRL, its distribution and storage")
+        from benchmarks.priorities import priorities_targets, run_priorities  # noqa: PLC0415
+
+        result = run_priorities(quick, workdir)
+        found = priorities_targets(result)
+        return _document("priorities", settings, result, found)
+    if suite == "images":
+        say("[images] real frames: sizes, writes and sampling against TorchRL, S3")
+        from benchmarks.images import images_targets, run_images  # noqa: PLC0415
+
+        result = run_images(settings, quick, workdir, say)
+        return _document("images", settings, result, images_targets(result))
+    raise ValueError(f"unknown suite {suite!r}; expected some of {list(SUITES)}")
 
 
 def _sampling(

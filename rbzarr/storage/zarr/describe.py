@@ -109,7 +109,7 @@ def describe_keys(
                 keys.setdefault(name, _key_info(array))
             layout = group.attrs.get(LAYOUT_ATTR)
             described = layout.get("arrays", {}) if isinstance(layout, dict) else {}
-            descriptions = {name: described.get(name) for name in arrays}
+            descriptions: dict[str, Any] = {name: described.get(name) for name in arrays}
             raw_bytes = {
                 name: _raw_bytes(descriptions[name], int(array.nbytes))
                 for name, array in arrays.items()
