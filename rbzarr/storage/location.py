@@ -29,7 +29,8 @@ from zarr.abc.store import Store
 from rbzarr.errors import StoreExistsError, UnsafePathError
 from rbzarr.storage.backends import bound_retries, translate_errors, with_s3_defaults
 from rbzarr.storage.deadlines import deadline_options
-from rbzarr.storage.files import make_directories, write_file
+from rbzarr.storage.files import make_directories, read_regular, write_file
+from rbzarr.storage.local_store import RegularFileStore
 from rbzarr.storage.names import safe_name
 
 __all__ = ["Location"]
@@ -198,10 +199,13 @@ class Location:
             return bool(self.fs.exists(self.join(*names), **self._deadline()))
 
     def read_bytes(self, *names: str) -> bytes:
-        """The bytes of a file below the root (``FileNotFoundError`` names a missing one)."""
+        """The bytes of a file below the root (``FileNotFoundError`` names a missing one); a
+        local FIFO, socket or device there is :class:`UnsafePathError`, never opened."""
         target = self.join(*names)
         with translate_errors(self.url, "reading"):
             try:
+                if self.is_local:  # never a FIFO, socket or device
+                    return read_regular(target)
                 return bytes(self.fs.cat_file(target, **self._deadline()))
             except FileNotFoundError:
                 raise FileNotFoundError(f"{self.url}/{'/'.join(names)} does not exist") from None
@@ -322,9 +326,10 @@ class Location:
         return {str(path): int(info.get("size") or 0) for path, info in found.items()}
 
     def zarr_store(self, read_only: bool = False) -> Store:
-        """A new zarr store rooted here: ``LocalStore`` locally, else ``FsspecStore``."""
+        """A new zarr store rooted here: locally a ``LocalStore`` reading regular files only
+        (:class:`~rbzarr.storage.local_store.RegularFileStore`), else ``FsspecStore``."""
         if self.is_local:
-            return zarr.storage.LocalStore(self.path, read_only=read_only)
+            return RegularFileStore(self.path, read_only=read_only)
         store = zarr.storage.FsspecStore.from_url(
             self.url, storage_options=dict(self.storage_options), read_only=read_only
         )
