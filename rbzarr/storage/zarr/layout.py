@@ -56,7 +56,7 @@ from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents, Entry
 from rbzarr.storage.json_limits import read_json
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
-from rbzarr.storage.names import is_temporary_name
+from rbzarr.storage.names import is_temporary_name, number_name
 from rbzarr.storage.object_ranges import object_ranges
 from rbzarr.storage.row_groups import RowGroups
 from rbzarr.storage.zarr import arrays, sharded
@@ -190,7 +190,7 @@ class ZarrLayout(TrajectoryLayout):
         self.location.join(TRAJECTORIES)  # the gate: locally, not a link
         with translate_errors(self.location.url, "listing"):
             names = sync(self._list_names(TRAJECTORIES))
-        return sorted(int(name) for name in names if name.isdigit() and str(int(name)) == name)
+        return sorted(n for n in map(number_name, names) if n is not None)
 
     async def _list_names(self, prefix: str) -> list[str]:
         return [name async for name in self._opener.store().list_dir(prefix)]
@@ -206,10 +206,19 @@ class ZarrLayout(TrajectoryLayout):
 
     # -- format knowledge -----------------------------------------------------------------
     def zarr_group(self, entry: Entry) -> zarr.Group:
-        # docstring inherited
+        """The trajectory's group, opened by zarr once rbzarr has checked it: no link in
+        its path or below it, nothing but folders and regular files below it (a FIFO would
+        block zarr's reads), and its ``zarr.json`` within the bounds of every document
+        (:func:`~rbzarr.storage.json_limits.read_json`; zarr's own parser recurses)."""
+        parts = self.trajectory_path(entry)
+        folder = self.location.child(*parts)  # the gate: plain names, no link on the way
+        folder.check_tree()
         store = self.location.zarr_store(read_only=True)
-        path = "/".join(self.trajectory_path(entry))
+        path = "/".join(parts)
         try:
+            for document in folder.list_files():
+                if PurePosixPath(document).name == "zarr.json":
+                    read_json(folder.read_bytes(*document.split("/")), f"{folder.url}/{document}")
             return zarr.open_group(store=store, path=path, mode="r")
         except FileNotFoundError as exc:  # zarr's GroupNotFoundError
             raise CorruptStoreError(
