@@ -8,6 +8,7 @@ __all__ = [
     "ChannelTimeoutError",
     "CheckpointConflictError",
     "CheckpointNotFoundError",
+    "CodecConflictError",
     "CorruptStoreError",
     "DamagedTrajectoryWarning",
     "DatasetFileNotFoundError",
@@ -54,6 +55,11 @@ class CheckpointNotFoundError(RbzarrError, FileNotFoundError):
 class CheckpointConflictError(RbzarrError, ValueError):
     """A checkpoint call conflicts with the buffer's auto-save store (it would drop or
     overwrite what the store lists)."""
+
+
+class CodecConflictError(RbzarrError, ValueError):
+    """A writer's codec for a key differs from the one its store records (``rbzarr recode``
+    changes a store's codecs)."""
 
 
 class EmptyBufferError(RbzarrError, RuntimeError):

@@ -18,7 +18,7 @@ from rbzarr import (
     Trajectory,
     TrajectoryReplayBuffer,
 )
-from rbzarr.buffer.cache import SlotCache
+from rbzarr.buffer.cache import RowCache
 from rbzarr.buffer.commits import StoreCommitter
 from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.storage.location import Location
@@ -295,7 +295,7 @@ def test_stats_and_readiness():
 def test_a_buffer_dropped_without_close_frees_its_cache(tmp_path):
     def live_caches() -> int:
         gc.collect()
-        return sum(type(o) is SlotCache for o in gc.get_objects())
+        return sum(type(o) is RowCache for o in gc.get_objects())
 
     before = live_caches()
     buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "s", cache_size=4)

@@ -1,4 +1,4 @@
-"""Small-row shards mapped at slots of reserved address ranges: rows equal zarr's own read
+"""Small-row shards mapped at bays of reserved address ranges: rows equal zarr's own read
 after window churn, across rewrite and delete, in a forked child, and past the map budget."""
 
 from __future__ import annotations
@@ -88,26 +88,26 @@ def _released() -> None:
 
 def test_rows_equal_zarrs_read_through_window_churn(tmp_path: Path) -> None:
     layout = ZarrLayout(Location.from_url(tmp_path), handle_cache_size=4)
-    _released()  # slots of earlier tests' layouts go first
+    _released()  # bays of earlier tests' layouts go first
     held = regions.MAP_BUDGET.held
-    shapes = [(8, 3, 1), (8, 3, 2), (6, 5, 1), (12, 2, 3)]  # several slot sizes and epochs
+    shapes = [(8, 3, 1), (8, 3, 2), (6, 5, 1), (12, 2, 3)]  # several bay sizes and epochs
     entries = [_write(layout, t, *shapes[t % 4][:2], 1000 * t, shapes[t % 4][2]) for t in range(14)]
-    for start in range(0, 11, 2):  # a window of 4 sliding over 14: slots freed and reused
+    for start in range(0, 11, 2):  # a window of 4 sliding over 14: bays freed and reused
         window = entries[start : start + 4]
         out, requests = _batch(layout, window, seed=start)
         _assert_equals_zarr(tmp_path, out, requests)
         _released()
-        # at most the cached trajectories' small keys hold slots
-        assert regions.MAP_BUDGET.held - held <= 4 * MAPPED * regions.SLOT_MAPS
-    assert regions.MAP_BUDGET.held > held  # the reads went through slots
+        # at most the cached trajectories' small keys hold bays
+        assert regions.MAP_BUDGET.held - held <= 4 * MAPPED * regions.BAY_MAPS
+    assert regions.MAP_BUDGET.held > held  # the reads went through bays
     del layout
     _released()
-    assert regions.MAP_BUDGET.held == held  # every slot handed back
+    assert regions.MAP_BUDGET.held == held  # every bay handed back
 
 
 def test_rewrite_and_delete_drop_the_slots(tmp_path: Path) -> None:
     layout = ZarrLayout(Location.from_url(tmp_path))
-    _released()  # slots of earlier tests' layouts go first
+    _released()  # bays of earlier tests' layouts go first
     held = regions.MAP_BUDGET.held
     entries = [_write(layout, t, 8, 3, 100 * t) for t in range(3)]
     out, requests = _batch(layout, entries, seed=1)
@@ -115,7 +115,7 @@ def test_rewrite_and_delete_drop_the_slots(tmp_path: Path) -> None:
     entries[1] = _write(layout, 1, 6, 4, 7000)  # same id and uuid, another shape
     layout.delete(entries[2])
     _released()
-    assert regions.MAP_BUDGET.held == held + MAPPED * regions.SLOT_MAPS  # trajectory 0 only
+    assert regions.MAP_BUDGET.held == held + MAPPED * regions.BAY_MAPS  # trajectory 0 only
     out, requests = _batch(layout, entries[:2], seed=2)
     _assert_equals_zarr(tmp_path, out, requests)
     assert set(out["prev_logprobs"][requests[1][2]].to(torch.int64).tolist()) <= set(
@@ -129,7 +129,7 @@ _CHILD: list[Any] = []
 def _read_in_child(root: str, queue: Any) -> None:
     try:
         layout, entries = _CHILD
-        extra = _write(layout, 9, 4, 2, 9000)  # a new slot in the child
+        extra = _write(layout, 9, 4, 2, 9000)  # a new bay in the child
         out, requests = _batch(layout, [*entries, extra], seed=3)
         _assert_equals_zarr(Path(root), out, requests)
         queue.put("ok")
@@ -137,7 +137,7 @@ def _read_in_child(root: str, queue: Any) -> None:
         queue.put(repr(exc))
 
 
-def test_slots_stay_valid_in_a_forked_child(tmp_path: Path) -> None:
+def test_bays_stay_valid_in_a_forked_child(tmp_path: Path) -> None:
     layout = ZarrLayout(Location.from_url(tmp_path))
     entries = [_write(layout, t, 8, 3, 100 * t) for t in range(3)]
     _batch(layout, entries, seed=0)  # maps every shard in the parent
@@ -148,7 +148,7 @@ def test_slots_stay_valid_in_a_forked_child(tmp_path: Path) -> None:
     child.start()
     assert queue.get(timeout=60) == "ok"
     child.join(timeout=60)
-    out, requests = _batch(layout, entries, seed=4)  # the parent's slots are untouched
+    out, requests = _batch(layout, entries, seed=4)  # the parent's bays are untouched
     _assert_equals_zarr(tmp_path, out, requests)
     _CHILD.clear()
 
@@ -162,7 +162,7 @@ def _maps_of(root: Path) -> int:
 def test_past_the_map_budget_shards_are_read_with_pread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    budget = regions.MapBudget(MAPPED * regions.SLOT_MAPS + 3)  # a trajectory's slots and a few
+    budget = regions.MapBudget(MAPPED * regions.BAY_MAPS + 3)  # a trajectory's bays and a few
     monkeypatch.setattr(regions, "MAP_BUDGET", budget)
     layout = ZarrLayout(Location.from_url(tmp_path))
     entries = [_write(layout, t, 8, 3, 100 * t) for t in range(6)]

@@ -159,7 +159,12 @@ def test_documents_and_the_root_head(location: Location) -> None:
         "metadata": json.loads(location.read_bytes("metadata.json")),
         "head": {"size": 1, "index": "log"},
     }
-    assert stored["metadata"] == {**documents.metadata, "layout_version": 2}
+    codecs = stored["metadata"]["codecs"]
+    assert stored["metadata"] == {**documents.metadata, "layout_version": 2, "codecs": codecs}
+    # Every key written in a shard is recorded with its codec (none image-like here: all
+    # raw); the empty array zarr writes itself is not.
+    assert set(codecs) == set(layout.field_names(entry)) - {"curr_obs/empty"}
+    assert set(codecs.values()) == {"raw"}
     assert layout.read_documents() == written
     assert not location.exists("zarr.json") or "consolidated_metadata" not in json.loads(
         location.read_bytes("zarr.json")

@@ -3,7 +3,7 @@
 The buffer is a coordinator.  It validates, takes its lock and delegates: ids and counters
 to :class:`~rbzarr.buffer.index.TrajectoryIndex`, sampling to its
 :class:`~rbzarr.sampling.reader.StoreReader`, hot rows to
-:class:`~rbzarr.buffer.cache.SlotCache`, persistence to the
+:class:`~rbzarr.buffer.cache.RowCache`, persistence to the
 :class:`~rbzarr.buffer.commits.StoreCommitter`, and checkpoints to
 :mod:`rbzarr.buffer.checkpoint`.  RLinf's other names for its calls come from
 :class:`~rbzarr.buffer.rlinf_compat.RLinfCompatMixin`.
@@ -22,7 +22,7 @@ import torch
 
 from rbzarr.buffer import checkpoint, references
 from rbzarr.buffer.background import DEFAULT_TIMEOUT
-from rbzarr.buffer.cache import SlotCache
+from rbzarr.buffer.cache import RowCache
 from rbzarr.buffer.commits import StoreCommitter
 from rbzarr.buffer.held import BufferRows
 from rbzarr.buffer.index import TrajectoryIndex
@@ -31,6 +31,7 @@ from rbzarr.buffer.read_ahead import ReadAhead
 from rbzarr.buffer.rlinf_compat import RLinfCompatMixin
 from rbzarr.errors import BufferClosedError, CheckpointNotFoundError, TrajectoryListError
 from rbzarr.sampling.arguments import check_count, check_window_size
+from rbzarr.sampling.damaged import check_on_damaged
 from rbzarr.sampling.reader import StoreReader
 from rbzarr.storage.documents import Entry
 from rbzarr.storage.layout import TrajectoryLayout
@@ -61,7 +62,7 @@ def _listed(trajectories: object) -> list[Trajectory]:
     return list(trajectories)
 
 
-def _materialize(lock: threading.RLock, cache: SlotCache, trajectory_id: int) -> None:
+def _materialize(lock: threading.RLock, cache: RowCache, trajectory_id: int) -> None:
     """Writer thread, after a commit: copy the trajectory's rows into the cache, if it is free."""
     # The writer never waits for the buffer: while another thread holds the lock (a sample,
     # a checkpoint being saved), the rows stay shared and are copied when first read.
@@ -173,15 +174,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         durable: bool = False,
     ) -> None:
         sample_window_size = check_window_size(sample_window_size)
+        check_on_damaged(on_damaged)
         self._lock = threading.RLock()  # index, cache, schema, samplers
-        self._reader = StoreReader(
-            TrajectoryIndex(),
-            None,
-            seed=seed,
-            window_size=sample_window_size,
-            on_damaged=on_damaged,
-            lock=self._lock,
-        )
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0 batches, got {prefetch}")
         if trajectory_format is not None:
@@ -207,7 +201,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             capacity: int | None = sample_window_size if sample_window_size > 0 else None
         else:
             capacity = max(cache_size, 0) if enable_cache else 0
-        self._cache = SlotCache(capacity)
+        self._cache = RowCache(capacity)
         self._add_lock = threading.Lock()  # serialises adders, loads, clear and close
         self._closed = False
         location = Location.from_url(auto_save_path, self.storage_options) if auto_save else None
@@ -227,18 +221,23 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 # Not a bound method: the writer would keep the whole buffer alive.
                 on_committed=functools.partial(_materialize, self._lock, self._cache),
             )
-        self._schema = None if self._committer is None else self._committer.stored_schema
-        self._index = self._reader.index = TrajectoryIndex(trajectory_counter=self._first_free_id())
-        self._reader.layout = None if self._committer is None else self._committer.layout
-        self._reader.where = self.store_url or ""
-        self._reader.empty = self._empty_message()
-        self._reader.held = BufferRows(self._cache, self._committer, self._lock)
-        self._read_ahead = (
-            ReadAhead(prefetch, self.generator, self._reader.draw_rows, self._lock)
+        self._index = TrajectoryIndex(trajectory_counter=self._first_free_id())
+        self._reader = StoreReader(
+            self._index,
+            None if self._committer is None else self._committer.layout,
+            seed=seed,
+            window_size=sample_window_size,
+            on_damaged=on_damaged,
+            where=self.store_url or "",
+            empty=self._empty_message(),
+            schema=None if self._committer is None else self._committer.stored_schema,
+            held=BufferRows(self._cache, self._committer, self._lock),
+            lock=self._lock,
+            read_ahead=functools.partial(ReadAhead, prefetch, lock=self._lock)
             if prefetch
-            else None
+            else None,
         )
-        self._reader.ahead = self._read_ahead
+        self._read_ahead = self._reader.ahead
         if self._committer is not None:
             self.local_cache.check_shapes(self._schema, [(self._committer.largest_committed, 1)])
 

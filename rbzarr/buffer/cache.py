@@ -1,20 +1,20 @@
-"""SlotCache: a FIFO cache of flattened trajectories in preallocated slots.
+"""RowCache: a FIFO cache of flattened trajectories in preallocated cells.
 
-Every key has one tensor ``[slots, max_rows, ...]``; a trajectory occupies one slot.  A batch
-of cached rows is then one ``index_select`` per key over the flattened slot tensor, whatever
-the mix of trajectories.  Slots are allocated lazily and grow (in count up to the capacity,
+Every key has one tensor ``[cells, max_rows, ...]``; a trajectory occupies one cell.  A batch
+of cached rows is then one ``index_select`` per key over the flattened cell tensor, whatever
+the mix of trajectories.  Cells are allocated lazily and grow (in count up to the capacity,
 and in rows when a longer trajectory arrives).
 
 A trajectory the store committer holds a private copy of is cached *shared*
-(:meth:`SlotCache.put_shared`): it takes its place in the FIFO order at once, and its rows are
-copied into a slot only when the writer is done with that copy (:meth:`SlotCache.materialize`)
+(:meth:`RowCache.put_shared`): it takes its place in the FIFO order at once, and its rows are
+copied into a cell only when the writer is done with that copy (:meth:`RowCache.materialize`)
 or when they are first read, whichever comes first.  One that is evicted before either is
 never copied, and ``add_trajectories`` copies each trajectory once, not twice.
 
 A trajectory added by reference (another writer committed it to the store) is *reserved*
-(:meth:`SlotCache.reserve`): it takes its FIFO place at once, as a trajectory added by value
+(:meth:`RowCache.reserve`): it takes its FIFO place at once, as a trajectory added by value
 would, but holds nothing and counts as not cached until its rows are first read from the
-store and handed in (:meth:`SlotCache.fill`).  From then on the cache is the one a buffer
+store and handed in (:meth:`RowCache.fill`).  From then on the cache is the one a buffer
 that added the same trajectories by value has.
 """
 
@@ -31,26 +31,26 @@ from rbzarr.trajectory.flat_view import Residue, join_trajectory
 from rbzarr.trajectory.model import Schema, Trajectory
 from rbzarr.trajectory.validated import ValidatedTrajectory
 
-__all__ = ["SlotCache"]
+__all__ = ["RowCache"]
 
-# The slot of a shared trajectory whose rows are not copied into the slots yet.
+# The cell of a shared trajectory whose rows are not copied into the cells yet.
 _NOT_COPIED = -1
-# The slot of a reserved (referenced) trajectory whose rows are not read yet.
+# The cell of a reserved (referenced) trajectory whose rows are not read yet.
 _NOT_READ = -2
 
 
-class SlotCache:
+class RowCache:
     """FIFO cache of flat trajectories; ``capacity=None`` keeps all, 0 none; not thread-safe."""
 
     def __init__(self, capacity: int | None) -> None:
         if capacity is not None and capacity < 0:
             raise ValueError(f"cache capacity must be >= 0 or None, got {capacity}")
         self.capacity = capacity
-        # id -> slot (_NOT_COPIED while shared), insertion order
-        self._slot_of: OrderedDict[int, int] = OrderedDict()
+        # id -> cell (_NOT_COPIED while shared), insertion order
+        self._cell_of: OrderedDict[int, int] = OrderedDict()
         self._shared: dict[int, ValidatedTrajectory] = {}  # ids whose rows are not copied yet
         self._reserved: set[int] = set()  # referenced ids whose rows are not read yet
-        self._schema: Schema | None = None  # what the slots hold, from the first trajectory
+        self._schema: Schema | None = None  # what the cells hold, from the first trajectory
         self._rows: dict[int, int] = {}
         self._residues: dict[int, Residue] = {}
         self._width: dict[int, int] = {}  # id -> B, to rebuild raw trajectories
@@ -58,14 +58,14 @@ class SlotCache:
         self._free: list[int] = []
 
     def __len__(self) -> int:
-        return len(self._slot_of) - len(self._reserved)
+        return len(self._cell_of) - len(self._reserved)
 
     def __contains__(self, trajectory_id: object) -> bool:
-        return trajectory_id in self._slot_of and trajectory_id not in self._reserved
+        return trajectory_id in self._cell_of and trajectory_id not in self._reserved
 
     def ids(self) -> list[int]:
         """Cached ids, oldest first (a new list; reserved ones not read yet left out)."""
-        return [i for i in self._slot_of if i not in self._reserved]
+        return [i for i in self._cell_of if i not in self._reserved]
 
     @property
     def has_reserved(self) -> bool:
@@ -78,16 +78,16 @@ class SlotCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the cache holds: its slots plus the tensors of shared trajectories."""
+        """Bytes the cache holds: its cells plus the tensors of shared trajectories."""
         # A shared trajectory's tensors are the writer's copy until its commit, but the
         # cache may keep them alive after it.
-        slots = sum(t.numel() * t.element_size() for t in self._storage.values())
+        cells = sum(t.numel() * t.element_size() for t in self._storage.values())
         shared = sum(
             value.numel() * value.element_size()
             for trajectory in self._shared.values()
             for value in trajectory.trajectory.tensors().values()
         )
-        return slots + shared
+        return cells + shared
 
     @property
     def enabled(self) -> bool:
@@ -95,7 +95,7 @@ class SlotCache:
         return self.capacity != 0
 
     def check(self, schema: Schema) -> None:
-        """Refuse rows of ``schema`` (keys matched by name) that do not fit the slots."""
+        """Refuse rows of ``schema`` (keys matched by name) that do not fit the cells."""
         expected = self._schema  # read once: release() may reset it from another thread
         if expected is None:
             return
@@ -114,7 +114,7 @@ class SlotCache:
     def put(
         self, trajectory_id: int, flat: dict[str, torch.Tensor], residue: Residue, width: int
     ) -> list[int]:
-        """Copy a flat trajectory into a slot; return the ids evicted to make room."""
+        """Copy a flat trajectory into a cell; return the ids evicted to make room."""
         if not self.enabled:
             return []
         schema = {
@@ -131,7 +131,7 @@ class SlotCache:
             return []
         self.check(trajectory.spec.schema)
         evicted = self._make_room(trajectory.spec.schema)
-        self._slot_of[trajectory_id] = _NOT_COPIED
+        self._cell_of[trajectory_id] = _NOT_COPIED
         self._shared[trajectory_id] = trajectory
         return evicted
 
@@ -141,14 +141,14 @@ class SlotCache:
         if not self.enabled:
             return []
         evicted = self._evict_for_one()
-        self._slot_of[trajectory_id] = _NOT_READ
+        self._cell_of[trajectory_id] = _NOT_READ
         self._reserved.add(trajectory_id)
         return evicted
 
     def fill(
         self, trajectory_id: int, flat: dict[str, torch.Tensor], residue: Residue, width: int
     ) -> None:
-        """Copy the rows of a reserved trajectory, just read, into its slot (its FIFO place
+        """Copy the rows of a reserved trajectory, just read, into its cell (its FIFO place
         kept); an id not reserved (evicted since) is left out."""
         if trajectory_id not in self._reserved:
             return
@@ -162,7 +162,7 @@ class SlotCache:
         self._reserved.discard(trajectory_id)
 
     def materialize(self, trajectory_id: int) -> None:
-        """Copy the rows of a shared trajectory into its slot and stop sharing it."""
+        """Copy the rows of a shared trajectory into its cell and stop sharing it."""
         trajectory = self._shared.get(trajectory_id)
         if trajectory is not None:
             # Stop sharing only once copied: a failed copy leaves a consistent shared entry.
@@ -183,39 +183,39 @@ class SlotCache:
         """Evict the oldest until one more trajectory has a place."""
         evicted: list[int] = []
         if self.capacity is not None:
-            while len(self._slot_of) >= self.capacity:
+            while len(self._cell_of) >= self.capacity:
                 evicted.append(self._evict_oldest())
         return evicted
 
     def _copy_in(
         self, trajectory_id: int, flat: dict[str, torch.Tensor], residue: Residue, width: int
     ) -> None:
-        """Copy ``flat`` into a free slot (an id already listed keeps its FIFO place)."""
+        """Copy ``flat`` into a free cell (an id already listed keeps its FIFO place)."""
         rows = int(next(iter(flat.values())).shape[0])
-        slot = self._claim_slot(flat, rows)
-        for key, slots in self._storage.items():
-            slots[slot, :rows].copy_(flat[key])
-        self._slot_of[trajectory_id] = slot
+        cell = self._claim_cell(flat, rows)
+        for key, cells in self._storage.items():
+            cells[cell, :rows].copy_(flat[key])
+        self._cell_of[trajectory_id] = cell
         self._rows[trajectory_id] = rows
         self._residues[trajectory_id] = _copy_residue(residue)
         self._width[trajectory_id] = width
 
     def _evict_oldest(self) -> int:
-        oldest, slot = self._slot_of.popitem(last=False)
-        if slot == _NOT_COPIED:
+        oldest, cell = self._cell_of.popitem(last=False)
+        if cell == _NOT_COPIED:
             self._shared.pop(oldest, None)
             return oldest
-        if slot == _NOT_READ:
+        if cell == _NOT_READ:
             self._reserved.discard(oldest)
             return oldest
         del self._rows[oldest], self._residues[oldest], self._width[oldest]
-        self._free.append(slot)
+        self._free.append(cell)
         return oldest
 
-    def _claim_slot(self, flat: dict[str, torch.Tensor], rows: int) -> int:
+    def _claim_cell(self, flat: dict[str, torch.Tensor], rows: int) -> int:
         allocated = next(iter(self._storage.values())).shape[0] if self._storage else 0
         if not self._free:
-            # Every allocated slot is taken: double them (up to the capacity).
+            # Every allocated cell is taken: double them (up to the capacity).
             wanted = max(1, allocated * 2)
             if self.capacity is not None:
                 wanted = min(wanted, self.capacity)
@@ -228,29 +228,29 @@ class SlotCache:
     def _max_rows(self) -> int:
         return next(iter(self._storage.values())).shape[1] if self._storage else 0
 
-    def _grow(self, slots: int, max_rows: int, flat: dict[str, torch.Tensor]) -> None:
+    def _grow(self, cells: int, max_rows: int, flat: dict[str, torch.Tensor]) -> None:
         for key, tensor in flat.items():
             old = self._storage.get(key)
-            if old is not None and old.shape[0] >= slots and old.shape[1] >= max_rows:
+            if old is not None and old.shape[0] >= cells and old.shape[1] >= max_rows:
                 continue
-            new = torch.empty((slots, max_rows, *tensor.shape[1:]), dtype=tensor.dtype)
+            new = torch.empty((cells, max_rows, *tensor.shape[1:]), dtype=tensor.dtype)
             if old is not None:
                 new[: old.shape[0], : old.shape[1]].copy_(old)
             self._storage[key] = new
 
-    def slots(self, trajectory_ids: list[int]) -> torch.Tensor:
-        """The slot of each id (``-1`` where not cached), copying shared ones in first."""
+    def cells(self, trajectory_ids: list[int]) -> torch.Tensor:
+        """The cell of each id (``-1`` where not cached), copying shared ones in first."""
         self._materialize_all(trajectory_ids)
         return torch.tensor(
-            [max(self._slot_of.get(i, -1), -1) for i in trajectory_ids], dtype=torch.int64
+            [max(self._cell_of.get(i, -1), -1) for i in trajectory_ids], dtype=torch.int64
         )
 
-    def gather(self, slots: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Rows ``rows`` of the cached trajectories in ``slots``: one ``index_select`` per key."""
-        flat_index = slots * self._max_rows + rows
+    def gather(self, cells: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Rows ``rows`` of the cached trajectories in ``cells``: one ``index_select`` per key."""
+        flat_index = cells * self._max_rows + rows
         return {
-            key: slots_tensor.view(-1, *slots_tensor.shape[2:]).index_select(0, flat_index)
-            for key, slots_tensor in self._storage.items()
+            key: cells_tensor.view(-1, *cells_tensor.shape[2:]).index_select(0, flat_index)
+            for key, cells_tensor in self._storage.items()
         }
 
     def field_rows(self, trajectory_id: int, key: str) -> torch.Tensor:
@@ -258,25 +258,25 @@ class SlotCache:
         shared = self._shared.get(trajectory_id)
         if shared is not None:
             return shared.flat[key]
-        slot, rows = self._slot_of[trajectory_id], self._rows[trajectory_id]
-        return self._storage[key][slot, :rows]
+        cell, rows = self._cell_of[trajectory_id], self._rows[trajectory_id]
+        return self._storage[key][cell, :rows]
 
     def trajectory(self, trajectory_id: int) -> Trajectory:
-        """The raw ``[T, B, ...]`` trajectory rebuilt from its slot (copies)."""
+        """The raw ``[T, B, ...]`` trajectory rebuilt from its cell (copies)."""
         self.materialize(trajectory_id)
-        slot, rows = self._slot_of[trajectory_id], self._rows[trajectory_id]
-        flat = {key: slots[slot, :rows].clone() for key, slots in self._storage.items()}
+        cell, rows = self._cell_of[trajectory_id], self._rows[trajectory_id]
+        flat = {key: cells[cell, :rows].clone() for key, cells in self._storage.items()}
         return join_trajectory(flat, self._residues[trajectory_id], self._width[trajectory_id])
 
     def state_dict(self) -> dict[str, Any]:
         """``{"capacity", "trajectories": [(id, flat, residue, B), ...]}``, oldest first."""
         self._materialize_all(list(self._shared))
         trajectories = []
-        for trajectory_id, slot in self._slot_of.items():
-            if slot == _NOT_READ:
+        for trajectory_id, cell in self._cell_of.items():
+            if cell == _NOT_READ:
                 continue
             rows = self._rows[trajectory_id]
-            flat = {key: slots[slot, :rows].clone() for key, slots in self._storage.items()}
+            flat = {key: cells[cell, :rows].clone() for key, cells in self._storage.items()}
             residue = _copy_residue(self._residues[trajectory_id])
             trajectories.append((trajectory_id, flat, residue, self._width[trajectory_id]))
         return {"capacity": self.capacity, "trajectories": trajectories}
@@ -288,8 +288,8 @@ class SlotCache:
             self.put(trajectory_id, flat, residue, width)
 
     def clear(self) -> None:
-        """Drop every trajectory and free the slots."""
-        self._slot_of.clear()
+        """Drop every trajectory and free the cells."""
+        self._cell_of.clear()
         self._shared.clear()
         self._reserved.clear()
         self._schema = None

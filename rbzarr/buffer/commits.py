@@ -120,6 +120,7 @@ class StoreCommitter:
             # Every writer's metadata names the store's format and schema.
             metadata = self.layout.read_store_metadata()
             self._check_format(metadata)
+            self.layout.adopt_store_metadata(metadata)
             self.stored_schema = schema_from_json(metadata.get("schema"))
 
     def _read_counter(self) -> None:

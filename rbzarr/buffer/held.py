@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from rbzarr.buffer.cache import SlotCache
+from rbzarr.buffer.cache import RowCache
 from rbzarr.buffer.commits import StoreCommitter
 from rbzarr.sampling.sampler import Window
 from rbzarr.storage.documents import Entry
@@ -27,7 +27,7 @@ class BufferRows:
     """A buffer's cache and (with ``auto_save``) its committer's pending writes."""
 
     def __init__(
-        self, cache: SlotCache, committer: StoreCommitter | None, lock: threading.RLock
+        self, cache: RowCache, committer: StoreCommitter | None, lock: threading.RLock
     ) -> None:
         self._cache = cache
         self._committer = committer
@@ -40,13 +40,13 @@ class BufferRows:
             self._warmed = tuple(window.ids)
             self._committer.warm(window.entries)
 
-    def slots(self, window: Sequence[int]) -> torch.Tensor:
-        """The cache slot of each id (``-1``: not cached, or reserved and not read yet)."""
-        return self._cache.slots(list(window))
+    def cells(self, window: Sequence[int]) -> torch.Tensor:
+        """The cache cell of each id (``-1``: not cached, or reserved and not read yet)."""
+        return self._cache.cells(list(window))
 
-    def gather(self, slots: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    def gather(self, cells: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """Rows of cached trajectories."""
-        return self._cache.gather(slots, rows)
+        return self._cache.gather(cells, rows)
 
     def pending(self, ids: Sequence[int]) -> Mapping[int, Mapping[str, torch.Tensor]]:
         """The flat rows of those of ``ids`` still being written."""

@@ -42,13 +42,13 @@ def _prefetch(
     """The prefetch thread: fill ``out`` until ``batches`` are made, ``stop`` or an error."""
     try:
         for _ in range(batches) if batches is not None else count():
-            room.acquire()  # a slot the consumer freed (or close() woke it)
+            room.acquire()  # a place the consumer freed (or close() woke it)
             if stop.is_set():
                 return
             out.put(produce())
-        room.acquire()  # the end takes a slot too: never more than prefetch items wait
+        room.acquire()  # the end takes a place too: never more than prefetch items wait
     except BaseException as error:  # every failure must reach the consumer, not the thread
-        out.put(_Failure(error))  # in the slot of the batch that failed
+        out.put(_Failure(error))  # in the place of the batch that failed
         return
     out.put(_END)
 

@@ -117,9 +117,9 @@ class _ThreadBackend(_Backend):
 
 
 class _ProcessBackend(_Backend):
-    """An unbounded multiprocessing queue, bounded by a semaphore of free slots.
+    """An unbounded multiprocessing queue, bounded by a semaphore of free places.
 
-    The close marker takes no slot, so ``close()`` never blocks on a full channel.  A process
+    The close marker takes no place, so ``close()`` never blocks on a full channel.  A process
     that has received the marker remembers it (``_drained``): its later gets fail at once,
     without waiting for the marker it passed on to come round again.
     """
@@ -127,19 +127,19 @@ class _ProcessBackend(_Backend):
     def __init__(self, maxsize: int, context: str | None) -> None:
         ctx = torch_mp.get_context(context)
         self._queue = ctx.Queue()
-        self._slots = ctx.BoundedSemaphore(maxsize) if maxsize > 0 else None
+        self._places = ctx.BoundedSemaphore(maxsize) if maxsize > 0 else None
         self._closed = ctx.Event()
         self._drained = False
 
     def put(self, item: Any, timeout: float | None) -> None:
         # docstring inherited
         deadline = None if timeout is None else time.monotonic() + timeout
-        if self._slots is not None:
+        if self._places is not None:
             while True:
                 if self._closed.is_set():
                     raise ChannelClosedError("put: the channel is closed")
                 left = _CLOSE_POLL_S if deadline is None else deadline - time.monotonic()
-                if self._slots.acquire(timeout=max(0.0, min(left, _CLOSE_POLL_S))):
+                if self._places.acquire(timeout=max(0.0, min(left, _CLOSE_POLL_S))):
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     raise ChannelTimeoutError(f"put: channel stayed full for {timeout} s")
@@ -149,8 +149,8 @@ class _ProcessBackend(_Backend):
         self._queue.put(item)
 
     def _release(self) -> None:
-        if self._slots is not None:
-            self._slots.release()
+        if self._places is not None:
+            self._places.release()
 
     def _received(self, item: Any) -> Any:
         if isinstance(item, _ClosedMarker):

@@ -29,7 +29,7 @@ from rbzarr.storage.documents import Entry
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.trajectory.model import Trajectory
 
-__all__ = ["ON_DAMAGED", "DamagedRowsError", "DamagedTrajectories"]
+__all__ = ["ON_DAMAGED", "DamagedRowsError", "DamagedTrajectories", "check_on_damaged"]
 
 ON_DAMAGED = ("raise", "skip")
 # What a read of damaged or missing data raises; anything else (unavailable storage) is not damage.
@@ -47,13 +47,18 @@ class DamagedRowsError(CorruptStoreError):
         self.found = found
 
 
+def check_on_damaged(on_damaged: str) -> str:
+    """``on_damaged`` if it is one of :data:`ON_DAMAGED`, else a ``ValueError`` naming them."""
+    if on_damaged not in ON_DAMAGED:
+        raise ValueError(f"on_damaged must be one of {ON_DAMAGED}, got {on_damaged!r}")
+    return on_damaged
+
+
 class DamagedTrajectories:
     """The ``on_damaged`` policy of one buffer, and the trajectories it dropped so far."""
 
     def __init__(self, on_damaged: str) -> None:
-        if on_damaged not in ON_DAMAGED:
-            raise ValueError(f"on_damaged must be one of {ON_DAMAGED}, got {on_damaged!r}")
-        self.policy = on_damaged
+        self.policy = check_on_damaged(on_damaged)
         self.dropped: dict[int, str] = {}
 
     def read(self, plan: MissPlan, layout: TrajectoryLayout | None) -> dict[str, torch.Tensor]:

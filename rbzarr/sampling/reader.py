@@ -39,6 +39,8 @@ from rbzarr.trajectory.steps import DONES, time_steps
 __all__ = ["Ahead", "HeldRows", "StoreReader", "WindowIndex"]
 
 Batch = dict[str, Any]
+# Draws a batch of ``n`` rows with a generator (under the lock); returns its read.
+DrawRows = Callable[[int, torch.Generator], Callable[[], Batch]]
 
 
 class WindowIndex(Protocol):
@@ -60,11 +62,11 @@ class HeldRows(Protocol):
     def drawing(self, window: Window) -> None:
         """A draw from ``window`` is about to be made."""
 
-    def slots(self, window: Sequence[int]) -> torch.Tensor:
-        """The cache slot of each id of ``window`` (``-1`` where not cached)."""
+    def cells(self, window: Sequence[int]) -> torch.Tensor:
+        """The cache cell of each id of ``window`` (``-1`` where not cached)."""
 
-    def gather(self, slots: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The flat rows ``rows`` of the cached trajectories in ``slots``."""
+    def gather(self, cells: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The flat rows ``rows`` of the cached trajectories in ``cells``."""
 
     def pending(self, ids: Sequence[int]) -> Mapping[int, Mapping[str, torch.Tensor]]:
         """The flat rows of those of ``ids`` whose write is still pending."""
@@ -81,6 +83,11 @@ class HeldRows(Protocol):
 
 class Ahead(Protocol):
     """Batches drawn ahead from the reader's own generator (the buffer's read-ahead)."""
+
+    depth: int  # batches drawn ahead
+
+    def close(self) -> None:
+        """Stop drawing ahead; later batches are drawn when asked."""
 
     def sample(self, n: int) -> Batch:
         """The next batch of ``n`` rows, as the reader would draw it."""
@@ -108,8 +115,13 @@ class StoreReader:
         The store's URL, for messages.
     empty
         The message of the :class:`~rbzarr.errors.EmptyBufferError` an empty window raises.
+    schema
+        The schema of the trajectories, when known (the owner sets it at the first).
     held, lock
         The owner's memory and the lock that guards it, the index and the samplers.
+    read_ahead
+        Builds the batches drawn ahead (the buffer's ``prefetch``) from the rows sampler's
+        generator and :meth:`draw_rows`; ``None``: every batch is drawn when asked.
     """
 
     def __init__(
@@ -122,8 +134,10 @@ class StoreReader:
         on_damaged: str = "raise",
         where: str = "",
         empty: str = "cannot sample from an empty buffer: add trajectories first",
+        schema: Schema | None = None,
         held: HeldRows | None = None,
         lock: AbstractContextManager[Any] | None = None,
+        read_ahead: Callable[[torch.Generator, DrawRows], Ahead] | None = None,
     ) -> None:
         self.damaged = DamagedTrajectories(on_damaged)
         self.index = index
@@ -135,8 +149,8 @@ class StoreReader:
         self.lock = threading.RLock() if lock is None else lock
         self.rows = WindowSampler(seed)
         self.sequences = SequenceSampler(seed)
-        self.schema: Schema | None = None
-        self.ahead: Ahead | None = None
+        self.schema = schema
+        self.ahead = None if read_ahead is None else read_ahead(self.rows.generator, self.draw_rows)
 
     def window(self) -> list[int]:
         """The ids drawn from, oldest first (call under the lock).
@@ -274,11 +288,11 @@ class StoreReader:
         if self.held is None:
             nothing_held = torch.zeros(len(ids), dtype=torch.bool)
             return plan_misses(ids, rows, nothing_held, {}, self.schema, self.index.entries, {})
-        slots = self.held.slots(window.ids)[positions]
-        hit = slots >= 0
+        cells = self.held.cells(window.ids)[positions]
+        hit = cells >= 0
         if bool(hit.all()):
-            return all_cached(self.held.gather(slots, rows), self.schema)
-        cached = self.held.gather(slots[hit], rows[hit]) if bool(hit.any()) else {}
+            return all_cached(self.held.gather(cells, rows), self.schema)
+        cached = self.held.gather(cells[hit], rows[hit]) if bool(hit.any()) else {}
         drawn = window.ids if len(window.ids) <= len(ids) else ids.tolist()  # the shorter
         pending = self.held.pending(drawn)
         return plan_misses(ids, rows, hit, cached, self.schema, self.index.entries, pending)

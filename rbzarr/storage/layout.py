@@ -221,6 +221,16 @@ class TrajectoryLayout(ABC):
         """Keys this layout adds to ``metadata.json`` to describe its format (none here)."""
         return {}
 
+    def adopt_store_metadata(self, metadata: Mapping[str, Any]) -> None:  # noqa: B027 (a hook)
+        """Take on what an existing store's ``metadata.json`` records of its format (a
+        writer appending to it calls this once, before writing); nothing here.
+
+        Parameters
+        ----------
+        metadata
+            The store's metadata keys.
+        """
+
     def read_store_metadata(self) -> dict[str, Any]:
         """The store's ``metadata.json`` keys, without reading its index."""
         return store_writers.read_store_metadata(self.location)

@@ -19,6 +19,7 @@ from numcodecs import zstd
 from rbzarr.storage import thread_pool
 from rbzarr.storage.zarr import shard_index
 from rbzarr.storage.zarr.chunking import KeyPlan
+from rbzarr.storage.zarr.codecs import Codec, psnr
 from rbzarr.trajectory.dtypes import dtype_name, to_numpy
 from rbzarr.trajectory.model import RESET_ROW_FIELDS
 
@@ -102,8 +103,13 @@ def encode_array(
     stored = stored_dtype(data.dtype)
     data = np.ascontiguousarray(data, dtype=stored)
     parts: list[Any]
+    measured: float | None = None
     if plan.kind == "mapped":
         parts = [data.reshape(-1).view(np.uint8)]
+    elif plan.kind == "image":
+        parts = encode_frames(plan.codec, frames(data, plan.image))
+        if plan.codec.lossy:
+            measured = _measured_psnr(plan.codec, data, parts, plan.image)
     else:
         parts = _compressed(_inner_chunks(data, plan.inner), plan.level or 1, plan.checksum)
     nbytes = [len(part) for part in parts]
@@ -120,6 +126,7 @@ def encode_array(
         dtype_name(value.dtype),
         tuple(dimension_names(key, shape, T, B)),
         separator,
+        (plan.codec.text, plan.image) if plan.kind == "image" else None,
     )
     description = {
         "kind": plan.kind,
@@ -130,7 +137,34 @@ def encode_array(
         "shard_bytes": size,
         "separator": separator,
     }
+    if plan.kind != "mapped":
+        description["codec"] = plan.codec.text
+    if plan.kind == "image":
+        description["image"] = plan.image
+    if measured is not None:
+        description["psnr"] = measured
     return EncodedArray(document, shard, description)
+
+
+def frames(data: np.ndarray, layout: str) -> np.ndarray:
+    """``[T * B, H, W, C]`` views of the frames of a ``[T, B, ...]`` uint8 array whose
+    trailing dimensions lie as ``layout`` (``"hwc"`` or ``"chw"``)."""
+    flat = data.reshape(-1, *data.shape[2:])
+    return flat.transpose(0, 2, 3, 1) if layout == "chw" else flat
+
+
+def encode_frames(codec: Codec, images: np.ndarray) -> list[bytes]:
+    """Every frame encoded by ``codec``, on the worker pool (imagecodecs releases the GIL)."""
+    return thread_pool.run_all(codec.encode_frame, list(images), len(images) > 1)
+
+
+def _measured_psnr(codec: Codec, data: np.ndarray, parts: list[bytes], layout: str) -> float:
+    """The PSNR of the decoded frames against ``data``, over the whole array (JSON: a
+    lossless result is recorded as ``1e9``, never ``inf``)."""
+    originals = frames(data, layout)
+    decoded = np.stack(thread_pool.run_all(codec.decode_frame, parts, len(parts) > 1))
+    measured = psnr(originals.reshape(decoded.shape), decoded)
+    return round(min(measured, 1e9), 3)
 
 
 def _inner_chunks(data: np.ndarray, inner: tuple[int, ...]) -> np.ndarray:

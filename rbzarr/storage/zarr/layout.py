@@ -49,7 +49,7 @@ from zarr.abc.store import Store
 from zarr.api import asynchronous as zarr_async
 from zarr.storage import StorePath
 
-from rbzarr.errors import CorruptStoreError
+from rbzarr.errors import CodecConflictError, CorruptStoreError
 from rbzarr.storage.backends import translate_errors
 from rbzarr.storage.deadlines import sync
 from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents, Entry, Finding
@@ -59,10 +59,20 @@ from rbzarr.storage.location import Location
 from rbzarr.storage.names import is_temporary_name, number_name
 from rbzarr.storage.object_ranges import object_ranges
 from rbzarr.storage.row_groups import RowGroups
-from rbzarr.storage.zarr import arrays, sharded
+from rbzarr.storage.zarr import (
+    arrays,
+    sharded,
+    zarr_codecs,  # noqa: F401  (registers the image codecs)
+)
 from rbzarr.storage.zarr import rows as zarr_rows
 from rbzarr.storage.zarr.byte_source import ByteSource
-from rbzarr.storage.zarr.chunking import DEFAULT_CHUNK_BYTES, plan_key
+from rbzarr.storage.zarr.chunking import (
+    DEFAULT_CHUNK_BYTES,
+    KeyPlan,
+    plan_key,
+    zarr_compressor,
+)
+from rbzarr.storage.zarr.codecs import Codec, parse_codec, parse_codecs
 from rbzarr.storage.zarr.encode import LOCAL_SEPARATOR, shard_key
 from rbzarr.storage.zarr.handles import time_and_envs, trajectory_id
 from rbzarr.storage.zarr.open import (
@@ -77,7 +87,7 @@ from rbzarr.storage.zarr.remote import DEFAULT_RANGE_GAP
 from rbzarr.storage.zarr.shard_cache import DEFAULT_LOCAL_CACHE_BYTES, ShardCache, cache_key
 from rbzarr.storage.zarr.shard_index import DTYPE_ATTR
 from rbzarr.storage.zarr.spec import parse_specs
-from rbzarr.trajectory.dtypes import dtype_name, from_numpy
+from rbzarr.trajectory.dtypes import dtype_name, from_numpy, to_numpy
 from rbzarr.trajectory.model import Trajectory, trajectory_from_raw
 from rbzarr.trajectory.validated import ValidatedTrajectory, rows_to_write
 
@@ -86,6 +96,8 @@ __all__ = ["FIELDS_ATTR", "LAYOUT_VERSION", "ROOT_ATTR", "TRAJECTORIES", "ZarrLa
 log = logging.getLogger(__name__)
 
 LAYOUT_VERSION = 2
+# The metadata key recording the store's codec per key (and "default").
+CODECS_KEY = "codecs"
 # Trajectories the background warmer opens per round.
 WARM_BATCH = 32
 # The root group's attribute that mirrors the two documents.
@@ -102,9 +114,14 @@ class ZarrLayout(TrajectoryLayout):
     location
         The store's root.
     codecs
-        Compressor per flat key (``"rewards"``, ``"curr_obs/image"``) or ``"default"``;
-        ``None`` stores a key uncompressed.  Unlisted keys are stored uncompressed (read in
-        place), except 0-d and zero-size arrays (zstd level 1, through zarr).
+        Codec per flat key (``"rewards"``, ``"curr_obs/image"``) or ``"default"`` (every key
+        not named): a spec (``"raw"``, ``"zstd:3"``, ``"lossless"``, ``"jpeg:95"``, ...,
+        see :mod:`rbzarr.storage.zarr.codecs`), a zarr codec object, or ``None`` (raw).
+        Unlisted keys are stored raw (read in place), except image-like ones (uint8
+        ``[T, B, H, W, C]`` or ``[T, B, C, H, W]``): ``"lossless"`` when imagecodecs is
+        installed.  A store records its codecs in its metadata; appending to it uses them,
+        and a different explicit codec for a recorded key raises
+        :class:`~rbzarr.errors.CodecConflictError`.
     chunk_bytes
         Target size of one chunk of the arrays zarr writes itself (codecs other than zstd,
         see :mod:`rbzarr.storage.zarr.chunking`).
@@ -162,7 +179,11 @@ class ZarrLayout(TrajectoryLayout):
         if range_gap < 0:
             raise ValueError(f"range_gap must be >= 0, got {range_gap}")
         super().__init__(location)
-        self.codecs = dict(codecs or {})
+        self.codecs = parse_codecs(codecs)
+        self._explicit = frozenset(self.codecs)
+        # Concrete codecs by key (and "default"), as the store's metadata records them.
+        self._recorded = {key: codec.text for key, codec in self.codecs.items()}
+        self._recorded_lock = threading.Lock()
         self.chunk_bytes = chunk_bytes
         self.range_gap = range_gap
         if byte_source is None:
@@ -389,9 +410,10 @@ class ZarrLayout(TrajectoryLayout):
         tid = trajectory_id(entry)
         fields = trajectory.tensors()
         plans = {
-            key: plan_key(value.shape, value.element_size(), self.codecs, key)
+            key: plan_key(value.shape, to_numpy(value.reshape(-1)[:0]).dtype, self.codecs, key)
             for key, value in fields.items()
         }
+        self._record_codecs(plans)
         # Local files: one file per shard (no folder per dimension), read in place (no
         # copies in the group's document).
         local = self._opener.local_files
@@ -403,7 +425,10 @@ class ZarrLayout(TrajectoryLayout):
             FIELDS_ATTR: {key: dtype_name(value.dtype) for key, value in fields.items()},
             sharded.LAYOUT_ATTR: description,
         }
-        zarr_keys = [key for key in fields if plans[key].kind == "zarr"]
+        compressors = {
+            key: zarr_compressor(plan.codec) for key, plan in plans.items() if plan.kind == "zarr"
+        }
+        zarr_keys = list(compressors)
         group = group_path(tid)
         self._opener.handles.forget(tid)
         with translate_errors(self.location.url, "writing"):
@@ -418,8 +443,7 @@ class ZarrLayout(TrajectoryLayout):
                     fields,
                     attrs,
                     files,
-                    zarr_keys,
-                    self.codecs,
+                    compressors,
                     self.chunk_bytes,
                     self._durable_folder(group),
                 )
@@ -457,9 +481,58 @@ class ZarrLayout(TrajectoryLayout):
             if cache.put_shard(key, array_key, spec, data, f"{where}/{array_key}") is not None:
                 cache.stats.written_through += 1
 
+    def _record_codecs(self, plans: Mapping[str, KeyPlan]) -> None:
+        """Remember the codec each key was written with (the store's metadata records it)."""
+        with self._recorded_lock:
+            for key, plan in plans.items():
+                if plan.kind == "zarr" and key not in self._explicit:
+                    continue
+                if self._recorded.get(key, "lossless") == "lossless":
+                    self._recorded[key] = plan.codec.text
+                self.codecs.setdefault(key, plan.codec)
+
+    def adopt_store_metadata(self, metadata: Mapping[str, Any]) -> None:
+        """Take on the codecs the store records; a store written before codecs were
+        recorded keeps its unlisted keys raw (as it was written).
+
+        Raises
+        ------
+        CodecConflictError
+            This layout was given another codec for a key the store records.
+        """
+        recorded = metadata.get(CODECS_KEY)
+        if recorded is None:
+            self.codecs.setdefault("default", Codec("raw"))
+            return
+        if not isinstance(recorded, dict):
+            raise CorruptStoreError(f"{self.location.url}: metadata {CODECS_KEY!r} is not a map")
+        with self._recorded_lock:
+            for key, text in recorded.items():
+                mine = self.codecs.get(key) if key in self._explicit else None
+                if mine is not None and not _same_codec(mine, str(text)):
+                    raise CodecConflictError(
+                        f"{self.location.url}: key {key!r} is stored with codec {text!r}, this "
+                        f"writer was given {mine.text!r}; drop the choice to use the store's "
+                        "codec, or write elsewhere (`rbzarr recode` re-encodes a store)"
+                    )
+                if mine is None:
+                    try:
+                        self.codecs[key] = parse_codec(str(text))
+                    except ValueError as exc:
+                        raise CodecConflictError(
+                            f"{self.location.url}: key {key!r} is stored with codec {text!r}; "
+                            "pass that codec object in codecs= to append to this store"
+                        ) from exc
+                self._recorded[key] = str(text)
+
     def format_metadata(self) -> dict[str, Any]:
-        # docstring inherited
-        return {"layout_version": LAYOUT_VERSION}
+        """``layout_version`` and the codecs of the keys written (``codecs``)."""
+        with self._recorded_lock:
+            codecs = dict(self._recorded)
+        found: dict[str, Any] = {"layout_version": LAYOUT_VERSION}
+        if codecs:
+            found[CODECS_KEY] = codecs
+        return found
 
     def write_documents(self, documents: Documents) -> Documents:
         """Adds ``layout_version`` to the metadata and writes the store's head (the
@@ -489,6 +562,18 @@ class ZarrLayout(TrajectoryLayout):
             target.write(entry, self.read(entry))
             return
         super().copy_to(target, entry)
+
+
+def _same_codec(mine: Codec, recorded: str) -> bool:
+    """Whether a writer's codec agrees with the one recorded (``"lossless"`` agrees with
+    any lossless image codec)."""
+    if mine.text == recorded:
+        return True
+    try:
+        theirs = parse_codec(recorded)
+    except ValueError:
+        return False
+    return mine.name == "lossless" and theirs.is_image and not theirs.lossy
 
 
 def _root_head(documents: Documents) -> dict[str, Any]:

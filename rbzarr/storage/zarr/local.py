@@ -4,9 +4,9 @@ A shard opens once per trajectory (its size checked, its index read and checked)
 cached with the trajectory's handles.  Reading rows then costs:
 
 * **uncompressed arrays**: nothing but numpy gathers out of read-only memory maps,
-  straight into the batch's output rows.  Each shard is mapped at a slot of a reserved
+  straight into the batch's output rows.  Each shard is mapped at a bay of a reserved
   address range shared by every shard of its row size (:mod:`rbzarr.storage.zarr.regions`),
-  so a batch gathers each key once for all its trajectories; a shard that finds no slot
+  so a batch gathers each key once for all its trajectories; a shard that finds no bay
   (not Linux, or its reservation failed) keeps a map of its own, one gather per
   (trajectory, key), and one past the map budget a descriptor.  Every map is
   marked ``MADV_RANDOM``, small rows' too: a cold row read then faults in that row's pages
@@ -36,10 +36,11 @@ handles of a trajectory it writes or deletes.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +51,7 @@ from rbzarr.storage import thread_pool
 from rbzarr.storage.files import open_regular
 from rbzarr.storage.zarr import regions, shard_index
 from rbzarr.storage.zarr.byte_source import ByteSource
+from rbzarr.storage.zarr.codecs import Codec, parse_codec
 from rbzarr.storage.zarr.spec import ArraySpec
 
 __all__ = [
@@ -58,6 +60,8 @@ __all__ = [
     "Piece",
     "RowRead",
     "decode_whole",
+    "decoder",
+    "frames_to_decode",
     "land",
     "plan_rows",
     "read_local",
@@ -67,6 +71,10 @@ __all__ = [
 PREFETCH_ROW_BYTES = 4096
 # A batch with at least this many compressed pieces is read on the worker pool.
 THREADED_PIECES = 1024
+# A batch with at least this many frames to decode (image codecs) is read on the pool.
+THREADED_FRAMES = 8
+# Decodes one inner chunk's bytes into its uint8 target.
+Decoder = Callable[[bytes | memoryview, np.ndarray], None]
 
 
 @dataclass
@@ -81,14 +89,14 @@ class Piece:
         How many bytes to read.
     target
         The uint8 array the bytes (or their decoded chunk) fill exactly.
-    compressed
-        Whether the bytes are one zstd frame to decode into ``target``.
+    decode
+        Decodes the bytes into ``target`` (:func:`decoder`); ``None``: they are copied.
     """
 
     offset: int
     nbytes: int
     target: np.ndarray
-    compressed: bool
+    decode: Decoder | None
 
 
 @dataclass
@@ -115,7 +123,7 @@ class LocalShard:
     """An open local shard: its checked index, a descriptor or a memory map.
 
     An uncompressed array of at least two dimensions is memory-mapped (``rows``: one uint8
-    row per element ``raw_t * B + b``; ``slot``: where it sits in a region, if it does),
+    row per element ``raw_t * B + b``; ``bay``: where it sits in a region, if it does),
     unless the map budget is spent; other shards keep a descriptor read with ``pread``.
 
     Parameters
@@ -160,21 +168,21 @@ class LocalShard:
             self._closer()
             raise
         self.rows: np.ndarray | None = None
-        self.slot: regions.Slot | None = None
+        self.bay: regions.Bay | None = None
         self._map: mmap.mmap | None = None
         if spec.kind == "mapped" and len(spec.shape) >= 2:
             self._map_rows(fd, size)
 
     def _map_rows(self, fd: int, size: int) -> None:
-        """Map the rows into a region slot, else into a map of their own; none once
+        """Map the rows into a region bay, else into a map of their own; none once
         :data:`regions.MAP_BUDGET` is spent (then ``pread``)."""
         spec = self.spec
         count = spec.data_bytes // spec.row_bytes
-        self.slot = regions.place(fd, size, spec.row_bytes)
-        if self.slot is not None:
-            weakref.finalize(self, self.slot.release)
-            first = self.slot.first_row
-            self.rows = self.slot.region.rows[first : first + count]
+        self.bay = regions.place(fd, size, spec.row_bytes)
+        if self.bay is not None:
+            weakref.finalize(self, self.bay.release)
+            first = self.bay.first_row
+            self.rows = self.bay.region.rows[first : first + count]
         elif (budget := regions.MAP_BUDGET).take(1):
             weakref.finalize(self, budget.give, 1)
             mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
@@ -213,13 +221,61 @@ def land(piece: Piece, data: bytes | memoryview, where: str) -> None:
     """Put fetched bytes in their target, decoding compressed ones."""
     if len(data) != piece.nbytes:
         raise CorruptStoreError(f"{where}: the shard ended early (truncated)")
-    if not piece.compressed:
+    if piece.decode is None:
         piece.target[...] = np.frombuffer(data, np.uint8).reshape(piece.target.shape)
         return
     try:
-        zstd.decompress(data, piece.target)
-    except (RuntimeError, ValueError) as exc:
+        piece.decode(data, piece.target)
+    except CorruptStoreError:
+        raise
+    except Exception as exc:  # zstd's and every image codec's own errors
         raise CorruptStoreError(f"{where}: an inner chunk does not decode: {exc}") from exc
+
+
+def decoder(spec: ArraySpec) -> Decoder | None:
+    """How an inner chunk of ``spec``'s array is decoded into its uint8 target: the one
+    place a compressed or encoded chunk becomes values (``None``: stored raw)."""
+    if spec.kind == "mapped":
+        return None
+    if spec.kind == "chunked":
+        return _zstd_into
+    codec = parse_codec(spec.codec)
+    shape = tuple(spec.shape[2:])
+    if spec.image == "chw":
+        return functools.partial(_frame_chw_into, codec, shape)
+    return functools.partial(_frame_into, codec, shape)
+
+
+def _zstd_into(data: bytes | memoryview, target: np.ndarray) -> None:
+    zstd.decompress(data, target)
+
+
+def _frame_into(
+    codec: Codec, shape: tuple[int, ...], data: bytes | memoryview, target: np.ndarray
+) -> None:
+    """One ``[H, W, C]`` frame decoded straight into its row."""
+    codec.decode_frame(data, out=target.reshape(shape))
+
+
+def _frame_chw_into(
+    codec: Codec, shape: tuple[int, ...], data: bytes | memoryview, target: np.ndarray
+) -> None:
+    """One frame decoded (``[H, W, C]``) and laid into its ``[C, H, W]`` row."""
+    channels, height, width = shape
+    decoded = codec.decode_frame(data).reshape(height, width, channels)
+    target.reshape(shape)[...] = decoded.transpose(2, 0, 1)
+
+
+def frames_to_decode(pieces: Iterable[Piece]) -> bool:
+    """Whether at least :data:`THREADED_FRAMES` of ``pieces`` are frames to decode (worth
+    the worker pool: a frame costs ~0.1 ms, the hop ~0.01 ms)."""
+    count = 0
+    for piece in pieces:
+        if piece.decode is not None and piece.decode is not _zstd_into:
+            count += 1
+            if count >= THREADED_FRAMES:
+                return True
+    return False
 
 
 def plan_rows(
@@ -238,7 +294,7 @@ def plan_rows(
         unique, first, inverse = _distinct(elements)
         base = int(index[0, 0])
         pieces = [
-            Piece(base + e * spec.row_bytes, spec.row_bytes, out[p], False)
+            Piece(base + e * spec.row_bytes, spec.row_bytes, out[p], None)
             for e, p in zip(unique.tolist(), positions[first].tolist(), strict=True)
         ]
         return RowRead(where, pieces, _copy_repeats(out, positions, first, inverse))
@@ -258,8 +314,9 @@ def plan_rows(
         def finish() -> None:
             out[positions] = decoded[inverse, within]
 
+    decode = decoder(spec)
     pieces = [
-        Piece(int(offset), int(nbytes), target, True)
+        Piece(int(offset), int(nbytes), target, decode)
         for (offset, nbytes), target in zip(index[unique].tolist(), targets, strict=True)
     ]
     return RowRead(where, pieces, finish)
@@ -284,10 +341,11 @@ def _copy_repeats(
 
 
 def read_local(reads: list[tuple[LocalShard, RowRead]], source: ByteSource) -> None:
-    """Land every piece of the ``(shard, read)`` pairs (on the pool when there are many),
-    then finish each read."""
+    """Land every piece of the ``(shard, read)`` pairs (on the pool when there are many, or
+    several frames to decode), then finish each read."""
     work = [(shard, piece) for shard, read in reads for piece in read.pieces]
-    thread_pool.run_all(lambda job: job[0].read(job[1], source), work, len(work) >= THREADED_PIECES)
+    threaded = len(work) >= THREADED_PIECES or frames_to_decode(p for _, p in work)
+    thread_pool.run_all(lambda job: job[0].read(job[1], source), work, threaded)
     for _, read in reads:
         if read.finish is not None:
             read.finish()
@@ -306,8 +364,16 @@ def decode_whole(spec: ArraySpec, shard: bytes, where: str) -> np.ndarray:
         flat = np.frombuffer(view[: spec.data_bytes], np.uint8).copy()
         return flat.view(spec.dtype).reshape(spec.shape)
     chunks = np.empty((spec.chunks, spec.chunk_bytes), dtype=np.uint8)
-    for target, (offset, nbytes) in zip(chunks, index.tolist(), strict=True):
-        land(Piece(offset, nbytes, target, True), view[offset : offset + nbytes], where)
+    decode = decoder(spec)
+    pieces = [
+        Piece(offset, nbytes, target, decode)
+        for target, (offset, nbytes) in zip(chunks, index.tolist(), strict=True)
+    ]
+    thread_pool.run_all(
+        lambda piece: land(piece, view[piece.offset : piece.offset + piece.nbytes], where),
+        pieces,
+        spec.kind == "image",
+    )
     return _from_inner_chunks(chunks, spec)
 
 

@@ -35,7 +35,7 @@ from rbzarr.storage.files import (
     sync_tree,
     write_file,
 )
-from rbzarr.storage.zarr.chunking import chunk_shape, pick_codec
+from rbzarr.storage.zarr.chunking import chunk_shape
 from rbzarr.storage.zarr.encode import dimension_names
 from rbzarr.storage.zarr.open import TRAJECTORIES
 from rbzarr.storage.zarr.shard_index import DTYPE_ATTR
@@ -115,13 +115,15 @@ class GroupPublisher:
         fields: Mapping[str, torch.Tensor],
         attrs: dict[str, Any],
         files: Mapping[str, list[Any]],
-        zarr_keys: Sequence[str],
-        codecs: Mapping[str, Any],
+        compressors: Mapping[str, Any],
         chunk_bytes: int,
         durable_folder: str | None = None,
     ) -> None:
         """Write one trajectory group through ``store`` (its old contents deleted first),
         every object set concurrently, the group's attributes last.
+
+        ``compressors`` holds the arrays zarr writes itself (kind ``"zarr"``) and each one's
+        compressor (``None``: uncompressed).
 
         ``durable_folder``: the group's local folder, when ``store`` is local and the write
         must be durable; everything in it is synced before the attributes are written, and
@@ -151,10 +153,10 @@ class GroupPublisher:
                     key,
                     fields[key],
                     (T, B),
-                    codecs,
+                    compressor,
                     chunk_bytes,
                 )
-                for key in zarr_keys
+                for key, compressor in compressors.items()
             ),
         )
         # The group's attributes are its commit marker: written only after every array.
@@ -183,14 +185,14 @@ async def _write_array(
     key: str,
     value: torch.Tensor,
     size: tuple[int, int],
-    codecs: Mapping[str, Any],
+    compressor: Any,
     chunk_bytes: int,
 ) -> None:
     """Write one array of kind ``"zarr"`` through zarr: its document, then its chunks."""
     data = to_numpy(value)
     chunks = chunk_shape(data.shape, data.dtype.itemsize, chunk_bytes)
     names = dimension_names(key, data.shape, *size)
-    metadata = _array_metadata(data, chunks, pick_codec(codecs, key), value.dtype, names)
+    metadata = _array_metadata(data, chunks, compressor, value.dtype, names)
     document = metadata.to_buffer_dict(default_buffer_prototype())["zarr.json"]
     array = AsyncArray(metadata, StorePath(store, path), {"write_empty_chunks": True})
     await asyncio.gather(store.set(f"{path}/zarr.json", document), array.setitem(..., data))

@@ -1,26 +1,26 @@
-"""Shards mapped at fixed slots of reserved address ranges, so a batch gathers once per key.
+"""Shards mapped at bays (equal fixed parts) of reserved address ranges: one gather per key.
 
 A batch of state rows touches each key of ~100 trajectories; one numpy gather per
 (trajectory, key) out of each shard's own memory map cost ~665 small gathers and their
-Python per 4,096-row batch.  Here every shard of one row size and slot size is mapped
-read-only into a slot of one range reserved up front (``PROT_NONE``, no memory behind it):
-the kernel's ``mmap`` with ``MAP_FIXED`` at ``slot * slot_bytes``, ``slot_bytes`` a multiple
-of both the page size and the row size.  Row ``r`` of the shard in slot ``s`` is then row
-``s * slot_rows + r`` of one view of the range, and a batch reads each key with one gather
+Python per 4,096-row batch.  Here every shard of one row size and bay size is mapped
+read-only into a bay of one range reserved up front (``PROT_NONE``, no memory behind it):
+the kernel's ``mmap`` with ``MAP_FIXED`` at ``bay * bay_bytes``, ``bay_bytes`` a multiple
+of both the page size and the row size.  Row ``r`` of the shard in bay ``s`` is then row
+``s * bay_rows + r`` of one view of the range, and a batch reads each key with one gather
 over all its trajectories.  A mapped shard's data starts at offset 0 of its file (its index
-is at the end), so the file maps as it is.  Each slot is ``MADV_RANDOM`` (a cold row faults
+is at the end), so the file maps as it is.  Each bay is ``MADV_RANDOM`` (a cold row faults
 in its own pages only); rows of at least a page are asked for with ``MADV_WILLNEED`` first.
 
 Measured with the bench's state workload in one process against TorchRL's
 ``LazyMemmapStorage.get`` of the same rows (thread CPU time, min of 80 batches, 2 busy
-cores): one gather per (trajectory, key) 0.33x; slots with one gather per key 0.64x; rows
+cores): one gather per (trajectory, key) 0.33x; bays with one gather per key 0.64x; rows
 gathered as one numpy record each instead of as bytes 0.75x (numpy copies 4,096 records of
 168 bytes ~2x faster); with the batch's bookkeeping vectorised 0.93x.
 
-A slot is handed back (its pages replaced by the reservation again, so no other mapping can
+A bay is handed back (its pages replaced by the reservation again, so no other mapping can
 take the hole) when the shard that holds it is garbage: a read holds its trajectories'
-shards, so no slot it gathers from changes under it.  Mappings survive a fork (the child
-sees the same slots).  Every map the read path makes is counted against
+shards, so no bay it gathers from changes under it.  Mappings survive a fork (the child
+sees the same bays).  Every map the read path makes is counted against
 :data:`MAP_BUDGET` (half of ``vm.max_map_count``): beyond it a shard is read with ``pread``.
 """
 
@@ -37,15 +37,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAP_BUDGET", "MapBudget", "Region", "Slot", "place", "record_dtype"]
+__all__ = ["MAP_BUDGET", "MapBudget", "Region", "Bay", "place", "record_dtype"]
 
 _PROT_NONE = 0
 _MAP_FIXED = 0x10
 _MAP_NORESERVE = 0x4000
 # Virtual bytes one region reserves (address space only: PROT_NONE, no memory, no swap).
 REGION_BYTES = 1 << 34
-# The fewest slots a region holds, whatever its slot size.
-MIN_SLOTS = 16
+# The fewest bays a region holds, whatever its bay size.
+MIN_BAYS = 16
 
 
 class MapBudget:
@@ -156,16 +156,16 @@ class _AddressView:
 
 
 class Region:
-    """One reserved address range of equal slots, each holding one mapped shard file.
+    """One reserved address range of equal bays, each holding one mapped shard file.
 
     Parameters
     ----------
     row_bytes
         The row size of every shard placed here.
-    slot_bytes
-        The bytes of one slot: a multiple of the page size and of ``row_bytes``.
-    slots
-        How many slots the range holds.
+    bay_bytes
+        The bytes of one bay: a multiple of the page size and of ``row_bytes``.
+    bays
+        How many bays the range holds.
 
     Raises
     ------
@@ -173,13 +173,13 @@ class Region:
         The range could not be reserved.
     """
 
-    def __init__(self, row_bytes: int, slot_bytes: int, slots: int) -> None:
+    def __init__(self, row_bytes: int, bay_bytes: int, bays: int) -> None:
         self.row_bytes = row_bytes
-        self.slot_bytes = slot_bytes
-        self.slot_rows = slot_bytes // row_bytes
-        self.slots = slots
-        self.address = _call_mmap(0, slot_bytes * slots, _PROT_NONE, self._reserve_flags, -1)
-        view = np.asarray(_AddressView(self.address, slot_bytes * slots))
+        self.bay_bytes = bay_bytes
+        self.bay_rows = bay_bytes // row_bytes
+        self.bays = bays
+        self.address = _call_mmap(0, bay_bytes * bays, _PROT_NONE, self._reserve_flags, -1)
+        view = np.asarray(_AddressView(self.address, bay_bytes * bays))
         self.rows = view.reshape(-1, row_bytes)
         # The same rows as one record each: numpy gathers and scatters records ~2x faster
         # than rows of bytes (measured: 4,096 rows of 168 bytes, 135 us against 307 us).
@@ -190,27 +190,27 @@ class Region:
 
     _reserve_flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
 
-    def map(self, fd: int, nbytes: int, budget: MapBudget) -> Slot | None:
-        """Map ``nbytes`` of file ``fd`` (from offset 0) into a free slot; ``None`` when full.
+    def map(self, fd: int, nbytes: int, budget: MapBudget) -> Bay | None:
+        """Map ``nbytes`` of file ``fd`` (from offset 0) into a free bay; ``None`` when full.
 
-        The slot hands :data:`SLOT_MAPS` back to ``budget`` when released.
+        The bay hands :data:`BAY_MAPS` back to ``budget`` when released.
         """
         with self._lock:
             if self._free:
-                slot = self._free.pop()
-            elif self._next < self.slots:
-                slot = self._next
+                bay = self._free.pop()
+            elif self._next < self.bays:
+                bay = self._next
                 self._next += 1
             else:
                 return None
-        address = self.address + slot * self.slot_bytes
+        address = self.address + bay * self.bay_bytes
         try:
             _call_mmap(address, nbytes, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd)
             _madvise(address, nbytes, mmap.MADV_RANDOM)
         except OSError:
-            self.release(slot)
+            self.release(bay)
             raise
-        return Slot(self, slot, budget)
+        return Bay(self, bay, budget)
 
     def prefetch(self, rows: np.ndarray) -> None:
         """Ask the kernel to start reading region rows ``rows`` (``MADV_WILLNEED``), so the
@@ -218,21 +218,21 @@ class Region:
         for row in np.unique(rows).tolist():
             _madvise(self.address + row * self.row_bytes, self.row_bytes, mmap.MADV_WILLNEED)
 
-    def release(self, slot: int) -> None:
-        """Put the reservation back over ``slot`` (nothing else can map there) and free it.
+    def release(self, bay: int) -> None:
+        """Put the reservation back over ``bay`` (nothing else can map there) and free it.
 
         Takes no lock (a list append is atomic): finalizers call it, and the garbage
         collector may run them inside :meth:`map`'s locked section.
         """
-        address = self.address + slot * self.slot_bytes
+        address = self.address + bay * self.bay_bytes
         flags = self._reserve_flags | _MAP_FIXED
-        _call_mmap(address, self.slot_bytes, _PROT_NONE, flags, -1)
-        self._free.append(slot)
+        _call_mmap(address, self.bay_bytes, _PROT_NONE, flags, -1)
+        self._free.append(bay)
 
 
 @dataclass(frozen=True)
-class Slot:
-    """A slot of a :class:`Region` holding one shard file (hand it back with :meth:`release`)."""
+class Bay:
+    """A bay of a :class:`Region` holding one shard file (hand it back with :meth:`release`)."""
 
     region: Region
     index: int
@@ -241,16 +241,16 @@ class Slot:
     @property
     def first_row(self) -> int:
         """The region row of the shard's row 0."""
-        return self.index * self.region.slot_rows
+        return self.index * self.region.bay_rows
 
     def release(self) -> None:
-        """Unmap the shard and free the slot (and its share of the map budget)."""
+        """Unmap the shard and free the bay (and its share of the map budget)."""
         self.region.release(self.index)
-        self.budget.give(SLOT_MAPS)
+        self.budget.give(BAY_MAPS)
 
 
-# A slot's mapping splits its region's reservation: at most two more mappings per slot.
-SLOT_MAPS = 2
+# A bay's mapping splits its region's reservation: at most two more mappings per bay.
+BAY_MAPS = 2
 
 
 def _madvise(address: int, nbytes: int, advice: int) -> None:
@@ -265,28 +265,28 @@ _regions: dict[tuple[int, int], list[Region]] = {}
 _regions_lock = threading.Lock()
 
 
-def place(fd: int, nbytes: int, row_bytes: int) -> Slot | None:
-    """Map ``nbytes`` of shard file ``fd`` into a slot of a region of its row size, or
+def place(fd: int, nbytes: int, row_bytes: int) -> Bay | None:
+    """Map ``nbytes`` of shard file ``fd`` into a bay of a region of its row size, or
     ``None`` where regions are unavailable (not Linux) or the map budget is spent."""
     budget = MAP_BUDGET
-    if _MMAP is None or not budget.take(SLOT_MAPS):
+    if _MMAP is None or not budget.take(BAY_MAPS):
         return None
     unit = math.lcm(mmap.PAGESIZE, row_bytes)
     # A power of two of units: trajectories of varied lengths share a few regions (the slack
     # is reserved address space only, no memory).
-    slot_bytes = unit << (-(-nbytes // unit) - 1).bit_length()
+    bay_bytes = unit << (-(-nbytes // unit) - 1).bit_length()
     try:
         with _regions_lock:
-            family = _regions.setdefault((row_bytes, slot_bytes), [])
+            family = _regions.setdefault((row_bytes, bay_bytes), [])
             for region in family:
-                slot = region.map(fd, nbytes, budget)
-                if slot is not None:
-                    return slot
-            region = Region(row_bytes, slot_bytes, max(MIN_SLOTS, REGION_BYTES // slot_bytes))
+                bay = region.map(fd, nbytes, budget)
+                if bay is not None:
+                    return bay
+            region = Region(row_bytes, bay_bytes, max(MIN_BAYS, REGION_BYTES // bay_bytes))
             family.append(region)
-            slot = region.map(fd, nbytes, budget)
+            bay = region.map(fd, nbytes, budget)
     except OSError:
-        slot = None
-    if slot is None:
-        budget.give(SLOT_MAPS)
-    return slot
+        bay = None
+    if bay is None:
+        budget.give(BAY_MAPS)
+    return bay

@@ -45,7 +45,7 @@ def read_rows_into(
     """Fill rows ``groups.positions`` of ``out[key]`` with the grouped rows, for every key.
 
     ``opened`` holds the handles of each group's trajectory.  Keys whose shards sit in
-    region slots (:mod:`rbzarr.storage.zarr.regions`) are read with one gather per key and
+    region bays (:mod:`rbzarr.storage.zarr.regions`) are read with one gather per key and
     region for the whole batch; other keys with at most one gather or one batch of pieces per
     (trajectory, key), every remote range in one round.  Every row is checked before any is
     read.  Remote ranges of one object at most ``range_gap`` bytes apart are fetched as one.
@@ -67,7 +67,7 @@ def read_rows_into(
     numbers = itertools.chain.from_iterable(plan.numbers for plan in plans)
     table = np.fromiter(numbers, np.int64, len(plans) * width).reshape(len(plans), width)
     _check_rows(groups, table[:, 0] * table[:, 1], which)
-    _gather_slotted(plans, table, groups, which, views, source)
+    _gather_in_bays(plans, table, groups, which, views, source)
     if any(plan.others for plan in plans):
         _read_others(location, opened, plans, groups, out, views, source, range_gap)
 
@@ -82,7 +82,7 @@ def _read_others(
     source: ByteSource,
     range_gap: int,
 ) -> None:
-    """Rows of the keys in no region slot: per (trajectory, key) a gather, ``pread`` pieces,
+    """Rows of the keys in no region bay: per (trajectory, key) a gather, ``pread`` pieces,
     remote ranges (one round for all) or zarr's own read."""
     batch = RowBatch(views, source, range_gap)
     plain: list[Any] = []
@@ -116,7 +116,7 @@ def _read_others(
 class _RowPlan:
     """How one trajectory's keys are read.
 
-    Per key of the batch: the region holding its shard (``None`` if not slotted), the
+    Per key of the batch: the region holding its shard (``None`` if in no bay), the
     region row of its row 0 and its reset epochs; then the keys read otherwise, as ``(key,
     local shard or None (read by pieces when unmapped), reset epochs, zarr array or None)``.
     ``numbers`` is ``(T, B, *first_rows, *epochs)``, one row of a batch's table.
@@ -129,7 +129,7 @@ class _RowPlan:
     others: list[tuple[str, LocalShard | None, int, Any]]
 
 
-def _gather_slotted(
+def _gather_in_bays(
     plans: Sequence[_RowPlan],
     table: np.ndarray,
     groups: RowGroups,
@@ -137,7 +137,7 @@ def _gather_slotted(
     views: Mapping[str, np.ndarray],
     source: ByteSource,
 ) -> None:
-    """Rows of every slotted key: per key and region, one gather for all its trajectories.
+    """Rows of every key in a bay: per key and region, one gather for all its trajectories.
 
     ``table`` holds the plans' ``numbers``, ``which`` the group of each row.  Where every
     trajectory's key is in one region and the batch's other rows are scratch, the gather
@@ -204,14 +204,14 @@ def _row_plan(handles: ShardedTrajectory, keys: Sequence[str]) -> _RowPlan:
     others: list[tuple[str, LocalShard | None, int, Any]] = []
     for key in keys:
         local = handles.local.get(key)
-        slot = None if local is None or key in by_zarr else local.slot
+        bay = None if local is None or key in by_zarr else local.bay
         epochs = 0 if key in by_zarr else handles.shape(key)[0] - handles.T
-        regions.append(None if slot is None else slot.region)
-        first_rows.append(0 if slot is None else slot.first_row)
-        all_epochs.append(epochs if slot is not None else 0)
+        regions.append(None if bay is None else bay.region)
+        first_rows.append(0 if bay is None else bay.first_row)
+        all_epochs.append(epochs if bay is not None else 0)
         if key in by_zarr:
             others.append((key, None, 0, by_zarr[key]))
-        elif slot is None:
+        elif bay is None:
             others.append((key, local, epochs, None))
     numbers = (handles.T, handles.B, *first_rows, *all_epochs)
     return _RowPlan(handles.T, handles.B, tuple(regions), numbers, others)

@@ -24,6 +24,7 @@ from zarr.core.metadata.v3 import ArrayV3Metadata
 from zarr.dtype import parse_data_type
 
 from rbzarr.errors import CorruptStoreError
+from rbzarr.storage.zarr.codecs import parse_codec
 
 DTYPE_ATTR = "torch_dtype"  # the array attribute naming the torch dtype
 
@@ -86,17 +87,24 @@ def sharded_metadata(
     torch_dtype: str,
     dimension_names: tuple[str, ...],
     separator: str = "/",
+    image: tuple[str, str] | None = None,
 ) -> bytes:
     """The ``zarr.json`` of an array stored as one shard of ``inner``-shaped chunks, its
-    chunk keys joined by ``separator``.
+    chunk keys joined by ``separator``; ``image`` is ``(codec spec, "hwc" | "chw")`` for
+    frames encoded by an image codec (:mod:`rbzarr.storage.zarr.codecs`).
 
     Documents are cached: trajectories of one schema share them.
     """
-    compressors: tuple[Any, ...] = (
-        () if level is None else (ZstdCodec(level=level, checksum=checksum),)
-    )
-    serializer = BytesCodec(endian="little" if dtype.itemsize > 1 else None)
-    sharding = ShardingCodec(chunk_shape=tuple(inner), codecs=(serializer, *compressors))
+    chain: tuple[Any, ...]
+    if image is not None:
+        chain = parse_codec(image[0]).zarr_codecs(image[1])
+    else:
+        compressors: tuple[Any, ...] = (
+            () if level is None else (ZstdCodec(level=level, checksum=checksum),)
+        )
+        serializer = BytesCodec(endian="little" if dtype.itemsize > 1 else None)
+        chain = (serializer, *compressors)
+    sharding = ShardingCodec(chunk_shape=tuple(inner), codecs=chain)
     data_type = parse_data_type(dtype, zarr_format=3)
     metadata = ArrayV3Metadata(
         shape=tuple(shape),

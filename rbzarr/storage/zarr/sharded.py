@@ -21,6 +21,7 @@ from zarr.core.array import AsyncArray
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.deadlines import deadline_options
 from rbzarr.storage.files import read_regular
+from rbzarr.storage.zarr import next_obs
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.chunking import KeyPlan
 from rbzarr.storage.zarr.encode import encode_array, shard_key
@@ -95,7 +96,7 @@ class ShardedTrajectory:
     def shape(self, key: str) -> tuple[int, ...]:
         """The stored shape of ``key``."""
         spec = self.specs[key]
-        return spec.shape if spec is not None else tuple(self.arrays[key].shape)
+        return spec.logical_shape if spec is not None else tuple(self.arrays[key].shape)
 
 
 def encode_trajectory(
@@ -116,10 +117,19 @@ def encode_trajectory(
         if plan.kind == "zarr":
             arrays[key] = {"kind": "zarr"}
             continue
-        encoded = encode_array(key, value, plan, T, B, separator)
+        shared: dict[str, Any] = {}
+        stored = value
+        pair = next_obs.pair_of(key, fields, plans, T)
+        if pair is not None:
+            explicit = next_obs.differing_rows(value, fields[pair])
+            if len(explicit) <= T * B // 2:  # stored once: only the rows that differ
+                rows = value.reshape(T * B, *value.shape[2:])[torch.from_numpy(explicit)]
+                stored = rows.reshape(len(explicit), 1, *value.shape[2:])
+                shared = next_obs.describe(explicit, pair, T, B)
+        encoded = encode_array(key, stored, plan, T, B, separator)
         files[f"{key}/zarr.json"] = [encoded.document]
-        files[f"{key}/{shard_key(value.dim(), separator)}"] = encoded.shard
-        arrays[key] = encoded.description
+        files[f"{key}/{shard_key(stored.dim(), separator)}"] = encoded.shard
+        arrays[key] = {**encoded.description, **shared}
         copy = inline_copy(encoded.shard) if inline else None
         if copy is not None:
             arrays[key] = {**encoded.description, INLINE: copy}
@@ -145,6 +155,9 @@ def describe_sharded(
         )
     T, B = entry_shape
     opened = ShardedTrajectory(group, T, B, dict(fields), specs)
+    _check_shared(specs, where)
+    if keys is not None:  # a shared next_obs key reads rows of its curr_obs key
+        keys = {*keys, *(s.same_as for k, s in specs.items() if k in keys and s and s.same_as)}
     # The one gate (Location.child): every part a plain name, no link inside a local store.
     folder = location.child(*group.split("/"))
     pending = []
@@ -165,6 +178,25 @@ def describe_sharded(
             else:
                 opened.remote[key] = inline
     return opened, pending
+
+
+def _check_shared(specs: Mapping[str, ArraySpec | None], where: str) -> None:
+    """A ``next_obs`` key stored once names a ``curr_obs`` key of its logical shape, dtype
+    and codec, itself stored whole."""
+    for key, spec in specs.items():
+        if spec is None or not spec.same_as:
+            continue
+        pair = specs.get(spec.same_as)
+        if (
+            pair is None
+            or pair.same_as
+            or pair.shape != spec.logical_shape
+            or pair.dtype != spec.dtype
+            or (pair.kind, pair.codec, pair.image) != (spec.kind, spec.codec, spec.image)
+        ):
+            raise CorruptStoreError(
+                f"{where}/{key}: stored once against {spec.same_as!r}, which does not match it"
+            )
 
 
 def open_pending(
@@ -193,7 +225,7 @@ def _shard_path(location: Any, group: str, key: str, spec: ArraySpec) -> str:
 def _check_shape(spec: ArraySpec, T: int, B: int, where: str, entry_shape: Any) -> None:
     if len(spec.shape) < 2:
         return
-    rows, envs = spec.shape[0], spec.shape[1]
+    rows, envs = spec.logical_shape[0], spec.logical_shape[1]
     if envs != B or rows < T or (rows > T and T % (rows - T) != 0):
         raise CorruptStoreError(
             f"{where}: shape {spec.shape} disagrees with the index entry's shape "
@@ -219,13 +251,32 @@ class RowBatch:
         ``key`` for rows ``positions`` of ``out[key]``."""
         if not len(positions):
             return
+        spec = opened.specs[key]
+        if spec is not None and spec.explicit is not None:
+            own, stored_rows, borrowed = next_obs.split_elements(spec.explicit, opened.B, elements)
+            self._add(opened, key, key, stored_rows, positions[own])
+            self._add(opened, spec.same_as, key, borrowed, positions[~own])
+            return
+        self._add(opened, key, key, elements, positions)
+
+    def _add(
+        self,
+        opened: ShardedTrajectory,
+        source: str,
+        key: str,
+        elements: np.ndarray,
+        positions: np.ndarray,
+    ) -> None:
+        """Queue rows ``elements`` of ``source``'s shard for rows ``positions`` of ``out[key]``."""
+        if not len(positions):
+            return
         out = self.out[key]
-        shard = opened.local.get(key)
+        shard = opened.local.get(source)
         if shard is not None:
             read = plan_rows(shard.spec, shard.index, elements, out, positions, shard.where)
             self.local.append((shard, read))
             return
-        remote = opened.remote[key]
+        remote = opened.remote[source]
         read = plan_rows(remote.spec, remote.index, elements, out, positions, remote.where)
         self.remote.append((remote, read))
 
@@ -241,7 +292,11 @@ class RowBatch:
 def read_whole_shards(
     location: Any, opened: ShardedTrajectory, keys: Sequence[str]
 ) -> dict[str, np.ndarray]:
-    """Whole arrays of the described ``keys`` (each shard fetched in one read)."""
+    """Whole arrays of the described ``keys`` (each shard fetched in one read); a
+    ``next_obs`` key stored once is rebuilt from its rows and its ``curr_obs`` key."""
+    wanted = list(keys)
+    shared = {key: _spec(opened, key) for key in wanted if _spec(opened, key).same_as}
+    keys = [*wanted, *{s.same_as for s in shared.values()} - set(wanted)]
     paths = [_shard_path(location, opened.group, key, _spec(opened, key)) for key in keys]
     blobs: list[Any] = [None] * len(keys)
     remote = []
@@ -273,7 +328,10 @@ def read_whole_shards(
         if isinstance(blob, BaseException):
             raise blob
         out[key] = decode_whole(_spec(opened, key), bytes(blob), where)
-    return out
+    for key, spec in shared.items():
+        assert spec.explicit is not None
+        out[key] = next_obs.rebuild(out[key], out[spec.same_as], spec.explicit)
+    return {key: out[key] for key in wanted}
 
 
 def _spec(opened: ShardedTrajectory, key: str) -> ArraySpec:

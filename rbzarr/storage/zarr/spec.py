@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,11 +18,12 @@ import numpy as np
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.json_limits import read_json
 from rbzarr.storage.zarr import shard_index
+from rbzarr.storage.zarr.codecs import image_layout, parse_codec
 
 __all__ = ["KINDS", "MAX_CHUNK_BYTES", "ArraySpec", "check_document", "parse_specs"]
 
 # The kinds of array a layout description names for rbzarr's own readers.
-KINDS = ("mapped", "chunked")
+KINDS = ("mapped", "chunked", "image")
 # The largest decoded inner chunk a description may ask for (rbzarr writes ~64 KiB ones, or
 # one row): a codec is never asked to fill more than this per chunk.
 MAX_CHUNK_BYTES = 64 << 20
@@ -45,7 +46,8 @@ class ArraySpec:
     key
         The flat key (``"curr_obs/image"``).
     kind
-        ``"mapped"`` (uncompressed, one inner chunk) or ``"chunked"`` (zstd inner chunks).
+        ``"mapped"`` (uncompressed, one inner chunk), ``"chunked"`` (zstd inner chunks) or
+        ``"image"`` (one frame per inner chunk, encoded by an image codec).
     shape
         The raw array's shape, ``[T(+E), B, ...]`` or ``[T]``.
     dtype
@@ -57,6 +59,20 @@ class ArraySpec:
     separator
         The chunk key separator: the shard is ``c.0.0...`` (``"."``) or, in groups whose
         description names none, ``c/0/0/...`` (``"/"``).
+    codec
+        The codec spec of a ``"chunked"`` or ``"image"`` array (``"zstd:1"``, ``"qoi"``).
+    image
+        How an ``"image"`` array's frames lie: ``"hwc"`` or ``"chw"``.
+    psnr
+        The PSNR a lossy codec measured at encode (dB), else ``None``.
+    same_as
+        For a ``next_obs`` key stored once (:mod:`rbzarr.storage.zarr.next_obs`): the
+        ``curr_obs`` key its other rows are read from, else ``""``.
+    rows
+        ``(T, B)`` of a key stored once, else ``()``.
+    explicit
+        The sorted elements ``t * B + b`` a key stored once holds (row ``m`` holds
+        ``explicit[m]``), else ``None``.
     """
 
     key: str
@@ -66,6 +82,12 @@ class ArraySpec:
     inner: tuple[int, ...]
     shard_bytes: int
     separator: str = "/"
+    codec: str = ""
+    image: str = ""
+    psnr: float | None = None
+    same_as: str = ""
+    rows: tuple[int, ...] = ()
+    explicit: np.ndarray | None = field(default=None, compare=False)
 
     @classmethod
     def parse(cls, key: str, description: Any, where: str) -> ArraySpec:
@@ -79,6 +101,12 @@ class ArraySpec:
                 inner=tuple(int(d) for d in description["inner"]),
                 shard_bytes=int(description["shard_bytes"]),
                 separator=str(description.get("separator", "/")),
+                codec=str(description.get("codec", "")),
+                image=str(description.get("image", "")),
+                psnr=None if description.get("psnr") is None else float(description["psnr"]),
+                same_as=str(description.get("same_as", "")),
+                rows=tuple(int(d) for d in description.get("rows", ())),
+                explicit=_explicit(description.get("explicit")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptStoreError(f"{where}: unreadable layout description: {exc}") from exc
@@ -96,13 +124,19 @@ class ArraySpec:
             or spec.dtype.shape != ()
         ):
             raise CorruptStoreError(f"{where}: invalid layout description {description!r}")
-        if spec.kind == "chunked" and spec.chunk_bytes > MAX_CHUNK_BYTES:
+        if (spec.same_as or spec.explicit is not None or spec.rows) and not _shared_ok(spec):
+            raise CorruptStoreError(f"{where}: invalid next_obs description {description!r}")
+        if spec.kind == "image" and not _image_ok(spec):
+            raise CorruptStoreError(f"{where}: invalid image description {description!r}")
+        if spec.kind == "chunked" and spec.codec and not spec.codec.startswith("zstd"):
+            raise CorruptStoreError(f"{where}: chunked arrays are zstd, not {spec.codec!r}")
+        if spec.kind != "mapped" and spec.chunk_bytes > MAX_CHUNK_BYTES:
             raise CorruptStoreError(
                 f"{where}: inner chunks of {spec.chunk_bytes} bytes, more than the "
                 f"{MAX_CHUNK_BYTES} a decoded chunk may have"
             )
         bound = max(MAX_RATIO_FLOOR, spec.shard_bytes * MAX_RATIO)
-        if spec.kind == "chunked" and spec.data_bytes > bound:
+        if spec.kind != "mapped" and spec.data_bytes > bound:
             raise CorruptStoreError(
                 f"{where}: {spec.data_bytes} bytes decoded from a shard of {spec.shard_bytes} "
                 f"bytes, more than {MAX_RATIO} times its size"
@@ -115,6 +149,13 @@ class ArraySpec:
                 f"chunks of shape {list(spec.inner)} and their index"
             )
         return spec
+
+    @property
+    def logical_shape(self) -> tuple[int, ...]:
+        """The array's shape as read (``[T, B, ...]`` for a key stored once)."""
+        if not self.same_as:
+            return self.shape
+        return (*self.rows, *self.shape[2:])
 
     @property
     def chunks(self) -> int:
@@ -155,6 +196,46 @@ class ArraySpec:
                 f"array ([0, {self.data_bytes}])"
             )
         return index
+
+
+def _explicit(found: Any) -> np.ndarray | None:
+    """The ``explicit`` elements of a description (``None`` when absent)."""
+    if found is None:
+        return None
+    if not isinstance(found, list) or not all(type(e) is int for e in found):
+        raise TypeError(f"explicit must list integers, got {type(found).__name__}")
+    return np.asarray(found, dtype=np.int64)
+
+
+def _shared_ok(spec: ArraySpec) -> bool:
+    """Whether a ``next_obs`` key stored once is described consistently: its rows sorted,
+    distinct, inside ``T * B`` and including every row of the last step."""
+    explicit = spec.explicit
+    if explicit is None or len(spec.rows) != 2 or len(spec.shape) < 2 or spec.kind != "image":
+        return False
+    T, B = spec.rows
+    if not (0 < T < MAX_DIM and 0 < B < MAX_DIM) or spec.shape[:2] != (len(explicit), 1):
+        return False
+    last = explicit[explicit >= (T - 1) * B]
+    return (
+        spec.same_as.startswith("curr_obs/")
+        and bool((np.diff(explicit) > 0).all())
+        and (not len(explicit) or (int(explicit[0]) >= 0 and int(explicit[-1]) < T * B))
+        and len(last) == B
+    )
+
+
+def _image_ok(spec: ArraySpec) -> bool:
+    """Whether an ``"image"`` description names an image codec and one frame per chunk."""
+    try:
+        codec = parse_codec(spec.codec)
+    except ValueError:
+        return False
+    return (
+        codec.is_image
+        and spec.image == image_layout(spec.shape, spec.dtype)
+        and spec.inner == (1, 1, *spec.shape[2:])
+    )
 
 
 def check_document(raw: bytes | None, spec: ArraySpec, where: str) -> None:
