@@ -55,13 +55,17 @@ CASE_TIMEOUT_S = 120
 
 
 def write_store(path: Path, kind: str, base: int = 0) -> None:
-    """A valid store of ``kind`` at ``path``: 4 trajectories ``[4, 2]``, rows ``base``..+31."""
+    """A valid store of ``kind`` at ``path``: 4 trajectories ``[4, 2]``, rows ``base``..+31.
+
+    ``zarrlog`` is a ``zarr`` store indexed by its log (``index/``: head, blocks, records),
+    as rbzarr writes one today; the other zarr kinds are indexed by their two documents (as
+    an earlier rbzarr wrote them), so that the cases can tamper with those."""
     from zarr.codecs import BloscCodec, ZstdCodec  # noqa: PLC0415
 
     from rbzarr import TrajectoryReplayBuffer  # noqa: PLC0415
 
     options: dict[str, Any] = {}
-    fmt = kind
+    fmt = "zarr" if kind == "zarrlog" else kind
     if kind == "zarrz":
         fmt, options = "zarr", {"codecs": {"default": ZstdCodec(level=1)}}
     elif kind == "zarr1":
@@ -72,12 +76,36 @@ def write_store(path: Path, kind: str, base: int = 0) -> None:
     buffer.add_trajectories([make_trajectory(4, 2, base + 8 * i) for i in range(4)])
     buffer.flush()
     buffer.close()
-    # The cases tamper with the two documents: a zarr store indexed by them (as an earlier
-    # rbzarr wrote it). A store's index log is tampered with in tests/test_index_log.py.
-    shutil.rmtree(path / "index", ignore_errors=True)
+    if kind == "zarrlog":
+        split_log(path)
+    else:
+        shutil.rmtree(path / "index", ignore_errors=True)
 
 
-KINDS = ("zarr", "zarrz", "zarr1", "pt", "pkl")
+def split_log(path: Path) -> None:
+    """Rewrite a closed store's log (one block of 4) as a block of 2 and two records (as a
+    running writer leaves it): the cases tamper with each kind of file."""
+    index = path / "index"
+    head = json.loads((index / "head.json").read_bytes())
+    ((name, _),) = head["blocks"]
+    block = json.loads((index / "blocks" / f"{name}.json").read_bytes())
+    (index / "blocks" / f"{name}.json").unlink()
+    first = {**block, "entries": block["entries"][:2], "times": block["times"][:2]}
+    (index / "blocks" / "000000000001-000000000001.json").write_text(json.dumps(first))
+    for seq, position in ((2, 2), (3, 3)):
+        record = {
+            "seq": seq,
+            "time": block["times"][position],
+            "counter": position + 1,
+            "entries": [block["entries"][position]],
+        }
+        (index / "log" / f"{seq:012d}.json").write_text(json.dumps(record))
+    head.update(compacted_seq=1, blocks=[["000000000001-000000000001", 2]], size=2)
+    head.update(total_samples=16, trajectory_counter=2)
+    (index / "head.json").write_text(json.dumps(head))
+
+
+KINDS = ("zarr", "zarrz", "zarr1", "pt", "pkl", "zarrlog")
 
 
 def make_bases(root: Path) -> dict[str, Path]:
@@ -327,8 +355,10 @@ def _operation(name: str, url: str, work: Path, fmt: str) -> dict[str, Any]:
         return {"rows_ok": _rows_ok(buffer.sample(64))}
     if name == "load_auto_save":
         target = work / "auto_save"
+        # A cache of one: the load reads only the last trajectory to warm it, and copies
+        # the others into the user's store (each must be checked on its way).
         buffer = TrajectoryReplayBuffer(
-            auto_save=True, auto_save_path=str(target), trajectory_format=fmt, seed=0
+            auto_save=True, auto_save_path=str(target), trajectory_format=fmt, seed=0, cache_size=1
         )
         try:
             buffer.load_checkpoint(url)
@@ -348,6 +378,21 @@ def _operation(name: str, url: str, work: Path, fmt: str) -> dict[str, Any]:
         view = open_buffer(str(target), seed=0)
         return {"rows_ok": len(view) == 0 or _rows_ok(view.sample(64))}
     raise ValueError(name)
+
+
+def _clean(store: Path) -> bool | str:
+    """Whether the user's auto-save store verifies clean after a load (refused or not):
+    nothing unchecked was copied or listed into it."""
+    from rbzarr.analysis.verify import verify_store  # noqa: PLC0415
+
+    if not (store / "metadata.json").exists():
+        files = sorted(str(p.relative_to(store)) for p in store.rglob("*") if p.is_file())
+        return True if not files else f"files and no store: {files}"
+    try:
+        report = verify_store(str(store))
+    except Exception as exc:
+        return f"verify raised {exc!r}"
+    return True if report.ok else repr(report.problems)[:2000]
 
 
 def _resident() -> int:
@@ -382,6 +427,8 @@ def _child(url: str, work: str, fmt: str, env: dict[str, str], results: Any) -> 
             }
         found["operation"] = name
         found["resident_growth"] = _resident() - start
+        if name == "load_auto_save":
+            found["auto_save_clean"] = _clean(Path(work) / "auto_save")
         results.put(found)
 
 
@@ -446,6 +493,7 @@ def check_case(case: Case, before: dict[str, Any], outcome: Outcome) -> dict[str
         assert report["outcome"] != "unclear", report
         assert report.get("rows_ok", True), f"{report['operation']} read rows from outside"
         assert report["resident_growth"] < RESIDENT_BYTES, report
+        assert report.get("auto_save_clean", True) is True, report
     assert snapshot(case.outside) == before, "the sentinel folder changed"
     for path in case.root.rglob("*"):
         if path.is_file() and not path.is_symlink() and case.outside not in path.parents:

@@ -45,6 +45,7 @@ pytestmark = pytest.mark.timeout(600)
 ZARR = ("zarr", "zarrz", "zarr1")
 FILES = ("pt", "pkl")
 ALL = (*ZARR, *FILES)
+LOG = ("zarrlog",)
 
 
 def _index(case: Case) -> Path:
@@ -159,6 +160,129 @@ def _secret_pt(case: Case) -> None:
     """Trajectory 3's ``.pt`` a link to a private key (the load_checkpoint copy repro)."""
     path = next(case.store.glob(f"trajectory_3_*.{case.fmt}"))
     link(path, case.outside / "id_rsa")
+
+
+def _fifo(relative: Callable[[Case], Path]) -> Callable[[Case], None]:
+    """Replace a file by a FIFO (a reader that opens it blocks until a writer comes)."""
+
+    def mutate(case: Case) -> None:
+        path = relative(case)
+        path.unlink()
+        os.mkfifo(path)
+
+    return mutate
+
+
+def _socket_file(case: Case) -> None:
+    """Trajectory 0's file replaced by a listening Unix socket's name."""
+    import socket  # noqa: PLC0415
+
+    path = first_file(case)
+    path.unlink()
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.close()  # the name stays; opening it fails (ENXIO) or blocks, per platform
+
+
+def _log(case: Case) -> Path:
+    return case.store / "index"
+
+
+def _head(case: Case) -> Path:
+    return _log(case) / "head.json"
+
+
+def _block(case: Case) -> Path:
+    return next((_log(case) / "blocks").glob("*.json"))
+
+
+def _record(case: Case, seq: int = 2) -> Path:
+    return _log(case) / "log" / f"{seq:012d}.json"
+
+
+def _edit_block_entry(change: Callable[[dict[str, Any]], None]) -> Callable[[Case], None]:
+    def mutate(case: Case) -> None:
+        edit_json(_block(case), lambda d: change(d["entries"][0]))
+
+    return mutate
+
+
+def _group_attrs(text: str) -> Callable[[Case], None]:
+    """Group 0's attributes hold ``text`` (raw JSON) as its model_weights_id."""
+
+    def mutate(case: Case) -> None:
+        path = group(case) / "zarr.json"
+        document = json.loads(path.read_bytes())
+        document["attributes"]["model_weights_id"] = "@@"
+        path.write_text(json.dumps(document).replace('"@@"', text))
+
+    return mutate
+
+
+def _lost_log_with(change: Callable[[Case], None]) -> Callable[[Case], None]:
+    """The log loses its block (a repair rebuilds trajectories 0 and 1 from their groups'
+    attributes), and group 0's attributes are tampered with."""
+
+    def mutate(case: Case) -> None:
+        _block(case).unlink()
+        change(case)
+
+    return mutate
+
+
+def _group0_shape(text: str) -> Callable[[Case], None]:
+    def mutate(case: Case) -> None:
+        replace_text(group(case) / "zarr.json", r'"shape": ?\[4, ?2\]', f'"shape": {text}')
+
+    return mutate
+
+
+def _digit_folder(case: Case, folder: str, name: str) -> None:
+    """A folder named with Unicode digits beside the real ones (a copy of a real one)."""
+    if folder == "writers":
+        (case.store / "writers").mkdir(exist_ok=True)
+        target = case.store / "writers" / name
+        target.mkdir()
+        for document in ("metadata.json", "trajectory_index.json"):
+            if (case.store / document).exists():
+                (target / document).write_bytes((case.store / document).read_bytes())
+    else:
+        import shutil  # noqa: PLC0415
+
+        shutil.copytree(group(case), case.store / "trajectories" / name)
+
+
+def _schema(change: Callable[[dict[str, Any]], None]) -> Callable[[Case], None]:
+    """Change the stored schema (``metadata.json``'s, and a log head's)."""
+
+    def mutate(case: Case) -> None:
+        edit_json(_metadata(case), lambda m: change(m["schema"]))
+        if _head(case).exists():
+            edit_json(_head(case), lambda h: change(h["metadata"]["schema"]))
+
+    return mutate
+
+
+def _head_repeating_block(case: Case) -> None:
+    """The head names its block 100,000 times (3.4 MB; each read would read it again)."""
+    edit_json(
+        _head(case),
+        lambda h: h.update(
+            blocks=h["blocks"] * 100_000, size=2 * 100_000, total_samples=16 * 10**5
+        ),
+    )
+
+
+def _block_outside(case: Case) -> None:
+    """The head names a block whose file is a link to another store's block."""
+    other = case.outside / "other" / "index" / "blocks"
+    target = next(other.glob("*.json"))
+    link(_block(case), target)
+
+
+def _record_claims_other_id(case: Case) -> None:
+    """Record 2 lists trajectory 2's data under id 3 (uuid and all): id 3 twice, 2 dropped."""
+    edit_json(_record(case, 2), lambda r: r["entries"][0].update(trajectory_id=3))
 
 
 # name -> (kinds, mutation, expected outcomes of some operations)
@@ -317,22 +441,22 @@ MUTATIONS: dict[str, tuple[tuple[str, ...], Callable[[Case], None], dict[str, st
     "pkl_numpy_dtype_forgery": (
         ("pkl",),
         _pkl_record(lambda c: numpy_dtype_forgery()),
-        {"sample": "UnsafePickleError"},
+        {"sample": "UnsafePickleError", "load_auto_save": "UnsafePickleError"},
     ),
     "pkl_numpy_scalar_forgery": (
         ("pkl",),
         _pkl_record(lambda c: numpy_scalar_forgery(), "max_episode_length"),
-        {"sample": "UnsafePickleError"},
+        {"sample": "UnsafePickleError", "load_auto_save": "UnsafePickleError"},
     ),
     "pkl_bytearray_bomb": (
         ("pkl",),
         _pkl_record(lambda c: Reduce(bytearray, (1_300_000_000,))),
-        {"sample": "UnsafePickleError"},
+        {"sample": "UnsafePickleError", "load_auto_save": "UnsafePickleError"},
     ),
     "pkl_os_system": (
         ("pkl",),
         _pkl_record(lambda c: Reduce(os.system, (f"touch {c.outside}/pwned",))),
-        {"sample": "UnsafePickleError"},
+        {"sample": "UnsafePickleError", "load_auto_save": "UnsafePickleError"},
     ),
     "pkl_stride_zero_view": (
         ("pkl",),
@@ -365,9 +489,9 @@ MUTATIONS: dict[str, tuple[tuple[str, ...], Callable[[Case], None], dict[str, st
     ),
     # links
     "linked_trajectories_folder": (
-        ZARR,
+        (*ZARR, *LOG),
         _symlinked_folder("trajectories"),
-        {"sample": "UnsafePathError", "repair": "ok"},
+        {"sample": "UnsafePathError", "info": "UnsafePathError", "repair": "ok"},
     ),
     "linked_trajectories_with_orphans": (
         ("zarr",),
@@ -375,9 +499,9 @@ MUTATIONS: dict[str, tuple[tuple[str, ...], Callable[[Case], None], dict[str, st
         {"sample": "UnsafePathError"},
     ),
     "linked_trajectory_group": (
-        ("zarr", "zarr1"),
+        ("zarr", "zarr1", "zarrlog"),
         _symlinked_folder("trajectories/0"),
-        {"sample": "UnsafePathError"},
+        {"sample": "UnsafePathError", "info": "UnsafePathError"},
     ),
     "linked_shard_file": (
         ("zarr",),
@@ -405,6 +529,205 @@ MUTATIONS: dict[str, tuple[tuple[str, ...], Callable[[Case], None], dict[str, st
         {"sample": "UnsafePathError"},
     ),
     "linked_writer_slot": (("zarr", "pkl"), _linked_writer_slot, {"sample": "UnsafePathError"}),
+    # FIFOs, sockets: refused before they are opened (a FIFO would block every reader)
+    "fifo_shard": (
+        ("zarr", "zarrz", "zarrlog"),
+        _fifo(_shard),
+        {"sample": "UnsafePathError", "load_plain": "UnsafePathError", "export": "UnsafePathError"},
+    ),
+    "fifo_chunk": (("zarr1",), _fifo(_shard), {"sample": "UnsafePathError"}),
+    "fifo_group_document": (
+        ("zarr", "zarr1"),
+        _fifo(lambda c: group(c) / "zarr.json"),
+        {"sample": "UnsafePathError", "info": "UnsafePathError"},
+    ),
+    "fifo_array_document": (
+        ("zarr",),
+        _fifo(lambda c: group(c) / "rewards" / "zarr.json"),
+        {"info": "UnsafePathError"},
+    ),
+    "fifo_trajectory_file": (
+        FILES,
+        _fifo(first_file),
+        {"sample": "UnsafePathError", "verify": "ok", "load_auto_save": "UnsafePathError"},
+    ),
+    "socket_trajectory_file": (("pt",), _socket_file, {"sample": "UnsafePathError"}),
+    "fifo_metadata": (("zarr", "pt"), _fifo(_metadata), {"sample": "UnsafePathError"}),
+    "fifo_head": (LOG, _fifo(_head), {"sample": "UnsafePathError"}),
+    "fifo_record": (LOG, _fifo(_record), {"sample": "UnsafePathError"}),
+    # the index log (head, blocks, records) of a store written today
+    "head_not_json": (LOG, lambda c: _head(c).write_bytes(b"{"), {"sample": "CorruptStoreError"}),
+    "head_deeply_nested": (
+        LOG,
+        lambda c: _head(c).write_bytes(b"[" * 100_000 + b"]" * 100_000),
+        {"sample": "CorruptStoreError"},
+    ),
+    "head_version_future": (
+        LOG,
+        lambda c: edit_json(_head(c), lambda h: h.update(version=99)),
+        {"sample": "CorruptStoreError"},
+    ),
+    "head_block_escaping": (
+        LOG,
+        lambda c: edit_json(_head(c), lambda h: h.update(blocks=[["../../outside/other", 2]])),
+        {"sample": "CorruptStoreError"},
+    ),
+    "head_block_absolute": (
+        LOG,
+        lambda c: edit_json(
+            _head(c), lambda h: h.update(blocks=[[str(c.outside / "other" / "index"), 2]])
+        ),
+        {"sample": "CorruptStoreError"},
+    ),
+    "head_block_unicode_digits": (
+        LOG,
+        lambda c: edit_json(
+            _head(c), lambda h: h.update(blocks=[["\u0661" * 12 + "-" + "1" * 12, 2]])
+        ),
+        {"sample": "CorruptStoreError"},
+    ),
+    "head_block_repeated": (LOG, _head_repeating_block, {"sample": "CorruptStoreError"}),
+    "head_size_past_blocks": (
+        LOG,
+        lambda c: edit_json(_head(c), lambda h: h.update(size=2**62)),
+        {"sample": "CorruptStoreError"},
+    ),
+    "head_max_rows_huge": (
+        LOG,
+        lambda c: edit_json(_head(c), lambda h: h.update(max_rows=2**40)),
+        {},
+    ),
+    "head_counts_infinity": (
+        LOG,
+        lambda c: replace_text(_head(c), r'"total_samples": ?\d+', '"total_samples": Infinity'),
+        {"sample": "CorruptStoreError"},
+    ),
+    "block_count_lies": (
+        LOG,
+        lambda c: edit_json(_head(c), lambda h: h["blocks"][0].__setitem__(1, 1)),
+        {"sample": "CorruptStoreError"},
+    ),
+    "block_linked_outside": (LOG, _block_outside, {"sample": "UnsafePathError"}),
+    "block_missing": (LOG, lambda c: _block(c).unlink(), {"sample": "CorruptStoreError"}),
+    "block_entry_shape_nan": (
+        LOG,
+        lambda c: replace_text(_block(c), r'"shape": ?\[4', '"shape": [NaN'),
+        {"sample": "CorruptStoreError"},
+    ),
+    "block_entry_claims_other_id": (
+        LOG,
+        _edit_block_entry(lambda e: e.update(trajectory_id=1)),
+        {"sample": "CorruptStoreError"},
+    ),
+    "record_claims_other_id": (LOG, _record_claims_other_id, {"sample": "CorruptStoreError"}),
+    "record_not_json": (
+        LOG,
+        lambda c: _record(c).write_bytes(b"{"),
+        {"sample": "CorruptStoreError"},
+    ),
+    "record_gap": (LOG, lambda c: _record(c, 2).unlink(), {"sample": "CorruptStoreError"}),
+    "record_entry_id_past_int64": (
+        LOG,
+        lambda c: edit_json(_record(c), lambda r: r["entries"][0].update(trajectory_id=2**64)),
+        {"sample": "CorruptStoreError"},
+    ),
+    "record_entry_escaping_weights_id": (
+        LOG,
+        lambda c: edit_json(
+            _record(c), lambda r: r["entries"][0].update(model_weights_id="../../outside")
+        ),
+        {},
+    ),
+    "record_time_nan": (
+        LOG,
+        lambda c: replace_text(_record(c), r'"time": ?[\d.e+]+', '"time": NaN'),
+        {"sample": "CorruptStoreError"},
+    ),
+    "record_named_with_unicode_digits": (
+        LOG,
+        lambda c: _record(c, 3).rename(_log(c) / "log" / ("\u0663" * 12 + ".json")),
+        {},
+    ),
+    "slot_named_dotdot": (
+        ("zarrlog", "pkl"),
+        lambda c: _digit_folder(c, "writers", "..1"),
+        {"sample": "ok"},
+    ),
+    # names: digits are ASCII digits
+    "slot_named_superscript": (
+        ("zarr", "pkl", "zarrlog"),
+        lambda c: _digit_folder(c, "writers", "\u00b9"),
+        {"sample": "ok"},
+    ),
+    "trajectory_named_superscript": (
+        ("zarr", "zarrlog"),
+        lambda c: _digit_folder(c, "trajectories", "\u00b2"),
+        {"sample": "ok"},
+    ),
+    "trajectory_named_arabic_digit": (
+        ("zarrlog",),
+        lambda c: _digit_folder(c, "trajectories", "\u0665"),
+        {"sample": "ok"},
+    ),
+    # repair rebuilds entries from groups' attributes: checked as every reader checks them
+    "lost_log_group_shape_infinity": (
+        LOG,
+        _lost_log_with(_group0_shape("[Infinity, 2]")),
+        {"repair": "ok"},
+    ),
+    "lost_log_group_shape_nan": (LOG, _lost_log_with(_group0_shape("[NaN, 2]")), {"repair": "ok"}),
+    "lost_log_group_deeply_nested": (
+        LOG,
+        _lost_log_with(_group_attrs("[" * 5000 + "]" * 5000)),
+        {"repair": "ok"},
+    ),
+    "lost_log_group_claims_other_id": (
+        LOG,
+        _lost_log_with(
+            lambda c: edit_json(
+                group(c) / "zarr.json", lambda d: d["attributes"].update(trajectory_id=1)
+            )
+        ),
+        {"repair": "ok"},
+    ),
+    "group_document_deeply_nested": (
+        ("zarr", "zarrlog"),
+        _group_attrs("[" * 5000 + "]" * 5000),
+        {"sample": "CorruptStoreError", "info": "CorruptStoreError"},
+    ),
+    "array_document_deeply_nested": (
+        ("zarr1",),
+        _array_document("rewards", lambda d: d["attributes"].update(x="@@")),
+        {},
+    ),
+    # sizes a schema or head declares are checked against the data before allocating
+    "schema_huge_trailing": (
+        ("zarr", "pt", "zarrlog"),
+        _schema(lambda m: m.update(rewards=["float64", [2**30]])),
+        {"sample": "CorruptStoreError", "export": "CorruptStoreError"},
+    ),
+    "schema_lying_trailing": (
+        ("zarr", "pkl", "zarrlog"),
+        _schema(lambda m: m.update(rewards=["float64", [3]])),
+        {"sample": "CorruptStoreError", "export": "CorruptStoreError"},
+    ),
+    "schema_lying_dtype": (
+        ("zarr", "pt"),
+        _schema(lambda m: m.update(rewards=["int8", [1]])),
+        {"sample": "CorruptStoreError", "export": "CorruptStoreError"},
+    ),
+    "pkl_huge_episode_length": (
+        ("pkl",),
+        _pkl_record(lambda c: 1 << 100_000, "max_episode_length"),
+        {},
+    ),
+    "pkl_deep_list": (
+        ("pkl",),
+        lambda c: first_file(c).write_bytes(
+            b"\x80\x02}X\x07\x00\x00\x00rewards" + b"]" * 50_000 + b"a" * 49_999 + b"s."
+        ),
+        {"sample": "CorruptStoreError"},
+    ),
 }
 
 # The issue's repros, one store kind each, run in the quick subset (``-m "not slow"``); the
@@ -422,6 +745,15 @@ QUICK = {
     ("duplicate_ids", "pt"),
     ("pt_lying_shape", "pt"),
     ("index_deeply_nested", "zarr"),
+    ("linked_trajectory_group", "zarrlog"),
+    ("fifo_shard", "zarr"),
+    ("fifo_trajectory_file", "pt"),
+    ("lost_log_group_deeply_nested", "zarrlog"),
+    ("slot_named_superscript", "zarr"),
+    ("schema_huge_trailing", "zarrlog"),
+    ("head_block_repeated", "zarrlog"),
+    ("pkl_os_system", "pkl"),
+    ("record_claims_other_id", "zarrlog"),
 }
 CASES = [
     pytest.param(
@@ -610,3 +942,34 @@ def test_verify_reports_repeated_ids_and_a_bad_schema_and_repair_fixes_the_ids(
     assert listed == [0, 1, 2, 3] and verify_store(str(case.store)).ok
     edit_json(_metadata(case), lambda m: m.update(schema={"rewards": 5}))
     assert {p.kind for p in verify_store(str(case.store)).problems} == {"unreadable_schema"}
+
+
+@pytest.mark.parametrize("attrs", ["shape_infinity", "deeply_nested", "claims_other_id"])
+def test_repair_rebuilds_from_group_attributes_only_what_every_reader_accepts(
+    tmp_path: Path, bases: dict[str, Path], attrs: str
+) -> None:
+    """A log that lost its block: trajectories 0 and 1 are rebuilt from their groups'
+    attributes, checked as every reader checks an entry; group 0's tampered ones are not
+    listed (the report names it), and the store reads."""
+    from rbzarr.analysis.verify import verify_store  # noqa: PLC0415
+    from rbzarr.analysis.view import open_buffer  # noqa: PLC0415
+
+    case = prepare(tmp_path, "zarrlog", bases)
+    _, mutate, _ = MUTATIONS[f"lost_log_group_{attrs}"]
+    mutate(case)
+    report = verify_store(str(case.store), repair=True)
+    assert "damaged_log" in {p.kind for p in report.repaired}
+    view = open_buffer(str(case.store), seed=0)
+    assert view.ids == [1, 2, 3]
+    assert view.sample(8)["rewards"].shape[0] == 8
+    assert {p.kind for p in verify_store(str(case.store)).problems} <= {"orphan"}
+
+
+def test_a_head_naming_one_block_twice_is_refused(tmp_path: Path, bases: dict[str, Path]) -> None:
+    from rbzarr import CorruptStoreError  # noqa: PLC0415
+    from rbzarr.analysis.view import open_buffer  # noqa: PLC0415
+
+    case = prepare(tmp_path, "zarrlog", bases)
+    edit_json(_head(case), lambda h: h.update(blocks=h["blocks"] * 2, size=4))
+    with pytest.raises(CorruptStoreError, match="named twice or out of order"):
+        open_buffer(str(case.store))

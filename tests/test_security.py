@@ -185,3 +185,49 @@ def test_a_malicious_pickle_inside_a_pt_zip_is_refused(tmp_path):
     with pytest.raises(pickle.UnpicklingError):
         torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
     assert not marker.exists()
+
+
+def test_a_fifo_socket_or_device_is_refused_before_it_is_opened(tmp_path):
+    """A FIFO would block its reader forever: nothing but a regular file is opened."""
+    import os  # noqa: PLC0415
+    import socket  # noqa: PLC0415
+
+    from rbzarr.storage.files import open_regular, read_regular  # noqa: PLC0415
+
+    fifo, sock, plain = tmp_path / "fifo", tmp_path / "sock", tmp_path / "plain"
+    os.mkfifo(fifo)
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(sock))
+    server.close()
+    plain.write_bytes(b"0123456789")
+    for path in (fifo, sock, "/dev/zero", "/dev/null"):
+        with pytest.raises(UnsafePathError, match="neither a folder nor a regular file"):
+            open_regular(str(path))
+    with pytest.raises(IsADirectoryError):
+        read_regular(str(tmp_path))
+    with pytest.raises(FileNotFoundError):
+        read_regular(str(tmp_path / "missing"))
+    assert read_regular(str(plain)) == b"0123456789"
+    assert read_regular(str(plain), 2, 5) == b"234"
+    assert read_regular(str(plain), -3) == b"789"
+    assert read_regular(str(plain), 8, 100) == b"89"
+    location = Location.from_url(tmp_path)
+    with pytest.raises(UnsafePathError):
+        location.read_bytes("fifo")
+    store = location.zarr_store(read_only=True)
+    with pytest.raises(UnsafePathError):
+        store.get_sync("fifo")
+    assert store.get_sync("missing") is None
+
+
+@pytest.mark.parametrize(
+    "name", ["1", "0", "17", "\u00b9", "\u0661", "01", "-1", "+1", " 1", "1_0", "", "1.0", "x"]
+)
+def test_names_standing_for_numbers_are_ascii_digits_as_written(name):
+    from rbzarr.storage.names import is_digits, number_name  # noqa: PLC0415
+
+    canonical = name in ("1", "0", "17")
+    assert (number_name(name) is not None) == canonical
+    if canonical:
+        assert number_name(name) == int(name)
+    assert is_digits(name) == (canonical or name == "01")

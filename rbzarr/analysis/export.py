@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rbzarr.analysis.cluster import TrajectoryTasks
+from rbzarr.buffer.checkpoint import check_schema, schema_from_json
 from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.errors import StoreExistsError
 from rbzarr.storage.documents import Documents
@@ -104,6 +105,11 @@ def export_store(
             f"{writer.location.url} already holds a store; export writes only to a new location"
         )
     entries = [selected.entries[i] for i in selected.id_list]
+    # The schema is copied only once the data confirms it (each trajectory is validated
+    # against it on its way too).
+    schema = schema_from_json(documents.metadata.get("schema"))
+    if schema is not None and entries:
+        check_schema(schema, reader, entries[-1])
     # Decode and re-encode even between equal formats: every trajectory passes the
     # safe loaders and validation on its way, so an export is also a check.
     (tasks or TrajectoryTasks()).copy(reader, writer, entries, progress)

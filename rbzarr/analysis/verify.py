@@ -11,13 +11,12 @@ or writes through a link (it reports what it left).
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rbzarr.buffer.checkpoint import schema_from_json
-from rbzarr.buffer.index import TrajectoryIndex
+from rbzarr.buffer.index import TrajectoryIndex, check_entry, count
 from rbzarr.errors import (
     CheckpointNotFoundError,
     CorruptStoreError,
@@ -36,9 +35,10 @@ from rbzarr.storage.index.slots import (
     store_has_documents,
     writer_slots,
 )
+from rbzarr.storage.json_limits import read_json
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
-from rbzarr.storage.names import is_temporary_name
+from rbzarr.storage.names import is_temporary_name, number_name
 from rbzarr.storage.registry import open_store
 from rbzarr.trajectory.model import Schema, validate
 
@@ -214,7 +214,8 @@ def _salvage_log(location: Location, problem: Problem) -> None:
     first, end = id_range(slot)
     lost = []
     for name in location.list_names(TRAJECTORIES):
-        if not name.isdigit() or not first <= int(name) < end or int(name) in listed:
+        tid = number_name(name)
+        if tid is None or not first <= tid < end or tid in listed:
             continue
         entry = _group_entry(location, name)
         if entry is not None:
@@ -234,16 +235,19 @@ def _salvage_log(location: Location, problem: Problem) -> None:
 
 
 def _group_entry(location: Location, name: str) -> dict[str, Any] | None:
-    """The index entry a complete zarr trajectory group holds in its attributes, or None."""
+    """The index entry a complete zarr trajectory group holds in its attributes, or None
+    when it holds none that every reader would accept: the document read within the
+    bounds of every document, the entry checked as every reader checks one (a group that
+    fails is left unlisted: an orphan the report names)."""
+    where = f"{location.url}/{TRAJECTORIES}/{name}/zarr.json"
     try:
-        document = json.loads(location.read_bytes(TRAJECTORIES, name, "zarr.json"))
+        document = read_json(location.read_bytes(TRAJECTORIES, name, "zarr.json"), where)
         attrs = document["attributes"]
         entry = {key: attrs[key] for key in ENTRY_KEYS}
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        check_entry(entry, count(name), where)
+    except (FileNotFoundError, CorruptStoreError, ValueError, KeyError, TypeError):
         return None
-    if "fields" not in attrs or entry["trajectory_id"] != int(name):
-        return None
-    return entry
+    return entry if "fields" in attrs else None
 
 
 def _check_schema(documents: Documents, report: VerifyReport) -> Schema | None:

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from rbzarr.analysis.episodes import Episode, EpisodeTracker
 from rbzarr.analysis.steps import episode_fields, read_steps
-from rbzarr.buffer.checkpoint import schema_from_json
+from rbzarr.buffer.checkpoint import check_schema, schema_from_json
 from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.buffer.local_cache_settings import LocalCacheSettings
 from rbzarr.sampling.priorities import PrioritizedReplay
@@ -433,6 +433,9 @@ class BufferView:
         """
         if self._schema is None:
             schema = schema_from_json(self._documents.metadata.get("schema"))
+            if schema is not None and self._index.id_list:
+                last = self._index.id_list[-1]
+                check_schema(schema, self.layout, self._index.entries[last])
             if schema is None and self._index.id_list:
                 schema = validate(self.trajectory(self._index.id_list[0])).schema
             if schema is None:

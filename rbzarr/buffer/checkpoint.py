@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from rbzarr.buffer.index import TrajectoryIndex, count
 from rbzarr.errors import (
     CheckpointConflictError,
@@ -37,12 +39,13 @@ from rbzarr.storage.layout import TrajectoryLayout, check_entry_shape
 from rbzarr.storage.location import Location
 from rbzarr.storage.names import safe_key
 from rbzarr.storage.registry import stored_format
-from rbzarr.trajectory.dtypes import dtype_from_name
+from rbzarr.trajectory.dtypes import dtype_from_name, dtype_name
 from rbzarr.trajectory.model import Schema
 from rbzarr.trajectory.validated import ValidatedTrajectory
 
 __all__ = [
     "LoadedCheckpoint",
+    "check_schema",
     "check_target",
     "format_at",
     "is_rbzarr_store",
@@ -80,6 +83,27 @@ def schema_from_json(document: Any) -> Schema | None:
     except (TypeError, ValueError, AttributeError) as exc:
         raise CorruptStoreError(f"metadata.json: unreadable 'schema': {exc}") from exc
     return schema
+
+
+def check_schema(schema: Schema, layout: TrajectoryLayout, entry: Entry) -> None:
+    """Refuse (:class:`CorruptStoreError`) a stored ``schema`` that a trajectory's data
+    contradicts: every key's dtype and trailing shape, read from one row of the trajectory
+    of ``entry`` (so nothing is ever allocated by the sizes the schema declares)."""
+    if not schema or int(entry["num_samples"]) == 0:
+        return
+    where = f"{layout.location.url}: trajectory {entry['trajectory_id']}"
+    try:
+        rows = layout.read_rows(entry, torch.zeros(1, dtype=torch.int64), list(schema))
+    except (KeyError, IndexError) as exc:
+        raise CorruptStoreError(f"{where}: does not hold the schema's fields: {exc!r}") from exc
+    for key, (dtype, trailing) in schema.items():
+        held = rows[key]
+        if dtype_name(held.dtype) != dtype or tuple(held.shape[1:]) != tuple(trailing):
+            raise CorruptStoreError(
+                f"{where}: field {key!r} holds {dtype_name(held.dtype)} rows of "
+                f"{list(held.shape[1:])}, the schema in metadata.json says {dtype} rows of "
+                f"{list(trailing)}"
+            )
 
 
 def _dtype_name(name: Any) -> str:
@@ -186,6 +210,8 @@ def load(
         )
         share = share.subset(i for i in share.id_list if i not in set(missing))
     schema = schema_from_json(documents.metadata.get("schema"))
+    if schema is not None and share.id_list:
+        check_schema(schema, source, share.entries[share.id_list[-1]])
     warm_ids = share.id_list if warm_capacity is None else share.id_list[-warm_capacity:]
     if warm_capacity == 0:
         warm_ids = []
@@ -212,8 +238,8 @@ def _read_validated(
         entry = index.entries[trajectory_id]
         try:
             validated = ValidatedTrajectory.check(source.read(entry), schema)
-        except InvalidTrajectoryError as exc:
-            raise InvalidTrajectoryError(f"{where}: trajectory {trajectory_id}: {exc}") from exc
+        except InvalidTrajectoryError as exc:  # stored data that disagrees: a corrupt store
+            raise CorruptStoreError(f"{where}: trajectory {trajectory_id}: {exc}") from exc
         check_entry_shape(entry, list(validated.spec.shape), where)
         schema = validated.spec.schema
         loaded.append((trajectory_id, validated))

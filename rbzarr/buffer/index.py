@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.documents import Documents
 from rbzarr.storage.index.slots import earlier_counts
+from rbzarr.storage.names import number_name
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["FORMAT_VERSION", "TrajectoryIndex", "share_bounds"]
+__all__ = ["FORMAT_VERSION", "TrajectoryIndex", "check_entry", "count", "share_bounds"]
 
 # Version of the documents rbzarr writes; a newer one than this code knows is refused.
 FORMAT_VERSION = 1
@@ -216,23 +217,28 @@ class TrajectoryIndex:
                 f"{where}: trajectory_id_list names ids {missing} that have no index entry"
             )
         for i in id_list:
-            _check_entry(entries[i], i, where)
+            check_entry(entries[i], i, where)
         earlier, earlier_samples = earlier_counts(documents.trajectory_index)
         return cls(entries, id_list, counter, earlier, earlier_samples)
 
 
 def count(value: Any) -> int:
-    """``value`` (an int, or a str of one) as an id, size or count: ``0 <= n < 2**63``, else
-    ``ValueError``."""
+    """``value`` (an int, or a str of one in ASCII digits) as an id, size or count:
+    ``0 <= n < 2**63``, else ``ValueError``."""
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise ValueError(f"expected a whole number, got {value!r}")
-    number = int(value)
+    number = number_name(value) if isinstance(value, str) else value
+    if number is None:
+        raise ValueError(f"{str(value)[:40]!r} is not a whole number written in ASCII digits")
     if not 0 <= number < MAX_COUNT:
         raise ValueError(f"{value!r} is not in [0, 2**63)")
     return number
 
 
-def _check_entry(entry: dict[str, Any], trajectory_id: int, where: str) -> None:
+def check_entry(entry: dict[str, Any], trajectory_id: int, where: str) -> None:
+    """Check an index entry as every reader does (whole counts, a shape of at least two
+    dimensions whose first two give ``num_samples``, the id it is listed under), else
+    :class:`CorruptStoreError` naming ``where``; fills in the optional keys."""
     try:
         shape = [count(d) for d in entry["shape"]]
         ok = (

@@ -31,6 +31,7 @@ from rbzarr.errors import (
     CorruptStoreError,
     InvalidTrajectoryError,
     RbzarrError,
+    StoreExistsError,
     UnsafePickleError,
 )
 from rbzarr.storage.documents import Entry
@@ -115,7 +116,7 @@ class FileLayout(TrajectoryLayout):
     @classmethod
     def name_pattern(cls) -> re.Pattern[str]:
         """What :meth:`file_name` produces; group 1 is the trajectory id."""
-        return re.compile(rf"trajectory_(\d+)_.*\.{re.escape(cls.suffix)}", re.DOTALL)
+        return re.compile(rf"trajectory_(0|[1-9][0-9]*)_.*\.{re.escape(cls.suffix)}", re.DOTALL)
 
     # -- TrajectoryLayout ----------------------------------------------------------------
     def trajectory_path(self, entry: Entry) -> tuple[str, ...]:
@@ -131,6 +132,26 @@ class FileLayout(TrajectoryLayout):
 
     def read(self, entry: Entry, keys: Sequence[str] | None = None) -> Trajectory:
         """Load the whole file; the scalar fields it lacks come from the entry."""
+        _, trajectory = self._load(entry, keys)
+        return trajectory
+
+    def copy_to(self, target: TrajectoryLayout, entry: Entry) -> None:
+        """Copy one trajectory into ``target``: into a layout of this format, the file's bytes
+        once they have loaded here as a trajectory (the safe loaders and every check of
+        :meth:`read`), so nothing unchecked reaches ``target``; else read and written again."""
+        if type(target) is not type(self):
+            super().copy_to(target, entry)
+            return
+        name = self.file_name(entry)
+        if target.location.exists(name):
+            raise StoreExistsError(
+                f"{target.location.url}/{name} already exists; a copy never overwrites data"
+            )
+        data, _ = self._load(entry)
+        target.location.write_bytes(data, name)
+
+    def _load(self, entry: Entry, keys: Sequence[str] | None = None) -> tuple[bytes, Trajectory]:
+        """The file's bytes and the trajectory they hold, checked."""
         name = self.file_name(entry)
         source = f"{self.location.url}/{name}"
         try:
@@ -146,7 +167,7 @@ class FileLayout(TrajectoryLayout):
             raise CorruptStoreError(
                 f"{source}: expected a dict of trajectory fields, got {type(record).__name__}"
             )
-        return _trajectory_from_record(record, entry, keys, source)
+        return data, _trajectory_from_record(record, entry, keys, source)
 
     def delete(self, entry: Entry) -> None:
         # docstring inherited

@@ -1,5 +1,10 @@
 """Local files written whole, atomically or in place, and durably when asked.
 
+Reading a store's file goes through :func:`open_regular` (or :func:`read_regular`): a FIFO,
+socket or device where a file is expected is refused before it is opened (a FIFO would
+block the reader forever, a device could be anything); a file swapped for one between the
+check and the open is caught on the open descriptor, opened without blocking.
+
 An atomic write goes through a temporary sibling (:func:`~rbzarr.storage.names.temporary_name`)
 renamed onto the target, so a reader sees the old bytes or the new ones.  A durable write
 also survives a machine crash once it returns: the file is ``fsync``'d before it is closed
@@ -10,16 +15,20 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from rbzarr.errors import UnsafePathError
 from rbzarr.storage.names import temporary_name
 
 __all__ = [
     "commit_file",
     "make_directories",
+    "open_regular",
+    "read_regular",
     "sync_directory",
     "sync_paths",
     "sync_tree",
@@ -32,6 +41,61 @@ _CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 SYNC_THREADS = 16
 _pool_lock = threading.Lock()
 _pools: dict[int, ThreadPoolExecutor] = {}  # by process id: a forked child has no threads
+
+
+_READ = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+def _refuse_special(mode: int, path: str) -> None:
+    """Refuse anything but a regular file: a folder as ``IsADirectoryError`` (missing for a
+    reader), a FIFO, socket or device as :class:`UnsafePathError`."""
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    raise UnsafePathError(
+        f"{path}: neither a folder nor a regular file (a FIFO, socket or device); a store "
+        "holds only those, and rbzarr does not open anything else"
+    )
+
+
+def open_regular(path: str) -> int:
+    """A blocking read-only descriptor of regular file ``path``.
+
+    Anything else is refused before it is opened (``stat``); the open itself does not block
+    and its descriptor is checked again, so a file swapped for a FIFO in between is refused
+    too.  ``FileNotFoundError`` for a missing file, ``IsADirectoryError`` for a folder,
+    :class:`~rbzarr.errors.UnsafePathError` for a FIFO, socket or device.
+    """
+    _refuse_special(os.stat(path).st_mode, path)
+    fd = os.open(path, _READ)
+    try:
+        _refuse_special(os.fstat(fd).st_mode, path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: str, start: int = 0, end: int | None = None) -> bytes:
+    """Bytes ``start`` to ``end`` (``None``: the end) of regular file ``path``
+    (:func:`open_regular`); a negative ``start`` counts from the end."""
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        first = max(0, size + start) if start < 0 else min(start, size)
+        last = size if end is None else max(first, min(end, size))
+        parts = []
+        while first < last:
+            part = os.pread(fd, last - first, first)
+            if not part:
+                break
+            parts.append(part)
+            first += len(part)
+        return b"".join(parts)
+    finally:
+        os.close(fd)
 
 
 def write_file(

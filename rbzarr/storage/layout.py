@@ -338,6 +338,13 @@ class TrajectoryLayout(ABC):
         for entry, rows, positions in groups.requests():
             got = self.read_rows(entry, rows, keys)
             for key in keys:
+                if got[key].dtype != out[key].dtype or got[key].shape[1:] != out[key].shape[1:]:
+                    raise CorruptStoreError(
+                        f"{self.location.url}: trajectory {entry['trajectory_id']}: field "
+                        f"{key!r} holds {got[key].dtype} rows of {list(got[key].shape[1:])}, "
+                        f"the store's schema says {out[key].dtype} rows of "
+                        f"{list(out[key].shape[1:])}"
+                    )
                 out[key].index_copy_(0, positions, got[key])
 
     # -- presence and copies --------------------------------------------------------------
@@ -358,7 +365,9 @@ class TrajectoryLayout(ABC):
         """Copy one trajectory into ``target``.
 
         Between layouts of the same class the objects are copied as they are (fsspec's
-        copy, no decoding); otherwise the trajectory is read and written again.
+        copy, no decoding) once the trajectory has been read here (every check of
+        :meth:`read`: nothing unchecked reaches ``target``); otherwise the trajectory is
+        read and written again.
 
         Parameters
         ----------
@@ -388,6 +397,7 @@ class TrajectoryLayout(ABC):
                 f"{target.location.url}/{'/'.join(path)} already exists; a copy never "
                 "overwrites data"
             )
+        self.read(entry)
         self.location.child(*path).copy_into(target.location.child(*path))
 
     # -- format knowledge: describing and checking ----------------------------------------

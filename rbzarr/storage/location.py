@@ -27,7 +27,7 @@ from fsspec.implementations.local import LocalFileSystem
 from rbzarr.errors import StoreExistsError, UnsafePathError
 from rbzarr.storage.backends import bound_retries, translate_errors, with_s3_defaults
 from rbzarr.storage.deadlines import deadline_options
-from rbzarr.storage.files import make_directories, write_file
+from rbzarr.storage.files import make_directories, read_regular, write_file
 from rbzarr.storage.names import safe_name
 
 if TYPE_CHECKING:
@@ -232,10 +232,13 @@ class Location:
         return "not an rbzarr or RLinf store"
 
     def read_bytes(self, *names: str) -> bytes:
-        """The bytes of a file below the root (``FileNotFoundError`` names a missing one)."""
+        """The bytes of a file below the root (``FileNotFoundError`` names a missing one); a
+        local FIFO, socket or device there is :class:`UnsafePathError`, never opened."""
         target = self.join(*names)
         with translate_errors(self.url, "reading"):
             try:
+                if self.is_local:  # never a FIFO, socket or device
+                    return read_regular(target)
                 return bytes(self.fs.cat_file(target, **self._deadline()))
             except FileNotFoundError:
                 raise FileNotFoundError(f"{self.url}/{'/'.join(names)} does not exist") from None
@@ -356,11 +359,15 @@ class Location:
         return {str(path): int(info.get("size") or 0) for path, info in found.items()}
 
     def zarr_store(self, read_only: bool = False) -> Store:
-        """A new zarr store rooted here: ``LocalStore`` locally, else ``FsspecStore``."""
-        import zarr.storage  # noqa: PLC0415 (zarr loads only when a store is opened)
+        """A new zarr store rooted here: locally a ``LocalStore`` reading regular files only
+        (:class:`~rbzarr.storage.local_store.RegularFileStore`), else ``FsspecStore``."""
+        # zarr loads only when a store is opened (`rbzarr info` / `ls` answer without it)
+        import zarr.storage  # noqa: PLC0415
+
+        from rbzarr.storage.local_store import RegularFileStore  # noqa: PLC0415
 
         if self.is_local:
-            return zarr.storage.LocalStore(self.path, read_only=read_only)
+            return RegularFileStore(self.path, read_only=read_only)
         store = zarr.storage.FsspecStore.from_url(
             self.url, storage_options=dict(self.storage_options), read_only=read_only
         )

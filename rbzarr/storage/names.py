@@ -3,7 +3,11 @@
 :func:`safe_name` is the check behind :meth:`~rbzarr.storage.location.Location.child`: a
 name that could leave its root (``..``, separators, absolute parts, NUL and other control
 characters) is refused, naming the root; :func:`safe_key` checks each part of a
-``/``-joined field key.  An atomic write goes through a sibling named by :func:`temporary_name`; a
+``/``-joined field key.  A name that stands for a number (a trajectory's folder, a writer's
+slot, a log record) is read by :func:`number_name`: ASCII digits only, as rbzarr writes
+them (``str.isdigit`` also admits superscripts and other scripts' digits, which ``int``
+then refuses or reads).
+An atomic write goes through a sibling named by :func:`temporary_name`; a
 leftover one of an interrupted write (ours or zarr's ``LocalStore``'s) is recognised by
 :func:`is_temporary_name`.  :func:`bytes_by_prefix` totals file sizes by path prefix.
 """
@@ -20,7 +24,9 @@ from rbzarr.errors import UnsafePathError
 __all__ = [
     "TEMP_SUFFIX",
     "bytes_by_prefix",
+    "is_digits",
     "is_temporary_name",
+    "number_name",
     "safe_key",
     "safe_name",
     "temporary_name",
@@ -32,6 +38,9 @@ TEMP_SUFFIX = ".tmp-"
 _TEMPORARY_NAME = re.compile(
     rf".+{re.escape(TEMP_SUFFIX)}[0-9a-f]{{32}}|.+\.[0-9a-f]{{32}}\.partial"
 )
+# A number as rbzarr writes it in a name: ASCII digits, no sign, no leading zero.
+_NUMBER = re.compile(r"0|[1-9][0-9]*")
+_DIGITS = re.compile(r"[0-9]+")
 # Separators, NUL and the other control characters.
 _FORBIDDEN = re.compile(r"[/\\\x00-\x1f\x7f]")
 
@@ -44,6 +53,21 @@ def temporary_name(path: str) -> str:
 def is_temporary_name(name: str) -> bool:
     """Whether file name ``name`` is left over from an interrupted atomic write (ours, zarr's)."""
     return _TEMPORARY_NAME.fullmatch(name) is not None
+
+
+def number_name(name: str) -> int | None:
+    """The number a name like ``"17"`` stands for (ASCII digits, written as ``str(n)``
+    writes it), else ``None``."""
+    return int(name) if isinstance(name, str) and _NUMBER.fullmatch(name) else None
+
+
+def is_digits(text: str, length: int | None = None) -> bool:
+    """Whether ``text`` is ASCII digits only (``length`` of them, when given)."""
+    return (
+        isinstance(text, str)
+        and _DIGITS.fullmatch(text) is not None
+        and (length is None or len(text) == length)
+    )
 
 
 def safe_name(name: str, root: str = "") -> str:

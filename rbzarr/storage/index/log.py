@@ -27,6 +27,7 @@ cost ``O(W + SEGMENT_SIZE)`` bytes whatever the store holds.  A file that vanish
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -36,6 +37,7 @@ from typing import Any
 from rbzarr.errors import CorruptStoreError, StorageUnavailableError
 from rbzarr.storage.json_limits import DocumentTooLargeError, read_json
 from rbzarr.storage.location import Location
+from rbzarr.storage.names import is_digits
 
 __all__ = [
     "COMPACT_RECORDS",
@@ -171,6 +173,11 @@ def _read_once(location: Location, last: int | None) -> SlotIndex:
             break
         blocks.append(_read_block(location, name, count))
         have += count
+    if have < want:
+        raise CorruptStoreError(
+            f"{location.url}/{INDEX_DIR}: the head counts {state.size} entries, its blocks and "
+            f"records hold {have}; run `rbzarr verify --repair`"
+        )
     entries = [item for block in reversed(blocks) for item in block]
     state.entries = entries[len(entries) - want :] if want else []
     for entry, _ in state.entries:  # only what is handed out is checked entry by entry
@@ -242,7 +249,7 @@ class IndexLog:
             digits = [
                 int(p)
                 for p in name.replace(".json", "").replace("/", "-").split("-")
-                if p.isdigit()
+                if is_digits(p)
             ]
             seqs.extend(digits)
         log._next_seq = max(seqs) + 1
@@ -570,7 +577,7 @@ def _own_files(location: Location) -> set[str]:
 
 
 def _is_record_name(name: str) -> bool:
-    return len(name) == 17 and name.endswith(".json") and name[:12].isdigit()
+    return len(name) == 17 and name.endswith(".json") and is_digits(name[:12], 12)
 
 
 def _open_blocks(head: Mapping[str, Any]) -> list[list[Any]]:
@@ -670,6 +677,16 @@ def _parse_head(raw: bytes, where: str) -> dict[str, Any]:
         raise CorruptStoreError(f"{where}: missing {exc}") from exc
     if not isinstance(blocks, list) or not all(_is_block(b) for b in blocks):
         raise CorruptStoreError(f"{where}: malformed 'blocks'")
+    # Each block holds records first..last, after the one before it: a block named twice
+    # (or out of order) would be read twice, and a head may name it 100,000 times.
+    ranges = [[int(part) for part in name.split("-")] for name, _ in blocks]
+    if any(first > last for first, last in ranges) or any(
+        earlier[1] >= later[0] for earlier, later in itertools.pairwise(ranges)
+    ):
+        raise CorruptStoreError(
+            f"{where}: 'blocks' must name distinct blocks of records in order; a block is "
+            "named twice or out of order"
+        )
     if not isinstance(metadata, dict):
         raise CorruptStoreError(f"{where}: 'metadata' is not an object")
     if sum(b[1] for b in blocks) > checked["size"]:
@@ -755,7 +772,7 @@ def _is_block(block: Any) -> bool:
         return False
     name, count = block
     parts = name.split("-") if isinstance(name, str) else []
-    names_ok = len(parts) == 2 and all(p.isdigit() and len(p) == 12 for p in parts)
+    names_ok = len(parts) == 2 and all(is_digits(p, 12) for p in parts)
     return names_ok and isinstance(count, int) and not isinstance(count, bool) and count > 0
 
 

@@ -25,6 +25,7 @@ from rbzarr.storage import documents as store_documents
 from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents
 from rbzarr.storage.index import log as index_log
 from rbzarr.storage.location import Location
+from rbzarr.storage.names import number_name
 
 __all__ = [
     "COMMIT_TIMES",
@@ -70,12 +71,24 @@ def slot_location(location: Location, slot: int) -> Location:
 def writer_slots(location: Location) -> list[int]:
     """The slots ``s >= 1`` that have a folder under ``writers/``, sorted (one listing)."""
     names = location.list_names(WRITERS)
-    slots = (int(name) for name in names if name.isdigit() and str(int(name)) == name)
-    return sorted(slot for slot in slots if slot >= 1)
+    slots = (number_name(name) for name in names)
+    return sorted(slot for slot in slots if slot is not None and slot >= 1)
 
 
-def log_documents(state: index_log.SlotIndex) -> Documents:
-    """A slot's documents in RLinf's schema, made from its log (commit times included)."""
+def log_documents(state: index_log.SlotIndex, where: str) -> Documents:
+    """A slot's documents in RLinf's schema, made from its log (commit times included).
+
+    An id listed twice is read once if both entries agree; two different entries under one
+    id (one claiming another's id) are :class:`CorruptStoreError` naming ``where``.
+    """
+    listed: dict[str, dict[str, Any]] = {}
+    for entry, _ in state.entries:
+        tid = str(entry["trajectory_id"])
+        if listed.setdefault(tid, entry) != entry:
+            raise CorruptStoreError(
+                f"{where}: the log lists trajectory {tid} twice with different entries (one "
+                "claims another's id); run `rbzarr verify` to see which"
+            )
     metadata = {
         **state.metadata,
         "size": state.size,
@@ -95,7 +108,7 @@ def read_slot_documents(location: Location, slot: int) -> Documents | None:
     committed none."""
     where = slot_location(location, slot)
     if index_log.has_log(where):
-        return log_documents(index_log.read_slot_index(where))
+        return log_documents(index_log.read_slot_index(where), where.url)
     if not store_documents.documents_exist(where):
         return None
     return store_documents.read_documents(where)
@@ -110,7 +123,7 @@ def _committed_slot_documents(
     where = slot_location(location, slot)
     if index_log.has_log(where):
         state = index_log.read_slot_index(where, last)
-        documents = log_documents(state)
+        documents = log_documents(state, where.url)
         if last is not None:
             earlier = state.size - len(state.entries)
             held = sum(int(e["num_samples"]) for e, _ in state.entries)

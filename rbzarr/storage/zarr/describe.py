@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from pathlib import PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -55,10 +56,20 @@ def trajectory_path(entry: Entry) -> tuple[str, ...]:
 
 
 def trajectory_group(location: Location, entry: Entry) -> zarr.Group:
-    """The zarr group of an index entry's trajectory; missing is a :class:`CorruptStoreError`."""
+    """The zarr group of an index entry's trajectory, opened by zarr once rbzarr has checked
+    it: no link in its path or below it, nothing but folders and regular files below it (a
+    FIFO would block zarr's reads), and each ``zarr.json`` within the bounds of every
+    document (:func:`~rbzarr.storage.json_limits.read_json`; zarr's own parser recurses);
+    missing is a :class:`CorruptStoreError`."""
+    parts = trajectory_path(entry)
+    folder = location.child(*parts)  # the gate: plain names, no link on the way
+    folder.check_tree()
     store = location.zarr_store(read_only=True)
-    path = "/".join(trajectory_path(entry))
+    path = "/".join(parts)
     try:
+        for document in folder.list_files():
+            if PurePosixPath(document).name == "zarr.json":
+                read_json(folder.read_bytes(*document.split("/")), f"{folder.url}/{document}")
         return zarr.open_group(store=store, path=path, mode="r")
     except FileNotFoundError as exc:  # zarr's GroupNotFoundError
         raise CorruptStoreError(
@@ -93,6 +104,7 @@ def describe_keys(
     by_trajectory = _sizes_by_trajectory(sizes)
     for entry in tqdm(list(entries), desc="info", unit="traj", disable=not progress):
         recorded = _recorded_arrays(location, entry)
+        descriptions: dict[str, Any]
         if recorded is not None and all(name in keys for name in recorded):
             # Layout 2 records every array's shape and dtype in the group's attributes: one
             # small read, not zarr's walk of the group, once each key is described.
@@ -109,7 +121,7 @@ def describe_keys(
                 keys.setdefault(name, _key_info(array))
             layout = group.attrs.get(LAYOUT_ATTR)
             described = layout.get("arrays", {}) if isinstance(layout, dict) else {}
-            descriptions: dict[str, Any] = {name: described.get(name) for name in arrays}
+            descriptions = {name: described.get(name) for name in arrays}
             raw_bytes = {
                 name: _raw_bytes(descriptions[name], int(array.nbytes))
                 for name, array in arrays.items()
@@ -136,7 +148,8 @@ def _recorded_arrays(location: Location, entry: Entry) -> dict[str, dict[str, An
     readable: zarr's own read then names the problem)."""
     where = f"{location.url}/{'/'.join(trajectory_path(entry))}/zarr.json"
     try:
-        document = read_json(location.read_bytes(*trajectory_path(entry), "zarr.json"), where)
+        folder = location.child(*trajectory_path(entry))  # the gate: no link on the way
+        document = read_json(folder.read_bytes("zarr.json"), where)
         attributes = document["attributes"]
         fields, arrays = attributes[FIELDS_ATTR], attributes[LAYOUT_ATTR]["arrays"]
         described = {name: dict(arrays[name]) for name in fields}

@@ -55,7 +55,7 @@ from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents, Entry
 from rbzarr.storage.json_limits import read_json
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
-from rbzarr.storage.names import is_temporary_name
+from rbzarr.storage.names import is_temporary_name, number_name
 from rbzarr.storage.object_ranges import object_ranges
 from rbzarr.storage.row_groups import RowGroups
 from rbzarr.storage.zarr import (
@@ -220,7 +220,7 @@ class ZarrLayout(TrajectoryLayout):
         self.location.join(TRAJECTORIES)  # the gate: locally, not a link
         with translate_errors(self.location.url, "listing"):
             names = sync(self._list_names(TRAJECTORIES))
-        return sorted(int(name) for name in names if name.isdigit() and str(int(name)) == name)
+        return sorted(n for n in map(number_name, names) if n is not None)
 
     async def _list_names(self, prefix: str) -> list[str]:
         return [name async for name in self._opener.store().list_dir(prefix)]

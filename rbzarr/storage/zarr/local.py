@@ -45,6 +45,7 @@ from numcodecs import zstd
 
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage import thread_pool
+from rbzarr.storage.files import open_regular
 from rbzarr.storage.zarr import regions, shard_index
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.codecs import Codec, parse_codec
@@ -135,6 +136,8 @@ class LocalShard:
     ------
     CorruptStoreError
         The file is missing, has the wrong size or a damaged index.
+    UnsafePathError
+        A FIFO, socket or device is there (never opened).
     """
 
     def __init__(self, path: str, spec: ArraySpec, where: str) -> None:
@@ -142,8 +145,8 @@ class LocalShard:
         self.spec = spec
         self.where = where
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
+            fd = open_regular(path)
+        except (FileNotFoundError, IsADirectoryError):
             raise CorruptStoreError(f"{where}: the shard is missing") from None
         # Closed when the last reader lets go of this object (a thread may still be reading).
         self._closer = weakref.finalize(self, os.close, fd)

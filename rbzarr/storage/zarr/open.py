@@ -195,6 +195,7 @@ class TrajectoryOpener:
         pending: list[Any] = []
         for tid, entry, raw in zip(tids, entries, raws, strict=True):
             attrs = _group_attrs(tid, raw, location.url)
+            _check_claim(entry, attrs, f"{location.url}/{group_path(tid)}")
             try:
                 fields = {key: dtype_from_name(name) for key, name in attrs[FIELDS_ATTR].items()}
                 layout = attrs.get(sharded.LAYOUT_ATTR)
@@ -404,6 +405,17 @@ def _group_attrs(tid: int, raw: Any, url: str) -> dict[str, Any]:
             f"incomplete (its write never finished); {repair}"
         )
     return attrs
+
+
+def _check_claim(entry: Entry, attrs: dict[str, Any], where: str) -> None:
+    """Refuse a group whose attributes name another trajectory id than the entry that
+    points at it (its folder holds another trajectory's data)."""
+    if "trajectory_id" in attrs and str(attrs["trajectory_id"]) != str(entry["trajectory_id"]):
+        raise CorruptStoreError(
+            f"{where}: the index lists trajectory {entry['trajectory_id']!r} here but the "
+            f"group holds trajectory {attrs['trajectory_id']!r}: the index or the group was "
+            "tampered with; run `rbzarr verify`"
+        )
 
 
 def _unreadable(exc: BaseException, tid: int, url: str) -> BaseException:

@@ -59,6 +59,7 @@ def read_rows_into(
         plan = handles.plans.get(wanted)
         if plan is None:
             check_keys(handles, keys, location.url, sampled=True)
+            check_fit(handles, keys, out, location.url)
             plan = handles.plans[wanted] = _row_plan(handles, keys)
         plans.append(plan)
     which = groups.which()
@@ -258,6 +259,21 @@ def check_keys(
             raise ValueError(
                 f"field {key!r} of {url}/{opened.group} has shape {shape}; only [T, B, ...] "
                 "fields can be read by rows"
+            )
+
+
+def check_fit(
+    opened: ShardedTrajectory, keys: Sequence[str], out: Mapping[str, torch.Tensor], url: str
+) -> None:
+    """Refuse a trajectory whose rows are not those of ``out`` (dtype, trailing shape: the
+    store's schema says one thing, this trajectory's data another)."""
+    for key in keys:
+        trailing = tuple(opened.shape(key)[2:])
+        if opened.dtypes[key] != out[key].dtype or trailing != tuple(out[key].shape[1:]):
+            raise CorruptStoreError(
+                f"{url}/{opened.group}: field {key!r} holds {opened.dtypes[key]} rows of "
+                f"{list(trailing)}, the store's schema says {out[key].dtype} rows of "
+                f"{list(out[key].shape[1:])}"
             )
 
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rbzarr.errors import CorruptStoreError
-from rbzarr.storage.names import TEMP_SUFFIX, safe_name, temporary_name
+from rbzarr.storage.names import TEMP_SUFFIX, number_name, safe_name, temporary_name
 from rbzarr.storage.zarr.local import LocalShard
 from rbzarr.storage.zarr.spec import ArraySpec
 
@@ -449,9 +449,10 @@ def _folder_name(key: CacheKey) -> str:
 
 def _parse_folder_name(name: str) -> CacheKey | None:
     tid, _, uuid = name.partition("-")
-    if not tid.isdigit() or not _UUID.fullmatch(uuid):
+    number = number_name(tid)
+    if number is None or not _UUID.fullmatch(uuid):
         return None
-    return int(tid), uuid
+    return number, uuid
 
 
 def _listdir(path: str) -> list[str]:

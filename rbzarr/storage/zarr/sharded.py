@@ -20,6 +20,7 @@ from zarr.core.array import AsyncArray
 
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.deadlines import deadline_options
+from rbzarr.storage.files import read_regular
 from rbzarr.storage.zarr import next_obs
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.chunking import KeyPlan
@@ -341,7 +342,6 @@ def _spec(opened: ShardedTrajectory, key: str) -> ArraySpec:
 
 def _read_file(path: str) -> bytes | None:
     try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except FileNotFoundError:
+        return read_regular(path)
+    except (FileNotFoundError, IsADirectoryError):
         return None
