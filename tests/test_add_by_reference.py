@@ -104,6 +104,8 @@ def test_a_referenced_trajectory_enters_the_cache_on_its_first_read(tmp_path):
         assert_same_batch(learner.sample(50), adding.sample(50))
     for k in (3, 4, 5):
         assert_same_batch(learner.trajectory(k).tensors(), adding.trajectory(k).tensors())
+    for path in (store, elsewhere):  # back for close(), which records the samplers' state
+        (tmp_path / f"{path}-gone").rename(path)
     learner.close()
     adding.close()
 
