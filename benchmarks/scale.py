@@ -41,8 +41,8 @@ from benchmarks.report import target
 from benchmarks.s3 import load_s3_server, proxied_bucket
 from benchmarks.write_rows import measure
 from rbzarr import Trajectory, TrajectoryReplayBuffer
-from rbzarr.buffer.checkpoint import schema_to_json
 from rbzarr.storage.index import log as index_log
+from rbzarr.storage.index.schema import schema_to_json
 from rbzarr.storage.location import Location
 from rbzarr.storage.zarr.layout import ZarrLayout
 from rbzarr.trajectory.model import validate

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rbzarr.analysis.export import export_store
-from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.errors import StoreExistsError
+from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class, open_store
 from rbzarr.trajectory.model import TENSOR_FIELDS, Trajectory, validate

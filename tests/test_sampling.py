@@ -20,8 +20,8 @@ from rlinf_oracle import (
 
 from rbzarr import TrajectoryReplayBuffer, open_buffer
 from rbzarr.analysis.view import BufferView
-from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.sampling.window import draw
+from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.trajectory import tree
 
 SIZES = [(4, 3), (2, 5), (6, 2), (3, 3), (5, 1), (1, 7), (8, 4)]

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rbzarr import CheckpointNotFoundError, TrajectoryReplayBuffer
-from rbzarr.buffer.index import TrajectoryIndex, share_bounds
 from rbzarr.storage.documents import read_documents
+from rbzarr.storage.index.trajectory_index import TrajectoryIndex, share_bounds
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
 

@@ -7,10 +7,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rbzarr.analysis.cluster import TrajectoryTasks
-from rbzarr.buffer.checkpoint import check_schema, schema_from_json
-from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.errors import StoreExistsError
 from rbzarr.storage.documents import Documents
+from rbzarr.storage.index.schema import check_schema, schema_from_json
+from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class, open_store
 

@@ -6,9 +6,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.storage.documents import Entry
 from rbzarr.storage.index.slots import read_store_documents
+from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class, stored_format
 

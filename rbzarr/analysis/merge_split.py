@@ -14,10 +14,10 @@ from tqdm import tqdm
 
 from rbzarr.analysis.export import export_store
 from rbzarr.analysis.view import BufferView, open_buffer
-from rbzarr.buffer.checkpoint import schema_from_json, schema_to_json
-from rbzarr.buffer.index import TrajectoryIndex, share_bounds
 from rbzarr.errors import CorruptStoreError, StoreExistsError
 from rbzarr.storage.documents import Documents
+from rbzarr.storage.index.schema import schema_from_json, schema_to_json
+from rbzarr.storage.index.trajectory_index import TrajectoryIndex, share_bounds
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
 from rbzarr.trajectory.model import Schema, validate

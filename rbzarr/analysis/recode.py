@@ -8,9 +8,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.errors import CorruptStoreError, StoreExistsError
 from rbzarr.storage.documents import Documents
+from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import open_store
 from rbzarr.storage.zarr.codecs import parse_codecs

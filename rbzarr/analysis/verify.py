@@ -15,8 +15,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rbzarr.buffer.checkpoint import schema_from_json
-from rbzarr.buffer.index import TrajectoryIndex, check_entry, count
 from rbzarr.errors import (
     CheckpointNotFoundError,
     CorruptStoreError,
@@ -26,6 +24,7 @@ from rbzarr.errors import (
 )
 from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents, Finding, write_documents
 from rbzarr.storage.index import log as index_log
+from rbzarr.storage.index.schema import schema_from_json
 from rbzarr.storage.index.slots import (
     COMMIT_TIMES,
     id_range,
@@ -35,6 +34,7 @@ from rbzarr.storage.index.slots import (
     store_has_documents,
     writer_slots,
 )
+from rbzarr.storage.index.trajectory_index import TrajectoryIndex, check_entry, count
 from rbzarr.storage.json_limits import read_json
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location

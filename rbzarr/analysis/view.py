@@ -16,13 +16,13 @@ from tqdm import tqdm
 
 from rbzarr.analysis.episodes import Episode, EpisodeTracker
 from rbzarr.analysis.steps import episode_fields, read_steps
-from rbzarr.buffer.checkpoint import check_schema, schema_from_json
-from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.buffer.local_cache_settings import LocalCacheSettings
 from rbzarr.sampling.priorities import PrioritizedReplay
 from rbzarr.sampling.reader import StoreReader
 from rbzarr.storage.documents import Documents
+from rbzarr.storage.index.schema import check_schema, schema_from_json
 from rbzarr.storage.index.slots import read_store_window
+from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.priorities import PriorityFiles

@@ -1,7 +1,7 @@
 """TrajectoryReplayBuffer: RLinf's trajectory buffer, rebuilt on Zarr.
 
 The buffer is a coordinator.  It validates, takes its lock and delegates: ids and counters
-to :class:`~rbzarr.buffer.index.TrajectoryIndex`, sampling to its
+to :class:`~rbzarr.storage.index.trajectory_index.TrajectoryIndex`, sampling to its
 :class:`~rbzarr.sampling.reader.StoreReader`, hot rows to
 :class:`~rbzarr.buffer.cache.RowCache`, persistence to the
 :class:`~rbzarr.buffer.commits.StoreCommitter`, and checkpoints to
@@ -25,7 +25,6 @@ from rbzarr.buffer.background import DEFAULT_TIMEOUT
 from rbzarr.buffer.cache import RowCache
 from rbzarr.buffer.commits import StoreCommitter
 from rbzarr.buffer.held import BufferRows
-from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.buffer.local_cache_settings import LocalCacheSettings
 from rbzarr.buffer.read_ahead import ReadAhead
 from rbzarr.buffer.rlinf_compat import RLinfCompatMixin
@@ -35,6 +34,8 @@ from rbzarr.sampling.damaged import check_on_damaged
 from rbzarr.sampling.priorities import PrioritizedReplay, WindowPriorities, check_priorities
 from rbzarr.sampling.reader import StoreReader
 from rbzarr.storage.documents import Entry
+from rbzarr.storage.index.schema import schema_to_json
+from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.storage.priorities import PriorityFiles
@@ -301,9 +302,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
 
     def _set_store_metadata(self) -> None:
         if self._committer is not None:
-            self._committer.set_metadata(
-                seed=self.seed, schema=checkpoint.schema_to_json(self._schema)
-            )
+            self._committer.set_metadata(seed=self.seed, schema=schema_to_json(self._schema))
 
     # -- settings -----------------------------------------------------------------------
     @property
@@ -820,7 +819,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 sampler["priorities"] = priorities.state()
             metadata = {
                 "seed": self.seed,
-                "schema": checkpoint.schema_to_json(self._schema),
+                "schema": schema_to_json(self._schema),
                 "sampler": sampler,
             }
             held = {} if priorities is None else priorities.held(ids)

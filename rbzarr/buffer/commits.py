@@ -31,8 +31,7 @@ from typing import Any
 import torch
 
 from rbzarr.buffer.background import DEFAULT_TIMEOUT, BackgroundWriter
-from rbzarr.buffer.checkpoint import LoadedCheckpoint, is_rbzarr_store, schema_from_json
-from rbzarr.buffer.index import FORMAT_VERSION, TrajectoryIndex
+from rbzarr.buffer.checkpoint import LoadedCheckpoint
 from rbzarr.errors import (
     CheckpointConflictError,
     StorageUnavailableError,
@@ -43,6 +42,8 @@ from rbzarr.storage.backends import permanent_cause, translate_errors
 from rbzarr.storage.deadlines import deadline_options
 from rbzarr.storage.documents import Documents, Entry
 from rbzarr.storage.index.log import IndexLog
+from rbzarr.storage.index.schema import is_rbzarr_store, schema_from_json
+from rbzarr.storage.index.trajectory_index import FORMAT_VERSION, TrajectoryIndex
 from rbzarr.storage.index.writer_slot import WriterSlot
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.registry import stored_format

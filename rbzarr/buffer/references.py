@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from rbzarr.buffer.checkpoint import schema_from_json
-from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.errors import CheckpointNotFoundError, InvalidTrajectoryError
+from rbzarr.storage.index.schema import schema_from_json
+from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
 from rbzarr.trajectory.model import Schema

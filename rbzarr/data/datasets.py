@@ -18,11 +18,11 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from rbzarr.buffer.index import share_bounds
 from rbzarr.data.mixing import BatchCounts, DemoSchedule, MixedBatches, draw_of
 from rbzarr.data.prefetch import ReplayLoader
 from rbzarr.data.rate_limit import SampleRateLimiter
 from rbzarr.data.sources import SampleSource, store_spec, worker_source
+from rbzarr.storage.index.trajectory_index import share_bounds
 from rbzarr.trajectory import tree
 
 __all__ = [

@@ -19,7 +19,7 @@ from ray.data.block import Block, BlockAccessor, BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from rbzarr.analysis.view import open_buffer
-from rbzarr.buffer.index import share_bounds
+from rbzarr.storage.index.trajectory_index import share_bounds
 from rbzarr.trajectory.dtypes import to_numpy
 from rbzarr.trajectory.flat_view import flatten_trajectory
 from rbzarr.trajectory.model import validate

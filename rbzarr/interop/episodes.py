@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.errors import StoreExistsError
 from rbzarr.storage.documents import Documents, Entry
+from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.location import Location
 from rbzarr.storage.registry import open_store
 from rbzarr.storage.zarr.layout import ZarrLayout

@@ -49,7 +49,8 @@ DrawRows = Callable[[int, torch.Generator], Callable[[], Batch]]
 
 
 class WindowIndex(Protocol):
-    """What the reader asks of its index (:class:`~rbzarr.buffer.index.TrajectoryIndex`)."""
+    """What the reader asks of its index (a
+    :class:`~rbzarr.storage.index.trajectory_index.TrajectoryIndex`)."""
 
     @property
     def entries(self) -> Mapping[int, Entry]: ...

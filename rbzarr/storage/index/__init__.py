@@ -5,7 +5,10 @@
 - :mod:`~rbzarr.storage.index.slots`: where each slot keeps its index, and the union readers
   see (``read_store_documents``, ``read_store_window``);
 - :mod:`~rbzarr.storage.index.claims`: exclusive claims of slots (``SlotClaim``);
-- :mod:`~rbzarr.storage.index.writer_slot`: the slot a buffer writes (``WriterSlot``).
+- :mod:`~rbzarr.storage.index.writer_slot`: the slot a buffer writes (``WriterSlot``);
+- :mod:`~rbzarr.storage.index.trajectory_index`: the ids and entries a reader samples from
+  (``TrajectoryIndex``);
+- :mod:`~rbzarr.storage.index.schema`: the schema and format marker ``metadata.json`` records.
 """
 
 __all__: list[str] = []
