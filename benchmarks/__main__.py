@@ -25,7 +25,9 @@ from rbzarr.cli.console import parse_storage_options
     default="sampling,s3,training",
     show_default=True,
     help="Comma-separated: sampling, s3, training, sequences, datasets (LeRobot round trips; "
-    "the datasets extra), distributed (Ray and many writers).",
+    "the datasets extra), distributed (Ray and many writers), scale, priorities (prioritized "
+    "replay vs TorchRL, built in its own environment by scripts/torchrl_env.sh), images (real "
+    "camera frames: the bench-images extra).",
 )
 @click.option(
     "--workloads",

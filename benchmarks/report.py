@@ -63,10 +63,12 @@ def table(document: dict[str, Any]) -> str:
         parts = [_training_table(document["results"])]
     elif document["benchmark"] == "sequences":
         parts = [_sequences_table(document["results"])]
-    elif document["benchmark"] == "distributed":
+    elif document["benchmark"] in ("distributed", "images"):
         parts = [_figures_table(document["results"])]
     elif document["benchmark"] == "scale":
         parts = []  # its figures are its targets' values (the JSON holds the rest)
+    elif document["benchmark"] == "priorities":
+        parts = [_priorities_table(document["results"])]
     else:
         parts = [_rows_table(document["results"]), _bytes_table(document["results"])]
         parts.append(_writes_table(document["results"]))
@@ -305,6 +307,16 @@ def _s3_table(results: dict[str, Any]) -> str:
         "(moto and the client alone)"
     )
     return title + "\n" + aligned(head, rows, [False, *[True] * 7]) + undelayed
+
+
+def _priorities_table(results: dict[str, Any]) -> str:
+    """Median ms per step, ours and TorchRL's, per case of the priorities suite."""
+    rows = []
+    for case in ("hot", "disk", "sequences"):
+        ours, peer = results[case]["ours"], results[case]["torchrl"]
+        theirs = "-" if "p50_ms" not in peer else f"{peer['p50_ms']:.3f}"
+        rows.append([case, f"{ours['rows']:,}", f"{ours['p50_ms']:.3f}", theirs])
+    return aligned(["case", "rows", "ours ms", "torchrl ms"], rows, [False, True, True, True])
 
 
 def targets_table(found: Sequence[dict[str, Any]]) -> str:

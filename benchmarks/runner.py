@@ -26,7 +26,17 @@ from benchmarks.workloads import workloads
 
 __all__ = ["SUITES", "parse_names", "run", "save"]
 
-SUITES = ("sampling", "s3", "training", "sequences", "datasets", "distributed", "scale")
+SUITES = (
+    "sampling",
+    "s3",
+    "training",
+    "sequences",
+    "datasets",
+    "distributed",
+    "scale",
+    "priorities",
+    "images",
+)
 Progress = Callable[[str], None]
 
 
@@ -91,6 +101,19 @@ def run(
 
                 result = run_scale(quick, workdir)
                 documents.append(_document("scale", settings, result, scale_targets(result)))
+            elif suite == "priorities":
+                say("[priorities] prioritized replay vs TorchRL, its distribution and storage")
+                from benchmarks.priorities import priorities_targets, run_priorities  # noqa: PLC0415
+
+                result = run_priorities(quick, workdir)
+                found = priorities_targets(result)
+                documents.append(_document("priorities", settings, result, found))
+            elif suite == "images":
+                say("[images] real frames: sizes, writes and sampling against TorchRL, S3")
+                from benchmarks.images import images_targets, run_images  # noqa: PLC0415
+
+                result = run_images(settings, quick, workdir, say)
+                documents.append(_document("images", settings, result, images_targets(result)))
             else:
                 raise ValueError(f"unknown suite {suite!r}; expected some of {list(SUITES)}")
         return documents

@@ -24,11 +24,20 @@ def torchrl_missing() -> str | None:
 
 
 class TorchRLPeer:
-    """A TorchRL replay buffer holding the given flat rows."""
+    """A TorchRL replay buffer holding the given flat rows: in a ``LazyMemmapStorage`` under
+    ``scratch_dir``, else a ``LazyTensorStorage`` (or the storage ``kind`` names:
+    ``"CompressedListStorage"``, zstd per row in RAM).
+    """
 
-    def __init__(self, flats: Sequence[Mapping[str, torch.Tensor]], scratch_dir: str | None):
+    def __init__(
+        self,
+        flats: Sequence[Mapping[str, torch.Tensor]],
+        scratch_dir: str | None,
+        kind: str | None = None,
+    ):
         from tensordict import TensorDict  # noqa: PLC0415  (optional dependency)
         from torchrl.data import (  # noqa: PLC0415
+            CompressedListStorage,
             LazyMemmapStorage,
             LazyTensorStorage,
             ReplayBuffer,
@@ -38,12 +47,14 @@ class TorchRLPeer:
         logging.getLogger("torchrl").setLevel(logging.WARNING)
         counts = [len(next(iter(flat.values()))) for flat in flats]
         total = sum(counts)
-        self.kind = "LazyTensorStorage" if scratch_dir is None else "LazyMemmapStorage"
-        self.storage: Any = (
-            LazyTensorStorage(total)
-            if scratch_dir is None
-            else LazyMemmapStorage(total, scratch_dir=scratch_dir)
-        )
+        self.kind = kind or ("LazyTensorStorage" if scratch_dir is None else "LazyMemmapStorage")
+        self.storage: Any
+        if self.kind == "CompressedListStorage":
+            self.storage = CompressedListStorage(total)
+        elif scratch_dir is None:
+            self.storage = LazyTensorStorage(total)
+        else:
+            self.storage = LazyMemmapStorage(total, scratch_dir=scratch_dir)
         self.buffer: Any = ReplayBuffer(storage=self.storage, sampler=RandomSampler())
         for flat, count in zip(flats, counts, strict=True):
             self.buffer.extend(TensorDict(tree.unflatten(dict(flat)), batch_size=[count]))
@@ -54,8 +65,12 @@ class TorchRLPeer:
         return self.offsets[positions] + rows
 
     def get(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The storage's rows at ``indices`` as a flat ``{key: tensor}`` dict."""
-        return dict(self.storage.get(indices).flatten_keys("/").items())
+        """The storage's rows at ``indices`` as a flat ``{key: tensor}`` dict (a list storage's
+        rows stacked, as its ``ReplayBuffer.sample`` does)."""
+        found = self.storage.get(indices)
+        if isinstance(found, list):
+            found = torch.stack(found)
+        return {key: torch.as_tensor(value) for key, value in found.flatten_keys("/").items()}
 
     def sample(self, batch: int) -> Any:
         """TorchRL's own path: ``ReplayBuffer.sample`` of ``batch`` random rows."""

@@ -87,6 +87,8 @@ def write_rbzarr(
 ) -> tuple[float, float]:
     """Seconds (wall, CPU) to add and commit ``trajectories`` into an open buffer whose zarr
     store at ``root`` holds one trajectory already (written before the clock starts)."""
+    # Raw rows against TorchRL's raw rows: image-like keys would default to "lossless".
+    options = {"layout_options": {"codecs": {"default": "raw"}}, **options}
     buffer = TrajectoryReplayBuffer(
         auto_save=True,
         auto_save_path=root,

@@ -46,6 +46,7 @@ _LAZY = {
     "ReplayBufferDataset": "rbzarr.data.rlinf_datasets",
     "replay_buffer_collate_fn": "rbzarr.data.rlinf_datasets",
     "PriorityStore": "rbzarr.data.rlinf_stores",
+    "PrioritizedReplay": "rbzarr.sampling.priorities",
     "TrajectoryCache": "rbzarr.data.rlinf_stores",
     "Channel": "rbzarr.rollout.channel",
     "split_envs": "rbzarr.rollout.collected",
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
     from rbzarr.rollout.channel import Channel
     from rbzarr.rollout.collected import split_envs
     from rbzarr.rollout.collector import TrajectoryCollector
+    from rbzarr.sampling.priorities import PrioritizedReplay
     from rbzarr.trajectory.model import Trajectory
 
 __all__ = [
@@ -85,6 +87,7 @@ __all__ = [
     "InsertTimeoutError",
     "InvalidTrajectoryError",
     "PreloadReplayBufferDataset",
+    "PrioritizedReplay",
     "PriorityStore",
     "RbzarrError",
     "SchedulerUnavailableError",

@@ -25,7 +25,27 @@ find_python() {
     fi
 }
 
+# torchcodec (LeRobot's default video decoder on Linux) loads FFmpeg's shared libraries
+# (libavutil.so.56-59 and the rest), which no wheel ships: install them from the system's
+# packages when they are missing (as root, apt or dnf), else say what to install.
+ffmpeg_libraries() {
+    if ldconfig -p 2>/dev/null | grep -q 'libavutil\.so\.'; then
+        return
+    fi
+    if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            --no-install-recommends ffmpeg > /dev/null
+    elif [ "$(id -u)" = 0 ] && command -v dnf > /dev/null; then
+        dnf install -y -q ffmpeg-free
+    else
+        echo "torchcodec needs FFmpeg's shared libraries: install ffmpeg (e.g. sudo apt-get" \
+            "install ffmpeg), then run this again" >&2
+        exit 1
+    fi
+}
+
 setup() {
+    ffmpeg_libraries
     if [ ! -x "$env_dir/bin/python" ]; then
         "$(find_python)" -m venv "$env_dir"
     fi
@@ -39,6 +59,9 @@ setup() {
     fsspec_version=$("$env_dir/bin/python" -c "import fsspec; print(fsspec.__version__)")
     "$env_dir/bin/pip" install --quiet -e '.[datasets]' pytest pytest-timeout hypothesis jax \
         "s3fs==$fsspec_version" 'moto[s3]' flask flask-cors boto3
+    # The oracle tests decode with torchcodec too: it must load here, not skip.
+    "$env_dir/bin/python" -c "import torchcodec.decoders" \
+        || { echo "torchcodec does not load in $env_dir (FFmpeg libraries?)" >&2; exit 1; }
 }
 
 case "$job" in

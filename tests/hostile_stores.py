@@ -314,6 +314,7 @@ def _operation(name: str, url: str, work: Path, fmt: str) -> dict[str, Any]:
     """Run one operation; what it returned worth checking."""
     from rbzarr import TrajectoryReplayBuffer  # noqa: PLC0415
     from rbzarr.analysis.export import export_store  # noqa: PLC0415
+    from rbzarr.analysis.listing import StoreListing  # noqa: PLC0415
     from rbzarr.analysis.summary import describe_store  # noqa: PLC0415
     from rbzarr.analysis.verify import verify_store  # noqa: PLC0415
     from rbzarr.analysis.view import open_buffer  # noqa: PLC0415
@@ -336,7 +337,7 @@ def _operation(name: str, url: str, work: Path, fmt: str) -> dict[str, Any]:
         finally:
             buffer.close()
     if name == "info":
-        json.dumps(describe_store(open_buffer(url)), default=str)
+        json.dumps(describe_store(StoreListing(url)), default=str)
         return {}
     if name in ("verify", "repair"):
         report = verify_store(url, repair=name == "repair", drop_damaged=name == "repair")

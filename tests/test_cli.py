@@ -69,6 +69,7 @@ def test_info_zarr(stores):
             "chunks": list(value.shape),
             "shards": list(value.shape),
             "codec": f"sharding(chunks={list(value.shape)}, none)",
+            "codec_spec": "raw",
             "raw_bytes": raw_bytes(key),
             "bytes_on_disk": sum(
                 tree_bytes(root / "trajectories" / str(i) / key) for i in range(3)

@@ -11,6 +11,7 @@ from conftest import make_trajectory
 
 from rbzarr import CorruptStoreError, TrajectoryReplayBuffer
 from rbzarr.analysis import open_buffer
+from rbzarr.analysis.listing import StoreListing
 from rbzarr.analysis.report_text import info_lines, ls_lines
 from rbzarr.analysis.summary import describe_store, list_trajectories
 from rbzarr.analysis.verify import verify_store
@@ -36,14 +37,14 @@ def test_info_of_an_index_listing_missing_data_names_the_trajectory_and_the_repa
     store_missing_one: Path,
 ):
     with pytest.raises(CorruptStoreError) as caught:
-        describe_store(open_buffer(store_missing_one))
+        describe_store(StoreListing(store_missing_one))
     message = str(caught.value)
     assert message.startswith("trajectory 1: ")
     assert f"`rbzarr verify --repair --drop-damaged {store_missing_one}`" in message
 
 
 def test_ls_marks_trajectories_whose_data_is_missing(store_missing_one: Path):
-    rows = list_trajectories(open_buffer(store_missing_one))
+    rows = list_trajectories(StoreListing(store_missing_one))
     assert [(row["trajectory_id"], row["missing"]) for row in rows] == [
         (0, False),
         (1, True),
@@ -60,7 +61,7 @@ def test_ls_marks_trajectories_whose_data_is_missing(store_missing_one: Path):
 
 def test_info_reads_compression_as_raw_over_disk(tmp_path: Path):
     build(str(tmp_path / "s"))
-    report = describe_store(open_buffer(tmp_path / "s"))
+    report = describe_store(StoreListing(tmp_path / "s"))
     ratio = report["raw_bytes"] / report["bytes_on_disk"]
     assert f"compression {ratio:.2f}x (raw / on disk)" in info_lines(report)[2]
 

@@ -15,6 +15,7 @@ import ast
 import importlib
 import inspect
 import pkgutil
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -240,3 +241,13 @@ def test_the_public_objects_include_inherited_members():
     # TrajectoryReplayBuffer's public methods are checked wherever rbzarr defines them.
     members = set(public_members(rbzarr.TrajectoryReplayBuffer))
     assert {"add_trajectories", "sample", "save_checkpoint", "load_checkpoint"} <= members
+
+
+def test_no_docstring_cites_a_script_outside_the_repository() -> None:
+    """Figures in the prose come from ``benchmarks/`` (in the repository), not probe scripts."""
+    cited = {
+        f"{path.relative_to(PACKAGE_ROOT)}: {match}"
+        for path in PACKAGE_ROOT.rglob("*.py")
+        for match in re.findall(r"/tmp/[\w./-]+\.py", path.read_text())
+    }
+    assert not cited

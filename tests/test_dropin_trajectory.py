@@ -43,11 +43,11 @@ class OnlySomeFields:
         ({"actions": torch.zeros(3, 2)}, "no samples: it has neither 'prev_logprobs' nor"),
         (
             {"rewards": torch.zeros(3, 2), "actions": torch.zeros(4, 2, 1)},
-            "field 'actions': expected T=3, B=2 from 'rewards', got (4, 2, 1)",
+            "field 'actions': expected T=3, B=2 as 'rewards', got (4, 2, 1)",
         ),
         (
             {"rewards": torch.zeros(3, 2), "curr_obs": {"x": torch.zeros(3, 5)}},
-            "field 'curr_obs/x': expected T=3, B=2 from 'rewards', got (3, 5)",
+            "field 'curr_obs/x': expected T=3, B=2 as 'rewards', got (3, 5)",
         ),
         ({"rewards": torch.zeros(4, 2), "dones": torch.zeros(7, 2)}, "field 'dones'"),
         ({"rewards": torch.zeros(3, 2), "curr_obs": {"a/b": torch.zeros(3, 2)}}, "'a/b'"),

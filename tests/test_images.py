@@ -196,6 +196,10 @@ def test_next_obs_is_stored_once_and_plain_zarr_rebuilds_it(tmp_path: Path) -> N
     got = layout.read(documents.trajectory_index["trajectory_index"]["0"])
     assert torch.equal(got.next_obs["image"], trajectory.next_obs["image"])
     assert torch.equal(got.curr_obs["image"], trajectory.curr_obs["image"])
+    # `rbzarr info` counts the key at its full size.
+    entry = documents.trajectory_index["trajectory_index"]["0"]
+    keys, _ = layout.describe_keys([entry], {})
+    assert keys["next_obs/image"]["raw_bytes"] == trajectory.next_obs["image"].numel()
 
 
 def test_plain_zarr_decodes_every_image_codec_in_a_fresh_process(tmp_path: Path) -> None:

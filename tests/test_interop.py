@@ -7,7 +7,9 @@ write them (tests/dataset_fixtures.py): 2-3 episodes sharing one parquet file an
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 
 import av
@@ -668,3 +670,21 @@ def test_an_hdf5_export_of_many_demos_and_to_an_fsspec_url(tmp_path):
             assert np.array_equal(
                 written["data/demo_999/obs/state"][()], episodes[999]["curr_obs/state"]
             )
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_lerobot_export_keeps_the_encoders_log_for_verbose(lerobot, tmp_path, verbose):
+    root, _ = lerobot
+    import_dataset(root, tmp_path / "store", "lerobot")
+    flags = ["--verbose"] if verbose else []
+    command = ["export", str(tmp_path / "store"), str(tmp_path / "out"), "--format", "lerobot"]
+    env = {k: v for k, v in os.environ.items() if k != "SVT_LOG"}
+    done = subprocess.run(
+        [sys.executable, "-m", "rbzarr", *flags, *command],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=True,
+    )
+    assert ("Svt[info]" in done.stderr) is verbose, done.stderr

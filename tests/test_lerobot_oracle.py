@@ -99,8 +99,20 @@ def video_source(tmp_path_factory):
     return write_with_lerobot(tmp_path_factory.mktemp("video") / "lerobot", "video")
 
 
+# LeRobot's two video decoders (torchcodec: its Linux default, which needs FFmpeg's shared
+# libraries; scripts/lerobot_env.sh installs them): every oracle test runs with each.
+DECODERS = ("pyav", "torchcodec")
+_decoder = {"name": "pyav"}
+
+
+@pytest.fixture(autouse=True, params=DECODERS)
+def decoder(request):
+    _decoder["name"] = request.param
+    return request.param
+
+
 def load(root, repo_id="rbzarr/export") -> LeRobotDataset:
-    return LeRobotDataset(repo_id, root=root, video_backend="pyav")
+    return LeRobotDataset(repo_id, root=root, video_backend=_decoder["name"])
 
 
 def round_trip(source, tmp_path):

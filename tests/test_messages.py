@@ -14,6 +14,7 @@ from rbzarr import (
     EmptyBufferError,
     ReplayDataset,
     TrajectoryReplayBuffer,
+    open_buffer,
 )
 
 
@@ -96,3 +97,30 @@ def test_batches_clamped_to_a_small_window_warn_once():
         "holds fewer (it clamps, as RLinf's does); add trajectories or lower batch_size for "
         "full batches"
     ]
+
+
+def test_opening_a_file_is_a_permanent_error_that_says_so(tmp_path):
+    path = tmp_path / "run.pt"
+    path.write_bytes(b"not a store")
+    with pytest.raises(
+        CheckpointNotFoundError, match=r"run\.pt is a file, expected a store folder"
+    ):
+        open_buffer(str(path))
+    with pytest.raises(
+        CheckpointNotFoundError, match=r"run\.pt is a file, expected a store folder"
+    ):
+        open_buffer(str(path / "inner"))
+    assert path.read_bytes() == b"not a store"
+
+
+def test_opening_a_missing_folder_names_it(tmp_path):
+    with pytest.raises(CheckpointNotFoundError, match=r"no folder .*nothing-here: check the path"):
+        open_buffer(str(tmp_path / "nothing-here"))
+
+
+@pytest.mark.s3
+def test_opening_a_store_in_a_missing_bucket_says_the_bucket_is_missing(s3_options):
+    with pytest.raises(
+        CheckpointNotFoundError, match=r"the bucket 'nosuchbucket' does not exist .* create it"
+    ):
+        open_buffer("s3://nosuchbucket/run", s3_options)

@@ -166,12 +166,31 @@ def test_a_cartpole_dataset_round_trips_bit_exact(cartpole, minari_root, tmp_pat
     assert again.action_space == cartpole.action_space
     assert again.spec.env_spec == cartpole.spec.env_spec
     assert_same_episodes(episodes_of(cartpole), episodes_of(again))
-    # The metadata comes back as it was, dataset id included (it names the source's).
+    # The metadata comes back as it was, but for the id: the one Minari finds it by.
     original = metadata(minari_root, "cartpole/random-v0")
-    assert metadata(minari_root, "cartpole/again-v0") == original
+    assert metadata(minari_root, "cartpole/again-v0") == {
+        **original,
+        "dataset_id": "cartpole/again-v0",
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a misnamed dataset is a warning, and left out
+        assert "cartpole/again-v0" in minari.list_local_datasets()
     sampled = again.sample_episodes(3)
     assert len(sampled) == 3
     assert all(len(e.observations) == len(e.rewards) + 1 for e in sampled)
+
+
+def test_an_export_outside_minaris_folder_takes_its_folders_name_or_the_id_given(
+    cartpole, minari_root, tmp_path
+):
+    import_dataset(minari_root / "cartpole/random-v0", tmp_path / "store", "minari")
+    export_dataset(tmp_path / "store", tmp_path / "elsewhere" / "poles-v2", "minari")
+    assert metadata(tmp_path / "elsewhere", "poles-v2")["dataset_id"] == "poles-v2"
+    export_dataset(tmp_path / "store", minari_root / "ns" / "x-v0", "minari", dataset_id="ns/x-v0")
+    assert minari.load_dataset("ns/x-v0").total_episodes == cartpole.total_episodes
+    with pytest.raises(ValueError, match=r"not of the form .* --dataset-id"):
+        export_dataset(tmp_path / "store", tmp_path / "no-version", "minari")
+    assert not (tmp_path / "no-version").exists()
 
 
 def test_dict_observations_become_nested_keys_and_infos_come_back(dict_points, tmp_path):

@@ -173,3 +173,24 @@ def test_on_damaged_takes_raise_or_skip():
 @pytest.mark.s3
 def test_skip_on_s3(s3_bucket: str, s3_direct_options: dict[str, Any], tmp_path):
     check_skip(f"s3://{s3_bucket}/s", str(tmp_path / "reference"), s3_direct_options)
+
+
+def test_the_damage_warning_points_at_the_callers_line(tmp_path):
+    url = str(tmp_path / "s")
+    buffer = stored_buffer(url, None, on_damaged="skip")
+    Location.from_url(url).delete("trajectories", str(DELETED))
+    with pytest.warns(DamagedTrajectoryWarning) as caught:
+        buffer.sample_sequences(8, 2)
+    assert [w.filename for w in caught] == [__file__]
+    view = open_buffer(url, on_damaged="skip", seed=0)
+    with pytest.warns(DamagedTrajectoryWarning) as caught:
+        for _ in range(20):
+            view.sample(16)
+    assert {w.filename for w in caught} == {__file__}
+    # One call deeper inside rbzarr (RLinf's name for sample): still the caller's line.
+    again = stored_buffer(str(tmp_path / "again"), None, on_damaged="skip")
+    Location.from_url(str(tmp_path / "again")).delete("trajectories", str(DELETED))
+    with pytest.warns(DamagedTrajectoryWarning) as caught:
+        for _ in range(20):
+            again.sample_chunks(16)
+    assert {w.filename for w in caught} == {__file__}

@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import make_trajectory
 
-from rbzarr import TrajectoryReplayBuffer, open_buffer
+from rbzarr import PrioritizedReplay, TrajectoryReplayBuffer, open_buffer
 from rbzarr.distributed import CommitNotice, commit_notices
 from rbzarr.trajectory.flat_view import flatten_trajectory
 from rbzarr.trajectory.model import validate
@@ -122,3 +122,35 @@ def test_a_buffer_actor_adds_samples_and_checkpoints(tmp_path):
     assert ray.get(actor.get_stats.remote())["num_trajectories"] == 3
     fresh = remote_buffer(seed=5, sample_window_size=0)
     assert ray.get(fresh.load_checkpoint.remote(str(tmp_path / "ckpt"))) == 3
+
+
+def test_actor_owns_the_priorities_and_learners_route_updates_to_it(tmp_path):
+    settings = PrioritizedReplay(alpha=1.0, beta=1.0, eps=0.0)
+    options = {"seed": 5, "sample_window_size": 0, "prioritized": settings}
+    actor = remote_buffer(**options, auto_save=True, auto_save_path=str(tmp_path / "s"))
+    trajectories = [make_trajectory(3, 2, base=100 * k) for k in range(3)]
+    ray.get(actor.add_trajectories.remote(trajectories))
+    local = TrajectoryReplayBuffer(**options)
+    local.add_trajectories(trajectories)
+
+    @ray.remote
+    def learner(buffer, rows):
+        _, info = ray.get(buffer.sample_with_info.remote(8))
+        ray.get(buffer.update_priority.remote(info["index"], torch.full((8,), float(rows))))
+        return info["index"]
+
+    # Two learners' updates land on the one owner, in the order it receives them.
+    for rows in (1, 2):
+        index = ray.get(learner.remote(actor, rows))
+        _, want = local.sample(8, return_info=True)
+        assert torch.equal(index, want["index"])
+        local.update_priority(want["index"], torch.full((8,), float(rows)))
+    _, seq_info = ray.get(actor.sample_sequences.remote(4, 2, return_info=True))
+    assert torch.equal(
+        seq_info["index"], local.sample_sequences(4, 2, return_info=True)[1]["index"]
+    )
+    ray.get(actor.close.remote())
+    resumed = TrajectoryReplayBuffer(**options)
+    resumed.load_checkpoint(tmp_path / "s")
+    every = torch.tensor([(k << 32) | r for k in range(3) for r in range(6)])
+    assert torch.equal(resumed.get_priority(every), local.get_priority(every))

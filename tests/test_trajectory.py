@@ -47,7 +47,7 @@ def test_reference_prefers_prev_logprobs_then_rewards():
         (Trajectory(rewards=torch.zeros(3)), "expected \\[T, B, ...\\]"),
         (
             Trajectory(rewards=torch.zeros(3, 2), actions=torch.zeros(4, 2, 1)),
-            "field 'actions': expected T=3, B=2 from 'rewards', got \\(4, 2, 1\\)",
+            "field 'actions': expected T=3, B=2 as 'rewards', got \\(4, 2, 1\\)",
         ),
         (
             Trajectory(rewards=torch.zeros(3, 2), curr_obs={"x": torch.zeros(3, 5)}),
@@ -131,3 +131,12 @@ def test_a_key_that_is_not_a_plain_name_is_refused_with_the_rule_it_breaks(key):
     with pytest.raises(InvalidTrajectoryError, match="keys must be plain names") as caught:
         validate(traj)
     assert repr(key) in str(caught.value)
+
+
+@pytest.mark.parametrize("short", ["rewards", "prev_logprobs", "actions"])
+def test_a_field_one_row_short_is_the_one_blamed(short):
+    """Whichever field T is usually read from, the field that disagrees with the rest is named."""
+    trajectory = make_trajectory(20, 8, 0)
+    setattr(trajectory, short, getattr(trajectory, short)[:-1])
+    with pytest.raises(InvalidTrajectoryError, match=f"^field '{short}': expected T=20, B=8 as "):
+        validate(trajectory)

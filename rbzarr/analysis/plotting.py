@@ -89,6 +89,15 @@ def image_format_of(path: str | os.PathLike[str]) -> str:
         ) from None
 
 
+def _store_name(url: str) -> str:
+    """How a title names a store: a local one below the working directory by its relative
+    path (as the command that made it named it), any other by its URL."""
+    if "://" in url or not os.path.isabs(url):
+        return url
+    relative = os.path.relpath(url)
+    return url if relative.startswith("..") else relative
+
+
 def plot_store(
     view: BufferView,
     path: str | os.PathLike[str],
@@ -105,7 +114,7 @@ def plot_store(
     rewards, episodes = _collect(view, progress, across_trajectories, tasks or TrajectoryTasks())
     figure, axes = plt.subplots(2, 2, figsize=FIGURE_SIZE, dpi=DPI)
     try:
-        figure.suptitle(f"{view.url} ({len(view)} trajectories)")
+        figure.suptitle(f"{_store_name(view.url)} ({len(view)} trajectories)")
         _histogram(axes[0, 0], rewards, "per-step reward")
         _histogram(axes[0, 1], np.array([e[2] for e in episodes]), "episode return")
         _histogram(axes[1, 0], np.array([e[1] for e in episodes]), "episode length")
@@ -162,7 +171,7 @@ def plot_learning_curve(
             axis.plot(x, y, marker="o", color="C1", label="greedy evaluation (mean)")
         axis.set_xlabel("env steps")
         axis.set_ylabel("episode return")
-        axis.set_title(f"returns over training ({view.url})")
+        axis.set_title(f"returns over training ({_store_name(view.url)})")
         axis.legend(loc="upper left")
         figure.savefig(os.fspath(path), dpi=DPI, format="png")
     finally:

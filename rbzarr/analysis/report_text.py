@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rbzarr.analysis.verify import VerifyReport
+if TYPE_CHECKING:
+    from rbzarr.analysis.verify import VerifyReport
 
 __all__ = ["info_lines", "ls_lines", "stats_lines", "verify_lines"]
 
@@ -23,10 +24,25 @@ def info_lines(report: dict[str, Any]) -> list[str]:
     ]
     lines.extend(
         f"  {key:<28} {item['dtype']:<9} shape={item['shape']} chunks={item['chunks']} "
-        f"codec={item['codec']} raw={item['raw_bytes']} disk={item['bytes_on_disk']}"
+        f"codec={item.get('codec_spec') or item['codec']} raw={item['raw_bytes']} "
+        f"disk={item['bytes_on_disk']}{_stored_vs_raw(item)}{_psnr(item)}"
         for key, item in report["keys"].items()
     )
     return lines
+
+
+def _stored_vs_raw(item: dict[str, Any]) -> str:
+    """`` stored/raw=0.13`` when the key's bytes on disk are known."""
+    if item["bytes_on_disk"] is None or not item["raw_bytes"]:
+        return ""
+    return f" stored/raw={item['bytes_on_disk'] / item['raw_bytes']:.3f}"
+
+
+def _psnr(item: dict[str, Any]) -> str:
+    """`` psnr>=41.9dB``: the worst trajectory's PSNR a lossy codec recorded at encode."""
+    if "psnr" not in item:
+        return ""
+    return f" psnr>={item['psnr']:.1f}dB"
 
 
 def _costs_line(costs: dict[str, Any], raw: int) -> str:

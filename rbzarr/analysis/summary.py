@@ -6,11 +6,11 @@ import os
 import posixpath
 from typing import Any
 
-from rbzarr.analysis.view import BufferView
+from rbzarr.analysis.listing import StoreListing
 from rbzarr.storage.backends import translate_errors
 from rbzarr.storage.deadlines import deadline_options
-from rbzarr.storage.layout import bytes_by_prefix
 from rbzarr.storage.location import Location
+from rbzarr.storage.names import bytes_by_prefix
 
 __all__ = ["describe_store", "file_sizes", "list_trajectories"]
 
@@ -65,36 +65,36 @@ def store_costs(sizes: dict[str, int], disk_usage: int | None) -> dict[str, Any]
     }
 
 
-def list_trajectories(view: BufferView) -> list[dict[str, Any]]:
+def list_trajectories(store: StoreListing) -> list[dict[str, Any]]:
     """One row per committed trajectory, in index order, with its bytes on storage;
     ``missing`` marks one the index lists but whose data has no file at all."""
-    totals = bytes_by_prefix(file_sizes(view.layout.location))
+    totals = bytes_by_prefix(file_sizes(store.location))
     return [
         {
-            "missing": "/".join(view.layout.trajectory_path(entry)) not in totals,
+            "missing": store.trajectory_path(entry) not in totals,
             "trajectory_id": trajectory_id,
             "uuid": entry.get("uuid"),
             "shape": list(entry["shape"]),
             "num_samples": int(entry["num_samples"]),
             "model_weights_id": entry.get("model_weights_id", ""),
-            "bytes": totals.get("/".join(view.layout.trajectory_path(entry)), 0),
+            "bytes": totals.get(store.trajectory_path(entry), 0),
         }
-        for trajectory_id, entry in view.entries.items()
+        for trajectory_id, entry in store.entries.items()
     ]
 
 
-def describe_store(view: BufferView, progress: bool = False) -> dict[str, Any]:
+def describe_store(store: StoreListing, progress: bool = False) -> dict[str, Any]:
     """Counts, per-key layout and sizes of a store; see ``rbzarr info``."""
-    sizes, disk_usage = _file_costs(view.layout.location)
-    keys, disk = view.layout.describe_keys(view.entries.values(), sizes, progress)
+    sizes, disk_usage = _file_costs(store.location)
+    keys, disk = store.describe_keys(sizes, progress)
     raw = sum(int(info["raw_bytes"]) for info in keys.values())
-    metadata = view.metadata
+    metadata = store.metadata
     return {
-        "url": view.url,
-        "format": view.format,
-        "layout_version": metadata.get("layout_version", view.layout.unrecorded_version),
-        "trajectories": len(view),
-        "total_samples": view.total_samples,
+        "url": store.url,
+        "format": store.format,
+        "layout_version": metadata.get("layout_version", store.unrecorded_version),
+        "trajectories": len(store),
+        "total_samples": store.total_samples,
         "trajectory_counter": metadata.get("trajectory_counter"),
         "seed": metadata.get("seed"),
         "keys": keys,

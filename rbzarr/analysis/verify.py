@@ -173,7 +173,7 @@ def _load_index(
 ) -> tuple[TrajectoryLayout, Documents, TrajectoryIndex] | None:
     if not store_has_documents(location):
         raise CheckpointNotFoundError(
-            f"{location.url}: no {METADATA_FILE} or {INDEX_FILE}: not an rbzarr or RLinf store"
+            f"{location.url}: no {METADATA_FILE} or {INDEX_FILE}: {location.absence()}"
         )
     try:
         layout, documents = open_store(location)

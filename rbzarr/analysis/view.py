@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Container, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 from tqdm import tqdm
@@ -19,11 +19,13 @@ from rbzarr.analysis.steps import episode_fields, read_steps
 from rbzarr.buffer.checkpoint import schema_from_json
 from rbzarr.buffer.index import TrajectoryIndex
 from rbzarr.buffer.local_cache_settings import LocalCacheSettings
+from rbzarr.sampling.priorities import PrioritizedReplay
 from rbzarr.sampling.reader import StoreReader
 from rbzarr.storage.documents import Documents
 from rbzarr.storage.index.slots import read_store_window
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
+from rbzarr.storage.priorities import PriorityFiles
 from rbzarr.storage.registry import known_formats, layout_class, open_store
 from rbzarr.trajectory.model import Schema, Trajectory, validate
 from rbzarr.trajectory.steps import DONES, continues
@@ -43,6 +45,7 @@ def open_buffer(
     on_damaged: str = "raise",
     trajectories: Container[int] | None = None,
     follow_links: bool = False,
+    prioritized: PrioritizedReplay | None = None,
 ) -> BufferView:
     """Open the store or checkpoint at ``url`` read-only.
 
@@ -77,6 +80,10 @@ def open_buffer(
         Read a local store through symbolic links inside it: only for a trusted store whose
         folders were linked on purpose.  Without it a path through such a link raises
         :class:`~rbzarr.errors.UnsafePathError` (the store's root itself may be a link).
+    prioritized
+        Draw by the priorities stored with the window's trajectories (as the writing
+        buffer's last ``flush()`` left them; re-read at each refresh): see
+        docs/priorities.md.  ``None``: uniformly.
 
     Returns
     -------
@@ -105,6 +112,7 @@ def open_buffer(
         refresh_interval=refresh_interval,
         on_damaged=on_damaged,
         trajectories=trajectories,
+        prioritized=prioritized,
     )
 
 
@@ -120,7 +128,7 @@ class BufferView:
         The store's layout, opened read-only.
     documents
         Its ``metadata.json`` and ``trajectory_index.json``, as just read.
-    seed, sample_window_size, refresh_interval, on_damaged, trajectories
+    seed, sample_window_size, refresh_interval, on_damaged, trajectories, prioritized
         As for :func:`open_buffer`.
 
     Raises
@@ -141,6 +149,7 @@ class BufferView:
         refresh_interval: float | None = None,
         on_damaged: str = "raise",
         trajectories: Container[int] | None = None,
+        prioritized: PrioritizedReplay | None = None,
     ) -> None:
         url = layout.location.url
         self._reader = StoreReader(
@@ -151,6 +160,7 @@ class BufferView:
             on_damaged=on_damaged,
             where=url,
             empty=f"{url}: no committed trajectory to sample from",
+            prioritized=prioritized,
         )
         self._kept = trajectories
         if refresh_interval is not None and not refresh_interval >= 0:
@@ -169,7 +179,21 @@ class BufferView:
         self._index = self._reader.index = index
         # on_damaged="skip": the damaged ones stay dropped
         self._index.remove(self._reader.damaged.dropped)
+        self._read_priorities()
         self._read_at = time.monotonic()
+
+    def _read_priorities(self) -> None:
+        """With ``prioritized``: the stored priorities of the window's trajectories."""
+        priorities = self._reader.priorities
+        if priorities is None:
+            return
+        window = self._index.window(self.sample_window_size)
+        stored = PriorityFiles(self.layout.location).read_all(
+            self._index.entries[i] for i in window
+        )
+        priorities.clear()
+        priorities.offer(stored)
+        self._reader.sync_priorities()
 
     @property
     def sample_window_size(self) -> int:
@@ -254,9 +278,37 @@ class BufferView:
         """Re-read the index, picking up trajectories committed since the view was opened."""
         self._set_documents(read_store_window(self.layout.location, self.sample_window_size))
 
+    @property
+    def prioritized(self) -> PrioritizedReplay | None:
+        """The prioritized replay settings (``None``: uniform draws)."""
+        priorities = self._reader.priorities
+        return None if priorities is None else priorities.settings
+
+    @overload
     def sample(
-        self, num_chunks: int, *, generator: torch.Generator | None = None
-    ) -> dict[str, Any]:
+        self,
+        num_chunks: int,
+        *,
+        generator: torch.Generator | None = ...,
+        return_info: Literal[False] = ...,
+    ) -> dict[str, Any]: ...
+
+    @overload
+    def sample(
+        self,
+        num_chunks: int,
+        *,
+        generator: torch.Generator | None = ...,
+        return_info: Literal[True],
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]: ...
+
+    def sample(
+        self,
+        num_chunks: int,
+        *,
+        generator: torch.Generator | None = None,
+        return_info: bool = False,
+    ) -> dict[str, Any] | tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """Sample ``num_chunks`` committed rows, as ``TrajectoryReplayBuffer.sample`` does.
 
         The draw is the buffer's (uniform over the window's rows, the same output keys,
@@ -271,11 +323,15 @@ class BufferView:
         generator
             A CPU ``torch.Generator`` to draw with instead of the view's own, whose stream
             is then left untouched.
+        return_info
+            Also return each row's global index and importance weight, as the buffer's
+            ``sample(..., return_info=True)``.
 
         Returns
         -------
         dict of str to Any
-            A nested dict of CPU tensors shaped ``[n, ...]``, as the buffer returns.
+            A nested dict of CPU tensors shaped ``[n, ...]``, as the buffer returns (with
+            ``return_info``: it and the info dict).
 
         Raises
         ------
@@ -286,7 +342,31 @@ class BufferView:
         EmptyBufferError
             The index lists no trajectory.
         """
+        if return_info:
+            return self._ready().sample_with_info(num_chunks, generator)
         return self._ready().sample(num_chunks, generator)
+
+    @overload
+    def sample_sequences(
+        self,
+        n: int,
+        length: int,
+        *,
+        generator: torch.Generator | None = ...,
+        strict_length: bool = ...,
+        return_info: Literal[False] = ...,
+    ) -> dict[str, Any]: ...
+
+    @overload
+    def sample_sequences(
+        self,
+        n: int,
+        length: int,
+        *,
+        generator: torch.Generator | None = ...,
+        strict_length: bool = ...,
+        return_info: Literal[True],
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]: ...
 
     def sample_sequences(
         self,
@@ -295,7 +375,8 @@ class BufferView:
         *,
         generator: torch.Generator | None = None,
         strict_length: bool = False,
-    ) -> dict[str, Any]:
+        return_info: bool = False,
+    ) -> dict[str, Any] | tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """Sample ``n`` sequences of committed steps, as the buffer's ``sample_sequences``.
 
         Every row is read from storage; each trajectory's ``dones`` is read once, when it
@@ -311,12 +392,14 @@ class BufferView:
             A CPU ``torch.Generator`` to draw with instead of the view's sequence stream.
         strict_length
             Draw only starts with ``length`` steps of their episode ahead: no padding.
+        return_info
+            Also return each sequence's start row's global index and importance weight.
 
         Returns
         -------
         dict of str to Any
             The keys of :meth:`sample`, each ``[n, length, ...]``, plus the bool ``"mask"``
-            ``[n, length]``.
+            ``[n, length]`` (with ``return_info``: it and the info dict).
 
         Raises
         ------
@@ -325,6 +408,8 @@ class BufferView:
         EmptyBufferError
             The index lists no trajectory, or with ``strict_length`` no episode is that long.
         """
+        if return_info:
+            return self._ready().sequences_with_info(n, length, generator, strict_length)
         return self._ready().sample_sequences(n, length, generator, strict_length)
 
     def _ready(self) -> StoreReader:
@@ -419,6 +504,7 @@ class BufferView:
             "refresh_interval": self.refresh_interval,
             "on_damaged": self.on_damaged,
             "trajectories": self._kept,
+            "prioritized": self.prioritized,
         }
         return (_reopen, (self.url, self.storage_options, options, self.state_dict()["sampler"]))
 

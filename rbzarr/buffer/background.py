@@ -20,10 +20,10 @@ import functools
 import sys
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Sequence
 
+from rbzarr.caller import warn_caller
 from rbzarr.errors import BufferClosedError, UncommittedWritesWarning, WriterFailedError
 
 __all__ = ["DEFAULT_TIMEOUT", "BackgroundWriter"]
@@ -167,7 +167,7 @@ class BackgroundWriter:
                 # The thread goes on with the queued tasks but stops at the first failure.
                 self._stopping = True
                 if self._tasks:
-                    warnings.warn(self._not_waited(), UncommittedWritesWarning, stacklevel=4)
+                    warn_caller(self._not_waited(), UncommittedWritesWarning)
                 return
             # Retry what a close(wait=False) left when its thread stopped at a failure.
             self._stopping = False

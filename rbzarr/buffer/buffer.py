@@ -16,7 +16,7 @@ import os
 import threading
 import warnings
 from collections.abc import Iterable, Mapping
-from typing import Any, Self
+from typing import Any, Literal, Self, overload
 
 import torch
 
@@ -32,10 +32,12 @@ from rbzarr.buffer.rlinf_compat import RLinfCompatMixin
 from rbzarr.errors import BufferClosedError, CheckpointNotFoundError, TrajectoryListError
 from rbzarr.sampling.arguments import check_count, check_window_size
 from rbzarr.sampling.damaged import check_on_damaged
+from rbzarr.sampling.priorities import PrioritizedReplay, WindowPriorities, check_priorities
 from rbzarr.sampling.reader import StoreReader
 from rbzarr.storage.documents import Entry
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
+from rbzarr.storage.priorities import PriorityFiles
 from rbzarr.storage.registry import layout_class
 from rbzarr.trajectory.finite import check_finite
 from rbzarr.trajectory.model import Schema, Trajectory
@@ -129,10 +131,17 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         machine crash (locally every file, index record and folder is ``fsync``-ed; on S3 a
         completed PUT is durable).  Off by default: a crash of the machine (not of the
         process) may lose the last commits.
+    prioritized
+        Proportional prioritized replay (:class:`~rbzarr.PrioritizedReplay`: ``alpha``,
+        ``beta``, ``eps``): :meth:`sample` draws rows and :meth:`sample_sequences` starts by
+        priority, :meth:`update_priority` sets them, and with ``auto_save`` :meth:`flush`
+        stores them (see docs/priorities.md).  ``None`` (default): uniform, as RLinf.
 
     Raises
     ------
     ValueError
+        ``prefetch`` is given with ``prioritized`` (batches drawn ahead would miss the
+        updates made meanwhile),
         ``trajectory_format`` is not a registered format, ``auto_save`` is set without
         ``auto_save_path``, ``prefetch`` or ``cache_size`` is negative, ``seed`` is outside
         what ``torch.manual_seed`` takes (``-2**63`` to ``2**64 - 1``), ``local_cache_dir``
@@ -172,8 +181,14 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         check_finite: bool = False,
         on_damaged: str = "raise",
         durable: bool = False,
+        prioritized: PrioritizedReplay | None = None,
     ) -> None:
         sample_window_size = check_window_size(sample_window_size)
+        if prioritized is not None and prefetch:
+            raise ValueError(
+                f"prefetch={prefetch} cannot be used with prioritized replay: batches drawn "
+                "ahead would miss the priorities updated meanwhile; use prefetch=0"
+            )
         check_on_damaged(on_damaged)
         self._lock = threading.RLock()  # index, cache, schema, samplers
         if prefetch < 0:
@@ -236,12 +251,18 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             read_ahead=functools.partial(ReadAhead, prefetch, lock=self._lock)
             if prefetch
             else None,
+            prioritized=prioritized,
         )
         self._read_ahead = self._reader.ahead
+        self._sampler_at_open = self._sampler_state()
         if self._committer is not None:
             self.local_cache.check_shapes(self._schema, [(self._committer.largest_committed, 1)])
 
     # -- plumbing -----------------------------------------------------------------------
+    def _sampler_state(self) -> dict[str, Any]:
+        """Both samplers' state, JSON-ready, as a checkpoint's ``sampler`` holds it."""
+        return {**self._reader.rows.state_dict(), "sequences": self._reader.sequences.state_dict()}
+
     def _empty_message(self) -> str:
         """Why sampling an empty buffer fails, and what to do (a store may hold a run)."""
         message = "cannot sample from an empty buffer: add trajectories first"
@@ -462,19 +483,47 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             accepted.append(validated)
         return accepted
 
+    @overload
     def sample(
-        self, num_chunks: int, *, generator: torch.Generator | None = None
-    ) -> dict[str, Any]:
-        """Sample ``num_chunks`` rows uniformly from the window.
+        self,
+        num_chunks: int,
+        *,
+        generator: torch.Generator | None = ...,
+        return_info: Literal[False] = ...,
+    ) -> dict[str, Any]: ...
+
+    @overload
+    def sample(
+        self,
+        num_chunks: int,
+        *,
+        generator: torch.Generator | None = ...,
+        return_info: Literal[True],
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]: ...
+
+    def sample(
+        self,
+        num_chunks: int,
+        *,
+        generator: torch.Generator | None = None,
+        return_info: bool = False,
+    ) -> dict[str, Any] | tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """Sample ``num_chunks`` rows from the window: uniformly, or by priority.
 
         Parameters
         ----------
         num_chunks
-            Rows to draw (clamped to the window's sample count).
+            Rows to draw (clamped to the window's sample count; with ``prioritized``
+            drawn with replacement, never clamped).
         generator
             A CPU ``torch.Generator`` to draw with for this call instead of the buffer's
             own, whose stream is then left untouched (one stream per DataLoader worker or
             rank).  ``None`` draws from the buffer's seeded generator: RLinf's stream.
+        return_info
+            Also return, per row, ``{"index": int64 [n], "weight": float32 [n]}``: its
+            global index (``trajectory_id * 2**32 + flat_row``, what :meth:`update_priority`
+            takes) and its importance weight (1 without ``prioritized``).  Such a call is
+            never served from the batches drawn ahead.
 
         Notes
         -----
@@ -488,8 +537,9 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
 
         Returns
         -------
-        dict
-            A nested dict of fresh CPU tensors shaped ``[n, ...]``.
+        dict or (dict, dict)
+            A nested dict of fresh CPU tensors shaped ``[n, ...]``; with ``return_info``,
+            it and the info dict.
 
         Raises
         ------
@@ -500,7 +550,31 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         EmptyBufferError
             The buffer holds no trajectory (a ``RuntimeError``).
         """
+        if return_info:
+            return self._reader.sample_with_info(num_chunks, generator)
         return self._reader.sample(num_chunks, generator)
+
+    @overload
+    def sample_sequences(
+        self,
+        n: int,
+        length: int,
+        *,
+        generator: torch.Generator | None = ...,
+        strict_length: bool = ...,
+        return_info: Literal[False] = ...,
+    ) -> dict[str, Any]: ...
+
+    @overload
+    def sample_sequences(
+        self,
+        n: int,
+        length: int,
+        *,
+        generator: torch.Generator | None = ...,
+        strict_length: bool = ...,
+        return_info: Literal[True],
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]: ...
 
     def sample_sequences(
         self,
@@ -509,11 +583,13 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         *,
         generator: torch.Generator | None = None,
         strict_length: bool = False,
-    ) -> dict[str, Any]:
+        return_info: bool = False,
+    ) -> dict[str, Any] | tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """Sample ``n`` sequences of ``length`` consecutive steps, each inside one episode.
 
         A sequence follows one environment column from a start step drawn uniformly over
-        the window's steps, into the next trajectory where the episode continues there
+        the window's steps (with ``prioritized``: by the priority of its row), into the
+        next trajectory where the episode continues there
         (the next id, the same ``B``).  Steps after the episode's end (or after the last
         step stored) are padding: they repeat the last real step, with ``mask`` False.
         Rows come from the cache, the pending writes or the store (only the rows needed;
@@ -531,12 +607,16 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             which is then left untouched.
         strict_length
             Draw only starts with ``length`` steps of their episode ahead: no padding.
+        return_info
+            Also return, per sequence, the global index and importance weight of its
+            *start* row (``{"index": [n], "weight": [n]}``, as :meth:`sample`'s).
 
         Returns
         -------
-        dict
+        dict or (dict, dict)
             The keys of :meth:`sample`, each ``[n, length, ...]``, plus ``"mask"``: bool
-            ``[n, length]``, True for the steps of the first step's episode.
+            ``[n, length]``, True for the steps of the first step's episode; with
+            ``return_info``, it and the info dict.
 
         Raises
         ------
@@ -545,7 +625,94 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         EmptyBufferError
             The buffer holds no trajectory, or with ``strict_length`` no episode is that long.
         """
+        if return_info:
+            return self._reader.sequences_with_info(n, length, generator, strict_length)
         return self._reader.sample_sequences(n, length, generator, strict_length)
+
+    # -- priorities ---------------------------------------------------------------------
+    @property
+    def prioritized(self) -> PrioritizedReplay | None:
+        """The prioritized replay settings (``None``: uniform); ``beta`` may be changed."""
+        priorities = self._reader.priorities
+        return None if priorities is None else priorities.settings
+
+    def _priorities(self) -> WindowPriorities:
+        priorities = self._reader.priorities
+        if priorities is None:
+            raise ValueError(
+                "update_priority needs a prioritized buffer: pass "
+                "prioritized=PrioritizedReplay(...) to TrajectoryReplayBuffer"
+            )
+        return priorities
+
+    def update_priority(self, indices: Any, priorities: Any) -> None:
+        """Set the priorities of sampled rows (vectorised).
+
+        Parameters
+        ----------
+        indices
+            Global row indices, as ``sample(..., return_info=True)`` returns them in
+            ``info["index"]`` (any integer array or tensor).  Those of rows that left the
+            window are ignored and counted in ``get_stats()["stale_priority_updates"]``.
+            A repeated index takes its last priority.
+        priorities
+            One finite float ``>= 0`` per index (or one for all).
+
+        Raises
+        ------
+        ValueError
+            The buffer is not ``prioritized``, the lengths differ, a priority is negative
+            or not finite, or an index is negative or past its trajectory's rows: nothing
+            was updated.
+        """
+        window = self._priorities()
+        index, values = check_priorities(indices, priorities)
+        with self._lock:
+            self._reader.sync_priorities()
+            window.update(index, values)
+
+    def get_priority(self, indices: Any) -> torch.Tensor:
+        """The priorities of rows by global index.
+
+        Parameters
+        ----------
+        indices
+            Global row indices (``info["index"]`` of :meth:`sample`).
+
+        Returns
+        -------
+        torch.Tensor
+            float32, one per index; NaN for rows not in the window.
+
+        Raises
+        ------
+        ValueError
+            The buffer is not ``prioritized``, or an index is negative.
+        """
+        window = self._priorities()
+        index, _ = check_priorities(indices, 0.0)
+        with self._lock:
+            self._reader.sync_priorities()
+            return torch.from_numpy(window.get(index))
+
+    def _save_priorities(self) -> None:
+        """Write the priorities changed since the last save to the store (without the lock);
+        those not written stay to be saved by the next flush."""
+        window = self._reader.priorities
+        if window is None or self._committer is None:
+            return
+        with self._lock:
+            unsaved = window.unsaved()
+        files = PriorityFiles(self._committer.layout.location)
+        left = list(unsaved)
+        try:
+            for trajectory_id in list(left):
+                files.write(trajectory_id, unsaved[trajectory_id])
+                left.remove(trajectory_id)
+        finally:
+            if left:
+                with self._lock:
+                    window.unsave(left)
 
     # -- reading (rlinf_compat builds RLinf's names on these) -------------------------
     @property
@@ -647,18 +814,24 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 ids = self._index.window(self.sample_window_size)
             else:
                 ids = self._cache.ids()
+            priorities = self._reader.priorities
+            sampler = self._sampler_state()
+            if priorities is not None:
+                sampler["priorities"] = priorities.state()
             metadata = {
                 "seed": self.seed,
                 "schema": checkpoint.schema_to_json(self._schema),
-                "sampler": {
-                    **self._reader.rows.state_dict(),
-                    "sequences": self._reader.sequences.state_dict(),
-                },
+                "sampler": sampler,
             }
+            held = {} if priorities is None else priorities.held(ids)
             saved = self._index.subset(ids)
             cached = (
                 {} if self._committer is not None else {i: self._cache.trajectory(i) for i in ids}
             )
+        # Before the documents (the commit): a checkpoint that lists them has them.
+        files = PriorityFiles(target.location)
+        for trajectory_id, values in held.items():
+            files.write(trajectory_id, values)
         checkpoint.save(target, saved, metadata, functools.partial(self._copy_trajectory, cached))
 
     def _copy_trajectory(
@@ -709,10 +882,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         """
         location = Location.from_url(load_path, self.storage_options, follow_links=follow_links)
         if location.is_local and os.path.isfile(location.path):
-            raise CheckpointNotFoundError(
-                f"load_checkpoint: {location.url} is a file, expected a store folder (the "
-                "save_path of save_checkpoint or an auto_save_path)"
-            )
+            raise CheckpointNotFoundError(f"load_checkpoint: {location.absence()}")
         share_of = (local_rank, world_size) if is_distributed else None
         loaded = checkpoint.load(
             location,
@@ -722,6 +892,13 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             strict=strict,
             window=self.sample_window_size,
         )
+        stored: dict[int, Any] = {}
+        if self._reader.priorities is not None:
+            size = self.sample_window_size
+            ids = loaded.share.id_list if size <= 0 else loaded.share.id_list[-size:]
+            stored = PriorityFiles(loaded.source.location).read_all(
+                loaded.share.entries[i] for i in ids
+            )
         with self._add_lock:
             self._check_open()
             if self._committer is not None:
@@ -729,6 +906,22 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 self._committer.adopt(loaded)
             with self._lock:
                 self._adopt(loaded)
+                self._adopt_priorities(loaded, stored)
+
+    def _adopt_priorities(
+        self, loaded: checkpoint.LoadedCheckpoint, stored: dict[int, Any]
+    ) -> None:
+        """Take the loaded priorities; an import into another store writes them there too."""
+        priorities = self._reader.priorities
+        if priorities is None:
+            return
+        priorities.clear()
+        state = loaded.sampler.get("priorities") or {}
+        priorities.load_state(state)
+        priorities.offer(stored)
+        self._reader.sync_priorities()
+        if self._committer is not None and loaded.source.location.url != self._committer.url:
+            priorities.unsave(stored)
 
     def _adopt(self, loaded: checkpoint.LoadedCheckpoint) -> None:
         self.local_cache.check_shapes(
@@ -752,6 +945,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         )
         self._reader.rows.load_state_dict({"seed": self.seed, **loaded.sampler})
         self._reader.sequences.load_state_dict(loaded.sampler.get("sequences"), self.seed)
+        self._sampler_at_open = self._sampler_state()
         self._window_changed()
         if self._committer is None:
             self.trajectory_format = loaded.trajectory_format
@@ -771,9 +965,19 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         WriterFailedError
             Writes are still uncommitted after ``timeout`` (the message says how many and
             the last storage error); they stay queued and retried.
+        StorageUnavailableError
+            With ``prioritized``: writing the priorities failed; those not written are
+            written by the next ``flush()``.
+
+        Notes
+        -----
+        With ``prioritized``, the priorities of the window's trajectories changed since the
+        last flush are then written to the store (one file per trajectory): a resume or a
+        crash after ``flush()`` returns keeps them.
         """
         if self._committer is not None:
             self._committer.flush(timeout)
+            self._save_priorities()
 
     def close(self, wait: bool = True, timeout: float = DEFAULT_TIMEOUT) -> None:
         """Refuse further adds, wait for the queued writes, and stop the writer.
@@ -796,11 +1000,19 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             and every later ``close()`` or ``flush()`` waits again and reports the same.
         """
         with self._add_lock:
+            first = not self._closed
             self._closed = True
         if self._read_ahead is not None:
             self._read_ahead.close()
         if self._committer is not None:
-            self._committer.close(timeout, wait)
+            # The samplers' state as of the batches handed out, for load_checkpoint of this
+            # store to continue the draws (recorded only if they moved since opening).
+            with self._lock:
+                state = self._sampler_state()
+            moved = first and state != self._sampler_at_open
+            self._committer.close(timeout, wait, {"sampler": state} if moved else None)
+            if wait:
+                self._save_priorities()
 
     def __enter__(self) -> Self:
         return self
@@ -820,6 +1032,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 trajectory_counter=self._first_free_id()
             )
             self._cache.clear()
+            if self._reader.priorities is not None:
+                self._reader.priorities.clear()
             self._window_changed()
             if self._committer is None:
                 self._schema = None
@@ -834,7 +1048,9 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             ``cache_capacity``, ``cache_bytes``, ``sample_window_size``,
             ``trajectory_counter``, ``pending_writes``, ``write_error`` (the message of
             the error the current write keeps failing with, else ``None``) and
-            ``damaged_trajectories`` (the ids ``on_damaged="skip"`` dropped, sorted).
+            ``damaged_trajectories`` (the ids ``on_damaged="skip"`` dropped, sorted); with
+            ``prioritized`` also ``stale_priority_updates`` (updates ignored: their rows had
+            left the window), ``max_priority`` and ``priority_bytes`` (memory).
         """
         with self._lock:
             error = None if self._committer is None else self._committer.last_error
@@ -849,4 +1065,15 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 "pending_writes": 0 if self._committer is None else self._committer.pending,
                 "write_error": None if error is None else str(error),
                 "damaged_trajectories": sorted(self._reader.damaged.dropped),
+                **self._priority_stats(),
             }
+
+    def _priority_stats(self) -> dict[str, Any]:
+        priorities = self._reader.priorities
+        if priorities is None:
+            return {}
+        return {
+            "stale_priority_updates": priorities.stale_updates,
+            "max_priority": priorities.max_priority,
+            "priority_bytes": priorities.nbytes,
+        }

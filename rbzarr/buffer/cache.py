@@ -20,6 +20,7 @@ that added the same trajectories by value has.
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from typing import Any
 
@@ -170,6 +171,8 @@ class RowCache:
             del self._shared[trajectory_id]
 
     def _materialize_all(self, trajectory_ids: list[int]) -> None:
+        if not self._shared:  # the common case: nothing shared, nothing to look up
+            return
         for trajectory_id in [i for i in trajectory_ids if i in self._shared]:
             self.materialize(trajectory_id)
 
@@ -241,9 +244,9 @@ class RowCache:
     def cells(self, trajectory_ids: list[int]) -> torch.Tensor:
         """The cell of each id (``-1`` where not cached), copying shared ones in first."""
         self._materialize_all(trajectory_ids)
-        return torch.tensor(
-            [max(self._cell_of.get(i, -1), -1) for i in trajectory_ids], dtype=torch.int64
-        )
+        # map with dict.get runs in C: ~10x a comprehension for a batch's ids.
+        found = list(map(self._cell_of.get, trajectory_ids, itertools.repeat(-1)))
+        return torch.tensor(found, dtype=torch.int64).clamp_(min=-1)
 
     def gather(self, cells: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """Rows ``rows`` of the cached trajectories in ``cells``: one ``index_select`` per key."""

@@ -447,13 +447,24 @@ class StoreCommitter:
             with self._log_lock:
                 self._log.compact_if_due()  # a failed compaction is retried, never raised
 
-    def close(self, timeout: float = DEFAULT_TIMEOUT, wait: bool = True) -> None:
-        """Stop accepting writes, wait for the queued ones (unless ``wait`` is false), fold
-        the log and write the documents' mirror, then give the writer slot up."""
+    def close(
+        self,
+        timeout: float = DEFAULT_TIMEOUT,
+        wait: bool = True,
+        final_metadata: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Stop accepting writes, wait for the queued ones (unless ``wait`` is false), record
+        ``final_metadata`` (the samplers' state at close) in one more record, fold the log and
+        write the documents' mirror, then give the writer slot up."""
         try:
             self._writer.close(timeout, wait)
-            if wait and self._writer.last_error is None and self._recorded:
-                self._fold()
+            if wait and self._writer.last_error is None:
+                if final_metadata:
+                    self.set_metadata(**final_metadata)
+                    self._record([])
+                    self.flush_documents()
+                if self._recorded:
+                    self._fold()
         finally:
             # Without waiting, the writes left are abandoned (lost if this process ends): the
             # slot is given up as a killed writer's would be.

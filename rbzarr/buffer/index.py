@@ -9,13 +9,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.documents import Documents
 from rbzarr.storage.index.slots import earlier_counts
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["FORMAT_VERSION", "TrajectoryIndex", "share_bounds"]
 
@@ -119,6 +120,8 @@ class TrajectoryIndex:
 
     def sample_counts(self, ids: Iterable[int]) -> torch.Tensor:
         """``num_samples`` of each id, as an int64 tensor."""
+        import torch  # noqa: PLC0415 (an index of documents loads without torch: rbzarr info)
+
         return torch.tensor([int(self.entries[i]["num_samples"]) for i in ids], dtype=torch.int64)
 
     def subset(self, ids: Iterable[int]) -> TrajectoryIndex:

@@ -115,6 +115,16 @@ class ReplayDataset(IterableDataset[Batch]):
         Seconds: a worker's view re-reads the store's index before a draw when its last
         read is older than this (0: before every draw).
 
+    Notes
+    -----
+    With a ``prioritized`` buffer each batch also holds ``"sample_info"``:
+    ``{"index": int64 [n], "weight": float32 [n]}`` (per row, or per sequence start).  Pass
+    them to the buffer's ``update_priority`` in the training process: the buffer is the
+    one owner of the priorities.  A DataLoader worker draws by the priorities of the
+    buffer's last ``flush()``, re-read with the index (``max_staleness``), so a worker's
+    draws miss the updates made since; without workers a draw sees every update made before
+    it (``prefetch`` batches are drawn ahead of the one handed out).
+
     Raises
     ------
     ValueError

@@ -19,7 +19,7 @@ import torch
 from rbzarr.data.rate_limit import SampleRateLimiter
 from rbzarr.data.sources import takes_generator
 
-__all__ = ["BatchCounts", "DemoSchedule", "MixedBatches", "draw_of"]
+__all__ = ["SAMPLE_INFO", "BatchCounts", "DemoSchedule", "MixedBatches", "draw_of"]
 
 
 @dataclass(frozen=True)
@@ -72,17 +72,25 @@ class BatchCounts:
 
 
 Draw = Callable[[int], dict[str, Any]]
+# The key of a prioritized batch's info: {"index": int64 [n], "weight": float32 [n]}.
+SAMPLE_INFO = "sample_info"
 
 
 def draw_of(source: Any, generator: torch.Generator, sequence_length: int | None) -> Draw:
     """``n -> batch`` for ``source``: rows, or ``sequence_length``-step sequences.
+
+    A prioritized source's batches carry :data:`SAMPLE_INFO`: ``{"index", "weight"}`` of
+    each row (sequence start), for ``update_priority`` on the buffer that owns them.
 
     Raises
     ------
     ValueError
         A sequence length for a source without ``sample_sequences``.
     """
+    with_info = getattr(source, "prioritized", None) is not None
     if sequence_length is None:
+        if with_info:
+            return lambda n: _with_info(source.sample(n, generator=generator, return_info=True))
         if takes_generator(source):
             return lambda n: source.sample(n, generator=generator)
         return source.sample
@@ -91,7 +99,17 @@ def draw_of(source: Any, generator: torch.Generator, sequence_length: int | None
             f"sequence_length={sequence_length} needs sources with sample_sequences(); "
             f"{type(source).__name__} has none"
         )
+    if with_info:
+        return lambda n: _with_info(
+            source.sample_sequences(n, sequence_length, generator=generator, return_info=True)
+        )
     return lambda n: source.sample_sequences(n, sequence_length, generator=generator)
+
+
+def _with_info(drawn: tuple[dict[str, Any], dict[str, torch.Tensor]]) -> dict[str, Any]:
+    """A batch with its info under :data:`SAMPLE_INFO`."""
+    batch, info = drawn
+    return {**batch, SAMPLE_INFO: info}
 
 
 class MixedBatches:

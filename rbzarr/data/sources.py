@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from rbzarr.analysis.view import BufferView, open_buffer
 from rbzarr.buffer.buffer import TrajectoryReplayBuffer
 from rbzarr.errors import CheckpointNotFoundError
+from rbzarr.sampling.priorities import PrioritizedReplay
 from rbzarr.storage.index.slots import ID_STRIDE
 
 __all__ = [
@@ -66,7 +67,8 @@ class BufferIds:
 @dataclass(frozen=True)
 class StoreSpec:
     """Where a worker opens its view: a store's URL, fsspec options, sampling window,
-    ``on_damaged`` policy, local shard cache and trajectories (the buffer's)."""
+    ``on_damaged`` policy, local shard cache, trajectories (the buffer's) and prioritized
+    replay settings (the view draws by the priorities the buffer last flushed)."""
 
     url: str
     storage_options: dict[str, Any]
@@ -75,6 +77,7 @@ class StoreSpec:
     local_cache_dir: str | None = None
     local_cache_bytes: int | None = None
     trajectories: BufferIds | None = None
+    prioritized: PrioritizedReplay | None = None
 
     def open(self, refresh_interval: float) -> BufferView:
         """Open the store as a read-only view, in the calling process."""
@@ -88,6 +91,7 @@ class StoreSpec:
                 local_cache_dir=self.local_cache_dir,
                 local_cache_bytes=self.local_cache_bytes,
                 trajectories=self.trajectories,
+                prioritized=self.prioritized,
             )
         except CheckpointNotFoundError as exc:
             raise CheckpointNotFoundError(
@@ -101,7 +105,11 @@ def store_spec(source: object) -> StoreSpec | None:
     """The store a worker samples instead of ``source``; ``None`` for other sources."""
     if isinstance(source, BufferView):
         return StoreSpec(
-            source.url, source.storage_options, source.sample_window_size, source.on_damaged
+            source.url,
+            source.storage_options,
+            source.sample_window_size,
+            source.on_damaged,
+            prioritized=source.prioritized,
         )
     if not isinstance(source, TrajectoryReplayBuffer):
         return None
@@ -121,6 +129,7 @@ def store_spec(source: object) -> StoreSpec | None:
         local_cache_dir=cache.directory,
         local_cache_bytes=cache.capacity if cache.directory is not None else None,
         trajectories=BufferIds.of(source),
+        prioritized=None if source.prioritized is None else replace(source.prioritized),
     )
 
 

@@ -2,7 +2,10 @@
 
 :class:`BufferActor` wraps one :class:`~rbzarr.buffer.buffer.TrajectoryReplayBuffer`; every
 call is a remote method (``add_trajectories``, ``add_committed``, ``sample``,
-``save_checkpoint``, ...).  :func:`remote_buffer` starts one on the current Ray cluster.
+``save_checkpoint``, ``update_priority``, ...).  :func:`remote_buffer` starts one on the
+current Ray cluster.  With ``prioritized``, the actor is the one owner of the priorities:
+learners draw with ``sample_with_info`` and send their updates back with
+``update_priority``; a draw sees every update the actor received before it.
 Sending commit notices instead of trajectories (``add_committed``) keeps the bytes out of
 Ray: rollout actors write to the shared store themselves.
 """
@@ -48,6 +51,26 @@ class BufferActor:
     def sample(self, num_chunks: int) -> dict[str, Any]:
         """``num_chunks`` rows drawn as the buffer draws them (the caller gets a plain dict)."""
         return _OutgoingBatch(self._buffer.sample(num_chunks))
+
+    def sample_with_info(self, num_chunks: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """:meth:`sample` and the rows' info (``"index"``, ``"weight"``; see
+        ``TrajectoryReplayBuffer.sample(..., return_info=True)``)."""
+        batch, info = self._buffer.sample(num_chunks, return_info=True)
+        return _OutgoingBatch(batch), _OutgoingBatch(info)
+
+    def sample_sequences(self, n: int, length: int, **options: Any) -> Any:
+        """``n`` sequences of ``length`` steps (``return_info=True``: and their info)."""
+        drawn = self._buffer.sample_sequences(n, length, **options)
+        if isinstance(drawn, tuple):
+            return _OutgoingBatch(drawn[0]), _OutgoingBatch(drawn[1])
+        return _OutgoingBatch(drawn)
+
+    def update_priority(self, indices: Any, priorities: Any) -> int:
+        """Set priorities of rows by global index (this actor owns the buffer's priorities:
+        every caller's updates land here, in the order Ray delivers them); return the
+        stale updates counted so far."""
+        self._buffer.update_priority(indices, priorities)
+        return int(self._buffer.get_stats()["stale_priority_updates"])
 
     def size(self) -> int:
         """Trajectories in the buffer."""

@@ -79,6 +79,7 @@ def import_dataset(
     storage_options: Mapping[str, Any] | None = None,
     destination_options: Mapping[str, Any] | None = None,
     progress: bool = False,
+    codecs: Mapping[str, Any] | None = None,
 ) -> Documents:
     """Import a LeRobot v3.0 dataset, a robomimic HDF5 file or a Minari dataset into a new store.
 
@@ -100,6 +101,9 @@ def import_dataset(
         fsspec options for the source and the destination.
     progress
         Show a progress bar on stderr.
+    codecs
+        Codec per flat key of the new store, or ``"default"`` (``{key: spec}``, as
+        ``layout_options={"codecs": ...}``); image-like keys not named are stored lossless.
 
     Returns
     -------
@@ -110,7 +114,7 @@ def import_dataset(
     Raises
     ------
     ValueError
-        An unknown ``source_format``.
+        An unknown ``source_format`` or a malformed codec spec.
     UnsupportedDatasetError
         A LeRobot version other than v3.x (the message names the converter), a string
         feature, a codec PyAV cannot decode, an HDF5 file without ``data/``, or Minari
@@ -152,6 +156,7 @@ def import_dataset(
             total=len(lerobot.episodes_meta),
             destination_options=destination_options,
             progress=progress,
+            codecs=codecs,
         )
     if source_format == "minari":
         with _datasets_extra():
@@ -165,6 +170,7 @@ def import_dataset(
             total=len(minari),
             destination_options=destination_options,
             progress=progress,
+            codecs=codecs,
         )
     with _datasets_extra():
         from rbzarr.interop.robomimic import RobomimicSource  # noqa: PLC0415
@@ -178,6 +184,7 @@ def import_dataset(
             total=len(robomimic.demos),
             destination_options=destination_options,
             progress=progress,
+            codecs=codecs,
         )
     finally:
         robomimic.close()
@@ -195,6 +202,7 @@ def export_dataset(
     storage_options: Mapping[str, Any] | None = None,
     destination_options: Mapping[str, Any] | None = None,
     progress: bool = False,
+    dataset_id: str | None = None,
 ) -> DatasetExport:
     """Write a store as a new LeRobot v3.0 dataset, robomimic HDF5 file or Minari dataset.
 
@@ -211,8 +219,7 @@ def export_dataset(
     source
         The store to export.
     destination
-        A new LeRobot dataset folder, a new ``.hdf5`` file, or a new Minari dataset folder
-        (its name is the dataset id of a store not imported from Minari).
+        A new LeRobot dataset folder, a new ``.hdf5`` file, or a new Minari dataset folder.
     target_format
         ``"lerobot"``, ``"hdf5"`` (robomimic's layout) or ``"minari"``.
     fps
@@ -229,6 +236,10 @@ def export_dataset(
         fsspec options for the source and the destination (Minari: a local folder).
     progress
         Show a progress bar on stderr.
+    dataset_id
+        Minari: the dataset's id, ``(namespace/)name-v<N>``; by default its path below
+        Minari's datasets folder (``MINARI_DATASETS_PATH``) when written there, else the
+        destination folder's name, so ``minari.load_dataset`` finds it by that id.
 
     Returns
     -------
@@ -247,6 +258,8 @@ def export_dataset(
         A module of the ``datasets`` extra is not installed.
     """
     _check_format(target_format, EXPORT_FORMATS, "export")
+    if dataset_id is not None and target_format != "minari":
+        raise ValueError(f"dataset_id names a Minari dataset, not a {target_format} export")
     if target_format == "lerobot":
         with _datasets_extra():
             from rbzarr.interop.lerobot_write import export_lerobot  # noqa: PLC0415
@@ -274,6 +287,7 @@ def export_dataset(
                 include_incomplete=include_incomplete,
                 storage_options=storage_options,
                 progress=progress,
+                dataset_id=dataset_id,
             )
         )
     with _datasets_extra():

@@ -108,8 +108,10 @@ def write_episodes(
     total: int | None = None,
     destination_options: Mapping[str, Any] | None = None,
     progress: bool = False,
+    codecs: Mapping[str, Any] | None = None,
 ) -> Documents:
-    """Write each episode as one ``[T, 1, ...]`` trajectory of a new zarr store.
+    """Write each episode as one ``[T, 1, ...]`` trajectory of a new zarr store, its keys
+    encoded with ``codecs`` (``{key: spec}``, as ``layout_options={"codecs": ...}``).
 
     Trajectories are written on :data:`_WRITERS` threads while the next episodes are read,
     and the documents are written once, last, so a store appears only when every episode
@@ -118,7 +120,7 @@ def write_episodes(
     in the metadata under :data:`SOURCE_KEY`.
     """
     location = Location.from_url(destination, destination_options)
-    layout = ZarrLayout(location)
+    layout = ZarrLayout(location, codecs=codecs)
     if layout.has_documents() or layout.list_ids():
         raise StoreExistsError(
             f"{location.url} already holds a store; import writes only to a new location"

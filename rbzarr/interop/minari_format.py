@@ -37,6 +37,7 @@ import gymnasium as gym
 import numpy as np
 from minari import MinariDataset, __version__
 from minari.dataset.episode_data import EpisodeData
+from minari.dataset.minari_dataset import parse_dataset_id
 from minari.dataset.minari_storage import MinariStorage
 from minari.serialization import deserialize_space
 from tqdm import tqdm
@@ -82,7 +83,7 @@ def resolve_minari(source: str | os.PathLike[str]) -> Path:
     path = Path(text.removeprefix("file://"))
     candidates = [path / "data", path]
     if not path.is_absolute():
-        root = os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets"
+        root = minari_datasets_path()
         candidates.append(Path(root) / text / "data")
     for candidate in candidates:
         if (candidate / "metadata.json").is_file():
@@ -312,7 +313,9 @@ def _buffer(fields: Mapping[str, np.ndarray], space: gym.Space, meta: Mapping[st
 class _MinariWriter:
     """A new Minari dataset at ``root`` (its ``data`` folder), written in bursts."""
 
-    def __init__(self, root: Path, first: StoredEpisode, recorded: Mapping[str, Any]) -> None:
+    def __init__(
+        self, root: Path, first: StoredEpisode, recorded: Mapping[str, Any], dataset_id: str
+    ) -> None:
         from_minari = recorded.get("format") == "minari"
         raw = dict(recorded.get("metadata") or {}) if from_minari else {}
         if from_minari:
@@ -336,7 +339,7 @@ class _MinariWriter:
         for name in _SETS:
             if name in kept:
                 kept[name] = set(kept[name])
-        kept.setdefault("dataset_id", root.name)
+        kept["dataset_id"] = dataset_id  # where it is written, not the source's
         kept.setdefault("minari_version", __version__)
         self.storage.update_metadata(kept)
         self.episode_meta = list(recorded.get("episodes") or []) if from_minari else []
@@ -375,15 +378,19 @@ def export_minari(
     include_incomplete: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     progress: bool = False,
+    dataset_id: str | None = None,
 ) -> tuple[int, int]:
     """Write the store at ``source`` as a new Minari dataset folder ``destination``.
 
     Returns the number of episodes written and of incomplete ones left out.  On failure
-    what was written is removed.
+    what was written is removed.  The dataset is named ``dataset_id``, by default after
+    where it is written (:func:`dataset_id_of`), so Minari finds it by that id.
     """
     root = Path(os.fspath(destination).removeprefix("file://"))
     if root.exists() and any(root.iterdir()):
         raise StoreExistsError(f"{root} is not empty; export writes only to a new location")
+    dataset_id = dataset_id_of(root) if dataset_id is None else dataset_id
+    _check_dataset_id(dataset_id)
     existed = root.exists()
     episodes = read_episodes(source, storage_options, include_incomplete=include_incomplete)
     recorded = episodes.documents.metadata.get(SOURCE_KEY) or {}
@@ -392,7 +399,7 @@ def export_minari(
         for episode in tqdm(episodes, desc="export", unit="episode", disable=not progress):
             if writer is None:
                 root.mkdir(parents=True, exist_ok=True)
-                writer = _MinariWriter(root, episode, recorded)
+                writer = _MinariWriter(root, episode, recorded, dataset_id)
             writer.add(episode)
         if writer is None:
             raise ValueError(
@@ -405,6 +412,33 @@ def export_minari(
             _remove_written(root, existed)
         raise
     return writer.count, episodes.left_out
+
+
+def minari_datasets_path() -> Path:
+    """Where Minari looks for datasets: ``MINARI_DATASETS_PATH``, else ``~/.minari/datasets``."""
+    root = os.environ.get("MINARI_DATASETS_PATH")
+    return Path(root) if root else Path.home() / ".minari" / "datasets"
+
+
+def dataset_id_of(root: Path) -> str:
+    """The id Minari finds a dataset folder ``root`` by: its path below Minari's datasets
+    folder when it is inside it, else its own name."""
+    try:
+        return root.resolve().relative_to(minari_datasets_path().resolve()).as_posix()
+    except ValueError:
+        return root.name
+
+
+def _check_dataset_id(dataset_id: str) -> None:
+    """Refuse an id Minari cannot load (``(namespace/)name-v<version>``), before writing."""
+    try:
+        parse_dataset_id(dataset_id)
+    except (ValueError, TypeError) as exc:  # minari 0.5.4: TypeError when there is no -v<N>
+        raise ValueError(
+            f"Minari dataset id {dataset_id!r} is not of the form (namespace/)name-v<N>: "
+            "name the destination folder like cartpole-v0, or pass --dataset-id "
+            "(dataset_id=) with such an id"
+        ) from exc
 
 
 def _remove_written(root: Path, keep_root: bool) -> None:

@@ -17,12 +17,12 @@ is never taken for damage: it raises as before.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import torch
 
+from rbzarr.caller import warn_caller
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, DamagedTrajectoryWarning
 from rbzarr.sampling.rows import MissPlan, read_batch
 from rbzarr.storage.documents import Entry
@@ -100,13 +100,10 @@ class DamagedTrajectories:
             self.dropped[trajectory_id] = message
             repair = f"`rbzarr verify --repair --drop-damaged {url}`"
             hint = "" if repair in message else f"; {repair} drops it from the store's index"
-            warnings.warn(
+            warn_caller(
                 f"on_damaged='skip' dropped trajectory {trajectory_id} from the sample window "
                 f"(the store is unchanged): {message}{hint}",
                 DamagedTrajectoryWarning,
-                # the caller of sample(): record, drop, sampling, the reader's _sampling and
-                # sample, the buffer's or view's sample
-                stacklevel=7,
             )
 
     def read_one(self, layout: TrajectoryLayout, entry: Entry, keys: Sequence[str]) -> Trajectory:

@@ -20,13 +20,16 @@ import functools
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+import numpy as np
 import torch
 
 from rbzarr.errors import EmptyBufferError
 from rbzarr.sampling.arguments import check_count
 from rbzarr.sampling.damaged import DamagedTrajectories
+from rbzarr.sampling.priorities import PrioritizedReplay, WindowPriorities
+from rbzarr.sampling.prioritized import PrioritizedSampler
 from rbzarr.sampling.rows import MissPlan, all_cached, plan_misses
 from rbzarr.sampling.sampler import Draw, Sampler, Window
 from rbzarr.sampling.sequences import SequenceSampler, check_sequence_request
@@ -39,6 +42,8 @@ from rbzarr.trajectory.steps import DONES, time_steps
 __all__ = ["Ahead", "HeldRows", "StoreReader", "WindowIndex"]
 
 Batch = dict[str, Any]
+Info = dict[str, torch.Tensor]
+Result = TypeVar("Result")
 # Draws a batch of ``n`` rows with a generator (under the lock); returns its read.
 DrawRows = Callable[[int, torch.Generator], Callable[[], Batch]]
 
@@ -122,6 +127,8 @@ class StoreReader:
     read_ahead
         Builds the batches drawn ahead (the buffer's ``prefetch``) from the rows sampler's
         generator and :meth:`draw_rows`; ``None``: every batch is drawn when asked.
+    prioritized
+        Draw rows and sequence starts by priority (:attr:`priorities`); ``None``: uniformly.
     """
 
     def __init__(
@@ -138,6 +145,7 @@ class StoreReader:
         held: HeldRows | None = None,
         lock: AbstractContextManager[Any] | None = None,
         read_ahead: Callable[[torch.Generator, DrawRows], Ahead] | None = None,
+        prioritized: PrioritizedReplay | None = None,
     ) -> None:
         self.damaged = DamagedTrajectories(on_damaged)
         self.index = index
@@ -147,9 +155,15 @@ class StoreReader:
         self.empty = empty
         self.held = held
         self.lock = threading.RLock() if lock is None else lock
-        self.rows = WindowSampler(seed)
-        self.sequences = SequenceSampler(seed)
+        self.priorities = None if prioritized is None else WindowPriorities(prioritized)
+        self.rows = (
+            WindowSampler(seed)
+            if self.priorities is None
+            else PrioritizedSampler(seed, self.priorities)
+        )
+        self.sequences = SequenceSampler(seed, self.priorities)
         self.schema = schema
+        self._window: Window | None = None
         self.ahead = None if read_ahead is None else read_ahead(self.rows.generator, self.draw_rows)
 
     def window(self) -> list[int]:
@@ -166,12 +180,41 @@ class StoreReader:
         return window
 
     def window_changed(self) -> None:
-        """Batches drawn ahead from the window before it changed are never handed out."""
+        """Batches drawn ahead from the window before it changed are never handed out; the
+        priorities follow the window (new rows enter at the largest priority now)."""
+        self._window = None
         if self.ahead is not None:
             self.ahead.discard()
+        self.sync_priorities()
+
+    def _current(self) -> Window:
+        """The window, kept while the index and its ids stay the same (call under the lock).
+
+        Raises
+        ------
+        EmptyBufferError
+            The window is empty.
+        """
+        ids = self.window()
+        kept = self._window
+        if kept is None or kept.index is not self.index or kept.ids != ids:
+            kept = self._window = Window(ids, self.index)
+        return kept
+
+    def sync_priorities(self) -> None:
+        """Let the priorities follow the window (call under the lock)."""
+        if self.priorities is None:
+            return
+        try:
+            window = self._current()
+        except (ValueError, EmptyBufferError):  # empty, or past what the index holds
+            self.priorities.sync([], [])
+            return
+        self.priorities.sync(window.ids, window.counts)
 
     def sample(self, n: int, generator: torch.Generator | None = None) -> Batch:
-        """``n`` rows drawn uniformly from the window, as a nested ``[n, ...]`` dict.
+        """``n`` rows drawn from the window (uniformly, or by priority), as a nested
+        ``[n, ...]`` dict.
 
         Raises
         ------
@@ -185,11 +228,20 @@ class StoreReader:
         n = check_count("num_chunks", n)
         if generator is None and self.ahead is not None:
             return self._sampling(self.rows, functools.partial(self.ahead.sample, n), None)
+        return self._sampling(self.rows, self._drawing(self.rows, n, generator), generator)[0]
+
+    def sample_with_info(
+        self, n: int, generator: torch.Generator | None = None
+    ) -> tuple[Batch, Info]:
+        """:meth:`sample`, and per row its global index and importance weight
+        (``{"index": int64 [n], "weight": float32 [n]}``); never drawn ahead."""
+        n = check_count("num_chunks", n)
         return self._sampling(self.rows, self._drawing(self.rows, n, generator), generator)
 
     def draw_rows(self, n: int, generator: torch.Generator | None) -> Callable[[], Batch]:
         """Draw a batch of rows under the lock; the call returned reads it (without the lock)."""
-        return self._draw(self.rows, n, generator)
+        read = self._draw(self.rows, n, generator)
+        return lambda: read()[0]
 
     def sample_sequences(
         self,
@@ -207,22 +259,35 @@ class StoreReader:
         EmptyBufferError
             The window is empty, or with ``strict_length`` no episode is that long.
         """
+        return self.sequences_with_info(n, length, generator, strict_length)[0]
+
+    def sequences_with_info(
+        self,
+        n: int,
+        length: int,
+        generator: torch.Generator | None = None,
+        strict_length: bool = False,
+    ) -> tuple[Batch, Info]:
+        """:meth:`sample_sequences`, and per sequence its start row's global index and
+        importance weight."""
         check_sequence_request(n, length, self.schema or None)
         sampler = self.sequences.of_length(length, strict_length)
         return self._sampling(sampler, self._drawing(sampler, n, generator), generator)
 
     def _drawing(
         self, sampler: Sampler, n: int, generator: torch.Generator | None
-    ) -> Callable[[], Batch]:
+    ) -> Callable[[], tuple[Batch, Info]]:
         """A call that draws and reads one batch (again each time: damage redraws it)."""
         return functools.partial(self._draw_and_read, sampler, n, generator)
 
-    def _draw_and_read(self, sampler: Sampler, n: int, generator: torch.Generator | None) -> Batch:
+    def _draw_and_read(
+        self, sampler: Sampler, n: int, generator: torch.Generator | None
+    ) -> tuple[Batch, Info]:
         return self._draw(sampler, n, generator)()
 
     def _sampling(
-        self, sampler: Sampler, sample: Callable[[], Batch], generator: torch.Generator | None
-    ) -> Batch:
+        self, sampler: Sampler, sample: Callable[[], Result], generator: torch.Generator | None
+    ) -> Result:
         stream = sampler.generator if generator is None else generator
         return self.damaged.sampling(sample, stream, self.drop_damaged)
 
@@ -235,25 +300,26 @@ class StoreReader:
 
     def _draw(
         self, sampler: Sampler, n: int, generator: torch.Generator | None
-    ) -> Callable[[], Batch]:
+    ) -> Callable[[], tuple[Batch, Info]]:
         """Learn what ``sampler`` needs, draw and plan under the lock; return the read."""
         learnt: list[tuple[Entry, torch.Tensor]] = []
         while True:
             with self.lock:
                 for entry, dones in learnt:
                     sampler.learn(entry, dones)
-                window = Window(self.window(), self.index)
+                window = self._current()
                 stored = self._learn_held(sampler, window)
                 if not stored:
                     if self.held is not None:
                         self.held.drawing(window)
                     drawn = sampler.draw(n, window, generator)
+                    ids = window.id_tensor
                     plan = self._plan(window, drawn.positions, drawn.rows)
                     fill = [] if self.held is None else self.held.reserved(window, drawn.positions)
                     break
             # Read from the store without the lock; learnt under it on the next round.
             learnt = [(entry, self._stored_dones(entry)) for entry in stored]
-        return lambda: self._read(drawn, plan, fill)
+        return lambda: (self._read(drawn, plan, fill), drawn.info(ids))
 
     def _read(self, drawn: Draw, plan: MissPlan, fill: list[Entry]) -> Batch:
         """Read a planned batch (without the lock), then what memory should hold of it."""
@@ -284,11 +350,15 @@ class StoreReader:
     def _plan(self, window: Window, positions: torch.Tensor, rows: torch.Tensor) -> MissPlan:
         """Under the lock: the drawn rows held in memory, and where the others are read."""
         assert self.schema is not None
-        ids = torch.tensor(window.ids, dtype=torch.int64)[positions]
+        ids = window.id_tensor[positions]
         if self.held is None:
             nothing_held = torch.zeros(len(ids), dtype=torch.bool)
             return plan_misses(ids, rows, nothing_held, {}, self.schema, self.index.entries, {})
-        cells = self.held.cells(window.ids)[positions]
+        if len(window.ids) <= len(ids):
+            cells = self.held.cells(window.ids)[positions]
+        else:  # only the trajectories drawn: the cost follows the batch, not the window
+            drawn_ids, back = np.unique(ids.numpy(), return_inverse=True)
+            cells = self.held.cells(drawn_ids.tolist())[torch.from_numpy(back)]
         hit = cells >= 0
         if bool(hit.all()):
             return all_cached(self.held.gather(cells, rows), self.schema)

@@ -30,7 +30,11 @@ class _Counts(Protocol):
 
 @dataclass(frozen=True)
 class Window:
-    """The trajectories a draw picks from (ids oldest first) and the index listing them."""
+    """The trajectories a draw picks from (ids oldest first) and the index listing them.
+
+    The owner may keep one window while the index does not change (its tensors are then
+    computed once, not per draw).
+    """
 
     ids: list[int]
     index: _Counts
@@ -40,9 +44,19 @@ class Window:
         """The index entry of each id."""
         return [self.index.entries[i] for i in self.ids]
 
+    @functools.cached_property
+    def counts(self) -> torch.Tensor:
+        """``num_samples`` of each trajectory, int64 (computed once)."""
+        return self.index.sample_counts(self.ids)
+
+    @functools.cached_property
+    def id_tensor(self) -> torch.Tensor:
+        """The ids as an int64 tensor (computed once)."""
+        return torch.tensor(self.ids, dtype=torch.int64)
+
     def sample_counts(self) -> torch.Tensor:
         """``num_samples`` of each trajectory, int64."""
-        return self.index.sample_counts(self.ids)
+        return self.counts
 
 
 class Draw(Protocol):
@@ -56,6 +70,10 @@ class Draw(Protocol):
 
     def batch(self, flat: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         """The nested batch of the rows read (``{key: [len(rows), ...]}``, in draw order)."""
+
+    def info(self, window_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per item drawn (row or sequence): ``"index"``, the global index of its (first)
+        row, and ``"weight"``, its importance weight (float32; 1 for uniform draws)."""
 
 
 class Sampler(Protocol):

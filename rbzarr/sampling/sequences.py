@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from rbzarr.errors import EmptyBufferError
+from rbzarr.sampling.priorities import WindowPriorities, global_index
 from rbzarr.sampling.sampler import Window
 from rbzarr.storage.documents import Entry
 from rbzarr.trajectory import tree
@@ -151,6 +152,17 @@ class SequenceDraw:
     positions: torch.Tensor  # [n * length] position in the window of each step's trajectory
     rows: torch.Tensor  # [n * length] flat row of each step
     mask: torch.Tensor  # [n, length] True for the steps of the first step's episode
+    weights: torch.Tensor | None = None  # [n] importance weights (None: uniform starts)
+
+    def info(self, window_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each sequence's start row's global index and importance weight (float32)."""
+        n, length = self.mask.shape
+        first = torch.arange(n) * length
+        weights = self.weights
+        if weights is None:
+            weights = torch.ones(n, dtype=torch.float32)
+        index = global_index(window_ids[self.positions[first]], self.rows[first])
+        return {"index": index, "weight": weights}
 
     def batch(self, flat: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         """The nested ``[n, length, ...]`` batch of the rows read for this draw, with ``mask``."""
@@ -167,7 +179,8 @@ class SequenceSampler:
     :class:`~rbzarr.sampling.sampler.Sampler` of one request is :meth:`of_length`.
     """
 
-    def __init__(self, seed: int | None) -> None:
+    def __init__(self, seed: int | None, priorities: WindowPriorities | None = None) -> None:
+        self.priorities = priorities
         self.ends = EpisodeEnds()
         self.generator = torch.Generator()
         self._seed(seed)
@@ -199,16 +212,20 @@ class SequenceSampler:
         generator: torch.Generator | None = None,
         *,
         strict_length: bool = False,
+        ids: Sequence[int] = (),
     ) -> SequenceDraw:
         """Draw ``n`` sequences over the window ``entries`` (their ends learnt already).
 
         Every step of the window is a valid start; with ``strict_length`` only those with
-        ``length`` steps of their episode ahead (no padding).
+        ``length`` steps of their episode ahead (no padding).  With priorities, a start is
+        drawn by its row's priority (``ids``: the window's ids, for them).
         """
         if not entries:
             raise EmptyBufferError("cannot sample from an empty buffer: add trajectories first")
         steps = self._steps(entries)
         stream = self.generator if generator is None else generator
+        if self.priorities is not None:
+            return self._prioritized(steps, n, length, entries, ids, stream, strict_length)
         if strict_length:
             valid = self._strict_memo.get(length)
             if valid is None:
@@ -223,6 +240,40 @@ class SequenceSampler:
         else:
             starts = torch.randint(0, len(steps.remaining), (n,), generator=stream)
         return _sequences(steps, starts, length)
+
+    def _prioritized(
+        self,
+        steps: _WindowSteps,
+        n: int,
+        length: int,
+        entries: Sequence[Entry],
+        ids: Sequence[int],
+        stream: torch.Generator,
+        strict_length: bool,
+    ) -> SequenceDraw:
+        """Starts drawn by priority (among the valid ones with ``strict_length``)."""
+        assert self.priorities is not None
+        priorities = self.priorities
+        priorities.sync(ids, [int(e["num_samples"]) for e in entries])
+        if not strict_length:
+            positions, rows, weights = priorities.draw(n, stream)
+            starts = steps.row_starts[positions] + rows
+            return replace(_sequences(steps, starts, length), weights=weights)
+        # Only starts with ``length`` steps ahead: the exact distribution restricted to
+        # them (a pass over the window's rows; it grows with the window, not the store).
+        masses = priorities.masses() * (steps.remaining.numpy() >= length)
+        ends = np.cumsum(masses)
+        if not len(ends) or not ends[-1] > 0:
+            raise EmptyBufferError(
+                f"no episode in the window has {length} steps ahead of any start (of "
+                "priority > 0): nothing to sample with strict_length=True"
+            )
+        drawn = torch.rand(n, generator=stream, dtype=torch.float64).numpy() * ends[-1]
+        at = np.minimum(np.searchsorted(ends, drawn, side="right"), len(ends) - 1)
+        starts = torch.from_numpy(at.astype(np.int64))
+        positions = np.searchsorted(steps.row_ends.numpy(), at, side="right")
+        leaves = priorities.leaf_of(positions, at - steps.row_starts.numpy()[positions])
+        return replace(_sequences(steps, starts, length), weights=priorities.weights(leaves))
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-ready: the generator's position (base64)."""
@@ -267,7 +318,12 @@ class SequencesOf:
     ) -> SequenceDraw:
         """:meth:`SequenceSampler.draw` of this length over ``window``."""
         return self.sequences.draw(
-            n, self.length, window.entries, generator, strict_length=self.strict_length
+            n,
+            self.length,
+            window.entries,
+            generator,
+            strict_length=self.strict_length,
+            ids=window.ids,
         )
 
     def state_dict(self) -> dict[str, Any]:

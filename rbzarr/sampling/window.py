@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from rbzarr.sampling.arguments import check_seed
+from rbzarr.sampling.priorities import global_index
 from rbzarr.sampling.sampler import Window
 from rbzarr.storage.documents import Entry
 from rbzarr.trajectory import tree
@@ -39,14 +40,23 @@ def draw(
 
 @dataclass(frozen=True)
 class RowDraw:
-    """Single rows: the window position of each one's trajectory and its flat row."""
+    """Single rows: the window position of each one's trajectory, its flat row and its
+    importance weight (``None``: a uniform draw, every weight 1)."""
 
     positions: torch.Tensor
     rows: torch.Tensor
+    weights: torch.Tensor | None = None
 
     def batch(self, flat: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         """The nested ``[n, ...]`` batch of the rows read."""
         return tree.unflatten(flat)
+
+    def info(self, window_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each row's global index and importance weight (float32)."""
+        weights = self.weights
+        if weights is None:
+            weights = torch.ones(len(self.rows), dtype=torch.float32)
+        return {"index": global_index(window_ids[self.positions], self.rows), "weight": weights}
 
 
 class WindowSampler:

@@ -120,11 +120,16 @@ def _describe_failure(exc: BaseException) -> str:
     return text
 
 
+# Actions that only look: a path through a file finds nothing there.
+_LOOKING = ("reading", "checking", "listing", "opening")
+
+
 @contextlib.contextmanager
 def translate_errors(url: str, action: str) -> Iterator[None]:
     """Turn backend failures in the block into :class:`StorageUnavailableError` naming ``url``.
 
-    ``FileNotFoundError`` (a value: "missing") and rbzarr's own errors pass through unchanged;
+    ``FileNotFoundError`` (a value: "missing") and rbzarr's own errors pass through unchanged,
+    and so does a path through a file when reading (as ``FileNotFoundError``);
     the backend's error is kept as ``__cause__``, so an unreachable object store never reads as
     "empty" or "not found".
     """
@@ -133,6 +138,11 @@ def translate_errors(url: str, action: str) -> Iterator[None]:
     except (FileNotFoundError, RbzarrError):
         raise
     except backend_errors() as exc:
+        if isinstance(exc, NotADirectoryError) and action in _LOOKING:
+            # A file stands where a folder should be: nothing to find, and no retry cures it.
+            raise FileNotFoundError(
+                exc.errno, f"{exc.strerror} (a file, not a folder)", url
+            ) from exc
         raise StorageUnavailableError(f"{action} {url!r} failed: {_describe_failure(exc)}") from exc
 
 

@@ -23,7 +23,6 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import fsspec.asyn
-from zarr.core.sync import sync as zarr_sync
 
 __all__ = [
     "DEADLINE_ENV",
@@ -65,6 +64,8 @@ def sync(coro: Coroutine[Any, Any, T], nbytes: int = 0) -> T:
     TimeoutError
         ``coro`` did not finish within the deadline (it is cancelled).
     """
+    from zarr.core.sync import sync as zarr_sync  # noqa: PLC0415 (zarr only when used)
+
     seconds = deadline_s(nbytes)
     started = time.monotonic()
     try:

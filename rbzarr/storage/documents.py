@@ -127,7 +127,7 @@ def _read_json(location: Location, name: str) -> dict[str, Any]:
         raw = location.read_bytes(name)
     except FileNotFoundError as exc:
         raise CheckpointNotFoundError(
-            f"{location.url}/{name} not found: not an rbzarr or RLinf store"
+            f"{location.url}/{name} not found: {location.absence()}"
         ) from exc
     document = read_json(raw, f"{location.url}/{name}")
     if not isinstance(document, dict):

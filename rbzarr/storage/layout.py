@@ -10,7 +10,6 @@ to classes in :mod:`rbzarr.storage.registry`, which is also where an existing st
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -22,6 +21,7 @@ from rbzarr.storage import documents as store_documents
 from rbzarr.storage.documents import Documents, Entry, Finding
 from rbzarr.storage.index import slots as store_writers
 from rbzarr.storage.location import Location
+from rbzarr.storage.names import bytes_by_prefix
 from rbzarr.storage.row_groups import RowGroups
 from rbzarr.trajectory.dtypes import dtype_name
 from rbzarr.trajectory.flat_view import flatten_trajectory
@@ -30,7 +30,7 @@ from rbzarr.trajectory.model import Trajectory, validate
 if TYPE_CHECKING:
     from rbzarr.trajectory.validated import ValidatedTrajectory
 
-__all__ = ["TrajectoryLayout", "bytes_by_prefix", "check_entry_shape"]
+__all__ = ["TrajectoryLayout", "check_entry_shape"]
 
 
 class TrajectoryLayout(ABC):
@@ -519,17 +519,3 @@ def check_entry_shape(entry: Entry, shape: Sequence[int], where: str) -> None:
             f"{where}: trajectory {entry['trajectory_id']}: its data has shape {list(shape)} "
             f"but the index says {list(entry['shape'])}"
         )
-
-
-def bytes_by_prefix(sizes: Mapping[str, int]) -> dict[str, int]:
-    """Total bytes below every one- and two-part prefix of ``sizes``' ``/``-joined paths.
-
-    A file counts as its own prefix: ``totals["trajectory_3_.pt"]`` is a file's size and
-    ``totals["trajectories/3"]`` the size of a directory's files.
-    """
-    totals: dict[str, int] = defaultdict(int)
-    for path, size in sizes.items():
-        parts = path.split("/")
-        for depth in {1, min(2, len(parts))}:
-            totals["/".join(parts[:depth])] += size
-    return dict(totals)

@@ -19,18 +19,19 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
-import zarr.storage
 from fsspec.implementations.local import LocalFileSystem
-from zarr.abc.store import Store
 
 from rbzarr.errors import StoreExistsError, UnsafePathError
 from rbzarr.storage.backends import bound_retries, translate_errors, with_s3_defaults
 from rbzarr.storage.deadlines import deadline_options
 from rbzarr.storage.files import make_directories, write_file
 from rbzarr.storage.names import safe_name
+
+if TYPE_CHECKING:
+    from zarr.abc.store import Store
 
 __all__ = ["Location"]
 
@@ -56,6 +57,10 @@ def _missing_client(url: str, exc: ImportError) -> str:
     if protocol in ("s3", "s3a"):
         return f"{url}: S3 needs s3fs, in rbzarr's s3 extra: pip install 'rbzarr[s3]'"
     return f"{url}: {exc}"
+
+
+# Object stores whose first path part is a bucket (or container).
+_BUCKET_PROTOCOLS = ("s3", "s3a", "gs", "gcs", "az", "abfs")
 
 
 @dataclass(frozen=True)
@@ -197,6 +202,35 @@ class Location:
         with translate_errors(self.url, "checking"):
             return bool(self.fs.exists(self.join(*names), **self._deadline()))
 
+    def absence(self) -> str:
+        """Why no store is here, with the fix: a missing bucket or folder, a file, or neither."""
+        with translate_errors(self.url, "checking"):
+            if not self.is_local:
+                bucket = self.path.strip("/").split("/", 1)[0]
+                protocol = fsspec.core.split_protocol(self.url)[0]
+                if (
+                    protocol in _BUCKET_PROTOCOLS
+                    and bucket
+                    and not self.fs.exists(bucket, **self._deadline())
+                ):
+                    return (
+                        f"the bucket {bucket!r} does not exist (or these credentials cannot "
+                        f"see it): create it, e.g. `aws s3 mb s3://{bucket}` (with "
+                        "--endpoint-url for a local server), or fix the URL"
+                    )
+                return "not an rbzarr or RLinf store"
+            found = self.path  # the nearest part of the path that exists
+            while not os.path.lexists(found) and os.path.dirname(found) != found:
+                found = os.path.dirname(found)
+            if os.path.isfile(found):
+                return (
+                    f"{found} is a file, expected a store folder (the save_path of "
+                    "save_checkpoint or an auto_save_path)"
+                )
+            if found != self.path:
+                return f"no folder {self.path}: check the path"
+        return "not an rbzarr or RLinf store"
+
     def read_bytes(self, *names: str) -> bytes:
         """The bytes of a file below the root (``FileNotFoundError`` names a missing one)."""
         target = self.join(*names)
@@ -323,6 +357,8 @@ class Location:
 
     def zarr_store(self, read_only: bool = False) -> Store:
         """A new zarr store rooted here: ``LocalStore`` locally, else ``FsspecStore``."""
+        import zarr.storage  # noqa: PLC0415 (zarr loads only when a store is opened)
+
         if self.is_local:
             return zarr.storage.LocalStore(self.path, read_only=read_only)
         store = zarr.storage.FsspecStore.from_url(

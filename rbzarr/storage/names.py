@@ -5,17 +5,26 @@ name that could leave its root (``..``, separators, absolute parts, NUL and othe
 characters) is refused, naming the root; :func:`safe_key` checks each part of a
 ``/``-joined field key.  An atomic write goes through a sibling named by :func:`temporary_name`; a
 leftover one of an interrupted write (ours or zarr's ``LocalStore``'s) is recognised by
-:func:`is_temporary_name`.
+:func:`is_temporary_name`.  :func:`bytes_by_prefix` totals file sizes by path prefix.
 """
 
 from __future__ import annotations
 
 import re
 import uuid
+from collections import defaultdict
+from collections.abc import Mapping
 
 from rbzarr.errors import UnsafePathError
 
-__all__ = ["TEMP_SUFFIX", "is_temporary_name", "safe_key", "safe_name", "temporary_name"]
+__all__ = [
+    "TEMP_SUFFIX",
+    "bytes_by_prefix",
+    "is_temporary_name",
+    "safe_key",
+    "safe_name",
+    "temporary_name",
+]
 
 # Temporary files of an interrupted atomic write: ours (``<name>.tmp-<hex>``) and those of
 # zarr's LocalStore (``<stem>.<hex>.partial``).
@@ -55,3 +64,17 @@ def safe_key(key: str, root: str = "") -> str:
     for part in key.split("/"):
         safe_name(part, root)
     return key
+
+
+def bytes_by_prefix(sizes: Mapping[str, int]) -> dict[str, int]:
+    """Total bytes below every one- and two-part prefix of ``sizes``' ``/``-joined paths.
+
+    A file counts as its own prefix: ``totals["trajectory_3_.pt"]`` is a file's size and
+    ``totals["trajectories/3"]`` the size of a directory's files.
+    """
+    totals: dict[str, int] = defaultdict(int)
+    for path, size in sizes.items():
+        parts = path.split("/")
+        for depth in {1, min(2, len(parts))}:
+            totals["/".join(parts[:depth])] += size
+    return dict(totals)

@@ -12,12 +12,14 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rbzarr.storage.documents import Documents
 from rbzarr.storage.index.slots import read_store_window
-from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.location import Location
+
+if TYPE_CHECKING:
+    from rbzarr.storage.layout import TrajectoryLayout
 
 __all__ = ["known_formats", "layout_class", "open_store", "register_layout", "stored_format"]
 
@@ -52,6 +54,8 @@ def layout_class(name: str) -> type[TrajectoryLayout]:
     if target is None:
         raise ValueError(f"unknown trajectory_format {name!r}; expected one of {known_formats()}")
     if isinstance(target, str):
+        from rbzarr.storage.layout import TrajectoryLayout  # noqa: PLC0415 (torch, when needed)
+
         module_name, _, class_name = target.partition(":")
         target = getattr(importlib.import_module(module_name), class_name)
         if not (isinstance(target, type) and issubclass(target, TrajectoryLayout)):

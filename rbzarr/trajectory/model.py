@@ -187,6 +187,24 @@ def _reference(fields: Mapping[str, Any]) -> tuple[str, torch.Tensor]:
     )
 
 
+def _majority_shape(
+    fields: Mapping[str, torch.Tensor], ref_name: str, ref: torch.Tensor
+) -> tuple[int, int, list[str]]:
+    """The ``(T, B)`` most fields hold (``ref``'s on a tie), and the fields that hold it.
+
+    A field whose leading dimensions disagree is then the one blamed, whichever field the
+    trajectory's ``T`` is usually read from.
+    """
+    votes: dict[tuple[int, int], list[str]] = {}
+    for path, value in fields.items():
+        if value.dim() >= 2 and path not in RESET_ROW_FIELDS:
+            votes.setdefault((int(value.shape[0]), int(value.shape[1])), []).append(path)
+    reference = (int(ref.shape[0]), int(ref.shape[1]))
+    best = max(votes, key=lambda shape: (len(votes[shape]), shape == reference), default=None)
+    T, B = reference if best is None else best
+    return T, B, votes.get((T, B), [ref_name])
+
+
 def _epochs(path: str, rows: int, T: int) -> int:
     """Number of reset rows in a field with ``rows`` raw rows (0 unless a reset-row field).
 
@@ -231,7 +249,7 @@ def validate(traj: object, schema: Schema | None = None) -> TrajectorySpec:
         raise InvalidTrajectoryError(
             f"field {ref_name!r}: expected [T, B, ...], got shape {tuple(ref.shape)}"
         )
-    T, B = int(ref.shape[0]), int(ref.shape[1])
+    T, B, agreeing = _majority_shape(fields, ref_name, ref)
     if T * B == 0:
         raise InvalidTrajectoryError(
             f"field {ref_name!r}: trajectory carries no samples, shape {tuple(ref.shape)}"
@@ -243,8 +261,10 @@ def validate(traj: object, schema: Schema | None = None) -> TrajectorySpec:
         rows = int(value.shape[0])
         epochs = _epochs(path, rows, T)
         if rows - epochs != T or value.shape[1] != B:
+            named = ", ".join(repr(name) for name in agreeing[:3])
+            more = f" and {len(agreeing) - 3} more" if len(agreeing) > 3 else ""
             raise InvalidTrajectoryError(
-                f"field {path!r}: expected T={T}, B={B} from {ref_name!r}, got {tuple(value.shape)}"
+                f"field {path!r}: expected T={T}, B={B} as {named}{more}, got {tuple(value.shape)}"
             )
         found[path] = (_dtype(path, value), tuple(int(d) for d in value.shape[2:]))
     if schema is not None:

@@ -157,9 +157,7 @@ def read_store_metadata(location: Location) -> dict[str, Any]:
             return index_log.read_slot_metadata(where)
         if where.exists(METADATA_FILE):
             return store_documents.read_documents(where).metadata
-    raise CheckpointNotFoundError(
-        f"{location.url}/{METADATA_FILE} not found: not an rbzarr or RLinf store"
-    )
+    raise CheckpointNotFoundError(f"{location.url}/{METADATA_FILE} not found: {location.absence()}")
 
 
 def read_store_documents(location: Location, last: int | None = None) -> Documents:

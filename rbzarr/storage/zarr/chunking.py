@@ -4,31 +4,30 @@
 object, a Zarr v3 ``sharding_indexed`` shard holding the whole array; what varies per key
 is the inner chunking and the codec:
 
-* **unconfigured keys: uncompressed, one inner chunk** (kind ``"mapped"``).  The shard's
-  data is then the array's C-order bytes at offset 0, so a sampled row ``(t, b)`` is read
-  in place: gathered out of a memory map of the file locally (no decode, no syscall per
-  row), one byte range per run of adjacent rows on object stores.  This covers small
-  per-step keys (rewards, dones, actions, states) and large ones (images) alike;
+* **unconfigured keys (not image-like): uncompressed, one inner chunk** (kind
+  ``"mapped"``).  The shard's data is then the array's C-order bytes at offset 0, so a
+  sampled row ``(t, b)`` is read in place: gathered out of a memory map of the file
+  locally (no decode, no syscall per row), one byte range per run of adjacent rows on
+  object stores.  This covers small per-step keys (rewards, dones, actions, states) and
+  raw images alike;
 * **keys given a ``ZstdCodec``** (kind ``"chunked"``): inner chunks of ``k`` steps of one
   env, ``(k, 1, *trailing)``, ``k`` the largest divisor of the row count with ``k`` rows in
   at most :data:`INNER_CHUNK_BYTES` (64 KiB).  An image row (21 KB for ``3x84x84``) is its
   own inner chunk, so a sampled row decodes only its own bytes; rewards get 64 KiB runs;
+* **image codecs** (kind ``"image"``; unconfigured image-like keys get ``"lossless"``, see
+  :mod:`rbzarr.storage.zarr.codecs`): one frame per inner chunk, ``(1, 1, *trailing)``,
+  each an image codec's stream, so a sampled row decodes only its own frame;
 * any other codec (kind ``"zarr"``), and 0-d or zero-size arrays: regular chunks written
   and read through zarr's pipeline (correct, with zarr's per-chunk overhead).
 
-**Why uncompressed by default.**  Measured on these 2 shared cores (load average 6-12,
-numcodecs 0.16 zstd, the benchmarks' synthetic ``3x84x84`` frames, one run of
-``/tmp/codec_probe.py``, 512 rows of 21 KB): zstd-1 compressed 4.8x but encoded at 203
-MB/s and decoded at 516 MB/s (242 MB/s with its frame checksum); blosc-lz4 (shuffle) 2.2x,
-519 / 1,613 MB/s; a plain copy 2,192 / 9,394 MB/s.  A warm image batch of 256 rows (512
-image rows) decodes ~10 MB: ~20 ms with zstd against ~1 ms to copy, and TorchRL's
-``LazyMemmapStorage`` takes ~15-20 ms for the same rows (``/tmp/probe2.py image``: 1.15-
-1.28x TorchRL from memory maps, 0.68x with preads on a thread pool).  The writer must keep
-up at >= 300 MB/s on images, more than zstd-1 encodes on one of these cores.  So the
-default trades disk (images 1x raw instead of ~0.2x) for reads at memory-map speed and
-writes at copy speed; the state workload stays <= 1.2x raw (1.01x measured: the shard
-indexes and documents).  Compression is one argument away: ``codecs={"curr_obs/image":
-ZstdCodec(level=1)}``; real frames compress less than these synthetic ones.
+**Why uncompressed by default.**  A sampled image row then costs a copy out of a memory
+map, where a compressed one costs a decode of its chunk, several times slower than the
+copy on one core; and the writer must keep up with image rollouts, faster than zstd-1
+encodes on one core.  So the default trades disk (images stored raw) for reads at
+memory-map speed and writes at copy speed; ``python -m benchmarks`` measures both against
+the peers (``docs/benchmarks.md``).  Compression is one argument away:
+``codecs={"curr_obs/image": ZstdCodec(level=1)}``; real frames compress less than the
+benchmarks' synthetic ones.
 
 **Arrays zarr writes** (kind ``"zarr"``) get regular chunks of ``k`` whole time steps and
 every environment, ``(k, B, *trailing)`` (:func:`chunk_shape`): ``k_max`` the most steps

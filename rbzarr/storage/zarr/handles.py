@@ -19,6 +19,7 @@ from zarr.core.array import AsyncArray
 
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.documents import Entry
+from rbzarr.storage.zarr.describe import trajectory_id
 from rbzarr.storage.zarr.sharded import ShardedTrajectory
 
 __all__ = ["HandleCache", "check_array_shapes", "time_and_envs", "trajectory_id"]
@@ -99,14 +100,6 @@ class HandleCache:
             self._handles.clear()
             self._files = 0
             self._generation += 1
-
-
-def trajectory_id(entry: Entry) -> int:
-    """The trajectory id of an index entry."""
-    try:
-        return int(entry["trajectory_id"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CorruptStoreError(f"index entry has no valid 'trajectory_id': {entry!r}") from exc
 
 
 def time_and_envs(entry: Entry) -> tuple[int, int]:

@@ -44,7 +44,6 @@ import fsspec
 import numpy as np
 import torch
 import zarr
-from tqdm import tqdm
 from zarr.abc.store import Store
 from zarr.api import asynchronous as zarr_async
 from zarr.storage import StorePath
@@ -61,6 +60,7 @@ from rbzarr.storage.object_ranges import object_ranges
 from rbzarr.storage.row_groups import RowGroups
 from rbzarr.storage.zarr import (
     arrays,
+    describe,
     sharded,
     zarr_codecs,  # noqa: F401  (registers the image codecs)
 )
@@ -85,7 +85,6 @@ from rbzarr.storage.zarr.open import (
 from rbzarr.storage.zarr.publish import GroupPublisher
 from rbzarr.storage.zarr.remote import DEFAULT_RANGE_GAP
 from rbzarr.storage.zarr.shard_cache import DEFAULT_LOCAL_CACHE_BYTES, ShardCache, cache_key
-from rbzarr.storage.zarr.shard_index import DTYPE_ATTR
 from rbzarr.storage.zarr.spec import parse_specs
 from rbzarr.trajectory.dtypes import dtype_name, from_numpy, to_numpy
 from rbzarr.trajectory.model import Trajectory, trajectory_from_raw
@@ -157,7 +156,7 @@ class ZarrLayout(TrajectoryLayout):
     supports_many_writers = True
     supports_local_cache = True
     supports_zarr_access = True
-    unrecorded_version = 1  # stores written before layout 2 recorded no version
+    unrecorded_version = describe.UNRECORDED_VERSION
 
     def __init__(
         self,
@@ -200,7 +199,7 @@ class ZarrLayout(TrajectoryLayout):
     # -- where things are -----------------------------------------------------------------
     def trajectory_path(self, entry: Entry) -> tuple[str, ...]:
         # docstring inherited
-        return (TRAJECTORIES, str(int(entry["trajectory_id"])))
+        return describe.trajectory_path(entry)
 
     def stored_paths(self) -> dict[str, int]:
         # docstring inherited
@@ -238,16 +237,7 @@ class ZarrLayout(TrajectoryLayout):
     # -- format knowledge -----------------------------------------------------------------
     def zarr_group(self, entry: Entry) -> zarr.Group:
         # docstring inherited
-        store = self.location.zarr_store(read_only=True)
-        path = "/".join(self.trajectory_path(entry))
-        try:
-            return zarr.open_group(store=store, path=path, mode="r")
-        except FileNotFoundError as exc:  # zarr's GroupNotFoundError
-            raise CorruptStoreError(
-                f"trajectory {trajectory_id(entry)}: the index of {self.location.url} lists it "
-                f"but its data ({path}) is missing; run `rbzarr verify --repair "
-                f"--drop-damaged {self.location.url}` to drop it from the index"
-            ) from exc
+        return describe.trajectory_group(self.location, entry)
 
     def field_names(self, entry: Entry) -> list[str]:
         # docstring inherited
@@ -259,17 +249,7 @@ class ZarrLayout(TrajectoryLayout):
     def group_arrays(self, group: zarr.Group) -> dict[str, zarr.Array]:
         """Every array below a trajectory group; an array document zarr refuses is
         :class:`CorruptStoreError`."""
-        try:
-            return {
-                name: node
-                for name, node in group.members(max_depth=None)
-                if isinstance(node, zarr.Array)
-            }
-        except (ValueError, TypeError, KeyError) as exc:
-            raise CorruptStoreError(
-                f"{self.location.url}/{group.path}: an array's zarr.json is not one rbzarr "
-                f"reads: {exc}"
-            ) from exc
+        return describe.group_arrays(self.location, group)
 
     def missing_parts(self, entry: Entry) -> list[str]:
         # docstring inherited
@@ -318,25 +298,7 @@ class ZarrLayout(TrajectoryLayout):
         self, entries: Iterable[Entry], sizes: Mapping[str, int], progress: bool = False
     ) -> tuple[dict[str, dict[str, Any]], int]:
         # docstring inherited
-        keys: dict[str, dict[str, Any]] = {}
-        disk = 0
-        by_trajectory = _sizes_by_trajectory(sizes)
-        for entry in tqdm(list(entries), desc="info", unit="traj", disable=not progress):
-            group = self.zarr_group(entry)
-            members = self.group_arrays(group)
-            # In the trajectory's field order (that of a sampled batch), not listing order.
-            fields = group.attrs.get(FIELDS_ATTR)
-            order = list(fields) if isinstance(fields, dict) else list(members)
-            described = {name: members[name] for name in order if name in members}
-            for name, array in described.items():
-                info = keys.setdefault(name, _key_info(array))
-                info["raw_bytes"] += int(array.nbytes)
-            for relative, size in by_trajectory.get(str(int(entry["trajectory_id"])), {}).items():
-                disk += size
-                key = _owning_key(relative, described)
-                if key is not None:
-                    keys[key]["bytes_on_disk"] += size
-        return keys, disk
+        return describe.describe_keys(self.location, entries, sizes, progress)
 
     # -- reading --------------------------------------------------------------------------
     def read(self, entry: Entry, keys: Sequence[str] | None = None) -> Trajectory:
@@ -637,58 +599,6 @@ class _Warmer:
                 self._opener.open_many(batch)
             except Exception as exc:
                 log.info("warming the local cache failed: %s", exc)
-
-
-def _sizes_by_trajectory(sizes: Mapping[str, int]) -> dict[str, dict[str, int]]:
-    """``{trajectory id: {path inside its group: size}}`` from a store's file sizes."""
-    found: dict[str, dict[str, int]] = {}
-    prefix = f"{TRAJECTORIES}/"
-    for path, size in sizes.items():
-        if path.startswith(prefix):
-            tid, _, relative = path[len(prefix) :].partition("/")
-            found.setdefault(tid, {})[relative] = size
-    return found
-
-
-def _key_info(array: zarr.Array) -> dict[str, Any]:
-    """The first trajectory's dtype, shape, chunking and codec of one key (no sizes yet)."""
-    shards = array.shards
-    return {
-        "dtype": array.attrs.get(DTYPE_ATTR, str(array.dtype)),
-        "shape": list(array.shape),
-        "chunks": list(array.chunks),
-        "shards": None if shards is None else list(shards),
-        "codec": codec_text(array.metadata.to_dict().get("codecs", ())),
-        "raw_bytes": 0,
-        "bytes_on_disk": 0,
-    }
-
-
-def codec_text(codecs: Any) -> str:
-    """``zstd(level=1, checksum=False)``-style names of a codec chain, serializer left out."""
-    parts = []
-    for codec in codecs:
-        name = codec.get("name")
-        config = codec.get("configuration") or {}
-        if name == "bytes":
-            continue
-        if name == "sharding_indexed":
-            inner = codec_text(config.get("codecs", ()))
-            parts.append(f"sharding(chunks={list(config.get('chunk_shape', ()))}, {inner})")
-            continue
-        args = ", ".join(f"{k}={v}" for k, v in config.items())
-        parts.append(f"{name}({args})")
-    return " | ".join(parts) or "none"
-
-
-def _owning_key(relative: str, keys: Mapping[str, Any]) -> str | None:
-    """The longest key that ``relative`` (a path inside a trajectory group) lies under."""
-    parts = relative.split("/")
-    for depth in range(len(parts) - 1, 0, -1):
-        candidate = "/".join(parts[:depth])
-        if candidate in keys:
-            return candidate
-    return None
 
 
 def _written_by_rbzarr(name: PurePosixPath) -> bool:

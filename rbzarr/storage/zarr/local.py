@@ -10,10 +10,8 @@ cached with the trajectory's handles.  Reading rows then costs:
   (not Linux, or its reservation failed) keeps a map of its own, one gather per
   (trajectory, key), and one past the map budget a descriptor.  Every map is
   marked ``MADV_RANDOM``, small rows' too: a cold row read then faults in that row's pages
-  only, not the kernel's read-around window (``read_ahead_kb`` of the device, 8 MiB here,
-  centred on the fault).  Without it one 128-byte state row read its whole 64 KiB shard:
-  a truly cold embodied batch (64 rows) read 18.5 MB for 12.2 MB of row pages, and 12.2 MB
-  with it, no slower (same-process A/B, ``fincore`` per shard).  A batch first asks for
+  only, not the kernel's read-around window (``read_ahead_kb`` of the device, centred on
+  the fault), so a cold small row does not read its whole shard.  A batch first asks for
   all its large rows (at least :data:`PREFETCH_ROW_BYTES`) with ``MADV_WILLNEED``, so the
   kernel reads them in parallel; warm, that costs one syscall per row, which small rows
   do not pay;
@@ -21,9 +19,8 @@ cached with the trajectory's handles.  Reading rows then costs:
   into the output row when an inner chunk is one row.
 
 Reads and decodes are spread over a small thread pool only for batches of at least
-:data:`THREADED_PIECES` pieces: measured on 2 shared cores, handing 512 image rows to
-the pool made a warm batch 1.4x slower than one thread (``/tmp/probe2.py image``,
-``RBZ_*`` variants, one run): the hop costs more than the copies.
+:data:`THREADED_PIECES` pieces: for fewer, handing the copies to the pool costs more than
+the copies.
 
 On object stores the same *pieces* (offset, length, target) become byte ranges, coalesced
 and fetched in one concurrent round (:mod:`rbzarr.storage.zarr.remote`).

@@ -31,6 +31,7 @@ from rbzarr.storage.location import Location
 from rbzarr.storage.zarr import sharded
 from rbzarr.storage.zarr.arrays import gather
 from rbzarr.storage.zarr.byte_source import ByteSource
+from rbzarr.storage.zarr.describe import FIELDS_ATTR, TRAJECTORIES
 from rbzarr.storage.zarr.handles import (
     HandleCache,
     check_array_shapes,
@@ -45,8 +46,6 @@ from rbzarr.trajectory.dtypes import dtype_from_name
 
 __all__ = ["FIELDS_ATTR", "TRAJECTORIES", "TrajectoryOpener", "group_path"]
 
-TRAJECTORIES = "trajectories"
-FIELDS_ATTR = "fields"
 # Shards fetched whole into the shard cache are fetched this many bytes at a time (a round is
 # written to the cache, by CACHE_WRITERS threads, while the next one downloads).
 FETCH_ROUND_BYTES = 64 << 20

@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 
 from rbzarr.errors import CorruptStoreError
+from rbzarr.storage import thread_pool
 from rbzarr.storage.zarr.byte_source import ByteSource
-from rbzarr.storage.zarr.local import Piece, RowRead, land
+from rbzarr.storage.zarr.local import Piece, RowRead, frames_to_decode, land
 from rbzarr.storage.zarr.spec import ArraySpec
 
 __all__ = [
@@ -204,13 +205,16 @@ def fetch_rows(
     ``cat_ranges`` round; pieces of shards held whole cost nothing), land them, then finish
     each read."""
     remote: list[tuple[str, Piece, str]] = []
+    fetched: list[tuple[Piece, memoryview, str]] = []  # landed together: decodes on the pool
     for shard, read in reads:
         if shard.data is None:
             remote.extend((shard.path, piece, shard.where) for piece in read.pieces)
             continue
         held = memoryview(shard.data)
-        for piece in read.pieces:
-            land(piece, held[piece.offset : piece.offset + piece.nbytes], shard.where)
+        fetched.extend(
+            (piece, held[piece.offset : piece.offset + piece.nbytes], shard.where)
+            for piece in read.pieces
+        )
     ranges = coalesce(remote, gap)
     if ranges:
         results = source.cat_ranges(
@@ -220,7 +224,9 @@ def fetch_rows(
             blob = memoryview(checked_bytes(data, found.members[0][1]))
             for piece, where in found.members:
                 begin = piece.offset - found.start
-                land(piece, blob[begin : begin + piece.nbytes], where)
+                fetched.append((piece, blob[begin : begin + piece.nbytes], where))
+    threaded = frames_to_decode(piece for piece, _, _ in fetched)
+    thread_pool.run_all(lambda job: land(*job), fetched, threaded)
     for _, read in reads:
         if read.finish is not None:
             read.finish()

@@ -23,6 +23,7 @@ from rbzarr.storage.deadlines import deadline_options
 from rbzarr.storage.zarr import next_obs
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.chunking import KeyPlan
+from rbzarr.storage.zarr.describe import LAYOUT_ATTR
 from rbzarr.storage.zarr.encode import encode_array, shard_key
 from rbzarr.storage.zarr.local import LocalShard, RowRead, decode_whole, plan_rows, read_local
 from rbzarr.storage.zarr.remote import (
@@ -45,7 +46,6 @@ __all__ = [
     "read_whole_shards",
 ]
 
-LAYOUT_ATTR = "rbzarr_layout"
 VERSION = 2
 
 

@@ -1,0 +1,175 @@
+"""Commands that read a store and report: ``info``, ``ls``, ``stats``, ``verify``, ``plot``.
+
+Each parses its arguments, calls one library function (imported in its body, so listing
+the commands imports nothing heavy) and prints the result.
+"""
+
+from __future__ import annotations
+
+import click
+
+from rbzarr.cli.console import progress_wanted
+from rbzarr.cli.options import (
+    cache_arguments,
+    echo_lines,
+    json_flag,
+    per_trajectory_flag,
+    print_json,
+    scheduler_option,
+    storage_options,
+    store_source,
+    tasks,
+)
+
+__all__ = ["info", "list_command", "plot", "stats", "verify"]
+
+
+@click.command()
+@click.argument("url")
+@json_flag
+@click.pass_context
+def info(ctx: click.Context, url: str, as_json: bool) -> None:
+    """Counts, per-key dtype / shape / chunks / codec, and sizes of the store at URL."""
+    from rbzarr.analysis.listing import StoreListing  # noqa: PLC0415 (torch-free)
+    from rbzarr.analysis.report_text import info_lines  # noqa: PLC0415
+    from rbzarr.analysis.summary import describe_store  # noqa: PLC0415
+
+    report = describe_store(StoreListing(store_source(ctx, url), storage_options(ctx)))
+    if as_json:
+        print_json(report)
+        return
+    echo_lines(info_lines(report))
+
+
+@click.command(name="ls")
+@click.argument("url")
+@json_flag
+@click.pass_context
+def list_command(ctx: click.Context, url: str, as_json: bool) -> None:
+    """One line per committed trajectory: id, uuid, shape, samples, weights id, bytes."""
+    from rbzarr.analysis.listing import StoreListing  # noqa: PLC0415 (torch-free)
+    from rbzarr.analysis.report_text import ls_lines  # noqa: PLC0415
+    from rbzarr.analysis.summary import list_trajectories  # noqa: PLC0415
+
+    rows = list_trajectories(StoreListing(store_source(ctx, url), storage_options(ctx)))
+    if as_json:
+        print_json(rows)
+        return
+    echo_lines(ls_lines(rows))
+
+
+@click.command()
+@click.argument("url")
+@click.option(
+    "--keys",
+    multiple=True,
+    help="Only these flat keys (comma-separated or repeated), e.g. rewards,curr_obs/state.",
+)
+@per_trajectory_flag
+@scheduler_option
+@json_flag
+@click.pass_context
+def stats(
+    ctx: click.Context,
+    url: str,
+    keys: tuple[str, ...],
+    per_trajectory: bool,
+    scheduler: str | None,
+    as_json: bool,
+) -> None:
+    """Per-key mean / std / min / max and episode returns and lengths (streaming)."""
+    from rbzarr.analysis.report_text import stats_lines  # noqa: PLC0415
+    from rbzarr.analysis.stats import compute_stats  # noqa: PLC0415
+
+    wanted = [key for item in keys for key in item.split(",") if key] or None
+    with tasks(scheduler) as running:
+        report = compute_stats(
+            url,
+            wanted,
+            progress=progress_wanted(),
+            across_trajectories=not per_trajectory,
+            storage_options=storage_options(ctx),
+            tasks=running,
+        )
+    if as_json:
+        print_json(report)
+        return
+    echo_lines(stats_lines(report))
+
+
+@click.command()
+@click.argument("url")
+@click.option("--repair", is_flag=True, help="Remove orphans and temp files, never indexed data.")
+@click.option(
+    "--drop-damaged",
+    is_flag=True,
+    help="With --repair: remove the index entries of trajectories whose data cannot be read "
+    "(their data stays, as orphans).",
+)
+@json_flag
+@click.pass_context
+def verify(ctx: click.Context, url: str, repair: bool, drop_damaged: bool, as_json: bool) -> None:
+    """Check index against data; exit 1 while problems remain.
+
+    \f
+    Parameters
+    ----------
+    ctx
+        The command's context; the group's ``--storage-option`` values are read from it.
+    url
+        The store to check.
+    repair, drop_damaged
+        ``--repair`` and ``--drop-damaged``, passed to ``verify_store``.
+    as_json
+        ``--json``: print the report as JSON instead of lines.
+
+    Raises
+    ------
+    click.UsageError
+        ``--drop-damaged`` without ``--repair`` (nothing is checked).
+    """
+    from rbzarr.analysis.report_text import verify_lines  # noqa: PLC0415
+    from rbzarr.analysis.verify import verify_store  # noqa: PLC0415
+
+    if drop_damaged and not repair:
+        raise click.UsageError("--drop-damaged changes the index: use it with --repair")
+    report = verify_store(
+        store_source(ctx, url), storage_options(ctx), repair=repair, drop_damaged=drop_damaged
+    )
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        echo_lines(verify_lines(report))
+    if not report.ok:
+        ctx.exit(1)
+
+
+@click.command()
+@click.argument("url")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Image file; its suffix picks the format (.png, .jpg / .jpeg, .svg, .pdf).",
+)
+@per_trajectory_flag
+@scheduler_option
+@click.pass_context
+def plot(
+    ctx: click.Context, url: str, output: str, per_trajectory: bool, scheduler: str | None
+) -> None:
+    """Histograms of rewards, episode returns and lengths; return over trajectory id."""
+    from rbzarr.analysis.plotting import plot_store  # noqa: PLC0415
+    from rbzarr.analysis.view import open_buffer  # noqa: PLC0415
+
+    view = open_buffer(store_source(ctx, url), storage_options(ctx), **cache_arguments(ctx))
+    with tasks(scheduler) as running:
+        counts = plot_store(
+            view,
+            output,
+            progress=progress_wanted(),
+            across_trajectories=not per_trajectory,
+            tasks=running,
+        )
+    click.echo(f"wrote {output} ({counts['rewards']} rewards, {counts['episodes']} episodes)")

@@ -1,0 +1,360 @@
+"""Proportional prioritized replay over a window: the settings and the window's priorities.
+
+:class:`PrioritizedReplay` holds ``alpha``, ``beta`` and ``eps``.  :class:`WindowPriorities`
+holds a raw priority per row of the window's trajectories, in one :class:`~.sum_tree.SumTree`
+where each trajectory has a contiguous segment of leaves (allocated as trajectories enter,
+emptied as they leave; the tree is compacted when its end is reached).  A row is drawn with
+probability ``(p + eps) ** alpha / sum``; its importance weight is ``(N * P) ** -beta``
+normalised by the largest one, which is ``(P / P_min) ** -beta``.
+
+A row's *global index* is ``trajectory_id * 2**32 + row`` (the flat row ``t * B + b``):
+it names the row whatever the window, so an update for a row that left the window is
+recognised as stale and ignored.  New rows enter at the largest priority set so far
+(1.0 before any).
+
+Pure numpy, no I/O: the owner hands in priorities read from the store
+(:meth:`WindowPriorities.offer`) and takes out those to write (:meth:`WindowPriorities.unsaved`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from rbzarr.errors import EmptyBufferError
+from rbzarr.sampling.sum_tree import SumTree
+
+__all__ = [
+    "ROW_BITS",
+    "PrioritizedReplay",
+    "WindowPriorities",
+    "global_index",
+    "split_index",
+]
+
+# A global index keeps the flat row in its low 32 bits.
+ROW_BITS = 32
+_ROW_MASK = (1 << ROW_BITS) - 1
+# Capacity of the first tree, in rows.
+_FIRST_CAPACITY = 1 << 12
+
+
+def global_index(ids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The global index ``id * 2**32 + row`` of each row (int64)."""
+    return (ids.to(torch.int64) << ROW_BITS) | rows.to(torch.int64)
+
+
+def split_index(index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The trajectory ids and flat rows of global indices."""
+    return index >> ROW_BITS, index & _ROW_MASK
+
+
+@dataclass
+class PrioritizedReplay:
+    """Proportional prioritized replay: draw row ``i`` with probability ``P(i)``.
+
+    ``P(i) = (p_i + eps) ** alpha / sum_j (p_j + eps) ** alpha`` over the window's rows;
+    importance weights ``(N * P(i)) ** -beta`` are normalised by the largest, so the
+    weight of the least probable row is 1.
+
+    Parameters
+    ----------
+    alpha
+        How much priorities count (0: uniform), ``>= 0``.
+    beta
+        Importance-weight exponent, ``>= 0`` (may be changed between draws, e.g. annealed
+        to 1).
+    eps
+        Added to every priority, ``>= 0`` (a row of priority 0 is still drawn when > 0).
+
+    Raises
+    ------
+    ValueError
+        A value is negative or not finite.
+    """
+
+    alpha: float = 0.6
+    beta: float = 0.4
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        for name in ("alpha", "beta", "eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"{name} must be a float, got {type(value).__name__} {value!r}")
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite float >= 0, got {value!r}")
+            setattr(self, name, float(value))
+
+
+def check_priorities(index: Any, priorities: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``index`` (int64) and ``priorities`` (float32) as flat arrays of one length.
+
+    Raises
+    ------
+    ValueError
+        Lengths differ, an index is negative, or a priority is negative or not finite.
+    """
+    idx = np.asarray(torch.as_tensor(index).detach().cpu().numpy()).reshape(-1)
+    values = np.asarray(torch.as_tensor(priorities).detach().cpu().numpy()).reshape(-1)
+    if idx.dtype.kind not in "iu":
+        raise ValueError(f"indices must be integers (sample's info['index']), got {idx.dtype}")
+    if values.size == 1 and idx.size != 1:
+        values = np.broadcast_to(values, idx.shape)
+    if len(idx) != len(values):
+        raise ValueError(f"got {len(idx)} indices but {len(values)} priorities")
+    values = values.astype(np.float64)
+    if not np.isfinite(values).all() or (values < 0).any():
+        bad = values[~np.isfinite(values) | (values < 0)][:3].tolist()
+        raise ValueError(f"priorities must be finite and >= 0, got {bad}: nothing was updated")
+    if (idx < 0).any():
+        raise ValueError(f"indices must be >= 0, got {idx[idx < 0][:3].tolist()}")
+    return idx.astype(np.int64), values.astype(np.float32)
+
+
+class WindowPriorities:
+    """The raw priority of every row of the window, in a sum tree (call under the owner's lock).
+
+    Parameters
+    ----------
+    settings
+        ``alpha``, ``beta`` and ``eps``.
+    """
+
+    def __init__(self, settings: PrioritizedReplay) -> None:
+        self.settings = settings
+        self.max_priority = 1.0
+        self.stale_updates = 0
+        self._tree = SumTree(_FIRST_CAPACITY, settings.alpha, settings.eps)
+        self._head = 0  # next free leaf
+        self._window: list[int] = []
+        self._segments: dict[int, tuple[int, int]] = {}  # id -> (first leaf, rows)
+        self._offered: dict[int, np.ndarray] = {}  # read from the store, not yet in the window
+        self._unsaved: set[int] = set()
+        self._lookup = _Lookup.of({}, [])
+        self._changed = np.zeros(1, dtype=bool)  # per id of the lookup: updated, unsaved
+
+    # -- the window ---------------------------------------------------------------------
+    def sync(self, ids: Sequence[int], counts: Sequence[int] | torch.Tensor) -> None:
+        """Follow the window ``ids`` (oldest first, ``counts`` rows each): rows that left it
+        are forgotten, new ones enter with their offered priorities or the largest so far."""
+        if list(ids) == self._window:
+            return
+        if isinstance(counts, torch.Tensor):
+            counts = counts.tolist()
+        present = set(ids)
+        for gone in [i for i in self._segments if i not in present]:
+            start, rows = self._segments.pop(gone)
+            self._tree.set_range(start, np.full(rows, np.nan, dtype=np.float32))
+            self._unsaved.discard(gone)
+        new = [(i, int(c)) for i, c in zip(ids, counts, strict=True) if i not in self._segments]
+        needed = sum(c for _, c in new)
+        if self._head + needed > self._tree.capacity:
+            self._compact(needed)
+        for trajectory_id, rows in new:
+            offered = self._offered.pop(trajectory_id, None)
+            if offered is None or len(offered) != rows:
+                offered = np.full(rows, self.max_priority, dtype=np.float32)
+                self._unsaved.add(trajectory_id)
+            self._segments[trajectory_id] = (self._head, rows)
+            self._tree.set_range(self._head, offered)
+            self._head += rows
+        self._window = list(ids)
+        self._offered = {i: p for i, p in self._offered.items() if i not in present}
+        self._fold_changed()
+        self._lookup = _Lookup.of(self._segments, self._window)
+        self._changed = np.zeros(len(self._lookup.starts), dtype=bool)
+
+    def _fold_changed(self) -> None:
+        """Move the lookup's changed marks into :attr:`_unsaved` (ids still in the window)."""
+        marked = self._lookup.ids[np.flatnonzero(self._changed[: len(self._lookup.ids)])]
+        self._unsaved.update(i for i in marked.tolist() if i in self._segments)
+        self._changed[:] = False
+
+    def _compact(self, needed: int) -> None:
+        """Move the held segments to the start of a tree with room for ``needed`` more rows."""
+        live = sum(rows for _, rows in self._segments.values())
+        # A quarter more than needed: compacting costs the live rows once per quarter of
+        # them added (amortised, 4 leaf copies a row), and memory stays near 1.25x.
+        capacity = (live + needed) * 5 // 4 + _FIRST_CAPACITY
+        tree = SumTree(capacity, self.settings.alpha, self.settings.eps)
+        head = 0
+        segments: dict[int, tuple[int, int]] = {}
+        for trajectory_id, (start, rows) in self._segments.items():
+            tree.leaves[head : head + rows] = self._tree.leaves[start : start + rows]
+            segments[trajectory_id] = (head, rows)
+            head += rows
+        tree.rebuild()
+        self._tree, self._segments, self._head = tree, segments, head
+
+    def offer(self, priorities: Mapping[int, np.ndarray]) -> None:
+        """Priorities read from the store, taken by their trajectories as they enter."""
+        for trajectory_id, values in priorities.items():
+            self._offered[trajectory_id] = values
+            if len(values):
+                self.max_priority = max(self.max_priority, float(np.max(values)))
+
+    def clear(self) -> None:
+        """Forget every row and offered priority (the largest priority stays)."""
+        self.sync([], [])
+        self._offered = {}
+
+    # -- updates ------------------------------------------------------------------------
+    def update(self, index: np.ndarray, priorities: np.ndarray) -> int:
+        """Set the priorities of global ``index`` rows; those outside the window are ignored.
+
+        Returns the count ignored (also added to :attr:`stale_updates`).
+
+        Raises
+        ------
+        ValueError
+            A row is past its trajectory's rows: nothing was updated.
+        """
+        ids, rows = split_index(index)
+        position, known = self._lookup.find(ids)
+        starts, counts = self._lookup.starts[position], self._lookup.counts[position]
+        beyond = known & (rows >= counts)
+        if beyond.any():
+            bad = int(index[np.flatnonzero(beyond)[0]])
+            raise ValueError(
+                f"index {bad} names row {bad & _ROW_MASK} of trajectory {bad >> ROW_BITS}, "
+                f"which has {int(counts[np.flatnonzero(beyond)[0]])} rows: nothing was updated"
+            )
+        self._tree.set(starts[known] + rows[known], priorities[known])
+        if known.any():
+            self.max_priority = max(self.max_priority, float(priorities[known].max()))
+            self._changed[position[known]] = True
+        stale = int(len(index) - known.sum())
+        self.stale_updates += stale
+        return stale
+
+    def get(self, index: np.ndarray) -> np.ndarray:
+        """The raw priorities of global ``index`` rows (float32; NaN outside the window)."""
+        ids, rows = split_index(index)
+        position, known = self._lookup.find(ids)
+        known &= rows < self._lookup.counts[position]
+        out = np.full(len(index), np.nan, dtype=np.float32)
+        out[known] = self._tree.leaves[self._lookup.starts[position[known]] + rows[known]]
+        return out
+
+    # -- draws --------------------------------------------------------------------------
+    def draw(
+        self, n: int, generator: torch.Generator, beta: float | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Draw ``n`` rows: each one's window position, flat row and importance weight.
+
+        Raises
+        ------
+        EmptyBufferError
+            Every row of the window has mass 0.
+        """
+        total = self._tree.total
+        if not total > 0:
+            raise EmptyBufferError(
+                "every row of the window has priority 0 (and eps is 0): nothing to draw"
+            )
+        leaves = self._tree.find(torch.rand(n, generator=generator, dtype=torch.float64).numpy())
+        segment = np.searchsorted(self._lookup.leaf_starts, leaves, side="right") - 1
+        positions = self._lookup.leaf_positions[segment]
+        rows = leaves - self._lookup.leaf_starts[segment]
+        weights = self.weights(leaves, beta)
+        return torch.from_numpy(positions), torch.from_numpy(rows), weights
+
+    def weights(self, leaves: np.ndarray, beta: float | None = None) -> torch.Tensor:
+        """Importance weights ``(P / P_min) ** -beta`` of ``leaves`` (float32)."""
+        beta = self.settings.beta if beta is None else beta
+        eps, alpha = self.settings.eps, self.settings.alpha
+        least = (self._tree.least + eps) ** alpha
+        mass = np.power(self._tree.leaves[leaves].astype(np.float64) + eps, alpha)
+        return torch.from_numpy(np.power(mass / least, -beta).astype(np.float32))
+
+    def leaf_of(self, positions: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """The leaves of window ``positions`` and flat ``rows``."""
+        return self._lookup.window_starts[positions] + rows
+
+    def masses(self) -> np.ndarray:
+        """The mass of every row of the window, in window order (float64; for strict draws)."""
+        parts = [self._segments[i] for i in self._window]
+        leaves = np.concatenate([np.arange(s, s + r) for s, r in parts]) if parts else np.zeros(0)
+        return self._tree.mass(self._tree.leaves[leaves.astype(np.int64)])
+
+    # -- what is stored -----------------------------------------------------------------
+    def values(self, trajectory_id: int) -> np.ndarray:
+        """A copy of the raw priorities of a trajectory in the window (float32)."""
+        start, rows = self._segments[trajectory_id]
+        return self._tree.leaves[start : start + rows].copy()
+
+    def held(self, ids: Iterable[int]) -> dict[int, np.ndarray]:
+        """Copies of the raw priorities of those of ``ids`` in the window."""
+        return {i: self.values(i) for i in ids if i in self._segments}
+
+    def unsaved(self) -> dict[int, np.ndarray]:
+        """Copies of the priorities changed since last taken (now counted as saved)."""
+        self._fold_changed()
+        taken = self.held(sorted(self._unsaved))
+        self._unsaved = set()
+        return taken
+
+    def unsave(self, ids: Iterable[int]) -> None:
+        """Count ``ids`` as changed again (their write failed)."""
+        self._unsaved.update(i for i in ids if i in self._segments)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the priorities hold in memory."""
+        return self._tree.nbytes
+
+    def state(self) -> dict[str, Any]:
+        """JSON-ready: the largest priority and the stale updates counted."""
+        return {"max_priority": self.max_priority, "stale_updates": self.stale_updates}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state` (values that are not finite numbers ``>= 0`` are ignored)."""
+        largest = state.get("max_priority")
+        if isinstance(largest, int | float) and math.isfinite(largest) and largest >= 0:
+            self.max_priority = float(largest)
+        stale = state.get("stale_updates")
+        if isinstance(stale, int) and not isinstance(stale, bool) and stale >= 0:
+            self.stale_updates = stale
+
+
+@dataclass(frozen=True)
+class _Lookup:
+    """Vectorised maps of the window: ids to leaves, leaves to window positions."""
+
+    ids: np.ndarray  # sorted trajectory ids
+    starts: np.ndarray  # first leaf of each (by sorted id)
+    counts: np.ndarray  # rows of each
+    leaf_starts: np.ndarray  # first leaves, sorted
+    leaf_positions: np.ndarray  # window position of each segment (by leaf_starts)
+    window_starts: np.ndarray  # first leaf of each window position
+
+    @classmethod
+    def of(cls, segments: Mapping[int, tuple[int, int]], window: Sequence[int]) -> _Lookup:
+        ids = np.array(sorted(segments), dtype=np.int64)
+        starts = np.array([segments[i][0] for i in ids.tolist()], dtype=np.int64)
+        counts = np.array([segments[i][1] for i in ids.tolist()], dtype=np.int64)
+        window_starts = np.array([segments[i][0] for i in window], dtype=np.int64)
+        order = np.argsort(window_starts, kind="stable")
+        return cls(
+            ids=ids,
+            starts=np.append(starts, 0),
+            counts=np.append(counts, 0),
+            leaf_starts=window_starts[order],
+            leaf_positions=order.astype(np.int64),
+            window_starts=window_starts,
+        )
+
+    def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each id's position in :attr:`ids` (``len(ids)`` where absent) and whether present."""
+        position = np.searchsorted(self.ids, ids)
+        position = np.minimum(position, len(self.ids))
+        known = np.zeros(len(ids), dtype=bool)
+        inside = position < len(self.ids)
+        known[inside] = self.ids[position[inside]] == ids[inside]
+        return np.where(known, position, len(self.ids)), known

@@ -1,0 +1,235 @@
+"""What a zarr store's trajectory groups hold, read from zarr's metadata alone (no torch).
+
+``rbzarr info`` and ``rbzarr ls`` read a store through this module and the store's
+documents only, so they answer without importing torch;
+:class:`~rbzarr.storage.zarr.layout.ZarrLayout` delegates the same questions here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import zarr
+from tqdm import tqdm
+
+from rbzarr.errors import CorruptStoreError
+from rbzarr.storage.documents import Entry
+from rbzarr.storage.json_limits import read_json
+from rbzarr.storage.location import Location
+from rbzarr.storage.zarr.shard_index import DTYPE_ATTR
+
+__all__ = [
+    "FIELDS_ATTR",
+    "TRAJECTORIES",
+    "UNRECORDED_VERSION",
+    "codec_text",
+    "describe_keys",
+    "group_arrays",
+    "trajectory_group",
+    "trajectory_id",
+    "trajectory_path",
+]
+
+TRAJECTORIES = "trajectories"
+FIELDS_ATTR = "fields"
+# The group attribute where layout 2 records its arrays (their kind, shape, dtype, ...).
+LAYOUT_ATTR = "rbzarr_layout"
+# The layout version of a store written before layout 2 recorded one.
+UNRECORDED_VERSION = 1
+
+
+def trajectory_id(entry: Entry) -> int:
+    """The trajectory id of an index entry."""
+    try:
+        return int(entry["trajectory_id"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptStoreError(f"index entry has no valid 'trajectory_id': {entry!r}") from exc
+
+
+def trajectory_path(entry: Entry) -> tuple[str, ...]:
+    """The path of a trajectory's group below the root, as parts."""
+    return (TRAJECTORIES, str(int(entry["trajectory_id"])))
+
+
+def trajectory_group(location: Location, entry: Entry) -> zarr.Group:
+    """The zarr group of an index entry's trajectory; missing is a :class:`CorruptStoreError`."""
+    store = location.zarr_store(read_only=True)
+    path = "/".join(trajectory_path(entry))
+    try:
+        return zarr.open_group(store=store, path=path, mode="r")
+    except FileNotFoundError as exc:  # zarr's GroupNotFoundError
+        raise CorruptStoreError(
+            f"trajectory {trajectory_id(entry)}: the index of {location.url} lists it "
+            f"but its data ({path}) is missing; run `rbzarr verify --repair "
+            f"--drop-damaged {location.url}` to drop it from the index"
+        ) from exc
+
+
+def group_arrays(location: Location, group: zarr.Group) -> dict[str, zarr.Array]:
+    """Every array below a trajectory group; an array document zarr refuses is
+    :class:`CorruptStoreError`."""
+    try:
+        return {
+            name: node
+            for name, node in group.members(max_depth=None)
+            if isinstance(node, zarr.Array)
+        }
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CorruptStoreError(
+            f"{location.url}/{group.path}: an array's zarr.json is not one rbzarr reads: {exc}"
+        ) from exc
+
+
+def describe_keys(
+    location: Location, entries: Iterable[Entry], sizes: Mapping[str, int], progress: bool = False
+) -> tuple[dict[str, dict[str, Any]], int]:
+    """Per-key layout and sizes of the trajectories ``entries`` (see
+    :meth:`~rbzarr.storage.layout.TrajectoryLayout.describe_keys`)."""
+    keys: dict[str, dict[str, Any]] = {}
+    disk = 0
+    by_trajectory = _sizes_by_trajectory(sizes)
+    for entry in tqdm(list(entries), desc="info", unit="traj", disable=not progress):
+        recorded = _recorded_arrays(location, entry)
+        if recorded is not None and all(name in keys for name in recorded):
+            # Layout 2 records every array's shape and dtype in the group's attributes: one
+            # small read, not zarr's walk of the group, once each key is described.
+            descriptions = recorded
+            raw_bytes = {name: _raw_bytes(d) for name, d in recorded.items()}
+        else:
+            group = trajectory_group(location, entry)
+            members = group_arrays(location, group)
+            # In the trajectory's field order (that of a sampled batch), not listing order.
+            fields = group.attrs.get(FIELDS_ATTR)
+            order = list(fields) if isinstance(fields, dict) else list(members)
+            arrays = {name: members[name] for name in order if name in members}
+            for name, array in arrays.items():
+                keys.setdefault(name, _key_info(array))
+            layout = group.attrs.get(LAYOUT_ATTR)
+            described = layout.get("arrays", {}) if isinstance(layout, dict) else {}
+            descriptions = {name: described.get(name) for name in arrays}
+            raw_bytes = {
+                name: _raw_bytes(descriptions[name], int(array.nbytes))
+                for name, array in arrays.items()
+            }
+        for name, nbytes in raw_bytes.items():
+            keys[name]["raw_bytes"] += nbytes
+            spec = _codec_spec(descriptions.get(name))
+            if spec is not None:
+                keys[name]["codec_spec"] = spec
+            psnr = (descriptions.get(name) or {}).get("psnr")
+            if isinstance(psnr, int | float):  # the worst trajectory's, for a lossy key
+                keys[name]["psnr"] = min(float(psnr), keys[name].get("psnr", float(psnr)))
+        for relative, size in by_trajectory.get(str(int(entry["trajectory_id"])), {}).items():
+            disk += size
+            key = _owning_key(relative, raw_bytes)
+            if key is not None:
+                keys[key]["bytes_on_disk"] += size
+    return keys, disk
+
+
+def _recorded_arrays(location: Location, entry: Entry) -> dict[str, dict[str, Any]] | None:
+    """Each array's description (shape, dtype, ...) in field order, as layout 2 records them
+    in a trajectory group's attributes; ``None`` where they are not recorded (or not
+    readable: zarr's own read then names the problem)."""
+    where = f"{location.url}/{'/'.join(trajectory_path(entry))}/zarr.json"
+    try:
+        document = read_json(location.read_bytes(*trajectory_path(entry), "zarr.json"), where)
+        attributes = document["attributes"]
+        fields, arrays = attributes[FIELDS_ATTR], attributes[LAYOUT_ATTR]["arrays"]
+        described = {name: dict(arrays[name]) for name in fields}
+        for description in described.values():
+            _raw_bytes(description)  # a shape or dtype that does not read: not recorded
+        return described
+    except (FileNotFoundError, CorruptStoreError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _raw_bytes(description: Any, stored: int | None = None) -> int:
+    """Bytes of an array as read, from its recorded description (or ``stored``, its zarr
+    size): a ``next_obs`` key stored once counts its full ``[T, B]`` rows."""
+    if not isinstance(description, dict):
+        if stored is None:
+            raise TypeError("no description")
+        return stored
+    shape = [int(n) for n in description["shape"]] if stored is None else None
+    rows = description.get("rows")
+    if isinstance(rows, list) and len(rows) == 2 and all(isinstance(r, int) for r in rows):
+        if stored is not None:
+            per_row = stored // max(1, _stored_rows(description))
+        else:
+            assert shape is not None
+            per_row = math.prod(shape[2:]) * np.dtype(description["dtype"]).itemsize
+        return per_row * rows[0] * rows[1]
+    if stored is not None:
+        return stored
+    assert shape is not None
+    return math.prod(shape) * np.dtype(description["dtype"]).itemsize
+
+
+def _codec_spec(description: Any) -> str | None:
+    """The codec spec a layout-2 description records (``"raw"`` when uncompressed), or
+    ``None`` for arrays zarr wrote (their chain is in ``codec``)."""
+    if not isinstance(description, dict) or description.get("kind") in (None, "zarr"):
+        return None
+    return str(description.get("codec") or "raw")
+
+
+def _stored_rows(description: dict[str, Any]) -> int:
+    """How many rows a ``next_obs`` key stored once keeps in its own array."""
+    explicit = description.get("explicit")
+    return len(explicit) if isinstance(explicit, list) else 1
+
+
+def _sizes_by_trajectory(sizes: Mapping[str, int]) -> dict[str, dict[str, int]]:
+    """``{trajectory id: {path inside its group: size}}`` from a store's file sizes."""
+    found: dict[str, dict[str, int]] = {}
+    prefix = f"{TRAJECTORIES}/"
+    for path, size in sizes.items():
+        if path.startswith(prefix):
+            tid, _, relative = path[len(prefix) :].partition("/")
+            found.setdefault(tid, {})[relative] = size
+    return found
+
+
+def _key_info(array: zarr.Array) -> dict[str, Any]:
+    """The first trajectory's dtype, shape, chunking and codec of one key (no sizes yet)."""
+    shards = array.shards
+    return {
+        "dtype": array.attrs.get(DTYPE_ATTR, str(array.dtype)),
+        "shape": list(array.shape),
+        "chunks": list(array.chunks),
+        "shards": None if shards is None else list(shards),
+        "codec": codec_text(array.metadata.to_dict().get("codecs", ())),
+        "raw_bytes": 0,
+        "bytes_on_disk": 0,
+    }
+
+
+def codec_text(codecs: Any) -> str:
+    """``zstd(level=1, checksum=False)``-style names of a codec chain, serializer left out."""
+    parts = []
+    for codec in codecs:
+        name = codec.get("name")
+        config = codec.get("configuration") or {}
+        if name == "bytes":
+            continue
+        if name == "sharding_indexed":
+            inner = codec_text(config.get("codecs", ()))
+            parts.append(f"sharding(chunks={list(config.get('chunk_shape', ()))}, {inner})")
+            continue
+        args = ", ".join(f"{k}={v}" for k, v in config.items())
+        parts.append(f"{name}({args})")
+    return " | ".join(parts) or "none"
+
+
+def _owning_key(relative: str, keys: Mapping[str, Any]) -> str | None:
+    """The longest key that ``relative`` (a path inside a trajectory group) lies under."""
+    parts = relative.split("/")
+    for depth in range(len(parts) - 1, 0, -1):
+        candidate = "/".join(parts[:depth])
+        if candidate in keys:
+            return candidate
+    return None

@@ -1,0 +1,195 @@
+"""``rbzarr codecs``, ``rbzarr recode``, ``rbzarr import --codec`` and ``info``'s codec columns."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from rbzarr import Trajectory, TrajectoryReplayBuffer
+from rbzarr.cli.main import main
+
+pytest.importorskip("imagecodecs")
+
+T, B, SIDE = 4, 2, 16
+
+
+def frames(seed: int) -> torch.Tensor:
+    """``[T + 1, B, 16, 16, 3]`` smooth frames drifting by one pixel a step, a little noise."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0 : SIDE + T + 1, 0:SIDE]
+    base = np.stack([(8 * y) % 256, (8 * x) % 256, (4 * (x + y)) % 256], axis=-1)
+    steps = [
+        np.stack([base[t + b : t + b + SIDE] for b in range(B)])
+        + rng.integers(0, 4, (B, SIDE, SIDE, 3))
+        for t in range(T + 1)
+    ]
+    return torch.from_numpy(np.clip(np.stack(steps), 0, 255).astype(np.uint8))
+
+
+def trajectory(seed: int) -> Trajectory:
+    images = frames(seed)
+    state = torch.arange((T + 1) * B * 3, dtype=torch.float32).reshape(T + 1, B, 3) + seed
+    return Trajectory(
+        max_episode_length=T,
+        rewards=torch.full((T, B), float(seed)),
+        dones=torch.zeros(T + 1, B, dtype=torch.bool),
+        curr_obs={"image": images[:T].clone(), "state": state[:T].clone()},
+        next_obs={"image": images[1:].clone(), "state": state[1:].clone()},
+    )
+
+
+TRAJECTORIES = [trajectory(seed) for seed in range(3)]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A zarr store of the default codecs (image keys lossless)."""
+    path = tmp_path_factory.mktemp("codecs") / "store"
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=path) as buffer:
+        buffer.add_trajectories(TRAJECTORIES)
+    return path
+
+
+def run(*args: object) -> str:
+    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def fails(*args: object) -> str:
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code != 0
+    return result.output
+
+
+def digest(path: Path) -> dict[str, str]:
+    """Every file below ``path`` by its content hash."""
+    return {
+        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    }
+
+
+def read_all(path: Path) -> list[dict[str, torch.Tensor]]:
+    buffer = TrajectoryReplayBuffer()
+    buffer.load_checkpoint(str(path))
+    return [buffer.trajectory(i).tensors() for i in buffer.trajectory_ids]
+
+
+def test_codecs_tries_candidates_on_the_stores_own_frames(store: Path) -> None:
+    before = digest(store)
+    rows = json.loads(
+        run("codecs", store, "--json", "--frames", "5", "--candidates", "raw,zstd:1,qoi,jpeg:90")
+    )
+    assert [(r["key"], r["codec"]) for r in rows] == [
+        (key, codec)
+        for key in ("curr_obs/image", "next_obs/image")
+        for codec in ("raw", "zstd:1", "qoi", "jpeg:90")
+    ]
+    by = {(r["key"], r["codec"]): r for r in rows}
+    assert by["curr_obs/image", "raw"]["ratio"] == 1.0
+    for codec in ("raw", "zstd:1", "qoi"):  # lossless: PSNR infinite (null in JSON)
+        assert by["curr_obs/image", codec]["psnr"] is None
+    lossy = by["curr_obs/image", "jpeg:90"]
+    assert 20 < lossy["psnr"] < math.inf and 0 < lossy["ratio"] < 1
+    assert all(r["frames"] == 5 for r in rows)
+    assert all(
+        r[rate] is None or r[rate] > 0 for r in rows for rate in ("encode_fps", "decode_fps")
+    )
+    assert digest(store) == before  # nothing written
+    text = run("codecs", store, "--keys", "next_obs/image", "--candidates", "qoi", "--frames", 5)
+    key, codec, ratio, quality, *_ = text.splitlines()[1].split()
+    assert (key, codec, quality) == ("next_obs/image", "qoi", "lossless")
+    assert float(ratio) == pytest.approx(by["next_obs/image", "qoi"]["ratio"], abs=1e-3)
+
+
+def test_codecs_refuses_keys_that_are_not_images(store: Path) -> None:
+    assert "'curr_obs/state' is not an image-like key" in fails(
+        "codecs", store, "--keys", "curr_obs/state"
+    )
+    assert "unknown name 'webp'" in fails("codecs", store, "--candidates", "webp")
+
+
+def test_recode_re_encodes_into_a_new_store_and_leaves_the_source(
+    store: Path, tmp_path: Path
+) -> None:
+    before = digest(store)
+    destination = tmp_path / "jpeg"
+    out = run("recode", store, destination, "--codec", "curr_obs/image=jpeg:90")
+    assert out.strip() == f"recoded 3 trajectories into {destination} (curr_obs/image=jpeg:90)"
+    assert digest(store) == before
+    codecs = json.loads((destination / "metadata.json").read_text())["codecs"]
+    assert codecs["curr_obs/image"] == "jpeg:90"
+    assert (
+        codecs["next_obs/image"] == codecs["default"] != "jpeg:90"
+        or codecs["next_obs/image"] == "qoi"
+    )
+    for old, new in zip(read_all(store), read_all(destination), strict=True):
+        assert set(old) == set(new)
+        for key in old:
+            if key == "curr_obs/image":
+                error = (old[key].double() - new[key].double()).square().mean().item()
+                assert 10 * math.log10(255**2 / error) > 30
+            else:
+                assert torch.equal(old[key], new[key]), key
+    info = json.loads(run("info", destination, "--json"))["keys"]
+    assert info["curr_obs/image"]["codec_spec"] == "jpeg:90"
+    assert info["curr_obs/image"]["psnr"] > 30
+    assert "psnr" not in info["next_obs/image"]
+    text = run("info", destination)
+    line = next(line for line in text.splitlines() if line.strip().startswith("curr_obs/image"))
+    assert "codec=jpeg:90" in line and "stored/raw=" in line and "psnr>=" in line
+
+
+def test_recode_resumes_where_it_stopped(store: Path, tmp_path: Path) -> None:
+    whole = tmp_path / "whole"
+    run("recode", store, whole, "--codec", "default=zstd:3")
+    stopped = tmp_path / "stopped"
+    shutil.copytree(whole, stopped)
+    # as an interrupted run leaves it: no documents, one group without its commit marker
+    (stopped / "metadata.json").unlink()
+    (stopped / "trajectory_index.json").unlink()
+    (stopped / "trajectories" / "2" / "zarr.json").unlink()
+    run("recode", store, stopped, "--codec", "default=zstd:3")
+    assert digest(stopped) == digest(whole)
+
+
+def test_recode_refuses_bad_input_and_writes_nothing(store: Path, tmp_path: Path) -> None:
+    destination = tmp_path / "out"
+    assert "has no key 'nope'" in fails("recode", store, destination, "--codec", "nope=qoi")
+    assert "give the quality" in fails("recode", store, destination, "--codec", "default=jpeg")
+    assert "expected KEY=SPEC" in fails("recode", store, destination, "--codec", "qoi")
+    assert "--codec" in fails("recode", store, destination)
+    assert not destination.exists()
+    assert "already holds a store" in fails("recode", store, store, "--codec", "default=raw")
+
+
+def test_import_stores_frames_with_the_codec_asked(tmp_path: Path) -> None:
+    from dataset_fixtures import write_robomimic  # noqa: PLC0415  (h5py: the datasets extra)
+
+    arrays = write_robomimic(tmp_path / "demos.hdf5")
+    destination = tmp_path / "imported"
+    run(
+        "import",
+        tmp_path / "demos.hdf5",
+        destination,
+        "--from",
+        "robomimic",
+        "--codec",
+        "default=zstd:3",
+    )
+    codecs = json.loads((destination / "metadata.json").read_text())["codecs"]
+    assert codecs and set(codecs.values()) == {"zstd:3"}
+    stored = read_all(destination)
+    for demo, tensors in zip(arrays.values(), stored, strict=True):
+        image = tensors["curr_obs/agentview_image"].reshape(-1, 8, 8, 3).numpy()
+        assert np.array_equal(image, demo["obs/agentview_image"])

@@ -1,0 +1,496 @@
+"""Prioritized replay: the distribution against a plain model, updates, and stored priorities."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import assert_rows_consistent, make_trajectory
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from benchmarks.priorities import chi_square_p, priorities_targets
+from rbzarr import (
+    CorruptStoreError,
+    EmptyBufferError,
+    PrioritizedReplay,
+    StorageUnavailableError,
+    Trajectory,
+    TrajectoryReplayBuffer,
+)
+from rbzarr.data.datasets import ReplayDataset
+from rbzarr.sampling.priorities import WindowPriorities
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def prioritized_buffer(**options) -> TrajectoryReplayBuffer:
+    settings_ = options.pop("prioritized", PrioritizedReplay(alpha=0.7, beta=0.5, eps=0.01))
+    return TrajectoryReplayBuffer(prioritized=settings_, **{"seed": 3, **options})
+
+
+def index_of(trajectory_id: int, row: int) -> int:
+    return (trajectory_id << 32) | row
+
+
+def window_indices(buffer: TrajectoryReplayBuffer) -> torch.Tensor:
+    entries = buffer.index_entries
+    window = buffer.trajectory_ids[-buffer.sample_window_size :]
+    return torch.tensor([index_of(i, r) for i in window for r in range(entries[i]["num_samples"])])
+
+
+class Model:
+    """The distribution in plain Python: a priority per (id, row) of the window."""
+
+    def __init__(self, window: int, settings_: PrioritizedReplay) -> None:
+        self.window = window
+        self.settings = settings_
+        self.ids: list[int] = []
+        self.priorities: dict[tuple[int, int], float] = {}
+        self.max_priority = 1.0
+        self.stale = 0
+        self.next_id = 0
+
+    def add(self, rows: int) -> None:
+        self.ids.append(self.next_id)
+        for r in range(rows):
+            self.priorities[(self.next_id, r)] = self.max_priority
+        self.next_id += 1
+        for gone in self.ids[: -self.window]:
+            for key in [k for k in self.priorities if k[0] == gone]:
+                del self.priorities[key]
+        self.ids = self.ids[-self.window :]
+
+    def update(self, keys: list[tuple[int, int]], values: list[float]) -> None:
+        for key, value in zip(keys, values, strict=True):
+            if key in self.priorities:
+                self.priorities[key] = float(np.float32(value))
+                self.max_priority = max(self.max_priority, float(np.float32(value)))
+            else:
+                self.stale += 1
+
+    def mass(self, key: tuple[int, int]) -> float:
+        return (self.priorities[key] + self.settings.eps) ** self.settings.alpha
+
+    def weight(self, key: tuple[int, int]) -> float:
+        least = min(self.mass(k) for k in self.priorities)
+        return (self.mass(key) / least) ** -self.settings.beta
+
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.integers(1, 3), st.integers(1, 3)),
+        st.tuples(st.just("sample"), st.integers(1, 6)),
+        st.tuples(
+            st.just("update"),
+            st.lists(st.tuples(st.integers(0, 8), st.integers(0, 8)), min_size=1, max_size=5),
+            st.floats(0, 50, allow_nan=False, width=32),
+        ),
+        st.tuples(st.just("resume")),
+    ),
+    min_size=1,
+    max_size=14,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(operations)
+def test_draws_updates_evictions_and_resumes_follow_the_model(ops):
+    settings_ = PrioritizedReplay(alpha=0.7, beta=0.6, eps=0.05)
+    model = Model(3, settings_)
+    buffer = prioritized_buffer(sample_window_size=3, prioritized=settings_)
+    with tempfile.TemporaryDirectory() as folder:
+        for step, op in enumerate(ops):
+            if op[0] == "add":
+                _, T, B = op
+                buffer.add_trajectories([make_trajectory(T, B, 100 * model.next_id)])
+                model.add(T * B)
+            elif op[0] == "update":
+                keys = [(i, r) for i, r in op[1] if i < model.next_id]
+                if not keys:
+                    continue
+                # Rows past a trajectory in the window are bad input; outside it, stale.
+                counts = buffer.index_entries
+                keys = [
+                    k for k in keys if k[0] not in model.ids or k[1] < counts[k[0]]["num_samples"]
+                ]
+                if not keys:
+                    continue
+                values = [op[2] + j for j in range(len(keys))]
+                buffer.update_priority([index_of(*k) for k in keys], values)
+                model.update(keys, values)
+            elif op[0] == "sample" and model.ids:
+                batch, info = buffer.sample(op[1], return_info=True)
+                assert_rows_consistent(batch)
+                for index, weight in zip(
+                    info["index"].tolist(), info["weight"].tolist(), strict=True
+                ):
+                    key = (index >> 32, index & 0xFFFFFFFF)
+                    assert key in model.priorities  # only rows of the window are drawn
+                    assert weight == pytest.approx(model.weight(key), rel=1e-5)
+            elif op[0] == "resume" and model.ids:
+                path = f"{folder}/{step}"
+                buffer.save_checkpoint(path)
+                buffer = prioritized_buffer(sample_window_size=3, prioritized=settings_)
+                buffer.load_checkpoint(path)
+            if model.ids:
+                got = buffer.get_priority(window_indices(buffer)).tolist()
+                want = [model.priorities[(i, r)] for i, r in sorted(model.priorities)]
+                assert got == pytest.approx(want)
+                assert buffer.get_stats()["stale_priority_updates"] == model.stale
+                assert buffer.get_stats()["max_priority"] == pytest.approx(model.max_priority)
+
+
+def test_drawn_frequencies_match_the_proportional_probabilities():
+    settings_ = PrioritizedReplay(alpha=0.8, beta=0.4, eps=0.0)
+    buffer = prioritized_buffer(sample_window_size=0, prioritized=settings_)
+    buffer.add_trajectories([make_trajectory(10, 10, 100 * k) for k in range(10)])
+    priorities = np.random.default_rng(0).pareto(1.5, size=1000).astype(np.float32) + 0.01
+    buffer.update_priority(window_indices(buffer), priorities)
+    counts = np.zeros(1000)
+    for _ in range(10):
+        _, info = buffer.sample(10_000, return_info=True)
+        index = info["index"].numpy()
+        np.add.at(counts, (index >> 32) * 100 + (index & 0xFFFFFFFF), 1)
+    mass = priorities.astype(np.float64) ** 0.8
+    assert chi_square_p(counts, mass / mass.sum() * counts.sum())[1] >= 0.01
+
+
+def test_a_seed_gives_the_same_draws_and_a_checkpoint_resumes_them(tmp_path):
+    def run() -> TrajectoryReplayBuffer:
+        buffer = prioritized_buffer(sample_window_size=4)
+        buffer.add_trajectories([make_trajectory(4, 3, 100 * k) for k in range(6)])
+        _, info = buffer.sample(16, return_info=True)
+        buffer.update_priority(info["index"], torch.linspace(0.1, 9.0, 16))
+        return buffer
+
+    first, second = run(), run()
+    assert torch.equal(
+        first.sample(32, return_info=True)[1]["index"],
+        second.sample(32, return_info=True)[1]["index"],
+    )
+    first.save_checkpoint(tmp_path / "ck")
+    resumed = prioritized_buffer(sample_window_size=4)
+    resumed.load_checkpoint(tmp_path / "ck")
+    for _ in range(3):
+        want, want_info = first.sample(8, return_info=True)
+        got, got_info = resumed.sample(8, return_info=True)
+        assert torch.equal(got_info["index"], want_info["index"])
+        assert torch.equal(got_info["weight"], want_info["weight"])
+        assert torch.equal(got["rewards"], want["rewards"])
+        seq_want = first.sample_sequences(4, 3, return_info=True)[1]
+        seq_got = resumed.sample_sequences(4, 3, return_info=True)[1]
+        assert torch.equal(seq_got["index"], seq_want["index"])
+
+
+def test_stale_updates_are_ignored_and_counted():
+    buffer = prioritized_buffer(sample_window_size=2)
+    buffer.add_trajectories([make_trajectory(2, 2, 0), make_trajectory(2, 2, 10)])
+    buffer.add_trajectories([make_trajectory(2, 2, 20)])  # trajectory 0 leaves the window
+    buffer.update_priority([index_of(0, 1), index_of(1, 1), index_of(0, 2)], [5.0, 6.0, 7.0])
+    assert buffer.get_stats()["stale_priority_updates"] == 2
+    assert buffer.get_priority([index_of(1, 1), index_of(0, 1)]).tolist()[0] == 6.0
+    assert np.isnan(buffer.get_priority([index_of(0, 1)]).item())
+
+
+def test_new_rows_enter_at_the_largest_priority():
+    buffer = prioritized_buffer(sample_window_size=0)
+    buffer.add_trajectories([make_trajectory(2, 2, 0)])
+    buffer.update_priority([index_of(0, 0), index_of(0, 1)], [9.0, 0.5])
+    buffer.add_trajectories([make_trajectory(2, 2, 10)])
+    assert buffer.get_priority([index_of(1, r) for r in range(4)]).tolist() == [9.0] * 4
+
+
+@pytest.mark.parametrize(
+    ("indices", "priorities"),
+    [
+        ([index_of(0, 0)], [-1.0]),
+        ([index_of(0, 0)], [float("nan")]),
+        ([index_of(0, 0), index_of(0, 1)], [1.0, 2.0, 3.0]),
+        ([index_of(0, 4)], [1.0]),  # row past the trajectory's 4 rows
+        ([-1], [1.0]),
+        ([0.5], [1.0]),
+    ],
+)
+def test_bad_updates_change_nothing(indices, priorities):
+    buffer = prioritized_buffer(sample_window_size=0)
+    buffer.add_trajectories([make_trajectory(2, 2, 0)])
+    before = buffer.get_priority(window_indices(buffer))
+    with pytest.raises(ValueError):
+        buffer.update_priority(indices, priorities)
+    assert torch.equal(buffer.get_priority(window_indices(buffer)), before)
+    assert buffer.get_stats()["stale_priority_updates"] == 0
+
+
+def test_prioritization_off_refuses_updates_and_keeps_the_uniform_output():
+    plain = TrajectoryReplayBuffer(seed=3)
+    plain.add_trajectories([make_trajectory(2, 2, 0)])
+    with pytest.raises(ValueError, match="prioritized"):
+        plain.update_priority([0], [1.0])
+    batch = plain.sample(4)
+    assert isinstance(batch, dict) and "index" not in batch
+    again = TrajectoryReplayBuffer(seed=3)
+    again.add_trajectories([make_trajectory(2, 2, 0)])
+    got, info = again.sample(4, return_info=True)
+    assert torch.equal(got["rewards"], batch["rewards"])
+    assert info["weight"].tolist() == [1.0] * 4
+    assert (info["index"] & 0xFFFFFFFF).tolist() == got["rewards"][:, 0].long().tolist()
+    assert "stale_priority_updates" not in again.get_stats()
+    with pytest.raises(ValueError, match="prefetch"):
+        prioritized_buffer(prefetch=2)
+    with pytest.raises(ValueError, match="alpha"):
+        PrioritizedReplay(alpha=-1.0)
+
+
+def test_zero_priorities_are_never_drawn_and_all_zero_raises():
+    buffer = prioritized_buffer(
+        sample_window_size=0, prioritized=PrioritizedReplay(alpha=1.0, beta=1.0, eps=0.0)
+    )
+    buffer.add_trajectories([make_trajectory(2, 2, 0)])
+    buffer.update_priority([index_of(0, r) for r in range(4)], [0.0, 0.0, 3.0, 0.0])
+    _, info = buffer.sample(50, return_info=True)
+    assert set(info["index"].tolist()) == {index_of(0, 2)}
+    buffer.update_priority([index_of(0, 2)], [0.0])
+    with pytest.raises(EmptyBufferError, match="priority 0"):
+        buffer.sample(1)
+
+
+def steps_trajectory(trajectory_id: int, T: int = 6, B: int = 2) -> Trajectory:
+    """``state`` = 1000 * id + flat row; no episode ends (the next id continues each env)."""
+    rows = 1000 * trajectory_id + torch.arange(T * B, dtype=torch.float64).reshape(T, B)
+    return Trajectory(rewards=rows.unsqueeze(-1), dones=torch.zeros(T, B, 1, dtype=torch.bool))
+
+
+def test_sequences_start_by_priority():
+    buffer = prioritized_buffer(
+        sample_window_size=0, prioritized=PrioritizedReplay(alpha=1.0, beta=1.0, eps=0.0)
+    )
+    buffer.add_trajectories([steps_trajectory(k) for k in range(3)])
+    buffer.update_priority(window_indices(buffer), 0.0)
+    buffer.update_priority([index_of(1, 2), index_of(2, 9)], [1.0, 3.0])
+    batch, info = buffer.sample_sequences(400, 3, return_info=True)
+    starts = info["index"].tolist()
+    assert set(starts) == {index_of(1, 2), index_of(2, 9)}
+    assert 0.6 < starts.count(index_of(2, 9)) / 400 < 0.9
+    first = batch["rewards"][:, 0, 0].long()
+    assert torch.equal(first, (info["index"] & 0xFFFFFFFF) + 1000 * (info["index"] >> 32))
+    assert info["weight"][info["index"] == index_of(1, 2)].unique().tolist() == [1.0]
+    heavy = info["weight"][info["index"] == index_of(2, 9)].unique().tolist()
+    assert heavy == [pytest.approx(1 / 3)]
+    # strict: only starts with 3 steps ahead (row 9 is t=4 of the last 6 steps: 2 ahead)
+    _, strict = buffer.sample_sequences(50, 3, strict_length=True, return_info=True)
+    assert set(strict["index"].tolist()) == {index_of(1, 2)}
+
+
+def test_flushed_priorities_survive_a_kill_and_resume(tmp_path):
+    store = tmp_path / "store"
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(ROOT / "tests")!r})
+        import torch
+        from conftest import make_trajectory
+        from rbzarr import PrioritizedReplay, TrajectoryReplayBuffer
+        buffer = TrajectoryReplayBuffer(
+            seed=1, sample_window_size=3, auto_save=True, auto_save_path={str(store)!r},
+            prioritized=PrioritizedReplay(alpha=0.6, beta=0.4, eps=0.01),
+        )
+        buffer.add_trajectories([make_trajectory(3, 2, 100 * k) for k in range(4)])
+        _, info = buffer.sample(12, return_info=True)
+        buffer.update_priority(info["index"], torch.arange(12, dtype=torch.float32) / 7)
+        buffer.flush()
+        index = torch.tensor([(i << 32) | r for i in (1, 2, 3) for r in range(6)])
+        print(",".join(repr(v) for v in buffer.get_priority(index).tolist()), flush=True)
+        buffer.update_priority(index, 99.0)  # not flushed: lost with the process
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == -9, done.stderr
+    flushed = [float(v) for v in done.stdout.strip().split(",")]
+    resumed = prioritized_buffer(
+        sample_window_size=3, prioritized=PrioritizedReplay(alpha=0.6, beta=0.4, eps=0.01)
+    )
+    resumed.load_checkpoint(store)
+    index = torch.tensor([index_of(i, r) for i in (1, 2, 3) for r in range(6)])
+    assert resumed.get_priority(index).tolist() == flushed
+
+
+def test_a_failed_priority_write_loses_nothing_and_the_next_flush_writes_it(tmp_path):
+    store = tmp_path / "store"
+    buffer = prioritized_buffer(sample_window_size=0, auto_save=True, auto_save_path=store)
+    buffer.add_trajectories([make_trajectory(2, 2, 100 * k) for k in range(3)])
+    buffer.update_priority([index_of(k, 1) for k in range(3)], [2.0, 3.0, 4.0])
+    buffer.flush()
+    buffer.update_priority([index_of(k, 2) for k in range(3)], [5.0, 6.0, 7.0])
+    # A folder where trajectory 1's priority file goes: its write fails, for real.
+    blocker = store / "priorities" / "1.f32"
+    blocker.unlink()
+    blocker.mkdir()
+    (blocker / "user.txt").write_text("in the way")
+    with pytest.raises(StorageUnavailableError):
+        buffer.flush()
+    (blocker / "user.txt").unlink()
+    blocker.rmdir()
+    buffer.flush()  # the write that failed is made now
+    buffer.close()
+    resumed = prioritized_buffer(sample_window_size=0)
+    resumed.load_checkpoint(store)
+    assert resumed.get_priority(window_indices(resumed)).tolist() == [
+        1.0,
+        2.0,
+        5.0,
+        1.0,
+        1.0,
+        3.0,
+        6.0,
+        1.0,
+        1.0,
+        4.0,
+        7.0,
+        1.0,
+    ]
+
+
+def test_rank_shards_load_their_priorities(tmp_path):
+    buffer = prioritized_buffer(sample_window_size=0)
+    buffer.add_trajectories([make_trajectory(2, 2, 100 * k) for k in range(4)])
+    buffer.update_priority(window_indices(buffer), torch.arange(16, dtype=torch.float32))
+    buffer.save_checkpoint(tmp_path / "ck")
+    for rank, ids in ((0, [0, 1]), (1, [2, 3])):
+        shard = prioritized_buffer(sample_window_size=0)
+        shard.load_checkpoint(tmp_path / "ck", is_distributed=True, local_rank=rank, world_size=2)
+        assert shard.trajectory_ids == ids
+        assert shard.get_priority(window_indices(shard)).tolist() == list(
+            range(4 * ids[0], 4 * ids[-1] + 4)
+        )
+
+
+def test_a_damaged_priority_file_is_refused_naming_it(tmp_path):
+    buffer = prioritized_buffer(sample_window_size=0, auto_save=True, auto_save_path=tmp_path / "s")
+    buffer.add_trajectories([make_trajectory(2, 2, 0)])
+    buffer.close()
+    (tmp_path / "s" / "priorities" / "0.f32").write_bytes(b"RBZPRI\x00\x01" + b"\x00" * 3)
+    with pytest.raises(CorruptStoreError, match=r"0\.f32"):
+        prioritized_buffer(sample_window_size=0).load_checkpoint(tmp_path / "s")
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(st.integers(1, 40), min_size=1, max_size=12),
+    st.integers(1, 12),
+    st.data(),
+)
+def test_the_tree_follows_windows_that_slide_and_grow(counts, window, data):
+    priorities = WindowPriorities(PrioritizedReplay(alpha=1.0, beta=1.0, eps=0.0))
+    model: dict[tuple[int, int], float] = {}
+    for end in range(1, len(counts) + 1):
+        ids = list(range(max(0, end - window), end))
+        priorities.sync(ids, [counts[i] for i in ids])
+        model = {k: v for k, v in model.items() if k[0] in ids}
+        for i in ids:
+            for r in range(counts[i]):
+                model.setdefault((i, r), priorities.max_priority)
+        keys = data.draw(st.lists(st.sampled_from(sorted(model)), max_size=5))
+        values = np.array(
+            data.draw(
+                st.lists(st.floats(0.5, 9, width=32), min_size=len(keys), max_size=len(keys))
+            ),
+            dtype=np.float32,
+        )
+        priorities.update(np.array([index_of(*k) for k in keys], dtype=np.int64), values)
+        for key, value in zip(keys, values.tolist(), strict=True):
+            model[key] = value
+            priorities.max_priority = max(priorities.max_priority, value)
+        got = priorities.get(np.array([index_of(*k) for k in sorted(model)], dtype=np.int64))
+        assert got.tolist() == [model[k] for k in sorted(model)]
+        positions, rows, weights = priorities.draw(64, torch.Generator().manual_seed(end))
+        least = min(model.values())
+        for p, r, w in zip(positions.tolist(), rows.tolist(), weights.tolist(), strict=True):
+            assert w == pytest.approx(least / model[(ids[p], r)], rel=1e-6)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
+def test_dataloader_workers_draw_by_the_flushed_priorities(tmp_path, context):
+    settings_ = PrioritizedReplay(alpha=1.0, beta=1.0, eps=0.0)
+    buffer = prioritized_buffer(
+        sample_window_size=0, auto_save=True, auto_save_path=tmp_path / "s", prioritized=settings_
+    )
+    buffer.add_trajectories([make_trajectory(2, 2, 100 * k) for k in range(4)])
+    buffer.update_priority(window_indices(buffer), 0.0)
+    buffer.update_priority([index_of(1, 3), index_of(2, 0)], [1.0, 4.0])
+    buffer.flush()
+    dataset = ReplayDataset(buffer, batch_size=64, num_batches=4, seed=5, max_staleness=0.0)
+    loader = dataset.data_loader(num_workers=2, multiprocessing_context=context)
+    for batch in loader:
+        info = batch["sample_info"]
+        assert set(info["index"].tolist()) <= {index_of(1, 3), index_of(2, 0)}
+        assert_rows_consistent({k: v for k, v in batch.items() if k != "sample_info"})
+        weights = dict(zip(info["index"].tolist(), info["weight"].tolist(), strict=True))
+        assert weights.get(index_of(1, 3), 1.0) == 1.0
+        assert weights.get(index_of(2, 0), 0.25) == 0.25
+        # The trainer routes the updates to the buffer, the one owner of the priorities.
+        buffer.update_priority(info["index"], 2.0)
+    assert buffer.get_priority([index_of(1, 3), index_of(2, 0)]).tolist() == [2.0, 2.0]
+    buffer.update_priority([index_of(3, 1)], [8.0])
+    buffer.update_priority([index_of(1, 3), index_of(2, 0)], [0.0, 0.0])
+    buffer.flush()
+    for batch in dataset.data_loader(num_workers=2, multiprocessing_context=context):
+        assert set(batch["sample_info"]["index"].tolist()) == {index_of(3, 1)}
+    buffer.close()
+
+
+def test_a_dataset_without_workers_sees_the_updates_after_its_prefetch():
+    buffer = prioritized_buffer(
+        sample_window_size=0, prioritized=PrioritizedReplay(alpha=1.0, beta=1.0, eps=0.0)
+    )
+    buffer.add_trajectories([make_trajectory(2, 2, 0)])
+    buffer.update_priority(window_indices(buffer), [0.0, 1.0, 0.0, 0.0])
+    dataset = ReplayDataset(buffer, batch_size=8, num_batches=3, seed=1, prefetch=1)
+    drawn = []
+    for step, batch in enumerate(dataset):
+        drawn.append(set(batch["sample_info"]["index"].tolist()))
+        if step == 0:
+            buffer.update_priority([index_of(0, 1), index_of(0, 2)], [0.0, 1.0])
+    # Batch 1 may have been drawn ahead, before the update; batch 2 is drawn after it.
+    assert drawn[0] == {index_of(0, 1)}
+    assert drawn[1] in ({index_of(0, 1)}, {index_of(0, 2)})
+    assert drawn[2] == {index_of(0, 2)}
+
+
+def test_the_chi_square_p_value_is_the_textbook_one():
+    # 2 degrees of freedom: p = exp(-statistic / 2).
+    statistic, p = chi_square_p(np.array([10.0, 20.0, 30.0]), np.array([20.0, 20.0, 20.0]))
+    assert statistic == 10.0
+    assert p == pytest.approx(np.exp(-5.0))
+
+
+def test_the_benchmark_targets_read_a_run_and_say_why_the_peer_is_missing():
+
+    case = {"ours": {"p50_ms": 0.5, "rows": 10}, "torchrl": {"p50_ms": 1.0}}
+    results = {
+        "hot": case,
+        "disk": {**case, "torchrl": {"unavailable": "no torchrl here"}},
+        "sequences": case,
+        "torchrl_versions": {"torchrl": "0.14.1"},
+        "distribution": {"draws": 10, "rows": 2, "p_value": 0.5, "max_weight_error": 0.0},
+        "kill": {"killed": True, "equal": True},
+        "memory": {"rows": 10, "bytes": 60, "float32_bytes": 40, "float64_bytes": 80},
+    }
+    found = {t["target"].split(" (")[0]: t for t in priorities_targets(results)}
+    assert [t["met"] for t in found.values()] == [True, None, True, True, True, True, True]
+    assert "no torchrl here" in found["the same, rows from disk, vs LazyMemmapStorage"]["reason"]
