@@ -142,6 +142,7 @@ FAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 @pytest.mark.parametrize("put", list(PUTS))
 @pytest.mark.parametrize("fault", list(FAULTS))
