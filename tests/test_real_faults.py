@@ -142,7 +142,11 @@ FAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.s3
+# A request cut off mid-way leaves s3fs's aiohttp session to be collected unclosed.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore:Unclosed client session:ResourceWarning")
 @pytest.mark.parametrize("put", list(PUTS))
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_s3_faults_at_each_kind_of_put_lose_nothing(
@@ -168,9 +172,8 @@ def test_s3_faults_at_each_kind_of_put_lose_nothing(
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("always")
         buffer.close()  # its compaction PUTs a block and a head: they may meet the fault
-    if warned:  # the compaction failed: every commit stands, the next writer's close folds
+    if warned:  # the compaction failed: every commit stands; repair rewrites the mirror
         assert "folding the index log at close failed" in str(warned[0].message)
-        TrajectoryReplayBuffer(
-            auto_save=True, auto_save_path=url, storage_options=s3_options
-        ).close()
+        assert_listed_once(url, added, s3_options, closed=False)
+        assert verify_store(url, s3_options, repair=True).ok
     assert_listed_once(url, added, s3_options)
