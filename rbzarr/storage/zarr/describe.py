@@ -67,10 +67,15 @@ def trajectory_group(location: Location, entry: Entry) -> zarr.Group:
     store = location.zarr_store(read_only=True)
     path = "/".join(parts)
     try:
-        for document in folder.list_files():
+        # Locally, where a tampered store costs nothing to read, every document is checked
+        # first; on object storage that would cost a request per array, so zarr's own
+        # parse is bounded instead (a deeply nested document raises RecursionError).
+        for document in folder.list_files() if location.is_local else ():
             if PurePosixPath(document).name == "zarr.json":
                 read_json(folder.read_bytes(*document.split("/")), f"{folder.url}/{document}")
         return zarr.open_group(store=store, path=path, mode="r")
+    except RecursionError as exc:
+        raise CorruptStoreError(f"{folder.url}/zarr.json: nested too deeply") from exc
     except FileNotFoundError as exc:  # zarr's GroupNotFoundError
         raise CorruptStoreError(
             f"trajectory {trajectory_id(entry)}: the index of {location.url} lists it "
@@ -88,7 +93,7 @@ def group_arrays(location: Location, group: zarr.Group) -> dict[str, zarr.Array]
             for name, node in group.members(max_depth=None)
             if isinstance(node, zarr.Array)
         }
-    except (ValueError, TypeError, KeyError) as exc:
+    except (ValueError, TypeError, KeyError, RecursionError) as exc:
         raise CorruptStoreError(
             f"{location.url}/{group.path}: an array's zarr.json is not one rbzarr reads: {exc}"
         ) from exc
