@@ -50,7 +50,7 @@ from benchmarks.report import target
 from benchmarks.settings import Settings
 from benchmarks.torchrl_peer import TorchRLPeer, torchrl_missing
 from rbzarr import RbzarrError, Trajectory, TrajectoryReplayBuffer
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.zarr.layout import ZarrLayout
 from rbzarr.trajectory import tree
 from rbzarr.trajectory.flat_view import flatten_trajectory

@@ -30,7 +30,7 @@ from benchmarks.s3_cache import measure_cache
 from benchmarks.settings import Settings
 from benchmarks.workloads import camera_and_state_trajectory
 from rbzarr.buffer.buffer import TrajectoryReplayBuffer
-from rbzarr.storage.backends import with_s3_defaults
+from rbzarr.storage.io.backends import with_s3_defaults
 from rbzarr.storage.zarr.remote import DEFAULT_RANGE_GAP
 from rbzarr.trajectory.model import validate
 

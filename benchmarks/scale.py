@@ -43,7 +43,7 @@ from benchmarks.write_rows import measure
 from rbzarr import Trajectory, TrajectoryReplayBuffer
 from rbzarr.storage.index import log as index_log
 from rbzarr.storage.index.schema import schema_to_json
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.zarr.layout import ZarrLayout
 from rbzarr.trajectory.model import validate
 

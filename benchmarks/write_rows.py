@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from rbzarr import Trajectory, TrajectoryReplayBuffer
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.zarr.layout import ZarrLayout
 from rbzarr.trajectory.model import validate
 from rbzarr.trajectory.validated import ValidatedTrajectory

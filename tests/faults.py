@@ -1,7 +1,7 @@
 """Fault injection at rbzarr's storage seam: call *k* of an operation fails, then storage heals.
 
 The seam is where rbzarr's bytes meet a backend, wrapped in place (no parameter is threaded
-through the layers): every :class:`~rbzarr.storage.location.Location` call that touches the
+through the layers): every :class:`~rbzarr.storage.io.location.Location` call that touches the
 backend (read, write, delete, list, exists) and, below the layouts, the writes of a
 trajectory group's files (``write_file`` / ``commit_file`` of the local publisher, a zarr
 store's ``set`` elsewhere).  Code that moves between modules keeps going through this seam.
@@ -36,7 +36,7 @@ import pytest
 import zarr.storage
 
 from rbzarr.errors import StorageUnavailableError
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.zarr import publish
 
 KINDS = ("fail", "lost", "outage", "hang")

@@ -19,7 +19,7 @@ import torch
 from crash_writer import expected_trajectory
 
 from rbzarr.storage.index.slots import read_store_documents
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.zarr.layout import ZarrLayout
 
 

@@ -21,7 +21,7 @@ from rbzarr import (
 from rbzarr.buffer.cache import RowCache
 from rbzarr.buffer.commits import StoreCommitter
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class, open_store
 from rbzarr.trajectory.validated import ValidatedTrajectory, clone_trajectory
 

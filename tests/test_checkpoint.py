@@ -17,11 +17,11 @@ from rbzarr import (
     TrajectoryReplayBuffer,
     WriterFailedError,
 )
-from rbzarr.storage.documents import Documents
 from rbzarr.storage.index.slots import read_store_documents
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout
-from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
+from rbzarr.storage.rlinf.documents import Documents
 from rbzarr.trajectory import tree
 
 FORMATS = ["zarr", "pt", "pkl"]

@@ -16,10 +16,10 @@ from conftest import make_trajectory
 from rbzarr import CorruptStoreError, TrajectoryReplayBuffer, WriterFailedError
 from rbzarr.analysis.verify import verify_store
 from rbzarr.errors import StorageUnavailableError
-from rbzarr.storage import files
 from rbzarr.storage.index import log as index_log
 from rbzarr.storage.index.slots import read_store_documents, read_store_metadata
-from rbzarr.storage.location import Location
+from rbzarr.storage.io import files
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.zarr import publish
 
 

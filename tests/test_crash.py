@@ -24,7 +24,7 @@ from crash_writer import expected_trajectory
 from rbzarr import TrajectoryReplayBuffer, UncommittedWritesWarning
 from rbzarr.analysis.verify import verify_store
 from rbzarr.storage.index.slots import read_store_documents, store_has_documents
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class
 
 WORKER = Path(__file__).with_name("crash_writer.py")

@@ -15,7 +15,7 @@ from rbzarr.analysis.listing import StoreListing
 from rbzarr.analysis.report_text import info_lines, ls_lines
 from rbzarr.analysis.summary import describe_store, list_trajectories
 from rbzarr.analysis.verify import verify_store
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 
 
 def build(url: str, options: dict[str, Any] | None = None) -> None:

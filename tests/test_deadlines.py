@@ -22,8 +22,8 @@ from conftest import make_trajectory
 from benchmarks.s3_server import REGION, S3Proxy, create_bucket, unique_bucket_name
 from rbzarr import StorageUnavailableError, TrajectoryReplayBuffer
 from rbzarr.analysis import open_buffer
-from rbzarr.storage.deadlines import DEADLINE_ENV
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.deadlines import DEADLINE_ENV
+from rbzarr.storage.io.location import Location
 
 DEADLINE = 2.0
 # Only a hang guard: how long the writer may take to report the silent endpoint's error.

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from rbzarr.analysis.export import export_store
 from rbzarr.errors import StoreExistsError
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class, open_store
 from rbzarr.trajectory.model import TENSOR_FIELDS, Trajectory, validate
 

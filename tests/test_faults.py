@@ -38,7 +38,7 @@ from rbzarr import (
 from rbzarr.analysis.verify import verify_store
 from rbzarr.storage.index import log as index_log
 from rbzarr.storage.index.slots import read_store_documents, read_store_metadata
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class
 
 # A close whose compaction meets the fault warns and leaves it to the next writer: expected.

@@ -21,10 +21,10 @@ from rbzarr.errors import (
     UnsafePathError,
     UnsafePickleError,
 )
-from rbzarr.storage.file_layout import FileLayout, PklLayout, PtLayout
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout
-from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
+from rbzarr.storage.rlinf.file_layout import FileLayout, PklLayout, PtLayout
 from rbzarr.trajectory.flat_view import flatten_trajectory
 from rbzarr.trajectory.model import Trajectory, validate
 

@@ -29,7 +29,7 @@ from rbzarr import (
 from rbzarr.analysis.verify import verify_store
 from rbzarr.storage.index import log as index_log
 from rbzarr.storage.index.slots import read_store_documents
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 
 ENTRY = {"uuid": "u", "num_samples": 8, "shape": [4, 2], "max_episode_length": 0}
 

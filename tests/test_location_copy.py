@@ -9,7 +9,7 @@ import pytest
 from conftest import assert_same_trajectory, make_trajectory
 
 from rbzarr import StoreExistsError
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class
 
 TREE = {"zarr.json": b"{}", "rewards/zarr.json": b"{1}", "rewards/c/0/0": b"\x00\x01"}

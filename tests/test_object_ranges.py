@@ -11,8 +11,8 @@ from conftest import make_trajectory
 
 import rbzarr
 from rbzarr import StorageUnavailableError, TrajectoryReplayBuffer
-from rbzarr.storage.backends import translate_errors
-from rbzarr.storage.object_ranges import CLIENT_ENV, object_ranges, obstore_config
+from rbzarr.storage.io.backends import translate_errors
+from rbzarr.storage.io.object_ranges import CLIENT_ENV, object_ranges, obstore_config
 from rbzarr.storage.zarr import remote
 
 EXPLICIT = {

@@ -18,7 +18,7 @@ from conftest import assert_rows_consistent, make_trajectory
 from rbzarr import CorruptStoreError, DamagedTrajectoryWarning, TrajectoryReplayBuffer
 from rbzarr.analysis import BufferView, open_buffer
 from rbzarr.data.sources import store_spec
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.zarr import remote
 
 TRUNCATED, DELETED = 1, 3

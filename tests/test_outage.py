@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from benchmarks.s3_server import S3Proxy
 from rbzarr import BufferClosedError, Trajectory, TrajectoryReplayBuffer, WriterFailedError
 from rbzarr.storage.index.slots import read_store_documents
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class
 
 

@@ -18,9 +18,9 @@ from conftest import make_trajectory
 
 from benchmarks.s3_server import unique_bucket_name
 from rbzarr import StoreNotWritableError, TrajectoryReplayBuffer, WriterFailedError
-from rbzarr.storage.backends import permanent_cause
-from rbzarr.storage.documents import read_documents
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.backends import permanent_cause
+from rbzarr.storage.io.location import Location
+from rbzarr.storage.rlinf.documents import read_documents
 
 
 def test_a_path_under_a_regular_file_is_refused_at_construction(tmp_path: Path):

@@ -24,7 +24,7 @@ from benchmarks.s3_server import Request, S3Proxy
 from rbzarr import Trajectory, TrajectoryReplayBuffer, WriterFailedError
 from rbzarr.analysis.verify import verify_store
 from rbzarr.storage.index.slots import read_store_documents
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class
 
 

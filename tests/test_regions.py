@@ -15,7 +15,7 @@ import torch
 import zarr
 from conftest import make_trajectory
 
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.row_groups import RowGroups
 from rbzarr.storage.zarr import regions
 from rbzarr.storage.zarr.layout import ZarrLayout

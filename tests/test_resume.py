@@ -17,9 +17,9 @@ import torch
 from conftest import assert_rows_consistent, assert_same_trajectory, make_trajectory
 
 from rbzarr import CheckpointNotFoundError, Trajectory, TrajectoryReplayBuffer
-from rbzarr.storage.documents import read_documents
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class
+from rbzarr.storage.rlinf.documents import read_documents
 
 T, B = 2, 3
 ROWS = T * B

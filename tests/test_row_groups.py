@@ -12,8 +12,8 @@ import torch
 from conftest import make_trajectory
 
 from rbzarr.sampling.rows import plan_misses, read_batch
-from rbzarr.storage.file_layout import PtLayout
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
+from rbzarr.storage.rlinf.file_layout import PtLayout
 from rbzarr.storage.row_groups import RowGroups
 from rbzarr.storage.zarr.layout import ZarrLayout
 from rbzarr.trajectory.flat_view import flatten_trajectory

@@ -28,7 +28,7 @@ from rbzarr import (
 )
 from rbzarr.analysis.export import export_store
 from rbzarr.storage.index.slots import read_store_documents
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import open_store
 from rbzarr.storage.zarr import remote
 

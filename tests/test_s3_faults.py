@@ -3,7 +3,7 @@
 Faults are real: moto's server sits behind the test's ``S3Proxy`` (benchmarks/s3_server.py), which
 drops every request (``go_down``) or stops listening (``close``: connection refused).  The
 options here set no timeouts or retries of their own, so every bound comes from rbzarr's
-defaults (``S3_DEFAULTS`` in ``rbzarr/storage/backends.py``).  Times are asserted loosely
+defaults (``S3_DEFAULTS`` in ``rbzarr/storage/io/backends.py``).  Times are asserted loosely
 ("surfaces well within 30 s"): this checks that nothing hangs, not how fast it fails.
 """
 
@@ -25,8 +25,8 @@ from benchmarks.s3_server import S3Proxy
 from rbzarr import StorageUnavailableError, TrajectoryReplayBuffer
 from rbzarr.analysis.verify import verify_store
 from rbzarr.analysis.view import open_buffer
-from rbzarr.storage.backends import S3_DEFAULTS, with_s3_defaults
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.backends import S3_DEFAULTS, with_s3_defaults
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.zarr import remote
 
 pytestmark = pytest.mark.s3

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rbzarr.errors import CorruptStoreError, UnsafePickleError
-from rbzarr.storage.safe_pickle import safe_load
+from rbzarr.storage.rlinf.safe_pickle import safe_load
 
 
 class _SystemCall:

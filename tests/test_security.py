@@ -22,8 +22,8 @@ from rbzarr import (
 )
 from rbzarr.analysis.verify import verify_store
 from rbzarr.analysis.view import open_buffer
-from rbzarr.storage.location import Location
-from rbzarr.storage.names import is_temporary_name, safe_name, temporary_name
+from rbzarr.storage.io.location import Location
+from rbzarr.storage.io.names import is_temporary_name, safe_name, temporary_name
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -192,7 +192,7 @@ def test_a_fifo_socket_or_device_is_refused_before_it_is_opened(tmp_path):
     import os  # noqa: PLC0415
     import socket  # noqa: PLC0415
 
-    from rbzarr.storage.files import open_regular, read_regular  # noqa: PLC0415
+    from rbzarr.storage.io.files import open_regular, read_regular  # noqa: PLC0415
 
     fifo, sock, plain = tmp_path / "fifo", tmp_path / "sock", tmp_path / "plain"
     os.mkfifo(fifo)
@@ -224,7 +224,7 @@ def test_a_fifo_socket_or_device_is_refused_before_it_is_opened(tmp_path):
     "name", ["1", "0", "17", "\u00b9", "\u0661", "01", "-1", "+1", " 1", "1_0", "", "1.0", "x"]
 )
 def test_names_standing_for_numbers_are_ascii_digits_as_written(name):
-    from rbzarr.storage.names import is_digits, number_name  # noqa: PLC0415
+    from rbzarr.storage.io.names import is_digits, number_name  # noqa: PLC0415
 
     canonical = name in ("1", "0", "17")
     assert (number_name(name) is not None) == canonical

@@ -27,7 +27,7 @@ from zarr.codecs import ZstdCodec
 from benchmarks.page_cache import evict
 from rbzarr import CorruptStoreError, TrajectoryReplayBuffer
 from rbzarr.analysis.view import open_buffer
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.zarr import shard_index
 from rbzarr.storage.zarr.layout import ZarrLayout
 from rbzarr.storage.zarr.local import decode_whole

@@ -14,7 +14,7 @@ from zarr.codecs import ZstdCodec
 from benchmarks.accounting import CountingByteSource
 from benchmarks.s3_server import S3Proxy
 from rbzarr import CorruptStoreError, TrajectoryReplayBuffer
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.zarr import remote
 from rbzarr.storage.zarr.rows import reset_row_elements
 

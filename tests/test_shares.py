@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rbzarr import CheckpointNotFoundError, TrajectoryReplayBuffer
-from rbzarr.storage.documents import read_documents
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex, share_bounds
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class
+from rbzarr.storage.rlinf.documents import read_documents
 
 FORMATS = ["zarr", "pt", "pkl"]
 T, B = 2, 3

@@ -20,8 +20,8 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 from rlinf_oracle import RLinfBuffer, assert_batches_equal, rlinf_copy, rlinf_window
 
 from rbzarr import Trajectory, TrajectoryReplayBuffer
-from rbzarr.storage.documents import read_documents
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
+from rbzarr.storage.rlinf.documents import read_documents
 
 SEED = 11
 STEPS = 30  # rules per program: no program adds more trajectories

@@ -19,7 +19,7 @@ from rbzarr import CorruptStoreError, TrajectoryReplayBuffer
 from rbzarr.analysis import open_buffer
 from rbzarr.analysis.stats import compute_stats
 from rbzarr.cli.main import main
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 
 DAMAGED = 1
 

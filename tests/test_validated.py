@@ -7,7 +7,7 @@ import torch
 from conftest import make_trajectory
 
 from rbzarr import InvalidTrajectoryError
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class
 from rbzarr.trajectory.validated import ValidatedTrajectory, rows_to_write
 

@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 from zarr.codecs import BloscCodec, ZstdCodec
 
 from rbzarr.errors import CorruptStoreError
-from rbzarr.storage.documents import Documents
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout
-from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
+from rbzarr.storage.rlinf.documents import Documents
 from rbzarr.storage.zarr.chunking import chunk_shape
 from rbzarr.storage.zarr.layout import ZarrLayout
 from rbzarr.trajectory.dtypes import dtype_name, to_numpy

@@ -23,8 +23,8 @@ from tqdm import tqdm
 from rbzarr.analysis.episodes import Episode, EpisodeTracker
 from rbzarr.analysis.steps import episode_fields, read_steps
 from rbzarr.errors import SchedulerUnavailableError
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout
-from rbzarr.storage.location import Location
 from rbzarr.storage.registry import layout_class
 from rbzarr.trajectory.steps import DONES
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import open_store
 from rbzarr.storage.zarr.codecs import CANDIDATES, image_layout, parse_codec, psnr
 

@@ -8,11 +8,11 @@ from typing import Any
 
 from rbzarr.analysis.cluster import TrajectoryTasks
 from rbzarr.errors import StoreExistsError
-from rbzarr.storage.documents import Documents
 from rbzarr.storage.index.schema import check_schema, schema_from_json
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class, open_store
+from rbzarr.storage.rlinf.documents import Documents
 
 __all__ = ["export_store"]
 

@@ -6,11 +6,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from rbzarr.storage.documents import Entry
 from rbzarr.storage.index.slots import read_store_documents
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class, stored_format
+from rbzarr.storage.rlinf.documents import Entry
 
 __all__ = ["StoreListing"]
 
@@ -21,7 +21,7 @@ class StoreListing:
     Parameters
     ----------
     url
-        The store's path, URL or :class:`~rbzarr.storage.location.Location`.
+        The store's path, URL or :class:`~rbzarr.storage.io.location.Location`.
     storage_options
         fsspec options for ``url``.
 

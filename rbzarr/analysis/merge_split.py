@@ -15,11 +15,11 @@ from tqdm import tqdm
 from rbzarr.analysis.export import export_store
 from rbzarr.analysis.view import BufferView, open_buffer
 from rbzarr.errors import CorruptStoreError, StoreExistsError
-from rbzarr.storage.documents import Documents
 from rbzarr.storage.index.schema import schema_from_json, schema_to_json
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex, share_bounds
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class
+from rbzarr.storage.rlinf.documents import Documents
 from rbzarr.trajectory.model import Schema, validate
 
 __all__ = ["merge_stores", "split_store"]

@@ -9,10 +9,10 @@ from typing import Any
 from tqdm import tqdm
 
 from rbzarr.errors import CorruptStoreError, StoreExistsError
-from rbzarr.storage.documents import Documents
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import open_store
+from rbzarr.storage.rlinf.documents import Documents
 from rbzarr.storage.zarr.codecs import parse_codecs
 from rbzarr.storage.zarr.layout import CODECS_KEY, ZarrLayout
 

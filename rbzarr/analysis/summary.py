@@ -7,10 +7,10 @@ import posixpath
 from typing import Any
 
 from rbzarr.analysis.listing import StoreListing
-from rbzarr.storage.backends import translate_errors
-from rbzarr.storage.deadlines import deadline_options
-from rbzarr.storage.location import Location
-from rbzarr.storage.names import bytes_by_prefix
+from rbzarr.storage.io.backends import translate_errors
+from rbzarr.storage.io.deadlines import deadline_options
+from rbzarr.storage.io.location import Location
+from rbzarr.storage.io.names import bytes_by_prefix
 
 __all__ = ["describe_store", "file_sizes", "list_trajectories"]
 

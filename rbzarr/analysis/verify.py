@@ -22,7 +22,6 @@ from rbzarr.errors import (
     StorageUnavailableError,
     UnsafePathError,
 )
-from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents, Finding, write_documents
 from rbzarr.storage.index import log as index_log
 from rbzarr.storage.index.schema import schema_from_json
 from rbzarr.storage.index.slots import (
@@ -35,11 +34,18 @@ from rbzarr.storage.index.slots import (
     writer_slots,
 )
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex, check_entry, count
-from rbzarr.storage.json_limits import read_json
+from rbzarr.storage.io.json_limits import read_json
+from rbzarr.storage.io.location import Location
+from rbzarr.storage.io.names import is_temporary_name, number_name
 from rbzarr.storage.layout import TrajectoryLayout
-from rbzarr.storage.location import Location
-from rbzarr.storage.names import is_temporary_name, number_name
 from rbzarr.storage.registry import open_store
+from rbzarr.storage.rlinf.documents import (
+    INDEX_FILE,
+    METADATA_FILE,
+    Documents,
+    Finding,
+    write_documents,
+)
 from rbzarr.trajectory.model import Schema, validate
 
 __all__ = ["Problem", "VerifyReport", "verify_store"]

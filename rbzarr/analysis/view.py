@@ -19,14 +19,14 @@ from rbzarr.analysis.steps import episode_fields, read_steps
 from rbzarr.buffer.local_cache_settings import LocalCacheSettings
 from rbzarr.sampling.priorities import PrioritizedReplay
 from rbzarr.sampling.reader import StoreReader
-from rbzarr.storage.documents import Documents
+from rbzarr.storage.index.priorities import PriorityFiles
 from rbzarr.storage.index.schema import check_schema, schema_from_json
 from rbzarr.storage.index.slots import read_store_window
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout
-from rbzarr.storage.location import Location
-from rbzarr.storage.priorities import PriorityFiles
 from rbzarr.storage.registry import known_formats, layout_class, open_store
+from rbzarr.storage.rlinf.documents import Documents
 from rbzarr.trajectory.model import Schema, Trajectory, validate
 from rbzarr.trajectory.steps import DONES, continues
 

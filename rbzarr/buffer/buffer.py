@@ -33,13 +33,13 @@ from rbzarr.sampling.arguments import check_count, check_window_size
 from rbzarr.sampling.damaged import check_on_damaged
 from rbzarr.sampling.priorities import PrioritizedReplay, WindowPriorities, check_priorities
 from rbzarr.sampling.reader import StoreReader
-from rbzarr.storage.documents import Entry
+from rbzarr.storage.index.priorities import PriorityFiles
 from rbzarr.storage.index.schema import schema_to_json
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout
-from rbzarr.storage.location import Location
-from rbzarr.storage.priorities import PriorityFiles
 from rbzarr.storage.registry import layout_class
+from rbzarr.storage.rlinf.documents import Entry
 from rbzarr.trajectory.finite import check_finite
 from rbzarr.trajectory.model import Schema, Trajectory
 from rbzarr.trajectory.validated import ValidatedTrajectory, clone_trajectory

@@ -24,7 +24,6 @@ from rbzarr.errors import (
     InvalidTrajectoryError,
     StoreExistsError,
 )
-from rbzarr.storage.documents import Documents, Entry
 from rbzarr.storage.index.schema import check_schema, is_rbzarr_store, schema_from_json
 from rbzarr.storage.index.slots import (
     read_store_documents,
@@ -33,9 +32,10 @@ from rbzarr.storage.index.slots import (
     store_has_documents,
 )
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout, check_entry_shape
-from rbzarr.storage.location import Location
 from rbzarr.storage.registry import stored_format
+from rbzarr.storage.rlinf.documents import Documents, Entry
 from rbzarr.trajectory.model import Schema
 from rbzarr.trajectory.validated import ValidatedTrajectory
 

@@ -38,16 +38,16 @@ from rbzarr.errors import (
     StoreExistsError,
     WriterFailedError,
 )
-from rbzarr.storage.backends import permanent_cause, translate_errors
-from rbzarr.storage.deadlines import deadline_options
-from rbzarr.storage.documents import Documents, Entry
 from rbzarr.storage.index.log import IndexLog
 from rbzarr.storage.index.schema import is_rbzarr_store, schema_from_json
 from rbzarr.storage.index.trajectory_index import FORMAT_VERSION, TrajectoryIndex
 from rbzarr.storage.index.writer_slot import WriterSlot
+from rbzarr.storage.io.backends import permanent_cause, translate_errors
+from rbzarr.storage.io.deadlines import deadline_options
+from rbzarr.storage.io.writable import check_writable
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.registry import stored_format
-from rbzarr.storage.writable import check_writable
+from rbzarr.storage.rlinf.documents import Documents, Entry
 from rbzarr.trajectory.model import Schema
 from rbzarr.trajectory.validated import ValidatedTrajectory
 

@@ -15,7 +15,7 @@ import torch
 from rbzarr.buffer.cache import RowCache
 from rbzarr.buffer.commits import StoreCommitter
 from rbzarr.sampling.sampler import Window
-from rbzarr.storage.documents import Entry
+from rbzarr.storage.rlinf.documents import Entry
 from rbzarr.trajectory.model import Schema
 from rbzarr.trajectory.steps import DONES
 from rbzarr.trajectory.validated import ValidatedTrajectory

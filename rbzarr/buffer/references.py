@@ -16,8 +16,8 @@ from typing import Any, Protocol
 from rbzarr.errors import CheckpointNotFoundError, InvalidTrajectoryError
 from rbzarr.storage.index.schema import schema_from_json
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout
-from rbzarr.storage.location import Location
 from rbzarr.trajectory.model import Schema
 
 __all__ = ["Notice", "check_notices", "store_schema"]

@@ -36,7 +36,7 @@ class OneLineErrors(click.Group):
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise  # --help, usage errors: click's own, before the backends are imported
         except Exception as exc:
-            from rbzarr.storage.backends import backend_errors  # noqa: PLC0415 (fsspec, zarr)
+            from rbzarr.storage.io.backends import backend_errors  # noqa: PLC0415 (fsspec, zarr)
 
             if not isinstance(exc, (*_USER_ERRORS, *backend_errors())):
                 raise

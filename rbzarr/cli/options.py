@@ -35,7 +35,7 @@ def store_source(ctx: click.Context, url: str) -> Any:
     """``url``, or with ``--follow-links`` a location that follows links inside the store."""
     if not ctx.find_root().params.get("follow_links"):
         return url
-    from rbzarr.storage.location import Location  # noqa: PLC0415 (keep --help fast)
+    from rbzarr.storage.io.location import Location  # noqa: PLC0415 (keep --help fast)
 
     return Location.from_url(url, storage_options(ctx), follow_links=True)
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rbzarr.interop.episodes import write_episodes
-from rbzarr.storage.documents import Documents
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
+from rbzarr.storage.rlinf.documents import Documents
 
 if TYPE_CHECKING:
     from rbzarr.buffer.buffer import TrajectoryReplayBuffer

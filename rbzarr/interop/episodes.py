@@ -20,10 +20,10 @@ import torch
 from tqdm import tqdm
 
 from rbzarr.errors import StoreExistsError
-from rbzarr.storage.documents import Documents, Entry
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import open_store
+from rbzarr.storage.rlinf.documents import Documents, Entry
 from rbzarr.storage.zarr.layout import ZarrLayout
 from rbzarr.trajectory.dtypes import to_numpy
 from rbzarr.trajectory.fields import RESET_ROW_FIELDS

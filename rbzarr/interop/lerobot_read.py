@@ -25,7 +25,7 @@ from rbzarr.interop.episodes import shifted
 from rbzarr.interop.images import decode_images
 from rbzarr.interop.lerobot_keys import CODEBASE_VERSION, flat_key
 from rbzarr.interop.video import VideoFrameReader, check_decodable
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 
 __all__ = ["LeRobotSource"]
 

@@ -29,7 +29,7 @@ from rbzarr.interop.images import png_column
 from rbzarr.interop.lerobot_keys import CODEBASE_VERSION, feature_name, flat_key
 from rbzarr.interop.lerobot_stats import aggregate_stats, episode_stats, image_episode_stats
 from rbzarr.interop.video import VideoFrameWriter
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 
 __all__ = ["LEROBOT_CODEC_OPTIONS", "export_lerobot"]
 

@@ -44,7 +44,7 @@ from tqdm import tqdm
 
 from rbzarr.errors import DatasetFileNotFoundError, StoreExistsError, UnsupportedDatasetError
 from rbzarr.interop.episodes import SOURCE_KEY, StoredEpisode, read_episodes
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 
 __all__ = ["MinariSource", "export_minari", "resolve_minari"]
 

@@ -39,7 +39,7 @@ from rbzarr.errors import (
     UnsupportedDatasetError,
 )
 from rbzarr.interop.episodes import SOURCE_KEY, StoredEpisode, read_episodes, shifted
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
 
 __all__ = ["RobomimicSource", "export_robomimic"]
 

@@ -25,8 +25,8 @@ import torch
 from rbzarr.caller import warn_caller
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, DamagedTrajectoryWarning
 from rbzarr.sampling.rows import MissPlan, read_batch
-from rbzarr.storage.documents import Entry
 from rbzarr.storage.layout import TrajectoryLayout
+from rbzarr.storage.rlinf.documents import Entry
 from rbzarr.trajectory.model import Trajectory
 
 __all__ = ["ON_DAMAGED", "DamagedRowsError", "DamagedTrajectories", "check_on_damaged"]

@@ -34,8 +34,8 @@ from rbzarr.sampling.rows import MissPlan, all_cached, plan_misses
 from rbzarr.sampling.sampler import Draw, Sampler, Window
 from rbzarr.sampling.sequences import SequenceSampler, check_sequence_request
 from rbzarr.sampling.window import WindowSampler
-from rbzarr.storage.documents import Entry
 from rbzarr.storage.layout import TrajectoryLayout
+from rbzarr.storage.rlinf.documents import Entry
 from rbzarr.trajectory.model import Schema
 from rbzarr.trajectory.steps import DONES, time_steps
 

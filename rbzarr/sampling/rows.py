@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from rbzarr.storage.documents import Entry
 from rbzarr.storage.layout import TrajectoryLayout
+from rbzarr.storage.rlinf.documents import Entry
 from rbzarr.storage.row_groups import RowGroups
 from rbzarr.trajectory.dtypes import dtype_from_name
 from rbzarr.trajectory.model import Schema

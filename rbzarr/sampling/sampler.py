@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
-from rbzarr.storage.documents import Entry
+from rbzarr.storage.rlinf.documents import Entry
 
 __all__ = ["Draw", "Sampler", "Window"]
 

@@ -28,7 +28,7 @@ import torch
 from rbzarr.errors import EmptyBufferError
 from rbzarr.sampling.priorities import WindowPriorities, global_index
 from rbzarr.sampling.sampler import Window
-from rbzarr.storage.documents import Entry
+from rbzarr.storage.rlinf.documents import Entry
 from rbzarr.trajectory import tree
 from rbzarr.trajectory.model import Schema
 from rbzarr.trajectory.steps import DONES, continues, episode_ends

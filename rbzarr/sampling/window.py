@@ -20,7 +20,7 @@ import torch
 from rbzarr.sampling.arguments import check_seed
 from rbzarr.sampling.priorities import global_index
 from rbzarr.sampling.sampler import Window
-from rbzarr.storage.documents import Entry
+from rbzarr.storage.rlinf.documents import Entry
 from rbzarr.trajectory import tree
 
 __all__ = ["RowDraw", "WindowSampler", "draw"]

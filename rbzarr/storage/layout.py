@@ -1,6 +1,6 @@
 """The storage seam: :class:`TrajectoryLayout`, the interface every on-disk layout implements.
 
-A layout stores whole trajectories under a :class:`~rbzarr.storage.location.Location`.  It
+A layout stores whole trajectories under a :class:`~rbzarr.storage.io.location.Location`.  It
 implements six methods (write, read, delete, list, and where a trajectory's data lives);
 everything else is derived from them here, once: the two JSON documents, row reads, copies,
 describing and checking.  Nothing outside a layout asks which format it is; format names map
@@ -17,11 +17,11 @@ import torch
 from tqdm import tqdm
 
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, StoreExistsError
-from rbzarr.storage import documents as store_documents
-from rbzarr.storage.documents import Documents, Entry, Finding
 from rbzarr.storage.index import slots as store_writers
-from rbzarr.storage.location import Location
-from rbzarr.storage.names import bytes_by_prefix
+from rbzarr.storage.io.location import Location
+from rbzarr.storage.io.names import bytes_by_prefix
+from rbzarr.storage.rlinf import documents as store_documents
+from rbzarr.storage.rlinf.documents import Documents, Entry, Finding
 from rbzarr.storage.row_groups import RowGroups
 from rbzarr.trajectory.dtypes import dtype_name
 from rbzarr.trajectory.flat_view import flatten_trajectory

@@ -14,9 +14,9 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from rbzarr.storage.documents import Documents
 from rbzarr.storage.index.slots import read_store_window
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
+from rbzarr.storage.rlinf.documents import Documents
 
 if TYPE_CHECKING:
     from rbzarr.storage.layout import TrajectoryLayout
@@ -28,8 +28,8 @@ DEFAULT_STORED_FORMAT = "pt"
 
 _LAYOUTS: dict[str, str | type[TrajectoryLayout]] = {
     "zarr": "rbzarr.storage.zarr.layout:ZarrLayout",
-    "pt": "rbzarr.storage.file_layout:PtLayout",
-    "pkl": "rbzarr.storage.file_layout:PklLayout",
+    "pt": "rbzarr.storage.rlinf.file_layout:PtLayout",
+    "pkl": "rbzarr.storage.rlinf.file_layout:PklLayout",
 }
 
 

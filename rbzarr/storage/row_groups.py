@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rbzarr.storage.documents import Entry
+from rbzarr.storage.rlinf.documents import Entry
 
 __all__ = ["RowGroups"]
 

@@ -20,11 +20,11 @@ import socket
 import time
 
 from rbzarr.errors import StorageUnavailableError, StoreNotWritableError
-from rbzarr.storage.backends import permanent_cause, translate_errors
-from rbzarr.storage.deadlines import deadline_options
-from rbzarr.storage.files import make_directories
 from rbzarr.storage.index.slots import WRITERS, slot_location
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.backends import permanent_cause, translate_errors
+from rbzarr.storage.io.deadlines import deadline_options
+from rbzarr.storage.io.files import make_directories
+from rbzarr.storage.io.location import Location
 
 __all__ = ["CLAIM_FILE", "SlotClaim"]
 

@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rbzarr.errors import CorruptStoreError, StorageUnavailableError
-from rbzarr.storage.json_limits import DocumentTooLargeError, read_json
-from rbzarr.storage.location import Location
-from rbzarr.storage.names import is_digits
+from rbzarr.storage.io.json_limits import DocumentTooLargeError, read_json
+from rbzarr.storage.io.location import Location
+from rbzarr.storage.io.names import is_digits
 
 __all__ = [
     "COMPACT_RECORDS",
@@ -777,7 +777,7 @@ def _is_block(block: Any) -> bool:
 
 
 def _load(raw: bytes, where: str) -> dict[str, Any]:
-    """A JSON object of the log (bounded as every document: :mod:`rbzarr.storage.json_limits`)."""
+    """A JSON object of the log, bounded as every document (see ``io.json_limits``)."""
     try:
         document = read_json(raw, where)
     except DocumentTooLargeError:

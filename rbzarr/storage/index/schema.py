@@ -9,10 +9,10 @@ from typing import Any
 import torch
 
 from rbzarr.errors import CorruptStoreError, UnsafePathError
-from rbzarr.storage.documents import Entry
 from rbzarr.storage.index.trajectory_index import count
+from rbzarr.storage.io.names import safe_key
 from rbzarr.storage.layout import TrajectoryLayout
-from rbzarr.storage.names import safe_key
+from rbzarr.storage.rlinf.documents import Entry
 from rbzarr.trajectory.dtypes import dtype_from_name, dtype_name
 from rbzarr.trajectory.model import Schema
 

@@ -21,11 +21,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
-from rbzarr.storage import documents as store_documents
-from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents
 from rbzarr.storage.index import log as index_log
-from rbzarr.storage.location import Location
-from rbzarr.storage.names import number_name
+from rbzarr.storage.io.location import Location
+from rbzarr.storage.io.names import number_name
+from rbzarr.storage.rlinf import documents as store_documents
+from rbzarr.storage.rlinf.documents import INDEX_FILE, METADATA_FILE, Documents
 
 __all__ = [
     "COMMIT_TIMES",

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rbzarr.errors import CorruptStoreError
-from rbzarr.storage.documents import Documents
 from rbzarr.storage.index.slots import earlier_counts
-from rbzarr.storage.names import number_name
+from rbzarr.storage.io.names import number_name
+from rbzarr.storage.rlinf.documents import Documents
 
 if TYPE_CHECKING:
     import torch

@@ -11,8 +11,6 @@ from __future__ import annotations
 import itertools
 
 from rbzarr.errors import CorruptStoreError, StoreExistsError
-from rbzarr.storage import documents as store_documents
-from rbzarr.storage.documents import Documents
 from rbzarr.storage.index.claims import SlotClaim
 from rbzarr.storage.index.log import IndexLog
 from rbzarr.storage.index.slots import (
@@ -24,6 +22,8 @@ from rbzarr.storage.index.slots import (
 )
 from rbzarr.storage.index.slots import slot_location as documents_location
 from rbzarr.storage.layout import TrajectoryLayout
+from rbzarr.storage.rlinf import documents as store_documents
+from rbzarr.storage.rlinf.documents import Documents
 
 __all__ = ["WriterSlot"]
 

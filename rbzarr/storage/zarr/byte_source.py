@@ -3,7 +3,7 @@
 Every row read of a shard asks a :class:`ByteSource`: a gather out of a local memory map, a
 ``pread`` of a local shard, or a round of byte ranges of remote objects (fsspec's
 ``cat_ranges``, concurrent on its event loop, or obstore's client where the location allows:
-:mod:`rbzarr.storage.object_ranges`).  Wrap one to observe its reads, as zarr's
+:mod:`rbzarr.storage.io.object_ranges`).  Wrap one to observe its reads, as zarr's
 ``LoggingStore`` wraps a store; the benchmark counts requests and bytes that way
 (``benchmarks/accounting.py``, outside the package).
 """
@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from rbzarr.storage.deadlines import deadline_options
-from rbzarr.storage.object_ranges import ObjectRanges
+from rbzarr.storage.io.deadlines import deadline_options
+from rbzarr.storage.io.object_ranges import ObjectRanges
 
 __all__ = ["ByteSource"]
 

@@ -17,9 +17,9 @@ import zarr
 from tqdm import tqdm
 
 from rbzarr.errors import CorruptStoreError
-from rbzarr.storage.documents import Entry
-from rbzarr.storage.json_limits import read_json
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.json_limits import read_json
+from rbzarr.storage.io.location import Location
+from rbzarr.storage.rlinf.documents import Entry
 from rbzarr.storage.zarr.shard_index import DTYPE_ATTR
 
 __all__ = [
@@ -59,7 +59,7 @@ def trajectory_group(location: Location, entry: Entry) -> zarr.Group:
     """The zarr group of an index entry's trajectory, opened by zarr once rbzarr has checked
     it: no link in its path or below it, nothing but folders and regular files below it (a
     FIFO would block zarr's reads), and each ``zarr.json`` within the bounds of every
-    document (:func:`~rbzarr.storage.json_limits.read_json`; zarr's own parser recurses);
+    document (:func:`~rbzarr.storage.io.json_limits.read_json`; zarr's own parser recurses);
     missing is a :class:`CorruptStoreError`."""
     parts = trajectory_path(entry)
     folder = location.child(*parts)  # the gate: plain names, no link on the way

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from numcodecs import zstd
 
-from rbzarr.storage import thread_pool
+from rbzarr.storage.io import thread_pool
 from rbzarr.storage.zarr import shard_index
 from rbzarr.storage.zarr.chunking import KeyPlan
 from rbzarr.storage.zarr.codecs import Codec, psnr

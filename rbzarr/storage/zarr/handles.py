@@ -18,7 +18,7 @@ from typing import Any
 from zarr.core.array import AsyncArray
 
 from rbzarr.errors import CorruptStoreError
-from rbzarr.storage.documents import Entry
+from rbzarr.storage.rlinf.documents import Entry
 from rbzarr.storage.zarr.describe import trajectory_id
 from rbzarr.storage.zarr.sharded import ShardedTrajectory
 

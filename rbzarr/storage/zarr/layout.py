@@ -18,7 +18,7 @@ the separator; plain zarr reads either from the array's document.  The group's d
 lets a reader open a trajectory with one document and read the shards directly
 (:mod:`rbzarr.storage.zarr.sharded`).  A trajectory group's attributes are written after all
 of its arrays: a group without them is an unfinished write and reads as missing.  On a
-``durable`` location (:meth:`~rbzarr.storage.location.Location.with_durable`) every file
+``durable`` location (:meth:`~rbzarr.storage.io.location.Location.with_durable`) every file
 and folder of the group is ``fsync``'d before its attributes are renamed into place, and
 they after, so a returned :meth:`ZarrLayout.write` survives a machine crash.
 ``metadata.json`` and the root attributes record ``layout_version`` 2.  Chunking and codecs
@@ -49,14 +49,14 @@ from zarr.api import asynchronous as zarr_async
 from zarr.storage import StorePath
 
 from rbzarr.errors import CodecConflictError, CorruptStoreError
-from rbzarr.storage.backends import translate_errors
-from rbzarr.storage.deadlines import sync
-from rbzarr.storage.documents import INDEX_FILE, METADATA_FILE, Documents, Entry, Finding
-from rbzarr.storage.json_limits import read_json
+from rbzarr.storage.io.backends import translate_errors
+from rbzarr.storage.io.deadlines import sync
+from rbzarr.storage.io.json_limits import read_json
+from rbzarr.storage.io.location import Location
+from rbzarr.storage.io.names import is_temporary_name, number_name
+from rbzarr.storage.io.object_ranges import object_ranges
 from rbzarr.storage.layout import TrajectoryLayout
-from rbzarr.storage.location import Location
-from rbzarr.storage.names import is_temporary_name, number_name
-from rbzarr.storage.object_ranges import object_ranges
+from rbzarr.storage.rlinf.documents import INDEX_FILE, METADATA_FILE, Documents, Entry, Finding
 from rbzarr.storage.row_groups import RowGroups
 from rbzarr.storage.zarr import (
     arrays,

@@ -44,8 +44,8 @@ import numpy as np
 from numcodecs import zstd
 
 from rbzarr.errors import CorruptStoreError
-from rbzarr.storage import thread_pool
-from rbzarr.storage.files import open_regular
+from rbzarr.storage.io import thread_pool
+from rbzarr.storage.io.files import open_regular
 from rbzarr.storage.zarr import regions, shard_index
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.codecs import Codec, parse_codec

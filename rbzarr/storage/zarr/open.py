@@ -23,11 +23,11 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import StorePath
 
 from rbzarr.errors import CorruptStoreError, RbzarrError
-from rbzarr.storage.backends import translate_errors
-from rbzarr.storage.deadlines import sync
-from rbzarr.storage.documents import Entry
-from rbzarr.storage.json_limits import read_json
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.backends import translate_errors
+from rbzarr.storage.io.deadlines import sync
+from rbzarr.storage.io.json_limits import read_json
+from rbzarr.storage.io.location import Location
+from rbzarr.storage.rlinf.documents import Entry
 from rbzarr.storage.zarr import sharded
 from rbzarr.storage.zarr.arrays import gather
 from rbzarr.storage.zarr.byte_source import ByteSource

@@ -28,7 +28,7 @@ from zarr.core.metadata.v3 import ArrayV3Metadata
 from zarr.dtype import parse_data_type
 from zarr.storage import StorePath
 
-from rbzarr.storage.files import (
+from rbzarr.storage.io.files import (
     commit_file,
     make_directories,
     sync_paths,

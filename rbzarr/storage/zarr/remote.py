@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from rbzarr.errors import CorruptStoreError
-from rbzarr.storage import thread_pool
+from rbzarr.storage.io import thread_pool
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.local import Piece, RowRead, frames_to_decode, land
 from rbzarr.storage.zarr.spec import ArraySpec

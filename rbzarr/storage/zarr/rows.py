@@ -19,8 +19,8 @@ import torch
 from zarr.core.array import AsyncArray
 
 from rbzarr.errors import CorruptStoreError
-from rbzarr.storage.deadlines import sync
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.deadlines import sync
+from rbzarr.storage.io.location import Location
 from rbzarr.storage.row_groups import RowGroups
 from rbzarr.storage.zarr import arrays
 from rbzarr.storage.zarr.byte_source import ByteSource

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rbzarr.errors import CorruptStoreError
-from rbzarr.storage.names import TEMP_SUFFIX, number_name, safe_name, temporary_name
+from rbzarr.storage.io.names import TEMP_SUFFIX, number_name, safe_name, temporary_name
 from rbzarr.storage.zarr.local import LocalShard
 from rbzarr.storage.zarr.spec import ArraySpec
 

@@ -19,8 +19,8 @@ import torch
 from zarr.core.array import AsyncArray
 
 from rbzarr.errors import CorruptStoreError
-from rbzarr.storage.deadlines import deadline_options
-from rbzarr.storage.files import read_regular
+from rbzarr.storage.io.deadlines import deadline_options
+from rbzarr.storage.io.files import read_regular
 from rbzarr.storage.zarr import next_obs
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.chunking import KeyPlan

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from rbzarr.errors import CorruptStoreError
-from rbzarr.storage.json_limits import read_json
+from rbzarr.storage.io.json_limits import read_json
 from rbzarr.storage.zarr import shard_index
 from rbzarr.storage.zarr.codecs import image_layout, parse_codec
 

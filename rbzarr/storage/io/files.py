@@ -5,7 +5,7 @@ socket or device where a file is expected is refused before it is opened (a FIFO
 block the reader forever, a device could be anything); a file swapped for one between the
 check and the open is caught on the open descriptor, opened without blocking.
 
-An atomic write goes through a temporary sibling (:func:`~rbzarr.storage.names.temporary_name`)
+An atomic write goes through a temporary sibling (:func:`~rbzarr.storage.io.names.temporary_name`)
 renamed onto the target, so a reader sees the old bytes or the new ones.  A durable write
 also survives a machine crash once it returns: the file is ``fsync``'d before it is closed
 (and renamed), then its directory, so that the new name is on disk too.
@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rbzarr.errors import UnsafePathError
-from rbzarr.storage.names import temporary_name
+from rbzarr.storage.io.names import temporary_name
 
 __all__ = [
     "commit_file",

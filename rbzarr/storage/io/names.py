@@ -1,6 +1,6 @@
 """Names below a location: what a plain child name is, and how temporary files are named.
 
-:func:`safe_name` is the check behind :meth:`~rbzarr.storage.location.Location.child`: a
+:func:`safe_name` is the check behind :meth:`~rbzarr.storage.io.location.Location.child`: a
 name that could leave its root (``..``, separators, absolute parts, NUL and other control
 characters) is refused, naming the root; :func:`safe_key` checks each part of a
 ``/``-joined field key.  A name that stands for a number (a trajectory's folder, a writer's

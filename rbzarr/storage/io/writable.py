@@ -1,11 +1,11 @@
 """The writability probe: refuse a store path that can never be written, before any write.
 
 A local path is probed by creating and removing a temporary file (see
-:func:`~rbzarr.storage.names.temporary_name`) in it, or, when it does not exist yet, in its
+:func:`~rbzarr.storage.io.names.temporary_name`) in it, or, when it does not exist yet, in its
 nearest existing ancestor (nothing is created that stays).  Object stores are not probed
 here: the writer's claim (:mod:`rbzarr.storage.index.claims`), a PUT made at construction
 anyway, is their probe, and later permanent errors are classified when a write meets them
-(:func:`~rbzarr.storage.backends.permanent_cause`).
+(:func:`~rbzarr.storage.io.backends.permanent_cause`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import errno
 import os
 
 from rbzarr.errors import StoreNotWritableError
-from rbzarr.storage.location import Location
-from rbzarr.storage.names import temporary_name
+from rbzarr.storage.io.location import Location
+from rbzarr.storage.io.names import temporary_name
 
 __all__ = ["check_writable"]
 

@@ -2,7 +2,7 @@
 
 zarr reads a key's file with a plain ``open``: a FIFO in place of a ``zarr.json`` or a chunk
 would block the reader forever.  :class:`RegularFileStore` reads through
-:func:`~rbzarr.storage.files.read_regular`, which refuses a FIFO, socket or device before
+:func:`~rbzarr.storage.io.files.read_regular`, which refuses a FIFO, socket or device before
 opening it (:class:`~rbzarr.errors.UnsafePathError`); a folder reads as missing, as in
 zarr.
 """
@@ -16,7 +16,7 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Suf
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 from zarr.storage import LocalStore
 
-from rbzarr.storage.files import read_regular
+from rbzarr.storage.io.files import read_regular
 
 __all__ = ["RegularFileStore"]
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
-from rbzarr.storage.deadlines import deadline_s, sync
+from rbzarr.storage.io.deadlines import deadline_s, sync
 
 __all__ = ["CLIENT_ENV", "ObjectRanges", "object_ranges", "obstore_config"]
 

@@ -17,8 +17,8 @@ from collections.abc import Iterable
 import numpy as np
 
 from rbzarr.errors import CorruptStoreError
-from rbzarr.storage.documents import Entry
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.location import Location
+from rbzarr.storage.rlinf.documents import Entry
 
 __all__ = ["FOLDER", "MARKER", "PriorityFiles"]
 

@@ -19,7 +19,7 @@ from typing import Any
 import fsspec
 
 from rbzarr.errors import RbzarrError, StorageUnavailableError
-from rbzarr.storage.deadlines import deadline_s, no_answer
+from rbzarr.storage.io.deadlines import deadline_s, no_answer
 
 __all__ = [
     "S3_DEFAULTS",

@@ -2,7 +2,7 @@
 
 Every layout keeps them at its root in RLinf's schema; writing them (the index first, then
 the metadata, each atomically) is a store's commit point.  These functions read and write
-them on a :class:`~rbzarr.storage.location.Location`, whatever the layout;
+them on a :class:`~rbzarr.storage.io.location.Location`, whatever the layout;
 :class:`~rbzarr.storage.layout.TrajectoryLayout` calls them.
 """
 
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
-from rbzarr.storage.json_limits import read_json
-from rbzarr.storage.location import Location
+from rbzarr.storage.io.json_limits import read_json
+from rbzarr.storage.io.location import Location
 
 __all__ = [
     "INDEX_FILE",

@@ -3,11 +3,11 @@
 A :class:`Location` pairs an fsspec filesystem with a root path inside it.  It is the only
 way rbzarr builds child paths: :meth:`Location.child` accepts plain names only and rejects
 anything that could leave the root (``..``, separators, absolute parts, NUL, control
-characters; see :func:`~rbzarr.storage.names.safe_name`).  On the local disk it also refuses
+characters; see :func:`~rbzarr.storage.io.names.safe_name`).  On the local disk it also refuses
 a path through a symbolic link inside the store (the root itself may be one), unless the
 location was opened with ``follow_links=True``: a store made by someone else cannot point
 rbzarr at files outside it.  Every call that touches the backend goes through
-:func:`~rbzarr.storage.backends.translate_errors`, so a failed backend reads as
+:func:`~rbzarr.storage.io.backends.translate_errors`, so a failed backend reads as
 :class:`~rbzarr.errors.StorageUnavailableError`, never as "missing".
 """
 
@@ -25,10 +25,10 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from rbzarr.errors import StoreExistsError, UnsafePathError
-from rbzarr.storage.backends import bound_retries, translate_errors, with_s3_defaults
-from rbzarr.storage.deadlines import deadline_options
-from rbzarr.storage.files import make_directories, read_regular, write_file
-from rbzarr.storage.names import safe_name
+from rbzarr.storage.io.backends import bound_retries, translate_errors, with_s3_defaults
+from rbzarr.storage.io.deadlines import deadline_options
+from rbzarr.storage.io.files import make_directories, read_regular, write_file
+from rbzarr.storage.io.names import safe_name
 
 if TYPE_CHECKING:
     from zarr.abc.store import Store
@@ -111,7 +111,7 @@ class Location:
     ) -> Location:
         """Resolve a local path or a ``file://``, ``memory://`` or ``s3://`` URL; creates nothing.
 
-        S3 URLs get :data:`~rbzarr.storage.backends.S3_DEFAULTS` for the options not given; a
+        S3 URLs get :data:`~rbzarr.storage.io.backends.S3_DEFAULTS` for the options not given; a
         :class:`Location` is returned as it is.  An empty URL or an unknown protocol raises
         ``ValueError``.  ``follow_links`` lets local paths go through symbolic links inside
         the store (the root itself may always be one): only for a trusted store.
@@ -309,7 +309,7 @@ class Location:
         fsspec moves the bytes: ``copy`` within one filesystem, ``put`` / ``get`` between
         the local disk and another one, a bulk ``cat`` and ``pipe`` otherwise.  Nothing at
         ``destination`` is ever replaced or deleted.  Each remote call has a deadline for
-        the bytes it moves (:func:`~rbzarr.storage.deadlines.deadline_options`): the size
+        the bytes it moves (:func:`~rbzarr.storage.io.deadlines.deadline_options`): the size
         comes from the one listing that finds the files.
         """
         if destination.exists():
@@ -360,11 +360,11 @@ class Location:
 
     def zarr_store(self, read_only: bool = False) -> Store:
         """A new zarr store rooted here: locally a ``LocalStore`` reading regular files only
-        (:class:`~rbzarr.storage.local_store.RegularFileStore`), else ``FsspecStore``."""
+        (:class:`~rbzarr.storage.io.local_store.RegularFileStore`), else ``FsspecStore``."""
         # zarr loads only when a store is opened (`rbzarr info` / `ls` answer without it)
         import zarr.storage  # noqa: PLC0415
 
-        from rbzarr.storage.local_store import RegularFileStore  # noqa: PLC0415
+        from rbzarr.storage.io.local_store import RegularFileStore  # noqa: PLC0415
 
         if self.is_local:
             return RegularFileStore(self.path, read_only=read_only)

@@ -6,7 +6,7 @@ forever by default.  Every remote call rbzarr makes therefore runs under a deadl
 coroutines through :func:`sync` (the coroutine is cancelled when the deadline passes), fsspec's
 blocking methods with the keyword arguments of :func:`deadline_options` (fsspec's own ``sync``
 cancels the call).  A call that passes its deadline raises :class:`TimeoutError` naming it,
-which :func:`~rbzarr.storage.backends.translate_errors` turns into
+which :func:`~rbzarr.storage.io.backends.translate_errors` turns into
 :class:`~rbzarr.errors.StorageUnavailableError` naming the URL.
 
 The deadline is :data:`DEFAULT_DEADLINE_S` seconds, or the environment variable

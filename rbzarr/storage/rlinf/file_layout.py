@@ -34,11 +34,11 @@ from rbzarr.errors import (
     StoreExistsError,
     UnsafePickleError,
 )
-from rbzarr.storage.documents import Entry
+from rbzarr.storage.io.location import Location
+from rbzarr.storage.io.names import safe_name
 from rbzarr.storage.layout import TrajectoryLayout
-from rbzarr.storage.location import Location
-from rbzarr.storage.names import safe_name
-from rbzarr.storage.safe_pickle import safe_load
+from rbzarr.storage.rlinf.documents import Entry
+from rbzarr.storage.rlinf.safe_pickle import safe_load
 from rbzarr.trajectory import tree
 from rbzarr.trajectory.model import Trajectory, trajectory_from_raw, validate
 from rbzarr.trajectory.validated import ValidatedTrajectory, rows_to_write
