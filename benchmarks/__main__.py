@@ -27,7 +27,7 @@ from rbzarr.cli.console import parse_storage_options
     help="Comma-separated: sampling, s3, training, sequences, datasets (LeRobot round trips; "
     "the datasets extra), distributed (Ray and many writers), scale, priorities (prioritized "
     "replay vs TorchRL, built in its own environment by scripts/torchrl_env.sh), images (real "
-    "camera frames: the bench-images extra).",
+    "camera frames: the bench-images extra), lifecycle (checkpoints that copy nothing).",
 )
 @click.option(
     "--workloads",

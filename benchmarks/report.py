@@ -65,7 +65,7 @@ def table(document: dict[str, Any]) -> str:
         parts = [_sequences_table(document["results"])]
     elif document["benchmark"] in ("distributed", "images"):
         parts = [_figures_table(document["results"])]
-    elif document["benchmark"] == "scale":
+    elif document["benchmark"] in ("scale", "lifecycle"):
         parts = []  # its figures are its targets' values (the JSON holds the rest)
     elif document["benchmark"] == "priorities":
         parts = [_priorities_table(document["results"])]

@@ -36,6 +36,7 @@ SUITES = (
     "scale",
     "priorities",
     "images",
+    "lifecycle",
 )
 Progress = Callable[[str], None]
 
@@ -125,6 +126,12 @@ def _run_suite(
 
         result = run_images(settings, quick, workdir, say)
         return _document("images", settings, result, images_targets(result))
+    if suite == "lifecycle":
+        say("[lifecycle] checkpoints by manifest: time, bytes, S3 requests, same draws")
+        from benchmarks.lifecycle import lifecycle_targets, run_lifecycle  # noqa: PLC0415
+
+        result = run_lifecycle(quick, workdir)
+        return _document("lifecycle", settings, result, lifecycle_targets(result))
     raise ValueError(f"unknown suite {suite!r}; expected some of {list(SUITES)}")
 
 

@@ -8,6 +8,7 @@ __all__ = [
     "ChannelTimeoutError",
     "CheckpointConflictError",
     "CheckpointNotFoundError",
+    "CheckpointReferenceError",
     "CodecConflictError",
     "CorruptStoreError",
     "DamagedTrajectoryWarning",
@@ -50,6 +51,33 @@ class UnsafePathError(RbzarrError, ValueError):
 
 class CheckpointNotFoundError(RbzarrError, FileNotFoundError):
     """A checkpoint, its JSON documents or a trajectory's data are missing."""
+
+
+class CheckpointReferenceError(CheckpointNotFoundError):
+    """A checkpoint manifest names a store, or trajectories in it, that are gone or changed.
+
+    Parameters
+    ----------
+    message
+        What is gone or changed, and where.
+    store
+        The store's URL.
+    missing, changed
+        The trajectory ids whose data is gone, or is no longer the trajectory the manifest
+        names (both empty when the store itself is gone).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        store: str,
+        missing: tuple[int, ...] = (),
+        changed: tuple[int, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.store = store
+        self.missing = missing
+        self.changed = changed
 
 
 class CheckpointConflictError(RbzarrError, ValueError):

@@ -150,7 +150,9 @@ def test_auto_save_checkpoint_holds_the_window(tmp_path, fmt, window, expected):
         cache_size=1,
     ) as buffer:
         fill(buffer, range(5))
-        buffer.save_checkpoint(ckpt)  # no sample() before: the window is taken at save time
+        # No sample() before: the window is taken at save time.  A zarr store's default
+        # checkpoint is a manifest (tests/test_checkpoint_manifest.py): here the copy.
+        buffer.save_checkpoint(ckpt, copy=True)
         assert state(buffer) == (5, 5 * ROWS, 5)
     assert_checkpoint(ckpt, fmt, expected, counter=5)
     # Older trajectories stay in the auto-save store.
@@ -231,7 +233,7 @@ def test_resume_into_a_new_auto_save_store(tmp_path, fmt):
         resumed.load_checkpoint(a)
         fill(resumed, range(3, 5))
         assert state(resumed) == (5, 5 * ROWS, 5)
-        resumed.save_checkpoint(c)
+        resumed.save_checkpoint(c, copy=True)
     # The resumed trajectories 1 and 2 are in the window, so the checkpoint holds them.
     assert_checkpoint(c, fmt, [1, 2, 3, 4], counter=5)
     assert_checkpoint(b, fmt, [0, 1, 2, 3, 4], counter=5)
@@ -264,7 +266,7 @@ def test_round_trip_preserves_shapes_dtypes_and_reset_rows(tmp_path, fmt, auto_s
         seed=1, sample_window_size=0, trajectory_format=fmt, **options
     ) as buffer:
         buffer.add_trajectories(inputs)
-        buffer.save_checkpoint(tmp_path / "ckpt")
+        buffer.save_checkpoint(tmp_path / "ckpt", copy=True)
     loaded = TrajectoryReplayBuffer(seed=1, sample_window_size=0, trajectory_format=fmt)
     loaded.load_checkpoint(tmp_path / "ckpt")
     loaded.save_checkpoint(tmp_path / "again")  # from the warmed cache
@@ -358,7 +360,7 @@ def test_failed_adoption_leaves_the_buffer_unchanged(tmp_path):
         assert state(target) == (0, 0, 5)
         with pytest.raises(RuntimeError, match="empty buffer"):
             target.sample(1)
-        target.save_checkpoint(tmp_path / "empty")
+        target.save_checkpoint(tmp_path / "empty", copy=True)
         assert documents(tmp_path / "empty").trajectory_index["trajectory_id_list"] == []
         target.load_checkpoint(foreign)
         target.add_trajectories([traj(10)])
@@ -438,7 +440,7 @@ def test_load_a_checkpoint_of_another_format(tmp_path, source_fmt, fmt):
     ) as buffer:
         buffer.load_checkpoint(ckpt)
         assert sources(buffer.sample(12)) == {3, 4}
-        buffer.save_checkpoint(tmp_path / "out")
+        buffer.save_checkpoint(tmp_path / "out", copy=True)
     assert_checkpoint(tmp_path / "store", fmt, [3, 4], counter=5)
     assert_checkpoint(tmp_path / "out", fmt, [3, 4], counter=5)
 
@@ -472,7 +474,7 @@ def test_save_while_a_write_is_in_flight(tmp_path, fmt):
         fill(buffer, [2])
         with pytest.raises(WriterFailedError, match=r"1 write\(s\) to .* not committed"):
             buffer.flush(timeout=0.2)
-        buffer.save_checkpoint(tmp_path / "ckpt")
+        buffer.save_checkpoint(tmp_path / "ckpt", copy=True)
         if blocker.is_dir():
             blocker.rmdir()
         else:

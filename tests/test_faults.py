@@ -36,7 +36,9 @@ from rbzarr import (
     WriterFailedError,
 )
 from rbzarr.analysis.verify import verify_store
+from rbzarr.buffer.manifest import read_manifest
 from rbzarr.storage.index import log as index_log
+from rbzarr.storage.index.pins import StorePins
 from rbzarr.storage.index.slots import read_store_documents, read_store_metadata
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class
@@ -200,7 +202,7 @@ def save_prepare(case: Case) -> None:
 
 
 def save_act(case: Case) -> None:
-    case.context["buffer"].save_checkpoint(case.url + "-checkpoint")
+    case.context["buffer"].save_checkpoint(case.url + "-checkpoint", copy=True)
 
 
 def save_recover(case: Case) -> None:
@@ -210,8 +212,29 @@ def save_recover(case: Case) -> None:
         _check_checkpoint(case, target)  # a save that failed is no checkpoint, or a whole one
     except CheckpointNotFoundError:
         target = case.url + "-checkpoint-2"
-        buffer.save_checkpoint(target)
+        buffer.save_checkpoint(target, copy=True)
         _check_checkpoint(case, target)
+    buffer.close()
+
+
+def pin_act(case: Case) -> None:
+    case.context["buffer"].save_checkpoint(case.url + "-checkpoint", copy=False)
+
+
+def pin_recover(case: Case) -> None:
+    """A failed pinning save left no manifest or a whole one, never one without its pin."""
+    buffer = case.context["buffer"]
+    target = case.url + "-checkpoint"
+    if read_manifest(Location.from_url(target, case.options)) is None:
+        target = case.url + "-checkpoint-2"
+        _retry(lambda: buffer.save_checkpoint(target, copy=False))
+    found = read_manifest(Location.from_url(target, case.options))
+    assert found is not None
+    pins = StorePins(_location(case)).all()
+    assert found.pin_id in {pin.pin_id for pin in pins}
+    for pin in pins:  # a pin of the failed save without its manifest keeps the same ids
+        assert sorted(pin.ids) == sorted(case.flushed)
+    _check_checkpoint(case, target)
     buffer.close()
 
 
@@ -280,6 +303,7 @@ OPERATIONS: dict[str, tuple[Callable[[Case], None], ...]] = {
     "compaction": (burst_prepare, compaction_act, burst_recover),
     "metadata": (metadata_prepare, metadata_act, metadata_recover),
     "save_checkpoint": (save_prepare, save_act, save_recover),
+    "pin": (save_prepare, pin_act, pin_recover),
     "load_checkpoint": (load_prepare, load_act, load_recover),
     "close": (close_prepare, close_act, close_recover),
     "verify_repair": (repair_prepare, repair_act, repair_recover),
@@ -379,8 +403,9 @@ def test_every_call_of_each_operation_fails_in_turn(operation, tmp_path, monkeyp
     enumerate_cases(local_cases(tmp_path, monkeypatch), operation, KINDS)
 
 
-# On S3 (each call ~10x a local one) the commit path: a burst, a compaction, a close.
-S3_OPERATIONS = ["burst", "compaction", "close"]
+# On S3 (each call ~10x a local one) the commit path (a burst, a compaction, a close) and a
+# pinning checkpoint.
+S3_OPERATIONS = ["burst", "compaction", "close", "pin"]
 
 
 @pytest.mark.slow

@@ -105,7 +105,7 @@ def test_lifecycle_on_s3(
             assert {tid for tid, _, _ in served} == missed - first_misses
             first_misses |= missed
 
-        buffer.save_checkpoint(ckpt)
+        buffer.save_checkpoint(ckpt)  # a manifest: the trajectories stay in the store
         next_draw = assert_rows_consistent(buffer.sample(50))
 
     # Full load: same index and counter, and the generator continues where it was saved.
@@ -114,7 +114,8 @@ def test_lifecycle_on_s3(
     assert len(restored) == len(SIZES) and restored.trajectory_counter == len(SIZES)
     assert restored.total_samples == sum(T * B for T, B in SIZES)
     assert torch.equal(assert_rows_consistent(restored.sample(50)), next_draw)
-    layout, _ = open_store(ckpt, s3_options)
+    assert Location.from_url(ckpt, s3_options).list_names() == ["checkpoint.json"]
+    layout, _ = open_store(url, s3_options)
     for trajectory_id, trajectory in enumerate(added):
         entry = restored.index_entries[trajectory_id]
         assert_same_trajectory(layout.read(entry), trajectory)

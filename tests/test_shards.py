@@ -178,7 +178,7 @@ def test_v1_store_opens_loads_samples_and_appends_in_v2(tmp_path: Path) -> None:
     numbers = assert_rows_consistent(buffer.sample(200))
     assert set(numbers.tolist()) <= {100 * i + r for i in range(4) for r in range(12)}
     assert len({int(n) // 100 for n in numbers}) == 4  # rows of both versions
-    buffer.save_checkpoint(tmp_path / "ckpt")
+    buffer.save_checkpoint(tmp_path / "ckpt", copy=True)
     buffer.close()
     # The checkpoint is written in layout 2, the v1 trajectories converted on the way.
     for tid in range(4):

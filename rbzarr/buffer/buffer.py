@@ -20,7 +20,7 @@ from typing import Any, Literal, Self, overload
 
 import torch
 
-from rbzarr.buffer import checkpoint, references
+from rbzarr.buffer import checkpoint, manifest, references
 from rbzarr.buffer.background import DEFAULT_TIMEOUT
 from rbzarr.buffer.cache import RowCache
 from rbzarr.buffer.commits import StoreCommitter
@@ -779,31 +779,57 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             self._cache.clear()
 
     # -- checkpoints --------------------------------------------------------------------
-    def save_checkpoint(self, save_path: str | os.PathLike[str]) -> None:
-        """Save the cached trajectories (or, with ``auto_save``, the current window).
+    def save_checkpoint(self, save_path: str | os.PathLike[str], copy: bool | None = None) -> None:
+        """Save the current window (without ``auto_save``, the cached trajectories).
 
         Parameters
         ----------
         save_path
             A new folder or URL; the buffer itself is not changed.
+        copy
+            ``True``: a self-contained copy of the trajectories (RLinf's checkpoint).
+            ``False``: a manifest, ``<save_path>/checkpoint.json``, that names the window's
+            trajectories in the ``auto_save`` zarr store and pins them there, so nothing it
+            names is ever deleted (kilobytes, whatever the trajectories weigh; ``rbzarr
+            checkpoint materialize`` copies one later, ``rbzarr checkpoint drop`` unpins).
+            ``None`` (default): a manifest for a buffer with a zarr ``auto_save`` store, a
+            copy otherwise (pt / pkl stores keep RLinf's copies; without ``auto_save`` the
+            cache holds the only copy).  An empty window is always saved as a copy (its two
+            small documents): there is nothing to name.
 
         Notes
         -----
-        The saved set is the one at the call.  Sampling and adds go on while the copies
-        are written; without ``auto_save`` the cached trajectories are copied in memory
-        first (the cache is their only copy).
+        The saved set is the one at the call.  A copy is written while sampling and adds go
+        on; without ``auto_save`` the cached trajectories are copied in memory first (the
+        cache is their only copy).  A manifest waits until the window's trajectories are
+        committed (as :meth:`flush`), then writes the pin and the manifest.
+        :meth:`load_checkpoint` of either draws the same batches.
 
         Raises
         ------
+        ValueError
+            ``copy=False`` for a buffer without a zarr ``auto_save`` store.
         CheckpointConflictError
             ``save_path`` is the ``auto_save_path``.
         StoreExistsError
-            ``save_path`` holds a store already.
+            ``save_path`` holds a store or a checkpoint already.
+        WriterFailedError
+            ``copy=False``: the window's trajectories could not be committed (nothing saved).
         """
+        has_zarr_store = self._committer is not None and self.trajectory_format == "zarr"
+        if copy is False and not has_zarr_store:
+            raise ValueError(
+                "save_checkpoint(copy=False) names trajectories in a zarr auto_save store, "
+                f"and this buffer has none (auto_save={self.auto_save}, trajectory_format="
+                f"{self.trajectory_format!r}); save a copy (copy=True or the default)"
+            )
         target = self._layout(
             Location.from_url(save_path, self.storage_options), self.trajectory_format
         )
-        checkpoint.check_target(target, None if self._committer is None else self._committer.url)
+        by_reference = has_zarr_store and copy is not True
+        checkpoint.check_target(
+            target, None if self._committer is None else self._committer.url, by_reference
+        )
         # The saved set is the one at save time: its entries (and, without a store, copies of
         # the cached trajectories) are taken under the lock.  The copies into the checkpoint
         # (perhaps to S3) run without it, so sampling and adds go on meanwhile: committed
@@ -827,6 +853,10 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             cached = (
                 {} if self._committer is not None else {i: self._cache.trajectory(i) for i in ids}
             )
+        if by_reference and ids and self._committer is not None:
+            self._committer.flush()  # a manifest names committed trajectories only
+            manifest.write(target.location, self._committer.layout, saved, metadata, held)
+            return
         # Before the documents (the commit): a checkpoint that lists them has them.
         files = PriorityFiles(target.location)
         for trajectory_id, values in held.items():
@@ -895,9 +925,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         if self._reader.priorities is not None:
             size = self.sample_window_size
             ids = loaded.share.id_list if size <= 0 else loaded.share.id_list[-size:]
-            stored = PriorityFiles(loaded.source.location).read_all(
-                loaded.share.entries[i] for i in ids
-            )
+            stored = PriorityFiles(loaded.path).read_all(loaded.share.entries[i] for i in ids)
         with self._add_lock:
             self._check_open()
             if self._committer is not None:
@@ -919,7 +947,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         priorities.load_state(state)
         priorities.offer(stored)
         self._reader.sync_priorities()
-        if self._committer is not None and loaded.source.location.url != self._committer.url:
+        if self._committer is not None and loaded.path.url != self._committer.url:
             priorities.unsave(stored)
 
     def _adopt(self, loaded: checkpoint.LoadedCheckpoint) -> None:

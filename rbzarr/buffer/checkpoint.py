@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rbzarr.buffer import manifest
 from rbzarr.errors import (
     CheckpointConflictError,
     CheckpointNotFoundError,
@@ -24,6 +25,7 @@ from rbzarr.errors import (
     InvalidTrajectoryError,
     StoreExistsError,
 )
+from rbzarr.storage.index.priorities import PriorityFiles
 from rbzarr.storage.index.schema import check_schema, is_rbzarr_store, schema_from_json
 from rbzarr.storage.index.slots import (
     read_store_documents,
@@ -44,11 +46,11 @@ __all__ = [
     "check_target",
     "format_at",
     "load",
+    "materialize",
     "save",
 ]
 
-# A layout for a location and a format name (the buffer's options applied where they fit).
-LayoutFactory = Callable[[Location, str], TrajectoryLayout]
+LayoutFactory = manifest.LayoutFactory
 
 
 def format_at(location: Location) -> str | None:
@@ -59,18 +61,21 @@ def format_at(location: Location) -> str | None:
 
 
 # -- saving -----------------------------------------------------------------------------------
-def check_target(target: TrajectoryLayout, auto_save_url: str | None) -> None:
-    """Refuse a save path that is the auto-save store or holds a store already."""
+def check_target(target: TrajectoryLayout, auto_save_url: str | None, by_reference: bool) -> None:
+    """Refuse a save path that is the auto-save store or holds a store or checkpoint already
+    (for a manifest, one listing)."""
     url = target.location.url
     if url == auto_save_url:
         raise CheckpointConflictError(
             f"save_path {url!r} is the auto_save_path: a checkpoint there would drop older "
             "trajectories from the store's index; choose another path"
         )
-    if target.holds_data():
+    if by_reference:
+        manifest.check_free(target.location)
+    elif target.holds_data() or target.location.exists(manifest.MANIFEST_FILE):
         raise StoreExistsError(
-            f"{url} already holds a store; a checkpoint never overwrites data: choose a new "
-            "save_path or delete the old checkpoint first"
+            f"{url} already holds a store or a checkpoint; a checkpoint never overwrites data: "
+            "choose a new save_path or delete the old checkpoint first"
         )
 
 
@@ -79,14 +84,44 @@ def save(
     index: TrajectoryIndex,
     metadata: Mapping[str, Any],
     copy_trajectory: Callable[[TrajectoryLayout, Entry], None],
-) -> None:
-    """Write ``index``'s trajectories (through ``copy_trajectory``), then its documents."""
+) -> Documents:
+    """Write ``index``'s trajectories (through ``copy_trajectory``), then its documents (the
+    ones written are returned)."""
     # Unsafe file names fail before anything is written.
     for trajectory_id in index.id_list:
         target.trajectory_path(index.entries[trajectory_id])
     for trajectory_id in index.id_list:
         copy_trajectory(target, index.entries[trajectory_id])
-    target.write_documents(index.to_documents(target.format, metadata))
+    return target.write_documents(index.to_documents(target.format, metadata))
+
+
+def materialize(location: Location, destination: Location, open_layout: LayoutFactory) -> Documents:
+    """Copy the trajectories the manifest at ``location`` names into a self-contained
+    checkpoint at ``destination``: what ``save_checkpoint(path, copy=True)`` would have written.
+
+    Raises
+    ------
+    CheckpointNotFoundError
+        No manifest is at ``location``.
+    CheckpointReferenceError
+        Its store, or a trajectory of it, is gone or changed.
+    StoreExistsError
+        ``destination`` holds a store or a checkpoint already.
+    """
+    found = manifest.read_manifest(location)
+    if found is None:
+        raise CheckpointNotFoundError(
+            f"{location.url}: no checkpoint manifest ({manifest.MANIFEST_FILE}) here"
+        )
+    source = manifest.open_store(found, location, open_layout)
+    index = found.index(location.url)
+    manifest.check_trajectories(source, index, location.url)
+    target = open_layout(destination, found.trajectory_format)
+    check_target(target, source.location.url, by_reference=False)
+    files = PriorityFiles(destination)
+    for trajectory_id, values in PriorityFiles(location).read_all(index.entries.values()).items():
+        files.write(trajectory_id, values)
+    return save(target, index, found.documents.metadata, source.copy_to)
 
 
 # -- loading ----------------------------------------------------------------------------------
@@ -100,7 +135,8 @@ class LoadedCheckpoint:
     schema: Schema | None  # stored, or learnt from the data; None for an empty share
     sampler: dict[str, Any]  # the state to restore (only the seed for a rank's share)
     warm: list[tuple[int, ValidatedTrajectory]]  # the share's last, as many as the cache keeps
-    is_partial: bool = False  # share leaves out other ranks' ids
+    is_partial: bool  # share leaves out other ranks' ids
+    path: Location  # the checkpoint's: its priority files are there (a manifest's data is not)
 
     @property
     def trajectory_format(self) -> str:
@@ -118,31 +154,28 @@ def load(
     window: int | None = None,
 ) -> LoadedCheckpoint:
     """Read the checkpoint at ``location`` (or this rank's share) before anything changes;
-    with a ``window``, a large store's last ``window`` trajectories (and the cache's)."""
-    if share_of is None and window is not None and window > 0:
-        documents = read_store_window(location, max(window, warm_capacity or 0))
-    else:
-        documents = read_store_documents(location)
+    with a ``window``, a large store's last ``window`` trajectories (and the cache's).  A
+    manifest (:mod:`rbzarr.buffer.manifest`) is read where its store holds the data."""
+    found = None
+    try:
+        if share_of is None and window is not None and window > 0:
+            documents = read_store_window(location, max(window, warm_capacity or 0))
+        else:
+            documents = read_store_documents(location)
+    except CheckpointNotFoundError:
+        found = manifest.read_manifest(location)
+        if found is None:
+            raise
+        documents = found.documents
     full = TrajectoryIndex.from_documents(documents, location.url)
     share = full if share_of is None else full.share(*share_of)
     is_partial = share.id_list != full.id_list
-    source = open_layout(location, stored_format(documents))
-    # A large store read by its window trusts its log (which lists only complete data): a
-    # missing trajectory is found when it is read, not by a request per id here.
-    held = share.id_list if full.is_complete else []
-    missing = [i for i in held if not source.contains(share.entries[i])]
-    if missing:
-        if strict or is_rbzarr_store(documents.metadata):
-            raise CheckpointNotFoundError(
-                f"{location.url}: the index lists trajectories {missing} but their data is missing"
-            )
-        warnings.warn(
-            f"{location.url}: skipped trajectories {missing}: the index lists them but their "
-            "data was never saved (RLinf saves only its window); pass strict=True to refuse",
-            UserWarning,
-            stacklevel=3,
-        )
-        share = share.subset(i for i in share.id_list if i not in set(missing))
+    if found is None:
+        source = open_layout(location, stored_format(documents))
+        share = _with_data(source, full, share, documents, strict)
+    else:
+        source = manifest.open_store(found, location, open_layout)
+        manifest.check_trajectories(source, share, location.url)
     schema = schema_from_json(documents.metadata.get("schema"))
     if schema is not None and share.id_list:
         check_schema(schema, source, share.entries[share.id_list[-1]])
@@ -160,7 +193,36 @@ def load(
     if share_of is not None or not isinstance(sampler, dict):
         # Only the seed (if recorded): a rank restarts the stream from it.
         sampler = {k: v for k, v in documents.metadata.items() if k == "seed"}
-    return LoadedCheckpoint(source, full, share, schema, dict(sampler), warm, is_partial)
+    return LoadedCheckpoint(source, full, share, schema, dict(sampler), warm, is_partial, location)
+
+
+def _with_data(
+    source: TrajectoryLayout,
+    full: TrajectoryIndex,
+    share: TrajectoryIndex,
+    documents: Documents,
+    strict: bool,
+) -> TrajectoryIndex:
+    """``share`` less the ids whose data is missing from an RLinf checkpoint (one warning);
+    missing data of an rbzarr checkpoint (or with ``strict``) is an error."""
+    where = source.location.url
+    # A large store read by its window trusts its log (which lists only complete data): a
+    # missing trajectory is found when it is read, not by a request per id here.
+    held = share.id_list if full.is_complete else []
+    missing = [i for i in held if not source.contains(share.entries[i])]
+    if not missing:
+        return share
+    if strict or is_rbzarr_store(documents.metadata):
+        raise CheckpointNotFoundError(
+            f"{where}: the index lists trajectories {missing} but their data is missing"
+        )
+    warnings.warn(
+        f"{where}: skipped trajectories {missing}: the index lists them but their "
+        "data was never saved (RLinf saves only its window); pass strict=True to refuse",
+        UserWarning,
+        stacklevel=4,
+    )
+    return share.subset(i for i in share.id_list if i not in set(missing))
 
 
 def _read_validated(

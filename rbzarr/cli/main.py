@@ -41,6 +41,8 @@ COMMANDS = {
     "demo": "rbzarr.cli.demo:demo",
     "codecs": "rbzarr.cli.codecs:codecs_command",
     "recode": "rbzarr.cli.codecs:recode_command",
+    "checkpoints": "rbzarr.cli.checkpoints:checkpoints_command",
+    "checkpoint": "rbzarr.cli.checkpoints:checkpoint_group",
 }
 
 

@@ -8,7 +8,8 @@
 - :mod:`~rbzarr.storage.index.writer_slot`: the slot a buffer writes (``WriterSlot``);
 - :mod:`~rbzarr.storage.index.trajectory_index`: the ids and entries a reader samples from
   (``TrajectoryIndex``);
-- :mod:`~rbzarr.storage.index.schema`: the schema and format marker ``metadata.json`` records.
+- :mod:`~rbzarr.storage.index.schema`: the schema and format marker ``metadata.json`` records;
+- :mod:`~rbzarr.storage.index.pins`: which trajectories checkpoint manifests hold (``StorePins``).
 """
 
 __all__: list[str] = []
