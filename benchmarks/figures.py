@@ -19,7 +19,16 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = "benchmarks/results"
-SUITES = ("sampling", "s3", "training", "sequences", "distributed", "scale", "images")
+SUITES = (
+    "sampling",
+    "s3",
+    "training",
+    "sequences",
+    "distributed",
+    "scale",
+    "images",
+    "lifecycle",
+)
 # The front page's figures: (suite, target) in the order shown.
 HEADLINES = (
     ("sampling", "image: hot within 1.5x of one index_select"),

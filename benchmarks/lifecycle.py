@@ -196,7 +196,7 @@ def lifecycle_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         ),
         target(
             "save_checkpoint requests on S3 (moto, 20 ms proxy)",
-            "listing the save path, the pin, the manifest",
+            "the save path's listing (GETs), the pin's and the manifest's PUTs",
             s3.get("requests"),
             5,
             "<=",

@@ -155,7 +155,7 @@ def write(
     """Pin ``index``'s committed trajectories in ``store``, then write the manifest at
     ``location`` (``priorities`` by id beside it): three writes plus one per priority file."""
     ids = list(index.id_list)
-    pin = Pin.new(location.url, ids, [str(index.entries[i]["uuid"]) for i in ids])
+    pin = Pin.new(location.url, ids, [str(index.entries[i].get("uuid", "")) for i in ids])
     StorePins(store.location).add(pin)
     files = PriorityFiles(location)
     for trajectory_id, values in priorities.items():
