@@ -84,9 +84,9 @@ class BufferActor:
         """The buffer's counters."""
         return self._buffer.get_stats()
 
-    def save_checkpoint(self, save_path: str | os.PathLike[str]) -> None:
-        """Save a checkpoint of the buffer at ``save_path``."""
-        self._buffer.save_checkpoint(save_path)
+    def save_checkpoint(self, save_path: str | os.PathLike[str], copy: bool | None = None) -> None:
+        """Save a checkpoint of the buffer at ``save_path`` (``copy`` as the buffer's)."""
+        self._buffer.save_checkpoint(save_path, copy)
 
     def load_checkpoint(self, load_path: str | os.PathLike[str], **options: Any) -> int:
         """Load a checkpoint into the buffer; return its size."""
