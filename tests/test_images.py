@@ -21,8 +21,8 @@ from rbzarr.errors import CodecConflictError, CorruptStoreError
 from rbzarr.interop.convert import export_dataset
 from rbzarr.storage.registry import open_store
 from rbzarr.storage.zarr import next_obs
-from rbzarr.storage.zarr.describe import LAYOUT_ATTR
 from rbzarr.storage.zarr.codecs import choose_codec, image_layout, parse_codec, parse_codecs, psnr
+from rbzarr.storage.zarr.describe import LAYOUT_ATTR
 from rbzarr.trajectory.model import Trajectory
 
 
