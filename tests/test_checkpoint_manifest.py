@@ -306,6 +306,56 @@ def test_a_foreign_file_among_the_pins_is_named(saved):
         StorePins(Location.from_url(saved / "store")).all()
 
 
+# -- add / checkpoint / drop sequences against a model of what must remain ---------------------
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.integers(1, 2)),
+        st.tuples(st.just("checkpoint"), st.just(0)),
+        st.tuples(st.just("drop"), st.integers(0, 3)),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=8, deadline=None)
+@given(window=st.integers(0, 3), steps=steps)
+def test_sequences_keep_what_every_live_checkpoint_names(tmp_path_factory, window, steps):
+    """The model: the ids each live checkpoint names (the window at its save). After every
+    step the store's pins are exactly the live checkpoints', each loads exactly its ids with
+    their data, and a dropped one is gone."""
+    root = tmp_path_factory.mktemp("sequences")
+    store = root / "store"
+    live: dict[Path, list[int]] = {}
+    dropped: list[Path] = []
+    added = 0
+    with writer(store, window) as buffer:
+        for k, (step, n) in enumerate(steps):
+            if step == "add":
+                buffer.add_trajectories([traj(added + j) for j in range(n)])
+                added += n
+            elif step == "checkpoint" and added:
+                path = root / f"ckpt-{k}"
+                buffer.save_checkpoint(path)
+                live[path] = list(range(added))[-window:] if window else list(range(added))
+            elif step == "drop" and live:
+                path = sorted(live)[n % len(live)]
+                run_cli("checkpoint", "drop", str(path))
+                del live[path]
+                dropped.append(path)
+            held = {(p.checkpoint, tuple(p.ids)) for p in pins(store)}
+            assert held == {(str(path), tuple(ids)) for path, ids in live.items()}
+    for path, ids in live.items():
+        loaded = TrajectoryReplayBuffer(sample_window_size=0)
+        loaded.load_checkpoint(path)
+        assert loaded.trajectory_ids == ids
+        for i in ids:
+            assert torch.equal(loaded.trajectory(i).rewards, traj(i).rewards)
+    for path in dropped:
+        with pytest.raises(CheckpointNotFoundError):
+            TrajectoryReplayBuffer().load_checkpoint(path)
+
+
 # -- kill -9 at every step of a pinning checkpoint -----------------------------------------------
 _KILLER = """
 import json, os, signal, sys

@@ -49,8 +49,9 @@ def test_demo_runs_evaluates_and_its_outputs_reopen(tmp_path):
     assert "greedy return" in report(result)
     index = json.loads((result.store / "trajectory_index.json").read_text())
     assert index["trajectory_id_list"] == [0, 1, 2, 3, 4, 5]
-    checkpoint = json.loads((result.checkpoint / "trajectory_index.json").read_text())
-    assert checkpoint["trajectory_id_list"] == [3, 4, 5]
+    # A zarr store's checkpoint is a manifest naming the window's trajectories in the store.
+    checkpoint = json.loads((result.checkpoint / "checkpoint.json").read_text())
+    assert checkpoint["trajectory_index"]["trajectory_id_list"] == [3, 4, 5]
     for path, count in ((result.store, 6), (result.checkpoint, 3)):
         buffer = TrajectoryReplayBuffer(sample_window_size=0)
         buffer.load_checkpoint(path)

@@ -166,10 +166,6 @@ class StorePins:
                 found.append(pin)
         return sorted(found, key=lambda pin: (pin.created, pin.pin_id))
 
-    def pinned_ids(self) -> set[int]:
-        """The ids some pin holds."""
-        return {i for pin in self.all() for i in pin.ids}
-
     def drop(self, pin_id: str) -> bool:
         """Delete the pin ``pin_id``; whether there was one.
 
