@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -298,6 +299,30 @@ def test_drop_a_pin_left_without_its_manifest(saved):
     run_cli("checkpoint", "drop", str(saved / "store"), "--pin", kept.pin_id)
     assert pins(saved / "store") == []
     assert read_manifest(Location.from_url(saved / "ckpt")) is None
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        b"not json",
+        b"[]",
+        b'{"rbzarr_checkpoint": 1}',
+        b'{"rbzarr_checkpoint": 2, "store": "s", "trajectory_format": "zarr", "pin": "p", '
+        b'"created": 0, "metadata": {}, "trajectory_index": {}}',
+    ],
+)
+def test_a_malformed_manifest_or_pin_is_named(saved, broken):
+    manifest = saved / "ckpt" / MANIFEST_FILE
+    manifest.write_bytes(broken)
+    target = TrajectoryReplayBuffer(sample_window_size=0)
+    target.add_trajectories([traj(9)])
+    with pytest.raises(CorruptStoreError, match=re.escape(str(manifest))):
+        target.load_checkpoint(saved / "ckpt")
+    assert target.trajectory_ids == [0]
+    (pin,) = pins(saved / "store")
+    pin_file = saved / "store" / FOLDER / f"{pin.pin_id}.json"
+    pin_file.write_bytes(broken)
+    assert str(pin_file) in fails("checkpoints", str(saved / "store"))
 
 
 def test_a_foreign_file_among_the_pins_is_named(saved):
