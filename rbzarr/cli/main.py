@@ -43,6 +43,7 @@ COMMANDS = {
     "recode": "rbzarr.cli.codecs:recode_command",
     "checkpoints": "rbzarr.cli.checkpoints:checkpoints_command",
     "checkpoint": "rbzarr.cli.checkpoints:checkpoint_group",
+    "gc": "rbzarr.cli.collect:gc_command",
 }
 
 
