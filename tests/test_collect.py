@@ -127,6 +127,50 @@ def test_gc_command(tmp_path):
     assert_collected(tmp_path / "store", 6, 1, saved)
 
 
+def test_gc_of_a_store_with_two_writers(tmp_path):
+    """The last N of the union readers list, whichever slot wrote them; both logs rewritten."""
+    store = tmp_path / "store"
+    options = {"auto_save": True, "auto_save_path": store, "sample_window_size": 0}
+    with TrajectoryReplayBuffer(**options) as first, TrajectoryReplayBuffer(**options) as second:
+        for k in range(3):
+            for buffer in (first, second):
+                buffer.add_trajectories([traj(len(buffer) + 10 * k)])
+                buffer.flush()
+        union = listed(store)
+    assert len(union) == 6 and len({i // 10**9 for i in union}) == 2  # two slots' ids
+    plan = collect_store(str(store), 3)
+    assert plan.deleted == union[:3]
+    assert listed(store) == union[3:]
+    assert stored(store) == set(union[3:])
+    assert verify_store(str(store)).ok
+
+
+@pytest.mark.s3
+def test_gc_on_s3(s3_bucket, s3_options):
+    url = f"s3://{s3_bucket}/store"
+    with TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=url, sample_window_size=1, storage_options=s3_options
+    ) as buffer:
+        buffer.add_trajectories([traj(i) for i in range(4)])
+        buffer.save_checkpoint(f"s3://{s3_bucket}/ckpt")  # pins 3
+        buffer.add_trajectories([traj(4)])
+    with TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=url, storage_options=s3_options
+    ) as writer:
+        writer.add_trajectories([traj(5)])
+        writer.flush()
+        with pytest.raises(CheckpointConflictError, match="a buffer writes writer slot"):
+            collect_store(url, 1, s3_options)
+    plan = collect_store(url, 1, s3_options)
+    assert (plan.deleted, plan.pinned) == ([0, 1, 2, 4], [3])
+    documents = read_store_documents(Location.from_url(url, s3_options))
+    assert documents.trajectory_index["trajectory_id_list"] == [3, 5]
+    assert verify_store(url, s3_options).ok
+    loaded = TrajectoryReplayBuffer(storage_options=s3_options)
+    loaded.load_checkpoint(f"s3://{s3_bucket}/ckpt")
+    assert torch.equal(loaded.trajectory(3).rewards, traj(3).rewards)
+
+
 # -- every storage call failing, then recovering -------------------------------------------------
 @pytest.mark.parametrize("every", [pytest.param(True, marks=pytest.mark.slow), False])
 def test_every_storage_call_of_a_collection_fails_in_turn(tmp_path, monkeypatch, every):
