@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import fsspec
 import pytest
 import torch
 
-from rbzarr import Trajectory
+from rbzarr import Trajectory, TrajectoryReplayBuffer
 
 pytest_plugins = ["s3_fixtures"]
 
@@ -56,6 +59,16 @@ def assert_same_trajectory(got: Trajectory, want: Trajectory) -> None:
         assert torch.equal(got_fields[key], value), key
     assert got.max_episode_length == want.max_episode_length
     assert got.model_weights_id == want.model_weights_id
+
+
+def assert_checkpoint_loads(path: Any, ids: list[int], made: Callable[[int], Trajectory]) -> None:
+    """A fresh buffer loads exactly ``ids`` from the checkpoint at ``path``, trajectory
+    ``i`` equal to ``made(i)``."""
+    loaded = TrajectoryReplayBuffer(sample_window_size=0)
+    loaded.load_checkpoint(path)
+    assert loaded.trajectory_ids == ids
+    for i in ids:
+        assert_same_trajectory(loaded.trajectory(i), made(i))
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import make_trajectory
+from conftest import assert_checkpoint_loads, make_trajectory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -371,11 +371,7 @@ def test_sequences_keep_what_every_live_checkpoint_names(tmp_path_factory, windo
             held = {(p.checkpoint, tuple(p.ids)) for p in pins(store)}
             assert held == {(str(path), tuple(ids)) for path, ids in live.items()}
     for path, ids in live.items():
-        loaded = TrajectoryReplayBuffer(sample_window_size=0)
-        loaded.load_checkpoint(path)
-        assert loaded.trajectory_ids == ids
-        for i in ids:
-            assert torch.equal(loaded.trajectory(i).rewards, traj(i).rewards)
+        assert_checkpoint_loads(path, ids, traj)
     for path in dropped:
         with pytest.raises(CheckpointNotFoundError):
             TrajectoryReplayBuffer().load_checkpoint(path)

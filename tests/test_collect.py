@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import make_trajectory
+from conftest import assert_checkpoint_loads, make_trajectory
 from faults import Faults
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -67,11 +67,7 @@ def assert_collected(store: Path, count: int, keep: int, saved: dict[Path, list]
     assert stored(store) == set(want)
     assert verify_store(str(store)).ok
     for path, ids in saved.items():
-        loaded = TrajectoryReplayBuffer(sample_window_size=0)
-        loaded.load_checkpoint(path)
-        assert loaded.trajectory_ids == ids
-        for i in ids:
-            assert torch.equal(loaded.trajectory(i).rewards, traj(i).rewards)
+        assert_checkpoint_loads(path, ids, traj)
     with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store) as again:
         assert again.trajectory_counter == count  # ids are never reused
 
