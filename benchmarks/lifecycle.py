@@ -12,7 +12,9 @@ Cases:
 * ``identical``: ``load_checkpoint`` of the manifest and of the copy into fresh buffers, then
   10 ``sample(256)`` each: equal or not;
 * ``s3``: the save on moto behind the 20 ms proxy, 100 embodied trajectories (smaller T and
-  B: the requests do not depend on the bytes): the requests it makes.
+  B: the requests do not depend on the bytes): the requests it makes;
+* ``gc``: ``rbzarr gc --keep-last n/2`` of stores of 10^4 and 10^5 tiny trajectories (their
+  log written directly, data for every one): milliseconds per deleted trajectory.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from benchmarks.s3 import load_s3_server, proxied_bucket
 from benchmarks.scale import synthetic_store
 from benchmarks.workloads import embodied_trajectory
 from rbzarr import TrajectoryReplayBuffer
+from rbzarr.analysis.collect import collect_store
 from rbzarr.storage.index.pins import FOLDER as PINS
 from rbzarr.storage.io.location import Location
 from rbzarr.trajectory import tree
@@ -141,6 +144,23 @@ def s3_figures(count: int) -> dict[str, Any]:
     }
 
 
+def gc_figures(root: Path, sizes: tuple[int, ...]) -> dict[str, Any]:
+    """A collection of half of each store: ms per deleted trajectory, by store size."""
+    result = {}
+    for count in sizes:
+        store = root / f"gc-{count}"
+        synthetic_store(Location.from_url(store), count, data=count)
+        start = time.perf_counter()
+        plan = collect_store(str(store), count // 2)
+        seconds = time.perf_counter() - start
+        result[str(count)] = {
+            "deleted": len(plan.deleted),
+            "seconds": seconds,
+            "ms_per_deleted": 1000 * seconds / len(plan.deleted),
+        }
+    return result
+
+
 def run_lifecycle(quick: bool, workdir: str | None) -> dict[str, Any]:
     """Every figure of the suite (see the module docs)."""
     with tempfile.TemporaryDirectory(dir=workdir) as work:
@@ -149,9 +169,11 @@ def run_lifecycle(quick: bool, workdir: str | None) -> dict[str, Any]:
         (root / "large").mkdir()
         local = local_figures(root / "local", 20 if quick else WINDOW)
         large = large_figures(root / "large", 100_000 if quick else 1_000_000)
+        collected = gc_figures(root, (1_000, 10_000) if quick else (10_000, 100_000))
     return {
         "local": local,
         "large": large,
+        "gc": collected,
         "s3": s3_figures(20 if quick else WINDOW),
         "notes": (
             "bytes: the manifest's folder plus the pin file; the large store's log is written "
@@ -165,6 +187,7 @@ def lifecycle_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     """The targets of the suite, evaluated on ``results``."""
     local, large, s3 = results["local"], results["large"], results["s3"]
     n = local["trajectories"]
+    small, big = sorted(results["gc"], key=int)
     return [
         target(
             f"save_checkpoint ms, window of {n} image trajectories, local",
@@ -208,5 +231,13 @@ def lifecycle_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             1.0 if local["identical"] else 0.0,
             1,
             ">=",
+        ),
+        target(
+            f"gc ms per deleted trajectory at {int(big):,} vs at {int(small):,}",
+            "rbzarr gc --keep-last n/2 of tiny trajectories: reads the index, rewrites the log "
+            "once, then one delete each",
+            results["gc"][big]["ms_per_deleted"] / results["gc"][small]["ms_per_deleted"],
+            1.2,
+            "<=",
         ),
     ]
