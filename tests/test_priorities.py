@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import tempfile
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -25,9 +28,24 @@ from rbzarr import (
     TrajectoryReplayBuffer,
 )
 from rbzarr.data.datasets import ReplayDataset
-from rbzarr.sampling.priorities import WindowPriorities
+from rbzarr.sampling import priorities as priorities_module
+from rbzarr.sampling.priorities import NUMBA_FOUND, WindowPriorities
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+# The compiled kernels (numba) and the numpy path: each must follow the model.
+PATHS = [
+    pytest.param(True, id="compiled", marks=pytest.mark.skipif(not NUMBA_FOUND, reason="numba")),
+    pytest.param(False, id="numpy"),
+]
+
+
+@contextlib.contextmanager
+def path_of(compiled: bool) -> Iterator[None]:
+    """Buffers made in this block draw and update with the compiled kernels or numpy."""
+    with mock.patch.object(priorities_module, "NUMBA_FOUND", compiled):
+        yield
 
 
 def prioritized_buffer(**options) -> TrajectoryReplayBuffer:
@@ -99,13 +117,16 @@ operations = st.lists(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.parametrize("compiled", PATHS)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(operations)
-def test_draws_updates_evictions_and_resumes_follow_the_model(ops):
+def test_draws_updates_evictions_and_resumes_follow_the_model(compiled, ops):
     settings_ = PrioritizedReplay(alpha=0.7, beta=0.6, eps=0.05)
     model = Model(3, settings_)
-    buffer = prioritized_buffer(sample_window_size=3, prioritized=settings_)
-    with tempfile.TemporaryDirectory() as folder:
+    with path_of(compiled), tempfile.TemporaryDirectory() as folder:
+        buffer = prioritized_buffer(sample_window_size=3, prioritized=settings_)
+        kernels = buffer.get_stats()["priority_kernels"]
+        assert kernels == ("compiled" if compiled else "numpy")
         for step, op in enumerate(ops):
             if op[0] == "add":
                 _, T, B = op
@@ -388,14 +409,15 @@ def test_a_damaged_priority_file_is_refused_naming_it(tmp_path):
         prioritized_buffer(sample_window_size=0).load_checkpoint(tmp_path / "s")
 
 
-@settings(max_examples=30, deadline=None)
+@pytest.mark.parametrize("compiled", PATHS)
+@settings(max_examples=20, deadline=None)
 @given(
     st.lists(st.integers(1, 40), min_size=1, max_size=12),
     st.integers(1, 12),
     st.data(),
 )
-def test_the_tree_follows_windows_that_slide_and_grow(counts, window, data):
-    priorities = WindowPriorities(PrioritizedReplay(alpha=1.0, beta=1.0, eps=0.0))
+def test_the_tree_follows_windows_that_slide_and_grow(compiled, counts, window, data):
+    priorities = WindowPriorities(PrioritizedReplay(alpha=1.0, beta=1.0, eps=0.0), compiled)
     model: dict[tuple[int, int], float] = {}
     for end in range(1, len(counts) + 1):
         ids = list(range(max(0, end - window), end))
@@ -494,3 +516,51 @@ def test_the_benchmark_targets_read_a_run_and_say_why_the_peer_is_missing():
     found = {t["target"].split(" (")[0]: t for t in priorities_targets(results)}
     assert [t["met"] for t in found.values()] == [True, None, True, True, True, True, True]
     assert "no torchrl here" in found["the same, rows from disk, vs LazyMemmapStorage"]["reason"]
+
+
+@pytest.mark.skipif(not NUMBA_FOUND, reason="numba is not installed")
+@settings(max_examples=15, deadline=None)
+@given(
+    st.lists(st.integers(1, 300), min_size=1, max_size=8),
+    st.sampled_from([(0.6, 0.4, 1e-6), (1.0, 1.0, 0.0), (0.0, 0.5, 0.1), (0.9, 0.0, 0.01)]),
+    st.data(),
+)
+def test_the_compiled_and_numpy_paths_draw_the_same_rows_weights_and_tree(counts, rule, data):
+    """Same seed, same updates: identical draws, weights, raw priorities, sums and minima."""
+    both = [WindowPriorities(PrioritizedReplay(*rule), compiled) for compiled in (True, False)]
+    assert [p.compiled for p in both] == [True, False]
+    ids = list(range(len(counts)))
+    for step in range(4):
+        window = ids[step % 2 :] or ids  # slides, then grows back
+        for priorities in both:
+            priorities.sync(window, [counts[i] for i in window])
+        keys = data.draw(
+            st.lists(st.tuples(st.sampled_from(ids), st.integers(0, 299)), max_size=40)
+        )
+        keys = [(i, r) for i, r in keys if r < counts[i]]
+        values = np.array(
+            data.draw(
+                st.lists(st.floats(0, 1e4, width=32), min_size=len(keys), max_size=len(keys))
+            ),
+            dtype=np.float32,
+        )
+        index = np.array([index_of(*k) for k in keys], dtype=np.int64)
+        assert both[0].update(index, values) == both[1].update(index, values)
+        draws = [p.draw(300, torch.Generator().manual_seed(step)) for p in both]
+        for got, want in zip(*draws, strict=True):
+            assert torch.equal(got, want)
+        trees = [p.tree for p in both]
+        for name in ("leaves", "sums", "mins"):
+            assert np.array_equal(getattr(trees[0], name), getattr(trees[1], name), equal_nan=True)
+        assert both[0].max_priority == both[1].max_priority
+
+
+@pytest.mark.parametrize("compiled", PATHS)
+def test_alpha_zero_draws_only_the_rows_of_the_window(compiled):
+    """Empty leaves have no mass even where ``0 ** 0`` would give them 1."""
+    priorities = WindowPriorities(PrioritizedReplay(alpha=0.0, beta=1.0, eps=0.0), compiled)
+    priorities.sync([4, 9], [3, 2])
+    positions, rows, weights = priorities.draw(2000, torch.Generator().manual_seed(0))
+    drawn = set(zip(positions.tolist(), rows.tolist(), strict=True))
+    assert drawn == {(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)}
+    assert weights.tolist() == [1.0] * 2000

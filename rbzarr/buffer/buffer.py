@@ -1049,7 +1049,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             the error the current write keeps failing with, else ``None``) and
             ``damaged_trajectories`` (the ids ``on_damaged="skip"`` dropped, sorted); with
             ``prioritized`` also ``stale_priority_updates`` (updates ignored: their rows had
-            left the window), ``max_priority`` and ``priority_bytes`` (memory).
+            left the window), ``max_priority``, ``priority_bytes`` (memory) and
+            ``priority_kernels`` (``"compiled"``: numba, else ``"numpy"``).
         """
         with self._lock:
             error = None if self._committer is None else self._committer.last_error
@@ -1075,4 +1076,5 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             "stale_priority_updates": priorities.stale_updates,
             "max_priority": priorities.max_priority,
             "priority_bytes": priorities.nbytes,
+            "priority_kernels": "compiled" if priorities.compiled else "numpy",
         }
