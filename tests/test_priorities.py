@@ -27,9 +27,12 @@ from rbzarr import (
     Trajectory,
     TrajectoryReplayBuffer,
 )
+from rbzarr.analysis.view import open_buffer
 from rbzarr.data.datasets import ReplayDataset
 from rbzarr.sampling import priorities as priorities_module
 from rbzarr.sampling.priorities import NUMBA_FOUND, WindowPriorities
+from rbzarr.storage.index import priorities as priority_files
+from rbzarr.storage.io.location import Location
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,14 +60,21 @@ def index_of(trajectory_id: int, row: int) -> int:
     return (trajectory_id << 32) | row
 
 
-def window_indices(buffer: TrajectoryReplayBuffer) -> torch.Tensor:
+def window_indices(buffer: TrajectoryReplayBuffer, base: int = 0) -> torch.Tensor:
+    """The global indices of the window's rows (``base``: the ids given out before a clear)."""
     entries = buffer.index_entries
     window = buffer.trajectory_ids[-buffer.sample_window_size :]
-    return torch.tensor([index_of(i, r) for i in window for r in range(entries[i]["num_samples"])])
+    return torch.tensor(
+        [index_of(base + i, r) for i in window for r in range(entries[i]["num_samples"])]
+    )
 
 
 class Model:
-    """The distribution in plain Python: a priority per (id, row) of the window."""
+    """The distribution in plain Python: a priority per (global id, row) of the window.
+
+    Global ids never restart: after a clear the buffer's ids start at 0 again (as RLinf's)
+    and ``base`` is the global id of its id 0.
+    """
 
     def __init__(self, window: int, settings_: PrioritizedReplay) -> None:
         self.window = window
@@ -74,6 +84,10 @@ class Model:
         self.max_priority = 1.0
         self.stale = 0
         self.next_id = 0
+        self.base = 0
+
+    def clear(self) -> None:
+        self.ids, self.priorities, self.base = [], {}, self.next_id
 
     def add(self, rows: int) -> None:
         self.ids.append(self.next_id)
@@ -111,6 +125,7 @@ operations = st.lists(
             st.floats(0, 50, allow_nan=False, width=32),
         ),
         st.tuples(st.just("resume")),
+        st.tuples(st.just("clear")),
     ),
     min_size=1,
     max_size=14,
@@ -139,7 +154,9 @@ def test_draws_updates_evictions_and_resumes_follow_the_model(compiled, ops):
                 # Rows past a trajectory in the window are bad input; outside it, stale.
                 counts = buffer.index_entries
                 keys = [
-                    k for k in keys if k[0] not in model.ids or k[1] < counts[k[0]]["num_samples"]
+                    k
+                    for k in keys
+                    if k[0] not in model.ids or k[1] < counts[k[0] - model.base]["num_samples"]
                 ]
                 if not keys:
                     continue
@@ -160,8 +177,11 @@ def test_draws_updates_evictions_and_resumes_follow_the_model(compiled, ops):
                 buffer.save_checkpoint(path)
                 buffer = prioritized_buffer(sample_window_size=3, prioritized=settings_)
                 buffer.load_checkpoint(path)
+            elif op[0] == "clear":
+                buffer.clear()
+                model.clear()
             if model.ids:
-                got = buffer.get_priority(window_indices(buffer)).tolist()
+                got = buffer.get_priority(window_indices(buffer, model.base)).tolist()
                 want = [model.priorities[(i, r)] for i, r in sorted(model.priorities)]
                 assert got == pytest.approx(want)
                 assert buffer.get_stats()["stale_priority_updates"] == model.stale
@@ -564,3 +584,78 @@ def test_alpha_zero_draws_only_the_rows_of_the_window(compiled):
     drawn = set(zip(positions.tolist(), rows.tolist(), strict=True))
     assert drawn == {(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)}
     assert weights.tolist() == [1.0] * 2000
+
+
+# Drawn in proportion to the raw priorities: a row of priority 0 is never drawn.
+ONE_HOT = PrioritizedReplay(alpha=1.0, beta=1.0, eps=0.0)
+
+
+def one_hot_store(store: Path, count: int, hot: tuple[int, int]) -> TrajectoryReplayBuffer:
+    """A store of ``count`` trajectories whose flushed priorities are 0 but ``hot``'s."""
+    buffer = prioritized_buffer(
+        sample_window_size=0, auto_save=True, auto_save_path=store, prioritized=ONE_HOT
+    )
+    buffer.add_trajectories([make_trajectory(2, 2, 100 * k) for k in range(count)])
+    buffer.update_priority(window_indices(buffer), 0.0)
+    buffer.update_priority([index_of(*hot)], [1.0])
+    buffer.flush()
+    return buffer
+
+
+def drawn_keys(view, n: int = 64) -> set[tuple[int, int]]:
+    _, info = view.sample(n, return_info=True, generator=torch.Generator().manual_seed(0))
+    return {(i >> 32, i & 0xFFFFFFFF) for i in info["index"].tolist()}
+
+
+def test_a_view_refresh_reads_only_the_priority_files_that_changed(tmp_path, monkeypatch):
+    store = tmp_path / "s"
+    buffer = one_hot_store(store, 40, (3, 2))
+    view = open_buffer(store, prioritized=ONE_HOT)
+    assert drawn_keys(view) == {(3, 2)}
+    read: list[str] = []
+    real_read = Location.read_bytes
+
+    def read_bytes(location: Location, *names: str) -> bytes:
+        if names[:1] == (priority_files.FOLDER,):
+            read.append(names[-1])
+        return real_read(location, *names)
+
+    monkeypatch.setattr(Location, "read_bytes", read_bytes)
+    view.refresh()
+    assert read == ["changes.json"]  # nothing changed: the record alone
+    buffer.update_priority([index_of(7, 1)], [1e9])
+    buffer.flush()
+    read.clear()
+    view.refresh()
+    assert read == ["changes.json", "7.f32"]  # 1 of 40 trajectories changed: 2 files
+    assert drawn_keys(view) == {(7, 1)}
+    for k in range(3):  # flushes the view did not see: their changes together
+        buffer.update_priority([index_of(10 + k, 0)], [1e10 * (k + 1)])
+        buffer.flush()
+    read.clear()
+    view.refresh()
+    assert sorted(read) == ["10.f32", "11.f32", "12.f32", "changes.json"]
+    assert (12, 0) in drawn_keys(view, 256)
+    # Another writer (a resumed run) flushes: its record cannot say what changed since.
+    buffer.close()
+    resumed = prioritized_buffer(
+        sample_window_size=0, auto_save=True, auto_save_path=store, prioritized=ONE_HOT
+    )
+    resumed.load_checkpoint(store)
+    resumed.update_priority([index_of(12, 0)], [0.0])
+    resumed.close()
+    read.clear()
+    view.refresh()
+    assert len(read) == 41
+    assert drawn_keys(view, 256) <= {(7, 1), (10, 0), (11, 0)}  # (12, 0) is 0 now
+
+
+def test_a_damaged_change_record_costs_a_full_read_not_a_wrong_priority(tmp_path):
+    store = tmp_path / "s"
+    buffer = one_hot_store(store, 3, (0, 0))
+    view = open_buffer(store, prioritized=ONE_HOT)
+    buffer.update_priority([index_of(0, 0), index_of(2, 3)], [0.0, 1.0])
+    buffer.flush()
+    (store / "priorities" / "changes.json").write_bytes(b'{"writer": 3, "flush": [}')
+    view.refresh()
+    assert drawn_keys(view) == {(2, 3)}

@@ -19,7 +19,7 @@ from rbzarr.analysis.steps import episode_fields, read_steps
 from rbzarr.buffer.local_cache_settings import LocalCacheSettings
 from rbzarr.sampling.priorities import PrioritizedReplay
 from rbzarr.sampling.reader import StoreReader
-from rbzarr.storage.index.priorities import PriorityFiles
+from rbzarr.storage.index.priorities import PriorityChanges, PriorityFiles
 from rbzarr.storage.index.schema import check_schema, schema_from_json
 from rbzarr.storage.index.slots import read_store_window
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
@@ -168,6 +168,8 @@ class BufferView:
         self.layout = layout
         self.refresh_interval = refresh_interval
         self._schema: Schema | None = None
+        self._priority_changes = PriorityChanges(layout.location)
+        self._priorities_read: set[int] = set()  # the window of the last read
         self._set_documents(documents)
 
     def _set_documents(self, documents: Documents) -> None:
@@ -183,17 +185,24 @@ class BufferView:
         self._read_at = time.monotonic()
 
     def _read_priorities(self) -> None:
-        """With ``prioritized``: the stored priorities of the window's trajectories."""
+        """With ``prioritized``: the stored priorities of the window's trajectories that
+        changed since the last read (by the store's change record) or entered the window."""
         priorities = self._reader.priorities
         if priorities is None:
             return
         window = self._index.window(self.sample_window_size)
+        changed = self._priority_changes.changed()
+        if changed is None:
+            wanted = window
+            priorities.clear()
+        else:
+            wanted = [i for i in window if i in changed or i not in self._priorities_read]
         stored = PriorityFiles(self.layout.location).read_all(
-            self._index.entries[i] for i in window
+            self._index.entries[i] for i in wanted
         )
-        priorities.clear()
         priorities.offer(stored)
         self._reader.sync_priorities()
+        self._priorities_read = set(window)
 
     @property
     def sample_window_size(self) -> int:

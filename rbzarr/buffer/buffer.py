@@ -33,7 +33,7 @@ from rbzarr.sampling.arguments import check_count, check_window_size
 from rbzarr.sampling.damaged import check_on_damaged
 from rbzarr.sampling.priorities import PrioritizedReplay, WindowPriorities, check_priorities
 from rbzarr.sampling.reader import StoreReader
-from rbzarr.storage.index.priorities import PriorityFiles
+from rbzarr.storage.index.priorities import PriorityChanges, PriorityFiles
 from rbzarr.storage.index.schema import schema_to_json
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.location import Location
@@ -256,13 +256,18 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         )
         self._read_ahead = self._reader.ahead
         self._sampler_at_open = self._sampler_state()
+        # The store's priority change record, made at the first flush of priorities.
+        self._priority_changes: PriorityChanges | None = None
         if self._committer is not None:
             self.local_cache.check_shapes(self._schema, [(self._committer.largest_committed, 1)])
 
     # -- plumbing -----------------------------------------------------------------------
     def _sampler_state(self) -> dict[str, Any]:
         """Both samplers' state, JSON-ready, as a checkpoint's ``sampler`` holds it."""
-        return {**self._reader.rows.state_dict(), "sequences": self._reader.sequences.state_dict()}
+        state = {**self._reader.rows.state_dict(), "sequences": self._reader.sequences.state_dict()}
+        if self._reader.index_base:
+            state["index_base"] = self._reader.index_base
+        return state
 
     def _empty_message(self) -> str:
         """Why sampling an empty buffer fails, and what to do (a store may hold a run)."""
@@ -668,7 +673,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         index, values = check_priorities(indices, priorities)
         with self._lock:
             self._reader.sync_priorities()
-            window.update(index, values)
+            window.update(self._reader.row_index(index), values)
 
     def get_priority(self, indices: Any) -> torch.Tensor:
         """The priorities of rows by global index.
@@ -692,17 +697,21 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         index, _ = check_priorities(indices, 0.0)
         with self._lock:
             self._reader.sync_priorities()
-            return torch.from_numpy(window.get(index))
+            return torch.from_numpy(window.get(self._reader.row_index(index)))
 
     def _save_priorities(self) -> None:
-        """Write the priorities changed since the last save to the store (without the lock);
-        those not written stay to be saved by the next flush."""
+        """Write the priorities changed since the last save to the store (without the lock),
+        then the change record listing them; those not written stay to be saved by the next
+        flush, those not recorded to be recorded by it."""
         window = self._reader.priorities
         if window is None or self._committer is None:
             return
         with self._lock:
             unsaved = window.unsaved()
-        files = PriorityFiles(self._committer.layout.location)
+        location = self._committer.layout.location
+        if self._priority_changes is None:
+            self._priority_changes = PriorityChanges(location)
+        files = PriorityFiles(location)
         left = list(unsaved)
         try:
             for trajectory_id in list(left):
@@ -712,6 +721,9 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             if left:
                 with self._lock:
                     window.unsave(left)
+            written = [i for i in unsaved if i not in left]
+            if written or self._priority_changes.unrecorded:
+                self._priority_changes.record(written)
 
     # -- reading (rlinf_compat builds RLinf's names on these) -------------------------
     @property
@@ -944,6 +956,9 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         )
         self._reader.rows.load_state_dict({"seed": self.seed, **loaded.sampler})
         self._reader.sequences.load_state_dict(loaded.sampler.get("sequences"), self.seed)
+        base = loaded.sampler.get("index_base")
+        valid = isinstance(base, int) and not isinstance(base, bool) and base >= 0
+        self._reader.index_base = base if isinstance(base, int) and valid else 0
         self._sampler_at_open = self._sampler_state()
         self._window_changed()
         if self._committer is None:
@@ -1024,9 +1039,14 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
 
         The auto-save store is left as it is: every trajectory written or queued stays
         there, and the id counter continues after the store's ids, so no later add
-        overwrites one.  Without ``auto_save`` the counter restarts at 0.
+        overwrites one.  Without ``auto_save`` the counter restarts at 0 (as RLinf's), and
+        the global indices of :meth:`sample` go on past those handed out before: their
+        high part is the id plus the ids given out before the clear (so an index taken
+        before never names a row added after; updates with it are stale).
         """
         with self._add_lock, self._lock:
+            if self._committer is None:
+                self._reader.index_base += self._index.trajectory_counter
             self._index = self._reader.index = TrajectoryIndex(
                 trajectory_counter=self._first_free_id()
             )

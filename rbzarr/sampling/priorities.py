@@ -202,9 +202,14 @@ class WindowPriorities:
         self._tree, self._segments, self._head = tree, segments, head
 
     def offer(self, priorities: Mapping[int, np.ndarray]) -> None:
-        """Priorities read from the store, taken by their trajectories as they enter."""
+        """Priorities read from the store: a trajectory in the window takes them now (when
+        they fit its rows), the others as they enter."""
         for trajectory_id, values in priorities.items():
-            self._offered[trajectory_id] = values
+            segment = self._segments.get(trajectory_id)
+            if segment is None:
+                self._offered[trajectory_id] = values
+            elif len(values) == segment[1]:
+                self._tree.set_range(segment[0], values)
             if len(values):
                 self.max_priority = max(self.max_priority, float(np.max(values)))
 

@@ -28,7 +28,7 @@ import torch
 from rbzarr.errors import EmptyBufferError
 from rbzarr.sampling.arguments import check_count
 from rbzarr.sampling.damaged import DamagedTrajectories
-from rbzarr.sampling.priorities import PrioritizedReplay, WindowPriorities
+from rbzarr.sampling.priorities import ROW_BITS, PrioritizedReplay, WindowPriorities
 from rbzarr.sampling.prioritized import PrioritizedSampler
 from rbzarr.sampling.rows import MissPlan, all_cached, plan_misses
 from rbzarr.sampling.sampler import Draw, Sampler, Window
@@ -164,6 +164,9 @@ class StoreReader:
         )
         self.sequences = SequenceSampler(seed, self.priorities)
         self.schema = schema
+        # Added to the ids of the global indices handed out: a buffer without a store
+        # restarts its ids at 0 on clear() (as RLinf), so its indices start past the old ones.
+        self.index_base = 0
         self._window: Window | None = None
         self.ahead = None if read_ahead is None else read_ahead(self.rows.generator, self.draw_rows)
 
@@ -212,6 +215,11 @@ class StoreReader:
             self.priorities.sync([], [])
             return
         self.priorities.sync(window.ids, window.counts)
+
+    def row_index(self, index: np.ndarray) -> np.ndarray:
+        """Global indices handed out, as the priorities count them (those of ids from before
+        the last :attr:`index_base` move become negative: no row)."""
+        return index - (self.index_base << ROW_BITS) if self.index_base else index
 
     def sample(self, n: int, generator: torch.Generator | None = None) -> Batch:
         """``n`` rows drawn from the window (uniformly, or by priority), as a nested
@@ -314,7 +322,9 @@ class StoreReader:
                     if self.held is not None:
                         self.held.drawing(window)
                     drawn = sampler.draw(n, window, generator)
-                    ids = window.id_tensor
+                    ids = (
+                        window.id_tensor + self.index_base if self.index_base else window.id_tensor
+                    )
                     plan = self._plan(window, drawn.positions, drawn.rows)
                     fill = [] if self.held is None else self.held.reserved(window, drawn.positions)
                     break
