@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import subprocess
 import sys
 import tempfile
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import assert_rows_consistent, make_trajectory
+from faults import KINDS, Faults
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -659,3 +661,84 @@ def test_a_damaged_change_record_costs_a_full_read_not_a_wrong_priority(tmp_path
     (store / "priorities" / "changes.json").write_bytes(b'{"writer": 3, "flush": [}')
     view.refresh()
     assert drawn_keys(view) == {(2, 3)}
+
+
+@pytest.mark.parametrize("flushed_before_leaving", [True, False])
+def test_a_trajectory_back_in_a_grown_window_keeps_its_priorities(tmp_path, flushed_before_leaving):
+    store = tmp_path / "s"
+    buffer = prioritized_buffer(sample_window_size=2, auto_save=True, auto_save_path=store)
+    buffer.add_trajectories([make_trajectory(2, 2, 100 * k) for k in range(2)])
+    buffer.update_priority([index_of(0, 1), index_of(1, 2)], [0.25, 0.5])
+    if flushed_before_leaving:
+        buffer.flush()
+    buffer.update_priority([index_of(1, 0)], [30.0])  # the largest priority now
+    buffer.add_trajectories([make_trajectory(2, 2, 100 * k) for k in range(2, 4)])  # 0, 1 leave
+    buffer.flush()  # writes what left unflushed too
+    assert buffer.get_priority([index_of(0, 1)]).isnan().all()
+    buffer.sample_window_size = 0  # 0 and 1 are back, with what they had, not 30
+    want = [1.0, 0.25, 1.0, 1.0, 30.0, 1.0, 0.5, 1.0, *[30.0] * 8]
+    assert buffer.get_priority(window_indices(buffer)).tolist() == want
+    buffer.close()
+    resumed = prioritized_buffer(sample_window_size=0)
+    resumed.load_checkpoint(store)
+    assert resumed.get_priority(window_indices(resumed)).tolist() == want
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_priority_write_that_fails_or_hangs_loses_no_flushed_priority(
+    tmp_path, monkeypatch, kind
+):
+    """Each storage call of a priority flush faults in turn; a reader meanwhile sees whole
+    files only (the old or the new); after a second flush, resumes and views see every
+    priority."""
+    faults = Faults(monkeypatch)
+    old = torch.arange(12, dtype=torch.float32)
+    new = old + 100
+
+    def flushed_once(store: Path) -> TrajectoryReplayBuffer:
+        buffer = one_hot_store(store, 3, (0, 0))
+        buffer.update_priority(window_indices(buffer), old)
+        buffer.flush()
+        buffer.update_priority(window_indices(buffer), new)
+        return buffer
+
+    def observe(store: Path) -> None:
+        files = priority_files.PriorityFiles(Location.from_url(str(store)))
+        resumed = prioritized_buffer(sample_window_size=0)
+        resumed.load_checkpoint(store)  # refuses a damaged priority file
+        for k in range(3):
+            rows = files.read(resumed.index_entries[k])
+            assert rows is not None
+            assert rows.tolist() in (
+                old[4 * k : 4 * k + 4].tolist(),
+                new[4 * k : 4 * k + 4].tolist(),
+            )
+
+    buffer = flushed_once(tmp_path / "counted")
+    faults.count()
+    buffer.flush()
+    faults.disarm()
+    calls = len(faults.calls)
+    assert faults.calls.count("write_bytes") >= 4  # 3 files and the change record
+    for k in range(calls):
+        store = tmp_path / f"{k}"
+        buffer = flushed_once(store)
+        view = open_buffer(store, prioritized=ONE_HOT)
+        faults.on_fault = functools.partial(observe, store)
+        faults.arm(k, kind)
+        with contextlib.suppress(StorageUnavailableError):
+            buffer.flush()
+        faults.disarm()
+        faults.on_fault = None
+        assert faults.fired, (k, faults.calls)
+        buffer.flush()  # storage healed: what failed is written now
+        buffer.close()
+        resumed = prioritized_buffer(sample_window_size=0)
+        resumed.load_checkpoint(store)
+        assert resumed.get_priority(window_indices(resumed)).tolist() == new.tolist()
+        view.refresh()  # the change record lists every file the fault left to rewrite
+        _, info = view.sample(2000, return_info=True, generator=torch.Generator().manual_seed(k))
+        drawn = set(info["index"].tolist())
+        assert drawn == set(window_indices(resumed).tolist())
+        weights = dict(zip(info["index"].tolist(), info["weight"].tolist(), strict=True))
+        assert weights[index_of(0, 0)] == pytest.approx(1.0)  # the least now: 100

@@ -253,6 +253,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             if prefetch
             else None,
             prioritized=prioritized,
+            saves_priorities=self._committer is not None,
         )
         self._read_ahead = self._reader.ahead
         self._sampler_at_open = self._sampler_state()
@@ -323,6 +324,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
     @sample_window_size.setter
     def sample_window_size(self, size: int) -> None:
         self._reader.window_size = size
+        # Trajectories back in a grown window take their stored priorities, not the max.
+        self._reader.fetch_returning()
 
     @property
     def prefetch(self) -> int:
@@ -720,7 +723,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         finally:
             if left:
                 with self._lock:
-                    window.unsave(left)
+                    window.unsave({i: unsaved[i] for i in left})
             written = [i for i in unsaved if i not in left]
             if written or self._priority_changes.unrecorded:
                 self._priority_changes.record(written)

@@ -132,9 +132,15 @@ class WindowPriorities:
         ``alpha``, ``beta`` and ``eps``.
     compiled
         Draw and update with the compiled kernels (numba); ``None``: when numba imports.
+    saves
+        The owner saves what :meth:`unsaved` hands out: a trajectory that leaves the window
+        with updates not yet taken keeps them until they are (else they are dropped).
     """
 
-    def __init__(self, settings: PrioritizedReplay, compiled: bool | None = None) -> None:
+    def __init__(
+        self, settings: PrioritizedReplay, compiled: bool | None = None, saves: bool = False
+    ) -> None:
+        self.saves = saves
         self.settings = settings
         self.max_priority = 1.0
         self.stale_updates = 0
@@ -145,6 +151,9 @@ class WindowPriorities:
         self._segments: dict[int, tuple[int, int]] = {}  # id -> (first leaf, rows)
         self._offered: dict[int, np.ndarray] = {}  # read from the store, not yet in the window
         self._unsaved: set[int] = set()
+        self._updated: set[int] = set()  # of _unsaved: by updates (not only entered)
+        self._departed: dict[int, np.ndarray] = {}  # left the window with updates unsaved
+        self._newest = -1  # the largest id the window has held
         self._lookup = _Lookup.of({}, [])
         self._changed = np.zeros(1, dtype=bool)  # per id of the lookup: updated, unsaved
 
@@ -157,32 +166,55 @@ class WindowPriorities:
         if isinstance(counts, torch.Tensor):
             counts = counts.tolist()
         present = set(ids)
+        self._fold_changed()  # the updates of those leaving count
         for gone in [i for i in self._segments if i not in present]:
+            if self.saves and gone in self._updated:
+                self._departed[gone] = self.values(gone)
             start, rows = self._segments.pop(gone)
             self._tree.set_range(start, np.full(rows, np.nan, dtype=np.float32))
             self._unsaved.discard(gone)
+            self._updated.discard(gone)
         new = [(i, int(c)) for i, c in zip(ids, counts, strict=True) if i not in self._segments]
         needed = sum(c for _, c in new)
         if self._head + needed > self._tree.capacity:
             self._compact(needed)
         for trajectory_id, rows in new:
-            offered = self._offered.pop(trajectory_id, None)
-            if offered is None or len(offered) != rows:
-                offered = np.full(rows, self.max_priority, dtype=np.float32)
-                self._unsaved.add(trajectory_id)
+            offered = self._entering(trajectory_id, rows)
             self._segments[trajectory_id] = (self._head, rows)
             self._tree.set_range(self._head, offered)
             self._head += rows
+        self._newest = max([self._newest, *ids])
         self._window = list(ids)
         self._offered = {i: p for i, p in self._offered.items() if i not in present}
-        self._fold_changed()
         self._lookup = _Lookup.of(self._segments, self._window)
         self._changed = np.zeros(len(self._lookup.starts), dtype=bool)
+
+    def _entering(self, trajectory_id: int, rows: int) -> np.ndarray:
+        """The priorities a trajectory enters with: its unsaved ones if it left with them,
+        those offered from the store, else the largest so far."""
+        departed = self._departed.pop(trajectory_id, None)
+        if departed is not None and len(departed) == rows:
+            self._unsaved.add(trajectory_id)
+            self._updated.add(trajectory_id)
+            return departed
+        offered = self._offered.pop(trajectory_id, None)
+        if offered is not None and len(offered) == rows:
+            return offered
+        self._unsaved.add(trajectory_id)
+        return np.full(rows, self.max_priority, dtype=np.float32)
+
+    def returning(self, ids: Iterable[int]) -> list[int]:
+        """Those of ``ids`` (a window) that the window held before and would now enter with
+        no priorities in memory: their stored ones should be offered first."""
+        known = (self._segments, self._offered, self._departed)
+        return [i for i in ids if i <= self._newest and not any(i in k for k in known)]
 
     def _fold_changed(self) -> None:
         """Move the lookup's changed marks into :attr:`_unsaved` (ids still in the window)."""
         marked = self._lookup.ids[np.flatnonzero(self._changed[: len(self._lookup.ids)])]
-        self._unsaved.update(i for i in marked.tolist() if i in self._segments)
+        updated = [i for i in marked.tolist() if i in self._segments]
+        self._unsaved.update(updated)
+        self._updated.update(updated)
         self._changed[:] = False
 
     def _compact(self, needed: int) -> None:
@@ -203,20 +235,21 @@ class WindowPriorities:
 
     def offer(self, priorities: Mapping[int, np.ndarray]) -> None:
         """Priorities read from the store: a trajectory in the window takes them now (when
-        they fit its rows), the others as they enter."""
+        they fit its rows), the others as they enter (an empty array: none stored)."""
         for trajectory_id, values in priorities.items():
             segment = self._segments.get(trajectory_id)
             if segment is None:
                 self._offered[trajectory_id] = values
-            elif len(values) == segment[1]:
+            elif len(values) == segment[1] and trajectory_id not in self._updated:
                 self._tree.set_range(segment[0], values)
+                self._unsaved.discard(trajectory_id)
             if len(values):
                 self.max_priority = max(self.max_priority, float(np.max(values)))
 
     def clear(self) -> None:
-        """Forget every row and offered priority (the largest priority stays)."""
+        """Forget every row, offered and unsaved priority (the largest priority stays)."""
         self.sync([], [])
-        self._offered = {}
+        self._offered, self._departed, self._newest = {}, {}, -1
 
     # -- updates ------------------------------------------------------------------------
     def update(self, index: np.ndarray, priorities: np.ndarray) -> int:
@@ -341,15 +374,21 @@ class WindowPriorities:
         return {i: self.values(i) for i in ids if i in self._segments}
 
     def unsaved(self) -> dict[int, np.ndarray]:
-        """Copies of the priorities changed since last taken (now counted as saved)."""
+        """Copies of the priorities changed since last taken, those of trajectories that
+        left the window with changes too (now counted as saved)."""
         self._fold_changed()
-        taken = self.held(sorted(self._unsaved))
-        self._unsaved = set()
+        taken = {**self._departed, **self.held(sorted(self._unsaved))}
+        self._unsaved, self._updated, self._departed = set(), set(), {}
         return taken
 
-    def unsave(self, ids: Iterable[int]) -> None:
-        """Count ``ids`` as changed again (their write failed)."""
-        self._unsaved.update(i for i in ids if i in self._segments)
+    def unsave(self, values: Mapping[int, np.ndarray]) -> None:
+        """Count ``values`` (taken from :meth:`unsaved`) as changed again: their write failed."""
+        for trajectory_id, taken in values.items():
+            if trajectory_id in self._segments:
+                self._unsaved.add(trajectory_id)
+                self._updated.add(trajectory_id)
+            elif self.saves:
+                self._departed.setdefault(trajectory_id, taken)
 
     @property
     def compiled(self) -> bool:

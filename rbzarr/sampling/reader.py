@@ -34,6 +34,7 @@ from rbzarr.sampling.rows import MissPlan, all_cached, plan_misses
 from rbzarr.sampling.sampler import Draw, Sampler, Window
 from rbzarr.sampling.sequences import SequenceSampler, check_sequence_request
 from rbzarr.sampling.window import WindowSampler
+from rbzarr.storage.index.priorities import PriorityFiles
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.rlinf.documents import Entry
 from rbzarr.trajectory.model import Schema
@@ -147,6 +148,7 @@ class StoreReader:
         lock: AbstractContextManager[Any] | None = None,
         read_ahead: Callable[[torch.Generator, DrawRows], Ahead] | None = None,
         prioritized: PrioritizedReplay | None = None,
+        saves_priorities: bool = False,
     ) -> None:
         self.damaged = DamagedTrajectories(on_damaged)
         self.index = index
@@ -156,7 +158,9 @@ class StoreReader:
         self.empty = empty
         self.held = held
         self.lock = threading.RLock() if lock is None else lock
-        self.priorities = None if prioritized is None else WindowPriorities(prioritized)
+        self.priorities = (
+            None if prioritized is None else WindowPriorities(prioritized, saves=saves_priorities)
+        )
         self.rows = (
             WindowSampler(seed)
             if self.priorities is None
@@ -306,6 +310,26 @@ class StoreReader:
             self.index.remove(found)
             self.window_changed()
         self.damaged.record(found, self.where)
+        self.fetch_returning()
+
+    def fetch_returning(self) -> None:
+        """Offer the stored priorities of the trajectories back in the window (read without
+        the lock; one file each), so that they do not enter at the largest priority."""
+        if self.priorities is None or self.layout is None:
+            return
+        with self.lock:
+            try:
+                returning = self.priorities.returning(self.window())
+            except (ValueError, EmptyBufferError):  # empty, or past what the index holds
+                return
+            entries = [self.index.entries[i] for i in returning]
+        if not entries:
+            return
+        stored = PriorityFiles(self.layout.location).read_all(entries)
+        none = np.zeros(0, dtype=np.float32)  # no file: the largest priority
+        with self.lock:
+            self.priorities.offer({i: stored.get(i, none) for i in returning})
+            self.sync_priorities()
 
     def _draw(
         self, sampler: Sampler, n: int, generator: torch.Generator | None
