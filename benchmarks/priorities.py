@@ -117,7 +117,12 @@ def _ours(case: str, size: dict[str, int], calls: int, budget: float, root: str)
             buffer.update_priority(info["index"], torch.rand(64, generator=generator) + 0.01)
 
         latencies = timed(sequences if case == "sequences" else rows, calls, budget)
-        return {"latencies": latencies, "fill_s": fill_s, "rows": buffer.total_samples}
+        return {
+            "latencies": latencies,
+            "fill_s": fill_s,
+            "rows": buffer.total_samples,
+            "kernels": buffer.get_stats()["priority_kernels"],
+        }
 
 
 def _peer(sizes: dict[str, dict[str, int]], calls: int, budget: float, root: str) -> dict:

@@ -21,9 +21,18 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from rbzarr.sampling.sum_tree import FANOUT
+from rbzarr.sampling import sum_tree
 
-__all__ = ["draw", "recompute_range", "update"]
+__all__ = ["FANOUT", "draw", "recompute_range", "update"]
+
+# The tree's fan-out, written here: numba's on-disk cache follows this file's source only,
+# so a fan-out taken from sum_tree would stay compiled in after it changed there.
+FANOUT = 8
+if sum_tree.FANOUT != FANOUT:
+    raise ImportError(
+        f"rbzarr.sampling.tree_kernels is compiled for a fan-out of {FANOUT}, the sum tree "
+        f"has {sum_tree.FANOUT}: change both"
+    )
 
 _ROW_BITS = 32
 _ROW_MASK = (1 << _ROW_BITS) - 1
