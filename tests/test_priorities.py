@@ -742,3 +742,33 @@ def test_a_priority_write_that_fails_or_hangs_loses_no_flushed_priority(
         assert drawn == set(window_indices(resumed).tolist())
         weights = dict(zip(info["index"].tolist(), info["weight"].tolist(), strict=True))
         assert weights[index_of(0, 0)] == pytest.approx(1.0)  # the least now: 100
+
+
+def test_a_view_refresh_that_fails_reads_the_changes_again(tmp_path, monkeypatch):
+    """Each storage call of a view's refresh fails in turn: the next refresh still draws by
+    every change flushed (a failed read does not count the change record as read)."""
+    faults = Faults(monkeypatch)
+    store = tmp_path / "s"
+    buffer = one_hot_store(store, 4, (0, 0))
+    view = open_buffer(store, prioritized=ONE_HOT)
+
+    def flush_hot(hot: tuple[int, int]) -> None:
+        buffer.update_priority(window_indices(buffer), 0.0)
+        buffer.update_priority([index_of(*hot)], [1.0])
+        buffer.flush()
+
+    flush_hot((3, 0))
+    faults.count()
+    view.refresh()  # the record and one file (and the index)
+    faults.disarm()
+    calls = len(faults.calls)
+    for k in range(calls):
+        hot = (k % 4, k % 3)
+        flush_hot(hot)
+        faults.arm(k, "fail")
+        with contextlib.suppress(StorageUnavailableError):
+            view.refresh()
+        faults.disarm()
+        assert faults.fired, (k, faults.calls)
+        view.refresh()
+        assert drawn_keys(view) == {hot}

@@ -191,17 +191,20 @@ class BufferView:
         if priorities is None:
             return
         window = self._index.window(self.sample_window_size)
-        changed = self._priority_changes.changed()
+        changes = self._priority_changes
+        changed = changes.changed()
         if changed is None:
             wanted = window
-            priorities.clear()
         else:
             wanted = [i for i in window if i in changed or i not in self._priorities_read]
         stored = PriorityFiles(self.layout.location).read_all(
             self._index.entries[i] for i in wanted
-        )
+        )  # a failed read changes nothing: the next refresh reads them again
+        if changed is None:
+            priorities.clear()
         priorities.offer(stored)
         self._reader.sync_priorities()
+        changes.read()
         self._priorities_read = set(window)
 
     @property

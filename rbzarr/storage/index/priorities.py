@@ -117,6 +117,7 @@ class PriorityChanges:
         self._flushes: list[tuple[int, list[int]]] = []
         self.unrecorded: set[int] = set()  # written, their record not yet
         self._seen: tuple[str, int] | None = None  # (writer, flush) a reader has read
+        self._reading: tuple[str, int] | None = None  # what changed() last found
 
     def record(self, ids: Collection[int]) -> None:
         """After a flush wrote the files of ``ids``: list them (and those a failed record
@@ -131,22 +132,24 @@ class PriorityChanges:
         self._flushes, self.unrecorded = flushes, set()
 
     def changed(self) -> set[int] | None:
-        """The ids flushed since this reader's last call (``None``: unknown, read them all).
+        """The ids flushed since this reader's last :meth:`read` (``None``: unknown, read
+        them all).
 
         The first call, a record of another writer or one that no longer reaches back
-        answers ``None``; a store without a record has no change to tell.
+        answers ``None``; a store without a record has no change to tell.  Nothing counts
+        as read until :meth:`read` says so (a failed read of the files asks again).
         """
+        seen = self._seen
         try:
             raw = self.location.read_bytes(FOLDER, CHANGES)
         except FileNotFoundError:
-            seen, self._seen = self._seen, ("", 0)
+            self._reading = ("", 0)
             return None if seen is None else set()
         document = self._parse(raw)
+        self._reading = None if document is None else document[:2]
         if document is None:
-            self._seen = None
             return None
         writer, number, flushes = document
-        seen, self._seen = self._seen, (writer, number)
         if seen is None or seen[0] != writer or seen[1] > number:
             return None
         if seen[1] == number:
@@ -154,6 +157,10 @@ class PriorityChanges:
         if not flushes or flushes[0][0] > seen[1] + 1:
             return None
         return {i for n, ids in flushes if n > seen[1] for i in ids}
+
+    def read(self) -> None:
+        """The files :meth:`changed` named were read: the next call counts from there."""
+        self._seen = self._reading
 
     def _parse(self, raw: bytes) -> tuple[str, int, list[tuple[int, list[int]]]] | None:
         """The record's writer, flush and flushes; ``None`` when it is not a change record."""
