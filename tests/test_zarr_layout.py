@@ -29,6 +29,8 @@ from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.registry import layout_class
 from rbzarr.storage.rlinf.documents import Documents
+from rbzarr.storage.zarr import layout as zarr_layout
+from rbzarr.storage.zarr import open as zarr_open
 from rbzarr.storage.zarr.chunking import chunk_shape
 from rbzarr.storage.zarr.layout import ZarrLayout
 from rbzarr.trajectory.dtypes import dtype_name, to_numpy
@@ -356,6 +358,34 @@ def test_reads_while_another_thread_writes(tmp_path: Any) -> None:
     assert layout.list_ids() == list(range(6))
     for entry, traj in zip(entries, trajs, strict=True):
         _assert_same(layout.read(entry).tensors(), traj.tensors())
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_the_handles_kept_follow_the_sample_window(tmp_path: Any, monkeypatch, explicit) -> None:
+    """Without ``handle_cache_size`` a window larger than the default stays open: a second
+    pass over its trajectories opens none (with an explicit size, those past it reopen)."""
+    monkeypatch.setattr(zarr_layout, "DEFAULT_HANDLES", 2)
+    monkeypatch.setattr(zarr_layout, "_HANDLE_SLACK", 0)
+    opened: list[int] = []
+    real_open = zarr_open.TrajectoryOpener._open_new
+
+    def open_new(opener: Any, entries: Any) -> Any:
+        opened.extend(int(e["trajectory_id"]) for e in entries)
+        return real_open(opener, entries)
+
+    monkeypatch.setattr(zarr_open.TrajectoryOpener, "_open_new", open_new)
+    options = {"handle_cache_size": 2} if explicit else {}
+    layout = ZarrLayout(Location.from_url(tmp_path), **options)
+    trajs = [_every_dtype(seed=s) for s in range(6)]
+    entries = [_entry(i, t) for i, t in enumerate(trajs)]
+    for entry, traj in zip(entries, trajs, strict=True):
+        layout.write(entry, traj)
+    keys = list(flatten_trajectory(trajs[0], validate(trajs[0])))
+    layout.sampling(len(entries))
+    for _ in range(2):
+        for entry in entries:
+            layout.read_rows(entry, torch.tensor([0, 3]), keys)
+    assert sorted(opened) == sorted(list(range(6)) * (2 if explicit else 1))
 
 
 LAYOUT1 = Path(__file__).parent / "data" / "layout1"

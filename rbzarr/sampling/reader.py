@@ -207,6 +207,8 @@ class StoreReader:
         kept = self._window
         if kept is None or kept.index is not self.index or kept.ids != ids:
             kept = self._window = Window(ids, self.index)
+            if self.layout is not None:
+                self.layout.sampling(len(ids))
         return kept
 
     def sync_priorities(self) -> None:

@@ -352,6 +352,10 @@ class TrajectoryLayout(ABC):
         """A hint: ``entries`` (committed) form the sample window.  A layout keeping a local
         copy of a remote store fetches them ahead and evicts them last; this one ignores it."""
 
+    def sampling(self, count: int) -> None:  # noqa: B027  (a hook; most ignore it)
+        """A hint: sampling draws from ``count`` trajectories (the window, when it changes).
+        A layout that keeps trajectories open keeps that many; this one ignores it."""
+
     def written_attributes(self, trajectory_id: int) -> dict[str, Any] | None:
         """The attributes a trajectory's commit marker holds (its entry among them), or
         ``None`` where there is no complete marker (a layout without markers: always)."""

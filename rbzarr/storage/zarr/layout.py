@@ -90,7 +90,14 @@ from rbzarr.trajectory.dtypes import dtype_name, from_numpy, to_numpy
 from rbzarr.trajectory.model import Trajectory, trajectory_from_raw
 from rbzarr.trajectory.validated import ValidatedTrajectory, rows_to_write
 
-__all__ = ["FIELDS_ATTR", "LAYOUT_VERSION", "ROOT_ATTR", "TRAJECTORIES", "ZarrLayout"]
+__all__ = [
+    "DEFAULT_HANDLES",
+    "FIELDS_ATTR",
+    "LAYOUT_VERSION",
+    "ROOT_ATTR",
+    "TRAJECTORIES",
+    "ZarrLayout",
+]
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +106,10 @@ LAYOUT_VERSION = 2
 CODECS_KEY = "codecs"
 # Trajectories the background warmer opens per round.
 WARM_BATCH = 32
+# Trajectories kept open at least (without an explicit handle_cache_size).
+DEFAULT_HANDLES = 256
+# Kept open beyond the window: trajectories read while the window moves on.
+_HANDLE_SLACK = 16
 # The root group's attribute that mirrors the two documents.
 ROOT_ATTR = "rbzarr"
 # A chunk key joined by ".", as layout-2 shards are named (``c.0.0.0``).
@@ -130,6 +141,10 @@ class ZarrLayout(TrajectoryLayout):
         from ``location`` directly, through ``byte_source``.
     handle_cache_size
         How many trajectories keep their opened handles (least recently used go).
+        ``None`` (default): the sample window's trajectories, at least
+        :data:`DEFAULT_HANDLES` (readers say how many, :meth:`sampling`); either way the
+        handles hold at most a quarter of the process's descriptor limit and of
+        ``vm.max_map_count``.
     byte_source
         Where row reads of shards get their bytes; wrap a
         :class:`~rbzarr.storage.zarr.byte_source.ByteSource` to observe them (the
@@ -165,7 +180,7 @@ class ZarrLayout(TrajectoryLayout):
         codecs: Mapping[str, Any] | None = None,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         store: Store | None = None,
-        handle_cache_size: int = 256,
+        handle_cache_size: int | None = None,
         byte_source: ByteSource | None = None,
         local_cache_dir: str | os.PathLike[str] | None = None,
         local_cache_bytes: int | None = None,
@@ -173,7 +188,7 @@ class ZarrLayout(TrajectoryLayout):
     ) -> None:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
-        if handle_cache_size < 0:
+        if handle_cache_size is not None and handle_cache_size < 0:
             raise ValueError(f"handle_cache_size must be >= 0, got {handle_cache_size}")
         if range_gap < 0:
             raise ValueError(f"range_gap must be >= 0, got {range_gap}")
@@ -190,8 +205,13 @@ class ZarrLayout(TrajectoryLayout):
             byte_source = ByteSource(object_ranges(protocol, location.storage_options))
         self.byte_source = byte_source
         self.shard_cache = _shard_cache(location, local_cache_dir, local_cache_bytes)
+        self._handles_follow_window = handle_cache_size is None
         self._opener = TrajectoryOpener(
-            location, store, handle_cache_size, self.byte_source, self.shard_cache
+            location,
+            store,
+            DEFAULT_HANDLES if handle_cache_size is None else handle_cache_size,
+            self.byte_source,
+            self.shard_cache,
         )
         self._publisher = GroupPublisher()
         self._warming = _Warmer(self._opener)
@@ -355,6 +375,12 @@ class ZarrLayout(TrajectoryLayout):
             self.shard_cache.used(
                 key for key in (cache_key(entry) for entry in groups.entries) if key is not None
             )
+
+    def sampling(self, count: int) -> None:
+        """Without an explicit ``handle_cache_size``: keep the handles of ``count``
+        trajectories (a window of more would reopen those it draws on every batch)."""
+        if self._handles_follow_window:
+            self._opener.handles.keep_at_least(count + _HANDLE_SLACK)
 
     def warm(self, entries: Sequence[Entry]) -> None:
         """With a local cache: the trajectories of the sample window.  Those not cached are
