@@ -148,6 +148,7 @@ class WindowPriorities:
         self._tree = SumTree(_FIRST_CAPACITY, settings.alpha, settings.eps, self._kernels)
         self._head = 0  # next free leaf
         self._window: list[int] = []
+        self._synced: Sequence[int] = self._window
         self._segments: dict[int, tuple[int, int]] = {}  # id -> (first leaf, rows)
         self._offered: dict[int, np.ndarray] = {}  # read from the store, not yet in the window
         self._unsaved: set[int] = set()
@@ -161,7 +162,7 @@ class WindowPriorities:
     def sync(self, ids: Sequence[int], counts: Sequence[int] | torch.Tensor) -> None:
         """Follow the window ``ids`` (oldest first, ``counts`` rows each): rows that left it
         are forgotten, new ones enter with their offered priorities or the largest so far."""
-        if list(ids) == self._window:
+        if ids is self._synced or list(ids) == self._window:
             return
         if isinstance(counts, torch.Tensor):
             counts = counts.tolist()
@@ -185,6 +186,7 @@ class WindowPriorities:
             self._head += rows
         self._newest = max([self._newest, *ids])
         self._window = list(ids)
+        self._synced = ids  # the caller's list: the same object again is the same window
         self._offered = {i: p for i, p in self._offered.items() if i not in present}
         self._lookup = _Lookup.of(self._segments, self._window)
         self._changed = np.zeros(len(self._lookup.starts), dtype=bool)
