@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import subprocess
 import sys
 import tempfile
@@ -772,3 +773,27 @@ def test_a_view_refresh_that_fails_reads_the_changes_again(tmp_path, monkeypatch
         assert faults.fired, (k, faults.calls)
         view.refresh()
         assert drawn_keys(view) == {hot}
+
+
+def test_the_change_record_is_bounded_and_a_reader_too_far_behind_reads_all(tmp_path, monkeypatch):
+    monkeypatch.setattr(priority_files, "HISTORY_IDS", 3)
+    location = Location.from_url(str(tmp_path))
+    writer, reader = (priority_files.PriorityChanges(location) for _ in range(2))
+    assert reader.changed() is None  # nothing read yet: everything
+    reader.read()
+    assert reader.changed() == set()  # no record: no change
+    writer.record([1, 2])
+    assert reader.changed() is None  # a writer it never read
+    reader.read()
+    writer.record([3])
+    writer.record([4])
+    assert reader.changed() == {3, 4}
+    assert reader.changed() == {3, 4}  # not read yet: asked again, the same
+    reader.read()
+    writer.record([5, 6])  # the record keeps [4], [5, 6]: flush 3 is gone
+    assert reader.changed() == {5, 6}
+    writer.record([7, 8])
+    writer.record([9])
+    assert reader.changed() is None  # flush 4 is gone too: it cannot say
+    document = json.loads((tmp_path / "priorities" / "changes.json").read_bytes())
+    assert document["flushes"] == [[5, [7, 8]], [6, [9]]]
