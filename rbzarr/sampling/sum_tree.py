@@ -143,24 +143,32 @@ class SumTree:
 
     def _recompute_range(self, first: int, last: int) -> None:
         """Recompute the first level's nodes ``first..last`` and their parents."""
-        if self.kernels is None:
-            self.recompute(np.arange(first, last + 1, dtype=np.int64))
+        if self.kernels is not None:
+            self.kernels.recompute_range(
+                self.leaves, self.sums, self.mins, self.offsets, first, last, self.alpha, self.eps
+            )
             return
-        self.kernels.recompute_range(
-            self.leaves, self.sums, self.mins, self.offsets, first, last, self.alpha, self.eps
-        )
+        for level in range(self.levels):
+            self._recompute_level(level, np.arange(first, last + 1, dtype=np.int64))
+            first, last = first // FANOUT, last // FANOUT
 
     def recompute(self, blocks: np.ndarray) -> None:
         """Recompute the nodes ``blocks`` of the first level, then their parents up to the root."""
-        children = self.leaves.reshape(-1, FANOUT)[blocks]
-        self.level_sums(0)[blocks] = block_sums(self.mass(children).astype(np.float64))
-        self.level_mins(0)[blocks] = self._least(children)
-        for level in range(1, self.levels):
-            blocks = np.unique(blocks // FANOUT)
-            below = self.level_sums(level - 1).reshape(-1, FANOUT)[blocks]
-            self.level_sums(level)[blocks] = block_sums(below)
-            least = self.level_mins(level - 1).reshape(-1, FANOUT)[blocks]
-            self.level_mins(level)[blocks] = np.ascontiguousarray(least.T).min(axis=0)
+        for level in range(self.levels):
+            self._recompute_level(level, blocks)
+            blocks = blocks // FANOUT
+
+    def _recompute_level(self, level: int, nodes: np.ndarray) -> None:
+        """Recompute ``nodes`` of ``level`` from the leaves or the level below."""
+        if level == 0:
+            children = self.leaves.reshape(-1, FANOUT)[nodes]
+            self.level_sums(0)[nodes] = block_sums(self.mass(children).astype(np.float64))
+            self.level_mins(0)[nodes] = self._least(children)
+            return
+        below = self.level_sums(level - 1).reshape(-1, FANOUT)[nodes]
+        self.level_sums(level)[nodes] = block_sums(below)
+        least = self.level_mins(level - 1).reshape(-1, FANOUT)[nodes]
+        self.level_mins(level)[nodes] = np.ascontiguousarray(least.T).min(axis=0)
 
     def find(self, uniform: np.ndarray) -> np.ndarray:
         """The leaf holding each ``uniform * total`` (``uniform`` float64 in ``[0, 1)``).
