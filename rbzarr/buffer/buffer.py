@@ -257,8 +257,10 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         )
         self._read_ahead = self._reader.ahead
         self._sampler_at_open = self._sampler_state()
-        # The store's priority change record, made at the first flush of priorities.
-        self._priority_changes: PriorityChanges | None = None
+        # The store's priority change record (this buffer writes it at each flush).
+        self._priority_changes = (
+            None if self._committer is None else PriorityChanges(self._committer.layout.location)
+        )
         if self._committer is not None:
             self.local_cache.check_shapes(self._schema, [(self._committer.largest_committed, 1)])
 
@@ -711,10 +713,9 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             return
         with self._lock:
             unsaved = window.unsaved()
-        location = self._committer.layout.location
-        if self._priority_changes is None:
-            self._priority_changes = PriorityChanges(location)
-        files = PriorityFiles(location)
+        changes = self._priority_changes
+        assert changes is not None  # made with the committer
+        files = PriorityFiles(self._committer.layout.location)
         left = list(unsaved)
         try:
             for trajectory_id in list(left):
@@ -725,8 +726,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 with self._lock:
                     window.unsave({i: unsaved[i] for i in left})
             written = [i for i in unsaved if i not in left]
-            if written or self._priority_changes.unrecorded:
-                self._priority_changes.record(written)
+            if written or changes.unrecorded:
+                changes.record(written)
 
     # -- reading (rlinf_compat builds RLinf's names on these) -------------------------
     @property

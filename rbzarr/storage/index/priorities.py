@@ -22,6 +22,7 @@ value for a listed change: the files are written before the record lists them).
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Collection, Iterable
 
@@ -116,20 +117,22 @@ class PriorityChanges:
         self._writer = uuid.uuid4().hex  # a new writer: readers of an old one read all
         self._flushes: list[tuple[int, list[int]]] = []
         self.unrecorded: set[int] = set()  # written, their record not yet
+        self._recording = threading.Lock()  # flushes on two threads: one number each
         self._seen: tuple[str, int] | None = None  # (writer, flush) a reader has read
         self._reading: tuple[str, int] | None = None  # what changed() last found
 
     def record(self, ids: Collection[int]) -> None:
         """After a flush wrote the files of ``ids``: list them (and those a failed record
         left) as that flush's changes.  If this write fails they stay to be recorded."""
-        self.unrecorded.update(int(i) for i in ids)
-        number = self._flushes[-1][0] + 1 if self._flushes else 1
-        flushes = [*self._flushes, (number, sorted(self.unrecorded))]
-        while len(flushes) > 1 and sum(len(f[1]) for f in flushes) > HISTORY_IDS:
-            flushes.pop(0)
-        document = {"writer": self._writer, "flush": number, "flushes": flushes}
-        self.location.write_bytes(json.dumps(document).encode(), FOLDER, CHANGES)
-        self._flushes, self.unrecorded = flushes, set()
+        with self._recording:
+            self.unrecorded.update(int(i) for i in ids)
+            number = self._flushes[-1][0] + 1 if self._flushes else 1
+            flushes = [*self._flushes, (number, sorted(self.unrecorded))]
+            while len(flushes) > 1 and sum(len(f[1]) for f in flushes) > HISTORY_IDS:
+                flushes.pop(0)
+            document = {"writer": self._writer, "flush": number, "flushes": flushes}
+            self.location.write_bytes(json.dumps(document).encode(), FOLDER, CHANGES)
+            self._flushes, self.unrecorded = flushes, set()
 
     def changed(self) -> set[int] | None:
         """The ids flushed since this reader's last :meth:`read` (``None``: unknown, read
