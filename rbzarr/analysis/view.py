@@ -723,15 +723,16 @@ class BufferView:
         import xarray  # noqa: PLC0415 (optional dependency)
 
         entry = self.entry(trajectory_id)
-        self.layout.zarr_group(entry)  # a clear error if the store is not zarr
+        # a clear error if the store is not zarr; a group written before consolidating its
+        # arrays' documents has a document per subgroup and array
+        consolidated = self.layout.zarr_group(entry).metadata.consolidated_metadata is not None
         fields = self.layout.field_names(entry)
-        root = self.layout.trajectory_path(entry)
-        store = self.layout.location.zarr_store(read_only=True)
+        folder = self.layout.location.child(*self.layout.trajectory_path(entry))
+        store = folder.zarr_store(read_only=True)
         parts = []
         for group in sorted({key.rpartition("/")[0] for key in fields}):
-            path = "/".join(part for part in (*root, group) if part)
             try:
-                data = xarray.open_zarr(store, group=path, consolidated=False)
+                data = xarray.open_zarr(store, group=group or None, consolidated=consolidated)
             except KeyError as exc:  # layout-1 arrays carry no dimension names
                 raise ValueError(
                     f"{self.url}: trajectory {trajectory_id} has no dimension names (layout 1); "
