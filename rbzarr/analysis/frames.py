@@ -159,7 +159,7 @@ def episode_steps(
     ids = pieces[0][0], pieces[-1][0]
     where = f"trajectory {ids[0]}" if ids[0] == ids[1] else f"trajectories {ids[0]}-{ids[1]}"
     done = "" if episode.done else ", incomplete"
-    title = f"episode of env {episode.env}, {where} ({len(shown)} steps{done})"
+    title = f"env {episode.env}, {where} ({len(shown)} steps{done})"
     return replace(shown, title=title)
 
 

@@ -48,7 +48,7 @@ _MARK_STYLE = (
     ("truncations", (130, 50, 200), (28, 34)),
     ("intervene_flags", (20, 160, 60), (46, 52)),
 )
-_LEGEND = (("reward", (30, 90, 200)), *((name, colour) for name, colour, _ in _MARK_STYLE))
+_LEGEND = ((REWARDS, (30, 90, 200)), *((name, colour) for name, colour, _ in _MARK_STYLE))
 
 
 @dataclass(frozen=True)

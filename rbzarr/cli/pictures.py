@@ -111,7 +111,8 @@ def show(
         shown = episode_steps(view, found, cameras)
     result = show_steps(shown, output, fps, progress=progress_wanted())
     width, height = result.frame_size
-    click.echo(f"wrote {output} ({result.frames} frames of {width}x{height}: {shown.title})")
+    what = shown.title if episode is None else f"episode {episode}: {shown.title}"
+    click.echo(f"wrote {output} ({result.frames} frames of {width}x{height}: {what})")
 
 
 @click.command()
