@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image, ImageSequence
 
 import rbzarr.analysis.show as show_module
@@ -99,6 +101,53 @@ def test_animations_hold_every_step_with_the_stored_frames(
     assert all(frame.shape == (H + STRIP_HEIGHT, W, 3) for frame in frames)
     for frame, want in zip(frames, stored, strict=True):
         np.testing.assert_array_equal(frame[:H], want)
+
+
+@settings(
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    frames=st.lists(
+        st.sampled_from([(9, 12, 3), (12, 8, 1), (10, 10, 4), (3, 11, 9), (1, 8, 14)]),
+        min_size=1,
+        max_size=3,
+    ),
+    T=st.integers(1, 4),
+    env=st.integers(0, 1),
+)
+def test_every_frame_layout_shows_as_its_rgb_pixels(
+    tmp_path_factory: pytest.TempPathFactory, frames: list[tuple[int, int, int]], T: int, env: int
+) -> None:
+    """HWC and CHW, grey, RGB and RGBA cameras of unequal sizes, side by side and exact."""
+    g = torch.Generator().manual_seed(T)
+    cameras = {
+        f"cam{i}": torch.randint(0, 255, (T, 2, *shape), generator=g, dtype=torch.uint8)
+        for i, shape in enumerate(frames)
+    }
+    root = tmp_path_factory.mktemp("layouts")
+    trajectory = Trajectory(
+        max_episode_length=T, rewards=torch.zeros(T, 2), dones=torch.zeros(T, 2, dtype=torch.bool)
+    )
+    trajectory.curr_obs = cameras
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=root / "s") as buffer:
+        buffer.add_trajectories([trajectory])
+    shown = trajectory_steps(open_buffer(root / "s"), 0, env, [f"curr_obs/{k}" for k in cameras])
+    show_steps(shown, root / "t.webp")
+    decoded = _decoded(root / "t.webp")
+    assert len(decoded) == T
+    x = 0
+    for frame in cameras.values():
+        hwc = frame[:, env].numpy()
+        if hwc.shape[-1] not in (1, 3, 4):
+            hwc = hwc.transpose(0, 2, 3, 1)
+        rgb = np.repeat(hwc, 3, axis=-1) if hwc.shape[-1] == 1 else hwc[..., :3]
+        height, width = rgb.shape[1:3]
+        for row in range(T):
+            np.testing.assert_array_equal(decoded[row][:height, x : x + width], rgb[row])
+        x += width
+    assert decoded[0].shape[1] == x
 
 
 def test_side_by_side_cameras_and_their_psnr_label(store: str, tmp_path: Path) -> None:

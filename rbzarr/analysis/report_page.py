@@ -95,7 +95,7 @@ def write_report(
     if fps <= 0:
         raise ValueError(f"fps must be positive, got {fps}")
     cameras = image_keys(view, keys)
-    listed = _episodes(view, across_trajectories)
+    listed = _episodes(view, across_trajectories, progress)
     wanted = list(range(min(DEFAULT_EPISODES, len(listed)))) if episodes is None else episodes
     for number in wanted:
         if not 0 <= number < len(listed):
@@ -115,10 +115,11 @@ def write_report(
     return ReportResult(os.fspath(path), len(data), len(listed), list(wanted))
 
 
-def _episodes(view: BufferView, across_trajectories: bool) -> list[Episode]:
+def _episodes(view: BufferView, across_trajectories: bool, progress: bool) -> list[Episode]:
     available = view.keys()
     keys = [key for key in (REWARDS, DONES) if key in available]
-    return list(view.iter_episodes(keys, across_trajectories))
+    stream = view.iter_steps_and_episodes(keys, progress, across_trajectories, keys)
+    return [episode for _, _, ended in stream for episode in ended]
 
 
 def _plotted_keys(view: BufferView, cameras: Sequence[str]) -> list[str]:

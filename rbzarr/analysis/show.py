@@ -9,6 +9,7 @@ Pillow (``datasets`` extra); MP4 needs PyAV's H.264 encoder.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Iterator
@@ -205,7 +206,7 @@ def _write_animation(
         options: dict[str, Any] = {"optimize": False, "disposal": 1}
     else:
         frames = [image.fromarray(picture) for picture in pictures]
-        options = {"lossless": True, "method": 4}
+        options = {"lossless": True, "method": 0, "quality": 0}  # fastest; still exact
     frames[0].save(
         path,
         format=image_format.upper(),
@@ -224,7 +225,7 @@ def _paletted(picture: np.ndarray, image: Any) -> Any:
     packed = (wide[..., 0] << 16) | (wide[..., 1] << 8) | wide[..., 2]
     colours, indices = np.unique(packed.reshape(-1), return_inverse=True)
     if colours.size > 256:
-        return image.fromarray(picture).quantize(256)
+        return image.fromarray(picture).quantize(256, method=image.Quantize.FASTOCTREE)
     frame = image.fromarray(indices.reshape(picture.shape[:2]).astype(np.uint8), mode="P")
     rgb = np.stack([(colours >> 16) & 255, (colours >> 8) & 255, colours & 255], axis=1)
     frame.putpalette(rgb.astype(np.uint8).reshape(-1).tolist())
@@ -251,7 +252,7 @@ def _contact_sheet(shown: ShownSteps, path: str, image: Any, bar: tqdm[Any]) -> 
         _text(sheet, (x + 2, y + row.shape[0]), label, (0, 0, 0), image)
         bar.update(1)
     sheet[-STRIP_HEIGHT:] = Strip(shown, width).at(None)
-    image.fromarray(sheet).save(path, format="PNG")
+    image.fromarray(sheet).save(path, format="PNG", compress_level=1)  # photos: speed wins
     return ShowResult(path, "png", len(shown), (tile_width, tile_height), columns)
 
 
@@ -260,22 +261,25 @@ def _is_set(shown: ShownSteps, name: str, row: int) -> bool:
     return flags is not None and bool(flags[row])
 
 
+@functools.cache
 def _font() -> Any:
     from PIL import ImageFont  # noqa: PLC0415
 
     return ImageFont.load_default(size=11)
 
 
-def _text(canvas: np.ndarray, at: tuple[int, int], text: str, colour: Any, image: Any) -> int:
-    """Draw ``text`` (not anti-aliased: few colours) into ``canvas`` at ``at``; its width."""
+def _text(canvas: np.ndarray, at: tuple[int, int], text: str, colour: Any, image: Any) -> None:
+    """Draw ``text`` (not anti-aliased: few colours) into ``canvas`` at ``at``, within the
+    one line of rows below ``at`` (only those rows are copied)."""
     from PIL import ImageDraw  # noqa: PLC0415
 
-    picture = image.fromarray(canvas)
+    x, y = at
+    rows = canvas[y : y + LABEL_HEIGHT]
+    picture = image.fromarray(rows)
     draw = ImageDraw.Draw(picture)
     draw.fontmode = "1"
-    draw.text(at, text, fill=colour, font=_font())
-    canvas[...] = np.asarray(picture)
-    return int(draw.textlength(text, font=_font()))
+    draw.text((x, 0), text, fill=colour, font=_font())
+    rows[...] = np.asarray(picture)
 
 
 class Strip:
