@@ -3,7 +3,7 @@
     python -m benchmarks.pictures [--work DIR] [--report-trajectories 36]
 
 * ``show``: one 224x224 trajectory (T=20, B=8, two cameras) as MP4, GIF, WebP and PNG,
-  each a fresh ``rbzarr`` process (wall seconds, interpreter start included);
+  each a fresh ``rbzarr`` process (wall and CPU seconds, interpreter start included);
 * bytes ``show`` reads against the bytes its rows need (the chunks of the shown env
   column's frames and signals, :class:`~benchmarks.accounting.StoreGeometry`): locally what
   the layout's reads ask for (:class:`~benchmarks.accounting.CountingByteSource`), on S3
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 import tempfile
@@ -48,11 +49,16 @@ def write_store(url: str, count: int, storage_options: dict[str, Any] | None = N
             buffer.add_trajectories([to_trajectory(arrays, T)])
 
 
-def _run(*args: str) -> float:
-    """Wall seconds of one ``rbzarr`` process."""
+def _run(*args: str) -> dict[str, float]:
+    """Wall and CPU seconds (user + system, every thread) of one ``rbzarr`` process: on a
+    shared host the CPU seconds are what an idle machine's wall time would be."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "rbzarr", *args], check=True, capture_output=True)
-    return time.perf_counter() - started
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2)}
 
 
 def _needed(fs: Any, root: str) -> int:
@@ -66,9 +72,7 @@ def measure_show(work: Path) -> dict[str, Any]:
     store = work / "show-store"
     write_store(str(store), 1)
     seconds = {
-        suffix: round(
-            _run("show", str(store), "0", "--env", str(ENV), "-o", str(work / f"t.{suffix}")), 2
-        )
+        suffix: _run("show", str(store), "0", "--env", str(ENV), "-o", str(work / f"t.{suffix}"))
         for suffix in ("mp4", "gif", "webp", "png")
     }
     counting = CountingByteSource()
@@ -121,7 +125,7 @@ def measure_report(work: Path, count: int) -> dict[str, Any]:
     return {
         "trajectories": count,
         "store_bytes": disk,
-        "seconds": round(seconds, 2),
+        **seconds,
         "page_bytes": page.stat().st_size,
     }
 

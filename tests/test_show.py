@@ -23,7 +23,10 @@ import rbzarr.analysis.show as show_module
 from benchmarks.accounting import StoreGeometry
 from rbzarr import TrajectoryReplayBuffer
 from rbzarr.analysis.frames import episode_steps, find_episode, image_keys, trajectory_steps
+from rbzarr.analysis.listing import StoreListing
+from rbzarr.analysis.report_page import DEFAULT_EPISODES, write_report
 from rbzarr.analysis.show import LABEL_HEIGHT, STRIP_HEIGHT, show_steps
+from rbzarr.analysis.summary import describe_store
 from rbzarr.analysis.view import open_buffer
 from rbzarr.cli.main import main
 from rbzarr.errors import EncoderUnavailableError, EpisodeNotFoundError, NotAnImageError
@@ -90,6 +93,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> str:
 def test_animations_hold_every_step_with_the_stored_frames(
     store: str, tmp_path: Path, suffix: str
 ) -> None:
+    before = _digest(store)
     out = tmp_path / f"t{suffix}"
     result = CliRunner().invoke(
         main, ["show", store, "1", "--env", "2", "--keys", LOSSLESS, "-o", str(out)]
@@ -101,6 +105,7 @@ def test_animations_hold_every_step_with_the_stored_frames(
     assert all(frame.shape == (H + STRIP_HEIGHT, W, 3) for frame in frames)
     for frame, want in zip(frames, stored, strict=True):
         np.testing.assert_array_equal(frame[:H], want)
+    assert _digest(store) == before and [p.name for p in tmp_path.iterdir()] == [out.name]
 
 
 @settings(
@@ -266,6 +271,9 @@ def test_report_lists_every_episode_embeds_the_picked_and_changes_nothing(
     assert "curr_obs/wrist (PSNR " in page and "data:image/png;base64," in page
     assert "<td>curr_obs/image</td><td>uint8</td>" in page
     assert [p.name for p in tmp_path.iterdir()] == ["report.html"]
+    info = describe_store(StoreListing(store))
+    first = write_report(open_buffer(store), info, tmp_path / "r.html")
+    assert first.embedded == list(range(min(count, DEFAULT_EPISODES))) and count > 1
     assert _digest(store) == before
 
 

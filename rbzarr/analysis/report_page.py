@@ -33,6 +33,8 @@ __all__ = ["DEFAULT_EPISODES", "ReportResult", "write_report"]
 DEFAULT_EPISODES = 20
 _PLOT_WIDTH, _PLOT_HEIGHT, _PAD = 640, 110, 6
 _VIDEO_CRF = 23
+# Longer episode lists start folded.
+_OPEN_LIST = 200
 
 
 @dataclass(frozen=True)
@@ -303,7 +305,8 @@ def _page(
         f"</head><body>\n<h1>{title}</h1>\n<h2>store</h2>\n{_summary(info)}\n"
         f"<h2>rewards and episodes</h2>\n{figure_html}\n"
         f"<h2>episodes</h2>\n<p>{shown_note}</p>\n"
-        f"<details><summary>all {len(listed)} episodes</summary>{episodes_table}</details>\n"
+        f"<details{' open' if len(listed) <= _OPEN_LIST else ''}>"
+        f"<summary>all {len(listed)} episodes</summary>{episodes_table}</details>\n"
         f"{''.join(sections)}"
         f"<script>{_SCRIPT}</script>\n"
         "</body></html>\n"

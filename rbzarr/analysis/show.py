@@ -175,7 +175,8 @@ def open_video_writer(handle: Any, fps: int, height: int, width: int, crf: int) 
             f"writing MP4 needs the {_VIDEO_CODEC} encoder, which this PyAV ({av.__version__}) "
             "lacks; write a .gif, .webp or .png instead"
         ) from exc
-    return VideoFrameWriter(handle, fps, height, width, _VIDEO_CODEC, {"crf": str(crf)})
+    options = {"crf": str(crf), "preset": "veryfast"}  # 2-3x medium's speed, no larger
+    return VideoFrameWriter(handle, fps, height, width, _VIDEO_CODEC, options)
 
 
 def even(picture: np.ndarray) -> np.ndarray:
