@@ -359,9 +359,9 @@ class Strip:
         x = self.x_of(row)
         band[_PLOT[0] : _PLOT[1], max(0, x - 1) : x + 1] = 0
         trajectory_id, t = self.shown.steps[row]
-        caption = f"step {row + 1}/{len(self.shown)}  trajectory {trajectory_id} t={t}"
+        caption = f"step {row + 1}/{len(self.shown)} | trajectory {trajectory_id}, t={t}"
         rewards = self.shown.values.get(REWARDS)
         if rewards is not None:
-            caption += f"  reward {rewards[row].sum():.3g}"
+            caption += f" | reward {rewards[row].sum():.3g}"
         _text(band, (2, _PLOT[1] + 3), caption, (0, 0, 0), self.image)
         return band
