@@ -195,7 +195,11 @@ class StoreGeometry:
         found = self._arrays.get((tid, key))
         if found is None:
             path = f"trajectories/{tid}/{key}"
-            metadata = json.loads(self.fs.cat_file(f"{self.root}/{path}/zarr.json"))
+            try:
+                metadata = json.loads(self.fs.cat_file(f"{self.root}/{path}/zarr.json"))
+            except FileNotFoundError:  # consolidated: the group's document holds the array's
+                group = json.loads(self.fs.cat_file(f"{self.root}/trajectories/{tid}/zarr.json"))
+                metadata = group["consolidated_metadata"]["metadata"][key]
             found = self._arrays[(tid, key)] = ArrayGeometry.from_metadata(path, metadata)
         return found
 
