@@ -222,11 +222,12 @@ def _svg_plot(key: str, values: np.ndarray, count: int) -> str:
 
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    cells = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    head = f"<thead><tr>{cells}</tr></thead>" if header else ""
     body = "\n".join(
         "<tr>" + "".join(f"<td>{_cell(value)}</td>" for value in row) + "</tr>" for row in rows
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody></table>"
+    return f"<table>{head}<tbody>\n{body}\n</tbody></table>"
 
 
 def _cell(value: Any) -> str:
@@ -267,7 +268,7 @@ def _summary(info: Mapping[str, Any]) -> str:
         for key, item in info["keys"].items()
     ]
     header = ["key", "dtype", "shape", "chunks", "codec", "raw bytes", "on disk", "PSNR dB"]
-    return _table(["", ""], general) + "\n<h3>keys</h3>\n" + _table(header, keys)
+    return _table([], general) + "\n<h3>keys</h3>\n" + _table(header, keys)
 
 
 def _episode_rows(listed: Sequence[Episode], embedded: set[int]) -> Iterator[Sequence[Any]]:
