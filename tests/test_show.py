@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import make_trajectory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageSequence
@@ -306,3 +307,17 @@ def test_show_from_s3_reads_the_shown_rows_not_the_trajectory(
     np.testing.assert_array_equal(shown.frames[LOSSLESS], local.frames[LOSSLESS])
     show_steps(shown, tmp_path / "s3.png")
     assert (tmp_path / "s3.png").stat().st_size > 0
+
+
+def test_a_store_without_cameras_gets_a_report_of_plots(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store) as buffer:
+        buffer.add_trajectories([make_trajectory(4, 2, i * 8) for i in range(2)])
+    out = tmp_path / "report.html"
+    result = CliRunner().invoke(main, ["report", str(store), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    page = out.read_text()
+    assert "<video" not in page and page.count('<section class="episode"') >= 1
+    assert '<line class="cursor"' in page
+    shown = CliRunner().invoke(main, ["show", str(store), "0", "-o", str(tmp_path / "x.png")])
+    assert shown.exit_code != 0 and "no image-like key" in shown.output

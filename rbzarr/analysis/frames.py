@@ -63,9 +63,11 @@ class ShownSteps:
         return None if value is None else (value != 0).any(axis=1)
 
 
-def image_keys(view: BufferView, keys: Sequence[str] | None = None) -> list[str]:
+def image_keys(
+    view: BufferView, keys: Sequence[str] | None = None, required: bool = True
+) -> list[str]:
     """The camera keys to show: ``keys`` (each checked), else every image-like ``curr_obs``
-    key (else every image-like key).
+    key (else every image-like key; else none, unless ``required``).
 
     Raises
     ------
@@ -73,7 +75,7 @@ def image_keys(view: BufferView, keys: Sequence[str] | None = None) -> list[str]
         A key the store does not have.
     NotAnImageError
         A key that is not image-like (uint8 ``[H, W, C]`` or ``[C, H, W]``, ``C`` in 1, 3,
-        4), or a store without any.
+        4), or (``required``) a store without any.
     """
     schema = view.schema()
     images = [key for key, (dtype, shape) in schema.items() if image_layout((1, 1, *shape), dtype)]
@@ -88,7 +90,7 @@ def image_keys(view: BufferView, keys: Sequence[str] | None = None) -> list[str]
                     f"[C, H, W] with C in 1, 3, 4 and sides >= 8, got {dtype} {list(shape)}"
                 )
         return list(keys)
-    if not images:
+    if not images and required:
         raise NotAnImageError(f"{view.url}: no image-like key among {sorted(schema)}")
     return [key for key in images if key.startswith("curr_obs/")] or images
 

@@ -71,7 +71,8 @@ def write_report(
         Episode numbers (in :meth:`BufferView.iter_episodes` order) to embed in full;
         ``None``: the first :data:`DEFAULT_EPISODES`.
     keys
-        Camera keys of the videos; ``None``: every image-like ``curr_obs`` key.
+        Camera keys of the videos; ``None``: every image-like ``curr_obs`` key (a store
+        without any gets plots only).
     fps
         Steps per second of the videos.
     progress
@@ -96,7 +97,7 @@ def write_report(
     """
     if fps <= 0:
         raise ValueError(f"fps must be positive, got {fps}")
-    cameras = image_keys(view, keys)
+    cameras = image_keys(view, keys, required=False)
     listed = _episodes(view, across_trajectories, progress)
     wanted = list(range(min(DEFAULT_EPISODES, len(listed)))) if episodes is None else episodes
     for number in wanted:
@@ -148,6 +149,14 @@ def _figure(view: BufferView, across_trajectories: bool) -> str:
     return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
 
 
+def _video_element(shown: ShownSteps, fps: int) -> str:
+    """The episode's ``<video>`` (nothing for a store without camera keys)."""
+    if not shown.frames:
+        return ""
+    source = _video(shown, fps)
+    return f'<video controls muted playsinline preload="auto" src="{source}"></video>'
+
+
 def _video(shown: ShownSteps, fps: int) -> str:
     """The episode's camera frames side by side as an H.264 MP4 data URL."""
     out = io.BytesIO()
@@ -176,7 +185,7 @@ def _episode_section(number: int, shown: ShownSteps, fps: int) -> str:
         f'<section class="episode" id="episode-{number}" data-fps="{fps}" '
         f'data-steps="{len(shown)}">\n<h3>episode {number}: {html.escape(shown.title)}</h3>\n'
         f'<p class="cameras">{labels}</p>\n'
-        f'<video controls muted playsinline preload="auto" src="{_video(shown, fps)}"></video>\n'
+        f"{_video_element(shown, fps)}\n"
         f'<p>step <span class="step">1</span> of {len(shown)}{marks}</p>\n'
         f'<div class="plots">{plots}</div>\n</section>\n'
     )
@@ -337,6 +346,7 @@ _SCRIPT = f"""
 const WIDTH = {_PLOT_WIDTH}, PAD = {_PAD};
 for (const section of document.querySelectorAll("section.episode")) {{
   const video = section.querySelector("video");
+  if (video === null) continue;  // no camera keys: plots only
   const fps = Number(section.dataset.fps), steps = Number(section.dataset.steps);
   const cursors = section.querySelectorAll("line.cursor");
   const label = section.querySelector(".step");
