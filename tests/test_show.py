@@ -211,8 +211,9 @@ def test_episodes_are_cut_as_iter_episodes_cuts_them(store: str, tmp_path: Path)
         assert len(frames) == len(want)
         for frame, stored in zip(frames, want, strict=True):
             np.testing.assert_array_equal(frame[:H], stored)
-    with pytest.raises(EpisodeNotFoundError, match=f"episodes 0..{len(episodes) - 1}"):
-        find_episode(view, len(episodes))
+    for missing in (len(episodes), -1):
+        with pytest.raises(EpisodeNotFoundError, match=f"episodes 0..{len(episodes) - 1}$"):
+            find_episode(view, missing)
     assert episode_steps(view, episodes[0], [LOSSLESS]).episode_starts == []
 
 

@@ -133,10 +133,9 @@ def find_episode(view: BufferView, number: int, across_trajectories: bool = True
         The store has no episode ``number``.
     """
     count = 0
-    if number >= 0:
-        for count, episode in enumerate(view.iter_episodes([DONES], across_trajectories)):
-            if count == number:
-                return episode
+    for episode in view.iter_episodes([DONES], across_trajectories):
+        if count == number:
+            return episode
         count += 1
     raise EpisodeNotFoundError(
         f"{view.url}: no episode {number}; the store has episodes 0..{count - 1}"
