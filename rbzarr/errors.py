@@ -14,8 +14,11 @@ __all__ = [
     "DatasetFileNotFoundError",
     "DatasetMismatchError",
     "EmptyBufferError",
+    "EncoderUnavailableError",
+    "EpisodeNotFoundError",
     "InsertTimeoutError",
     "InvalidTrajectoryError",
+    "NotAnImageError",
     "RbzarrError",
     "SchedulerUnavailableError",
     "StorageUnavailableError",
@@ -135,3 +138,15 @@ class DatasetMismatchError(RbzarrError, ValueError):
 
 class DatasetFileNotFoundError(RbzarrError, FileNotFoundError):
     """A file that a dataset's metadata names (parquet, video, HDF5) is missing."""
+
+
+class NotAnImageError(RbzarrError, ValueError):
+    """A key asked to be shown as camera frames is not image-like (or a store has none)."""
+
+
+class EpisodeNotFoundError(RbzarrError, IndexError):
+    """An episode number beyond the episodes a store holds."""
+
+
+class EncoderUnavailableError(RbzarrError, ImportError):
+    """An output format whose encoder (PyAV's codec, Pillow's writer) is not installed."""
