@@ -48,7 +48,7 @@ from zarr.abc.store import Store
 from zarr.api import asynchronous as zarr_async
 from zarr.storage import StorePath
 
-from rbzarr.errors import CodecConflictError, CorruptStoreError
+from rbzarr.errors import CodecConflictError, CorruptStoreError, InvalidCodecError
 from rbzarr.storage.io.backends import translate_errors
 from rbzarr.storage.io.deadlines import sync
 from rbzarr.storage.io.json_limits import read_json
@@ -72,7 +72,7 @@ from rbzarr.storage.zarr.chunking import (
     plan_key,
     zarr_compressor,
 )
-from rbzarr.storage.zarr.codecs import Codec, parse_codec, parse_codecs
+from rbzarr.storage.zarr.codecs import Codec, parse_codec, parse_codecs, require_images
 from rbzarr.storage.zarr.encode import LOCAL_SEPARATOR, shard_key
 from rbzarr.storage.zarr.handles import time_and_envs, trajectory_id
 from rbzarr.storage.zarr.open import (
@@ -179,6 +179,9 @@ class ZarrLayout(TrajectoryLayout):
             raise ValueError(f"range_gap must be >= 0, got {range_gap}")
         super().__init__(location)
         self.codecs = parse_codecs(codecs)
+        for key, codec in self.codecs.items():
+            if codec.is_image:
+                require_images(f"codec {codec.text!r} of {key!r}")
         self._explicit = frozenset(self.codecs)
         # Concrete codecs by key (and "default"), as the store's metadata records them.
         self._recorded = {key: codec.text for key, codec in self.codecs.items()}
@@ -372,17 +375,21 @@ class ZarrLayout(TrajectoryLayout):
         trajectory = rows_to_write(trajectory)
         tid = trajectory_id(entry)
         fields = trajectory.tensors()
-        plans = {
-            key: plan_key(value.shape, to_numpy(value.reshape(-1)[:0]).dtype, self.codecs, key)
-            for key, value in fields.items()
-        }
+        plans = self._plans(fields)
         self._record_codecs(plans)
         # Local files: one file per shard (no folder per dimension), read in place (no
         # copies in the group's document).
         local = self._opener.local_files
-        files, description = sharded.encode_trajectory(
-            fields, plans, *time_and_envs(entry), LOCAL_SEPARATOR if local else "/", not local
-        )
+        try:
+            files, description = sharded.encode_trajectory(
+                fields, plans, *time_and_envs(entry), LOCAL_SEPARATOR if local else "/", not local
+            )
+        except (MemoryError, ImportError):
+            raise
+        except Exception as exc:  # a codec's own error: these values never encode
+            raise InvalidCodecError(
+                f"{self.location.url}: trajectory {tid} does not encode: {exc}"
+            ) from exc
         attrs = {
             **dict(entry),
             FIELDS_ATTR: {key: dtype_name(value.dtype) for key, value in fields.items()},
@@ -414,6 +421,24 @@ class ZarrLayout(TrajectoryLayout):
         self._opener.handles.forget(tid)
         if self.shard_cache is not None and not zarr_keys:
             self._write_through(entry, attrs, files, description)
+
+    def check_writable(self, trajectory: Trajectory) -> None:
+        # docstring inherited
+        fields = trajectory.tensors()
+        unknown = sorted(key for key in self._explicit if key != "default" and key not in fields)
+        if unknown:
+            raise InvalidCodecError(
+                f"codecs name {unknown}, which the trajectories do not have (their keys: "
+                f"{sorted(fields)}); correct the key, or use 'default' for every key"
+            )
+        self._plans(fields)
+
+    def _plans(self, fields: Mapping[str, torch.Tensor]) -> dict[str, KeyPlan]:
+        """The plan of every field (its codec chosen and checked against its values)."""
+        return {
+            key: plan_key(value.shape, to_numpy(value.reshape(-1)[:0]).dtype, self.codecs, key)
+            for key, value in fields.items()
+        }
 
     def _durable_folder(self, group: str) -> str | None:
         """The local folder of ``group`` when writes must be durable and zarr's store is
