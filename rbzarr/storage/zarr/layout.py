@@ -117,10 +117,11 @@ class ZarrLayout(TrajectoryLayout):
         not named): a spec (``"raw"``, ``"zstd:3"``, ``"lossless"``, ``"jpeg:95"``, ...,
         see :mod:`rbzarr.storage.zarr.codecs`), a zarr codec object, or ``None`` (raw).
         Unlisted keys are stored raw (read in place), except image-like ones (uint8
-        ``[T, B, H, W, C]`` or ``[T, B, C, H, W]``): ``"lossless"`` when imagecodecs is
-        installed.  A store records its codecs in its metadata; appending to it uses them,
-        and a different explicit codec for a recorded key raises
-        :class:`~rbzarr.errors.CodecConflictError`.
+        ``[T, B, H, W, C]`` or ``[T, B, C, H, W]``): ``"lossless"``.  A store records its
+        codecs in its metadata; appending to it uses them, and a different explicit codec
+        for a recorded key raises :class:`~rbzarr.errors.CodecConflictError`.  A codec that
+        cannot encode its key, or names a key the trajectories lack, is refused before a
+        trajectory is accepted (:meth:`check_writable`).
     chunk_bytes
         Target size of one chunk of the arrays zarr writes itself (codecs other than zstd,
         see :mod:`rbzarr.storage.zarr.chunking`).
@@ -150,6 +151,8 @@ class ZarrLayout(TrajectoryLayout):
         ``chunk_bytes`` or ``local_cache_bytes`` is not positive, ``handle_cache_size`` or
         ``range_gap`` is negative, or ``local_cache_bytes`` is given without
         ``local_cache_dir``.
+    CodecUnavailableError
+        An image codec is named and imagecodecs cannot be imported (an ``ImportError``).
     """
 
     format = "zarr"
@@ -487,6 +490,8 @@ class ZarrLayout(TrajectoryLayout):
         ------
         CodecConflictError
             This layout was given another codec for a key the store records.
+        CodecUnavailableError
+            The store records an image codec and imagecodecs cannot be imported.
         """
         recorded = metadata.get(CODECS_KEY)
         if recorded is None:
@@ -511,6 +516,8 @@ class ZarrLayout(TrajectoryLayout):
                             f"{self.location.url}: key {key!r} is stored with codec {text!r}; "
                             "pass that codec object in codecs= to append to this store"
                         ) from exc
+                    if self.codecs[key].is_image:  # appending needs it: say so now
+                        require_images(f"codec {str(text)!r} of {key!r} (the store's)")
                 self._recorded[key] = str(text)
 
     def format_metadata(self) -> dict[str, Any]:
