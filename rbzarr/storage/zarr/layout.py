@@ -186,6 +186,8 @@ class ZarrLayout(TrajectoryLayout):
             if codec.is_image:
                 require_images(f"codec {codec.text!r} of {key!r}")
         self._explicit = frozenset(self.codecs)
+        # Field shapes and dtypes check_writable found writable.
+        self._writable: set[frozenset[Any]] = set()
         # Concrete codecs by key (and "default"), as the store's metadata records them.
         self._recorded = {key: codec.text for key, codec in self.codecs.items()}
         self._recorded_lock = threading.Lock()
@@ -428,6 +430,10 @@ class ZarrLayout(TrajectoryLayout):
     def check_writable(self, trajectory: Trajectory) -> None:
         # docstring inherited
         fields = trajectory.tensors()
+        # What a plan depends on: a schema checked once passes at once after.
+        shapes = frozenset((k, v.shape[1:], v.shape[0] == 0, v.dtype) for k, v in fields.items())
+        if shapes in self._writable:
+            return
         unknown = sorted(key for key in self._explicit if key != "default" and key not in fields)
         if unknown:
             raise InvalidCodecError(
@@ -435,6 +441,7 @@ class ZarrLayout(TrajectoryLayout):
                 f"{sorted(fields)}); correct the key, or use 'default' for every key"
             )
         self._plans(fields)
+        self._writable.add(shapes)
 
     def _plans(self, fields: Mapping[str, torch.Tensor]) -> dict[str, KeyPlan]:
         """The plan of every field (its codec chosen and checked against its values)."""
