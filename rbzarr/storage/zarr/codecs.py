@@ -55,7 +55,6 @@ __all__ = [
     "RAW",
     "Codec",
     "choose_codec",
-    "codec_unavailable",
     "image_layout",
     "images_available",
     "parse_codec",
@@ -201,10 +200,10 @@ def require_images(what: str) -> None:
     try:
         import imagecodecs  # noqa: F401, PLC0415
     except ImportError as exc:
-        raise codec_unavailable(what, str(exc)) from exc
+        raise _codec_unavailable(what, str(exc)) from exc
 
 
-def codec_unavailable(what: str, why: str) -> CodecUnavailableError:
+def _codec_unavailable(what: str, why: str) -> CodecUnavailableError:
     """The error of a codec this process cannot run (``why``: the import's failure)."""
     return CodecUnavailableError(
         f"{what} needs imagecodecs, which this Python cannot import ({why}): pip install "
@@ -221,7 +220,7 @@ def _numcodec(text: str, config: tuple[tuple[str, Any], ...]) -> Any:
         try:
             register_numcodecs()
         except ImportError as exc:
-            raise codec_unavailable(f"codec {text!r}", str(exc)) from exc
+            raise _codec_unavailable(f"codec {text!r}", str(exc)) from exc
         from numcodecs import get_codec  # noqa: PLC0415
 
         found = _NUMCODECS[text] = get_codec(dict(config))
