@@ -178,6 +178,17 @@ def test_a_write_that_cannot_encode_fails_for_good_at_once(tmp_path: Path) -> No
     assert not (tmp_path / "store/trajectories/0").exists()
 
 
+def test_a_codecs_own_error_is_invalid_codec_error_which_no_retry_cures() -> None:
+    """libjpeg's own limit, met below the check (a frame handed to the codec directly)."""
+    wide = np.zeros((8, 65536 + 64, 3), dtype=np.uint8)
+    with pytest.raises(
+        InvalidCodecError, match=r"codec 'jpeg:90' cannot encode a uint8 frame"
+    ) as caught:
+        parse_codecs({"k": "jpeg:90"})["k"].encode_frame(wide)
+    assert "65535" in str(caught.value)
+    assert permanent_cause(caught.value) is caught.value
+
+
 @pytest.mark.parametrize(
     "error",
     [

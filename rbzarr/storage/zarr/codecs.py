@@ -23,8 +23,8 @@ API (what ``layout_options={"codecs": {key: spec}}`` and the tools take)::
     Codec.zarr_codecs(layout) -> the Zarr v3 codecs of one frame's inner chunk
     CANDIDATES        the specs ``rbzarr codecs`` tries, lossless first
     psnr(a, b) -> float   in dB over whole arrays (inf when identical)
-    images_available() -> bool;  require_images(what) raises CodecUnavailableError (an
-        ImportError) naming imagecodecs
+    require_images(what)  raises CodecUnavailableError (an ImportError) naming imagecodecs
+                          when this process cannot import it
 
 Image codecs come from ``imagecodecs`` (a dependency of rbzarr) through its numcodecs
 classes, recorded in each array's ``zarr.json`` as ``numcodecs.imagecodecs_<name>`` inside the
@@ -56,7 +56,6 @@ __all__ = [
     "Codec",
     "choose_codec",
     "image_layout",
-    "images_available",
     "parse_codec",
     "parse_codecs",
     "psnr",
@@ -157,8 +156,18 @@ class Codec:
         return _numcodec(self.text, tuple(sorted(self.numcodecs_config().items())))
 
     def encode_frame(self, frame: np.ndarray) -> bytes:
-        """One ``[H, W, C]`` uint8 frame encoded (an image codec's stream)."""
-        return bytes(self.numcodec().encode(np.ascontiguousarray(frame)))
+        """One ``[H, W, C]`` uint8 frame encoded (an image codec's stream); the codec's own
+        error is :class:`InvalidCodecError` (the same frame never encodes)."""
+        coder = self.numcodec()
+        try:
+            return bytes(coder.encode(np.ascontiguousarray(frame)))
+        except (MemoryError, ImportError):
+            raise
+        except Exception as exc:
+            raise InvalidCodecError(
+                f"codec {self.text!r} cannot encode a {frame.dtype} frame of "
+                f"{list(frame.shape)}: {exc}"
+            ) from exc
 
     def decode_frame(self, data: bytes | memoryview, out: np.ndarray | None = None) -> np.ndarray:
         """One frame decoded, into ``out`` (``[H, W, C]``, contiguous) when given."""
@@ -183,15 +192,6 @@ class Codec:
 
 # Stored as it is (read in place).
 RAW = Codec("raw")
-
-
-def images_available() -> bool:
-    """Whether ``imagecodecs`` (a dependency of rbzarr) can be imported."""
-    try:
-        import imagecodecs  # noqa: F401, PLC0415
-    except ImportError:
-        return False
-    return True
 
 
 def require_images(what: str) -> None:

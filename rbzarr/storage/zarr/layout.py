@@ -385,16 +385,9 @@ class ZarrLayout(TrajectoryLayout):
         # Local files: one file per shard (no folder per dimension), read in place (no
         # copies in the group's document).
         local = self._opener.local_files
-        try:
-            files, description = sharded.encode_trajectory(
-                fields, plans, *time_and_envs(entry), LOCAL_SEPARATOR if local else "/", not local
-            )
-        except (MemoryError, ImportError):
-            raise
-        except Exception as exc:  # a codec's own error: these values never encode
-            raise InvalidCodecError(
-                f"{self.location.url}: trajectory {tid} does not encode: {exc}"
-            ) from exc
+        files, description = sharded.encode_trajectory(
+            fields, plans, *time_and_envs(entry), LOCAL_SEPARATOR if local else "/", not local
+        )
         attrs = {
             **dict(entry),
             FIELDS_ATTR: {key: dtype_name(value.dtype) for key, value in fields.items()},
