@@ -95,6 +95,22 @@ def test_a_codec_that_cannot_encode_its_key_is_refused_at_the_first_add(
     assert not any(store.rglob("*.json"))
 
 
+def test_a_misspelt_codec_key_leaves_an_existing_store_as_it_was(tmp_path: Path) -> None:
+    first = TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path)
+    first.add_trajectories([camera_trajectory(0)])
+    first.close()
+    before = snapshot(tmp_path)
+    appender = TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=tmp_path, layout_options={"codecs": {"rewrds": "zstd"}}
+    )
+    with pytest.raises(InvalidCodecError, match=r"codecs name \['rewrds'\].*'rewards'"):
+        appender.add_trajectories([camera_trajectory(1)])
+    assert len(appender) == 0  # nothing added (an appender does not load the store)
+    appender.close()
+    assert snapshot(tmp_path) == before
+    assert "rewrds" not in (tmp_path / "metadata.json").read_text()
+
+
 def test_a_frame_too_large_for_jpeg_is_refused_at_the_first_add(tmp_path: Path) -> None:
     buffer = TrajectoryReplayBuffer(
         auto_save=True,
