@@ -22,6 +22,8 @@ from rbzarr import (
     TrajectoryReplayBuffer,
     WriterFailedError,
 )
+from rbzarr.analysis.verify import verify_store
+from rbzarr.analysis.view import open_buffer
 from rbzarr.buffer.background import BackgroundWriter
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.backends import permanent_cause
@@ -218,6 +220,31 @@ def test_bad_input_and_a_missing_package_are_permanent_causes(error: Exception) 
     wrapped.__cause__ = error
     assert permanent_cause(wrapped) is error
     assert permanent_cause(RuntimeError("connection reset")) is None
+
+
+def test_a_codec_this_rbzarr_does_not_know_is_not_damage(tmp_path: Path) -> None:
+    """Frames stored with a codec a newer rbzarr knows and this one does not (renamed in the
+    store's documents: `avif`): reads name it, verify and skip-sampling drop nothing."""
+    store = tmp_path / "store"
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=store)
+    buffer.add_trajectories([camera_trajectory(k) for k in range(2)])
+    buffer.close()
+    for document in (store / "trajectories").rglob("zarr.json"):
+        text = document.read_text()
+        document.write_text(text.replace('"qoi"', '"avif"').replace("_qoi", "_avif"))
+    before = snapshot(store)
+    report = verify_store(str(store), repair=True, drop_damaged=True)
+    assert [(p.kind, p.trajectory_id) for p in report.problems] == [
+        ("codec_unavailable", 0),
+        ("codec_unavailable", 1),
+    ]
+    assert "imagecodecs_avif' is not one this Python knows" in report.problems[0].message
+    assert report.dropped_ids == [] and report.repaired == []
+    view = open_buffer(store, seed=0, on_damaged="skip")
+    with pytest.raises(CodecUnavailableError, match=r"codec 'avif' is not one this Python"):
+        view.sample(4)
+    assert view.damaged_trajectories == []
+    assert snapshot(store) == before
 
 
 # -- a process without imagecodecs ------------------------------------------------------------

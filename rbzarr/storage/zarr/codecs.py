@@ -25,6 +25,8 @@ API (what ``layout_options={"codecs": {key: spec}}`` and the tools take)::
     psnr(a, b) -> float   in dB over whole arrays (inf when identical)
     require_images(what)  raises CodecUnavailableError (an ImportError) naming imagecodecs
                           when this process cannot import it
+    is_known(text) -> bool;  unknown_codec(where, codec) -> CodecUnavailableError
+                          a store's codec this rbzarr does not know (not damage)
 
 Image codecs come from ``imagecodecs`` (a dependency of rbzarr) through its numcodecs
 classes, recorded in each array's ``zarr.json`` as ``numcodecs.imagecodecs_<name>`` inside the
@@ -56,10 +58,12 @@ __all__ = [
     "Codec",
     "choose_codec",
     "image_layout",
+    "is_known",
     "parse_codec",
     "parse_codecs",
     "psnr",
     "require_images",
+    "unknown_codec",
 ]
 
 IMAGES_EXTRA = "rbzarr[images]"
@@ -208,6 +212,21 @@ def _codec_unavailable(what: str, why: str) -> CodecUnavailableError:
     return CodecUnavailableError(
         f"{what} needs imagecodecs, which this Python cannot import ({why}): pip install "
         f"imagecodecs (a dependency of rbzarr; '{IMAGES_EXTRA}' installs it too)"
+    )
+
+
+def is_known(text: str) -> bool:
+    """Whether spec ``text`` names a codec this rbzarr knows (its parameter aside)."""
+    return text.strip().lower().partition(":")[0].removesuffix("+checksum") in _DEFAULT_PARAM
+
+
+def unknown_codec(where: str, codec: str) -> CodecUnavailableError:
+    """The error of data stored with a codec this process does not know (``codec``, as the
+    store names it): a newer rbzarr or another package wrote it; it is not damaged."""
+    return CodecUnavailableError(
+        f"{where}: codec {codec!r} is not one this Python knows (a newer rbzarr, or a package "
+        "not installed here, wrote it): upgrade rbzarr or install the codec's package to "
+        "read it; the data is not damaged"
     )
 
 

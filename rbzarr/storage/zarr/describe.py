@@ -15,11 +15,13 @@ from typing import Any
 import numpy as np
 import zarr
 from tqdm import tqdm
+from zarr.errors import UnknownCodecError
 
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.io.json_limits import read_json
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.rlinf.documents import Entry
+from rbzarr.storage.zarr.codecs import unknown_codec
 from rbzarr.storage.zarr.shard_index import DTYPE_ATTR
 
 __all__ = [
@@ -93,6 +95,9 @@ def group_arrays(location: Location, group: zarr.Group) -> dict[str, zarr.Array]
             for name, node in group.members(max_depth=None)
             if isinstance(node, zarr.Array)
         }
+    except UnknownCodecError as exc:  # zarr has no class of that name here: not damage
+        name = str(exc).removeprefix("Unknown codec: ").strip("'")
+        raise unknown_codec(f"{location.url}/{group.path}", name) from exc
     except (ValueError, TypeError, KeyError, RecursionError) as exc:
         raise CorruptStoreError(
             f"{location.url}/{group.path}: an array's zarr.json is not one rbzarr reads: {exc}"
