@@ -9,6 +9,7 @@ __all__ = [
     "CheckpointConflictError",
     "CheckpointNotFoundError",
     "CodecConflictError",
+    "CodecUnavailableError",
     "CorruptStoreError",
     "DamagedTrajectoryWarning",
     "DatasetFileNotFoundError",
@@ -17,6 +18,7 @@ __all__ = [
     "EncoderUnavailableError",
     "EpisodeNotFoundError",
     "InsertTimeoutError",
+    "InvalidCodecError",
     "InvalidTrajectoryError",
     "NotAnImageError",
     "RbzarrError",
@@ -63,6 +65,17 @@ class CheckpointConflictError(RbzarrError, ValueError):
 class CodecConflictError(RbzarrError, ValueError):
     """A writer's codec for a key differs from the one its store records (``rbzarr recode``
     changes a store's codecs)."""
+
+
+class InvalidCodecError(RbzarrError, ValueError):
+    """A codec cannot encode its key (a lossy image codec on floats, an image codec on a
+    non-image shape), or names a key the trajectories do not have: refused before anything
+    is accepted."""
+
+
+class CodecUnavailableError(RbzarrError, ImportError):
+    """A codec's package cannot be imported by this process: its data cannot be written or
+    decoded here, but it is not damaged (install the package named in the message)."""
 
 
 class EmptyBufferError(RbzarrError, RuntimeError):

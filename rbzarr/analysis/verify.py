@@ -17,6 +17,7 @@ from typing import Any
 
 from rbzarr.errors import (
     CheckpointNotFoundError,
+    CodecUnavailableError,
     CorruptStoreError,
     RbzarrError,
     StorageUnavailableError,
@@ -312,6 +313,11 @@ def _check_trajectory(
         return Problem("unsafe_path", path, _one_line(exc), trajectory_id)
     except StorageUnavailableError:
         raise  # the store is unreachable: that says nothing about this trajectory
+    except CodecUnavailableError as exc:  # this process cannot decode it: not damage
+        message = f"{_one_line(exc)}; never dropped (--drop-damaged keeps it): verify again"
+        return Problem(
+            "codec_unavailable", path, f"{message} where the codec is installed", trajectory_id
+        )
     except _READ_ERRORS as exc:
         return damaged("unreadable_data", _one_line(exc))
     if shape != list(entry["shape"]):

@@ -222,10 +222,12 @@ class StoreCommitter:
 
     # -- writing ----------------------------------------------------------------------------
     def check(self, trajectory: ValidatedTrajectory) -> None:
-        """Raise if the file name built from ``model_weights_id`` would leave the store."""
+        """Raise if the file name built from ``model_weights_id`` would leave the store, or
+        the layout cannot write the trajectory (its codecs)."""
         self.layout.trajectory_path(
             {"trajectory_id": 0, "model_weights_id": trajectory.trajectory.model_weights_id}
         )
+        self.layout.check_writable(trajectory.trajectory)
 
     def wait_for_room(self, count: int) -> None:
         """Block until ``count`` writes fit in the queue; refuse while storage fails."""
