@@ -435,7 +435,13 @@ class StoreCommitter:
         WriterFailedError
             A write or record is not committed: the error names the trajectories.
         """
-        self._writer.flush(timeout)
+        try:
+            self._writer.flush(timeout)
+        except WriterFailedError as exc:
+            with self._lock:
+                waiting = sorted(self._pending)
+            named = WriterFailedError(f"{exc}; trajectories not in the store yet: {waiting}")
+            raise named from exc.__cause__
         with self._lock:
             unrecorded = [int(e["trajectory_id"]) for e in self._unrecorded]
         if unrecorded:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import pickletools
 import struct
 from collections import OrderedDict
 from collections.abc import Callable
@@ -57,6 +58,21 @@ def _check_view(available: int, offset: int, size: Any, stride: Any) -> None:
             f"tensor view (size {dims}, stride {steps}, offset {offset}) reaches past its "
             f"storage of {available} elements"
         )
+
+
+def _check_declared_sizes(stream: IO[bytes]) -> None:
+    """Refuse (ValueError) a pickle, from ``stream``'s position to its STOP, declaring more
+    bytes for a value than follow it; the position is kept.
+
+    The unpickler allocates a counted value (``BINBYTES8``, ``BINUNICODE``, ...) at its
+    declared length before reading it: a few bytes could ask for any amount of memory.
+    """
+    start = stream.tell()
+    try:
+        for _ in pickletools.genops(stream):  # reads what follows, never more
+            pass
+    finally:
+        stream.seek(start)
 
 
 def _is_count(value: Any) -> bool:
@@ -213,8 +229,14 @@ class _StorageHeader(pickle.Unpickler):
 
     def __init__(self, file: IO[bytes], source: str) -> None:
         super().__init__(file)
+        self._stream = file
         self.source = source
         self.storages: list[tuple[str, torch.dtype, int]] = []
+
+    def load(self) -> Any:
+        """The next pickle of the stream, its declared sizes checked first."""
+        _check_declared_sizes(self._stream)
+        return super().load()
 
     def find_class(self, module: str, name: str) -> Any:
         """A legacy storage class's dtype, else UnsafePickleError."""
@@ -257,14 +279,17 @@ def safe_load(
     stream: IO[bytes]
     if isinstance(file_or_bytes, bytes | bytearray | memoryview):
         stream = io.BytesIO(file_or_bytes)
-    else:
+    elif file_or_bytes.seekable():
         stream = file_or_bytes
+    else:
+        stream = io.BytesIO(file_or_bytes.read())
     load: Callable[[], Any] = (
         pickle.Unpickler(stream).load
         if allow_unsafe
         else RestrictedUnpickler(stream, source=source).load
     )
     try:
+        _check_declared_sizes(stream)
         return load()
     except UnsafePickleError:
         raise
