@@ -1,7 +1,9 @@
-"""Hostile stores, grown by hypothesis: arbitrary JSON in documents and descriptions, flipped
-bytes in pickles and shards.  In process (these inputs cannot crash it any more; the forked
-suite in ``test_hostile_stores.py`` covers what could): every read is a success with the
-store's own rows, or a named error."""
+"""Hostile stores, grown by hypothesis: arbitrary JSON in documents, descriptions and the
+index log (heads, blocks, records of two writers' slots), flipped bytes in pickles, shards
+and log files.  In process (these inputs cannot crash it any more; the forked suite in
+``test_hostile_stores.py`` covers what could): every read is a success with the store's own
+rows, or a named error.  The log's tests count both outcomes: a run where every example was
+refused (or none was) did not test what it claims."""
 
 from __future__ import annotations
 
@@ -9,18 +11,26 @@ import contextlib
 import json
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile_stores import OUTSIDE_BASE, write_store
-from hypothesis import HealthCheck, given, settings
+from conftest import assert_rows_consistent, make_trajectory
+from hostile_stores import OUTSIDE_BASE, VALID_NUMBERS, split_log, write_store
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from rbzarr import CheckpointNotFoundError, CorruptStoreError, UnsafePathError
+from rbzarr import (
+    CheckpointNotFoundError,
+    CorruptStoreError,
+    TrajectoryReplayBuffer,
+    UnsafePathError,
+)
 from rbzarr.analysis.verify import verify_store
 from rbzarr.analysis.view import open_buffer
+from rbzarr.storage.index.slots import ID_STRIDE
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -49,7 +59,48 @@ def stores() -> Iterator[dict[str, Path]]:
         found = {kind: Path(root) / kind for kind in ("zarr", "zarrz", "pkl", "pt")}
         for kind, path in found.items():
             write_store(path, kind)
+        found["log"] = Path(root) / "log"
+        _write_two_slot_log(found["log"])
         yield found
+
+
+# The two-slot log store: slot 0's trajectories 0-3 (rows 0..31), slot 1's one (rows 32..39).
+LOG_NUMBERS = VALID_NUMBERS + 8
+LOG_IDS = {0, 1, 2, 3, ID_STRIDE}
+
+
+def _write_two_slot_log(path: Path) -> None:
+    """A zarr store indexed by its log: slot 0 (``index/``) as a running writer leaves it (a
+    block and two records, :func:`split_log`), slot 1 (``writers/1/index/``) folded."""
+    first = TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
+    second = TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(path))
+    first.add_trajectories([make_trajectory(4, 2, 8 * i) for i in range(4)])
+    second.add_trajectories([make_trajectory(4, 2, VALID_NUMBERS)])
+    second.close()
+    first.close()
+    split_log(path)
+
+
+def _log_files(path: Path) -> list[Path]:
+    """Every file of the store's index logs (heads, blocks, records), in a stable order."""
+    found = [*(path / "index").rglob("*.json"), *(path / "writers").rglob("index/**/*.json")]
+    return sorted(p for p in found if p.is_file())
+
+
+def _log_outcome(path: Path) -> str:
+    """``"named"`` (a named error) or ``"read"`` (every sampled row is one the store holds,
+    whole); anything else fails the test.  ``verify`` reports or raises a named error."""
+    with contextlib.suppress(NAMED):
+        verify_store(str(path))
+    try:
+        view = open_buffer(str(path), seed=0)
+        assert set(view.ids) <= LOG_IDS, view.ids
+        batch = view.sample(16)
+    except NAMED:
+        return "named"
+    numbers = assert_rows_consistent(batch)
+    assert int(numbers.min()) >= 0 and int(numbers.max()) < LOG_NUMBERS, numbers
+    return "read"
 
 
 def _every_read(path: Path, own_rows: bool = True) -> None:
@@ -139,3 +190,117 @@ def test_flipped_bytes_in_a_trajectory_file_or_shard(
         _every_read(path, own_rows=False)
     finally:
         shutil.rmtree(path.parent)
+
+
+# Each log example verifies and samples a copy of a store: fewer examples keep them cheap.
+LOG_FUZZ = settings(FUZZ, max_examples=12)
+LOG_FILES = 6  # slot 0: block, head, two records; slot 1: block, head (_log_files' order)
+
+
+def _outcome_after(store: Path, file: int, change: Callable[[Path], None]) -> str:
+    """:func:`_log_outcome` of a copy of ``store`` whose log file ``file`` was changed."""
+    path = _copy(store)
+    try:
+        change(_log_files(path)[file])
+        return _log_outcome(path)
+    finally:
+        shutil.rmtree(path.parent)
+
+
+def _set_field(field: str, value: Any, position: int | None = None) -> Callable[[Path], None]:
+    """Set ``field`` of a JSON log file (of its entry at ``position``, when given)."""
+
+    def change(target: Path) -> None:
+        document = json.loads(target.read_text())
+        if position is not None:
+            entries = document["entries"]
+            entries[position % len(entries)][field] = value
+        else:
+            document[field] = value
+        target.write_text(json.dumps(document))
+
+    return change
+
+
+def test_the_two_slot_log_store_reads_whole(stores: dict[str, Path]) -> None:
+    files = _log_files(stores["log"])
+    assert [p.parent.name for p in files] == ["blocks", "index", "log", "log", "blocks", "index"]
+    assert set(open_buffer(str(stores["log"]), seed=0).ids) == LOG_IDS
+    assert _log_outcome(stores["log"]) == "read"
+
+
+def test_any_json_value_in_a_log_file(stores: dict[str, Path]) -> None:
+    outcomes: Counter[str] = Counter()
+
+    @LOG_FUZZ
+    @example(file=1, field="blocks", value=5)  # refused: the head lists no blocks
+    @example(file=2, field="time", value=0)  # read: a record's time is only kept
+    @given(
+        file=st.integers(0, LOG_FILES - 1),
+        field=st.sampled_from(
+            [
+                *("version", "blocks", "size", "compacted_seq", "trajectory_counter"),
+                *("metadata", "entries", "times", "seq", "counter", "time", "next_slot"),
+            ]
+        ),
+        value=JSON,
+    )
+    def check(file: int, field: str, value: Any) -> None:
+        outcomes[_outcome_after(stores["log"], file, _set_field(field, value))] += 1
+
+    check()
+    assert set(outcomes) == {"named", "read"}, outcomes
+
+
+def test_any_json_value_in_a_log_entry(stores: dict[str, Path]) -> None:
+    outcomes: Counter[str] = Counter()
+
+    @LOG_FUZZ
+    @example(file=2, position=0, field="trajectory_id", value=ID_STRIDE)  # refused: slot 1's
+    @example(file=0, position=1, field="uuid", value="x")  # read: a uuid is only kept
+    @given(
+        file=st.sampled_from([0, 2, 3, 4]),  # blocks and records
+        position=st.integers(0, 1),
+        field=st.sampled_from(
+            [
+                *("trajectory_id", "num_samples", "shape", "max_episode_length"),
+                *("model_weights_id", "uuid"),
+            ]
+        ),
+        value=JSON,
+    )
+    def check(file: int, position: int, field: str, value: Any) -> None:
+        change = _set_field(field, value, position)
+        outcomes[_outcome_after(stores["log"], file, change)] += 1
+
+    check()
+    assert set(outcomes) == {"named", "read"}, outcomes
+
+
+def test_flipped_bytes_in_a_log_file_or_a_log_file_gone(stores: dict[str, Path]) -> None:
+    outcomes: Counter[str] = Counter()
+
+    @LOG_FUZZ
+    @example(file=1, flips=[(0, 0)], remove=False)  # refused: the head is not JSON
+    @example(file=2, flips=[(7, 9)], remove=False)  # read: a space became a tab
+    @given(
+        file=st.integers(0, LOG_FILES - 1),
+        flips=st.lists(
+            st.tuples(st.integers(min_value=0), st.integers(0, 255)), min_size=1, max_size=4
+        ),
+        remove=st.booleans(),
+    )
+    def check(file: int, flips: list[tuple[int, int]], remove: bool) -> None:
+        def change(target: Path) -> None:
+            if remove:
+                target.unlink()
+                return
+            data = bytearray(target.read_bytes())
+            for position, value in flips:
+                data[position % len(data)] = value
+            target.write_bytes(bytes(data))
+
+        outcomes[_outcome_after(stores["log"], file, change)] += 1
+
+    check()
+    assert set(outcomes) == {"named", "read"}, outcomes
