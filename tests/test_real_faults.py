@@ -113,9 +113,8 @@ def image_burst(count: int, first: int = 0) -> list[Trajectory]:
 
 
 def stored_files(store: Path) -> dict[str, bytes]:
-    """Every file below ``store/trajectories``, by path, with its bytes."""
-    folder = store / "trajectories"
-    return {str(p.relative_to(store)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    """Every file of the store (data, log, documents), by path, with its bytes."""
+    return {str(p.relative_to(store)): p.read_bytes() for p in store.rglob("*") if p.is_file()}
 
 
 @pytest.mark.parametrize("codec", ["shards", "zarr"])
