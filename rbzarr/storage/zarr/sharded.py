@@ -132,7 +132,7 @@ def encode_trajectory(
         arrays[key] = {**encoded.description, **shared}
         copy = inline_copy(encoded.shard) if inline else None
         if copy is not None:
-            arrays[key] = {**encoded.description, INLINE: copy}
+            arrays[key] = {**arrays[key], INLINE: copy}
     return files, {"version": VERSION, "arrays": arrays}
 
 
