@@ -989,7 +989,7 @@ def test_repeated_ids_are_refused_until_repair_keeps_one_of_each(
 @pytest.mark.parametrize(
     ("name", "kind", "message"),
     [
-        ("pkl_huge_binbytes8", "pkl", r"not a readable pickle.*expected 4611686018427387904 bytes"),
+        ("pkl_huge_binbytes8", "pkl", r"not a readable pickle.*declares 4611686018427387904 bytes"),
         ("scalar_deeply_nested", "pkl", r"expected an int max_episode_length.*got \[\[\[\[\[\["),
         ("scalar_deeply_nested", "pt", r"expected an int max_episode_length.*got \[\[\[\[\[\["),
     ],
