@@ -440,7 +440,10 @@ class StoreCommitter:
         except WriterFailedError as exc:
             with self._lock:
                 waiting = sorted(self._pending)
-            named = WriterFailedError(f"{exc}; trajectories not in the store yet: {waiting}")
+            more = f" and {len(waiting) - 10} more" if len(waiting) > 10 else ""
+            named = WriterFailedError(
+                f"{exc}; trajectories not in the store yet: {waiting[:10]}{more}"
+            )
             raise named from exc.__cause__
         with self._lock:
             unrecorded = [int(e["trajectory_id"]) for e in self._unrecorded]
