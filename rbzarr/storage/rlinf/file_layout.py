@@ -282,10 +282,11 @@ def _check_torch_archive(data: bytes, source: str) -> None:
     past the file's size) or one claiming more bytes than the file holds is refused before
     torch reads it.
     """
+    # NotImplementedError: a record "needs" a zip version or feature zipfile lacks.
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             records = archive.infolist()
-    except (zipfile.BadZipFile, ValueError, EOFError) as exc:
+    except (zipfile.BadZipFile, ValueError, EOFError, NotImplementedError) as exc:
         raise CorruptStoreError(
             f"{source}: not a torch.save zip archive ({exc}); rbzarr and RLinf write those"
         ) from exc
