@@ -437,7 +437,16 @@ class StoreCommitter:
         WriterFailedError
             A write or record is not committed: the error names the trajectories.
         """
-        self._writer.flush(timeout)
+        try:
+            self._writer.flush(timeout)
+        except WriterFailedError as exc:
+            with self._lock:
+                waiting = sorted(self._pending)
+            more = f" and {len(waiting) - 10} more" if len(waiting) > 10 else ""
+            named = WriterFailedError(
+                f"{exc}; trajectories not in the store yet: {waiting[:10]}{more}"
+            )
+            raise named from exc.__cause__
         with self._lock:
             unrecorded = [int(e["trajectory_id"]) for e in self._unrecorded]
         if unrecorded:
