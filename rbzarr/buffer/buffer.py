@@ -35,6 +35,7 @@ from rbzarr.sampling.priorities import PrioritizedReplay, WindowPriorities, chec
 from rbzarr.sampling.reader import StoreReader
 from rbzarr.storage.index.priorities import PriorityFiles
 from rbzarr.storage.index.schema import schema_to_json
+from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout
@@ -223,8 +224,10 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         location = Location.from_url(auto_save_path, self.storage_options) if auto_save else None
         if location is not None and durable:
             location = location.with_durable()
-        if location is not None and trajectory_format is None:
-            self.trajectory_format = checkpoint.format_at(location) or DEFAULT_FORMAT
+        # The store as it is now: one read, shared by the committer and the messages.
+        store = None if location is None else StoreIndex.open(location)
+        if store is not None and trajectory_format is None:
+            self.trajectory_format = store.format or DEFAULT_FORMAT
         # The format layout_options are meant for (loading may adopt another one).
         self._options_format = self.trajectory_format
         self.local_cache.check_layout(layout_class(self.trajectory_format))
@@ -236,6 +239,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 metadata={"seed": seed},
                 # Not a bound method: the writer would keep the whole buffer alive.
                 on_committed=functools.partial(_materialize, self._lock, self._cache),
+                store=store,
             )
         self._index = TrajectoryIndex(trajectory_counter=self._first_free_id())
         self._reader = StoreReader(
@@ -245,7 +249,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             window_size=sample_window_size,
             on_damaged=on_damaged,
             where=self.store_url or "",
-            empty=self._empty_message(),
+            empty=self._empty_message(store is not None and store.exists),
             schema=None if self._committer is None else self._committer.stored_schema,
             held=BufferRows(self._cache, self._committer, self._lock),
             lock=self._lock,
@@ -264,10 +268,10 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         """Both samplers' state, JSON-ready, as a checkpoint's ``sampler`` holds it."""
         return {**self._reader.rows.state_dict(), "sequences": self._reader.sequences.state_dict()}
 
-    def _empty_message(self) -> str:
+    def _empty_message(self, store_exists: bool) -> str:
         """Why sampling an empty buffer fails, and what to do (a store may hold a run)."""
         message = "cannot sample from an empty buffer: add trajectories first"
-        if self._committer is None or not self._committer.layout.has_documents():
+        if self._committer is None or not store_exists:
             return message
         url = self._committer.url
         return (

@@ -25,37 +25,23 @@ from rbzarr.errors import (
     StoreExistsError,
 )
 from rbzarr.storage.index.schema import check_schema, is_rbzarr_store, schema_from_json
-from rbzarr.storage.index.slots import (
-    read_store_documents,
-    read_store_metadata,
-    read_store_window,
-    store_has_documents,
-)
+from rbzarr.storage.index.store_index import StoreIndex, stored_format
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout, check_entry_shape
-from rbzarr.storage.registry import stored_format
-from rbzarr.storage.rlinf.documents import Documents, Entry
+from rbzarr.storage.rlinf.documents import Entry
 from rbzarr.trajectory.model import Schema
 from rbzarr.trajectory.validated import ValidatedTrajectory
 
 __all__ = [
     "LoadedCheckpoint",
     "check_target",
-    "format_at",
     "load",
     "save",
 ]
 
 # A layout for a location and a format name (the buffer's options applied where they fit).
 LayoutFactory = Callable[[Location, str], TrajectoryLayout]
-
-
-def format_at(location: Location) -> str | None:
-    """The format of the store at ``location`` (``"pt"`` if unnamed, as RLinf), else ``None``."""
-    if not store_has_documents(location):
-        return None
-    return stored_format(Documents(read_store_metadata(location), {}))
 
 
 # -- saving -----------------------------------------------------------------------------------
@@ -119,14 +105,15 @@ def load(
 ) -> LoadedCheckpoint:
     """Read the checkpoint at ``location`` (or this rank's share) before anything changes;
     with a ``window``, a large store's last ``window`` trajectories (and the cache's)."""
+    store = StoreIndex.assumed(location)
     if share_of is None and window is not None and window > 0:
-        documents = read_store_window(location, max(window, warm_capacity or 0))
+        documents = store.read(max(window, warm_capacity or 0))
     else:
-        documents = read_store_documents(location)
+        documents = store.read()
     full = TrajectoryIndex.from_documents(documents, location.url)
     share = full if share_of is None else full.share(*share_of)
     is_partial = share.id_list != full.id_list
-    source = open_layout(location, stored_format(documents))
+    source = open_layout(location, stored_format(documents.metadata))
     # A large store read by its window trusts its log (which lists only complete data): a
     # missing trajectory is found when it is read, not by a request per id here.
     held = share.id_list if full.is_complete else []

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -38,28 +37,24 @@ from rbzarr.errors import (
     StoreExistsError,
     WriterFailedError,
 )
-from rbzarr.storage.index.log import IndexLog
-from rbzarr.storage.index.schema import is_rbzarr_store, schema_from_json
-from rbzarr.storage.index.trajectory_index import FORMAT_VERSION, TrajectoryIndex
-from rbzarr.storage.index.writer_slot import WriterSlot
+from rbzarr.storage.index.store_index import StoreIndex
+from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.backends import permanent_cause, translate_errors
 from rbzarr.storage.io.deadlines import deadline_options
 from rbzarr.storage.io.writable import check_writable
 from rbzarr.storage.layout import TrajectoryLayout
-from rbzarr.storage.registry import stored_format
-from rbzarr.storage.rlinf.documents import Documents, Entry
+from rbzarr.storage.rlinf.documents import Entry
 from rbzarr.trajectory.model import Schema
 from rbzarr.trajectory.validated import ValidatedTrajectory
 
-__all__ = ["DOCUMENTS_INTERVAL", "StoreCommitter"]
-
-# Seconds between rewrites of RLinf's documents while commits go on (flush and close also
-# rewrite them).
-DOCUMENTS_INTERVAL = 5.0
+__all__ = ["StoreCommitter"]
 
 
 class StoreCommitter:
-    """Commits accepted trajectories to one store in order: the data first, the documents last."""
+    """Commits accepted trajectories to one store in order: the data first, the index last.
+
+    ``store`` is the store as the buffer found it when it opened (read again if not given).
+    """
 
     def __init__(
         self,
@@ -68,6 +63,7 @@ class StoreCommitter:
         max_pending_writes: int = 8,
         metadata: Mapping[str, Any] | None = None,
         on_committed: Callable[[int], None] | None = None,
+        store: StoreIndex | None = None,
     ) -> None:
         self.layout = layout
         # Called on the writer thread with each committed id, holding none of this object's
@@ -77,37 +73,21 @@ class StoreCommitter:
             max_pending=max_pending_writes, target=layout.location.url, permanent=permanent_cause
         )
         self._lock = threading.Lock()
-        # Serialises the rewrites of RLinf's documents (the writer thread, flush and close).
-        self._documents_lock = threading.Lock()
-        # Serialises the log's writes (the writer thread's records, flush's compaction).
-        self._log_lock = threading.Lock()
         self._metadata = dict(metadata or {})
         self._pending: dict[int, ValidatedTrajectory] = {}
         self._unrecorded: list[dict[str, Any]] = []  # data complete, not in a record yet
-        self.stored_schema: Schema | None = None
-        self._counter = 0  # the next id: above everything committed or written
         self._check_folder()
-        self.slot = WriterSlot.claim(layout)
+        store = store or StoreIndex.open(layout.location)
+        self.stored_schema: Schema | None = self._check_existing(store)
+        self.index = store.writer(layout)
+        self.slot = self.index.slot
         try:
-            # A store of many writers keeps an append-only log per writer; RLinf's formats
-            # (one writer) keep RLinf's documents, exact and whole (RLinf reads them; the
-            # index stays in memory).
-            self._check_existing()
-            self._log: IndexLog | None = None
-            if layout.supports_many_writers:
-                self._log = self.slot.open_log()
-            self._read_counter()
-            self._documents: TrajectoryIndex | None = None
-            if self._log is None:
-                self._documents = self._full_index()
-                self._counter = max(self._counter, self._documents.trajectory_counter)
+            # The next id: above everything committed, and above data no record lists (a
+            # write interrupted by a crash keeps its id too).
+            self._counter = self.slot.first_unused_id(max(self.index.counter, self.slot.first_id))
         except BaseException:
             self.slot.release()
             raise
-        self._claimed = self._log is not None and not self._log.is_empty()
-        self._claimed = self._claimed or (self._log is None and self.slot.has_documents())
-        self._documents_dirty = False
-        self._documents_written = time.monotonic()
         self._recorded = False  # whether this writer committed anything
 
     def _check_folder(self) -> None:
@@ -122,44 +102,18 @@ class StoreCommitter:
             )
         check_writable(location)
 
-    def _check_existing(self) -> None:
-        """Refuse a store of another format already here; set ``stored_schema``."""
-        if self.layout.has_documents():
-            # Every writer's metadata names the store's format and schema.
-            metadata = self.layout.read_store_metadata()
-            self._check_format(metadata)
-            self.layout.adopt_store_metadata(metadata)
-            self.stored_schema = schema_from_json(metadata.get("schema"))
-
-    def _read_counter(self) -> None:
-        """The next id of this slot: above everything it committed or left written."""
-        logged = 0 if self._log is None else self._log.trajectory_counter
-        self._counter = max(logged, self.slot.first_id)
-        # Data no record lists (a write interrupted by a crash) keeps its id too.
-        self._counter = self.slot.first_unused_id(self._counter)
-
-    def _full_index(self) -> TrajectoryIndex:
-        """Every trajectory this slot committed (reads the whole log)."""
-        documents = self.slot.read_documents()
-        if documents is None:
-            return TrajectoryIndex(trajectory_counter=self._counter)
-        index = TrajectoryIndex.from_documents(documents, self.url)
-        if not is_rbzarr_store(documents.metadata):
-            # RLinf lists ids it never saved; rbzarr's documents list only what exists.
-            present = set(self.layout.list_ids())
-            index = index.subset(i for i in index.id_list if i in present)
-        index.trajectory_counter = max(index.trajectory_counter, self._counter)
-        return index
-
-    def _check_format(self, metadata: Mapping[str, Any]) -> None:
-        """Refuse a store of another format than this buffer writes."""
-        fmt = stored_format(Documents(dict(metadata), {}))
-        if fmt != self.layout.format:
+    def _check_existing(self, store: StoreIndex) -> Schema | None:
+        """Refuse a store of another format already here; the schema it records."""
+        if not store.exists:
+            return None
+        if store.format != self.layout.format:
             raise StoreExistsError(
-                f"auto_save_path {self.url} holds a {fmt!r} store and this buffer "
-                f"writes {self.layout.format!r}: build it with trajectory_format={fmt!r} to "
-                "append to that store, or choose another auto_save_path"
+                f"auto_save_path {self.url} holds a {store.format!r} store and this buffer "
+                f"writes {self.layout.format!r}: build it with trajectory_format={store.format!r} "
+                "to append to that store, or choose another auto_save_path"
             )
+        self.layout.adopt_store_metadata(store.metadata)
+        return store.schema
 
     def first_free_id(self, counter: int) -> int:
         """``counter`` if it is a free id of this writer's slot, else the slot's next id."""
@@ -191,12 +145,7 @@ class StoreCommitter:
     @property
     def largest_committed(self) -> int:
         """The largest ``T * B`` of the trajectories committed to this slot."""
-        with self._lock:
-            if self._log is not None:
-                return self._log.max_rows
-            assert self._documents is not None  # kept whenever there is no log
-            entries = self._documents.entries.values()
-            return max((int(e["shape"][0]) * int(e["shape"][1]) for e in entries), default=0)
+        return self.index.max_rows
 
     def pending_trajectory(self, trajectory_id: int) -> ValidatedTrajectory | None:
         """The in-memory copy of a trajectory whose data is not complete yet, else ``None``."""
@@ -242,10 +191,9 @@ class StoreCommitter:
         """Writer thread: the data, then (last of a burst) one log record listing the burst."""
         # A new store is first committed empty (claimed), so a crash during its first write
         # leaves a store that loads.
-        if not self._claimed:
+        if not self.index.is_claimed:
             self._record([])
-            self._claimed = True
-            self.flush_documents()
+            self.index.flush()
         trajectory_id = int(entry["trajectory_id"])
         # A retried task resumes at its first step not done: data and marker (once: a group
         # whose write completed is never rewritten), then the record.
@@ -279,61 +227,15 @@ class StoreCommitter:
             # They leave the queue only once their record is durable: a failed record
             # leaves them all for the retry.
             del self._unrecorded[: len(entries)]
-        if self._documents is not None and time.monotonic() - self._documents_written >= (
-            DOCUMENTS_INTERVAL
-        ):
-            self._write_documents()
+        self.index.after_burst()
 
     def _record(self, entries: Sequence[dict[str, Any]]) -> None:
         """Append one record listing ``entries`` (whose data is complete)."""
         with self._lock:
-            metadata = {
-                **self._metadata,
-                **self.layout.format_metadata(),
-                "trajectory_format": self.layout.format,
-                "rbzarr_format_version": FORMAT_VERSION,
-            }
+            metadata = dict(self._metadata)
             counter = self._counter
-        if self._log is not None:
-            with self._log_lock:
-                self._log.append(entries, counter=counter, metadata=metadata)
+        self.index.append(entries, counter=counter, metadata=metadata)
         self._recorded = True
-        if self._documents is not None:
-            with self._lock:
-                for entry in entries:
-                    trajectory_id = int(entry["trajectory_id"])
-                    if trajectory_id not in self._documents.entries:
-                        self._documents.entries[trajectory_id] = dict(entry)
-                        self._documents.id_list.append(trajectory_id)
-                self._documents.trajectory_counter = max(
-                    self._documents.trajectory_counter, counter
-                )
-                self._documents_dirty = True
-
-    def _write_documents(self, mirror: bool = False) -> None:
-        """Rewrite RLinf's two documents whole if commits changed them (pt / pkl), or, with
-        ``mirror``, a log's full mirror (at close)."""
-        with self._documents_lock:
-            if self._documents is None:
-                if not mirror or self._log is None or self._log.is_empty():
-                    return
-                index = self._full_index()
-            else:
-                with self._lock:
-                    if not self._documents_dirty:
-                        return
-                    index = self._documents.subset(self._documents.id_list)
-                    self._documents_dirty = False
-            with self._lock:
-                metadata = dict(self._metadata)
-            try:
-                self.slot.write_documents(index.to_documents(self.layout.format, metadata))
-            except BaseException:
-                if self._documents is not None:
-                    with self._lock:
-                        self._documents_dirty = True  # the next flush writes them again
-                raise
-            self._documents_written = time.monotonic()
 
     def copy_to(self, target: TrajectoryLayout, entry: Entry) -> None:
         """Copy one trajectory into ``target`` (a checkpoint), whether committed or not."""
@@ -369,7 +271,7 @@ class StoreCommitter:
         """Make the store hold ``index``'s trajectories too, copied from ``source``."""
         # Call with no write queued (after flush); what the store holds already (same id and
         # uuid) is not copied again.
-        known = self._full_index().entries
+        known = self.index.full_index().entries
         unlisted = {i for i in self.layout.list_ids() if self.slot.owns(i)} - set(known)
         # An earlier load that failed before its record left complete copies: this one
         # resumes after them (same id and uuid under a commit marker), never rewriting them.
@@ -399,7 +301,7 @@ class StoreCommitter:
         with self._lock:
             self._counter = max(self._counter, self.first_free_id_locked(index.trajectory_counter))
         self._record(copied)
-        self.flush_documents()
+        self.index.flush()
 
     def first_free_id_locked(self, counter: int) -> int:
         """:meth:`first_free_id` for a caller holding the lock."""
@@ -407,13 +309,10 @@ class StoreCommitter:
         return counter if self.slot.owns(counter) and counter >= next_id else next_id
 
     def _fold(self) -> None:
-        """At close: compact the log and write the documents' mirror.  Every commit is in a
-        record already, so a failing store only leaves this for the next close (a warning)."""
+        """At close: fold the index.  Every commit is in a record already, so a failing store
+        only leaves this for the next close (a warning)."""
         try:
-            if self._log is not None:
-                with self._log_lock:
-                    self._log.compact()
-            self._write_documents(mirror=True)
+            self.index.fold()
         except StorageUnavailableError as exc:
             warnings.warn(
                 f"{self.url}: every commit is stored, but folding the index log at close "
@@ -421,11 +320,6 @@ class StoreCommitter:
                 UserWarning,
                 stacklevel=3,
             )
-
-    def flush_documents(self) -> None:
-        """Rewrite RLinf's documents now if commits changed them (pt / pkl stores)."""
-        if self._documents is not None:
-            self._write_documents()
 
     def flush(self, timeout: float = DEFAULT_TIMEOUT) -> None:
         """Wait until every queued write is committed (and RLinf's documents rewritten).
@@ -443,10 +337,7 @@ class StoreCommitter:
                 f"{self.url}: trajectories {unrecorded} are written but no record lists them "
                 "yet; call flush() again to retry"
             )
-        self.flush_documents()
-        if self._log is not None:
-            with self._log_lock:
-                self._log.compact_if_due()  # a failed compaction is retried, never raised
+        self.index.flush()
 
     def close(
         self,
@@ -463,7 +354,7 @@ class StoreCommitter:
                 if final_metadata:
                     self.set_metadata(**final_metadata)
                     self._record([])
-                    self.flush_documents()
+                    self.index.flush()
                 if self._recorded:
                     self._fold()
         finally:

@@ -26,6 +26,7 @@ __all__ = [
     "documents_exist",
     "read_documents",
     "read_listed_ids",
+    "read_metadata",
     "write_documents",
 ]
 
@@ -98,6 +99,14 @@ def read_documents(location: Location) -> Documents:
         metadata=_read_json(location, METADATA_FILE),
         trajectory_index=_read_json(location, INDEX_FILE),
     )
+
+
+def read_metadata(location: Location) -> dict[str, Any] | None:
+    """``metadata.json`` alone, or ``None`` when it does not exist (malformed: a named error)."""
+    try:
+        return _read_json(location, METADATA_FILE)
+    except CheckpointNotFoundError:
+        return None
 
 
 def write_documents(location: Location, documents: Documents) -> None:

@@ -1,0 +1,149 @@
+"""StoreIndex: the store's catalog, opened with one read.
+
+:meth:`StoreIndex.open` answers, from one probe of the store, whether a store is there, its
+format, its ``metadata.json`` keys, its schema and its codecs; the buffer, its committer and
+its loader share that snapshot instead of probing again.  :meth:`StoreIndex.read` reads the
+index (whole, or the last trajectories of a large store), and :meth:`StoreIndex.writer`
+claims a writer slot and returns the slot's :class:`~rbzarr.storage.index.writers.IndexWriter`:
+the log for stores of many writers, RLinf's documents for pt / pkl stores -- the one place
+that chooses between them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rbzarr.errors import CheckpointNotFoundError
+from rbzarr.storage.index import log as index_log
+from rbzarr.storage.index.slots import read_store_window, slot_location, writer_slots
+from rbzarr.storage.io.location import Location
+from rbzarr.storage.rlinf import documents as store_documents
+from rbzarr.storage.rlinf.documents import METADATA_FILE, Documents
+
+if TYPE_CHECKING:
+    from rbzarr.storage.index.writers import IndexWriter
+    from rbzarr.storage.layout import TrajectoryLayout
+    from rbzarr.trajectory.model import Schema
+
+__all__ = ["DEFAULT_STORED_FORMAT", "StoreIndex", "stored_format"]
+
+# RLinf writes no format marker and saves ``pt`` files by default.
+DEFAULT_STORED_FORMAT = "pt"
+
+
+def stored_format(metadata: Mapping[str, Any]) -> str:
+    """The format ``metadata.json`` names (RLinf's ``"pt"`` when it names none)."""
+    return str(metadata.get("trajectory_format", DEFAULT_STORED_FORMAT))
+
+
+@dataclass(frozen=True)
+class StoreIndex:
+    """What one read of a store found: whether it exists, and its ``metadata.json`` keys.
+
+    Parameters
+    ----------
+    location
+        The store's root.
+    metadata
+        The store's ``metadata.json`` keys (the first writer's that committed any), empty
+        where no store is.
+    exists
+        Whether any writer committed there (a log or a document).
+    """
+
+    location: Location
+    metadata: Mapping[str, Any]
+    exists: bool
+
+    @classmethod
+    def open(cls, location: Location) -> StoreIndex:
+        """Probe the store at ``location`` once: slot 0 first, the other slots only when
+        slot 0 committed nothing.
+
+        Raises
+        ------
+        CheckpointNotFoundError
+            A writer's index document is there but no writer's ``metadata.json``.
+        CorruptStoreError
+            A head or document is malformed.
+        StorageUnavailableError
+            The backend failed.
+        """
+        found_index = False
+        for where in _slot_locations(location):
+            if index_log.has_log(where):
+                return cls(location, index_log.read_slot_metadata(where), True)
+            metadata = store_documents.read_metadata(where)
+            if metadata is not None:
+                return cls(location, metadata, True)
+            found_index = found_index or where.exists(store_documents.INDEX_FILE)
+        if found_index:
+            raise CheckpointNotFoundError(
+                f"{location.url}/{METADATA_FILE} not found: {location.absence()}"
+            )
+        return cls(location, {}, False)
+
+    @classmethod
+    def assumed(cls, location: Location) -> StoreIndex:
+        """The catalog at ``location`` taken to exist, without reading it (for a caller that
+        only reads the index: the read says if no store is there)."""
+        return cls(location, {}, True)
+
+    @property
+    def format(self) -> str | None:
+        """The store's ``trajectory_format`` (``"pt"`` if unnamed, as RLinf), ``None`` if no
+        store is here."""
+        return stored_format(self.metadata) if self.exists else None
+
+    @property
+    def schema(self) -> Schema | None:
+        """The schema ``metadata.json`` records, ``None`` if none (RLinf, or no store)."""
+        from rbzarr.storage.index.schema import schema_from_json  # noqa: PLC0415 (torch)
+
+        return schema_from_json(self.metadata.get("schema"))
+
+    @property
+    def codecs(self) -> dict[str, str]:
+        """The codec of each key, as a zarr store records them (none for other formats)."""
+        from rbzarr.storage.zarr.layout import CODECS_KEY  # noqa: PLC0415 (zarr, when asked)
+
+        return dict(self.metadata.get(CODECS_KEY) or {})
+
+    def read(self, window: int | None = None) -> Documents:
+        """The index, read now: the union of every writer's, or a large store's last
+        ``window`` trajectories; raises as
+        :func:`~rbzarr.storage.index.slots.read_store_window`."""
+        return read_store_window(self.location, window)
+
+    def writer(self, layout: TrajectoryLayout) -> IndexWriter:
+        """Claim a writer slot of this store for ``layout`` and return the slot's writer
+        (the log where the layout takes many writers, else RLinf's documents).
+
+        Raises
+        ------
+        StoreExistsError
+            No slot is free (a pt / pkl store: another buffer writes it).
+        CorruptStoreError
+            The slot's index is malformed.
+        """
+        # Imported here: they import torch, which `rbzarr info` reads without.
+        from rbzarr.storage.index import writers  # noqa: PLC0415
+        from rbzarr.storage.index.writer_slot import WriterSlot  # noqa: PLC0415
+
+        slot = WriterSlot.claim(layout)
+        try:
+            if layout.supports_many_writers:
+                return writers.LogWriter(layout, slot)
+            return writers.DocumentsWriter(layout, slot)
+        except BaseException:
+            slot.release()
+            raise
+
+
+def _slot_locations(location: Location) -> Iterator[Location]:
+    """Slot 0's folder, then (listed only if asked for) the other slots'."""
+    yield location
+    for slot in writer_slots(location):
+        yield slot_location(location, slot)
