@@ -27,6 +27,7 @@ from rbzarr.errors import (
 from rbzarr.storage.index.schema import check_schema, is_rbzarr_store, schema_from_json
 from rbzarr.storage.index.store_index import StoreIndex, stored_format
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
+from rbzarr.storage.index.writer_slot import WriterSlot
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout, check_entry_shape
 from rbzarr.storage.rlinf.documents import Entry
@@ -35,6 +36,7 @@ from rbzarr.trajectory.validated import ValidatedTrajectory
 
 __all__ = [
     "LoadedCheckpoint",
+    "check_adoptable",
     "check_target",
     "load",
     "save",
@@ -165,3 +167,31 @@ def _read_validated(
         schema = validated.spec.schema
         loaded.append((trajectory_id, validated))
     return loaded
+
+
+def check_adoptable(loaded: LoadedCheckpoint, url: str, slot: WriterSlot) -> bool:
+    """Whether the auto-save store at ``url`` (written in ``slot``) must import ``loaded``'s
+    trajectories; ``False`` when it continues in place (it lists them already).
+
+    Raises
+    ------
+    CheckpointConflictError
+        A rank's share would continue in place in a shared store, or the checkpoint's ids
+        belong to other writers' slots.
+    """
+    if loaded.source.location.url == url:
+        if loaded.is_partial:
+            raise CheckpointConflictError(
+                f"{url}: a rank's share cannot continue in place in the shared auto_save "
+                "store: ranks appending to one store would write the same new ids; give each "
+                "rank its own auto_save_path"
+            )
+        return False
+    if slot.slot != 0 and not all(slot.owns(i) for i in loaded.share.id_list):
+        raise CheckpointConflictError(
+            f"{url} has other writers: this buffer writes its slot {slot.slot} (ids from "
+            f"{slot.first_id}) and cannot import the checkpoint {loaded.source.location.url}, "
+            "whose ids belong to other slots; load it where no other writer runs, or into a "
+            "new auto_save_path"
+        )
+    return True

@@ -1,21 +1,18 @@
 """StoreCommitter: the commit protocol, i.e. what each write does to the auto-save store.
 
-It opens the store (appending to one that exists, refusing one it cannot append to), runs
-each accepted trajectory's write on a :class:`~rbzarr.buffer.background.BackgroundWriter`
-and commits in order: the trajectory's data, then its group attributes (the layout's commit
-marker), then the two documents that list it, once per burst of writes.  It keeps the
-in-memory copy of every trajectory until its data is complete, so sampling never waits for
-storage.
+It appends to the store the buffer opened (refusing one of another format), runs each
+accepted trajectory's write on a :class:`~rbzarr.buffer.background.BackgroundWriter` and
+commits in order: the trajectory's data and its commit marker (the layout's write), then,
+once per burst of writes, the slot's index writer's append that lists them
+(:class:`~rbzarr.storage.index.writers.IndexWriter`: the log, or RLinf's documents).  It
+keeps the in-memory copy of every trajectory until its data is complete, so sampling never
+waits for storage.
 
-While a buffer runs, this is the only writer of its slot of the store
-(:class:`~rbzarr.storage.index.writer_slot.WriterSlot`): other buffers may append to the same zarr
-store at once, each to its own documents and ids.  Deletions have two owners, and
-both delete only what rbzarr wrote: here, rewriting a trajectory (a retried write) first
-clears what an earlier attempt left in that trajectory's own group; offline,
-``rbzarr verify --repair`` (:mod:`rbzarr.analysis.verify`) deletes orphan groups (data no
-index lists, left by a crash before the commit) and temporary files.  A user's files in or
-beside a store are never touched, and a new trajectory never gets the id of data already in
-the store.
+While a buffer runs, this is the only writer of its slot of the store: other buffers may
+append to the same zarr store at once, each to its own slot and ids.  Rewriting a trajectory
+(a retried write) first clears what an earlier attempt left in that trajectory's own group;
+``rbzarr verify --repair`` (:mod:`rbzarr.analysis.verify`) deletes orphan groups and
+temporary files.  A new trajectory never gets the id of data already in the store.
 """
 
 from __future__ import annotations
@@ -23,25 +20,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from rbzarr.buffer.background import DEFAULT_TIMEOUT, BackgroundWriter
-from rbzarr.buffer.checkpoint import LoadedCheckpoint
-from rbzarr.errors import (
-    CheckpointConflictError,
-    StorageUnavailableError,
-    StoreExistsError,
-    WriterFailedError,
-)
+from rbzarr.buffer.checkpoint import LoadedCheckpoint, check_adoptable
+from rbzarr.errors import WriterFailedError
 from rbzarr.storage.index.store_index import StoreIndex
-from rbzarr.storage.index.trajectory_index import TrajectoryIndex
-from rbzarr.storage.io.backends import permanent_cause, translate_errors
-from rbzarr.storage.io.deadlines import deadline_options
-from rbzarr.storage.io.writable import check_writable
+from rbzarr.storage.io.backends import permanent_cause
+from rbzarr.storage.io.writable import check_store_folder
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.rlinf.documents import Entry
 from rbzarr.trajectory.model import Schema
@@ -76,9 +65,9 @@ class StoreCommitter:
         self._metadata = dict(metadata or {})
         self._pending: dict[int, ValidatedTrajectory] = {}
         self._unrecorded: list[dict[str, Any]] = []  # data complete, not in a record yet
-        self._check_folder()
         store = store or StoreIndex.open(layout.location)
-        self.stored_schema: Schema | None = self._check_existing(store)
+        check_store_folder(layout.location, is_store=store.exists)
+        self.stored_schema: Schema | None = store.check_appendable(layout)
         self.index = store.writer(layout)
         self.slot = self.index.slot
         try:
@@ -90,35 +79,10 @@ class StoreCommitter:
             raise
         self._recorded = False  # whether this writer committed anything
 
-    def _check_folder(self) -> None:
-        """Refuse an ``auto_save_path`` that is a file."""
-        location = self.layout.location
-        with translate_errors(location.url, "opening"):
-            is_file = location.fs.isfile(location.path, **deadline_options(location.fs))
-        if is_file:
-            raise StoreExistsError(
-                f"auto_save_path {location.url} is a file: it must be a folder (new, or holding "
-                "a store to append to); choose another auto_save_path"
-            )
-        check_writable(location)
-
-    def _check_existing(self, store: StoreIndex) -> Schema | None:
-        """Refuse a store of another format already here; the schema it records."""
-        if not store.exists:
-            return None
-        if store.format != self.layout.format:
-            raise StoreExistsError(
-                f"auto_save_path {self.url} holds a {store.format!r} store and this buffer "
-                f"writes {self.layout.format!r}: build it with trajectory_format={store.format!r} "
-                "to append to that store, or choose another auto_save_path"
-            )
-        self.layout.adopt_store_metadata(store.metadata)
-        return store.schema
-
     def first_free_id(self, counter: int) -> int:
         """``counter`` if it is a free id of this writer's slot, else the slot's next id."""
-        next_id = self.next_id
-        return counter if self.slot.owns(counter) and counter >= next_id else next_id
+        with self._lock:
+            return self._first_free_id_locked(counter)
 
     # -- what the store holds ---------------------------------------------------------------
     @property
@@ -192,8 +156,7 @@ class StoreCommitter:
         # A new store is first committed empty (claimed), so a crash during its first write
         # leaves a store that loads.
         if not self.index.is_claimed:
-            self._record([])
-            self.index.flush()
+            self._record([], publish=True)
         trajectory_id = int(entry["trajectory_id"])
         # A retried task resumes at its first step not done: data and marker (once: a group
         # whose write completed is never rewritten), then the record.
@@ -229,13 +192,16 @@ class StoreCommitter:
             del self._unrecorded[: len(entries)]
         self.index.after_burst()
 
-    def _record(self, entries: Sequence[dict[str, Any]]) -> None:
-        """Append one record listing ``entries`` (whose data is complete)."""
+    def _record(self, entries: Sequence[dict[str, Any]], publish: bool = False) -> None:
+        """Append one record listing ``entries`` (whose data is complete); with ``publish``,
+        flush the index writer too (RLinf's documents are rewritten)."""
         with self._lock:
             metadata = dict(self._metadata)
             counter = self._counter
         self.index.append(entries, counter=counter, metadata=metadata)
         self._recorded = True
+        if publish:
+            self.index.flush()
 
     def copy_to(self, target: TrajectoryLayout, entry: Entry) -> None:
         """Copy one trajectory into ``target`` (a checkpoint), whether committed or not."""
@@ -247,79 +213,20 @@ class StoreCommitter:
             self.layout.copy_to(target, entry)
 
     def adopt(self, loaded: LoadedCheckpoint) -> None:
-        """Make the store hold a loaded checkpoint's trajectories, so it stays self-contained."""
-        if loaded.source.location.url == self.url:
-            if loaded.is_partial:
-                raise CheckpointConflictError(
-                    f"{self.url}: a rank's share cannot continue in place in the shared "
-                    "auto_save store: ranks appending to one store would write the same new "
-                    "ids; give each rank its own auto_save_path"
-                )
-            # Continuing in place: the store lists every trajectory of the share already.
+        """Make the store hold a loaded checkpoint's trajectories, so it stays self-contained
+        (call it with no write queued: after flush)."""
+        if not check_adoptable(loaded, self.url, self.slot):
             return
-        share = loaded.share
-        if self.slot.slot != 0 and not all(self.slot.owns(i) for i in share.id_list):
-            raise CheckpointConflictError(
-                f"{self.url} has other writers: this buffer writes its slot {self.slot.slot} "
-                f"(ids from {self.slot.first_id}) and cannot import the checkpoint "
-                f"{loaded.source.location.url}, whose ids belong to other slots; load it "
-                "where no other writer runs, or into a new auto_save_path"
-            )
-        self.import_trajectories(loaded.source, share)
-
-    def import_trajectories(self, source: TrajectoryLayout, index: TrajectoryIndex) -> None:
-        """Make the store hold ``index``'s trajectories too, copied from ``source``."""
-        # Call with no write queued (after flush); what the store holds already (same id and
-        # uuid) is not copied again.
-        known = self.index.full_index().entries
-        unlisted = {i for i in self.layout.list_ids() if self.slot.owns(i)} - set(known)
-        # An earlier load that failed before its record left complete copies: this one
-        # resumes after them (same id and uuid under a commit marker), never rewriting them.
-        copied_before = {
-            i
-            for i in unlisted.intersection(index.id_list)
-            if (self.layout.written_attributes(i) or {}).get("uuid") == index.entries[i]["uuid"]
-        }
-        unlisted -= copied_before
-        clashes = [
-            i
-            for i in index.id_list
-            if i in unlisted or (i in known and known[i].get("uuid") != index.entries[i]["uuid"])
-        ]
-        if clashes:
-            raise StoreExistsError(
-                f"auto_save_path {self.url} already holds other trajectories with the ids "
-                f"{clashes} of the checkpoint {source.location.url}; nothing was loaded: build "
-                "the buffer with a new auto_save_path to load this checkpoint"
-            )
-        copied = []
-        for trajectory_id in index.id_list:
-            if trajectory_id not in known:
-                if trajectory_id not in copied_before:
-                    source.copy_to(self.layout, index.entries[trajectory_id])
-                copied.append(dict(index.entries[trajectory_id]))
+        copied = self.index.copy_in(loaded.source, loaded.share)
         with self._lock:
-            self._counter = max(self._counter, self.first_free_id_locked(index.trajectory_counter))
-        self._record(copied)
-        self.index.flush()
+            counter = self._first_free_id_locked(loaded.share.trajectory_counter)
+            self._counter = max(self._counter, counter)
+        self._record(copied, publish=True)
 
-    def first_free_id_locked(self, counter: int) -> int:
+    def _first_free_id_locked(self, counter: int) -> int:
         """:meth:`first_free_id` for a caller holding the lock."""
         next_id = max(self._counter, max(self._pending, default=-1) + 1)
         return counter if self.slot.owns(counter) and counter >= next_id else next_id
-
-    def _fold(self) -> None:
-        """At close: fold the index.  Every commit is in a record already, so a failing store
-        only leaves this for the next close (a warning)."""
-        try:
-            self.index.fold()
-        except StorageUnavailableError as exc:
-            warnings.warn(
-                f"{self.url}: every commit is stored, but folding the index log at close "
-                f"failed ({exc}); the next writer's close folds it",
-                UserWarning,
-                stacklevel=3,
-            )
 
     def flush(self, timeout: float = DEFAULT_TIMEOUT) -> None:
         """Wait until every queued write is committed (and RLinf's documents rewritten).
@@ -353,10 +260,9 @@ class StoreCommitter:
             if wait and self._writer.last_error is None:
                 if final_metadata:
                     self.set_metadata(**final_metadata)
-                    self._record([])
-                    self.index.flush()
+                    self._record([], publish=True)
                 if self._recorded:
-                    self._fold()
+                    self.index.fold()
         finally:
             # Without waiting, the writes left are abandoned (lost if this process ends): the
             # slot is given up as a killed writer's would be.

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rbzarr.errors import CheckpointNotFoundError
+from rbzarr.errors import CheckpointNotFoundError, StoreExistsError
 from rbzarr.storage.index import log as index_log
 from rbzarr.storage.index.slots import read_store_window, slot_location, writer_slots
 from rbzarr.storage.io.location import Location
@@ -110,6 +110,26 @@ class StoreIndex:
         from rbzarr.storage.zarr.layout import CODECS_KEY  # noqa: PLC0415 (zarr, when asked)
 
         return dict(self.metadata.get(CODECS_KEY) or {})
+
+    def check_appendable(self, layout: TrajectoryLayout) -> Schema | None:
+        """Refuse to append with ``layout`` to a store of another format; ``layout`` takes on
+        what the store records of its format (its codecs); the schema the store records.
+
+        Raises
+        ------
+        StoreExistsError
+            The store here is of another format than ``layout``'s.
+        """
+        if not self.exists:
+            return None
+        if self.format != layout.format:
+            raise StoreExistsError(
+                f"auto_save_path {self.location.url} holds a {self.format!r} store and this "
+                f"buffer writes {layout.format!r}: build it with trajectory_format="
+                f"{self.format!r} to append to that store, or choose another auto_save_path"
+            )
+        layout.adopt_store_metadata(self.metadata)
+        return self.schema
 
     def read(self, window: int | None = None) -> Documents:
         """The index, read now: the union of every writer's, or a large store's last

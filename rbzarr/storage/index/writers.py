@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rbzarr.errors import StorageUnavailableError, StoreExistsError
 from rbzarr.storage.index.schema import is_rbzarr_store
 from rbzarr.storage.index.trajectory_index import FORMAT_VERSION, TrajectoryIndex
 from rbzarr.storage.index.writer_slot import WriterSlot
@@ -71,12 +73,66 @@ class IndexWriter(ABC):
         """Make what :meth:`append` committed readable as the slot's format wants it now."""
 
     @abstractmethod
+    def _fold(self) -> None:
+        """Compact what is compactable and write the documents' mirror."""
+
     def fold(self) -> None:
-        """At close: compact what is compactable and write the documents' mirror."""
+        """At close: :meth:`_fold`.  Every commit is in a record already, so a failing store
+        only leaves this for the next close (a warning)."""
+        try:
+            self._fold()
+        except StorageUnavailableError as exc:
+            warnings.warn(
+                f"{self.layout.location.url}: every commit is stored, but folding the index "
+                f"log at close failed ({exc}); the next writer's close folds it",
+                UserWarning,
+                stacklevel=3,
+            )
 
     @abstractmethod
     def full_index(self) -> TrajectoryIndex:
         """Every trajectory the slot committed."""
+
+    def copy_in(self, source: TrajectoryLayout, index: TrajectoryIndex) -> list[dict[str, Any]]:
+        """Copy ``index``'s trajectories this slot does not list yet from ``source``; the
+        entries for the record that lists them (nothing is listed here).
+
+        What the store holds already (same id and uuid) is not copied again, and complete
+        copies an earlier import left before its record failed (same id and uuid under a
+        commit marker) are kept, never rewritten.
+
+        Raises
+        ------
+        StoreExistsError
+            The store holds other trajectories under some of ``index``'s ids (nothing is
+            copied).
+        """
+        known = self.full_index().entries
+        unlisted = {i for i in self.layout.list_ids() if self.slot.owns(i)} - set(known)
+        copied_before = {
+            i
+            for i in unlisted.intersection(index.id_list)
+            if (self.layout.written_attributes(i) or {}).get("uuid") == index.entries[i]["uuid"]
+        }
+        unlisted -= copied_before
+        clashes = [
+            i
+            for i in index.id_list
+            if i in unlisted or (i in known and known[i].get("uuid") != index.entries[i]["uuid"])
+        ]
+        if clashes:
+            raise StoreExistsError(
+                f"auto_save_path {self.layout.location.url} already holds other trajectories "
+                f"with the ids {clashes} of the checkpoint {source.location.url}; nothing was "
+                "loaded: build the buffer with a new auto_save_path to load this checkpoint"
+            )
+        copied = []
+        for trajectory_id in index.id_list:
+            if trajectory_id not in known:
+                if trajectory_id not in copied_before:
+                    source.copy_to(self.layout, index.entries[trajectory_id])
+                copied.append(dict(index.entries[trajectory_id]))
+        return copied
 
 
 class LogWriter(IndexWriter):
@@ -119,7 +175,7 @@ class LogWriter(IndexWriter):
         with self._lock:
             self._log.compact_if_due()
 
-    def fold(self) -> None:
+    def _fold(self) -> None:
         """Compact the log, then write the slot's documents whole (a mirror RLinf reads)."""
         with self._lock:
             self._log.compact()
@@ -200,7 +256,7 @@ class DocumentsWriter(IndexWriter):
                 raise
             self._written = time.monotonic()
 
-    def fold(self) -> None:
+    def _fold(self) -> None:
         """Rewrite the documents if commits changed them (there is nothing to compact)."""
         self.flush()
 
