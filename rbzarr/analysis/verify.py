@@ -30,9 +30,9 @@ from rbzarr.storage.index.slots import (
     read_slot_documents,
     slot_has_log,
     slot_location,
-    store_has_documents,
     writer_slots,
 )
+from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex, check_entry, count
 from rbzarr.storage.io.json_limits import read_json
 from rbzarr.storage.io.location import Location
@@ -177,7 +177,7 @@ def verify_store(
 def _load_index(
     location: Location, report: VerifyReport
 ) -> tuple[TrajectoryLayout, Documents, TrajectoryIndex] | None:
-    if not store_has_documents(location):
+    if not StoreIndex.open(location).exists:
         raise CheckpointNotFoundError(
             f"{location.url}: no {METADATA_FILE} or {INDEX_FILE}: {location.absence()}"
         )
@@ -354,7 +354,7 @@ def _orphans(layout: TrajectoryLayout, index: TrajectoryIndex) -> list[Problem]:
 
 def _repair(layout: TrajectoryLayout, report: VerifyReport, drop_damaged: bool) -> None:
     # Re-read the index just before deleting: never remove data committed meanwhile.
-    documents = layout.read_documents()
+    documents = StoreIndex.assumed(layout.location).read()
     index = TrajectoryIndex.from_documents(documents, layout.location.url)
     committed = {"/".join(layout.trajectory_path(index.entries[i])) for i in index.id_list}
     remaining: list[Problem] = []

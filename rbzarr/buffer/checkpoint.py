@@ -55,7 +55,7 @@ def check_target(target: TrajectoryLayout, auto_save_url: str | None) -> None:
             f"save_path {url!r} is the auto_save_path: a checkpoint there would drop older "
             "trajectories from the store's index; choose another path"
         )
-    if target.holds_data():
+    if StoreIndex.open(target.location).holds_data(target):
         raise StoreExistsError(
             f"{url} already holds a store; a checkpoint never overwrites data: choose a new "
             "save_path or delete the old checkpoint first"

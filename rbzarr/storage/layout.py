@@ -17,7 +17,6 @@ import torch
 from tqdm import tqdm
 
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, StoreExistsError
-from rbzarr.storage.index import slots as store_writers
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.names import bytes_by_prefix
 from rbzarr.storage.rlinf import documents as store_documents
@@ -213,10 +212,6 @@ class TrajectoryLayout(ABC):
         store_documents.write_documents(self.location, documents)
         return documents
 
-    def read_documents(self) -> Documents:
-        """Both documents, the union of every writer's (see :mod:`rbzarr.storage.index.slots`)."""
-        return store_writers.read_store_documents(self.location)
-
     def format_metadata(self) -> dict[str, Any]:
         """Keys this layout adds to ``metadata.json`` to describe its format (none here)."""
         return {}
@@ -230,24 +225,6 @@ class TrajectoryLayout(ABC):
         metadata
             The store's metadata keys.
         """
-
-    def read_store_metadata(self) -> dict[str, Any]:
-        """The store's ``metadata.json`` keys, without reading its index."""
-        return store_writers.read_store_metadata(self.location)
-
-    def listed_ids(self) -> list[int] | None:
-        """The ids the index documents list, or ``None`` when no writer committed any."""
-        if not store_writers.store_has_documents(self.location):
-            return None
-        if not store_writers.writer_slots(self.location) and not store_writers.slot_has_log(
-            self.location, 0
-        ):
-            return store_documents.read_listed_ids(self.location)
-        return list(self.read_documents().trajectory_index["trajectory_id_list"])
-
-    def has_documents(self) -> bool:
-        """Whether a store already exists here (a writer's document is present)."""
-        return store_writers.store_has_documents(self.location)
 
     def check_documents(self, documents: Documents) -> list[Finding]:
         """Copies of ``documents`` this layout keeps that disagree with them.
@@ -266,11 +243,6 @@ class TrajectoryLayout(ABC):
             One per disagreeing copy.
         """
         return []
-
-    def holds_data(self) -> bool:
-        """Whether a store here holds data: listed ids or, with no index, documents or data."""
-        listed = self.listed_ids()
-        return bool(listed) or (listed is None and (self.has_documents() or bool(self.list_ids())))
 
     # -- rows -----------------------------------------------------------------------------
     def read_rows(

@@ -48,13 +48,14 @@ class StoreIndex:
         The store's root.
     metadata
         The store's ``metadata.json`` keys (the first writer's that committed any), empty
-        where no store is.
+        where no store is; ``None`` where a writer's index document is there but no
+        writer's ``metadata.json`` (a damaged store).
     exists
         Whether any writer committed there (a log or a document).
     """
 
     location: Location
-    metadata: Mapping[str, Any]
+    metadata: Mapping[str, Any] | None
     exists: bool
 
     @classmethod
@@ -64,8 +65,6 @@ class StoreIndex:
 
         Raises
         ------
-        CheckpointNotFoundError
-            A writer's index document is there but no writer's ``metadata.json``.
         CorruptStoreError
             A head or document is malformed.
         StorageUnavailableError
@@ -79,11 +78,7 @@ class StoreIndex:
             if metadata is not None:
                 return cls(location, metadata, True)
             found_index = found_index or where.exists(store_documents.INDEX_FILE)
-        if found_index:
-            raise CheckpointNotFoundError(
-                f"{location.url}/{METADATA_FILE} not found: {location.absence()}"
-            )
-        return cls(location, {}, False)
+        return cls(location, None if found_index else {}, found_index)
 
     @classmethod
     def assumed(cls, location: Location) -> StoreIndex:
@@ -94,22 +89,37 @@ class StoreIndex:
     @property
     def format(self) -> str | None:
         """The store's ``trajectory_format`` (``"pt"`` if unnamed, as RLinf), ``None`` if no
-        store is here."""
-        return stored_format(self.metadata) if self.exists else None
+        store is here.
+
+        Raises
+        ------
+        CheckpointNotFoundError
+            A writer's index document is there but no writer's ``metadata.json``.
+        """
+        return stored_format(self.recorded) if self.exists else None
+
+    @property
+    def recorded(self) -> Mapping[str, Any]:
+        """The ``metadata.json`` keys (none where no store is); raises as :attr:`format`."""
+        if self.metadata is None:
+            raise CheckpointNotFoundError(
+                f"{self.location.url}/{METADATA_FILE} not found: {self.location.absence()}"
+            )
+        return self.metadata
 
     @property
     def schema(self) -> Schema | None:
         """The schema ``metadata.json`` records, ``None`` if none (RLinf, or no store)."""
         from rbzarr.storage.index.schema import schema_from_json  # noqa: PLC0415 (torch)
 
-        return schema_from_json(self.metadata.get("schema"))
+        return schema_from_json(self.recorded.get("schema"))
 
     @property
     def codecs(self) -> dict[str, str]:
         """The codec of each key, as a zarr store records them (none for other formats)."""
         from rbzarr.storage.zarr.layout import CODECS_KEY  # noqa: PLC0415 (zarr, when asked)
 
-        return dict(self.metadata.get(CODECS_KEY) or {})
+        return dict(self.recorded.get(CODECS_KEY) or {})
 
     def check_appendable(self, layout: TrajectoryLayout) -> Schema | None:
         """Refuse to append with ``layout`` to a store of another format; ``layout`` takes on
@@ -128,8 +138,19 @@ class StoreIndex:
                 f"buffer writes {layout.format!r}: build it with trajectory_format="
                 f"{self.format!r} to append to that store, or choose another auto_save_path"
             )
-        layout.adopt_store_metadata(self.metadata)
+        layout.adopt_store_metadata(self.recorded)
         return self.schema
+
+    def holds_data(self, layout: TrajectoryLayout) -> bool:
+        """Whether a store here holds data: ids its index lists or, where no writer
+        committed, trajectory data of ``layout`` (a save never goes there)."""
+        if not self.exists:
+            return bool(layout.list_ids())
+        if not writer_slots(self.location) and not index_log.has_log(self.location):
+            listed = store_documents.read_listed_ids(self.location)
+        else:
+            listed = list(self.read().trajectory_index["trajectory_id_list"])
+        return listed is None or bool(listed)
 
     def read(self, window: int | None = None) -> Documents:
         """The index, read now: the union of every writer's, or a large store's last
