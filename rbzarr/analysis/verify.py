@@ -25,10 +25,9 @@ from rbzarr.errors import (
 from rbzarr.storage.index import log as index_log
 from rbzarr.storage.index.schema import schema_from_json
 from rbzarr.storage.index.slots import (
-    COMMIT_TIMES,
     id_range,
     read_slot_documents,
-    slot_has_log,
+    slot_files,
     slot_location,
     writer_slots,
 )
@@ -198,14 +197,10 @@ def _check_logs(location: Location) -> list[Problem]:
     """A problem per writer slot whose index log does not read whole."""
     problems = []
     for slot in [0, *writer_slots(location)]:
-        if not slot_has_log(location, slot):
-            continue
-        where = slot_location(location, slot)
-        try:
-            index_log.read_slot_index(where)
-        except CorruptStoreError as exc:
+        damage = slot_files(location, slot).damage()
+        if damage is not None:
             path = "/".join(p for p in ("" if slot == 0 else f"writers/{slot}", "index") if p)
-            problems.append(Problem("damaged_log", path, _one_line(exc), slot, SALVAGE))
+            problems.append(Problem("damaged_log", path, _one_line(damage), slot, SALVAGE))
     return problems
 
 
@@ -401,21 +396,7 @@ def _rewrite_slot(
     fixed: Documents,
 ) -> None:
     """Write one writer's fixed index: its log (if it keeps one) and its documents."""
-    if slot_has_log(layout.location, slot):
-        times = own.trajectory_index.get(COMMIT_TIMES, {})
-        entries = fixed.trajectory_index["trajectory_index"]
-        listed = [
-            (dict(entries[str(i)]), float(times.get(str(i), 0.0)))
-            for i in fixed.trajectory_index["trajectory_id_list"]
-        ]
-        metadata = {
-            k: v
-            for k, v in fixed.metadata.items()
-            if k not in {"size", "total_samples", "trajectory_counter"}
-        }
-        index_log.IndexLog.for_repair(slot_location(layout.location, slot)).rewrite(
-            listed, counter=own_index.trajectory_counter, metadata=metadata
-        )
+    slot_files(layout.location, slot).rewrite(own, fixed, own_index.trajectory_counter)
     if slot == 0:
         layout.write_documents(fixed)
     else:

@@ -16,10 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rbzarr.errors import CheckpointNotFoundError, StoreExistsError
-from rbzarr.storage.index import log as index_log
-from rbzarr.storage.index.slots import read_store_window, slot_location, writer_slots
+from rbzarr.storage.index.slots import read_store_window, slot_files, writer_slots
 from rbzarr.storage.io.location import Location
-from rbzarr.storage.rlinf import documents as store_documents
 from rbzarr.storage.rlinf.documents import METADATA_FILE, Documents
 
 if TYPE_CHECKING:
@@ -70,15 +68,14 @@ class StoreIndex:
         StorageUnavailableError
             The backend failed.
         """
-        found_index = False
-        for where in _slot_locations(location):
-            if index_log.has_log(where):
-                return cls(location, index_log.read_slot_metadata(where), True)
-            metadata = store_documents.read_metadata(where)
+        found = False
+        for slot in _slots(location):
+            files = slot_files(location, slot)
+            metadata = files.metadata()
             if metadata is not None:
                 return cls(location, metadata, True)
-            found_index = found_index or where.exists(store_documents.INDEX_FILE)
-        return cls(location, None if found_index else {}, found_index)
+            found = found or files.exists
+        return cls(location, None if found else {}, found)
 
     @classmethod
     def assumed(cls, location: Location) -> StoreIndex:
@@ -146,11 +143,11 @@ class StoreIndex:
         committed, trajectory data of ``layout`` (a save never goes there)."""
         if not self.exists:
             return bool(layout.list_ids())
-        if not writer_slots(self.location) and not index_log.has_log(self.location):
-            listed = store_documents.read_listed_ids(self.location)
-        else:
-            listed = list(self.read().trajectory_index["trajectory_id_list"])
-        return listed is None or bool(listed)
+        try:
+            listed = self.read().trajectory_index["trajectory_id_list"]
+        except CheckpointNotFoundError:
+            return True  # a writer's document without the other: a damaged store is data
+        return bool(listed)
 
     def read(self, window: int | None = None) -> Documents:
         """The index, read now: the union of every writer's, or a large store's last
@@ -183,8 +180,7 @@ class StoreIndex:
             raise
 
 
-def _slot_locations(location: Location) -> Iterator[Location]:
-    """Slot 0's folder, then (listed only if asked for) the other slots'."""
-    yield location
-    for slot in writer_slots(location):
-        yield slot_location(location, slot)
+def _slots(location: Location) -> Iterator[int]:
+    """Slot 0, then (listed only if asked for) the other slots."""
+    yield 0
+    yield from writer_slots(location)
