@@ -887,6 +887,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         if location.is_local and os.path.isfile(location.path):
             raise CheckpointNotFoundError(f"load_checkpoint: {location.absence()}")
         share_of = (local_rank, world_size) if is_distributed else None
+        committer = self._committer
+        own = committer.index if committer is not None and committer.url == location.url else None
         loaded = checkpoint.load(
             location,
             self._layout,
@@ -894,6 +896,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             warm_capacity=self._cache.capacity,
             strict=strict,
             window=self.sample_window_size,
+            writer=own,
         )
         stored: dict[int, Any] = {}
         if self._reader.priorities is not None:

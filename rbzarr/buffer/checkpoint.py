@@ -28,6 +28,7 @@ from rbzarr.storage.index.schema import check_schema, is_rbzarr_store, schema_fr
 from rbzarr.storage.index.store_index import StoreIndex, stored_format
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.index.writer_slot import WriterSlot
+from rbzarr.storage.index.writers import IndexWriter
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout, check_entry_shape
 from rbzarr.storage.rlinf.documents import Entry
@@ -104,14 +105,17 @@ def load(
     warm_capacity: int | None = None,
     strict: bool = False,
     window: int | None = None,
+    writer: IndexWriter | None = None,
 ) -> LoadedCheckpoint:
     """Read the checkpoint at ``location`` (or this rank's share) before anything changes;
-    with a ``window``, a large store's last ``window`` trajectories (and the cache's)."""
+    with a ``window``, a large store's last ``window`` trajectories (and the cache's).
+    ``writer`` writes the store at ``location`` in this process (its slot is read from
+    memory)."""
     store = StoreIndex.assumed(location)
     if share_of is None and window is not None and window > 0:
-        documents = store.read(max(window, warm_capacity or 0))
+        documents = store.read(max(window, warm_capacity or 0), writer)
     else:
-        documents = store.read()
+        documents = store.read(writer=writer)
     full = TrajectoryIndex.from_documents(documents, location.url)
     share = full if share_of is None else full.share(*share_of)
     is_partial = share.id_list != full.id_list

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
@@ -51,6 +51,10 @@ __all__ = [
     "store_has_documents",
     "writer_slots",
 ]
+
+# Reads of the slots a process writes, from its memory: ``{slot: read(last)}`` (``None``
+# before the slot's first commit).
+HeldSlots = Mapping[int, Callable[[int | None], index_log.SlotIndex | None]]
 
 WRITERS = "writers"
 # Ids of slot s are [s * ID_STRIDE, (s + 1) * ID_STRIDE).
@@ -170,16 +174,7 @@ class LogSlotFiles(SlotFiles):
 
     def committed(self, last: int | None = None) -> Documents | None:
         # docstring inherited
-        state = index_log.read_slot_index(self.where, last)
-        documents = log_documents(state, self.where.url)
-        if last is not None:
-            earlier = state.size - len(state.entries)
-            held = sum(int(e["num_samples"]) for e, _ in state.entries)
-            documents.trajectory_index[EARLIER] = {
-                "size": earlier,
-                "total_samples": state.total_samples - held,
-            }
-        return documents
+        return window_documents(index_log.read_slot_index(self.where, last), self.where, last)
 
     def damage(self) -> CorruptStoreError | None:
         # docstring inherited
@@ -229,6 +224,18 @@ class DocumentSlotFiles(SlotFiles):
     def rewrite(self, own: Documents, fixed: Documents, counter: int) -> None:
         # docstring inherited
         return None
+
+
+def window_documents(state: index_log.SlotIndex, where: Location, last: int | None) -> Documents:
+    """A slot's documents from what a read of its log's last ``last`` entries found."""
+    documents = log_documents(state, where.url)
+    if last is not None:
+        held = sum(int(e["num_samples"]) for e, _ in state.entries)
+        documents.trajectory_index[EARLIER] = {
+            "size": state.size - len(state.entries),
+            "total_samples": state.total_samples - held,
+        }
+    return documents
 
 
 def slot_files(location: Location, slot: int) -> SlotFiles:
@@ -292,7 +299,9 @@ def read_store_metadata(location: Location) -> dict[str, Any]:
     raise CheckpointNotFoundError(f"{location.url}/{METADATA_FILE} not found: {location.absence()}")
 
 
-def read_store_documents(location: Location, last: int | None = None) -> Documents:
+def read_store_documents(
+    location: Location, last: int | None = None, held: HeldSlots | None = None
+) -> Documents:
     """The union of every writer's documents at ``location`` (the root's alone if no slot).
 
     Parameters
@@ -304,6 +313,8 @@ def read_store_documents(location: Location, last: int | None = None) -> Documen
         The counters of ``metadata.json`` still cover the whole store, and the index says
         how many trajectories it leaves out under :data:`EARLIER` (see
         :func:`earlier_counts`).  A slot that keeps a log reads ``O(last)`` entries.
+    held
+        The slots whose log this process writes, read from memory (no file of theirs).
 
     Returns
     -------
@@ -324,7 +335,13 @@ def read_store_documents(location: Location, last: int | None = None) -> Documen
     counts = []  # (size, total_samples) of each slot read
     found: list[tuple[int, Documents]] = []
     for slot in [0, *writer_slots(location)]:
-        documents = slot_files(location, slot).committed(last)
+        documents: Documents | None
+        if held is not None and slot in held:
+            state = held[slot](last)
+            where = slot_location(location, slot)
+            documents = None if state is None else window_documents(state, where, last)
+        else:
+            documents = slot_files(location, slot).committed(last)
         if documents is not None:
             found.append((slot, documents))
             if last is not None:
@@ -351,7 +368,9 @@ def read_store_documents(location: Location, last: int | None = None) -> Documen
     return Documents(metadata, index)
 
 
-def read_store_window(location: Location, window: int | None) -> Documents:
+def read_store_window(
+    location: Location, window: int | None, held: HeldSlots | None = None
+) -> Documents:
     """The documents an open with a sample window of ``window`` trajectories needs.
 
     A store of at most :data:`WHOLE_INDEX_BELOW` trajectories (or ``window`` ``None`` or
@@ -369,12 +388,12 @@ def read_store_window(location: Location, window: int | None) -> Documents:
         The backend failed.
     """
     if window is None or window <= 0:
-        return read_store_documents(location)
-    documents = read_store_documents(location, last=window)
+        return read_store_documents(location, held=held)
+    documents = read_store_documents(location, last=window, held=held)
     if earlier_counts(documents.trajectory_index)[0] and (
         int(documents.metadata.get("size", 0)) <= WHOLE_INDEX_BELOW
     ):
-        return read_store_documents(location)
+        return read_store_documents(location, held=held)
     return documents
 
 

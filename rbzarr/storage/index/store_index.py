@@ -149,11 +149,12 @@ class StoreIndex:
             return True  # a writer's document without the other: a damaged store is data
         return bool(listed)
 
-    def read(self, window: int | None = None) -> Documents:
+    def read(self, window: int | None = None, writer: IndexWriter | None = None) -> Documents:
         """The index, read now: the union of every writer's, or a large store's last
         ``window`` trajectories; raises as
-        :func:`~rbzarr.storage.index.slots.read_store_window`."""
-        return read_store_window(self.location, window)
+        :func:`~rbzarr.storage.index.slots.read_store_window`.  ``writer``, this process's
+        writer of the store, answers for its own slot from memory."""
+        return read_store_window(self.location, window, None if writer is None else writer.held())
 
     def writer(self, layout: TrajectoryLayout) -> IndexWriter:
         """Claim a writer slot of this store for ``layout`` and return the slot's writer

@@ -22,7 +22,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rbzarr.errors import StorageUnavailableError, StoreExistsError
+from rbzarr.storage.index.log import SlotIndex
 from rbzarr.storage.index.schema import is_rbzarr_store
+from rbzarr.storage.index.slots import HeldSlots
 from rbzarr.storage.index.trajectory_index import FORMAT_VERSION, TrajectoryIndex
 from rbzarr.storage.index.writer_slot import WriterSlot
 from rbzarr.storage.layout import TrajectoryLayout
@@ -92,6 +94,10 @@ class IndexWriter(ABC):
     @abstractmethod
     def full_index(self) -> TrajectoryIndex:
         """Every trajectory the slot committed."""
+
+    def held(self) -> HeldSlots:
+        """The slots a reader of this process reads from this writer's memory (none here)."""
+        return {}
 
     def copy_in(self, source: TrajectoryLayout, index: TrajectoryIndex) -> list[dict[str, Any]]:
         """Copy ``index``'s trajectories this slot does not list yet from ``source``; the
@@ -183,6 +189,16 @@ class LogWriter(IndexWriter):
                 return
             index = self.full_index()
             self.slot.write_documents(index.to_documents(self.layout.format, self._metadata))
+
+    def held(self) -> HeldSlots:
+        """This slot: its log's state is this writer's (only it writes the slot)."""
+        return {self.slot.slot: self._read_log}
+
+    def _read_log(self, last: int | None) -> SlotIndex | None:
+        """The log's counters and last ``last`` entries, from memory (and full blocks);
+        ``None`` before the slot's first commit."""
+        with self._lock:
+            return None if self._log.is_empty() else self._log.read(last)
 
     def full_index(self) -> TrajectoryIndex:
         """Every trajectory the slot committed (reads the whole log)."""
