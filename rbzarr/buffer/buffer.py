@@ -261,7 +261,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         self._read_ahead = self._reader.ahead
         self._sampler_at_open = self._sampler_state()
         if self._committer is not None:
-            self.local_cache.check_shapes(self._schema, [(self._committer.largest_committed, 1)])
+            self.local_cache.check_shapes(self._schema, [(self._committer.index.max_rows, 1)])
 
     # -- plumbing -----------------------------------------------------------------------
     def _sampler_state(self) -> dict[str, Any]:

@@ -1,18 +1,12 @@
 """StoreCommitter: the commit protocol, i.e. what each write does to the auto-save store.
 
-It appends to the store the buffer opened (refusing one of another format), runs each
-accepted trajectory's write on a :class:`~rbzarr.buffer.background.BackgroundWriter` and
-commits in order: the trajectory's data and its commit marker (the layout's write), then,
-once per burst of writes, the slot's index writer's append that lists them
-(:class:`~rbzarr.storage.index.writers.IndexWriter`: the log, or RLinf's documents).  It
-keeps the in-memory copy of every trajectory until its data is complete, so sampling never
-waits for storage.
-
-While a buffer runs, this is the only writer of its slot of the store: other buffers may
-append to the same zarr store at once, each to its own slot and ids.  Rewriting a trajectory
-(a retried write) first clears what an earlier attempt left in that trajectory's own group;
-``rbzarr verify --repair`` (:mod:`rbzarr.analysis.verify`) deletes orphan groups and
-temporary files.  A new trajectory never gets the id of data already in the store.
+It keeps the queue of accepted trajectories (on a
+:class:`~rbzarr.buffer.background.BackgroundWriter`, each held in memory until its data is
+complete, so sampling never waits for storage) and commits in order: the layout's write
+(data, then commit marker), then, once per burst, the append of the slot's
+:class:`~rbzarr.storage.index.writers.IndexWriter` (the log, or RLinf's documents) that
+lists them.  Other buffers may append to the same zarr store at once, each to its own slot
+and ids; a new trajectory never gets the id of data already in the store.
 """
 
 from __future__ import annotations
@@ -77,14 +71,12 @@ class StoreCommitter:
         except BaseException:
             self.slot.release()
             raise
-        self._recorded = False  # whether this writer committed anything
 
     def first_free_id(self, counter: int) -> int:
         """``counter`` if it is a free id of this writer's slot, else the slot's next id."""
         with self._lock:
             return self._first_free_id_locked(counter)
 
-    # -- what the store holds ---------------------------------------------------------------
     @property
     def url(self) -> str:
         """The store's URL."""
@@ -105,11 +97,6 @@ class StoreCommitter:
     def last_error(self) -> BaseException | None:
         """The error the current write keeps failing with, if any."""
         return self._writer.last_error
-
-    @property
-    def largest_committed(self) -> int:
-        """The largest ``T * B`` of the trajectories committed to this slot."""
-        return self.index.max_rows
 
     def pending_trajectory(self, trajectory_id: int) -> ValidatedTrajectory | None:
         """The in-memory copy of a trajectory whose data is not complete yet, else ``None``."""
@@ -133,7 +120,6 @@ class StoreCommitter:
         with self._lock:
             self._metadata.update(values)
 
-    # -- writing ----------------------------------------------------------------------------
     def check(self, trajectory: ValidatedTrajectory) -> None:
         """Raise if the file name built from ``model_weights_id`` would leave the store."""
         self.layout.trajectory_path(
@@ -199,7 +185,6 @@ class StoreCommitter:
             metadata = dict(self._metadata)
             counter = self._counter
         self.index.append(entries, counter=counter, metadata=metadata)
-        self._recorded = True
         if publish:
             self.index.flush()
 
@@ -229,13 +214,8 @@ class StoreCommitter:
         return counter if self.slot.owns(counter) and counter >= next_id else next_id
 
     def flush(self, timeout: float = DEFAULT_TIMEOUT) -> None:
-        """Wait until every queued write is committed (and RLinf's documents rewritten).
-
-        Raises
-        ------
-        WriterFailedError
-            A write or record is not committed: the error names the trajectories.
-        """
+        """Wait until every queued write is committed (else :class:`WriterFailedError`
+        names the trajectories), then flush the index writer."""
         self._writer.flush(timeout)
         with self._lock:
             unrecorded = [int(e["trajectory_id"]) for e in self._unrecorded]
@@ -261,8 +241,7 @@ class StoreCommitter:
                 if final_metadata:
                     self.set_metadata(**final_metadata)
                     self._record([], publish=True)
-                if self._recorded:
-                    self.index.fold()
+                self.index.fold()
         finally:
             # Without waiting, the writes left are abandoned (lost if this process ends): the
             # slot is given up as a killed writer's would be.

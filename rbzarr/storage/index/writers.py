@@ -147,7 +147,7 @@ class LogWriter(IndexWriter):
     def __init__(self, layout: TrajectoryLayout, slot: WriterSlot) -> None:
         super().__init__(layout, slot)
         self._log = slot.open_log()
-        self._metadata: dict[str, Any] = {}
+        self._metadata: dict[str, Any] | None = None  # as last appended by this writer
 
     @property
     def counter(self) -> int:
@@ -182,8 +182,11 @@ class LogWriter(IndexWriter):
             self._log.compact_if_due()
 
     def _fold(self) -> None:
-        """Compact the log, then write the slot's documents whole (a mirror RLinf reads)."""
+        """Compact the log, then write the slot's documents whole (a mirror RLinf reads);
+        nothing if this writer appended nothing."""
         with self._lock:
+            if self._metadata is None:
+                return
             self._log.compact()
             if self._log.is_empty():
                 return
