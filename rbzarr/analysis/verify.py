@@ -32,7 +32,12 @@ from rbzarr.storage.index.slots import (
     writer_slots,
 )
 from rbzarr.storage.index.store_index import StoreIndex
-from rbzarr.storage.index.trajectory_index import TrajectoryIndex, check_entry, count
+from rbzarr.storage.index.trajectory_index import (
+    ENTRY_KEYS,
+    TrajectoryIndex,
+    check_entry,
+    count,
+)
 from rbzarr.storage.io.json_limits import read_json
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.names import is_temporary_name, number_name
@@ -57,15 +62,6 @@ KEPT_METADATA = ("trajectory_format", "schema", "seed")
 # How a repair fixes a problem: rewrite the documents, delete rbzarr's own leftover, or
 # (with drop_damaged) drop the trajectory from the index.
 REWRITE, DELETE, DROP = "rewrite_documents", "delete", "drop_from_index"
-# The keys of an index entry (a zarr trajectory group's attributes hold them too).
-ENTRY_KEYS = (
-    "uuid",
-    "trajectory_id",
-    "num_samples",
-    "shape",
-    "max_episode_length",
-    "model_weights_id",
-)
 TRAJECTORIES = "trajectories"
 # A slot's index log that cannot be read whole: repair keeps what reads, in order.
 SALVAGE = "salvage_log"

@@ -1,9 +1,10 @@
 """A store's two JSON documents (``metadata.json``, ``trajectory_index.json``) and their I/O.
 
-Every layout keeps them at its root in RLinf's schema; writing them (the index first, then
-the metadata, each atomically) is a store's commit point.  These functions read and write
-them on a :class:`~rbzarr.storage.io.location.Location`, whatever the layout;
-:class:`~rbzarr.storage.layout.TrajectoryLayout` calls them.
+Every store keeps them at its root in RLinf's schema.  For a pt / pkl store, writing them
+(the index first, then the metadata, each atomically) is the commit point; a zarr store's
+commit point is its index log (:mod:`rbzarr.storage.index.log`) and they are its mirror,
+rewritten when a writer closes.  These functions read and write them on a
+:class:`~rbzarr.storage.io.location.Location`, whatever the layout.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Layout below the root (a Zarr v3 group)::
 
     zarr.json                    attrs {"rbzarr": {"metadata": ..., "trajectory_index": ...}}
-    metadata.json, trajectory_index.json     the same two documents (the commit point)
+    metadata.json, trajectory_index.json     RLinf's two documents (a mirror of the log)
     trajectories/<id>/           a group; attrs = the index entry + {"fields": {key: dtype}}
                                  + {"rbzarr_layout": a description of every array}
         rewards                  one array per raw tensor field, [T(+E), B, ...]
