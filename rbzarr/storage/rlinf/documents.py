@@ -26,7 +26,6 @@ __all__ = [
     "Finding",
     "documents_exist",
     "read_documents",
-    "read_listed_ids",
     "read_metadata",
     "write_documents",
 ]
@@ -114,16 +113,6 @@ def write_documents(location: Location, documents: Documents) -> None:
     """Write the index, then the metadata, each atomically, at ``location``."""
     location.write_bytes(_dump(documents.trajectory_index), INDEX_FILE)
     location.write_bytes(_dump(documents.metadata), METADATA_FILE)
-
-
-def read_listed_ids(location: Location) -> list[int] | None:
-    """The index's ``trajectory_id_list``, or ``None`` when there is no index document."""
-    if not location.exists(INDEX_FILE):
-        return None
-    ids = _read_json(location, INDEX_FILE).get("trajectory_id_list")
-    if not isinstance(ids, list):
-        raise CorruptStoreError(f"{location.url}/{INDEX_FILE}: no trajectory_id_list")
-    return ids
 
 
 def documents_exist(location: Location) -> bool:
