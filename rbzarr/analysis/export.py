@@ -8,6 +8,7 @@ from typing import Any
 
 from rbzarr.analysis.cluster import TrajectoryTasks
 from rbzarr.errors import StoreExistsError
+from rbzarr.storage.index import format_records
 from rbzarr.storage.index.schema import check_schema, schema_from_json
 from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
@@ -116,4 +117,4 @@ def export_store(
     (tasks or TrajectoryTasks()).copy(reader, writer, entries, progress)
     extra = {k: v for k, v in documents.metadata.items() if k not in _RECOMPUTED}
     exported = selected.to_documents(trajectory_format, extra=extra)
-    return writer.write_documents(exported)
+    return format_records.write_documents(writer, exported)

@@ -22,6 +22,7 @@ from rbzarr.errors import (
     StorageUnavailableError,
     UnsafePathError,
 )
+from rbzarr.storage.index import format_records
 from rbzarr.storage.index import log as index_log
 from rbzarr.storage.index.schema import schema_from_json
 from rbzarr.storage.index.slots import (
@@ -394,7 +395,7 @@ def _rewrite_slot(
     """Write one writer's fixed index: its log (if it keeps one) and its documents."""
     slot_files(layout.location, slot).rewrite(own, fixed, own_index.trajectory_counter)
     if slot == 0:
-        layout.write_documents(fixed)
+        format_records.write_documents(layout, fixed)
     else:
         write_documents(slot_location(layout.location, slot), fixed)
 
@@ -429,9 +430,9 @@ def _delete_dropped(
 def _check_root_documents(layout: TrajectoryLayout, documents: Documents) -> list[Finding]:
     """The layout's copies of the root documents (only the root writer's, with many)."""
     if not writer_slots(layout.location):
-        return layout.check_documents(documents)
+        return format_records.check_documents(layout, documents)
     root = read_slot_documents(layout.location, 0)
-    return [] if root is None else layout.check_documents(root)
+    return [] if root is None else format_records.check_documents(layout, root)
 
 
 def _documents_without(

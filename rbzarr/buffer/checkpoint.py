@@ -24,6 +24,7 @@ from rbzarr.errors import (
     InvalidTrajectoryError,
     StoreExistsError,
 )
+from rbzarr.storage.index import format_records
 from rbzarr.storage.index.schema import check_schema, is_rbzarr_store, schema_from_json
 from rbzarr.storage.index.store_index import StoreIndex, stored_format
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
@@ -75,7 +76,7 @@ def save(
         target.trajectory_path(index.entries[trajectory_id])
     for trajectory_id in index.id_list:
         copy_trajectory(target, index.entries[trajectory_id])
-    target.write_documents(index.to_documents(target.format, metadata))
+    format_records.write_documents(target, index.to_documents(target.format, metadata))
 
 
 # -- loading ----------------------------------------------------------------------------------

@@ -2,9 +2,11 @@
 
 A layout stores whole trajectories under a :class:`~rbzarr.storage.io.location.Location`.  It
 implements six methods (write, read, delete, list, and where a trajectory's data lives);
-everything else is derived from them here, once: the two JSON documents, row reads, copies,
-describing and checking.  Nothing outside a layout asks which format it is; format names map
-to classes in :mod:`rbzarr.storage.registry`, which is also where an existing store is opened.
+everything else is derived from them here, once: row reads, copies, describing and
+checking.  It holds trajectory data only: the store's index and documents are the
+catalog's (:mod:`rbzarr.storage.index`).  Nothing outside a layout asks which format it is;
+format names map to classes in :mod:`rbzarr.storage.registry`, which is also where an
+existing store is opened.
 """
 
 from __future__ import annotations
@@ -19,30 +21,29 @@ from tqdm import tqdm
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, StoreExistsError
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.names import bytes_by_prefix
-from rbzarr.storage.rlinf import documents as store_documents
-from rbzarr.storage.rlinf.documents import Documents, Entry, Finding
 from rbzarr.storage.row_groups import RowGroups
 from rbzarr.trajectory.dtypes import dtype_name
 from rbzarr.trajectory.flat_view import flatten_trajectory
 from rbzarr.trajectory.model import Trajectory, validate
 
 if TYPE_CHECKING:
+    from rbzarr.storage.rlinf.documents import Entry
     from rbzarr.trajectory.validated import ValidatedTrajectory
 
 __all__ = ["TrajectoryLayout", "check_entry_shape"]
 
 
 class TrajectoryLayout(ABC):
-    """How trajectories are laid out below a location, and the store's two JSON documents.
+    """How trajectories are laid out below a location.
 
     Subclasses implement :meth:`write`, :meth:`read`, :meth:`delete`, :meth:`list_ids`,
     :meth:`trajectory_path` and :meth:`stored_paths`, and name their ``format``.  Layouts
     that read single rows without loading a whole trajectory override the two row reads,
     :meth:`read_rows` (one trajectory) and :meth:`read_groups_into` (a batch); layouts
-    that keep more than the two documents (the zarr layout mirrors them in its root group)
-    or that find damage cheaper than by decoding override :meth:`write_documents`,
-    :meth:`check_documents`, :meth:`missing_parts`, :meth:`describe_keys` and
-    :meth:`field_names`.
+    that find damage cheaper than by decoding override :meth:`missing_parts`,
+    :meth:`describe_keys` and :meth:`field_names`.  A layout that records its format in
+    the catalog implements
+    :class:`~rbzarr.storage.index.format_records.FormatRecords` too.
 
     Parameters
     ----------
@@ -77,7 +78,7 @@ class TrajectoryLayout(ABC):
         The rows are raw and validated here unless ``trajectory`` is a
         :class:`~rbzarr.trajectory.validated.ValidatedTrajectory`.  When this returns, the
         data is complete; an existing trajectory with the same id is replaced.  It does not
-        touch the JSON documents (see :meth:`write_documents`).
+        touch the store's index or documents (the catalog's).
 
         Parameters
         ----------
@@ -187,62 +188,6 @@ class TrajectoryLayout(ABC):
         StorageUnavailableError
             The backend failed.
         """
-
-    # -- the two JSON documents -----------------------------------------------------------
-    def write_documents(self, documents: Documents) -> Documents:
-        """Commit: write the index, then the metadata, each atomically.
-
-        Call only after every trajectory the index lists is completely written.
-
-        Parameters
-        ----------
-        documents
-            The documents to commit.
-
-        Returns
-        -------
-        Documents
-            The documents as written (a layout may add what describes its format).
-
-        Raises
-        ------
-        StorageUnavailableError
-            The backend failed.
-        """
-        store_documents.write_documents(self.location, documents)
-        return documents
-
-    def format_metadata(self) -> dict[str, Any]:
-        """Keys this layout adds to ``metadata.json`` to describe its format (none here)."""
-        return {}
-
-    def adopt_store_metadata(self, metadata: Mapping[str, Any]) -> None:  # noqa: B027 (a hook)
-        """Take on what an existing store's ``metadata.json`` records of its format (a
-        writer appending to it calls this once, before writing); nothing here.
-
-        Parameters
-        ----------
-        metadata
-            The store's metadata keys.
-        """
-
-    def check_documents(self, documents: Documents) -> list[Finding]:
-        """Copies of ``documents`` this layout keeps that disagree with them.
-
-        Each finding is repaired by writing the documents again (:meth:`write_documents`).
-        The default keeps no copies.
-
-        Parameters
-        ----------
-        documents
-            The store's documents, as read from the JSON files.
-
-        Returns
-        -------
-        list of Finding
-            One per disagreeing copy.
-        """
-        return []
 
     # -- rows -----------------------------------------------------------------------------
     def read_rows(

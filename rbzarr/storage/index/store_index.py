@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rbzarr.errors import CheckpointNotFoundError, StoreExistsError
+from rbzarr.storage.index import format_records
 from rbzarr.storage.index.slots import read_store_window, slot_files, writer_slots
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.rlinf.documents import METADATA_FILE, Documents
@@ -135,7 +136,7 @@ class StoreIndex:
                 f"buffer writes {layout.format!r}: build it with trajectory_format="
                 f"{self.format!r} to append to that store, or choose another auto_save_path"
             )
-        layout.adopt_store_metadata(self.recorded)
+        format_records.adopt_store_metadata(layout, self.recorded)
         return self.schema
 
     def holds_data(self, layout: TrajectoryLayout) -> bool:

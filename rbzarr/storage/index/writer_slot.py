@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 
 from rbzarr.errors import StoreExistsError
+from rbzarr.storage.index import format_records
 from rbzarr.storage.index.claims import SlotClaim
 from rbzarr.storage.index.log import IndexLog
 from rbzarr.storage.index.slots import (
@@ -120,7 +121,7 @@ class WriterSlot:
         """Rewrite this slot's two documents whole (slot 0 through the layout, as a lone
         writer does)."""
         if self.slot == 0:
-            self.layout.write_documents(documents)
+            format_records.write_documents(self.layout, documents)
             return
         store_documents.write_documents(
             documents_location(self.layout.location, self.slot), documents

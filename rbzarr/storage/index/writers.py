@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rbzarr.errors import StorageUnavailableError, StoreExistsError
+from rbzarr.storage.index import format_records
 from rbzarr.storage.index.log import SlotIndex
 from rbzarr.storage.index.schema import is_rbzarr_store
 from rbzarr.storage.index.slots import HeldSlots
@@ -289,7 +290,7 @@ def _marked(layout: TrajectoryLayout, metadata: Mapping[str, Any]) -> dict[str, 
     """``metadata`` with the format marker and the layout's own keys, as a record holds it."""
     return {
         **metadata,
-        **layout.format_metadata(),
+        **format_records.format_metadata(layout),
         "trajectory_format": layout.format,
         "rbzarr_format_version": FORMAT_VERSION,
     }
