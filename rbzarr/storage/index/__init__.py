@@ -5,6 +5,8 @@
   ``writer`` claims a slot and picks its index writer;
 - :mod:`~rbzarr.storage.index.writers`: ``IndexWriter``, a slot's commits: ``LogWriter``
   (the log) or ``DocumentsWriter`` (RLinf's documents, pt / pkl);
+- :mod:`~rbzarr.storage.index.format_records`: what a layout records of its format in the
+  catalog (``FormatRecords``), and the documents written and checked through it;
 - :mod:`~rbzarr.storage.index.log`: a writer slot's index as an append-only log of commit
   records, compacted into blocks (``IndexLog``; what a commit writes, what a reader reads);
 - :mod:`~rbzarr.storage.index.slots`: where each slot keeps its index (``slot_files``: the
