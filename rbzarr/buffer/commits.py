@@ -34,10 +34,7 @@ __all__ = ["StoreCommitter"]
 
 
 class StoreCommitter:
-    """Commits accepted trajectories to one store in order: the data first, the index last.
-
-    ``store`` is the store as the buffer found it when it opened (read again if not given).
-    """
+    """Commits accepted trajectories to one store in order: the data first, the index last."""
 
     def __init__(
         self,
@@ -46,7 +43,7 @@ class StoreCommitter:
         max_pending_writes: int = 8,
         metadata: Mapping[str, Any] | None = None,
         on_committed: Callable[[int], None] | None = None,
-        store: StoreIndex | None = None,
+        store: StoreIndex | None = None,  # as the buffer opened it (else read here)
     ) -> None:
         self.layout = layout
         # Called on the writer thread with each committed id, holding none of this object's
@@ -74,8 +71,8 @@ class StoreCommitter:
 
     def first_free_id(self, counter: int) -> int:
         """``counter`` if it is a free id of this writer's slot, else the slot's next id."""
-        with self._lock:
-            return self._first_free_id_locked(counter)
+        next_id = self.next_id
+        return counter if self.slot.owns(counter) and counter >= next_id else next_id
 
     @property
     def url(self) -> str:
@@ -121,10 +118,12 @@ class StoreCommitter:
             self._metadata.update(values)
 
     def check(self, trajectory: ValidatedTrajectory) -> None:
-        """Raise if the file name built from ``model_weights_id`` would leave the store."""
+        """Raise if the file name built from ``model_weights_id`` would leave the store, or
+        the layout cannot write the trajectory (its codecs)."""
         self.layout.trajectory_path(
             {"trajectory_id": 0, "model_weights_id": trajectory.trajectory.model_weights_id}
         )
+        self.layout.check_writable(trajectory.trajectory)
 
     def wait_for_room(self, count: int) -> None:
         """Block until ``count`` writes fit in the queue; refuse while storage fails."""
@@ -203,20 +202,22 @@ class StoreCommitter:
         if not check_adoptable(loaded, self.url, self.slot):
             return
         copied = self.index.copy_in(loaded.source, loaded.share)
+        counter = self.first_free_id(loaded.share.trajectory_counter)  # no write is queued
         with self._lock:
-            counter = self._first_free_id_locked(loaded.share.trajectory_counter)
             self._counter = max(self._counter, counter)
         self._record(copied, publish=True)
-
-    def _first_free_id_locked(self, counter: int) -> int:
-        """:meth:`first_free_id` for a caller holding the lock."""
-        next_id = max(self._counter, max(self._pending, default=-1) + 1)
-        return counter if self.slot.owns(counter) and counter >= next_id else next_id
 
     def flush(self, timeout: float = DEFAULT_TIMEOUT) -> None:
         """Wait until every queued write is committed (else :class:`WriterFailedError`
         names the trajectories), then flush the index writer."""
-        self._writer.flush(timeout)
+        try:
+            self._writer.flush(timeout)
+        except WriterFailedError as exc:
+            with self._lock:
+                waiting = sorted(self._pending)
+            more = f" and {len(waiting) - 10} more" if len(waiting) > 10 else ""
+            message = f"{exc}; trajectories not in the store yet: {waiting[:10]}{more}"
+            raise WriterFailedError(message) from exc.__cause__
         with self._lock:
             unrecorded = [int(e["trajectory_id"]) for e in self._unrecorded]
         if unrecorded:
