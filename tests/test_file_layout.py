@@ -21,6 +21,7 @@ from rbzarr.errors import (
     UnsafePathError,
     UnsafePickleError,
 )
+from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.registry import layout_class
@@ -325,7 +326,7 @@ def test_reads_an_rlinf_written_directory(tmp_path: Path, fmt: str) -> None:
         json.dump({"trajectory_index": index, "trajectory_id_list": [0, 1, 2]}, handle)
 
     layout = layout_class(fmt)(Location.from_url(tmp_path))
-    documents = layout.read_documents()
+    documents = StoreIndex.assumed(layout.location).read()
     assert documents.metadata == metadata
     assert layout.list_ids() == [0, 1, 2]
     for tid in documents.trajectory_index["trajectory_id_list"]:

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from zarr.codecs import BloscCodec, ZstdCodec
 
 from rbzarr.errors import CorruptStoreError
+from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.registry import layout_class
@@ -167,7 +168,7 @@ def test_documents_and_the_root_head(location: Location) -> None:
     # raw); the empty array zarr writes itself is not.
     assert set(codecs) == set(layout.field_names(entry)) - {"curr_obs/empty"}
     assert set(codecs.values()) == {"raw"}
-    assert layout.read_documents() == written
+    assert StoreIndex.assumed(layout.location).read() == written
     assert "consolidated_metadata" not in json.loads(location.read_bytes("zarr.json"))
 
 
@@ -397,7 +398,9 @@ def _layout1_copy(tmp_path: Path, name: str) -> tuple[ZarrLayout, dict[str, Any]
     root = tmp_path / name
     shutil.copytree(LAYOUT1 / name, root)
     layout = ZarrLayout(Location.from_url(root))
-    return layout, layout.read_documents().trajectory_index["trajectory_index"]["0"]
+    return layout, StoreIndex.assumed(layout.location).read().trajectory_index["trajectory_index"][
+        "0"
+    ]
 
 
 def test_layout1_store_reads_whole_and_by_rows(tmp_path: Path) -> None:
@@ -409,7 +412,7 @@ def test_layout1_store_reads_whole_and_by_rows(tmp_path: Path) -> None:
     rows = torch.tensor([17, 0, 5, 5, 12, 3, 17, 9], dtype=torch.int64)
     got = layout.read_rows(entry, rows, list(spec.schema))
     _assert_same(got, {key: flat[key].index_select(0, rows) for key in spec.schema})
-    assert "layout_version" not in layout.read_documents().metadata
+    assert "layout_version" not in StoreIndex.assumed(layout.location).read().metadata
 
 
 def test_layout1_trajectory_copied_into_zarr_is_layout2(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from rbzarr.sampling.priorities import PrioritizedReplay
 from rbzarr.sampling.reader import StoreReader
 from rbzarr.storage.index.priorities import PriorityChanges, PriorityFiles
 from rbzarr.storage.index.schema import check_schema, schema_from_json
-from rbzarr.storage.index.slots import read_store_window
+from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout
@@ -297,7 +297,8 @@ class BufferView:
 
     def refresh(self) -> None:
         """Re-read the index, picking up trajectories committed since the view was opened."""
-        self._set_documents(read_store_window(self.layout.location, self.sample_window_size))
+        store = StoreIndex.assumed(self.layout.location)
+        self._set_documents(store.read(self.sample_window_size))
 
     @property
     def prioritized(self) -> PrioritizedReplay | None:

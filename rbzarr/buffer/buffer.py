@@ -35,6 +35,7 @@ from rbzarr.sampling.priorities import PrioritizedReplay, WindowPriorities, chec
 from rbzarr.sampling.reader import StoreReader
 from rbzarr.storage.index.priorities import PriorityChanges, PriorityFiles
 from rbzarr.storage.index.schema import schema_to_json
+from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout
@@ -228,8 +229,10 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         location = Location.from_url(auto_save_path, self.storage_options) if auto_save else None
         if location is not None and durable:
             location = location.with_durable()
-        if location is not None and trajectory_format is None:
-            self.trajectory_format = checkpoint.format_at(location) or DEFAULT_FORMAT
+        # The store as it is now: one read, shared by the committer and the messages.
+        store = None if location is None else StoreIndex.open(location)
+        if store is not None and trajectory_format is None:
+            self.trajectory_format = store.format or DEFAULT_FORMAT
         # The format layout_options are meant for (loading may adopt another one).
         self._options_format = self.trajectory_format
         self.local_cache.check_layout(layout_class(self.trajectory_format))
@@ -241,6 +244,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 metadata={"seed": seed},
                 # Not a bound method: the writer would keep the whole buffer alive.
                 on_committed=functools.partial(_materialize, self._lock, self._cache),
+                store=store,
             )
         self._index = TrajectoryIndex(trajectory_counter=self._first_free_id())
         self._reader = StoreReader(
@@ -250,7 +254,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             window_size=sample_window_size,
             on_damaged=on_damaged,
             where=self.store_url or "",
-            empty=self._empty_message(),
+            empty=self._empty_message(store is not None and store.exists),
             schema=None if self._committer is None else self._committer.stored_schema,
             held=BufferRows(self._cache, self._committer, self._lock),
             lock=self._lock,
@@ -267,7 +271,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             None if self._committer is None else PriorityChanges(self._committer.layout.location)
         )
         if self._committer is not None:
-            self.local_cache.check_shapes(self._schema, [(self._committer.largest_committed, 1)])
+            self.local_cache.check_shapes(self._schema, [(self._committer.index.max_rows, 1)])
 
     # -- plumbing -----------------------------------------------------------------------
     def _sampler_state(self) -> dict[str, Any]:
@@ -277,10 +281,10 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             state["index_base"] = self._reader.index_base
         return state
 
-    def _empty_message(self) -> str:
+    def _empty_message(self, store_exists: bool) -> str:
         """Why sampling an empty buffer fails, and what to do (a store may hold a run)."""
         message = "cannot sample from an empty buffer: add trajectories first"
-        if self._committer is None or not self._committer.layout.has_documents():
+        if self._committer is None or not store_exists:
             return message
         url = self._committer.url
         return (
@@ -911,6 +915,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         if location.is_local and os.path.isfile(location.path):
             raise CheckpointNotFoundError(f"load_checkpoint: {location.absence()}")
         share_of = (local_rank, world_size) if is_distributed else None
+        committer = self._committer
+        own = committer.index if committer is not None and committer.url == location.url else None
         loaded = checkpoint.load(
             location,
             self._layout,
@@ -918,6 +924,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             warm_capacity=self._cache.capacity,
             strict=strict,
             window=self.sample_window_size,
+            writer=own,
         )
         stored: dict[int, Any] = {}
         if self._reader.priorities is not None:

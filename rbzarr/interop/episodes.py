@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from rbzarr.errors import StoreExistsError
+from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import open_store
@@ -121,7 +122,7 @@ def write_episodes(
     """
     location = Location.from_url(destination, destination_options)
     layout = ZarrLayout(location, codecs=codecs)
-    if layout.has_documents() or layout.list_ids():
+    if StoreIndex.open(location).exists or layout.list_ids():
         raise StoreExistsError(
             f"{location.url} already holds a store; import writes only to a new location"
         )

@@ -19,10 +19,27 @@ from rbzarr.storage.rlinf.documents import Documents
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["FORMAT_VERSION", "TrajectoryIndex", "check_entry", "count", "share_bounds"]
+__all__ = [
+    "ENTRY_KEYS",
+    "FORMAT_VERSION",
+    "TrajectoryIndex",
+    "check_entry",
+    "count",
+    "share_bounds",
+]
 
 # Version of the documents rbzarr writes; a newer one than this code knows is refused.
 FORMAT_VERSION = 1
+# The keys of an index entry, in RLinf's order (a zarr trajectory group's attributes hold
+# them too).
+ENTRY_KEYS = (
+    "uuid",
+    "trajectory_id",
+    "num_samples",
+    "shape",
+    "max_episode_length",
+    "model_weights_id",
+)
 # Ids, sizes and counts in the documents are below this (int64, as tensors hold them).
 MAX_COUNT = 2**63
 

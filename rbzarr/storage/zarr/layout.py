@@ -3,7 +3,7 @@
 Layout below the root (a Zarr v3 group)::
 
     zarr.json                    attrs {"rbzarr": {"metadata": ..., "trajectory_index": ...}}
-    metadata.json, trajectory_index.json     the same two documents (the commit point)
+    metadata.json, trajectory_index.json     RLinf's two documents (a mirror of the log)
     trajectories/<id>/           a group; attrs = the index entry + {"fields": {key: dtype}}
                                  + {"rbzarr_layout": a description of every array}
         rewards                  one array per raw tensor field, [T(+E), B, ...]
@@ -56,6 +56,7 @@ from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.names import is_temporary_name, number_name
 from rbzarr.storage.io.object_ranges import object_ranges
 from rbzarr.storage.layout import TrajectoryLayout
+from rbzarr.storage.rlinf import documents as store_documents
 from rbzarr.storage.rlinf.documents import INDEX_FILE, METADATA_FILE, Documents, Entry, Finding
 from rbzarr.storage.row_groups import RowGroups
 from rbzarr.storage.zarr import (
@@ -570,7 +571,8 @@ class ZarrLayout(TrajectoryLayout):
         attrs = {ROOT_ATTR: _root_head(documents)}
         with translate_errors(self.location.url, "writing"):
             sync(self._update_root(attrs))
-        return super().write_documents(documents)
+        store_documents.write_documents(self.location, documents)
+        return documents
 
     async def _update_root(self, attrs: dict[str, Any]) -> None:
         root = await zarr_async.open_group(store=self._opener.store(), mode="a", zarr_format=3)
