@@ -16,8 +16,6 @@ from click.testing import CliRunner
 from rbzarr import Trajectory, TrajectoryReplayBuffer
 from rbzarr.cli.main import main
 
-pytest.importorskip("imagecodecs")
-
 T, B, SIDE = 4, 2, 16
 
 

@@ -24,6 +24,7 @@ from crash_writer import expected_trajectory
 from rbzarr import TrajectoryReplayBuffer, UncommittedWritesWarning
 from rbzarr.analysis.verify import verify_store
 from rbzarr.storage.index.slots import read_store_documents, store_has_documents
+from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class
 
@@ -126,7 +127,7 @@ def check_layout_reads(run: Run, ids: list[int]) -> None:
     Each is read in full once; later kills check that its files were not rewritten.
     """
     layout = layout_class(run.fmt)(Location.from_url(run.store))
-    entries = layout.read_documents().trajectory_index["trajectory_index"]
+    entries = StoreIndex.assumed(layout.location).read().trajectory_index["trajectory_index"]
     for trajectory_id in ids:
         entry = entries[str(trajectory_id)]
         known = run.fingerprints.get(trajectory_id)

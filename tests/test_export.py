@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from rbzarr.analysis.export import export_store
 from rbzarr.errors import StoreExistsError
+from rbzarr.storage.index.format_records import write_documents
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class, open_store
@@ -59,7 +60,7 @@ def make_store(
             spec.shape, trajectory.max_episode_length, trajectory.model_weights_id
         )
         layout.write(entry, trajectory)
-    layout.write_documents(index.to_documents(fmt, extra={"seed": 7, **metadata}))
+    write_documents(layout, index.to_documents(fmt, extra={"seed": 7, **metadata}))
     return index
 
 

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import json
 import subprocess
 import sys
 import tempfile
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch
 from conftest import assert_rows_consistent, make_trajectory
+from faults import KINDS, Faults
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,10 +30,28 @@ from rbzarr import (
     Trajectory,
     TrajectoryReplayBuffer,
 )
+from rbzarr.analysis.view import open_buffer
 from rbzarr.data.datasets import ReplayDataset
-from rbzarr.sampling.priorities import WindowPriorities
+from rbzarr.sampling import priorities as priorities_module
+from rbzarr.sampling.priorities import NUMBA_FOUND, WindowPriorities
+from rbzarr.storage.index import priorities as priority_files
+from rbzarr.storage.io.location import Location
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+# The compiled kernels (numba) and the numpy path: each must follow the model.
+PATHS = [
+    pytest.param(True, id="compiled", marks=pytest.mark.skipif(not NUMBA_FOUND, reason="numba")),
+    pytest.param(False, id="numpy"),
+]
+
+
+@contextlib.contextmanager
+def path_of(compiled: bool) -> Iterator[None]:
+    """Buffers made in this block draw and update with the compiled kernels or numpy."""
+    with mock.patch.object(priorities_module, "NUMBA_FOUND", compiled):
+        yield
 
 
 def prioritized_buffer(**options) -> TrajectoryReplayBuffer:
@@ -39,14 +63,21 @@ def index_of(trajectory_id: int, row: int) -> int:
     return (trajectory_id << 32) | row
 
 
-def window_indices(buffer: TrajectoryReplayBuffer) -> torch.Tensor:
+def window_indices(buffer: TrajectoryReplayBuffer, base: int = 0) -> torch.Tensor:
+    """The global indices of the window's rows (``base``: the ids given out before a clear)."""
     entries = buffer.index_entries
     window = buffer.trajectory_ids[-buffer.sample_window_size :]
-    return torch.tensor([index_of(i, r) for i in window for r in range(entries[i]["num_samples"])])
+    return torch.tensor(
+        [index_of(base + i, r) for i in window for r in range(entries[i]["num_samples"])]
+    )
 
 
 class Model:
-    """The distribution in plain Python: a priority per (id, row) of the window."""
+    """The distribution in plain Python: a priority per (global id, row) of the window.
+
+    Global ids never restart: after a clear the buffer's ids start at 0 again (as RLinf's)
+    and ``base`` is the global id of its id 0.
+    """
 
     def __init__(self, window: int, settings_: PrioritizedReplay) -> None:
         self.window = window
@@ -56,6 +87,10 @@ class Model:
         self.max_priority = 1.0
         self.stale = 0
         self.next_id = 0
+        self.base = 0
+
+    def clear(self) -> None:
+        self.ids, self.priorities, self.base = [], {}, self.next_id
 
     def add(self, rows: int) -> None:
         self.ids.append(self.next_id)
@@ -93,19 +128,23 @@ operations = st.lists(
             st.floats(0, 50, allow_nan=False, width=32),
         ),
         st.tuples(st.just("resume")),
+        st.tuples(st.just("clear")),
     ),
     min_size=1,
     max_size=14,
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.parametrize("compiled", PATHS)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(operations)
-def test_draws_updates_evictions_and_resumes_follow_the_model(ops):
+def test_draws_updates_evictions_and_resumes_follow_the_model(compiled, ops):
     settings_ = PrioritizedReplay(alpha=0.7, beta=0.6, eps=0.05)
     model = Model(3, settings_)
-    buffer = prioritized_buffer(sample_window_size=3, prioritized=settings_)
-    with tempfile.TemporaryDirectory() as folder:
+    with path_of(compiled), tempfile.TemporaryDirectory() as folder:
+        buffer = prioritized_buffer(sample_window_size=3, prioritized=settings_)
+        kernels = buffer.get_stats()["priority_kernels"]
+        assert kernels == ("compiled" if compiled else "numpy")
         for step, op in enumerate(ops):
             if op[0] == "add":
                 _, T, B = op
@@ -118,7 +157,9 @@ def test_draws_updates_evictions_and_resumes_follow_the_model(ops):
                 # Rows past a trajectory in the window are bad input; outside it, stale.
                 counts = buffer.index_entries
                 keys = [
-                    k for k in keys if k[0] not in model.ids or k[1] < counts[k[0]]["num_samples"]
+                    k
+                    for k in keys
+                    if k[0] not in model.ids or k[1] < counts[k[0] - model.base]["num_samples"]
                 ]
                 if not keys:
                     continue
@@ -139,8 +180,11 @@ def test_draws_updates_evictions_and_resumes_follow_the_model(ops):
                 buffer.save_checkpoint(path)
                 buffer = prioritized_buffer(sample_window_size=3, prioritized=settings_)
                 buffer.load_checkpoint(path)
+            elif op[0] == "clear":
+                buffer.clear()
+                model.clear()
             if model.ids:
-                got = buffer.get_priority(window_indices(buffer)).tolist()
+                got = buffer.get_priority(window_indices(buffer, model.base)).tolist()
                 want = [model.priorities[(i, r)] for i, r in sorted(model.priorities)]
                 assert got == pytest.approx(want)
                 assert buffer.get_stats()["stale_priority_updates"] == model.stale
@@ -388,14 +432,15 @@ def test_a_damaged_priority_file_is_refused_naming_it(tmp_path):
         prioritized_buffer(sample_window_size=0).load_checkpoint(tmp_path / "s")
 
 
-@settings(max_examples=30, deadline=None)
+@pytest.mark.parametrize("compiled", PATHS)
+@settings(max_examples=20, deadline=None)
 @given(
     st.lists(st.integers(1, 40), min_size=1, max_size=12),
     st.integers(1, 12),
     st.data(),
 )
-def test_the_tree_follows_windows_that_slide_and_grow(counts, window, data):
-    priorities = WindowPriorities(PrioritizedReplay(alpha=1.0, beta=1.0, eps=0.0))
+def test_the_tree_follows_windows_that_slide_and_grow(compiled, counts, window, data):
+    priorities = WindowPriorities(PrioritizedReplay(alpha=1.0, beta=1.0, eps=0.0), compiled)
     model: dict[tuple[int, int], float] = {}
     for end in range(1, len(counts) + 1):
         ids = list(range(max(0, end - window), end))
@@ -494,3 +539,261 @@ def test_the_benchmark_targets_read_a_run_and_say_why_the_peer_is_missing():
     found = {t["target"].split(" (")[0]: t for t in priorities_targets(results)}
     assert [t["met"] for t in found.values()] == [True, None, True, True, True, True, True]
     assert "no torchrl here" in found["the same, rows from disk, vs LazyMemmapStorage"]["reason"]
+
+
+@pytest.mark.skipif(not NUMBA_FOUND, reason="numba is not installed")
+@settings(max_examples=15, deadline=None)
+@given(
+    st.lists(st.integers(1, 300), min_size=1, max_size=8),
+    st.sampled_from([(0.6, 0.4, 1e-6), (1.0, 1.0, 0.0), (0.0, 0.5, 0.1), (0.9, 0.0, 0.01)]),
+    st.data(),
+)
+def test_the_compiled_and_numpy_paths_draw_the_same_rows_weights_and_tree(counts, rule, data):
+    """Same seed, same updates: identical draws, weights, raw priorities, sums and minima."""
+    both = [WindowPriorities(PrioritizedReplay(*rule), compiled) for compiled in (True, False)]
+    assert [p.compiled for p in both] == [True, False]
+    ids = list(range(len(counts)))
+    for step in range(4):
+        window = ids[step % 2 :] or ids  # slides, then grows back
+        for priorities in both:
+            priorities.sync(window, [counts[i] for i in window])
+        keys = data.draw(
+            st.lists(st.tuples(st.sampled_from(ids), st.integers(0, 299)), max_size=40)
+        )
+        keys = [(i, r) for i, r in keys if r < counts[i]]
+        values = np.array(
+            data.draw(
+                st.lists(st.floats(0, 1e4, width=32), min_size=len(keys), max_size=len(keys))
+            ),
+            dtype=np.float32,
+        )
+        index = np.array([index_of(*k) for k in keys], dtype=np.int64)
+        assert both[0].update(index, values) == both[1].update(index, values)
+        draws = [p.draw(300, torch.Generator().manual_seed(step)) for p in both]
+        for got, want in zip(*draws, strict=True):
+            assert torch.equal(got, want)
+        trees = [p.tree for p in both]
+        for name in ("leaves", "sums", "mins"):
+            assert np.array_equal(getattr(trees[0], name), getattr(trees[1], name), equal_nan=True)
+        assert both[0].max_priority == both[1].max_priority
+
+
+@pytest.mark.parametrize("compiled", PATHS)
+def test_alpha_zero_draws_only_the_rows_of_the_window(compiled):
+    """Empty leaves have no mass even where ``0 ** 0`` would give them 1."""
+    priorities = WindowPriorities(PrioritizedReplay(alpha=0.0, beta=1.0, eps=0.0), compiled)
+    priorities.sync([4, 9], [3, 2])
+    positions, rows, weights = priorities.draw(2000, torch.Generator().manual_seed(0))
+    drawn = set(zip(positions.tolist(), rows.tolist(), strict=True))
+    assert drawn == {(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)}
+    assert weights.tolist() == [1.0] * 2000
+
+
+# Drawn in proportion to the raw priorities: a row of priority 0 is never drawn.
+ONE_HOT = PrioritizedReplay(alpha=1.0, beta=1.0, eps=0.0)
+
+
+def one_hot_store(store: Path, count: int, hot: tuple[int, int]) -> TrajectoryReplayBuffer:
+    """A store of ``count`` trajectories whose flushed priorities are 0 but ``hot``'s."""
+    buffer = prioritized_buffer(
+        sample_window_size=0, auto_save=True, auto_save_path=store, prioritized=ONE_HOT
+    )
+    buffer.add_trajectories([make_trajectory(2, 2, 100 * k) for k in range(count)])
+    buffer.update_priority(window_indices(buffer), 0.0)
+    buffer.update_priority([index_of(*hot)], [1.0])
+    buffer.flush()
+    return buffer
+
+
+def drawn_keys(view, n: int = 64) -> set[tuple[int, int]]:
+    _, info = view.sample(n, return_info=True, generator=torch.Generator().manual_seed(0))
+    return {(i >> 32, i & 0xFFFFFFFF) for i in info["index"].tolist()}
+
+
+def test_a_view_refresh_reads_only_the_priority_files_that_changed(tmp_path, monkeypatch):
+    store = tmp_path / "s"
+    buffer = one_hot_store(store, 40, (3, 2))
+    view = open_buffer(store, prioritized=ONE_HOT)
+    assert drawn_keys(view) == {(3, 2)}
+    read: list[str] = []
+    real_read = Location.read_bytes
+
+    def read_bytes(location: Location, *names: str) -> bytes:
+        if names[:1] == (priority_files.FOLDER,):
+            read.append(names[-1])
+        return real_read(location, *names)
+
+    monkeypatch.setattr(Location, "read_bytes", read_bytes)
+    view.refresh()
+    assert read == ["changes.json"]  # nothing changed: the record alone
+    buffer.update_priority([index_of(7, 1)], [1e9])
+    buffer.flush()
+    read.clear()
+    view.refresh()
+    assert read == ["changes.json", "7.f32"]  # 1 of 40 trajectories changed: 2 files
+    assert drawn_keys(view) == {(7, 1)}
+    for k in range(3):  # flushes the view did not see: their changes together
+        buffer.update_priority([index_of(10 + k, 0)], [1e10 * (k + 1)])
+        buffer.flush()
+    read.clear()
+    view.refresh()
+    assert sorted(read) == ["10.f32", "11.f32", "12.f32", "changes.json"]
+    assert (12, 0) in drawn_keys(view, 256)
+    # Another writer (a resumed run) flushes: its record cannot say what changed since.
+    buffer.close()
+    resumed = prioritized_buffer(
+        sample_window_size=0, auto_save=True, auto_save_path=store, prioritized=ONE_HOT
+    )
+    resumed.load_checkpoint(store)
+    resumed.update_priority([index_of(12, 0)], [0.0])
+    resumed.close()
+    read.clear()
+    view.refresh()
+    assert len(read) == 41
+    assert drawn_keys(view, 256) <= {(7, 1), (10, 0), (11, 0)}  # (12, 0) is 0 now
+
+
+def test_a_damaged_change_record_costs_a_full_read_not_a_wrong_priority(tmp_path):
+    store = tmp_path / "s"
+    buffer = one_hot_store(store, 3, (0, 0))
+    view = open_buffer(store, prioritized=ONE_HOT)
+    buffer.update_priority([index_of(0, 0), index_of(2, 3)], [0.0, 1.0])
+    buffer.flush()
+    (store / "priorities" / "changes.json").write_bytes(b'{"writer": 3, "flush": [}')
+    view.refresh()
+    assert drawn_keys(view) == {(2, 3)}
+
+
+@pytest.mark.parametrize("flushed_before_leaving", [True, False])
+def test_a_trajectory_back_in_a_grown_window_keeps_its_priorities(tmp_path, flushed_before_leaving):
+    store = tmp_path / "s"
+    buffer = prioritized_buffer(sample_window_size=2, auto_save=True, auto_save_path=store)
+    buffer.add_trajectories([make_trajectory(2, 2, 100 * k) for k in range(2)])
+    buffer.update_priority([index_of(0, 1), index_of(1, 2)], [0.25, 0.5])
+    if flushed_before_leaving:
+        buffer.flush()
+    buffer.update_priority([index_of(1, 0)], [30.0])  # the largest priority now
+    buffer.add_trajectories([make_trajectory(2, 2, 100 * k) for k in range(2, 4)])  # 0, 1 leave
+    buffer.flush()  # writes what left unflushed too
+    assert buffer.get_priority([index_of(0, 1)]).isnan().all()
+    buffer.sample_window_size = 0  # 0 and 1 are back, with what they had, not 30
+    want = [1.0, 0.25, 1.0, 1.0, 30.0, 1.0, 0.5, 1.0, *[30.0] * 8]
+    assert buffer.get_priority(window_indices(buffer)).tolist() == want
+    buffer.close()
+    resumed = prioritized_buffer(sample_window_size=0)
+    resumed.load_checkpoint(store)
+    assert resumed.get_priority(window_indices(resumed)).tolist() == want
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_priority_write_that_fails_or_hangs_loses_no_flushed_priority(
+    tmp_path, monkeypatch, kind
+):
+    """Each storage call of a priority flush faults in turn; a reader meanwhile sees whole
+    files only (the old or the new); after a second flush, resumes and views see every
+    priority."""
+    faults = Faults(monkeypatch)
+    old = torch.arange(12, dtype=torch.float32)
+    new = old + 100
+
+    def flushed_once(store: Path) -> TrajectoryReplayBuffer:
+        buffer = one_hot_store(store, 3, (0, 0))
+        buffer.update_priority(window_indices(buffer), old)
+        buffer.flush()
+        buffer.update_priority(window_indices(buffer), new)
+        return buffer
+
+    def observe(store: Path) -> None:
+        files = priority_files.PriorityFiles(Location.from_url(str(store)))
+        resumed = prioritized_buffer(sample_window_size=0)
+        resumed.load_checkpoint(store)  # refuses a damaged priority file
+        for k in range(3):
+            rows = files.read(resumed.index_entries[k])
+            assert rows is not None
+            assert rows.tolist() in (
+                old[4 * k : 4 * k + 4].tolist(),
+                new[4 * k : 4 * k + 4].tolist(),
+            )
+
+    buffer = flushed_once(tmp_path / "counted")
+    faults.count()
+    buffer.flush()
+    faults.disarm()
+    calls = len(faults.calls)
+    assert faults.calls.count("write_bytes") >= 4  # 3 files and the change record
+    for k in range(calls):
+        store = tmp_path / f"{k}"
+        buffer = flushed_once(store)
+        view = open_buffer(store, prioritized=ONE_HOT)
+        faults.on_fault = functools.partial(observe, store)
+        faults.arm(k, kind)
+        with contextlib.suppress(StorageUnavailableError):
+            buffer.flush()
+        faults.disarm()
+        faults.on_fault = None
+        assert faults.fired, (k, faults.calls)
+        buffer.flush()  # storage healed: what failed is written now
+        buffer.close()
+        resumed = prioritized_buffer(sample_window_size=0)
+        resumed.load_checkpoint(store)
+        assert resumed.get_priority(window_indices(resumed)).tolist() == new.tolist()
+        view.refresh()  # the change record lists every file the fault left to rewrite
+        _, info = view.sample(2000, return_info=True, generator=torch.Generator().manual_seed(k))
+        drawn = set(info["index"].tolist())
+        assert drawn == set(window_indices(resumed).tolist())
+        weights = dict(zip(info["index"].tolist(), info["weight"].tolist(), strict=True))
+        assert weights[index_of(0, 0)] == pytest.approx(1.0)  # the least now: 100
+
+
+def test_a_view_refresh_that_fails_reads_the_changes_again(tmp_path, monkeypatch):
+    """Each storage call of a view's refresh fails in turn: the next refresh still draws by
+    every change flushed (a failed read does not count the change record as read)."""
+    faults = Faults(monkeypatch)
+    store = tmp_path / "s"
+    buffer = one_hot_store(store, 4, (0, 0))
+    view = open_buffer(store, prioritized=ONE_HOT)
+
+    def flush_hot(hot: tuple[int, int]) -> None:
+        buffer.update_priority(window_indices(buffer), 0.0)
+        buffer.update_priority([index_of(*hot)], [1.0])
+        buffer.flush()
+
+    flush_hot((3, 0))
+    faults.count()
+    view.refresh()  # the record and one file (and the index)
+    faults.disarm()
+    calls = len(faults.calls)
+    for k in range(calls):
+        hot = (k % 4, k % 3)
+        flush_hot(hot)
+        faults.arm(k, "fail")
+        with contextlib.suppress(StorageUnavailableError):
+            view.refresh()
+        faults.disarm()
+        assert faults.fired, (k, faults.calls)
+        view.refresh()
+        assert drawn_keys(view) == {hot}
+
+
+def test_the_change_record_is_bounded_and_a_reader_too_far_behind_reads_all(tmp_path, monkeypatch):
+    monkeypatch.setattr(priority_files, "HISTORY_IDS", 3)
+    location = Location.from_url(str(tmp_path))
+    writer, reader = (priority_files.PriorityChanges(location) for _ in range(2))
+    assert reader.changed() is None  # nothing read yet: everything
+    reader.read()
+    assert reader.changed() == set()  # no record: no change
+    writer.record([1, 2])
+    assert reader.changed() is None  # a writer it never read
+    reader.read()
+    writer.record([3])
+    writer.record([4])
+    assert reader.changed() == {3, 4}
+    assert reader.changed() == {3, 4}  # not read yet: asked again, the same
+    reader.read()
+    writer.record([5, 6])  # the record keeps [4], [5, 6]: flush 3 is gone
+    assert reader.changed() == {5, 6}
+    writer.record([7, 8])
+    writer.record([9])
+    assert reader.changed() is None  # flush 4 is gone too: it cannot say
+    document = json.loads((tmp_path / "priorities" / "changes.json").read_bytes())
+    assert document["flushes"] == [[5, [7, 8]], [6, [9]]]

@@ -25,10 +25,13 @@ from hypothesis import strategies as st
 from zarr.codecs import BloscCodec, ZstdCodec
 
 from rbzarr.errors import CorruptStoreError
+from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.registry import layout_class
 from rbzarr.storage.rlinf.documents import Documents
+from rbzarr.storage.zarr import layout as zarr_layout
+from rbzarr.storage.zarr import open as zarr_open
 from rbzarr.storage.zarr.chunking import chunk_shape
 from rbzarr.storage.zarr.layout import ZarrLayout
 from rbzarr.trajectory.dtypes import dtype_name, to_numpy
@@ -165,7 +168,7 @@ def test_documents_and_the_root_head(location: Location) -> None:
     # raw); the empty array zarr writes itself is not.
     assert set(codecs) == set(layout.field_names(entry)) - {"curr_obs/empty"}
     assert set(codecs.values()) == {"raw"}
-    assert layout.read_documents() == written
+    assert StoreIndex.assumed(layout.location).read() == written
     assert "consolidated_metadata" not in json.loads(location.read_bytes("zarr.json"))
 
 
@@ -359,6 +362,34 @@ def test_reads_while_another_thread_writes(tmp_path: Any) -> None:
         _assert_same(layout.read(entry).tensors(), traj.tensors())
 
 
+@pytest.mark.parametrize("explicit", [False, True])
+def test_the_handles_kept_follow_the_sample_window(tmp_path: Any, monkeypatch, explicit) -> None:
+    """Without ``handle_cache_size`` a window larger than the default stays open: a second
+    pass over its trajectories opens none (with an explicit size, those past it reopen)."""
+    monkeypatch.setattr(zarr_layout, "DEFAULT_HANDLES", 2)
+    monkeypatch.setattr(zarr_layout, "_HANDLE_SLACK", 0)
+    opened: list[int] = []
+    real_open = zarr_open.TrajectoryOpener._open_new
+
+    def open_new(opener: Any, entries: Any) -> Any:
+        opened.extend(int(e["trajectory_id"]) for e in entries)
+        return real_open(opener, entries)
+
+    monkeypatch.setattr(zarr_open.TrajectoryOpener, "_open_new", open_new)
+    options = {"handle_cache_size": 2} if explicit else {}
+    layout = ZarrLayout(Location.from_url(tmp_path), **options)
+    trajs = [_every_dtype(seed=s) for s in range(6)]
+    entries = [_entry(i, t) for i, t in enumerate(trajs)]
+    for entry, traj in zip(entries, trajs, strict=True):
+        layout.write(entry, traj)
+    keys = list(flatten_trajectory(trajs[0], validate(trajs[0])))
+    layout.sampling(len(entries))
+    for _ in range(2):
+        for entry in entries:
+            layout.read_rows(entry, torch.tensor([0, 3]), keys)
+    assert sorted(opened) == sorted(list(range(6)) * (2 if explicit else 1))
+
+
 LAYOUT1 = Path(__file__).parent / "data" / "layout1"
 
 
@@ -367,7 +398,9 @@ def _layout1_copy(tmp_path: Path, name: str) -> tuple[ZarrLayout, dict[str, Any]
     root = tmp_path / name
     shutil.copytree(LAYOUT1 / name, root)
     layout = ZarrLayout(Location.from_url(root))
-    return layout, layout.read_documents().trajectory_index["trajectory_index"]["0"]
+    return layout, StoreIndex.assumed(layout.location).read().trajectory_index["trajectory_index"][
+        "0"
+    ]
 
 
 def test_layout1_store_reads_whole_and_by_rows(tmp_path: Path) -> None:
@@ -379,7 +412,7 @@ def test_layout1_store_reads_whole_and_by_rows(tmp_path: Path) -> None:
     rows = torch.tensor([17, 0, 5, 5, 12, 3, 17, 9], dtype=torch.int64)
     got = layout.read_rows(entry, rows, list(spec.schema))
     _assert_same(got, {key: flat[key].index_select(0, rows) for key in spec.schema})
-    assert "layout_version" not in layout.read_documents().metadata
+    assert "layout_version" not in StoreIndex.assumed(layout.location).read().metadata
 
 
 def test_layout1_trajectory_copied_into_zarr_is_layout2(tmp_path: Path) -> None:

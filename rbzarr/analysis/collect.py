@@ -38,9 +38,10 @@ from rbzarr.storage.index.claims import SlotClaim
 from rbzarr.storage.index.pins import StorePins
 from rbzarr.storage.index.priorities import FOLDER as PRIORITIES
 from rbzarr.storage.index.slots import (
+    LogSlotFiles,
     read_store_documents,
+    slot_files,
     slot_has_documents,
-    slot_has_log,
     slot_location,
     writer_slots,
 )
@@ -121,12 +122,13 @@ def collect_store(
     slots = [s for s in [0, *writer_slots(location)] if slot_has_documents(location, s)]
     if not slots:
         raise CheckpointNotFoundError(f"gc: {location.url}: {location.absence()}")
-    unlogged = [s for s in slots if not slot_has_log(location, s)]
+    unlogged = [s for s in slots if not isinstance(slot_files(location, s), LogSlotFiles)]
     if unlogged:
         raise CheckpointConflictError(
             f"gc: {location.url}: writer slots {unlogged} keep RLinf's documents, not an "
-            "index log (a pt / pkl store, or one no rbzarr writer appended to since): gc "
-            "collects zarr stores only"
+            "index log (a pt / pkl store, or one no rbzarr writer opened since): gc "
+            "collects zarr stores only; a zarr store's index becomes a log when a buffer "
+            "opens it"
         )
     layout = layout_class("zarr")(location)
     with _claimed(location, slots):

@@ -8,7 +8,9 @@ from typing import Any
 
 from rbzarr.analysis.cluster import TrajectoryTasks
 from rbzarr.errors import StoreExistsError
+from rbzarr.storage.index import format_records
 from rbzarr.storage.index.schema import check_schema, schema_from_json
+from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class, open_store
@@ -100,7 +102,7 @@ def export_store(
     index = TrajectoryIndex.from_documents(documents, reader.location.url)
     selected = index.subset(_select(index, ids, last, reader.location.url))
     writer = target_class(Location.from_url(destination, destination_options))
-    if writer.has_documents() or writer.list_ids():
+    if StoreIndex.open(writer.location).exists or writer.list_ids():
         raise StoreExistsError(
             f"{writer.location.url} already holds a store; export writes only to a new location"
         )
@@ -115,4 +117,4 @@ def export_store(
     (tasks or TrajectoryTasks()).copy(reader, writer, entries, progress)
     extra = {k: v for k, v in documents.metadata.items() if k not in _RECOMPUTED}
     exported = selected.to_documents(trajectory_format, extra=extra)
-    return writer.write_documents(exported)
+    return format_records.write_documents(writer, exported)

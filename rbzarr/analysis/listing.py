@@ -6,10 +6,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from rbzarr.storage.index.slots import read_store_documents
+from rbzarr.storage.index.store_index import StoreIndex, stored_format
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.location import Location
-from rbzarr.storage.registry import layout_class, stored_format
+from rbzarr.storage.registry import layout_class
 from rbzarr.storage.rlinf.documents import Entry
 
 __all__ = ["StoreListing"]
@@ -39,9 +39,9 @@ class StoreListing:
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.location = Location.from_url(url, storage_options)
-        documents = read_store_documents(self.location)
+        documents = StoreIndex.assumed(self.location).read()
         self.metadata = dict(documents.metadata)
-        self.format = stored_format(documents)
+        self.format = stored_format(documents.metadata)
         self._index = TrajectoryIndex.from_documents(documents, self.location.url)
 
     @property

@@ -15,6 +15,7 @@ from tqdm import tqdm
 from rbzarr.analysis.export import export_store
 from rbzarr.analysis.view import BufferView, open_buffer
 from rbzarr.errors import CorruptStoreError, StoreExistsError
+from rbzarr.storage.index import format_records
 from rbzarr.storage.index.schema import schema_from_json, schema_to_json
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex, share_bounds
 from rbzarr.storage.io.location import Location
@@ -99,7 +100,7 @@ def merge_stores(
         "merged_from": merged_from,
     }
     documents = index.to_documents(fmt, extra)
-    target.write_documents(documents)
+    format_records.write_documents(target, documents)
     return documents
 
 

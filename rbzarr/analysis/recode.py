@@ -9,6 +9,7 @@ from typing import Any
 from tqdm import tqdm
 
 from rbzarr.errors import CorruptStoreError, StoreExistsError
+from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import open_store
@@ -88,7 +89,7 @@ def recode_store(
         merged = {**{k: v for k, v in recorded.items() if k != "default"}, **given}
         merged.setdefault("default", recorded.get("default", "raw"))
     writer = ZarrLayout(Location.from_url(destination, destination_options), codecs=merged)
-    if writer.has_documents():
+    if StoreIndex.open(writer.location).exists:
         raise StoreExistsError(
             f"{writer.location.url} already holds a store; recode writes only to a new "
             "location (or one an interrupted recode left)"

@@ -17,23 +17,29 @@ from typing import Any
 
 from rbzarr.errors import (
     CheckpointNotFoundError,
+    CodecUnavailableError,
     CorruptStoreError,
     RbzarrError,
     StorageUnavailableError,
     UnsafePathError,
 )
+from rbzarr.storage.index import format_records
 from rbzarr.storage.index import log as index_log
 from rbzarr.storage.index.schema import schema_from_json
 from rbzarr.storage.index.slots import (
-    COMMIT_TIMES,
     id_range,
     read_slot_documents,
-    slot_has_log,
+    slot_files,
     slot_location,
-    store_has_documents,
     writer_slots,
 )
-from rbzarr.storage.index.trajectory_index import TrajectoryIndex, check_entry, count
+from rbzarr.storage.index.store_index import StoreIndex
+from rbzarr.storage.index.trajectory_index import (
+    ENTRY_KEYS,
+    TrajectoryIndex,
+    check_entry,
+    count,
+)
 from rbzarr.storage.io.json_limits import read_json
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.names import is_temporary_name, number_name
@@ -58,15 +64,6 @@ KEPT_METADATA = ("trajectory_format", "schema", "seed")
 # How a repair fixes a problem: rewrite the documents, delete rbzarr's own leftover, or
 # (with drop_damaged) drop the trajectory from the index.
 REWRITE, DELETE, DROP = "rewrite_documents", "delete", "drop_from_index"
-# The keys of an index entry (a zarr trajectory group's attributes hold them too).
-ENTRY_KEYS = (
-    "uuid",
-    "trajectory_id",
-    "num_samples",
-    "shape",
-    "max_episode_length",
-    "model_weights_id",
-)
 TRAJECTORIES = "trajectories"
 # A slot's index log that cannot be read whole: repair keeps what reads, in order.
 SALVAGE = "salvage_log"
@@ -177,13 +174,13 @@ def verify_store(
 def _load_index(
     location: Location, report: VerifyReport
 ) -> tuple[TrajectoryLayout, Documents, TrajectoryIndex] | None:
-    if not store_has_documents(location):
+    if not StoreIndex.open(location).exists:
         raise CheckpointNotFoundError(
             f"{location.url}: no {METADATA_FILE} or {INDEX_FILE}: {location.absence()}"
         )
     try:
         layout, documents = open_store(location)
-        index = TrajectoryIndex.from_documents(documents, location.url)
+        index = TrajectoryIndex.from_documents(documents, location.url, keep_repeated_once=True)
     except UnsafePathError as exc:
         report.problems.append(Problem("unsafe_path", "", _one_line(exc)))
         return None
@@ -198,14 +195,10 @@ def _check_logs(location: Location) -> list[Problem]:
     """A problem per writer slot whose index log does not read whole."""
     problems = []
     for slot in [0, *writer_slots(location)]:
-        if not slot_has_log(location, slot):
-            continue
-        where = slot_location(location, slot)
-        try:
-            index_log.read_slot_index(where)
-        except CorruptStoreError as exc:
+        damage = slot_files(location, slot).damage()
+        if damage is not None:
             path = "/".join(p for p in ("" if slot == 0 else f"writers/{slot}", "index") if p)
-            problems.append(Problem("damaged_log", path, _one_line(exc), slot, SALVAGE))
+            problems.append(Problem("damaged_log", path, _one_line(damage), slot, SALVAGE))
     return problems
 
 
@@ -273,7 +266,7 @@ def _check_metadata(documents: Documents, index: TrajectoryIndex, report: Verify
                 "duplicate_ids",
                 INDEX_FILE,
                 f"trajectory_id_list names {len(listed) - len(index.id_list)} ids more than "
-                "once (each is read once)",
+                "once (readers refuse it; the repair keeps one of each)",
                 repair=REWRITE,
             )
         )
@@ -312,6 +305,11 @@ def _check_trajectory(
         return Problem("unsafe_path", path, _one_line(exc), trajectory_id)
     except StorageUnavailableError:
         raise  # the store is unreachable: that says nothing about this trajectory
+    except CodecUnavailableError as exc:  # this process cannot decode it: not damage
+        message = f"{_one_line(exc)}; never dropped (--drop-damaged keeps it): verify again"
+        return Problem(
+            "codec_unavailable", path, f"{message} where the codec is installed", trajectory_id
+        )
     except _READ_ERRORS as exc:
         return damaged("unreadable_data", _one_line(exc))
     if shape != list(entry["shape"]):
@@ -354,8 +352,8 @@ def _orphans(layout: TrajectoryLayout, index: TrajectoryIndex) -> list[Problem]:
 
 def _repair(layout: TrajectoryLayout, report: VerifyReport, drop_damaged: bool) -> None:
     # Re-read the index just before deleting: never remove data committed meanwhile.
-    documents = layout.read_documents()
-    index = TrajectoryIndex.from_documents(documents, layout.location.url)
+    documents = StoreIndex.assumed(layout.location).read()
+    index = TrajectoryIndex.from_documents(documents, layout.location.url, keep_repeated_once=True)
     committed = {"/".join(layout.trajectory_path(index.entries[i])) for i in index.id_list}
     remaining: list[Problem] = []
     rewrite = False
@@ -382,7 +380,9 @@ def _repair(layout: TrajectoryLayout, report: VerifyReport, drop_damaged: bool) 
         own = read_slot_documents(layout.location, slot)
         if own is None:
             continue
-        own_index = TrajectoryIndex.from_documents(own, layout.location.url)
+        own_index = TrajectoryIndex.from_documents(
+            own, layout.location.url, keep_repeated_once=True
+        )
         fixed = _documents_without(own, own_index, dropped)
         try:
             _rewrite_slot(layout, slot, own, own_index, fixed)
@@ -401,23 +401,9 @@ def _rewrite_slot(
     fixed: Documents,
 ) -> None:
     """Write one writer's fixed index: its log (if it keeps one) and its documents."""
-    if slot_has_log(layout.location, slot):
-        times = own.trajectory_index.get(COMMIT_TIMES, {})
-        entries = fixed.trajectory_index["trajectory_index"]
-        listed = [
-            (dict(entries[str(i)]), float(times.get(str(i), 0.0)))
-            for i in fixed.trajectory_index["trajectory_id_list"]
-        ]
-        metadata = {
-            k: v
-            for k, v in fixed.metadata.items()
-            if k not in {"size", "total_samples", "trajectory_counter"}
-        }
-        index_log.IndexLog.for_repair(slot_location(layout.location, slot)).rewrite(
-            listed, counter=own_index.trajectory_counter, metadata=metadata
-        )
+    slot_files(layout.location, slot).rewrite(own, fixed, own_index.trajectory_counter)
     if slot == 0:
-        layout.write_documents(fixed)
+        format_records.write_documents(layout, fixed)
     else:
         write_documents(slot_location(layout.location, slot), fixed)
 
@@ -452,9 +438,9 @@ def _delete_dropped(
 def _check_root_documents(layout: TrajectoryLayout, documents: Documents) -> list[Finding]:
     """The layout's copies of the root documents (only the root writer's, with many)."""
     if not writer_slots(layout.location):
-        return layout.check_documents(documents)
+        return format_records.check_documents(layout, documents)
     root = read_slot_documents(layout.location, 0)
-    return [] if root is None else layout.check_documents(root)
+    return [] if root is None else format_records.check_documents(layout, root)
 
 
 def _documents_without(

@@ -19,9 +19,9 @@ from rbzarr.analysis.steps import episode_fields, read_steps
 from rbzarr.buffer.local_cache_settings import LocalCacheSettings
 from rbzarr.sampling.priorities import PrioritizedReplay
 from rbzarr.sampling.reader import StoreReader
-from rbzarr.storage.index.priorities import PriorityFiles
+from rbzarr.storage.index.priorities import PriorityChanges, PriorityFiles
 from rbzarr.storage.index.schema import check_schema, schema_from_json
-from rbzarr.storage.index.slots import read_store_window
+from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout
@@ -46,6 +46,7 @@ def open_buffer(
     trajectories: Container[int] | None = None,
     follow_links: bool = False,
     prioritized: PrioritizedReplay | None = None,
+    layout_options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> BufferView:
     """Open the store or checkpoint at ``url`` read-only.
 
@@ -84,6 +85,10 @@ def open_buffer(
         Draw by the priorities stored with the window's trajectories (as the writing
         buffer's last ``flush()`` left them; re-read at each refresh): see
         docs/priorities.md.  ``None``: uniformly.
+    layout_options
+        Keyword arguments of the store's layout by format name (those of the stored format
+        apply), e.g. ``{"zarr": {"range_gap": 0}}`` to read only the asked rows' bytes from
+        an object store.  Not kept when the view is pickled.
 
     Returns
     -------
@@ -101,7 +106,11 @@ def open_buffer(
         ``on_damaged`` is not ``"raise"`` or ``"skip"``.
     """
     cache = LocalCacheSettings.of(local_cache_dir, local_cache_bytes)
-    options = {name: cache.layout_options(layout_class(name)) for name in known_formats()}
+    extra = layout_options or {}
+    options = {
+        name: {**cache.layout_options(layout_class(name)), **extra.get(name, {})}
+        for name in known_formats()
+    }
     location = Location.from_url(url, storage_options, follow_links=follow_links)
     layout, documents = open_store(location, storage_options, options, window=sample_window_size)
     return BufferView(
@@ -168,6 +177,8 @@ class BufferView:
         self.layout = layout
         self.refresh_interval = refresh_interval
         self._schema: Schema | None = None
+        self._priority_changes = PriorityChanges(layout.location)
+        self._priorities_read: set[int] = set()  # the window of the last read
         self._set_documents(documents)
 
     def _set_documents(self, documents: Documents) -> None:
@@ -183,17 +194,27 @@ class BufferView:
         self._read_at = time.monotonic()
 
     def _read_priorities(self) -> None:
-        """With ``prioritized``: the stored priorities of the window's trajectories."""
+        """With ``prioritized``: the stored priorities of the window's trajectories that
+        changed since the last read (by the store's change record) or entered the window."""
         priorities = self._reader.priorities
         if priorities is None:
             return
         window = self._index.window(self.sample_window_size)
+        changes = self._priority_changes
+        changed = changes.changed()
+        if changed is None:
+            wanted = window
+        else:
+            wanted = [i for i in window if i in changed or i not in self._priorities_read]
         stored = PriorityFiles(self.layout.location).read_all(
-            self._index.entries[i] for i in window
-        )
-        priorities.clear()
+            self._index.entries[i] for i in wanted
+        )  # a failed read changes nothing: the next refresh reads them again
+        if changed is None:
+            priorities.clear()
         priorities.offer(stored)
         self._reader.sync_priorities()
+        changes.read()
+        self._priorities_read = set(window)
 
     @property
     def sample_window_size(self) -> int:
@@ -276,7 +297,8 @@ class BufferView:
 
     def refresh(self) -> None:
         """Re-read the index, picking up trajectories committed since the view was opened."""
-        self._set_documents(read_store_window(self.layout.location, self.sample_window_size))
+        store = StoreIndex.assumed(self.layout.location)
+        self._set_documents(store.read(self.sample_window_size))
 
     @property
     def prioritized(self) -> PrioritizedReplay | None:
@@ -723,15 +745,16 @@ class BufferView:
         import xarray  # noqa: PLC0415 (optional dependency)
 
         entry = self.entry(trajectory_id)
-        self.layout.zarr_group(entry)  # a clear error if the store is not zarr
+        # a clear error if the store is not zarr; a group written before consolidating its
+        # arrays' documents has a document per subgroup and array
+        consolidated = self.layout.zarr_group(entry).metadata.consolidated_metadata is not None
         fields = self.layout.field_names(entry)
-        root = self.layout.trajectory_path(entry)
-        store = self.layout.location.zarr_store(read_only=True)
+        folder = self.layout.location.child(*self.layout.trajectory_path(entry))
+        store = folder.zarr_store(read_only=True)
         parts = []
         for group in sorted({key.rpartition("/")[0] for key in fields}):
-            path = "/".join(part for part in (*root, group) if part)
             try:
-                data = xarray.open_zarr(store, group=path, consolidated=False)
+                data = xarray.open_zarr(store, group=group or None, consolidated=consolidated)
             except KeyError as exc:  # layout-1 arrays carry no dimension names
                 raise ValueError(
                     f"{self.url}: trajectory {trajectory_id} has no dimension names (layout 1); "

@@ -33,8 +33,9 @@ from rbzarr.sampling.arguments import check_count, check_window_size
 from rbzarr.sampling.damaged import check_on_damaged
 from rbzarr.sampling.priorities import PrioritizedReplay, WindowPriorities, check_priorities
 from rbzarr.sampling.reader import StoreReader
-from rbzarr.storage.index.priorities import PriorityFiles
+from rbzarr.storage.index.priorities import PriorityChanges, PriorityFiles
 from rbzarr.storage.index.schema import schema_to_json
+from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout
@@ -126,7 +127,9 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         as it is), warns once (:class:`~rbzarr.errors.DamagedTrajectoryWarning`, naming
         the id and the path), lists it in ``get_stats()["damaged_trajectories"]`` and
         draws the batch again from the same generator state, so the batches stay
-        deterministic.  Unavailable storage still raises.
+        deterministic.  Unavailable storage still raises, and so does data this process
+        cannot decode (:class:`~rbzarr.errors.CodecUnavailableError`: its codec's package
+        is missing; it is not damaged).
     durable
         With ``auto_save``: :meth:`flush` returns only when what it committed survives a
         machine crash (locally every file, index record and folder is ``fsync``-ed; on S3 a
@@ -156,6 +159,9 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         read-only or without permission; on S3 no such bucket or access denied.
     StoreExistsError
         ``auto_save_path`` is a file, or holds a store of another ``trajectory_format``.
+    CodecUnavailableError
+        ``layout_options`` names an image codec, or the store to append to records one,
+        and imagecodecs cannot be imported (an ``ImportError``).
 
     Warns
     -----
@@ -223,8 +229,10 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         location = Location.from_url(auto_save_path, self.storage_options) if auto_save else None
         if location is not None and durable:
             location = location.with_durable()
-        if location is not None and trajectory_format is None:
-            self.trajectory_format = checkpoint.format_at(location) or DEFAULT_FORMAT
+        # The store as it is now: one read, shared by the committer and the messages.
+        store = None if location is None else StoreIndex.open(location)
+        if store is not None and trajectory_format is None:
+            self.trajectory_format = store.format or DEFAULT_FORMAT
         # The format layout_options are meant for (loading may adopt another one).
         self._options_format = self.trajectory_format
         self.local_cache.check_layout(layout_class(self.trajectory_format))
@@ -236,6 +244,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                 metadata={"seed": seed},
                 # Not a bound method: the writer would keep the whole buffer alive.
                 on_committed=functools.partial(_materialize, self._lock, self._cache),
+                store=store,
             )
         self._index = TrajectoryIndex(trajectory_counter=self._first_free_id())
         self._reader = StoreReader(
@@ -245,7 +254,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             window_size=sample_window_size,
             on_damaged=on_damaged,
             where=self.store_url or "",
-            empty=self._empty_message(),
+            empty=self._empty_message(store is not None and store.exists),
             schema=None if self._committer is None else self._committer.stored_schema,
             held=BufferRows(self._cache, self._committer, self._lock),
             lock=self._lock,
@@ -253,21 +262,29 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             if prefetch
             else None,
             prioritized=prioritized,
+            saves_priorities=self._committer is not None,
         )
         self._read_ahead = self._reader.ahead
         self._sampler_at_open = self._sampler_state()
+        # The store's priority change record (this buffer writes it at each flush).
+        self._priority_changes = (
+            None if self._committer is None else PriorityChanges(self._committer.layout.location)
+        )
         if self._committer is not None:
-            self.local_cache.check_shapes(self._schema, [(self._committer.largest_committed, 1)])
+            self.local_cache.check_shapes(self._schema, [(self._committer.index.max_rows, 1)])
 
     # -- plumbing -----------------------------------------------------------------------
     def _sampler_state(self) -> dict[str, Any]:
         """Both samplers' state, JSON-ready, as a checkpoint's ``sampler`` holds it."""
-        return {**self._reader.rows.state_dict(), "sequences": self._reader.sequences.state_dict()}
+        state = {**self._reader.rows.state_dict(), "sequences": self._reader.sequences.state_dict()}
+        if self._reader.index_base:
+            state["index_base"] = self._reader.index_base
+        return state
 
-    def _empty_message(self) -> str:
+    def _empty_message(self, store_exists: bool) -> str:
         """Why sampling an empty buffer fails, and what to do (a store may hold a run)."""
         message = "cannot sample from an empty buffer: add trajectories first"
-        if self._committer is None or not self._committer.layout.has_documents():
+        if self._committer is None or not store_exists:
             return message
         url = self._committer.url
         return (
@@ -318,6 +335,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
     @sample_window_size.setter
     def sample_window_size(self, size: int) -> None:
         self._reader.window_size = size
+        # Trajectories back in a grown window take their stored priorities, not the max.
+        self._reader.fetch_returning()
 
     @property
     def prefetch(self) -> int:
@@ -379,6 +398,13 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             disagrees with the buffer's schema, or
             ``trajectories`` is not a list of them (:class:`~rbzarr.errors.TrajectoryListError`,
             also a ``TypeError``, e.g. for one trajectory not in a list): nothing changed.
+        InvalidCodecError
+            With ``auto_save``: a codec of ``layout_options`` cannot encode its key (an
+            image codec on floats or on a non-image shape) or names a key the trajectories
+            do not have (a ``ValueError``): nothing changed, nothing written.
+        CodecUnavailableError
+            With ``auto_save``: a key's codec needs a package this process cannot import
+            (an ``ImportError`` naming it): nothing changed, nothing written.
         WriterFailedError
             Storage is failing and the write queue is full: none of these trajectories was
             added (nothing changed); they are accepted again once queued writes commit.
@@ -668,7 +694,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         index, values = check_priorities(indices, priorities)
         with self._lock:
             self._reader.sync_priorities()
-            window.update(index, values)
+            window.update(self._reader.row_index(index), values)
 
     def get_priority(self, indices: Any) -> torch.Tensor:
         """The priorities of rows by global index.
@@ -692,16 +718,19 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         index, _ = check_priorities(indices, 0.0)
         with self._lock:
             self._reader.sync_priorities()
-            return torch.from_numpy(window.get(index))
+            return torch.from_numpy(window.get(self._reader.row_index(index)))
 
     def _save_priorities(self) -> None:
-        """Write the priorities changed since the last save to the store (without the lock);
-        those not written stay to be saved by the next flush."""
+        """Write the priorities changed since the last save to the store (without the lock),
+        then the change record listing them; those not written stay to be saved by the next
+        flush, those not recorded to be recorded by it."""
         window = self._reader.priorities
         if window is None or self._committer is None:
             return
         with self._lock:
             unsaved = window.unsaved()
+        changes = self._priority_changes
+        assert changes is not None  # made with the committer
         files = PriorityFiles(self._committer.layout.location)
         left = list(unsaved)
         try:
@@ -711,7 +740,10 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         finally:
             if left:
                 with self._lock:
-                    window.unsave(left)
+                    window.unsave({i: unsaved[i] for i in left})
+            written = [i for i in unsaved if i not in left]
+            if written or changes.unrecorded:
+                changes.record(written)
 
     # -- reading (rlinf_compat builds RLinf's names on these) -------------------------
     @property
@@ -913,6 +945,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         if location.is_local and os.path.isfile(location.path):
             raise CheckpointNotFoundError(f"load_checkpoint: {location.absence()}")
         share_of = (local_rank, world_size) if is_distributed else None
+        committer = self._committer
+        own = committer.index if committer is not None and committer.url == location.url else None
         loaded = checkpoint.load(
             location,
             self._layout,
@@ -920,6 +954,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             warm_capacity=self._cache.capacity,
             strict=strict,
             window=self.sample_window_size,
+            writer=own,
         )
         stored: dict[int, Any] = {}
         if self._reader.priorities is not None:
@@ -972,6 +1007,9 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         )
         self._reader.rows.load_state_dict({"seed": self.seed, **loaded.sampler})
         self._reader.sequences.load_state_dict(loaded.sampler.get("sequences"), self.seed)
+        base = loaded.sampler.get("index_base")
+        valid = isinstance(base, int) and not isinstance(base, bool) and base >= 0
+        self._reader.index_base = base if isinstance(base, int) and valid else 0
         self._sampler_at_open = self._sampler_state()
         self._window_changed()
         if self._committer is None:
@@ -1052,9 +1090,14 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
 
         The auto-save store is left as it is: every trajectory written or queued stays
         there, and the id counter continues after the store's ids, so no later add
-        overwrites one.  Without ``auto_save`` the counter restarts at 0.
+        overwrites one.  Without ``auto_save`` the counter restarts at 0 (as RLinf's), and
+        the global indices of :meth:`sample` go on past those handed out before: their
+        high part is the id plus the ids given out before the clear (so an index taken
+        before never names a row added after; updates with it are stale).
         """
         with self._add_lock, self._lock:
+            if self._committer is None:
+                self._reader.index_base += self._index.trajectory_counter
             self._index = self._reader.index = TrajectoryIndex(
                 trajectory_counter=self._first_free_id()
             )
@@ -1077,7 +1120,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             the error the current write keeps failing with, else ``None``) and
             ``damaged_trajectories`` (the ids ``on_damaged="skip"`` dropped, sorted); with
             ``prioritized`` also ``stale_priority_updates`` (updates ignored: their rows had
-            left the window), ``max_priority`` and ``priority_bytes`` (memory).
+            left the window), ``max_priority``, ``priority_bytes`` (memory) and
+            ``priority_kernels`` (``"compiled"``: numba, else ``"numpy"``).
         """
         with self._lock:
             error = None if self._committer is None else self._committer.last_error
@@ -1103,4 +1147,5 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             "stale_priority_updates": priorities.stale_updates,
             "max_priority": priorities.max_priority,
             "priority_bytes": priorities.nbytes,
+            "priority_kernels": "compiled" if priorities.compiled else "numpy",
         }

@@ -25,39 +25,29 @@ from rbzarr.errors import (
     InvalidTrajectoryError,
     StoreExistsError,
 )
+from rbzarr.storage.index import format_records
 from rbzarr.storage.index.priorities import PriorityFiles
 from rbzarr.storage.index.schema import check_schema, is_rbzarr_store, schema_from_json
-from rbzarr.storage.index.slots import (
-    read_store_documents,
-    read_store_metadata,
-    read_store_window,
-    store_has_documents,
-)
+from rbzarr.storage.index.store_index import StoreIndex, stored_format
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
+from rbzarr.storage.index.writer_slot import WriterSlot
+from rbzarr.storage.index.writers import IndexWriter
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout, check_entry_shape
-from rbzarr.storage.registry import stored_format
 from rbzarr.storage.rlinf.documents import Documents, Entry
 from rbzarr.trajectory.model import Schema
 from rbzarr.trajectory.validated import ValidatedTrajectory
 
 __all__ = [
     "LoadedCheckpoint",
+    "check_adoptable",
     "check_target",
-    "format_at",
     "load",
     "materialize",
     "save",
 ]
 
 LayoutFactory = manifest.LayoutFactory
-
-
-def format_at(location: Location) -> str | None:
-    """The format of the store at ``location`` (``"pt"`` if unnamed, as RLinf), else ``None``."""
-    if not store_has_documents(location):
-        return None
-    return stored_format(Documents(read_store_metadata(location), {}))
 
 
 # -- saving -----------------------------------------------------------------------------------
@@ -72,7 +62,9 @@ def check_target(target: TrajectoryLayout, auto_save_url: str | None, by_referen
         )
     if by_reference:
         manifest.check_free(target.location)
-    elif target.holds_data() or target.location.exists(manifest.MANIFEST_FILE):
+    elif StoreIndex.open(target.location).holds_data(target) or target.location.exists(
+        manifest.MANIFEST_FILE
+    ):
         raise StoreExistsError(
             f"{url} already holds a store or a checkpoint; a checkpoint never overwrites data: "
             "choose a new save_path or delete the old checkpoint first"
@@ -92,7 +84,7 @@ def save(
         target.trajectory_path(index.entries[trajectory_id])
     for trajectory_id in index.id_list:
         copy_trajectory(target, index.entries[trajectory_id])
-    return target.write_documents(index.to_documents(target.format, metadata))
+    return format_records.write_documents(target, index.to_documents(target.format, metadata))
 
 
 def materialize(location: Location, destination: Location, open_layout: LayoutFactory) -> Documents:
@@ -152,16 +144,20 @@ def load(
     warm_capacity: int | None = None,
     strict: bool = False,
     window: int | None = None,
+    writer: IndexWriter | None = None,
 ) -> LoadedCheckpoint:
     """Read the checkpoint at ``location`` (or this rank's share) before anything changes;
-    with a ``window``, a large store's last ``window`` trajectories (and the cache's).  A
-    manifest (:mod:`rbzarr.buffer.manifest`) is read where its store holds the data."""
+    with a ``window``, a large store's last ``window`` trajectories (and the cache's).
+    ``writer`` writes the store at ``location`` in this process (its slot is read from
+    memory).  A manifest (:mod:`rbzarr.buffer.manifest`) is read where its store holds the
+    data."""
+    store = StoreIndex.assumed(location)
     found = None
     try:
         if share_of is None and window is not None and window > 0:
-            documents = read_store_window(location, max(window, warm_capacity or 0))
+            documents = store.read(max(window, warm_capacity or 0), writer)
         else:
-            documents = read_store_documents(location)
+            documents = store.read(writer=writer)
     except CheckpointNotFoundError:
         found = manifest.read_manifest(location)
         if found is None:
@@ -171,7 +167,7 @@ def load(
     share = full if share_of is None else full.share(*share_of)
     is_partial = share.id_list != full.id_list
     if found is None:
-        source = open_layout(location, stored_format(documents))
+        source = open_layout(location, stored_format(documents.metadata))
         share = _with_data(source, full, share, documents, strict)
     else:
         source = manifest.open_store(found, location, open_layout)
@@ -240,3 +236,31 @@ def _read_validated(
         schema = validated.spec.schema
         loaded.append((trajectory_id, validated))
     return loaded
+
+
+def check_adoptable(loaded: LoadedCheckpoint, url: str, slot: WriterSlot) -> bool:
+    """Whether the auto-save store at ``url`` (written in ``slot``) must import ``loaded``'s
+    trajectories; ``False`` when it continues in place (it lists them already).
+
+    Raises
+    ------
+    CheckpointConflictError
+        A rank's share would continue in place in a shared store, or the checkpoint's ids
+        belong to other writers' slots.
+    """
+    if loaded.source.location.url == url:
+        if loaded.is_partial:
+            raise CheckpointConflictError(
+                f"{url}: a rank's share cannot continue in place in the shared auto_save "
+                "store: ranks appending to one store would write the same new ids; give each "
+                "rank its own auto_save_path"
+            )
+        return False
+    if slot.slot != 0 and not all(slot.owns(i) for i in loaded.share.id_list):
+        raise CheckpointConflictError(
+            f"{url} has other writers: this buffer writes its slot {slot.slot} (ids from "
+            f"{slot.first_id}) and cannot import the checkpoint {loaded.source.location.url}, "
+            "whose ids belong to other slots; load it where no other writer runs, or into a "
+            "new auto_save_path"
+        )
+    return True

@@ -31,6 +31,7 @@ from rbzarr.errors import CheckpointReferenceError, CorruptStoreError, StoreExis
 from rbzarr.storage.index.pins import Pin, StorePins
 from rbzarr.storage.index.priorities import FOLDER as PRIORITIES
 from rbzarr.storage.index.priorities import PriorityFiles
+from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.json_limits import read_json
 from rbzarr.storage.io.location import Location
@@ -185,7 +186,7 @@ def open_store(
         manifest.store, location.storage_options, follow_links=location.follow_links
     )
     source = open_layout(where, manifest.trajectory_format)
-    if not source.has_documents():
+    if not StoreIndex.open(where).exists:
         raise CheckpointReferenceError(
             f"{location.url}: the checkpoint's store {manifest.store} is gone ({where.absence()}); "
             "its trajectories cannot be loaded",

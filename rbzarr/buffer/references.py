@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from rbzarr.errors import CheckpointNotFoundError, InvalidTrajectoryError
-from rbzarr.storage.index.schema import schema_from_json
+from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout
@@ -68,6 +68,4 @@ def check_notices(
 
 def store_schema(layout: TrajectoryLayout) -> Schema | None:
     """The schema the store's writers recorded (``None`` if none has committed any)."""
-    if not layout.has_documents():
-        return None
-    return schema_from_json(layout.read_documents().metadata.get("schema"))
+    return StoreIndex.open(layout.location).schema

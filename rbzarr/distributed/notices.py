@@ -13,21 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from rbzarr.errors import CheckpointNotFoundError
 from rbzarr.storage.index.slots import ID_STRIDE
+from rbzarr.storage.index.trajectory_index import ENTRY_KEYS
 
 if TYPE_CHECKING:
     from rbzarr.buffer.buffer import TrajectoryReplayBuffer
 
-__all__ = ["ENTRY_KEYS", "CommitNotice", "commit_notices"]
-
-# The index entry's keys, in RLinf's order.
-ENTRY_KEYS = (
-    "uuid",
-    "trajectory_id",
-    "num_samples",
-    "shape",
-    "max_episode_length",
-    "model_weights_id",
-)
+__all__ = ["CommitNotice", "commit_notices"]
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from rbzarr.errors import StoreExistsError
+from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import open_store
@@ -121,7 +122,7 @@ def write_episodes(
     """
     location = Location.from_url(destination, destination_options)
     layout = ZarrLayout(location, codecs=codecs)
-    if layout.has_documents() or layout.list_ids():
+    if StoreIndex.open(location).exists or layout.list_ids():
         raise StoreExistsError(
             f"{location.url} already holds a store; import writes only to a new location"
         )
@@ -136,7 +137,9 @@ def write_episodes(
             rows = len(next(iter(episode.values())))
             entry = index.new_entry((rows, 1), rows, "")
             size = sum(int(rows.nbytes) for rows in episode.values())
-            writes.submit(entry, trajectory_from_raw(fields, rows, ""), size)
+            trajectory = trajectory_from_raw(fields, rows, "")
+            layout.check_writable(trajectory)  # a codec for no key, or one that cannot encode
+            writes.submit(entry, trajectory, size)
         writes.finish()
         documents = index.to_documents("zarr", extra={SOURCE_KEY: dict(source)})
         return layout.write_documents(documents)

@@ -12,12 +12,16 @@ it names the row whatever the window, so an update for a row that left the windo
 recognised as stale and ignored.  New rows enter at the largest priority set so far
 (1.0 before any).
 
-Pure numpy, no I/O: the owner hands in priorities read from the store
-(:meth:`WindowPriorities.offer`) and takes out those to write (:meth:`WindowPriorities.unsaved`).
+A step is one call into compiled code per draw and per update
+(:mod:`~rbzarr.sampling.tree_kernels`, with numba installed: the ``per`` extra), or a few
+numpy calls per tree level without it; both paths give the same draws, weights and tree.
+No I/O: the owner hands in priorities read from the store (:meth:`WindowPriorities.offer`)
+and takes out those to write (:meth:`WindowPriorities.unsaved`).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,6 +46,8 @@ ROW_BITS = 32
 _ROW_MASK = (1 << ROW_BITS) - 1
 # Capacity of the first tree, in rows.
 _FIRST_CAPACITY = 1 << 12
+# Whether numba can be imported (found without importing it: that costs ~0.3 s).
+NUMBA_FOUND = importlib.util.find_spec("numba") is not None
 
 
 def global_index(ids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -124,18 +130,31 @@ class WindowPriorities:
     ----------
     settings
         ``alpha``, ``beta`` and ``eps``.
+    compiled
+        Draw and update with the compiled kernels (numba); ``None``: when numba imports.
+    saves
+        The owner saves what :meth:`unsaved` hands out: a trajectory that leaves the window
+        with updates not yet taken keeps them until they are (else they are dropped).
     """
 
-    def __init__(self, settings: PrioritizedReplay) -> None:
+    def __init__(
+        self, settings: PrioritizedReplay, compiled: bool | None = None, saves: bool = False
+    ) -> None:
+        self.saves = saves
         self.settings = settings
         self.max_priority = 1.0
         self.stale_updates = 0
-        self._tree = SumTree(_FIRST_CAPACITY, settings.alpha, settings.eps)
+        self._kernels = _kernels(compiled)
+        self._tree = SumTree(_FIRST_CAPACITY, settings.alpha, settings.eps, self._kernels)
         self._head = 0  # next free leaf
         self._window: list[int] = []
+        self._synced: Sequence[int] = self._window
         self._segments: dict[int, tuple[int, int]] = {}  # id -> (first leaf, rows)
         self._offered: dict[int, np.ndarray] = {}  # read from the store, not yet in the window
         self._unsaved: set[int] = set()
+        self._updated: set[int] = set()  # of _unsaved: by updates (not only entered)
+        self._departed: dict[int, np.ndarray] = {}  # left the window with updates unsaved
+        self._newest = -1  # the largest id the window has held
         self._lookup = _Lookup.of({}, [])
         self._changed = np.zeros(1, dtype=bool)  # per id of the lookup: updated, unsaved
 
@@ -143,37 +162,61 @@ class WindowPriorities:
     def sync(self, ids: Sequence[int], counts: Sequence[int] | torch.Tensor) -> None:
         """Follow the window ``ids`` (oldest first, ``counts`` rows each): rows that left it
         are forgotten, new ones enter with their offered priorities or the largest so far."""
-        if list(ids) == self._window:
+        if ids is self._synced or list(ids) == self._window:
             return
         if isinstance(counts, torch.Tensor):
             counts = counts.tolist()
         present = set(ids)
+        self._fold_changed()  # the updates of those leaving count
         for gone in [i for i in self._segments if i not in present]:
+            if self.saves and gone in self._updated:
+                self._departed[gone] = self.values(gone)
             start, rows = self._segments.pop(gone)
             self._tree.set_range(start, np.full(rows, np.nan, dtype=np.float32))
             self._unsaved.discard(gone)
+            self._updated.discard(gone)
         new = [(i, int(c)) for i, c in zip(ids, counts, strict=True) if i not in self._segments]
         needed = sum(c for _, c in new)
         if self._head + needed > self._tree.capacity:
             self._compact(needed)
         for trajectory_id, rows in new:
-            offered = self._offered.pop(trajectory_id, None)
-            if offered is None or len(offered) != rows:
-                offered = np.full(rows, self.max_priority, dtype=np.float32)
-                self._unsaved.add(trajectory_id)
+            offered = self._entering(trajectory_id, rows)
             self._segments[trajectory_id] = (self._head, rows)
             self._tree.set_range(self._head, offered)
             self._head += rows
+        self._newest = max([self._newest, *ids])
         self._window = list(ids)
+        self._synced = ids  # the caller's list: the same object again is the same window
         self._offered = {i: p for i, p in self._offered.items() if i not in present}
-        self._fold_changed()
         self._lookup = _Lookup.of(self._segments, self._window)
         self._changed = np.zeros(len(self._lookup.starts), dtype=bool)
+
+    def _entering(self, trajectory_id: int, rows: int) -> np.ndarray:
+        """The priorities a trajectory enters with: its unsaved ones if it left with them,
+        those offered from the store, else the largest so far."""
+        departed = self._departed.pop(trajectory_id, None)
+        if departed is not None and len(departed) == rows:
+            self._unsaved.add(trajectory_id)
+            self._updated.add(trajectory_id)
+            return departed
+        offered = self._offered.pop(trajectory_id, None)
+        if offered is not None and len(offered) == rows:
+            return offered
+        self._unsaved.add(trajectory_id)
+        return np.full(rows, self.max_priority, dtype=np.float32)
+
+    def returning(self, ids: Iterable[int]) -> list[int]:
+        """Those of ``ids`` (a window) that the window held before and would now enter with
+        no priorities in memory: their stored ones should be offered first."""
+        known = (self._segments, self._offered, self._departed)
+        return [i for i in ids if i <= self._newest and not any(i in k for k in known)]
 
     def _fold_changed(self) -> None:
         """Move the lookup's changed marks into :attr:`_unsaved` (ids still in the window)."""
         marked = self._lookup.ids[np.flatnonzero(self._changed[: len(self._lookup.ids)])]
-        self._unsaved.update(i for i in marked.tolist() if i in self._segments)
+        updated = [i for i in marked.tolist() if i in self._segments]
+        self._unsaved.update(updated)
+        self._updated.update(updated)
         self._changed[:] = False
 
     def _compact(self, needed: int) -> None:
@@ -182,7 +225,7 @@ class WindowPriorities:
         # A quarter more than needed: compacting costs the live rows once per quarter of
         # them added (amortised, 4 leaf copies a row), and memory stays near 1.25x.
         capacity = (live + needed) * 5 // 4 + _FIRST_CAPACITY
-        tree = SumTree(capacity, self.settings.alpha, self.settings.eps)
+        tree = SumTree(capacity, self.settings.alpha, self.settings.eps, self._kernels)
         head = 0
         segments: dict[int, tuple[int, int]] = {}
         for trajectory_id, (start, rows) in self._segments.items():
@@ -193,16 +236,22 @@ class WindowPriorities:
         self._tree, self._segments, self._head = tree, segments, head
 
     def offer(self, priorities: Mapping[int, np.ndarray]) -> None:
-        """Priorities read from the store, taken by their trajectories as they enter."""
+        """Priorities read from the store: a trajectory in the window takes them now (when
+        they fit its rows), the others as they enter (an empty array: none stored)."""
         for trajectory_id, values in priorities.items():
-            self._offered[trajectory_id] = values
+            segment = self._segments.get(trajectory_id)
+            if segment is None:
+                self._offered[trajectory_id] = values
+            elif len(values) == segment[1] and trajectory_id not in self._updated:
+                self._tree.set_range(segment[0], values)
+                self._unsaved.discard(trajectory_id)
             if len(values):
                 self.max_priority = max(self.max_priority, float(np.max(values)))
 
     def clear(self) -> None:
-        """Forget every row and offered priority (the largest priority stays)."""
+        """Forget every row, offered and unsaved priority (the largest priority stays)."""
         self.sync([], [])
-        self._offered = {}
+        self._offered, self._departed, self._newest = {}, {}, -1
 
     # -- updates ------------------------------------------------------------------------
     def update(self, index: np.ndarray, priorities: np.ndarray) -> int:
@@ -215,23 +264,48 @@ class WindowPriorities:
         ValueError
             A row is past its trajectory's rows: nothing was updated.
         """
+        if self._kernels is not None:
+            tree, lookup = self._tree, self._lookup
+            stale, bad, largest = self._kernels.update(
+                index, priorities, lookup.ids, lookup.starts, lookup.counts, self._changed,
+                tree.leaves, tree.sums, tree.mins, tree.offsets, tree.alpha, tree.eps,
+            )  # fmt: skip
+            if bad >= 0:
+                self._refuse_past_rows(int(index[bad]))
+            self.max_priority = max(self.max_priority, largest)
+        else:
+            stale = self._update_numpy(index, priorities)
+        self.stale_updates += stale
+        return stale
+
+    def _update_numpy(self, index: np.ndarray, priorities: np.ndarray) -> int:
+        """:meth:`update` with numpy: the count of stale indices."""
         ids, rows = split_index(index)
         position, known = self._lookup.find(ids)
         starts, counts = self._lookup.starts[position], self._lookup.counts[position]
         beyond = known & (rows >= counts)
         if beyond.any():
-            bad = int(index[np.flatnonzero(beyond)[0]])
-            raise ValueError(
-                f"index {bad} names row {bad & _ROW_MASK} of trajectory {bad >> ROW_BITS}, "
-                f"which has {int(counts[np.flatnonzero(beyond)[0]])} rows: nothing was updated"
-            )
+            self._refuse_past_rows(int(index[np.flatnonzero(beyond)[0]]))
         self._tree.set(starts[known] + rows[known], priorities[known])
         if known.any():
             self.max_priority = max(self.max_priority, float(priorities[known].max()))
             self._changed[position[known]] = True
-        stale = int(len(index) - known.sum())
-        self.stale_updates += stale
-        return stale
+        return int(len(index) - known.sum())
+
+    def _refuse_past_rows(self, bad: int) -> None:
+        """Raise for global index ``bad``, past its trajectory's rows.
+
+        Raises
+        ------
+        ValueError
+            Always.
+        """
+        trajectory_id, row = bad >> ROW_BITS, bad & _ROW_MASK
+        rows = self._segments[trajectory_id][1]
+        raise ValueError(
+            f"index {bad} names row {row} of trajectory {trajectory_id}, which has {rows} "
+            "rows: nothing was updated"
+        )
 
     def get(self, index: np.ndarray) -> np.ndarray:
         """The raw priorities of global ``index`` rows (float32; NaN outside the window)."""
@@ -253,25 +327,33 @@ class WindowPriorities:
         EmptyBufferError
             Every row of the window has mass 0.
         """
-        total = self._tree.total
-        if not total > 0:
+        beta = self.settings.beta if beta is None else beta
+        uniform = torch.rand(n, generator=generator, dtype=torch.float64).numpy()
+        tree, lookup = self._tree, self._lookup
+        if self._kernels is not None:
+            positions, rows, weights, drawn = self._kernels.draw(
+                uniform, tree.leaves, tree.sums, tree.mins, tree.offsets, lookup.leaf_starts,
+                lookup.leaf_positions, tree.alpha, tree.eps, beta,
+            )  # fmt: skip
+        elif drawn := tree.total > 0:
+            leaves = tree.find(uniform)
+            segment = np.searchsorted(lookup.leaf_starts, leaves, side="right") - 1
+            positions = lookup.leaf_positions[segment]
+            rows = leaves - lookup.leaf_starts[segment]
+            weights = self.weights(leaves, beta).numpy()
+        if not drawn:
             raise EmptyBufferError(
                 "every row of the window has priority 0 (and eps is 0): nothing to draw"
             )
-        leaves = self._tree.find(torch.rand(n, generator=generator, dtype=torch.float64).numpy())
-        segment = np.searchsorted(self._lookup.leaf_starts, leaves, side="right") - 1
-        positions = self._lookup.leaf_positions[segment]
-        rows = leaves - self._lookup.leaf_starts[segment]
-        weights = self.weights(leaves, beta)
-        return torch.from_numpy(positions), torch.from_numpy(rows), weights
+        return torch.from_numpy(positions), torch.from_numpy(rows), torch.from_numpy(weights)
 
     def weights(self, leaves: np.ndarray, beta: float | None = None) -> torch.Tensor:
         """Importance weights ``(P / P_min) ** -beta`` of ``leaves`` (float32)."""
         beta = self.settings.beta if beta is None else beta
-        eps, alpha = self.settings.eps, self.settings.alpha
-        least = (self._tree.least + eps) ** alpha
-        mass = np.power(self._tree.leaves[leaves].astype(np.float64) + eps, alpha)
-        return torch.from_numpy(np.power(mass / least, -beta).astype(np.float32))
+        least = self._tree.mass(np.array([self._tree.least], dtype=np.float32))
+        mass = self._tree.mass(self._tree.leaves[leaves]).astype(np.float64)
+        ratio = mass / least.astype(np.float64)
+        return torch.from_numpy(np.power(ratio, -beta).astype(np.float32))
 
     def leaf_of(self, positions: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """The leaves of window ``positions`` and flat ``rows``."""
@@ -294,15 +376,31 @@ class WindowPriorities:
         return {i: self.values(i) for i in ids if i in self._segments}
 
     def unsaved(self) -> dict[int, np.ndarray]:
-        """Copies of the priorities changed since last taken (now counted as saved)."""
+        """Copies of the priorities changed since last taken, those of trajectories that
+        left the window with changes too (now counted as saved)."""
         self._fold_changed()
-        taken = self.held(sorted(self._unsaved))
-        self._unsaved = set()
+        taken = {**self._departed, **self.held(sorted(self._unsaved))}
+        self._unsaved, self._updated, self._departed = set(), set(), {}
         return taken
 
-    def unsave(self, ids: Iterable[int]) -> None:
-        """Count ``ids`` as changed again (their write failed)."""
-        self._unsaved.update(i for i in ids if i in self._segments)
+    def unsave(self, values: Mapping[int, np.ndarray]) -> None:
+        """Count ``values`` (taken from :meth:`unsaved`) as changed again: their write failed."""
+        for trajectory_id, taken in values.items():
+            if trajectory_id in self._segments:
+                self._unsaved.add(trajectory_id)
+                self._updated.add(trajectory_id)
+            elif self.saves:
+                self._departed.setdefault(trajectory_id, taken)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether draws and updates run the compiled kernels (else numpy)."""
+        return self._kernels is not None
+
+    @property
+    def tree(self) -> SumTree:
+        """The sum tree (to read: the owner changes it through this object)."""
+        return self._tree
 
     @property
     def nbytes(self) -> int:
@@ -321,6 +419,20 @@ class WindowPriorities:
         stale = state.get("stale_updates")
         if isinstance(stale, int) and not isinstance(stale, bool) and stale >= 0:
             self.stale_updates = stale
+
+
+def _kernels(compiled: bool | None) -> Any:
+    """:mod:`~rbzarr.sampling.tree_kernels` (numba imported) when ``compiled`` asks for it
+    (``None``: when numba imports), else ``None``: numpy."""
+    if compiled is False or (compiled is None and not NUMBA_FOUND):
+        return None
+    try:
+        from rbzarr.sampling import tree_kernels  # noqa: PLC0415 - numba costs ~0.3 s
+    except ImportError:
+        if compiled:
+            raise
+        return None
+    return tree_kernels
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,13 @@ import torch
 from rbzarr.errors import EmptyBufferError
 from rbzarr.sampling.arguments import check_count
 from rbzarr.sampling.damaged import DamagedTrajectories
-from rbzarr.sampling.priorities import PrioritizedReplay, WindowPriorities
+from rbzarr.sampling.priorities import ROW_BITS, PrioritizedReplay, WindowPriorities
 from rbzarr.sampling.prioritized import PrioritizedSampler
 from rbzarr.sampling.rows import MissPlan, all_cached, plan_misses
 from rbzarr.sampling.sampler import Draw, Sampler, Window
 from rbzarr.sampling.sequences import SequenceSampler, check_sequence_request
 from rbzarr.sampling.window import WindowSampler
+from rbzarr.storage.index.priorities import PriorityFiles
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.rlinf.documents import Entry
 from rbzarr.trajectory.model import Schema
@@ -147,6 +148,7 @@ class StoreReader:
         lock: AbstractContextManager[Any] | None = None,
         read_ahead: Callable[[torch.Generator, DrawRows], Ahead] | None = None,
         prioritized: PrioritizedReplay | None = None,
+        saves_priorities: bool = False,
     ) -> None:
         self.damaged = DamagedTrajectories(on_damaged)
         self.index = index
@@ -156,7 +158,9 @@ class StoreReader:
         self.empty = empty
         self.held = held
         self.lock = threading.RLock() if lock is None else lock
-        self.priorities = None if prioritized is None else WindowPriorities(prioritized)
+        self.priorities = (
+            None if prioritized is None else WindowPriorities(prioritized, saves=saves_priorities)
+        )
         self.rows = (
             WindowSampler(seed)
             if self.priorities is None
@@ -164,6 +168,9 @@ class StoreReader:
         )
         self.sequences = SequenceSampler(seed, self.priorities)
         self.schema = schema
+        # Added to the ids of the global indices handed out: a buffer without a store
+        # restarts its ids at 0 on clear() (as RLinf), so its indices start past the old ones.
+        self.index_base = 0
         self._window: Window | None = None
         self.ahead = None if read_ahead is None else read_ahead(self.rows.generator, self.draw_rows)
 
@@ -200,6 +207,8 @@ class StoreReader:
         kept = self._window
         if kept is None or kept.index is not self.index or kept.ids != ids:
             kept = self._window = Window(ids, self.index)
+            if self.layout is not None:
+                self.layout.sampling(len(ids))
         return kept
 
     def sync_priorities(self) -> None:
@@ -212,6 +221,11 @@ class StoreReader:
             self.priorities.sync([], [])
             return
         self.priorities.sync(window.ids, window.counts)
+
+    def row_index(self, index: np.ndarray) -> np.ndarray:
+        """Global indices handed out, as the priorities count them (those of ids from before
+        the last :attr:`index_base` move become negative: no row)."""
+        return index - (self.index_base << ROW_BITS) if self.index_base else index
 
     def sample(self, n: int, generator: torch.Generator | None = None) -> Batch:
         """``n`` rows drawn from the window (uniformly, or by priority), as a nested
@@ -298,6 +312,26 @@ class StoreReader:
             self.index.remove(found)
             self.window_changed()
         self.damaged.record(found, self.where)
+        self.fetch_returning()
+
+    def fetch_returning(self) -> None:
+        """Offer the stored priorities of the trajectories back in the window (read without
+        the lock; one file each), so that they do not enter at the largest priority."""
+        if self.priorities is None or self.layout is None:
+            return
+        with self.lock:
+            try:
+                returning = self.priorities.returning(self.window())
+            except (ValueError, EmptyBufferError):  # empty, or past what the index holds
+                return
+            entries = [self.index.entries[i] for i in returning]
+        if not entries:
+            return
+        stored = PriorityFiles(self.layout.location).read_all(entries)
+        none = np.zeros(0, dtype=np.float32)  # no file: the largest priority
+        with self.lock:
+            self.priorities.offer({i: stored.get(i, none) for i in returning})
+            self.sync_priorities()
 
     def _draw(
         self, sampler: Sampler, n: int, generator: torch.Generator | None
@@ -314,7 +348,9 @@ class StoreReader:
                     if self.held is not None:
                         self.held.drawing(window)
                     drawn = sampler.draw(n, window, generator)
-                    ids = window.id_tensor
+                    ids = (
+                        window.id_tensor + self.index_base if self.index_base else window.id_tensor
+                    )
                     plan = self._plan(window, drawn.positions, drawn.rows)
                     fill = [] if self.held is None else self.held.reserved(window, drawn.positions)
                     break

@@ -2,9 +2,11 @@
 
 A layout stores whole trajectories under a :class:`~rbzarr.storage.io.location.Location`.  It
 implements six methods (write, read, delete, list, and where a trajectory's data lives);
-everything else is derived from them here, once: the two JSON documents, row reads, copies,
-describing and checking.  Nothing outside a layout asks which format it is; format names map
-to classes in :mod:`rbzarr.storage.registry`, which is also where an existing store is opened.
+everything else is derived from them here, once: row reads, copies, describing and
+checking.  It holds trajectory data only: the store's index and documents are the
+catalog's (:mod:`rbzarr.storage.index`).  Nothing outside a layout asks which format it is;
+format names map to classes in :mod:`rbzarr.storage.registry`, which is also where an
+existing store is opened.
 """
 
 from __future__ import annotations
@@ -17,33 +19,31 @@ import torch
 from tqdm import tqdm
 
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, StoreExistsError
-from rbzarr.storage.index import slots as store_writers
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.names import bytes_by_prefix
-from rbzarr.storage.rlinf import documents as store_documents
-from rbzarr.storage.rlinf.documents import Documents, Entry, Finding
 from rbzarr.storage.row_groups import RowGroups
 from rbzarr.trajectory.dtypes import dtype_name
 from rbzarr.trajectory.flat_view import flatten_trajectory
 from rbzarr.trajectory.model import Trajectory, validate
 
 if TYPE_CHECKING:
+    from rbzarr.storage.rlinf.documents import Entry
     from rbzarr.trajectory.validated import ValidatedTrajectory
 
 __all__ = ["TrajectoryLayout", "check_entry_shape"]
 
 
 class TrajectoryLayout(ABC):
-    """How trajectories are laid out below a location, and the store's two JSON documents.
+    """How trajectories are laid out below a location.
 
     Subclasses implement :meth:`write`, :meth:`read`, :meth:`delete`, :meth:`list_ids`,
     :meth:`trajectory_path` and :meth:`stored_paths`, and name their ``format``.  Layouts
     that read single rows without loading a whole trajectory override the two row reads,
     :meth:`read_rows` (one trajectory) and :meth:`read_groups_into` (a batch); layouts
-    that keep more than the two documents (the zarr layout mirrors them in its root group)
-    or that find damage cheaper than by decoding override :meth:`write_documents`,
-    :meth:`check_documents`, :meth:`missing_parts`, :meth:`describe_keys` and
-    :meth:`field_names`.
+    that find damage cheaper than by decoding override :meth:`missing_parts`,
+    :meth:`describe_keys` and :meth:`field_names`.  A layout that records its format in
+    the catalog implements
+    :class:`~rbzarr.storage.index.format_records.FormatRecords` too.
 
     Parameters
     ----------
@@ -71,6 +71,23 @@ class TrajectoryLayout(ABC):
         return f"{type(self).__name__}({self.location.url!r})"
 
     # -- what a layout implements ---------------------------------------------------------
+    def check_writable(self, trajectory: Trajectory) -> None:  # noqa: B027 (a hook)
+        """Raise if this layout cannot write ``trajectory`` (a writer calls it before it
+        accepts the trajectory, so nothing is queued that cannot be written); nothing here.
+
+        Parameters
+        ----------
+        trajectory
+            A validated trajectory, raw ``[T(+E), B, ...]`` rows.
+
+        Raises
+        ------
+        InvalidCodecError
+            A codec cannot encode its key, or names a key ``trajectory`` does not have.
+        CodecUnavailableError
+            A codec's package cannot be imported (an ``ImportError``).
+        """
+
     @abstractmethod
     def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
         """Write every tensor of ``trajectory`` under ``entry['trajectory_id']``.
@@ -78,7 +95,7 @@ class TrajectoryLayout(ABC):
         The rows are raw and validated here unless ``trajectory`` is a
         :class:`~rbzarr.trajectory.validated.ValidatedTrajectory`.  When this returns, the
         data is complete; an existing trajectory with the same id is replaced.  It does not
-        touch the JSON documents (see :meth:`write_documents`).
+        touch the store's index or documents (the catalog's).
 
         Parameters
         ----------
@@ -189,89 +206,6 @@ class TrajectoryLayout(ABC):
             The backend failed.
         """
 
-    # -- the two JSON documents -----------------------------------------------------------
-    def write_documents(self, documents: Documents) -> Documents:
-        """Commit: write the index, then the metadata, each atomically.
-
-        Call only after every trajectory the index lists is completely written.
-
-        Parameters
-        ----------
-        documents
-            The documents to commit.
-
-        Returns
-        -------
-        Documents
-            The documents as written (a layout may add what describes its format).
-
-        Raises
-        ------
-        StorageUnavailableError
-            The backend failed.
-        """
-        store_documents.write_documents(self.location, documents)
-        return documents
-
-    def read_documents(self) -> Documents:
-        """Both documents, the union of every writer's (see :mod:`rbzarr.storage.index.slots`)."""
-        return store_writers.read_store_documents(self.location)
-
-    def format_metadata(self) -> dict[str, Any]:
-        """Keys this layout adds to ``metadata.json`` to describe its format (none here)."""
-        return {}
-
-    def adopt_store_metadata(self, metadata: Mapping[str, Any]) -> None:  # noqa: B027 (a hook)
-        """Take on what an existing store's ``metadata.json`` records of its format (a
-        writer appending to it calls this once, before writing); nothing here.
-
-        Parameters
-        ----------
-        metadata
-            The store's metadata keys.
-        """
-
-    def read_store_metadata(self) -> dict[str, Any]:
-        """The store's ``metadata.json`` keys, without reading its index."""
-        return store_writers.read_store_metadata(self.location)
-
-    def listed_ids(self) -> list[int] | None:
-        """The ids the index documents list, or ``None`` when no writer committed any."""
-        if not store_writers.store_has_documents(self.location):
-            return None
-        if not store_writers.writer_slots(self.location) and not store_writers.slot_has_log(
-            self.location, 0
-        ):
-            return store_documents.read_listed_ids(self.location)
-        return list(self.read_documents().trajectory_index["trajectory_id_list"])
-
-    def has_documents(self) -> bool:
-        """Whether a store already exists here (a writer's document is present)."""
-        return store_writers.store_has_documents(self.location)
-
-    def check_documents(self, documents: Documents) -> list[Finding]:
-        """Copies of ``documents`` this layout keeps that disagree with them.
-
-        Each finding is repaired by writing the documents again (:meth:`write_documents`).
-        The default keeps no copies.
-
-        Parameters
-        ----------
-        documents
-            The store's documents, as read from the JSON files.
-
-        Returns
-        -------
-        list of Finding
-            One per disagreeing copy.
-        """
-        return []
-
-    def holds_data(self) -> bool:
-        """Whether a store here holds data: listed ids or, with no index, documents or data."""
-        listed = self.listed_ids()
-        return bool(listed) or (listed is None and (self.has_documents() or bool(self.list_ids())))
-
     # -- rows -----------------------------------------------------------------------------
     def read_rows(
         self, entry: Entry, rows: torch.Tensor, keys: Sequence[str]
@@ -351,6 +285,10 @@ class TrajectoryLayout(ABC):
     def warm(self, entries: Sequence[Entry]) -> None:  # noqa: B027  (a hook; most ignore it)
         """A hint: ``entries`` (committed) form the sample window.  A layout keeping a local
         copy of a remote store fetches them ahead and evicts them last; this one ignores it."""
+
+    def sampling(self, count: int) -> None:  # noqa: B027  (a hook; most ignore it)
+        """A hint: sampling draws from ``count`` trajectories (the window, when it changes).
+        A layout that keeps trajectories open keeps that many; this one ignores it."""
 
     def written_attributes(self, trajectory_id: int) -> dict[str, Any] | None:
         """The attributes a trajectory's commit marker holds (its entry among them), or

@@ -3,8 +3,9 @@
 The registry maps a ``trajectory_format`` name to a dotted path
 (``"rbzarr.storage.zarr.layout:ZarrLayout"``) and imports the module on first use, so the
 layout ABC never imports its implementations.  :func:`open_store` is how every caller opens
-a store that already exists: it reads the two documents, takes the format they name and
-builds that layout -- the format is detected here and nowhere else.
+a store that already exists: it reads the store's index (its catalog,
+:class:`~rbzarr.storage.index.store_index.StoreIndex`, detects the format) and builds the
+layout of the format it names.
 """
 
 from __future__ import annotations
@@ -14,17 +15,14 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from rbzarr.storage.index.slots import read_store_window
+from rbzarr.storage.index.store_index import StoreIndex, stored_format
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.rlinf.documents import Documents
 
 if TYPE_CHECKING:
     from rbzarr.storage.layout import TrajectoryLayout
 
-__all__ = ["known_formats", "layout_class", "open_store", "register_layout", "stored_format"]
-
-# RLinf writes no format marker and saves ``pt`` files by default.
-DEFAULT_STORED_FORMAT = "pt"
+__all__ = ["known_formats", "layout_class", "open_store", "register_layout"]
 
 _LAYOUTS: dict[str, str | type[TrajectoryLayout]] = {
     "zarr": "rbzarr.storage.zarr.layout:ZarrLayout",
@@ -64,11 +62,6 @@ def layout_class(name: str) -> type[TrajectoryLayout]:
     return target
 
 
-def stored_format(documents: Documents) -> str:
-    """The format a store's ``metadata.json`` names (RLinf's ``"pt"`` when it names none)."""
-    return str(documents.metadata.get("trajectory_format", DEFAULT_STORED_FORMAT))
-
-
 def open_store(
     url: str | os.PathLike[str] | Location,
     storage_options: Mapping[str, Any] | None = None,
@@ -80,10 +73,10 @@ def open_store(
 
     ``layout_options`` holds keyword arguments for the layout by format name (only the stored
     format's apply).  With a ``window`` of trajectories, a large store's documents hold only
-    its last ``window`` (:func:`~rbzarr.storage.index.slots.read_store_window`).
+    its last ``window`` (:meth:`~rbzarr.storage.index.store_index.StoreIndex.read`).
     """
     location = Location.from_url(url, storage_options)
-    documents = read_store_window(location, window)
-    fmt = stored_format(documents)
+    documents = StoreIndex.assumed(location).read(window)
+    fmt = stored_format(documents.metadata)
     options = dict((layout_options or {}).get(fmt, {}))
     return layout_class(fmt)(location, **options), documents

@@ -1,9 +1,17 @@
-"""The index of a store and its writers: one home for "many writers, one store".
+"""The store's catalog: its index, its writers and the records kept beside the data.
 
+- :mod:`~rbzarr.storage.index.store_index`: ``StoreIndex``, the catalog's one entry: one
+  probe opens a store (exists, format, metadata, schema, codecs), ``read`` reads the index,
+  ``writer`` claims a slot and picks its index writer;
+- :mod:`~rbzarr.storage.index.writers`: ``IndexWriter``, a slot's commits: ``LogWriter``
+  (the log) or ``DocumentsWriter`` (RLinf's documents, pt / pkl);
+- :mod:`~rbzarr.storage.index.format_records`: what a layout records of its format in the
+  catalog (``FormatRecords``), and the documents written and checked through it;
 - :mod:`~rbzarr.storage.index.log`: a writer slot's index as an append-only log of commit
   records, compacted into blocks (``IndexLog``; what a commit writes, what a reader reads);
-- :mod:`~rbzarr.storage.index.slots`: where each slot keeps its index, and the union readers
-  see (``read_store_documents``, ``read_store_window``);
+- :mod:`~rbzarr.storage.index.slots`: where each slot keeps its index (``slot_files``: the
+  log or the documents), and the union readers see (``read_store_documents``,
+  ``read_store_window``);
 - :mod:`~rbzarr.storage.index.claims`: exclusive claims of slots (``SlotClaim``);
 - :mod:`~rbzarr.storage.index.writer_slot`: the slot a buffer writes (``WriterSlot``);
 - :mod:`~rbzarr.storage.index.trajectory_index`: the ids and entries a reader samples from

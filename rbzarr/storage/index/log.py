@@ -165,24 +165,37 @@ def _read_once(location: Location, last: int | None) -> SlotIndex:
         state.metadata.update(record.get("metadata") or {})
         _count_record(state, record)
         tail.extend((entry, record["time"]) for entry in record["entries"])
-    want = state.size if last is None else min(last, state.size)
-    blocks: list[list[LogEntry]] = [tail]
+    state.entries = _last_entries(location, head["blocks"], tail, state.size, last)
+    return state
+
+
+def _last_entries(
+    location: Location,
+    blocks: Sequence[Sequence[Any]],
+    tail: list[LogEntry],
+    size: int,
+    last: int | None,
+) -> list[LogEntry]:
+    """The last ``last`` of a slot's ``size`` entries (all for ``None``): ``tail``, after
+    the named ``blocks`` read from the newest back as far as needed."""
+    want = size if last is None else min(last, size)
+    parts: list[list[LogEntry]] = [tail]
     have = len(tail)
-    for name, count in reversed(head["blocks"]):
+    for name, count in reversed(blocks):
         if have >= want:
             break
-        blocks.append(_read_block(location, name, count))
+        parts.append(_read_block(location, name, count))
         have += count
     if have < want:
         raise CorruptStoreError(
-            f"{location.url}/{INDEX_DIR}: the head counts {state.size} entries, its blocks and "
+            f"{location.url}/{INDEX_DIR}: the head counts {size} entries, its blocks and "
             f"records hold {have}; run `rbzarr verify --repair`"
         )
-    entries = [item for block in reversed(blocks) for item in block]
-    state.entries = entries[len(entries) - want :] if want else []
-    for entry, _ in state.entries:  # only what is handed out is checked entry by entry
+    entries = [item for part in reversed(parts) for item in part]
+    window = entries[len(entries) - want :] if want else []
+    for entry, _ in window:  # only what is handed out is checked entry by entry
         _check_entry(entry, f"{location.url}/{INDEX_DIR}")
-    return state
+    return window
 
 
 class IndexLog:
@@ -274,6 +287,34 @@ class IndexLog:
     def max_rows(self) -> int:
         """The largest ``T * B`` the slot committed."""
         return self._state.max_rows
+
+    def read(self, last: int | None = None) -> SlotIndex:
+        """The slot's counters and its last ``last`` entries (all for ``None``), as
+        :func:`read_slot_index` reads them, from what this writer holds: only the blocks
+        before its open ones are read (only it writes the slot).
+
+        Raises
+        ------
+        CorruptStoreError
+            A block is malformed or missing.
+        """
+        if self._unsure:
+            return read_slot_index(self.location, last)  # a record it may have written
+        state = SlotIndex(
+            self._state.size,
+            self._state.total_samples,
+            self._state.trajectory_counter,
+            self._state.max_rows,
+            dict(self.metadata),
+        )
+        held = [*self._open, [(e, r["time"]) for r in self._records for e in r["entries"]]]
+        tail = [item for block in held for item in block]
+        stored = self._head["blocks"][: len(self._head["blocks"]) - len(self._open)]
+        try:
+            state.entries = _last_entries(self.location, stored, tail, state.size, last)
+        except FileNotFoundError as exc:
+            raise CorruptStoreError(f"{self.location.url}/{INDEX_DIR}: {exc}") from exc
+        return state
 
     def is_empty(self) -> bool:
         """Whether nothing was ever committed to the slot (not even an empty claim)."""

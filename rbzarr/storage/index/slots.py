@@ -17,7 +17,8 @@ are otherwise unchanged.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
@@ -41,11 +42,19 @@ __all__ = [
     "read_store_metadata",
     "read_store_window",
     "slot_has_documents",
-    "slot_has_log",
+    "DocumentSlotFiles",
+    "LogSlotFiles",
+    "SlotFiles",
+    "log_of_documents",
+    "slot_files",
     "slot_location",
     "store_has_documents",
     "writer_slots",
 ]
+
+# Reads of the slots a process writes, from its memory: ``{slot: read(last)}`` (``None``
+# before the slot's first commit).
+HeldSlots = Mapping[int, Callable[[int | None], index_log.SlotIndex | None]]
 
 WRITERS = "writers"
 # Ids of slot s are [s * ID_STRIDE, (s + 1) * ID_STRIDE).
@@ -103,49 +112,168 @@ def log_documents(state: index_log.SlotIndex, where: str) -> Documents:
     return Documents(metadata, index)
 
 
+class SlotFiles(ABC):
+    """How one writer slot keeps its index: an append-only log, or RLinf's two documents.
+
+    :func:`slot_files` picks the kind from what the slot's folder holds; nothing else asks.
+
+    Parameters
+    ----------
+    where
+        The slot's folder (:func:`slot_location`).
+    """
+
+    def __init__(self, where: Location) -> None:
+        self.where = where
+
+    @property
+    @abstractmethod
+    def exists(self) -> bool:
+        """Whether the slot has committed anything."""
+
+    @abstractmethod
+    def metadata(self) -> dict[str, Any] | None:
+        """The slot's ``metadata.json`` keys without its index, ``None`` before its first
+        complete commit."""
+
+    @abstractmethod
+    def own(self) -> Documents | None:
+        """The slot's own documents (a log's made from it), ``None`` if it committed none."""
+
+    @abstractmethod
+    def committed(self, last: int | None = None) -> Documents | None:
+        """The slot's documents as readers see them (only the last ``last`` entries of a
+        log): none until its first commit is complete."""
+
+    @abstractmethod
+    def damage(self) -> CorruptStoreError | None:
+        """What keeps the slot's index from reading whole (``None``: nothing; RLinf's
+        documents are checked where they are read)."""
+
+    @abstractmethod
+    def rewrite(self, own: Documents, fixed: Documents, counter: int) -> None:
+        """Replace the slot's index by ``fixed`` (a repair of ``own``); the documents
+        themselves are written by the caller."""
+
+
+class LogSlotFiles(SlotFiles):
+    """A slot that keeps its index as a log (:mod:`rbzarr.storage.index.log`)."""
+
+    @property
+    def exists(self) -> bool:
+        # docstring inherited
+        return True
+
+    def metadata(self) -> dict[str, Any] | None:
+        # docstring inherited
+        return index_log.read_slot_metadata(self.where)
+
+    def own(self) -> Documents | None:
+        # docstring inherited
+        return log_documents(index_log.read_slot_index(self.where), self.where.url)
+
+    def committed(self, last: int | None = None) -> Documents | None:
+        # docstring inherited
+        return window_documents(index_log.read_slot_index(self.where, last), self.where, last)
+
+    def damage(self) -> CorruptStoreError | None:
+        # docstring inherited
+        try:
+            index_log.read_slot_index(self.where)
+        except CorruptStoreError as exc:
+            return exc
+        return None
+
+    def rewrite(self, own: Documents, fixed: Documents, counter: int) -> None:
+        # docstring inherited
+        listed, metadata = log_of_documents(own, fixed, self.where.url)
+        index_log.IndexLog.for_repair(self.where).rewrite(
+            listed, counter=counter, metadata=metadata
+        )
+
+
+class DocumentSlotFiles(SlotFiles):
+    """A slot that keeps RLinf's two documents (a pt / pkl store, or an earlier rbzarr's)."""
+
+    @property
+    def exists(self) -> bool:
+        # docstring inherited
+        return store_documents.documents_exist(self.where)
+
+    def metadata(self) -> dict[str, Any] | None:
+        # docstring inherited
+        return store_documents.read_metadata(self.where)
+
+    def own(self) -> Documents | None:
+        # docstring inherited
+        if not store_documents.documents_exist(self.where):
+            return None
+        return store_documents.read_documents(self.where)
+
+    def committed(self, last: int | None = None) -> Documents | None:
+        # docstring inherited
+        # The index is written first, the metadata last: a reader never races a commit.
+        if not self.where.exists(METADATA_FILE):
+            return None
+        return store_documents.read_documents(self.where)
+
+    def damage(self) -> CorruptStoreError | None:
+        # docstring inherited
+        return None
+
+    def rewrite(self, own: Documents, fixed: Documents, counter: int) -> None:
+        # docstring inherited
+        return None
+
+
+def window_documents(state: index_log.SlotIndex, where: Location, last: int | None) -> Documents:
+    """A slot's documents from what a read of its log's last ``last`` entries found."""
+    documents = log_documents(state, where.url)
+    if last is not None:
+        held = sum(int(e["num_samples"]) for e, _ in state.entries)
+        documents.trajectory_index[EARLIER] = {
+            "size": state.size - len(state.entries),
+            "total_samples": state.total_samples - held,
+        }
+    return documents
+
+
+def slot_files(location: Location, slot: int) -> SlotFiles:
+    """The files of ``slot`` of the store at ``location``: its log if it keeps one, else
+    RLinf's documents (the one place that tells them apart)."""
+    where = slot_location(location, slot)
+    if index_log.has_log(where):
+        return LogSlotFiles(where)
+    return DocumentSlotFiles(where)
+
+
+def log_of_documents(
+    own: Documents, fixed: Documents, where: str
+) -> tuple[list[index_log.LogEntry], dict[str, Any]]:
+    """The log entries (with the commit times ``own`` records) and metadata of ``fixed``:
+    the one conversion of RLinf's documents to a log (an upgrade, or a repair)."""
+    index = fixed.trajectory_index
+    ids, entries = index.get("trajectory_id_list"), index.get("trajectory_index")
+    if not isinstance(ids, list) or not isinstance(entries, dict):
+        raise CorruptStoreError(f"{where}/{INDEX_FILE}: malformed index")
+    times = own.trajectory_index.get(COMMIT_TIMES, {})
+    try:
+        listed = [(dict(entries[str(i)]), float(times.get(str(i), 0.0))) for i in ids]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CorruptStoreError(f"{where}/{INDEX_FILE}: malformed index: {exc!r}") from exc
+    counters = {"size", "total_samples", "trajectory_counter"}
+    return listed, {k: v for k, v in fixed.metadata.items() if k not in counters}
+
+
 def read_slot_documents(location: Location, slot: int) -> Documents | None:
     """One slot's own documents (from its log when it keeps one), or ``None`` when it has
     committed none."""
-    where = slot_location(location, slot)
-    if index_log.has_log(where):
-        return log_documents(index_log.read_slot_index(where), where.url)
-    if not store_documents.documents_exist(where):
-        return None
-    return store_documents.read_documents(where)
-
-
-def _committed_slot_documents(
-    location: Location, slot: int, last: int | None = None
-) -> Documents | None:
-    """A slot's documents as readers see them: none until its first commit is complete
-    (the index is written first, the metadata last), so a reader never races it; only the
-    last ``last`` entries of a log."""
-    where = slot_location(location, slot)
-    if index_log.has_log(where):
-        state = index_log.read_slot_index(where, last)
-        documents = log_documents(state, where.url)
-        if last is not None:
-            earlier = state.size - len(state.entries)
-            held = sum(int(e["num_samples"]) for e, _ in state.entries)
-            documents.trajectory_index[EARLIER] = {
-                "size": earlier,
-                "total_samples": state.total_samples - held,
-            }
-        return documents
-    if not where.exists(METADATA_FILE):
-        return None
-    return store_documents.read_documents(where)
-
-
-def slot_has_log(location: Location, slot: int) -> bool:
-    """Whether ``slot`` keeps its index as a log (:mod:`rbzarr.storage.index.log`)."""
-    return index_log.has_log(slot_location(location, slot))
+    return slot_files(location, slot).own()
 
 
 def slot_has_documents(location: Location, slot: int) -> bool:
     """Whether ``slot`` has committed anything (a log or documents)."""
-    where = slot_location(location, slot)
-    return index_log.has_log(where) or store_documents.documents_exist(where)
+    return slot_files(location, slot).exists
 
 
 def store_has_documents(location: Location) -> bool:
@@ -165,15 +293,15 @@ def read_store_metadata(location: Location) -> dict[str, Any]:
         No writer has committed anything.
     """
     for slot in [0, *writer_slots(location)]:
-        where = slot_location(location, slot)
-        if index_log.has_log(where):
-            return index_log.read_slot_metadata(where)
-        if where.exists(METADATA_FILE):
-            return store_documents.read_documents(where).metadata
+        metadata = slot_files(location, slot).metadata()
+        if metadata is not None:
+            return metadata
     raise CheckpointNotFoundError(f"{location.url}/{METADATA_FILE} not found: {location.absence()}")
 
 
-def read_store_documents(location: Location, last: int | None = None) -> Documents:
+def read_store_documents(
+    location: Location, last: int | None = None, held: HeldSlots | None = None
+) -> Documents:
     """The union of every writer's documents at ``location`` (the root's alone if no slot).
 
     Parameters
@@ -185,6 +313,8 @@ def read_store_documents(location: Location, last: int | None = None) -> Documen
         The counters of ``metadata.json`` still cover the whole store, and the index says
         how many trajectories it leaves out under :data:`EARLIER` (see
         :func:`earlier_counts`).  A slot that keeps a log reads ``O(last)`` entries.
+    held
+        The slots whose log this process writes, read from memory (no file of theirs).
 
     Returns
     -------
@@ -205,7 +335,13 @@ def read_store_documents(location: Location, last: int | None = None) -> Documen
     counts = []  # (size, total_samples) of each slot read
     found: list[tuple[int, Documents]] = []
     for slot in [0, *writer_slots(location)]:
-        documents = _committed_slot_documents(location, slot, last)
+        documents: Documents | None
+        if held is not None and slot in held:
+            state = held[slot](last)
+            where = slot_location(location, slot)
+            documents = None if state is None else window_documents(state, where, last)
+        else:
+            documents = slot_files(location, slot).committed(last)
         if documents is not None:
             found.append((slot, documents))
             if last is not None:
@@ -232,7 +368,9 @@ def read_store_documents(location: Location, last: int | None = None) -> Documen
     return Documents(metadata, index)
 
 
-def read_store_window(location: Location, window: int | None) -> Documents:
+def read_store_window(
+    location: Location, window: int | None, held: HeldSlots | None = None
+) -> Documents:
     """The documents an open with a sample window of ``window`` trajectories needs.
 
     A store of at most :data:`WHOLE_INDEX_BELOW` trajectories (or ``window`` ``None`` or
@@ -250,12 +388,12 @@ def read_store_window(location: Location, window: int | None) -> Documents:
         The backend failed.
     """
     if window is None or window <= 0:
-        return read_store_documents(location)
-    documents = read_store_documents(location, last=window)
+        return read_store_documents(location, held=held)
+    documents = read_store_documents(location, last=window, held=held)
     if earlier_counts(documents.trajectory_index)[0] and (
         int(documents.metadata.get("size", 0)) <= WHOLE_INDEX_BELOW
     ):
-        return read_store_documents(location)
+        return read_store_documents(location, held=held)
     return documents
 
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import itertools
 
-from rbzarr.errors import CorruptStoreError, StoreExistsError
+from rbzarr.errors import StoreExistsError
+from rbzarr.storage.index import format_records
 from rbzarr.storage.index.claims import SlotClaim
 from rbzarr.storage.index.log import IndexLog
 from rbzarr.storage.index.slots import (
-    COMMIT_TIMES,
     WRITERS,
+    DocumentSlotFiles,
     id_range,
+    log_of_documents,
     read_slot_documents,
     slot_has_documents,
 )
@@ -85,35 +87,20 @@ class WriterSlot:
         is upgraded in place: its index becomes the log's first segments, no data moves."""
         where = documents_location(self.layout.location, self.slot)
         log = IndexLog(where)
-        if log.is_empty() and store_documents.documents_exist(where):
-            documents = store_documents.read_documents(where)
-            index = documents.trajectory_index
+        documents = DocumentSlotFiles(where).own() if log.is_empty() else None
+        if documents is not None:
+            index = dict(documents.trajectory_index)
             ids = index.get("trajectory_id_list")
-            entries = index.get("trajectory_index")
-            if not isinstance(ids, list) or not isinstance(entries, dict):
-                raise CorruptStoreError(
-                    f"{where.url}/{store_documents.INDEX_FILE}: malformed index"
-                )
-            if "rbzarr_format_version" not in documents.metadata:
+            if "rbzarr_format_version" not in documents.metadata and isinstance(ids, list):
                 # RLinf lists ids it never saved: the log lists only what exists.
                 present = set(self.layout.list_ids())
-                ids = [i for i in ids if i in present]
-            times = index.get(COMMIT_TIMES, {})
-            try:
-                listed = [(dict(entries[str(i)]), float(times.get(str(i), 0.0))) for i in ids]
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                raise CorruptStoreError(
-                    f"{where.url}/{store_documents.INDEX_FILE}: malformed index: {exc!r}"
-                ) from exc
+                index["trajectory_id_list"] = [i for i in ids if i in present]
+            kept = Documents(documents.metadata, index)
+            listed, metadata = log_of_documents(documents, kept, where.url)
             counter = max(
                 int(documents.metadata.get("trajectory_counter", 0)),
-                max((int(i) for i in ids), default=-1) + 1,
+                max((int(i) for i in kept.trajectory_index["trajectory_id_list"]), default=-1) + 1,
             )
-            metadata = {
-                k: v
-                for k, v in documents.metadata.items()
-                if k not in {"size", "total_samples", "trajectory_counter"}
-            }
             log.rewrite(listed, counter=counter, metadata=metadata)
         return log
 
@@ -134,7 +121,7 @@ class WriterSlot:
         """Rewrite this slot's two documents whole (slot 0 through the layout, as a lone
         writer does)."""
         if self.slot == 0:
-            self.layout.write_documents(documents)
+            format_records.write_documents(self.layout, documents)
             return
         store_documents.write_documents(
             documents_location(self.layout.location, self.slot), documents

@@ -18,7 +18,12 @@ from typing import Any
 
 import fsspec
 
-from rbzarr.errors import RbzarrError, StorageUnavailableError
+from rbzarr.errors import (
+    InvalidCodecError,
+    InvalidTrajectoryError,
+    RbzarrError,
+    StorageUnavailableError,
+)
 from rbzarr.storage.io.deadlines import deadline_s, no_answer
 
 __all__ = [
@@ -60,6 +65,8 @@ PERMANENT_ERRNOS = frozenset(
 )
 # S3 error codes of the same kind (botocore's ``response["Error"]["Code"]``).
 _PERMANENT_CODES = frozenset({"NoSuchBucket", "AccessDenied", "InvalidBucketName"})
+# Bad input and a missing package: the same task fails the same way every time.
+_BAD_INPUT = (ImportError, InvalidCodecError, InvalidTrajectoryError)
 _CREDENTIAL_ERRORS = ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError")
 
 
@@ -148,13 +155,15 @@ def translate_errors(url: str, action: str) -> Iterator[None]:
 
 def permanent_cause(exc: BaseException) -> BaseException | None:
     """The error in ``exc``'s chain (``__cause__``, ``__context__``) that retrying cannot cure
-    (an errno of :data:`PERMANENT_ERRNOS`, S3's ``NoSuchBucket`` or ``AccessDenied``), else
-    ``None``."""
+    (an errno of :data:`PERMANENT_ERRNOS`, S3's ``NoSuchBucket`` or ``AccessDenied``, a
+    missing package, values a codec cannot encode, an invalid trajectory), else ``None``."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         if isinstance(current, OSError) and current.errno in PERMANENT_ERRNOS:
+            return current
+        if isinstance(current, _BAD_INPUT):
             return current
         response = getattr(current, "response", None)
         if isinstance(response, dict) and response.get("Error", {}).get("Code") in _PERMANENT_CODES:

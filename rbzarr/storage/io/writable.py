@@ -13,11 +13,27 @@ from __future__ import annotations
 import errno
 import os
 
-from rbzarr.errors import StoreNotWritableError
+from rbzarr.errors import StoreExistsError, StoreNotWritableError
+from rbzarr.storage.io.backends import translate_errors
+from rbzarr.storage.io.deadlines import deadline_options
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.names import temporary_name
 
-__all__ = ["check_writable"]
+__all__ = ["check_store_folder", "check_writable"]
+
+
+def check_store_folder(location: Location, *, is_store: bool) -> None:
+    """Refuse an ``auto_save_path`` that is a file (not asked where ``is_store``: a store
+    was found there, so it is a folder), or that can never be written."""
+    if not is_store:
+        with translate_errors(location.url, "opening"):
+            is_file = location.fs.isfile(location.path, **deadline_options(location.fs))
+        if is_file:
+            raise StoreExistsError(
+                f"auto_save_path {location.url} is a file: it must be a folder (new, or "
+                "holding a store to append to); choose another auto_save_path"
+            )
+    check_writable(location)
 
 
 def check_writable(location: Location) -> None:

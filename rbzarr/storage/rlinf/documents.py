@@ -1,9 +1,10 @@
 """A store's two JSON documents (``metadata.json``, ``trajectory_index.json``) and their I/O.
 
-Every layout keeps them at its root in RLinf's schema; writing them (the index first, then
-the metadata, each atomically) is a store's commit point.  These functions read and write
-them on a :class:`~rbzarr.storage.io.location.Location`, whatever the layout;
-:class:`~rbzarr.storage.layout.TrajectoryLayout` calls them.
+Every store keeps them at its root in RLinf's schema.  For a pt / pkl store, writing them
+(the index first, then the metadata, each atomically) is the commit point; a zarr store's
+commit point is its index log (:mod:`rbzarr.storage.index.log`) and they are its mirror,
+rewritten when a writer closes.  These functions read and write them on a
+:class:`~rbzarr.storage.io.location.Location`, whatever the layout.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ __all__ = [
     "Finding",
     "documents_exist",
     "read_documents",
-    "read_listed_ids",
+    "read_metadata",
     "write_documents",
 ]
 
@@ -100,20 +101,18 @@ def read_documents(location: Location) -> Documents:
     )
 
 
+def read_metadata(location: Location) -> dict[str, Any] | None:
+    """``metadata.json`` alone, or ``None`` when it does not exist (malformed: a named error)."""
+    try:
+        return _read_json(location, METADATA_FILE)
+    except CheckpointNotFoundError:
+        return None
+
+
 def write_documents(location: Location, documents: Documents) -> None:
     """Write the index, then the metadata, each atomically, at ``location``."""
     location.write_bytes(_dump(documents.trajectory_index), INDEX_FILE)
     location.write_bytes(_dump(documents.metadata), METADATA_FILE)
-
-
-def read_listed_ids(location: Location) -> list[int] | None:
-    """The index's ``trajectory_id_list``, or ``None`` when there is no index document."""
-    if not location.exists(INDEX_FILE):
-        return None
-    ids = _read_json(location, INDEX_FILE).get("trajectory_id_list")
-    if not isinstance(ids, list):
-        raise CorruptStoreError(f"{location.url}/{INDEX_FILE}: no trajectory_id_list")
-    return ids
 
 
 def documents_exist(location: Location) -> bool:

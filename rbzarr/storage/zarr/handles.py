@@ -26,8 +26,16 @@ __all__ = ["HandleCache", "check_array_shapes", "time_and_envs", "trajectory_id"
 
 
 def _file_budget() -> int:
+    """A quarter of the process's descriptor limit and of the kernel's map count limit
+    (a local handle holds a descriptor and a map per array), at least 64."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return max(64, (soft if soft != resource.RLIM_INFINITY else 65536) // 4)
+    budget = soft if soft != resource.RLIM_INFINITY else 65536
+    try:
+        with open("/proc/sys/vm/max_map_count", encoding="ascii") as limit:
+            budget = min(budget, int(limit.read()))
+    except (OSError, ValueError):  # not Linux: the descriptors alone
+        pass
+    return max(64, budget // 4)
 
 
 class HandleCache:
@@ -83,6 +91,12 @@ class HandleCache:
             ):
                 _, evicted = self._handles.popitem(last=False)
                 self._files -= evicted.files
+
+    def keep_at_least(self, size: int) -> None:
+        """Keep up to ``size`` trajectories (or more, if already so; the file budget still
+        bounds them)."""
+        with self._lock:
+            self.size = max(self.size, size)
 
     def forget(self, tid: int | None = None) -> None:
         """Drop the handles of trajectory ``tid`` and start a new generation.

@@ -3,7 +3,7 @@
 Layout below the root (a Zarr v3 group)::
 
     zarr.json                    attrs {"rbzarr": {"metadata": ..., "trajectory_index": ...}}
-    metadata.json, trajectory_index.json     the same two documents (the commit point)
+    metadata.json, trajectory_index.json     RLinf's two documents (a mirror of the log)
     trajectories/<id>/           a group; attrs = the index entry + {"fields": {key: dtype}}
                                  + {"rbzarr_layout": a description of every array}
         rewards                  one array per raw tensor field, [T(+E), B, ...]
@@ -48,7 +48,7 @@ from zarr.abc.store import Store
 from zarr.api import asynchronous as zarr_async
 from zarr.storage import StorePath
 
-from rbzarr.errors import CodecConflictError, CorruptStoreError
+from rbzarr.errors import CodecConflictError, CorruptStoreError, InvalidCodecError
 from rbzarr.storage.io.backends import translate_errors
 from rbzarr.storage.io.deadlines import sync
 from rbzarr.storage.io.json_limits import read_json
@@ -56,6 +56,7 @@ from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.names import is_temporary_name, number_name
 from rbzarr.storage.io.object_ranges import object_ranges
 from rbzarr.storage.layout import TrajectoryLayout
+from rbzarr.storage.rlinf import documents as store_documents
 from rbzarr.storage.rlinf.documents import INDEX_FILE, METADATA_FILE, Documents, Entry, Finding
 from rbzarr.storage.row_groups import RowGroups
 from rbzarr.storage.zarr import (
@@ -72,7 +73,7 @@ from rbzarr.storage.zarr.chunking import (
     plan_key,
     zarr_compressor,
 )
-from rbzarr.storage.zarr.codecs import Codec, parse_codec, parse_codecs
+from rbzarr.storage.zarr.codecs import Codec, parse_codec, parse_codecs, require_images
 from rbzarr.storage.zarr.encode import LOCAL_SEPARATOR, shard_key
 from rbzarr.storage.zarr.handles import time_and_envs, trajectory_id
 from rbzarr.storage.zarr.open import (
@@ -90,7 +91,14 @@ from rbzarr.trajectory.dtypes import dtype_name, from_numpy, to_numpy
 from rbzarr.trajectory.model import Trajectory, trajectory_from_raw
 from rbzarr.trajectory.validated import ValidatedTrajectory, rows_to_write
 
-__all__ = ["FIELDS_ATTR", "LAYOUT_VERSION", "ROOT_ATTR", "TRAJECTORIES", "ZarrLayout"]
+__all__ = [
+    "DEFAULT_HANDLES",
+    "FIELDS_ATTR",
+    "LAYOUT_VERSION",
+    "ROOT_ATTR",
+    "TRAJECTORIES",
+    "ZarrLayout",
+]
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +107,10 @@ LAYOUT_VERSION = 2
 CODECS_KEY = "codecs"
 # Trajectories the background warmer opens per round.
 WARM_BATCH = 32
+# Trajectories kept open at least (without an explicit handle_cache_size).
+DEFAULT_HANDLES = 256
+# Kept open beyond the window: trajectories read while the window moves on.
+_HANDLE_SLACK = 16
 # The root group's attribute that mirrors the two documents.
 ROOT_ATTR = "rbzarr"
 # A chunk key joined by ".", as layout-2 shards are named (``c.0.0.0``).
@@ -117,10 +129,11 @@ class ZarrLayout(TrajectoryLayout):
         not named): a spec (``"raw"``, ``"zstd:3"``, ``"lossless"``, ``"jpeg:95"``, ...,
         see :mod:`rbzarr.storage.zarr.codecs`), a zarr codec object, or ``None`` (raw).
         Unlisted keys are stored raw (read in place), except image-like ones (uint8
-        ``[T, B, H, W, C]`` or ``[T, B, C, H, W]``): ``"lossless"`` when imagecodecs is
-        installed.  A store records its codecs in its metadata; appending to it uses them,
-        and a different explicit codec for a recorded key raises
-        :class:`~rbzarr.errors.CodecConflictError`.
+        ``[T, B, H, W, C]`` or ``[T, B, C, H, W]``): ``"lossless"``.  A store records its
+        codecs in its metadata; appending to it uses them, and a different explicit codec
+        for a recorded key raises :class:`~rbzarr.errors.CodecConflictError`.  A codec that
+        cannot encode its key, or names a key the trajectories lack, is refused before a
+        trajectory is accepted (:meth:`check_writable`).
     chunk_bytes
         Target size of one chunk of the arrays zarr writes itself (codecs other than zstd,
         see :mod:`rbzarr.storage.zarr.chunking`).
@@ -130,6 +143,10 @@ class ZarrLayout(TrajectoryLayout):
         from ``location`` directly, through ``byte_source``.
     handle_cache_size
         How many trajectories keep their opened handles (least recently used go).
+        ``None`` (default): the sample window's trajectories, at least
+        :data:`DEFAULT_HANDLES` (readers say how many, :meth:`sampling`); either way the
+        handles hold at most a quarter of the process's descriptor limit and of
+        ``vm.max_map_count``.
     byte_source
         Where row reads of shards get their bytes; wrap a
         :class:`~rbzarr.storage.zarr.byte_source.ByteSource` to observe them (the
@@ -150,6 +167,8 @@ class ZarrLayout(TrajectoryLayout):
         ``chunk_bytes`` or ``local_cache_bytes`` is not positive, ``handle_cache_size`` or
         ``range_gap`` is negative, or ``local_cache_bytes`` is given without
         ``local_cache_dir``.
+    CodecUnavailableError
+        An image codec is named and imagecodecs cannot be imported (an ``ImportError``).
     """
 
     format = "zarr"
@@ -165,7 +184,7 @@ class ZarrLayout(TrajectoryLayout):
         codecs: Mapping[str, Any] | None = None,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         store: Store | None = None,
-        handle_cache_size: int = 256,
+        handle_cache_size: int | None = None,
         byte_source: ByteSource | None = None,
         local_cache_dir: str | os.PathLike[str] | None = None,
         local_cache_bytes: int | None = None,
@@ -173,13 +192,18 @@ class ZarrLayout(TrajectoryLayout):
     ) -> None:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
-        if handle_cache_size < 0:
+        if handle_cache_size is not None and handle_cache_size < 0:
             raise ValueError(f"handle_cache_size must be >= 0, got {handle_cache_size}")
         if range_gap < 0:
             raise ValueError(f"range_gap must be >= 0, got {range_gap}")
         super().__init__(location)
         self.codecs = parse_codecs(codecs)
+        for key, codec in self.codecs.items():
+            if codec.is_image:
+                require_images(f"codec {codec.text!r} of {key!r}")
         self._explicit = frozenset(self.codecs)
+        # Field shapes and dtypes check_writable found writable.
+        self._writable: set[frozenset[Any]] = set()
         # Concrete codecs by key (and "default"), as the store's metadata records them.
         self._recorded = {key: codec.text for key, codec in self.codecs.items()}
         self._recorded_lock = threading.Lock()
@@ -190,8 +214,13 @@ class ZarrLayout(TrajectoryLayout):
             byte_source = ByteSource(object_ranges(protocol, location.storage_options))
         self.byte_source = byte_source
         self.shard_cache = _shard_cache(location, local_cache_dir, local_cache_bytes)
+        self._handles_follow_window = handle_cache_size is None
         self._opener = TrajectoryOpener(
-            location, store, handle_cache_size, self.byte_source, self.shard_cache
+            location,
+            store,
+            DEFAULT_HANDLES if handle_cache_size is None else handle_cache_size,
+            self.byte_source,
+            self.shard_cache,
         )
         self._publisher = GroupPublisher()
         self._warming = _Warmer(self._opener)
@@ -356,6 +385,12 @@ class ZarrLayout(TrajectoryLayout):
                 key for key in (cache_key(entry) for entry in groups.entries) if key is not None
             )
 
+    def sampling(self, count: int) -> None:
+        """Without an explicit ``handle_cache_size``: keep the handles of ``count``
+        trajectories (a window of more would reopen those it draws on every batch)."""
+        if self._handles_follow_window:
+            self._opener.handles.keep_at_least(count + _HANDLE_SLACK)
+
     def warm(self, entries: Sequence[Entry]) -> None:
         """With a local cache: the trajectories of the sample window.  Those not cached are
         fetched into it on a background thread, and they are evicted last."""
@@ -372,10 +407,7 @@ class ZarrLayout(TrajectoryLayout):
         trajectory = rows_to_write(trajectory)
         tid = trajectory_id(entry)
         fields = trajectory.tensors()
-        plans = {
-            key: plan_key(value.shape, to_numpy(value.reshape(-1)[:0]).dtype, self.codecs, key)
-            for key, value in fields.items()
-        }
+        plans = self._plans(fields)
         self._record_codecs(plans)
         # Local files: one file per shard (no folder per dimension), read in place (no
         # copies in the group's document).
@@ -421,6 +453,29 @@ class ZarrLayout(TrajectoryLayout):
         self._opener.handles.forget(tid)
         if self.shard_cache is not None and not zarr_keys:
             self._write_through(entry, attrs, files, description)
+
+    def check_writable(self, trajectory: Trajectory) -> None:
+        # docstring inherited
+        fields = trajectory.tensors()
+        # What a plan depends on: a schema checked once passes at once after.
+        shapes = frozenset((k, v.shape[1:], v.shape[0] == 0, v.dtype) for k, v in fields.items())
+        if shapes in self._writable:
+            return
+        unknown = sorted(key for key in self._explicit if key != "default" and key not in fields)
+        if unknown:
+            raise InvalidCodecError(
+                f"codecs name {unknown}, which the trajectories do not have (their keys: "
+                f"{sorted(fields)}); correct the key, or use 'default' for every key"
+            )
+        self._plans(fields)
+        self._writable.add(shapes)
+
+    def _plans(self, fields: Mapping[str, torch.Tensor]) -> dict[str, KeyPlan]:
+        """The plan of every field (its codec chosen and checked against its values)."""
+        return {
+            key: plan_key(value.shape, to_numpy(value.reshape(-1)[:0]).dtype, self.codecs, key)
+            for key, value in fields.items()
+        }
 
     def _durable_folder(self, group: str) -> str | None:
         """The local folder of ``group`` when writes must be durable and zarr's store is
@@ -469,6 +524,8 @@ class ZarrLayout(TrajectoryLayout):
         ------
         CodecConflictError
             This layout was given another codec for a key the store records.
+        CodecUnavailableError
+            The store records an image codec and imagecodecs cannot be imported.
         """
         recorded = metadata.get(CODECS_KEY)
         if recorded is None:
@@ -493,6 +550,8 @@ class ZarrLayout(TrajectoryLayout):
                             f"{self.location.url}: key {key!r} is stored with codec {text!r}; "
                             "pass that codec object in codecs= to append to this store"
                         ) from exc
+                    if self.codecs[key].is_image:  # appending needs it: say so now
+                        require_images(f"codec {str(text)!r} of {key!r} (the store's)")
                 self._recorded[key] = str(text)
 
     def format_metadata(self) -> dict[str, Any]:
@@ -512,7 +571,8 @@ class ZarrLayout(TrajectoryLayout):
         attrs = {ROOT_ATTR: _root_head(documents)}
         with translate_errors(self.location.url, "writing"):
             sync(self._update_root(attrs))
-        return super().write_documents(documents)
+        store_documents.write_documents(self.location, documents)
+        return documents
 
     async def _update_root(self, attrs: dict[str, Any]) -> None:
         root = await zarr_async.open_group(store=self._opener.store(), mode="a", zarr_format=3)
