@@ -18,6 +18,7 @@ __all__ = [
     "InvalidTrajectoryError",
     "RbzarrError",
     "SchedulerUnavailableError",
+    "StorageOptionError",
     "StorageUnavailableError",
     "StoreExistsError",
     "StoreNotWritableError",
@@ -84,6 +85,10 @@ class StorageUnavailableError(RbzarrError, OSError):
 
 class SchedulerUnavailableError(RbzarrError, ConnectionError):
     """No dask scheduler answered at the address given (``--scheduler``) in time."""
+
+
+class StorageOptionError(RbzarrError, TypeError):
+    """A storage option that the location's filesystem does not take (a misspelled name)."""
 
 
 class StoreNotWritableError(StorageUnavailableError):
