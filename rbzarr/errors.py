@@ -17,6 +17,7 @@ __all__ = [
     "InsertTimeoutError",
     "InvalidTrajectoryError",
     "RbzarrError",
+    "RecodeWarning",
     "SchedulerUnavailableError",
     "StorageOptionError",
     "StorageUnavailableError",
@@ -123,6 +124,11 @@ class WorkerProcessError(RbzarrError, RuntimeError):
 
 class UncommittedWritesWarning(UserWarning):
     """``close(wait=False)`` returned while writes were not committed yet."""
+
+
+class RecodeWarning(UserWarning):
+    """A recode's codecs cost more than the user may expect (a ``next_obs`` key that is no
+    longer stored once)."""
 
 
 class DamagedTrajectoryWarning(UserWarning):
