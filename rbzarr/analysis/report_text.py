@@ -90,6 +90,7 @@ def verify_lines(report: VerifyReport) -> list[str]:
     lines = [f"{report.url}: {report.trajectories} indexed trajectories checked"]
     lines.extend(f"repaired  {p.kind:<20} {p.path}: {p.message}" for p in report.repaired)
     lines.extend(f"PROBLEM   {p.kind:<20} {p.path}: {p.message}" for p in report.problems)
+    lines.extend(f"note      {p.kind:<20} {p.path}: {p.message}" for p in report.notes)
     if report.dropped_ids:
         lines.append(f"dropped from the index: ids {report.dropped_ids}")
     lines.append("ok" if report.ok else f"{len(report.problems)} problem(s)")
