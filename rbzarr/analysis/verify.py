@@ -163,7 +163,7 @@ def verify_store(
     _check_metadata(documents, index, report)
     schema = _check_schema(documents, report)
     for found in _check_root_documents(layout, documents):
-        problem = Problem(found.kind, found.path, found.message, repair=REWRITE)
+        root = Problem(found.kind, found.path, found.message, repair=REWRITE)
         if found.kind == ROOT_UNWRITTEN and not repair and slot_has_log(layout.location, 0):
             # A writer stopped before closing (SIGINT, a crash): its commits are in the log.
             message = (
@@ -171,9 +171,9 @@ def verify_store(
                 "(its commits are in the index log); the next writer to commit writes them "
                 "when it closes, or `rbzarr verify --repair` does now"
             )
-            report.notes.append(replace(problem, message=message))
+            report.notes.append(replace(root, message=message))
         else:
-            report.problems.append(problem)
+            report.problems.append(root)
     for trajectory_id in index.id_list:
         problem = _check_trajectory(layout, index.entries[trajectory_id], schema)
         if problem is not None:
