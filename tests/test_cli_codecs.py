@@ -275,3 +275,38 @@ def test_import_stores_frames_with_the_codec_asked(tmp_path: Path) -> None:
     for demo, tensors in zip(arrays.values(), stored, strict=True):
         image = tensors["curr_obs/agentview_image"].reshape(-1, 8, 8, 3).numpy()
         assert np.array_equal(image, demo["obs/agentview_image"])
+
+
+def test_info_shows_a_next_obs_key_stored_once_at_its_logical_shape(store: Path) -> None:
+    info = json.loads(run("info", store, "--json"))["keys"]
+    assert info["next_obs/image"]["shape"] == info["curr_obs/image"]["shape"] == [T, B, 16, 16, 3]
+    rows, one, *frame = info["next_obs/image"]["stored_shape"]
+    assert rows < T * B and one == 1 and frame == [16, 16, 3]
+    assert "stored_shape" not in info["curr_obs/image"]
+    line = next(line for line in run("info", store).splitlines() if "next_obs/image" in line)
+    assert f"shape=[{T}, {B}, 16, 16, 3] (stored once: [{rows}, 1, 16, 16, 3])" in line
+
+
+def test_stats_summarises_image_keys_from_a_sample_unless_asked(store: Path) -> None:
+    before = digest(store)
+    report = json.loads(run("stats", store, "--json"))
+    everything = json.loads(run("stats", store, "--json", "--decode-images"))
+    tensors = read_all(store)
+    for key in ("curr_obs/image", "next_obs/image"):
+        assert "sample" not in everything["keys"][key]
+        frames = torch.cat([t[key].reshape(-1) for t in tensors]).double()
+        assert everything["keys"][key]["count"] == frames.numel()
+        assert everything["keys"][key]["mean"] == pytest.approx(frames.mean().item())
+        assert everything["keys"][key]["std"] == pytest.approx(frames.std(correction=0).item())
+        # 3 trajectories, fewer than the sample: the sample is every trajectory
+        assert report["keys"][key] == {
+            **everything["keys"][key],
+            "sample": {"trajectories": 3, "of": 3},
+        }
+    for key in ("rewards", "curr_obs/state"):
+        assert (
+            report["keys"][key] == everything["keys"][key] and "sample" not in report["keys"][key]
+        )
+    line = next(line for line in run("stats", store).splitlines() if "curr_obs/image" in line)
+    assert "(frames of 3 of 3 trajectories; --decode-images reads every frame)" in line
+    assert digest(store) == before
