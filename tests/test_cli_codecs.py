@@ -175,6 +175,12 @@ def test_recode_given_next_obs_apart_warns_with_the_cost(store: Path, tmp_path: 
     assert info["next_obs/image"]["shape"] == info["curr_obs/image"]["shape"]
     with pytest.warns(RecodeWarning, match="next_obs/image is no longer stored once"):
         recode_store(store, tmp_path / "library", {"next_obs/image": "jpeg:90"})
+    pt = tmp_path / "pt"  # a format that stores every row: the cost is its raw frames
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=pt, trajectory_format="pt") as b:
+        b.add_trajectories(TRAJECTORIES)
+    (split,) = plan_recode(pt, {"curr_obs/image": "jpeg:90", "next_obs/image": "qoi"}).split
+    raw = len(TRAJECTORIES) * T * B * SIDE * SIDE * 3
+    assert f"about as large as curr_obs/image ({raw / 1e3:.1f} kB of frames" in split
 
 
 def test_recode_says_which_keys_default_encodes(store: Path, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ trajectory and removes it after the store's documents, so a rerun knows what it 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -230,7 +231,7 @@ def _plan(reader: TrajectoryLayout, documents: Documents, codecs: Mapping[str, A
         default_keys=tuple(k for k in reached if k not in leaves),
         default_leaves=tuple(leaves),
         paired=tuple(paired),
-        split=tuple(_split_warnings(reader, split, after)),
+        split=tuple(_split_warnings(reader, split, after, _raw_frames(documents, schema))),
     )
 
 
@@ -267,10 +268,24 @@ def _stored_once(schema: Schema, resolved: Mapping[str, str], key: str) -> bool:
     return parse_codecs({key: resolved[key]})[key].is_image
 
 
+def _raw_frames(documents: Documents, schema: Schema) -> dict[str, int]:
+    """Raw bytes of each uint8 key of ``schema`` over the store's samples."""
+    samples = int(documents.metadata.get("total_samples") or 0)
+    return {
+        key: samples * math.prod(trailing)
+        for key, (dtype, trailing) in schema.items()
+        if dtype == "uint8"
+    }
+
+
 def _split_warnings(
-    reader: TrajectoryLayout, keys: list[str], resolved: Mapping[str, str]
+    reader: TrajectoryLayout,
+    keys: list[str],
+    resolved: Mapping[str, str],
+    raw: Mapping[str, int],
 ) -> list[str]:
-    """Why each ``next_obs`` key of ``keys`` is stored whole, and what it costs."""
+    """Why each ``next_obs`` key of ``keys`` is stored whole, and what it costs (from the
+    source's sizes on disk, or its raw frames where the format stores every row)."""
     if not keys:
         return []
     sizes: dict[str, Any] = {}
@@ -280,7 +295,7 @@ def _split_warnings(
     for key in keys:
         curr = _curr(key)
         mine, theirs = sizes.get(key, {}), sizes.get(curr, {})
-        cost = f"about as large as {curr}"
+        cost = f"about as large as {curr} ({_size(raw.get(key, 0))} of frames before its codec)"
         if mine.get("bytes_on_disk") is not None and theirs.get("bytes_on_disk") is not None:
             cost = (
                 f"about {_size(theirs['bytes_on_disk'] - mine['bytes_on_disk'])} more ({curr} "
