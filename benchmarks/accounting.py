@@ -1,6 +1,7 @@
 """Byte accounting: what a batch of rows needs to read from a Zarr store.
 
-From the public format only: each array's ``zarr.json`` and, when sharded, the shard index
+From the public format only: each array's ``zarr.json`` (its copy in its group's consolidated
+document) and, when sharded, the shard index
 (``offset, nbytes`` uint64 pairs per inner chunk, C order, then a crc32c; ``2**64 - 1``: empty).
 A row's piece is its contiguous bytes in an uncompressed chunk, else the whole chunk.
 
@@ -188,6 +189,7 @@ class StoreGeometry:
         self.keys = list(keys)
         self.T, self.B = T, B
         self._arrays: dict[tuple[int, str], ArrayGeometry] = {}
+        self._groups: dict[int, dict[str, Any]] = {}
         self._indexes: dict[str, np.ndarray | None] = {}
 
     def array(self, tid: int, key: str) -> ArrayGeometry:
@@ -195,8 +197,19 @@ class StoreGeometry:
         found = self._arrays.get((tid, key))
         if found is None:
             path = f"trajectories/{tid}/{key}"
-            metadata = json.loads(self.fs.cat_file(f"{self.root}/{path}/zarr.json"))
+            metadata = self._members(tid).get(key)
+            if metadata is None:  # a store written before its group consolidated documents
+                metadata = json.loads(self.fs.cat_file(f"{self.root}/{path}/zarr.json"))
             found = self._arrays[(tid, key)] = ArrayGeometry.from_metadata(path, metadata)
+        return found
+
+    def _members(self, tid: int) -> dict[str, Any]:
+        """The documents trajectory ``tid``'s group consolidates (read once)."""
+        found = self._groups.get(tid)
+        if found is None:
+            group = json.loads(self.fs.cat_file(f"{self.root}/trajectories/{tid}/zarr.json"))
+            consolidated = group.get("consolidated_metadata") or {}
+            found = self._groups[tid] = consolidated.get("metadata") or {}
         return found
 
     def needed(self, rows_by_id: Mapping[int, Sequence[int]]) -> NeededReads:

@@ -5,14 +5,17 @@ shards, ``zarr1`` arrays zarr reads itself, ``pt``, ``pkl``).  A *mutation* tamp
 copy of one (documents, entries, keys, shard indexes, pickles, links, sizes), with
 ``outside/`` (a sentinel folder holding a secret and another store) beside it.
 :func:`run_case` forks a child from a preloaded fork server, caps its address space, and
-runs every operation (:data:`OPERATIONS`) on the store there, one after another; each
-reports ``ok`` or the error it raised.  :func:`check_case` asserts the promises: no signal
-exit, no timeout, only named errors, nothing outside the case's folder changed or copied,
-no sampled or exported row read from outside, memory growth under a bound.
+runs every operation (:data:`OPERATIONS`, or those a case names from :data:`EXTRA_OPERATIONS`)
+on the store there, one after another; each reports ``ok`` or the error it raised, and the
+peak resident memory it added (``peak_growth``: the high-water mark is reset before each).
+:func:`check_case` asserts the promises: no signal exit, no timeout, only named errors,
+nothing outside the case's folder changed or copied, no sampled or exported row read from
+outside, memory growth under a bound.
 """
 
 from __future__ import annotations
 
+import ctypes
 import io
 import json
 import multiprocessing
@@ -44,6 +47,9 @@ OPERATIONS = (
     "verify",
     "repair",
 )
+# More of what a user runs: one sampled row, one trajectory read whole, stats, a recode,
+# and a plain zarr read of trajectory 0's image (``curr_obs/image``).
+EXTRA_OPERATIONS = ("sample_one", "trajectory", "stats", "recode", "plain_zarr")
 # Rows of the valid stores encode 0..31; the store planted outside encodes 1000 and up.
 VALID_NUMBERS = 32
 OUTSIDE_BASE = 1000
@@ -371,12 +377,40 @@ def _operation(name: str, url: str, work: Path, fmt: str) -> dict[str, Any]:
         return {}
     if name in ("verify", "repair"):
         report = verify_store(url, repair=name == "repair", drop_damaged=name == "repair")
-        return {"problems": sorted({p.kind for p in report.problems})}
+        return {
+            "problems": sorted({p.kind for p in report.problems}),
+            "messages": [f"{p.path}: {p.message}"[:2000] for p in report.problems],
+        }
     if name == "export":
         target = work / "export"
         export_store(url, str(target), "pt" if fmt == "zarr" else "zarr")
         view = open_buffer(str(target), seed=0)
         return {"rows_ok": len(view) == 0 or _rows_ok(view.sample(64))}
+    return _extra_operation(name, url, work)
+
+
+def _extra_operation(name: str, url: str, work: Path) -> dict[str, Any]:
+    """Run one of :data:`EXTRA_OPERATIONS`."""
+    from rbzarr.analysis.recode import recode_store  # noqa: PLC0415
+    from rbzarr.analysis.stats import compute_stats  # noqa: PLC0415
+    from rbzarr.analysis.view import open_buffer  # noqa: PLC0415
+
+    if name == "sample_one":
+        return {"rows_ok": _rows_ok(open_buffer(url, seed=0).sample(1))}
+    if name == "trajectory":
+        open_buffer(url).trajectory(0)
+        return {}
+    if name == "stats":
+        compute_stats(url)
+        return {}
+    if name == "recode":
+        recode_store(url, str(work / "recoded"), {"default": "raw"})
+        return {}
+    if name == "plain_zarr":
+        import zarr  # noqa: PLC0415
+
+        zarr.open_group(f"{url}/trajectories/0", mode="r")["curr_obs/image"][...]
+        return {}
     raise ValueError(name)
 
 
@@ -400,12 +434,52 @@ def _resident() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _child(url: str, work: str, fmt: str, env: dict[str, str], results: Any) -> None:
+def proc_status(field: str) -> int:
+    """One ``/proc/self/status`` field in bytes (``VmSize``, ``VmRSS``, ``VmHWM``)."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith(field))
+
+
+def reset_peak() -> int:
+    """Reset this process's resident high-water mark (``VmHWM``); the resident bytes now.
+
+    Where the kernel refuses the reset, the mark keeps the process's peak so far: growth
+    measured from here is then an upper bound (a spike still shows).
+    """
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+    except OSError:
+        pass
+    return proc_status("VmRSS")
+
+
+def _cap(address_space: int) -> None:
+    """Let this process's address space grow by ``address_space`` bytes at most, its
+    threads sharing one malloc arena (glibc reserves 64 MiB of address space per arena, up
+    to 8 per core: a cap would depend on the machine's cores)."""
+    libc = ctypes.CDLL(None)
+    if hasattr(libc, "mallopt"):
+        libc.mallopt(_M_ARENA_MAX, 1)
+    size = proc_status("VmSize")
+    resource.setrlimit(resource.RLIMIT_AS, (size + address_space, resource.RLIM_INFINITY))
+
+
+_M_ARENA_MAX = -8
+
+
+def _child(
+    url: str,
+    work: str,
+    fmt: str,
+    env: dict[str, str],
+    results: Any,
+    operations: tuple[str, ...],
+    address_space: int,
+) -> None:
     """The forked child: cap the address space, run every operation, report each."""
     os.environ.update(env)
-    with open("/proc/self/status") as status:
-        size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize"))
-    resource.setrlimit(resource.RLIMIT_AS, (size + ADDRESS_SPACE_BYTES, resource.RLIM_INFINITY))
+    _cap(address_space)
     start = _resident()
     if url.startswith("memory://"):
         import fsspec  # noqa: PLC0415
@@ -413,8 +487,9 @@ def _child(url: str, work: str, fmt: str, env: dict[str, str], results: Any) -> 
         fsspec.filesystem("memory").put(
             work + "/../store", url.removeprefix("memory://"), recursive=True
         )
-    for name in OPERATIONS:
+    for name in operations:
         os.makedirs(work, exist_ok=True)
+        before = reset_peak()
         try:
             found = {"outcome": "ok", **_operation(name, url, Path(work), fmt)}
         except Exception as exc:
@@ -427,6 +502,7 @@ def _child(url: str, work: str, fmt: str, env: dict[str, str], results: Any) -> 
             }
         found["operation"] = name
         found["resident_growth"] = _resident() - start
+        found["peak_growth"] = proc_status("VmHWM") - before
         if name == "load_auto_save":
             found["auto_save_clean"] = _clean(Path(work) / "auto_save")
         results.put(found)
@@ -447,6 +523,9 @@ def _context() -> Any:
                 "rbzarr.analysis.verify",
                 "rbzarr.analysis.export",
                 "rbzarr.analysis.summary",
+                "rbzarr.analysis.stats",
+                "rbzarr.analysis.recode",
+                "imagecodecs.numcodecs",
                 "zarr",
                 "fsspec",
             ]
@@ -462,17 +541,62 @@ class Outcome:
     reports: list[dict[str, Any]]
 
 
-def run_case(case: Case, url: str | None = None, env: dict[str, str] | None = None) -> Outcome:
-    """Run every operation on ``case``'s store (or ``url``) in a capped child process."""
+def _capped_child(
+    function: Callable[..., Any], args: tuple[Any, ...], address_space: int, results: Any
+) -> None:
+    """The forked child of :func:`run_capped`."""
+    _cap(address_space)
+    results.put(function(*args))
+
+
+def run_capped(function: Callable[..., Any], args: tuple[Any, ...], address_space: int) -> Any:
+    """``function(*args)`` (a module-level function returning something picklable) in a
+    child process whose address space may grow by ``address_space`` bytes; a child that
+    dies or hangs fails the test."""
+    context = _context()
+    results = context.Queue()
+    child = context.Process(target=_capped_child, args=(function, args, address_space, results))
+    child.start()
+    try:
+        found = results.get(timeout=CASE_TIMEOUT_S)
+    except Exception:
+        child.kill()
+        child.join()
+        raise AssertionError(f"the child reported nothing (exit {child.exitcode})") from None
+    child.join(timeout=5)
+    if child.exitcode is None:
+        child.kill()
+        child.join()
+    assert child.exitcode == 0, f"child exit {child.exitcode}"
+    return found
+
+
+def run_case(
+    case: Case,
+    url: str | None = None,
+    env: dict[str, str] | None = None,
+    operations: tuple[str, ...] = OPERATIONS,
+    address_space: int = ADDRESS_SPACE_BYTES,
+) -> Outcome:
+    """Run ``operations`` on ``case``'s store (or ``url``) in a child process whose address
+    space may grow by ``address_space`` bytes."""
     context = _context()
     results = context.Queue()
     child = context.Process(
         target=_child,
-        args=(url or str(case.store), str(case.work), case.fmt, env or {}, results),
+        args=(
+            url or str(case.store),
+            str(case.work),
+            case.fmt,
+            env or {},
+            results,
+            operations,
+            address_space,
+        ),
     )
     child.start()
     reports: list[dict[str, Any]] = []
-    while len(reports) < len(OPERATIONS):
+    while len(reports) < len(operations):
         try:
             reports.append(results.get(timeout=CASE_TIMEOUT_S))
         except Exception:
@@ -484,11 +608,16 @@ def run_case(case: Case, url: str | None = None, env: dict[str, str] | None = No
     return Outcome(child.exitcode, reports)
 
 
-def check_case(case: Case, before: dict[str, Any], outcome: Outcome) -> dict[str, str]:
+def check_case(
+    case: Case,
+    before: dict[str, Any],
+    outcome: Outcome,
+    operations: tuple[str, ...] = OPERATIONS,
+) -> dict[str, str]:
     """Assert the promises; return each operation's outcome (``ok`` or the error's name)."""
     done = [report["operation"] for report in outcome.reports]
     assert outcome.exitcode == 0, f"child exit {outcome.exitcode} after {done}"
-    assert done == list(OPERATIONS), f"operations done: {done}"
+    assert done == list(operations), f"operations done: {done}"
     for report in outcome.reports:
         assert report["outcome"] != "unclear", report
         assert report.get("rows_ok", True), f"{report['operation']} read rows from outside"

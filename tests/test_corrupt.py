@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
+import zarr
 from conftest import assert_rows_consistent, make_trajectory
 
 from rbzarr import (
@@ -87,13 +89,63 @@ def test_zarr_chunk_damage_is_a_named_error(tmp_path, damage):
     assert_refused(store, "zarr", "trajectories/1")
 
 
+def unconsolidate(group: Path) -> None:
+    """Lay a trajectory group out as rbzarr wrote it before it consolidated its members'
+    documents: a ``zarr.json`` per subgroup and array, none inside the group's."""
+    document = json.loads((group / "zarr.json").read_bytes())
+    for path, member in document.pop("consolidated_metadata")["metadata"].items():
+        member.pop("consolidated_metadata", None)
+        (group / path).mkdir(parents=True, exist_ok=True)
+        (group / path / "zarr.json").write_text(json.dumps(member))
+    (group / "zarr.json").write_text(json.dumps(document))
+
+
 @pytest.mark.parametrize("document", ["zarr.json", "rewards/zarr.json"])
 @pytest.mark.parametrize("damage", ["garbage", "truncated"])
 def test_zarr_node_metadata_damage_is_a_named_error(tmp_path, document, damage):
     store = build(tmp_path / "s", "zarr")
+    if document != "zarr.json":  # an array's own document: a store written before
+        unconsolidate(store / "trajectories" / "1")
     target = store / "trajectories" / "1" / document
     rewrite(target, (lambda b: b"{not json") if damage == "garbage" else (lambda b: b[:30]))
     assert_refused(store, "zarr", "trajectories/1")
+
+
+@pytest.mark.parametrize("damage", ["garbage", "missing", "other shape"])
+def test_a_damaged_consolidated_array_document_is_a_named_error(tmp_path, damage):
+    store = build(tmp_path / "s", "zarr")
+
+    def change(raw: bytes) -> bytes:
+        document = json.loads(raw)
+        members = document["consolidated_metadata"]["metadata"]
+        if damage == "garbage":
+            members["rewards"] = "garbage"
+        elif damage == "missing":
+            del members["rewards"]
+        else:
+            members["rewards"]["shape"] = [5, 3, 1]
+        return json.dumps(document).encode()
+
+    rewrite(store / "trajectories" / "1" / "zarr.json", change)
+    assert_refused(store, "zarr", "trajectories/1")
+
+
+def test_a_store_written_before_its_documents_were_consolidated_reads_the_same(tmp_path):
+    store = build(tmp_path / "s", "zarr")
+    want = via_cache(store)
+    for group in (store / "trajectories").iterdir():
+        if group.is_dir():
+            unconsolidate(group)
+    assert (store / "trajectories" / "1" / "rewards" / "zarr.json").is_file()
+    for got in (via_cache(store), via_storage(store, "zarr")):
+        assert set(got) == set(want)
+        for key, value in want.items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(got[key], value), key
+    # plain zarr, by a path from the store's root, as before
+    root = zarr.open_group(store, mode="r")
+    rewards = root["trajectories/1/rewards"]
+    assert isinstance(rewards, zarr.Array) and rewards.shape[1] == 3
 
 
 @pytest.mark.parametrize("fmt", ["zarr", "pt", "pkl"])

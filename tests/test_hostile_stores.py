@@ -83,8 +83,18 @@ def _layout(key: str, change: Callable[[dict[str, Any]], None]) -> Callable[[Cas
 
 
 def _array_document(key: str, change: Callable[[dict[str, Any]], None]) -> Callable[[Case], None]:
+    """Change an array's document: its group's consolidated copy (a file of its own in
+    stores written before)."""
+
     def mutate(case: Case) -> None:
-        edit_json(group(case) / key / "zarr.json", change)
+        own = group(case) / key / "zarr.json"
+        if own.exists():
+            edit_json(own, change)
+            return
+        edit_json(
+            group(case) / "zarr.json",
+            lambda d: change(d["consolidated_metadata"]["metadata"][key]),
+        )
 
     return mutate
 
@@ -167,7 +177,7 @@ def _fifo(relative: Callable[[Case], Path]) -> Callable[[Case], None]:
 
     def mutate(case: Case) -> None:
         path = relative(case)
-        path.unlink()
+        path.unlink(missing_ok=True)  # a document a store written before has
         os.mkfifo(path)
 
     return mutate

@@ -22,6 +22,7 @@ from rbzarr.interop.convert import export_dataset
 from rbzarr.storage.registry import open_store
 from rbzarr.storage.zarr import next_obs
 from rbzarr.storage.zarr.codecs import choose_codec, image_layout, parse_codec, parse_codecs, psnr
+from rbzarr.storage.zarr.describe import LAYOUT_ATTR
 from rbzarr.trajectory.model import Trajectory
 
 
@@ -240,7 +241,7 @@ def test_lossy_psnr_is_the_measured_one() -> None:
     g = torch.Generator().manual_seed(3)
     frame = _frames(g, (1, 1, 32, 32, 3))[0, 0].numpy()
     codec = parse_codec("jpeg:95")
-    decoded = codec.decode_frame(codec.encode_frame(frame))
+    decoded = codec.decode_frame(codec.encode_frame(frame), np.empty_like(frame))
     assert 30 < psnr(frame, decoded) < 60
     assert psnr(frame, frame) == float("inf")
 
@@ -374,3 +375,30 @@ def test_a_next_obs_description_that_lies_is_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps(document))
     with pytest.raises(CorruptStoreError, match="next_obs/image: invalid next_obs description"):
         TrajectoryReplayBuffer(seed=0).load_checkpoint(tmp_path)
+
+
+def test_a_small_next_obs_stored_once_keeps_its_rows_when_copied_inline(memory_url: str) -> None:
+    """On object storage small shards are copied into the group document: the copy of a
+    ``next_obs`` key stored once keeps its ``same_as``/``rows``/``explicit`` (it lost them, so
+    the store's own reader refused the shape ``[2, 1, ...]`` against ``[6, 2]``)."""
+    T, B = 6, 2
+    frames = torch.full((T + 1, B, 8, 8, 3), 7, dtype=torch.uint8)
+    frames[-1] = 9  # the last step's next frames differ: 2 of the 12 rows are stored
+    trajectory = Trajectory(
+        max_episode_length=T,
+        rewards=torch.zeros(T, B),
+        dones=torch.zeros(T, B, dtype=torch.bool),
+        curr_obs={"image": frames[:-1].clone()},
+        next_obs={"image": frames[1:].clone()},
+    )
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=memory_url) as writer:
+        writer.add_trajectories([trajectory])
+    layout, documents = open_store(memory_url)
+    entry = documents.trajectory_index["trajectory_index"]["0"]
+    attributes = layout.written_attributes(0)
+    assert attributes is not None
+    described = attributes[LAYOUT_ATTR]["arrays"]["next_obs/image"]
+    assert described["same_as"] == "curr_obs/image" and described["rows"] == [T, B]
+    assert described["explicit"] == [10, 11] and "inline" in described
+    got = layout.read(entry)
+    assert torch.equal(got.next_obs["image"], trajectory.next_obs["image"])

@@ -46,12 +46,18 @@ def test_clean_store_is_ok(tmp_path, fmt):
     assert report.to_dict()["problems"] == []
 
 
+def damage_array_document(group: Path, key: str) -> None:
+    """Garble an array's document: its copy in the group's consolidated document."""
+    document = json.loads((group / "zarr.json").read_bytes())
+    document["consolidated_metadata"]["metadata"][key] = {"node_type": "array", "shape": "?"}
+    (group / "zarr.json").write_text(json.dumps(document))
+
+
 def test_zarr_damage_is_found_and_only_orphans_are_repaired(tmp_path):
     root = build(tmp_path / "s", "zarr")
     trajectories = root / "trajectories"
     (trajectories / "0" / "rewards" / "c.0.0.0").unlink()  # a removed chunk
-    meta = trajectories / "1" / "actions" / "zarr.json"
-    meta.write_bytes(meta.read_bytes()[:40])  # a truncated JSON file
+    damage_array_document(trajectories / "1", "actions")
     shutil.copytree(trajectories / "2", trajectories / "7")  # an orphan group
     (root / "metadata.json.tmp-0123456789abcdef0123456789abcdef").write_bytes(b"{")
     report = verify_store(root)
@@ -128,8 +134,7 @@ def test_drop_damaged_removes_only_unreadable_entries(tmp_path, fmt):
     root = build(tmp_path / "s", fmt, count=4)
     if fmt == "zarr":
         (root / "trajectories" / "0" / "rewards" / "c.0.0.0").unlink()
-        meta = root / "trajectories" / "2" / "actions" / "zarr.json"
-        meta.write_bytes(meta.read_bytes()[:40])
+        damage_array_document(root / "trajectories" / "2", "actions")
     else:
         (root / "trajectory_0_w.pt").unlink()
         damaged = root / "trajectory_2_w.pt"

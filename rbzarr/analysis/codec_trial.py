@@ -148,4 +148,4 @@ def _coders(spec: Any, shape: Sequence[int]) -> tuple[Coder, Coder]:
         spec = parse_codec("qoi" if shape[-1] in (3, 4) else "png:1")
     if not spec.is_image:
         raise ValueError(f"codec {spec.text!r} cannot be tried frame by frame")
-    return spec.encode_frame, (lambda data: spec.decode_frame(data).reshape(shape))
+    return spec.encode_frame, (lambda data: spec.decode_frame(data, np.empty(shape, np.uint8)))

@@ -18,9 +18,12 @@ API (what ``layout_options={"codecs": {key: spec}}`` and the tools take)::
     Codec.text        canonical spec ("qoi", "jpeg:95", "zstd:1"), what the store records
     Codec.lossy       whether decoded frames may differ from the written ones
     Codec.is_image    whether it encodes one frame at a time (imagecodecs)
-    Codec.encode_frame(frame HWC uint8) -> bytes;  Codec.decode_frame(data, out=None) -> HWC
+    Codec.encode_frame(frame HWC uint8) -> bytes;  Codec.decode_frame(data, out HWC) -> out
+                      (never allocates from the stream's header: a bounded decode)
     Codec.zarr_codecs(layout) -> the Zarr v3 codecs of one frame's inner chunk
     CANDIDATES        the specs ``rbzarr codecs`` tries, lossless first
+    IMAGE_CODECS      the image codec names (each decodes only into its declared frame)
+    decode_into(numcodec, name, data, out) -> out   the one image decode (bounded by out)
     psnr(a, b) -> float   in dB over whole arrays (inf when identical)
     images_available() -> bool;  require_images(what) raises ImportError naming the extra
 
@@ -38,6 +41,7 @@ JPEG-XL effort 1 (0.21 / 0.59 of raw per frame) and decodes 5-10x faster than ei
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,9 +52,11 @@ from zarr.codecs import ZstdCodec
 __all__ = [
     "CANDIDATES",
     "IMAGES_EXTRA",
+    "IMAGE_CODECS",
     "RAW",
     "Codec",
     "choose_codec",
+    "decode_into",
     "image_layout",
     "images_available",
     "parse_codec",
@@ -80,7 +86,9 @@ _PARAM_RANGE = {
     "jpeg": (1, 100),
     "jpegxl": (1, 100),
 }
-_IMAGE = frozenset({"qoi", "png", "jpegxl-lossless", "jpeg", "jpegxl"})
+# The image codecs (one frame per inner chunk, imagecodecs): each decodes only into the
+# frame its array declares (Codec.decode_frame, decode_into).
+IMAGE_CODECS = ("qoi", "png", "jpegxl-lossless", "jpeg", "jpegxl")
 _LOSSY = frozenset({"jpeg", "jpegxl"})
 # Channel counts an image-like key may have (QOI takes 3 or 4, PNG 1-4).
 _CHANNELS = (1, 3, 4)
@@ -125,7 +133,7 @@ class Codec:
     @property
     def is_image(self) -> bool:
         """Whether frames are encoded one at a time by an image codec (imagecodecs)."""
-        return self.name in _IMAGE
+        return self.name in IMAGE_CODECS
 
     @property
     def checksum(self) -> bool:
@@ -154,13 +162,11 @@ class Codec:
         """One ``[H, W, C]`` uint8 frame encoded (an image codec's stream)."""
         return bytes(self.numcodec().encode(np.ascontiguousarray(frame)))
 
-    def decode_frame(self, data: bytes | memoryview, out: np.ndarray | None = None) -> np.ndarray:
-        """One frame decoded, into ``out`` (``[H, W, C]``, contiguous) when given."""
-        if out is not None and out.shape[-1] == 1:  # the codec hands back [H, W]
-            decoded = self.numcodec().decode(data)
-            out[...] = np.asarray(decoded).reshape(out.shape)
-            return out
-        return np.asarray(self.numcodec().decode(data, out=out))
+    def decode_frame(self, data: bytes | memoryview, out: np.ndarray) -> np.ndarray:
+        """One frame decoded into ``out`` (``[H, W, C]``, contiguous: the frame the array
+        declares); a stream of another shape is refused before anything is allocated
+        (``ValueError`` naming both shapes), whatever its header claims."""
+        return decode_into(self.numcodec(), self.text, data, out)
 
     def zarr_codecs(self, layout: str) -> tuple[Any, ...]:
         """The Zarr v3 codec chain of one frame's inner chunk (``(1, 1, H, W, C)`` for
@@ -177,6 +183,39 @@ class Codec:
 
 # Stored as it is (read in place).
 RAW = Codec("raw")
+
+
+def decode_into(numcodec: Any, name: str, data: bytes | memoryview, out: np.ndarray) -> np.ndarray:
+    """One image stream decoded by an imagecodecs ``numcodec`` into ``out``, the frame an
+    array declares: every image decode goes through here, so none allocates what a stream's
+    header says.  imagecodecs' PNG, JPEG and JPEG-XL decoders check the header against
+    ``out`` before they allocate; QOI's header is checked here (its decoder allocates first).
+    A mismatch is a ``ValueError`` naming codec ``name``, the declared and the stream's shape.
+    """
+    try:
+        if numcodec.codec_id == "imagecodecs_qoi":
+            _check_qoi_header(data, out.shape)
+        numcodec.decode(data, out=out)
+    except ValueError as exc:  # imagecodecs: "invalid out.shape=..., shape=<the stream's>"
+        raise ValueError(
+            f"a {name} stream does not decode into the declared frame {list(out.shape)}: {exc}"
+        ) from exc
+    return out
+
+
+def _check_qoi_header(data: bytes | memoryview, declared: tuple[int, ...]) -> None:
+    """Refuse a QOI stream whose header (``qoif``, then big-endian width, height, and the
+    channels) claims another frame than ``declared``; a stream without the magic is left to
+    the decoder, which refuses it before allocating."""
+    header = bytes(data[: _QOI_HEADER.size])
+    if len(header) < _QOI_HEADER.size or not header.startswith(b"qoif"):
+        return
+    _, width, height, channels = _QOI_HEADER.unpack(header)
+    if (height, width, channels) != tuple(declared):
+        raise ValueError(f"the stream's header says shape={(height, width, channels)}")
+
+
+_QOI_HEADER = struct.Struct(">4sIIB")
 
 
 def images_available() -> bool:

@@ -23,6 +23,7 @@ from rbzarr.storage.rlinf.documents import Entry
 from rbzarr.storage.zarr.shard_index import DTYPE_ATTR
 
 __all__ = [
+    "CONSOLIDATED",
     "FIELDS_ATTR",
     "TRAJECTORIES",
     "UNRECORDED_VERSION",
@@ -38,6 +39,9 @@ TRAJECTORIES = "trajectories"
 FIELDS_ATTR = "fields"
 # The group attribute where layout 2 records its arrays (their kind, shape, dtype, ...).
 LAYOUT_ATTR = "rbzarr_layout"
+# Where a trajectory group's document consolidates its subgroups' and arrays' documents
+# (zarr's inline consolidated metadata): a trajectory is its shards and that one document.
+CONSOLIDATED = "consolidated_metadata"
 # The layout version of a store written before layout 2 recorded one.
 UNRECORDED_VERSION = 1
 

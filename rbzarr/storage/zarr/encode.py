@@ -162,8 +162,10 @@ def _measured_psnr(codec: Codec, data: np.ndarray, parts: list[bytes], layout: s
     """The PSNR of the decoded frames against ``data``, over the whole array (JSON: a
     lossless result is recorded as ``1e9``, never ``inf``)."""
     originals = frames(data, layout)
-    decoded = np.stack(thread_pool.run_all(codec.decode_frame, parts, len(parts) > 1))
-    measured = psnr(originals.reshape(decoded.shape), decoded)
+    decoded = np.empty(originals.shape, np.uint8)
+    jobs = list(zip(parts, decoded, strict=True))
+    thread_pool.run_all(lambda job: codec.decode_frame(*job), jobs, len(jobs) > 1)
+    measured = psnr(originals, decoded)
     return round(min(measured, 1e9), 3)
 
 

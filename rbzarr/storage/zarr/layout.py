@@ -391,7 +391,7 @@ class ZarrLayout(TrajectoryLayout):
         # Local files: one file per shard (no folder per dimension), read in place (no
         # copies in the group's document).
         local = self._opener.local_files
-        files, description = sharded.encode_trajectory(
+        files, description, documents = sharded.encode_trajectory(
             fields, plans, *time_and_envs(entry), LOCAL_SEPARATOR if local else "/", not local
         )
         attrs = {
@@ -408,7 +408,13 @@ class ZarrLayout(TrajectoryLayout):
         with translate_errors(self.location.url, "writing"):
             if not zarr_keys and self._opener.local_files:
                 self._publisher.publish_files(
-                    self.location.path, group, fields, attrs, files, self.location.durable
+                    self.location.path,
+                    group,
+                    fields,
+                    attrs,
+                    files,
+                    documents,
+                    self.location.durable,
                 )
             else:
                 publish = self._publisher.publish(
@@ -417,6 +423,7 @@ class ZarrLayout(TrajectoryLayout):
                     fields,
                     attrs,
                     files,
+                    documents,
                     compressors,
                     self.chunk_bytes,
                     self._durable_folder(group),

@@ -257,9 +257,10 @@ def _frame_into(
 def _frame_chw_into(
     codec: Codec, shape: tuple[int, ...], data: bytes | memoryview, target: np.ndarray
 ) -> None:
-    """One frame decoded (``[H, W, C]``) and laid into its ``[C, H, W]`` row."""
+    """One frame decoded into an ``[H, W, C]`` scratch of the declared size, then laid into
+    its ``[C, H, W]`` row."""
     channels, height, width = shape
-    decoded = codec.decode_frame(data).reshape(height, width, channels)
+    decoded = codec.decode_frame(data, out=np.empty((height, width, channels), np.uint8))
     target.reshape(shape)[...] = decoded.transpose(2, 0, 1)
 
 

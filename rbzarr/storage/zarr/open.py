@@ -31,7 +31,7 @@ from rbzarr.storage.rlinf.documents import Entry
 from rbzarr.storage.zarr import sharded
 from rbzarr.storage.zarr.arrays import gather
 from rbzarr.storage.zarr.byte_source import ByteSource
-from rbzarr.storage.zarr.describe import FIELDS_ATTR, TRAJECTORIES
+from rbzarr.storage.zarr.describe import CONSOLIDATED, FIELDS_ATTR, TRAJECTORIES
 from rbzarr.storage.zarr.handles import (
     HandleCache,
     check_array_shapes,
@@ -194,7 +194,7 @@ class TrajectoryOpener:
         opened: list[ShardedTrajectory] = []
         pending: list[Any] = []
         for tid, entry, raw in zip(tids, entries, raws, strict=True):
-            attrs = _group_attrs(tid, raw, location.url)
+            attrs, members = _group_attrs(tid, raw, location.url)
             _check_claim(entry, attrs, f"{location.url}/{group_path(tid)}")
             try:
                 fields = {key: dtype_from_name(name) for key, name in attrs[FIELDS_ATTR].items()}
@@ -215,7 +215,7 @@ class TrajectoryOpener:
                     )
                     continue
                 handles, remote = sharded.describe_sharded(
-                    location, group_path(tid), time_and_envs(entry), fields, layout, keys
+                    location, group_path(tid), time_and_envs(entry), fields, layout, members, keys
                 )
             except (RuntimeError, ValueError, KeyError, TypeError) as exc:
                 raise _unreadable(exc, tid, location.url) from exc
@@ -387,7 +387,9 @@ def _handle_key(entry: Entry) -> tuple[int, str]:
     return trajectory_id(entry), str(entry.get("uuid", ""))
 
 
-def _group_attrs(tid: int, raw: Any, url: str) -> dict[str, Any]:
+def _group_attrs(tid: int, raw: Any, url: str) -> tuple[dict[str, Any], Any]:
+    """A group document's attributes and its consolidated members (``None``: a group
+    written before they were consolidated, its arrays' documents are files)."""
     group = group_path(tid)
     repair = f"run `rbzarr verify --repair --drop-damaged {url}` to drop it from the index"
     if raw is None:
@@ -396,7 +398,9 @@ def _group_attrs(tid: int, raw: Any, url: str) -> dict[str, Any]:
             f"missing; {repair}"
         )
     try:
-        attrs = read_json(raw, f"{url}/{group}/zarr.json").get("attributes", {})
+        document = read_json(raw, f"{url}/{group}/zarr.json")
+        attrs = document.get("attributes", {})
+        members = (document.get(CONSOLIDATED) or {}).get("metadata")
     except (ValueError, AttributeError) as exc:
         raise _unreadable(exc, tid, url) from exc
     if not isinstance(attrs, dict) or not isinstance(attrs.get(FIELDS_ATTR), dict):
@@ -404,7 +408,7 @@ def _group_attrs(tid: int, raw: Any, url: str) -> dict[str, Any]:
             f"trajectory {tid}: the index of {url} lists it but its data ({url}/{group}) is "
             f"incomplete (its write never finished); {repair}"
         )
-    return attrs
+    return attrs, members
 
 
 def _check_claim(entry: Entry, attrs: dict[str, Any], where: str) -> None:

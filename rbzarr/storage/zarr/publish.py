@@ -2,8 +2,9 @@
 
 A trajectory group's attributes are its commit marker: a group without them (or without its
 ``zarr.json``) is an unfinished write and reads as missing.  :class:`GroupPublisher` puts the
-same objects in place in the same order either way (the subgroups' documents, every array
-document, shard and chunk, then the group's document with its attributes):
+same objects in place in the same order either way (every shard and chunk, then the group's
+document with its attributes and, consolidated in it, every subgroup's and array's document,
+so a trajectory is its shards and one ``zarr.json``):
 :meth:`GroupPublisher.publish_files` straight to the local filesystem without the event loop
 (the files inside the new group written in place, its document renamed into place last),
 and :meth:`GroupPublisher.publish` through a zarr store, concurrently.
@@ -36,6 +37,7 @@ from rbzarr.storage.io.files import (
     write_file,
 )
 from rbzarr.storage.zarr.chunking import chunk_shape
+from rbzarr.storage.zarr.describe import CONSOLIDATED
 from rbzarr.storage.zarr.encode import dimension_names
 from rbzarr.storage.zarr.open import TRAJECTORIES
 from rbzarr.storage.zarr.shard_index import DTYPE_ATTR
@@ -61,15 +63,17 @@ class GroupPublisher:
         fields: Mapping[str, torch.Tensor],
         attrs: dict[str, Any],
         files: Mapping[str, list[Any]],
+        documents: Mapping[str, Any],
         durable: bool = False,
     ) -> None:
         """:meth:`publish` straight to the local filesystem (no event loop); only for
         trajectories with no array of kind ``"zarr"``.
 
         Inside the new group folder the files are written in place: until its attributes
-        exist the group is an unfinished write that no reader opens.  Only the attributes
-        (the commit marker) are renamed into place, last.  ``durable`` syncs every file and
-        directory written before the marker, then the marker and its directory.
+        exist the group is an unfinished write that no reader opens.  Only the group's
+        document (the commit marker, ``documents`` consolidated in it) is renamed into place,
+        last.  ``durable`` syncs every file and directory written before the marker, then the
+        marker and its directory.
         """
         folder = os.path.join(root, *group.split("/"))
         if os.path.islink(folder) or (os.path.lexists(folder) and not os.path.isdir(folder)):
@@ -94,8 +98,6 @@ class GroupPublisher:
         for sub in _with_parents(subgroups):
             made.append(os.path.join(folder, *sub.split("/")))
             os.mkdir(made[-1])
-            made.append(os.path.join(made[-1], "zarr.json"))
-            write_file(made[-1], [EMPTY_GROUP], atomic=False)
         for key in fields:
             made.append(os.path.join(folder, *key.split("/")))
             os.mkdir(made[-1])
@@ -104,9 +106,8 @@ class GroupPublisher:
             write_file(made[-1], parts, atomic=False)
         # The group's attributes are its commit marker: written only after every array.
         synced = [*made, os.path.dirname(folder)] if durable else []
-        commit_file(
-            os.path.join(folder, "zarr.json"), [group_bytes(attrs)], durable=durable, synced=synced
-        )
+        marker = group_bytes(attrs, consolidated(subgroups, documents))
+        commit_file(os.path.join(folder, "zarr.json"), [marker], durable=durable, synced=synced)
 
     async def publish(
         self,
@@ -115,12 +116,14 @@ class GroupPublisher:
         fields: Mapping[str, torch.Tensor],
         attrs: dict[str, Any],
         files: Mapping[str, list[Any]],
+        documents: Mapping[str, Any],
         compressors: Mapping[str, Any],
         chunk_bytes: int,
         durable_folder: str | None = None,
     ) -> None:
         """Write one trajectory group through ``store`` (its old contents deleted first),
-        every object set concurrently, the group's attributes last.
+        every object set concurrently, the group's document last, with ``documents`` and
+        those of the arrays zarr writes consolidated in it.
 
         ``compressors`` holds the arrays zarr writes itself (kind ``"zarr"``) and each one's
         compressor (``None``: uncompressed).
@@ -137,32 +140,29 @@ class GroupPublisher:
         subgroups = sorted({key.rsplit("/", 1)[0] for key in fields if "/" in key})
         T, B = (int(d) for d in attrs["shape"][:2])
         from_bytes = default_buffer_prototype().buffer.from_bytes
+        written = {
+            key: _zarr_array(
+                store, f"{group}/{key}", key, fields[key], (T, B), compressor, chunk_bytes
+            )
+            for key, compressor in compressors.items()
+        }
         await asyncio.gather(
-            *(
-                store.set(f"{group}/{sub}/zarr.json", group_document({}))
-                for sub in _with_parents(subgroups)
-            ),
             *(
                 store.set(f"{group}/{name}", from_bytes(b"".join(parts)))
                 for name, parts in files.items()
             ),
-            *(
-                _write_array(
-                    store,
-                    f"{group}/{key}",
-                    key,
-                    fields[key],
-                    (T, B),
-                    compressor,
-                    chunk_bytes,
-                )
-                for key, compressor in compressors.items()
-            ),
+            *(_write_array(array, to_numpy(fields[key])) for key, array in written.items()),
         )
-        # The group's attributes are its commit marker: written only after every array.
+        members = {
+            **documents,
+            **{key: json.loads(_document(array).to_bytes()) for key, array in written.items()},
+        }
+        # The group's document is its commit marker: written only after every array.
         if durable_folder is not None:
             sync_tree(durable_folder)
-        await store.set(f"{group}/zarr.json", group_document(attrs))
+        await store.set(
+            f"{group}/zarr.json", _buffer(group_bytes(attrs, consolidated(subgroups, members)))
+        )
         if durable_folder is not None:
             sync_paths([os.path.join(durable_folder, "zarr.json"), durable_folder])
 
@@ -179,7 +179,7 @@ class GroupPublisher:
         self._parents_ready = True
 
 
-async def _write_array(
+def _zarr_array(
     store: Store,
     path: str,
     key: str,
@@ -187,15 +187,27 @@ async def _write_array(
     size: tuple[int, int],
     compressor: Any,
     chunk_bytes: int,
-) -> None:
-    """Write one array of kind ``"zarr"`` through zarr: its document, then its chunks."""
+) -> AsyncArray[Any]:
+    """A new array of kind ``"zarr"`` for ``value``, not yet written."""
     data = to_numpy(value)
     chunks = chunk_shape(data.shape, data.dtype.itemsize, chunk_bytes)
     names = dimension_names(key, data.shape, *size)
     metadata = _array_metadata(data, chunks, compressor, value.dtype, names)
-    document = metadata.to_buffer_dict(default_buffer_prototype())["zarr.json"]
-    array = AsyncArray(metadata, StorePath(store, path), {"write_empty_chunks": True})
-    await asyncio.gather(store.set(f"{path}/zarr.json", document), array.setitem(..., data))
+    return AsyncArray(metadata, StorePath(store, path), {"write_empty_chunks": True})
+
+
+async def _write_array(array: AsyncArray[Any], data: np.ndarray) -> None:
+    """Write an array of kind ``"zarr"`` through zarr: its document (zarr opens these
+    arrays by it), then its chunks."""
+    path = array.store_path
+    await asyncio.gather(
+        path.store.set(f"{path.path}/zarr.json", _document(array)), array.setitem(..., data)
+    )
+
+
+def _document(array: AsyncArray[Any]) -> Buffer:
+    """An array's ``zarr.json``, as zarr writes it."""
+    return array.metadata.to_buffer_dict(default_buffer_prototype())["zarr.json"]
 
 
 def _array_metadata(
@@ -227,15 +239,36 @@ def _array_metadata(
 
 def group_document(attrs: dict[str, Any]) -> Buffer:
     """The ``zarr.json`` of a Zarr v3 group with ``attrs``."""
-    return default_buffer_prototype().buffer.from_bytes(group_bytes(attrs))
+    return _buffer(group_bytes(attrs))
 
 
-def group_bytes(attrs: Mapping[str, Any]) -> bytes:
-    """The ``zarr.json`` of a Zarr v3 group with ``attrs`` (JSON values), as zarr writes it
-    but compact: zarr's ``GroupMetadata`` copies the attributes and encodes indented, in
-    Python, which cost more than the rest of a small trajectory's write."""
-    document = {"attributes": attrs, "zarr_format": 3, "node_type": "group"}
+def _buffer(raw: bytes) -> Buffer:
+    return default_buffer_prototype().buffer.from_bytes(raw)
+
+
+def group_bytes(attrs: Mapping[str, Any], members: Mapping[str, Any] | None = None) -> bytes:
+    """The ``zarr.json`` of a Zarr v3 group with ``attrs`` (JSON values) and, when given,
+    its ``members`` consolidated (zarr's inline consolidated metadata: member path to its
+    document), as zarr writes it but compact: zarr's ``GroupMetadata`` copies the attributes
+    and encodes indented, in Python, which cost more than the rest of a small trajectory's
+    write."""
+    document: dict[str, Any] = {"attributes": attrs, "zarr_format": 3, "node_type": "group"}
+    if members is not None:
+        document[CONSOLIDATED] = {"kind": "inline", "must_understand": False, "metadata": members}
     return json.dumps(document, allow_nan=True, separators=(",", ":")).encode()
+
+
+def consolidated(subgroups: Sequence[str], arrays: Mapping[str, Any]) -> dict[str, Any]:
+    """The consolidated members of a trajectory group: its ``subgroups`` (and their
+    parents), empty, and the documents of its ``arrays``, by path."""
+    empty = {
+        "attributes": {},
+        "zarr_format": 3,
+        "node_type": "group",
+        CONSOLIDATED: {"kind": "inline", "must_understand": False, "metadata": {}},
+    }
+    # Sorted by path: zarr 3.1 nests the flat paths by grouping consecutive siblings.
+    return dict(sorted({**{sub: empty for sub in _with_parents(subgroups)}, **arrays}.items()))
 
 
 def _with_parents(paths: Sequence[str]) -> list[str]:

@@ -9,6 +9,7 @@ as is every array of a layout-1 group (no description).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from zarr.core.array import AsyncArray
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.io.deadlines import deadline_options
 from rbzarr.storage.io.files import read_regular
+from rbzarr.storage.io.json_limits import read_json
 from rbzarr.storage.zarr import next_obs
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.chunking import KeyPlan
@@ -106,11 +108,14 @@ def encode_trajectory(
     B: int,
     separator: str = "/",
     inline: bool = True,
-) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+) -> tuple[dict[str, list[Any]], dict[str, Any], dict[str, Any]]:
     """Encode the ``mapped`` and ``chunked`` fields of one trajectory as shards, their chunk
-    keys joined by ``separator``; ``inline`` copies small shards into the description (for
-    object stores: opening them then costs no request)."""
+    keys joined by ``separator``: the shards' files, the layout description and each array's
+    ``zarr.json`` document (parsed; the group's document consolidates them).  ``inline``
+    copies small shards into the description (for object stores: opening them then costs no
+    request)."""
     files: dict[str, list[Any]] = {}
+    documents: dict[str, Any] = {}
     arrays: dict[str, Any] = {}
     for key, value in fields.items():
         plan = plans[key]
@@ -127,13 +132,13 @@ def encode_trajectory(
                 stored = rows.reshape(len(explicit), 1, *value.shape[2:])
                 shared = next_obs.describe(explicit, pair, T, B)
         encoded = encode_array(key, stored, plan, T, B, separator)
-        files[f"{key}/zarr.json"] = [encoded.document]
+        documents[key] = json.loads(encoded.document)
         files[f"{key}/{shard_key(stored.dim(), separator)}"] = encoded.shard
         arrays[key] = {**encoded.description, **shared}
         copy = inline_copy(encoded.shard) if inline else None
         if copy is not None:
-            arrays[key] = {**encoded.description, INLINE: copy}
-    return files, {"version": VERSION, "arrays": arrays}
+            arrays[key] = {**arrays[key], INLINE: copy}
+    return files, {"version": VERSION, "arrays": arrays}, documents
 
 
 def describe_sharded(
@@ -142,11 +147,13 @@ def describe_sharded(
     entry_shape: tuple[int, int],
     fields: Mapping[str, torch.dtype],
     layout: Mapping[str, Any],
+    members: Any,
     keys: Collection[str] | None = None,
 ) -> tuple[ShardedTrajectory, list[tuple[str, str, ArraySpec, str]]]:
     """A v2 trajectory from its group's attributes; local shards are opened here already,
     and remote ones whose description carries a copy (those of ``keys`` only, when given;
-    the others stay unopened)."""
+    the others stay unopened).  ``members``: the group's consolidated documents, else
+    ``None`` (each array's document is a file)."""
     where = f"{location.url}/{group}"
     specs = parse_specs(layout, where)
     if list(specs) != list(fields):
@@ -168,7 +175,11 @@ def describe_sharded(
         array = folder.child(*key.split("/"))
         path = array.join(*shard_key(len(spec.shape), spec.separator).split("/"))
         if location.is_local:
-            document = _read_file(array.join("zarr.json"))
+            if isinstance(members, dict):
+                document = members.get(key)
+            else:
+                raw = _read_file(array.join("zarr.json"))
+                document = None if raw is None else read_json(raw, f"{where}/{key}/zarr.json")
             check_document(document, spec, f"{where}/{key}")
             opened.local[key] = LocalShard(path, spec, f"{where}/{key}")
         else:

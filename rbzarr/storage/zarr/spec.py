@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from rbzarr.errors import CorruptStoreError
-from rbzarr.storage.io.json_limits import read_json
 from rbzarr.storage.zarr import shard_index
 from rbzarr.storage.zarr.codecs import image_layout, parse_codec
 
@@ -238,15 +237,15 @@ def _image_ok(spec: ArraySpec) -> bool:
     )
 
 
-def check_document(raw: bytes | None, spec: ArraySpec, where: str) -> None:
-    """Refuse an array's ``zarr.json`` that is missing, unparsable or describes other data
-    than its group's layout description (plain zarr readers rely on it).
+def check_document(document: Any, spec: ArraySpec, where: str) -> None:
+    """Refuse an array's document (parsed ``zarr.json``, or its group's consolidated copy)
+    that is missing, malformed or describes other data than its group's layout description
+    (plain zarr readers rely on it).
     """
     name = f"{where}/zarr.json"
-    if raw is None:
+    if document is None:
         raise CorruptStoreError(f"{name} is missing")
     try:
-        document = read_json(raw, name)
         sharding = document["codecs"][0]
         inner = sharding["configuration"]["chunk_shape"]
         encoding = document.get("chunk_key_encoding") or {}

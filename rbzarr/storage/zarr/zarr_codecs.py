@@ -6,15 +6,26 @@ not for imagecodecs'.  The classes here (``array -> bytes``: one frame in, one i
 out) are registered when this module is imported (``import rbzarr`` does), and by the
 ``zarr.codecs`` entry points of rbzarr's package, so plain ``zarr.open_group`` decodes an
 rbzarr store with imagecodecs installed.  Importing this module does not import imagecodecs.
+
+A chunk decodes into a buffer of the shape the array declares (``out=``), never into what
+the stream's header claims: a hostile frame's mismatch is a :class:`CorruptStoreError` (a
+``ValueError``) naming the declared and the stream's shape, raised before it is allocated.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from typing import Any
 
+import numpy as np
 from zarr.codecs.numcodecs import _NumcodecsArrayBytesCodec
+from zarr.core.array_spec import ArraySpec
+from zarr.core.buffer import Buffer, NDBuffer
 from zarr.registry import register_codec
+
+from rbzarr.errors import CorruptStoreError
+from rbzarr.storage.zarr.codecs import decode_into
 
 __all__ = ["Jpeg", "Jpegxl", "Png", "Qoi", "image_codec", "register_numcodecs"]
 
@@ -38,6 +49,19 @@ class _ImageCodec(_NumcodecsArrayBytesCodec):
         from numcodecs import get_codec  # noqa: PLC0415
 
         return get_codec(dict(self.codec_config))
+
+    async def _decode_single(self, chunk_data: Buffer, chunk_spec: ArraySpec) -> NDBuffer:
+        """One chunk decoded into a buffer of the shape the array declares (never the shape
+        the stream's header claims: a hostile frame is refused before it is allocated)."""
+        out = np.empty(chunk_spec.shape, dtype=chunk_spec.dtype.to_native_dtype())
+        frame = out.reshape(_frame_shape(chunk_spec.shape))
+        try:
+            await asyncio.to_thread(
+                decode_into, self._codec, self.codec_name, chunk_data.to_bytes(), frame
+            )
+        except ValueError as exc:
+            raise CorruptStoreError(str(exc)) from exc
+        return chunk_spec.prototype.nd_buffer.from_numpy_array(out)
 
 
 class Qoi(_ImageCodec, codec_name="imagecodecs_qoi"):
@@ -73,6 +97,15 @@ def register_numcodecs() -> None:
 
     ids = [name.removeprefix("numcodecs.") for name in _CLASSES]
     register_codecs(ids, verbose=False)
+
+
+def _frame_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A chunk's shape without its leading unit dimensions (``(1, 1, H, W, C)``: one frame,
+    ``[H, W, C]``), as imagecodecs lays a frame out."""
+    leading = 0
+    while leading < len(shape) - 2 and shape[leading] == 1:
+        leading += 1
+    return shape[leading:]
 
 
 def image_codec(config: dict[str, Any]) -> _ImageCodec:
