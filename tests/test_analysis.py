@@ -344,3 +344,15 @@ def test_stats_wants_progress_lines_in_a_pipe_but_not_in_a_captured_stream():
     assert piped.stdout.split() == ["True", "False"]
     with CliRunner().isolation():
         assert progress_wanted(lines=True) is False
+
+
+def test_stats_and_recode_plans_read_a_bfloat16_key(tmp_path):
+    from rbzarr.analysis.recode import plan_recode  # noqa: PLC0415
+
+    actions = torch.full((4, 2, 3), 1.5, dtype=torch.bfloat16)
+    trajectory = Trajectory(max_episode_length=4, rewards=torch.ones(4, 2), actions=actions)
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "s") as buffer:
+        buffer.add_trajectories([trajectory])
+    assert compute_stats(str(tmp_path / "s"), ["actions"])["keys"]["actions"]["mean"] == 1.5
+    plan = plan_recode(tmp_path / "s", {"default": "zstd:3"})
+    assert plan.notes() == ["default=zstd:3 encodes actions, rewards"]

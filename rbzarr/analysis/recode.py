@@ -34,6 +34,8 @@ from rbzarr.trajectory.model import Schema, validate
 
 __all__ = ["RECODE_FILE", "RecodePlan", "plan_recode", "recode_store"]
 
+# The dtypes a key's codec is chosen for: frames, or anything else.
+_UINT8, _OTHER = "uint8", "float64"
 # What an unfinished recode writes first: its source and codecs.
 RECODE_FILE = "recode.json"
 
@@ -253,8 +255,11 @@ def _schema(reader: TrajectoryLayout, documents: Documents) -> Schema:
 
 def _resolve(codecs: Mapping[str, Codec], schema: Schema) -> dict[str, str]:
     """The concrete codec of each key of ``schema`` under ``codecs``, as text."""
+    # Only "is it uint8" matters to the choice, and numpy does not name every dtype (bfloat16).
     return {
-        key: choose_codec(codecs, key, (1, 1, *trailing), dtype).text
+        key: choose_codec(
+            codecs, key, (1, 1, *trailing), _UINT8 if dtype == "uint8" else _OTHER
+        ).text
         for key, (dtype, trailing) in schema.items()
     }
 

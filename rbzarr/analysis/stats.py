@@ -227,7 +227,9 @@ def _image_keys(view: BufferView, keys: Sequence[str]) -> list[str]:
     return [
         key
         for key in keys
-        if key in schema and image_layout((1, 1, *schema[key][1]), schema[key][0]) is not None
+        if key in schema
+        and schema[key][0] == "uint8"  # numpy does not name every dtype (bfloat16)
+        and image_layout((1, 1, *schema[key][1]), "uint8") is not None
     ]
 
 
