@@ -9,13 +9,18 @@ __all__ = [
     "CheckpointConflictError",
     "CheckpointNotFoundError",
     "CodecConflictError",
+    "CodecUnavailableError",
     "CorruptStoreError",
     "DamagedTrajectoryWarning",
     "DatasetFileNotFoundError",
     "DatasetMismatchError",
     "EmptyBufferError",
+    "EncoderUnavailableError",
+    "EpisodeNotFoundError",
     "InsertTimeoutError",
+    "InvalidCodecError",
     "InvalidTrajectoryError",
+    "NotAnImageError",
     "RbzarrError",
     "RecodeWarning",
     "SchedulerUnavailableError",
@@ -62,6 +67,17 @@ class CheckpointConflictError(RbzarrError, ValueError):
 class CodecConflictError(RbzarrError, ValueError):
     """A writer's codec for a key differs from the one its store records (``rbzarr recode``
     changes a store's codecs)."""
+
+
+class InvalidCodecError(RbzarrError, ValueError):
+    """A codec cannot encode its key (a lossy image codec on floats, an image codec on a
+    non-image shape), or names a key the trajectories do not have: refused before anything
+    is accepted."""
+
+
+class CodecUnavailableError(RbzarrError, ImportError):
+    """A codec's package cannot be imported by this process: its data cannot be written or
+    decoded here, but it is not damaged (install the package named in the message)."""
 
 
 class EmptyBufferError(RbzarrError, RuntimeError):
@@ -146,3 +162,15 @@ class DatasetMismatchError(RbzarrError, ValueError):
 
 class DatasetFileNotFoundError(RbzarrError, FileNotFoundError):
     """A file that a dataset's metadata names (parquet, video, HDF5) is missing."""
+
+
+class NotAnImageError(RbzarrError, ValueError):
+    """A key asked to be shown as camera frames is not image-like (or a store has none)."""
+
+
+class EpisodeNotFoundError(RbzarrError, IndexError):
+    """An episode number beyond the episodes a store holds."""
+
+
+class EncoderUnavailableError(RbzarrError, ImportError):
+    """An output format whose encoder (PyAV's codec, Pillow's writer) is not installed."""

@@ -24,6 +24,12 @@ case "$job" in
         # RLinf is the tests' oracle. Its own dependency tree (ray, transformers, ...) must
         # not come with it: its buffer imports with omegaconf alone (in the test extra).
         .venv/bin/pip install --quiet --no-deps -c scripts/constraints.txt rlinf==0.3.0
+        # tests/test_report_browser.py opens `rbzarr report`'s page in headless Chromium
+        # (Debian's packages; CI runs as root on Debian).
+        if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+            apt-get update -qq
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver
+        fi
         .venv/bin/ruff format --check rbzarr tests benchmarks
         .venv/bin/ruff check rbzarr tests benchmarks
         .venv/bin/mypy rbzarr

@@ -283,6 +283,39 @@ def deep_pickle(depth: int) -> bytes:
     )
 
 
+def huge_length_pickle(opcode: bytes, length: bytes) -> bytes:
+    """A pickle of ``{"rewards": <value>}`` whose counted value (``opcode``, e.g. BINBYTES8)
+    declares ``length`` bytes and holds two."""
+    return b"\x80\x02}X\x07\x00\x00\x00rewards" + opcode + length + b"xxs."
+
+
+DEEP_MARKER = "deeply-nested-value"
+
+
+def deep_scalar(case: Case, field: str, depth: int) -> None:
+    """Rewrite trajectory 0's file (pt or pkl) with ``field`` a list nested ``depth`` deep,
+    written as opcodes (pickling one would recurse)."""
+    record = record_of(case)
+    record[field] = DEEP_MARKER
+    marker = b"X" + len(DEEP_MARKER).to_bytes(4, "little") + DEEP_MARKER.encode()
+    deep = b"]" * depth + b"a" * (depth - 1)
+    if case.fmt == "pkl":
+        data = pickle.dumps(record, protocol=2)  # no frames: their lengths would change
+        first_file(case).write_bytes(data.replace(marker, deep, 1))
+        return
+    buffer = io.BytesIO()
+    torch.save(record, buffer)
+    with zipfile.ZipFile(io.BytesIO(buffer.getvalue())) as source:
+        records = [(info.filename, source.read(info)) for info in source.infolist()]
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as target:
+        for name, data in records:
+            if name.endswith("/data.pkl"):
+                data = data.replace(marker, deep, 1)  # noqa: PLW2901
+            target.writestr(name, data, zipfile.ZIP_STORED)
+    first_file(case).write_bytes(out.getvalue())
+
+
 def deflate_bomb(case: Case, inflated: int) -> None:
     """Rewrite trajectory 0's ``.pt`` with its first storage record deflated, declaring
     ``inflated`` zero bytes (torch would inflate it)."""

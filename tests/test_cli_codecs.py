@@ -19,8 +19,6 @@ from rbzarr import RecodeWarning, StorageUnavailableError, Trajectory, Trajector
 from rbzarr.analysis.recode import plan_recode, recode_store
 from rbzarr.cli.main import main
 
-pytest.importorskip("imagecodecs")
-
 T, B, SIDE = 4, 2, 16
 
 

@@ -14,6 +14,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import zarr
@@ -25,6 +26,7 @@ from rbzarr import (
     RbzarrError,
     TrajectoryReplayBuffer,
     UnsafePathError,
+    open_buffer,
 )
 
 NAMED = (CorruptStoreError, CheckpointNotFoundError, UnsafePathError)
@@ -146,6 +148,9 @@ def test_a_store_written_before_its_documents_were_consolidated_reads_the_same(t
     root = zarr.open_group(store, mode="r")
     rewards = root["trajectories/1/rewards"]
     assert isinstance(rewards, zarr.Array) and rewards.shape[1] == 3
+    dataset = open_buffer(store).xarray_dataset(1)
+    want = make_trajectory(4, 3, 100, epochs=2).curr_obs["state"]
+    assert np.array_equal(dataset["curr_obs/state"].values, want.numpy())
 
 
 @pytest.mark.parametrize("fmt", ["zarr", "pt", "pkl"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
@@ -29,11 +28,13 @@ class WatchedBuffer(TrajectoryReplayBuffer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.ready_calls = 0
+        self.ready_threads: set[threading.Thread] = set()
         self.asked = threading.Event()
         self.sampling_threads: set[threading.Thread] = set()
 
     def is_ready(self, min_size: int) -> bool:
         self.ready_calls += 1
+        self.ready_threads.add(threading.current_thread())
         if self.ready_calls >= 8:
             self.asked.set()
         return super().is_ready(min_size)
@@ -102,16 +103,26 @@ def test_demo_batches_take_half_from_each_and_drop_missing_keys(cls):
 
 
 @pytest.mark.parametrize("cls", [ReplayBufferDataset, PreloadReplayBufferDataset])
-def test_waits_without_spinning_until_both_buffers_are_ready(cls):
+def test_waits_without_spinning_until_both_buffers_are_ready(cls, monkeypatch):
     replay, demo = WatchedBuffer(seed=1), TrajectoryReplayBuffer(seed=2)
     dataset = cls(replay, demo, batch_size=4, min_replay_buffer_size=2, min_demo_buffer_size=1)
     out: list = []
     consumer = threading.Thread(target=lambda: out.append(next(iter(dataset))))
-    started = time.monotonic()
+    # The waits between readiness checks, as the thread checking asks for them.
+    waits: list[float | None] = []
+    real_wait = threading.Event.wait
+
+    def recorded_wait(event: threading.Event, timeout: float | None = None) -> bool:
+        if threading.current_thread() in replay.ready_threads:
+            waits.append(timeout)
+        return real_wait(event, timeout)
+
+    monkeypatch.setattr(threading.Event, "wait", recorded_wait)
     consumer.start()
     assert replay.asked.wait(timeout=60)
-    # eight readiness checks take at least the backoff 1 + 2 + ... + 64 ms: no busy loop
-    assert time.monotonic() - started >= 0.1
+    # No busy loop: each of the first seven failed checks is followed by a wait twice as
+    # long as the one before (1, 2, ..., 64 ms).
+    assert waits[:7] == [0.001 * 2**k for k in range(7)]
     replay.add_trajectories([make_trajectory(2, 2, 0), make_trajectory(2, 2, 4)])
     demo.add_trajectories([make_trajectory(2, 2, 8)])
     consumer.join(timeout=60)

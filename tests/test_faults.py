@@ -21,11 +21,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import assert_same_trajectory, make_trajectory
 from faults import KINDS, Faults
+from zarr.codecs import BloscCodec
 
 from rbzarr import (
     CheckpointNotFoundError,
@@ -38,8 +40,10 @@ from rbzarr import (
 from rbzarr.analysis.verify import verify_store
 from rbzarr.storage.index import log as index_log
 from rbzarr.storage.index.slots import read_store_documents, read_store_metadata
+from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class
+from rbzarr.storage.zarr.layout import ZarrLayout
 
 # A close whose compaction meets the fault warns and leaves it to the next writer: expected.
 pytestmark = pytest.mark.filterwarnings(
@@ -395,3 +399,37 @@ def test_every_call_fails_in_turn_on_s3(operation, s3_bucket, s3_options, monkey
 
     # Every call once, failed before or after its work in turn (S3 calls cost ~10x local ones).
     enumerate_cases(make_case, operation, ("fail", "lost"), every_kind=False)
+
+
+def _group_files(root: Path) -> dict[str, bytes]:
+    """Every file below a store's ``trajectories`` folder, with its bytes."""
+    folder = root / "trajectories"
+    return {str(p.relative_to(root)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("path", ["shards", "zarr"])
+def test_a_group_write_failing_at_any_file_leaves_none_of_its_files(tmp_path, monkeypatch, path):
+    """A write that fails (any of its file writes, once) removes what it wrote of its
+    group: no partial group stays for ``verify --repair``; trajectory 0's group is left
+    as it was.  ``zarr``: the rewards go through zarr's own array writes."""
+    codecs = {"rewards": BloscCodec(cname="lz4")} if path == "zarr" else None
+    layout = ZarrLayout(Location.from_url(str(tmp_path / "s")), codecs=codecs)
+    index = TrajectoryIndex()
+    trajectories = [make_trajectory(4, 2, 8 * k) for k in range(2)]
+    entries = [index.new_entry([4, 2], 4, "w") for _ in trajectories]
+    layout.write(entries[0], trajectories[0])
+    committed = _group_files(tmp_path / "s")
+    faults = Faults(monkeypatch)
+    faults.count()
+    layout.write(entries[1], trajectories[1])
+    calls = len(faults.calls)
+    layout.delete(entries[1])
+    assert calls > 5, faults.calls
+    for k in range(calls):
+        faults.arm(k, "fail")
+        with pytest.raises(OSError, match="injected fault"):
+            layout.write(entries[1], trajectories[1])
+        faults.disarm()
+        assert _group_files(tmp_path / "s") == committed, (k, faults.fired)
+    layout.write(entries[1], trajectories[1])  # once storage heals, it writes whole
+    assert_same_trajectory(layout.read(entries[1]), trajectories[1])

@@ -240,6 +240,22 @@ def test_truncated_file_raises_corrupt_store_error(tmp_path: Path, cls: type[Fil
         layout.read(entry_for(want, 0))
 
 
+def test_a_pt_needing_an_unknown_zip_version_is_corrupt(tmp_path: Path) -> None:
+    """The fuzz suite's find: a flipped "version needed" byte in a record of the zip's
+    central directory (zipfile raises ``NotImplementedError``)."""
+    layout = PtLayout(Location.from_url(tmp_path))
+    want = make_trajectory()
+    layout.write(entry_for(want, 0), want)
+    path = tmp_path / "trajectory_0_w0.pt"
+    data = bytearray(path.read_bytes())
+    record = data.index(b"PK\x01\x02")  # the central directory's first record
+    data[record + 6] = 64  # needs zip version 6.4
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptStoreError, match=rf"{re.escape(str(path))}: .*zip file version"):
+        layout.read(entry_for(want, 0))
+    assert path.read_bytes() == data
+
+
 class _SystemCall:
     def __init__(self, command: str) -> None:
         self.command = command

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,12 @@ from hostile_stores import (
     Strided,
     check_case,
     deep_pickle,
+    deep_scalar,
     deflate_bomb,
     edit_json,
     first_file,
     group,
+    huge_length_pickle,
     link,
     make_bases,
     numpy_dtype_forgery,
@@ -362,7 +365,13 @@ MUTATIONS: dict[str, tuple[tuple[str, ...], Callable[[Case], None], dict[str, st
     "duplicate_ids": (
         ALL,
         lambda c: edit_json(_index(c), lambda d: d.update(trajectory_id_list=[0, 1, 1, 2, 3, 3])),
-        {"sample": "ok", "repair": "ok", "export": "ok"},
+        {
+            "sample": "CorruptStoreError",
+            "load_plain": "CorruptStoreError",
+            "load_auto_save": "CorruptStoreError",
+            "export": "CorruptStoreError",
+            "repair": "ok",
+        },
     ),
     "index_past_size_bound": (("zarr", "pt"), _huge_index, {"sample": "DocumentTooLargeError"}),
     "schema_garbage": (
@@ -477,6 +486,25 @@ MUTATIONS: dict[str, tuple[tuple[str, ...], Callable[[Case], None], dict[str, st
         ("pkl",),
         lambda c: first_file(c).write_bytes(deep_pickle(20_000)),
         {"sample": "CorruptStoreError"},
+    ),
+    "pkl_huge_binbytes8": (
+        ("pkl",),
+        lambda c: first_file(c).write_bytes(
+            huge_length_pickle(b"\x8e", (2**62).to_bytes(8, "little"))
+        ),
+        {"sample": "CorruptStoreError", "load_plain": "CorruptStoreError"},
+    ),
+    "pkl_huge_binunicode": (
+        ("pkl",),
+        lambda c: first_file(c).write_bytes(
+            huge_length_pickle(b"X", (2**32 - 1).to_bytes(4, "little"))
+        ),
+        {"sample": "CorruptStoreError", "load_plain": "CorruptStoreError"},
+    ),
+    "scalar_deeply_nested": (
+        FILES,
+        lambda c: deep_scalar(c, "max_episode_length", 50_000),
+        {"sample": "CorruptStoreError", "load_plain": "CorruptStoreError"},
     ),
     "pkl_garbage": (("pkl",), lambda c: first_file(c).write_bytes(b"\x80\x05garbage"), {}),
     # .pt files
@@ -763,6 +791,9 @@ QUICK = {
     ("schema_huge_trailing", "zarrlog"),
     ("head_block_repeated", "zarrlog"),
     ("pkl_os_system", "pkl"),
+    ("pkl_huge_binbytes8", "pkl"),
+    ("scalar_deeply_nested", "pkl"),
+    ("scalar_deeply_nested", "pt"),
     ("record_claims_other_id", "zarrlog"),
 }
 CASES = [
@@ -937,19 +968,63 @@ def test_a_layout_description_cannot_ask_for_more_than_its_shard_holds(
         ArraySpec.parse("rewards", description, "store/trajectories/0/rewards")
 
 
-def test_verify_reports_repeated_ids_and_a_bad_schema_and_repair_fixes_the_ids(
-    tmp_path: Path, bases: dict[str, Path]
+@pytest.mark.parametrize("kind", ["zarr", "pt"])
+def test_repeated_ids_are_refused_until_repair_keeps_one_of_each(
+    tmp_path: Path, bases: dict[str, Path], kind: str
 ) -> None:
+    from rbzarr import CorruptStoreError, TrajectoryReplayBuffer  # noqa: PLC0415
+    from rbzarr.analysis.export import export_store  # noqa: PLC0415
     from rbzarr.analysis.verify import verify_store  # noqa: PLC0415
     from rbzarr.analysis.view import open_buffer  # noqa: PLC0415
 
-    case = prepare(tmp_path, "pt", bases)
+    case = prepare(tmp_path, kind, bases)
     edit_json(_index(case), lambda d: d.update(trajectory_id_list=[0, 1, 1, 2, 3, 3]))
-    assert len(open_buffer(str(case.store))) == 4
+    before = snapshot(case.store)
+    refused = r"trajectory_id_list names trajectories \[1, 3\] more than once.*verify --repair"
+    with pytest.raises(CorruptStoreError, match=refused):
+        open_buffer(str(case.store), seed=0).sample(8)
+    with pytest.raises(CorruptStoreError, match=refused):
+        TrajectoryReplayBuffer(seed=0).load_checkpoint(str(case.store))
+    with pytest.raises(CorruptStoreError, match=refused):
+        export_store(str(case.store), str(case.work / "export"), "pkl")
+    assert snapshot(case.store) == before
+    assert not (case.work / "export").exists()
     assert {p.kind for p in verify_store(str(case.store)).problems} == {"duplicate_ids"}
     assert verify_store(str(case.store), repair=True).ok
     listed = json.loads(_index(case).read_text())["trajectory_id_list"]
-    assert listed == [0, 1, 2, 3] and verify_store(str(case.store)).ok
+    assert listed == [0, 1, 2, 3]
+    assert len(open_buffer(str(case.store), seed=0)) == 4
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "message"),
+    [
+        ("pkl_huge_binbytes8", "pkl", r"not a readable pickle.*declares 4611686018427387904 bytes"),
+        ("scalar_deeply_nested", "pkl", r"expected an int max_episode_length.*got \[\[\[\[\[\["),
+        ("scalar_deeply_nested", "pt", r"expected an int max_episode_length.*got \[\[\[\[\[\["),
+    ],
+)
+def test_a_hostile_trajectory_file_is_named_in_the_error_and_left_as_it_is(
+    tmp_path: Path, bases: dict[str, Path], name: str, kind: str, message: str
+) -> None:
+    from rbzarr import CorruptStoreError, TrajectoryReplayBuffer  # noqa: PLC0415
+    from rbzarr.analysis.view import open_buffer  # noqa: PLC0415
+
+    case = prepare(tmp_path, kind, bases)
+    MUTATIONS[name][1](case)
+    before = snapshot(case.store)
+    where = re.escape(str(first_file(case)))
+    with pytest.raises(CorruptStoreError, match=f"{where}: {message}"):
+        open_buffer(str(case.store), seed=0).sample(64)
+    with pytest.raises(CorruptStoreError, match=f"{where}: {message}"):
+        TrajectoryReplayBuffer(seed=0).load_checkpoint(str(case.store))
+    assert snapshot(case.store) == before
+
+
+def test_verify_reports_a_bad_schema(tmp_path: Path, bases: dict[str, Path]) -> None:
+    from rbzarr.analysis.verify import verify_store  # noqa: PLC0415
+
+    case = prepare(tmp_path, "pt", bases)
     edit_json(_metadata(case), lambda m: m.update(schema={"rewards": 5}))
     assert {p.kind for p in verify_store(str(case.store)).problems} == {"unreadable_schema"}
 

@@ -30,6 +30,7 @@ from rbzarr.cli import main
 from rbzarr.errors import (
     DatasetFileNotFoundError,
     DatasetMismatchError,
+    InvalidCodecError,
     StoreExistsError,
     UnsupportedDatasetError,
 )
@@ -463,6 +464,20 @@ def test_an_unknown_codec_is_refused(lerobot, tmp_path):
         ),
     )
     import_fails(source, tmp_path, UnsupportedDatasetError, "codec 'notacodec'")
+
+
+@pytest.mark.parametrize(
+    ("codecs", "match"),
+    [
+        ({"curr_obs/images.tpo": "qoi"}, r"codecs name \['curr_obs/images.tpo'\]"),
+        ({"curr_obs/state": "jpeg:90"}, r"'curr_obs/state': codec 'jpeg:90' takes image-like"),
+    ],
+)
+def test_a_codec_for_no_key_or_one_that_cannot_encode_is_refused(lerobot, tmp_path, codecs, match):
+    root, _ = lerobot
+    with pytest.raises(InvalidCodecError, match=match):
+        import_dataset(root, tmp_path / "store", "lerobot", codecs=codecs)
+    assert not (tmp_path / "store").exists()
 
 
 def test_an_hdf5_file_without_data_is_refused(tmp_path):

@@ -289,3 +289,21 @@ def test_cli_and_seed_buffer(cartpole, minari_root, tmp_path):
     again = TrajectoryReplayBuffer(seed=0, sample_window_size=0)
     seed_buffer(again, "cartpole/random-v0", "minari", tmp_path / "seeded")
     assert again.total_samples == cartpole.total_steps
+
+
+def test_a_relative_export_below_minaris_folder_is_listed_under_its_namespace(
+    cartpole, minari_root, tmp_path, monkeypatch
+):
+    import_dataset(minari_root / "cartpole/random-v0", tmp_path / "store", "minari")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MINARI_DATASETS_PATH", minari_root.name)  # relative, as a shell sets it
+    result = CliRunner().invoke(
+        main, ["export", "store", f"{minari_root.name}/ns/name-v0", "--format", "minari"]
+    )
+    assert result.exit_code == 0, result.output
+    assert metadata(minari_root, "ns/name-v0")["dataset_id"] == "ns/name-v0"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a misnamed dataset is a warning, and left out
+        assert "ns/name-v0" in minari.list_local_datasets()
+    assert minari.load_dataset("ns/name-v0").total_steps == cartpole.total_steps
+    assert sorted(p.name for p in minari_root.rglob("*.hdf5")) == ["main_data.hdf5"] * 2

@@ -76,7 +76,9 @@ def _assert_equals_zarr(root: Path, out: dict[str, Any], requests: list[Any]) ->
     for entry, rows, positions in requests:
         T, B = entry["shape"][:2]
         for key in KEYS:
-            array = np.asarray(group[f"trajectories/{entry['trajectory_id']}/{key}"][...])
+            trajectory = group[f"trajectories/{entry['trajectory_id']}"]
+            assert isinstance(trajectory, zarr.Group)
+            array = np.asarray(trajectory[key][...])
             elements = reset_row_elements(rows.numpy(), T, B, array.shape[0] - T)
             want = array.reshape(array.shape[0] * B, *array.shape[2:])[elements]
             np.testing.assert_array_equal(to_numpy(out[key][positions]), want, err_msg=key)

@@ -231,3 +231,29 @@ def test_an_embedded_storage_declaring_more_than_it_holds_is_refused() -> None:
     assert forged != data
     with pytest.raises(CorruptStoreError, match="embedded torch storage declares"):
         safe_load(forged, source="big.pkl")
+
+
+@pytest.mark.parametrize(
+    ("opcode", "width"),
+    [(b"\x8e", 8), (b"\x8d", 8), (b"\x96", 8), (b"B", 4), (b"X", 4)],
+    ids=["BINBYTES8", "BINUNICODE8", "BYTEARRAY8", "BINBYTES", "BINUNICODE"],
+)
+def test_a_length_past_the_end_is_refused_before_anything_is_allocated(
+    opcode: bytes, width: int
+) -> None:
+    """A counted value declaring more bytes than follow it (the unpickler would allocate
+    all of them first: a ``MemoryError``, or gigabytes for a few bytes of file)."""
+    declared = 2 ** (8 * width - 2)
+    crafted = b"\x80\x04}X\x07\x00\x00\x00rewards" + opcode + declared.to_bytes(width, "little")
+    with pytest.raises(CorruptStoreError, match=rf"big\.pkl: .*declares {declared} bytes"):
+        safe_load(crafted + b"xxs.", source="big.pkl")
+
+
+def test_a_huge_length_inside_an_embedded_storage_is_refused() -> None:
+    inner = io.BytesIO()
+    torch.save(torch.zeros(1).untyped_storage(), inner, _use_new_zipfile_serialization=False)
+    legacy = inner.getvalue()
+    # the first header pickle (the magic number) becomes a BINBYTES8 of 2**62 bytes
+    forged = b"\x80\x04\x8e" + (2**62).to_bytes(8, "little") + legacy[3:]
+    with pytest.raises(CorruptStoreError, match=r"storage\.pkl: .*declares 4611686018427387904"):
+        safe_load(pickle.dumps(_StorageBytes(forged), protocol=2), source="storage.pkl")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -77,15 +77,17 @@ def _flat_rewards(steps: Mapping[str, torch.Tensor]) -> np.ndarray:
 IMAGE_FORMATS = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".svg": "svg", ".pdf": "pdf"}
 
 
-def image_format_of(path: str | os.PathLike[str]) -> str:
-    """The image format ``path``'s suffix names, e.g. ``"jpeg"`` for ``x.jpg``."""
+def image_format_of(
+    path: str | os.PathLike[str], formats: Mapping[str, str] = IMAGE_FORMATS
+) -> str:
+    """The image format ``path``'s suffix names in ``formats``, e.g. ``"jpeg"`` for ``x.jpg``."""
     suffix = os.path.splitext(os.fspath(path))[1].lower()
     try:
-        return IMAGE_FORMATS[suffix]
+        return formats[suffix]
     except KeyError:
         raise ValueError(
             f"{os.fspath(path)!r}: unknown image suffix {suffix!r}; expected one of "
-            f"{sorted(IMAGE_FORMATS)}"
+            f"{sorted(formats)}"
         ) from None
 
 
@@ -100,16 +102,19 @@ def _store_name(url: str) -> str:
 
 def plot_store(
     view: BufferView,
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | IO[bytes],
     progress: bool = False,
     across_trajectories: bool = True,
     tasks: TrajectoryTasks | None = None,
+    image_format: str | None = None,
 ) -> dict[str, int]:
     """Draw the four panels of ``view`` into the image file ``path`` (1000 x 800 pixels).
 
-    ``tasks`` reads the trajectories (on a dask cluster with a client).
+    ``path`` may be a binary file object, ``image_format`` (``"png"``, ...) then naming its
+    format; ``tasks`` reads the trajectories (on a dask cluster with a client).
     """
-    image_format = image_format_of(path)
+    if image_format is None:
+        image_format = image_format_of(path if isinstance(path, str | os.PathLike) else "")
     plt = _pyplot()
     rewards, episodes = _collect(view, progress, across_trajectories, tasks or TrajectoryTasks())
     figure, axes = plt.subplots(2, 2, figsize=FIGURE_SIZE, dpi=DPI)
@@ -119,7 +124,8 @@ def plot_store(
         _histogram(axes[0, 1], np.array([e[2] for e in episodes]), "episode return")
         _histogram(axes[1, 0], np.array([e[1] for e in episodes]), "episode length")
         _returns_by_trajectory(axes[1, 1], episodes)
-        figure.savefig(os.fspath(path), dpi=DPI, format=image_format)
+        target = path if not isinstance(path, str | os.PathLike) else os.fspath(path)
+        figure.savefig(target, dpi=DPI, format=image_format)
     finally:
         plt.close(figure)
     return {"rewards": int(rewards.size), "episodes": len(episodes)}

@@ -17,6 +17,7 @@ from typing import Any
 
 from rbzarr.errors import (
     CheckpointNotFoundError,
+    CodecUnavailableError,
     CorruptStoreError,
     RbzarrError,
     StorageUnavailableError,
@@ -195,7 +196,7 @@ def _load_index(
         )
     try:
         layout, documents = open_store(location)
-        index = TrajectoryIndex.from_documents(documents, location.url)
+        index = TrajectoryIndex.from_documents(documents, location.url, keep_repeated_once=True)
     except UnsafePathError as exc:
         report.problems.append(Problem("unsafe_path", "", _one_line(exc)))
         return None
@@ -285,7 +286,7 @@ def _check_metadata(documents: Documents, index: TrajectoryIndex, report: Verify
                 "duplicate_ids",
                 INDEX_FILE,
                 f"trajectory_id_list names {len(listed) - len(index.id_list)} ids more than "
-                "once (each is read once)",
+                "once (readers refuse it; the repair keeps one of each)",
                 repair=REWRITE,
             )
         )
@@ -324,6 +325,11 @@ def _check_trajectory(
         return Problem("unsafe_path", path, _one_line(exc), trajectory_id)
     except StorageUnavailableError:
         raise  # the store is unreachable: that says nothing about this trajectory
+    except CodecUnavailableError as exc:  # this process cannot decode it: not damage
+        message = f"{_one_line(exc)}; never dropped (--drop-damaged keeps it): verify again"
+        return Problem(
+            "codec_unavailable", path, f"{message} where the codec is installed", trajectory_id
+        )
     except _READ_ERRORS as exc:
         return damaged("unreadable_data", _one_line(exc))
     if shape != list(entry["shape"]):
@@ -367,7 +373,7 @@ def _orphans(layout: TrajectoryLayout, index: TrajectoryIndex) -> list[Problem]:
 def _repair(layout: TrajectoryLayout, report: VerifyReport, drop_damaged: bool) -> None:
     # Re-read the index just before deleting: never remove data committed meanwhile.
     documents = layout.read_documents()
-    index = TrajectoryIndex.from_documents(documents, layout.location.url)
+    index = TrajectoryIndex.from_documents(documents, layout.location.url, keep_repeated_once=True)
     committed = {"/".join(layout.trajectory_path(index.entries[i])) for i in index.id_list}
     remaining: list[Problem] = []
     rewrite = False
@@ -394,7 +400,9 @@ def _repair(layout: TrajectoryLayout, report: VerifyReport, drop_damaged: bool) 
         own = read_slot_documents(layout.location, slot)
         if own is None:
             continue
-        own_index = TrajectoryIndex.from_documents(own, layout.location.url)
+        own_index = TrajectoryIndex.from_documents(
+            own, layout.location.url, keep_repeated_once=True
+        )
         fixed = _documents_without(own, own_index, dropped)
         try:
             _rewrite_slot(layout, slot, own, own_index, fixed)

@@ -46,6 +46,7 @@ def open_buffer(
     trajectories: Container[int] | None = None,
     follow_links: bool = False,
     prioritized: PrioritizedReplay | None = None,
+    layout_options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> BufferView:
     """Open the store or checkpoint at ``url`` read-only.
 
@@ -84,6 +85,10 @@ def open_buffer(
         Draw by the priorities stored with the window's trajectories (as the writing
         buffer's last ``flush()`` left them; re-read at each refresh): see
         docs/priorities.md.  ``None``: uniformly.
+    layout_options
+        Keyword arguments of the store's layout by format name (those of the stored format
+        apply), e.g. ``{"zarr": {"range_gap": 0}}`` to read only the asked rows' bytes from
+        an object store.  Not kept when the view is pickled.
 
     Returns
     -------
@@ -101,7 +106,11 @@ def open_buffer(
         ``on_damaged`` is not ``"raise"`` or ``"skip"``.
     """
     cache = LocalCacheSettings.of(local_cache_dir, local_cache_bytes)
-    options = {name: cache.layout_options(layout_class(name)) for name in known_formats()}
+    extra = layout_options or {}
+    options = {
+        name: {**cache.layout_options(layout_class(name)), **extra.get(name, {})}
+        for name in known_formats()
+    }
     location = Location.from_url(url, storage_options, follow_links=follow_links)
     layout, documents = open_store(location, storage_options, options, window=sample_window_size)
     return BufferView(
@@ -723,15 +732,16 @@ class BufferView:
         import xarray  # noqa: PLC0415 (optional dependency)
 
         entry = self.entry(trajectory_id)
-        self.layout.zarr_group(entry)  # a clear error if the store is not zarr
+        # a clear error if the store is not zarr; a group written before consolidating its
+        # arrays' documents has a document per subgroup and array
+        consolidated = self.layout.zarr_group(entry).metadata.consolidated_metadata is not None
         fields = self.layout.field_names(entry)
-        root = self.layout.trajectory_path(entry)
-        store = self.layout.location.zarr_store(read_only=True)
+        folder = self.layout.location.child(*self.layout.trajectory_path(entry))
+        store = folder.zarr_store(read_only=True)
         parts = []
         for group in sorted({key.rpartition("/")[0] for key in fields}):
-            path = "/".join(part for part in (*root, group) if part)
             try:
-                data = xarray.open_zarr(store, group=path, consolidated=False)
+                data = xarray.open_zarr(store, group=group or None, consolidated=consolidated)
             except KeyError as exc:  # layout-1 arrays carry no dimension names
                 raise ValueError(
                     f"{self.url}: trajectory {trajectory_id} has no dimension names (layout 1); "

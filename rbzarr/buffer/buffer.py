@@ -126,7 +126,9 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         as it is), warns once (:class:`~rbzarr.errors.DamagedTrajectoryWarning`, naming
         the id and the path), lists it in ``get_stats()["damaged_trajectories"]`` and
         draws the batch again from the same generator state, so the batches stay
-        deterministic.  Unavailable storage still raises.
+        deterministic.  Unavailable storage still raises, and so does data this process
+        cannot decode (:class:`~rbzarr.errors.CodecUnavailableError`: its codec's package
+        is missing; it is not damaged).
     durable
         With ``auto_save``: :meth:`flush` returns only when what it committed survives a
         machine crash (locally every file, index record and folder is ``fsync``-ed; on S3 a
@@ -156,6 +158,9 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         read-only or without permission; on S3 no such bucket or access denied.
     StoreExistsError
         ``auto_save_path`` is a file, or holds a store of another ``trajectory_format``.
+    CodecUnavailableError
+        ``layout_options`` names an image codec, or the store to append to records one,
+        and imagecodecs cannot be imported (an ``ImportError``).
 
     Warns
     -----
@@ -379,6 +384,13 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             disagrees with the buffer's schema, or
             ``trajectories`` is not a list of them (:class:`~rbzarr.errors.TrajectoryListError`,
             also a ``TypeError``, e.g. for one trajectory not in a list): nothing changed.
+        InvalidCodecError
+            With ``auto_save``: a codec of ``layout_options`` cannot encode its key (an
+            image codec on floats or on a non-image shape) or names a key the trajectories
+            do not have (a ``ValueError``): nothing changed, nothing written.
+        CodecUnavailableError
+            With ``auto_save``: a key's codec needs a package this process cannot import
+            (an ``ImportError`` naming it): nothing changed, nothing written.
         WriterFailedError
             Storage is failing and the write queue is full: none of these trajectories was
             added (nothing changed); they are accepted again once queued writes commit.

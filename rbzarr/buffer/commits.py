@@ -222,10 +222,12 @@ class StoreCommitter:
 
     # -- writing ----------------------------------------------------------------------------
     def check(self, trajectory: ValidatedTrajectory) -> None:
-        """Raise if the file name built from ``model_weights_id`` would leave the store."""
+        """Raise if the file name built from ``model_weights_id`` would leave the store, or
+        the layout cannot write the trajectory (its codecs)."""
         self.layout.trajectory_path(
             {"trajectory_id": 0, "model_weights_id": trajectory.trajectory.model_weights_id}
         )
+        self.layout.check_writable(trajectory.trajectory)
 
     def wait_for_room(self, count: int) -> None:
         """Block until ``count`` writes fit in the queue; refuse while storage fails."""
@@ -435,7 +437,16 @@ class StoreCommitter:
         WriterFailedError
             A write or record is not committed: the error names the trajectories.
         """
-        self._writer.flush(timeout)
+        try:
+            self._writer.flush(timeout)
+        except WriterFailedError as exc:
+            with self._lock:
+                waiting = sorted(self._pending)
+            more = f" and {len(waiting) - 10} more" if len(waiting) > 10 else ""
+            named = WriterFailedError(
+                f"{exc}; trajectories not in the store yet: {waiting[:10]}{more}"
+            )
+            raise named from exc.__cause__
         with self._lock:
             unrecorded = [int(e["trajectory_id"]) for e in self._unrecorded]
         if unrecorded:

@@ -34,6 +34,8 @@ COMMANDS = {
     "stats": "rbzarr.cli.report:stats",
     "verify": "rbzarr.cli.report:verify",
     "plot": "rbzarr.cli.report:plot",
+    "show": "rbzarr.cli.pictures:show",
+    "report": "rbzarr.cli.pictures:report",
     "export": "rbzarr.cli.convert:export",
     "import": "rbzarr.cli.convert:import_command",
     "merge": "rbzarr.cli.convert:merge",

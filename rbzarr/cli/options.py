@@ -17,6 +17,7 @@ __all__ = [
     "cache_arguments",
     "echo_lines",
     "json_flag",
+    "output_option",
     "per_trajectory_flag",
     "print_json",
     "scheduler_option",
@@ -59,6 +60,11 @@ def print_json(document: Any) -> None:
 def echo_lines(lines: list[str]) -> None:
     """``lines`` on stdout, one per line."""
     click.echo("\n".join(lines))
+
+
+def output_option(help: str) -> Any:
+    """The required ``-o`` / ``--output`` file option, described by ``help``."""
+    return click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help=help)
 
 
 json_flag = click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")

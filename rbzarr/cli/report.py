@@ -13,6 +13,7 @@ from rbzarr.cli.options import (
     cache_arguments,
     echo_lines,
     json_flag,
+    output_option,
     per_trajectory_flag,
     print_json,
     scheduler_option,
@@ -155,13 +156,7 @@ def verify(ctx: click.Context, url: str, repair: bool, drop_damaged: bool, as_js
 
 @click.command()
 @click.argument("url")
-@click.option(
-    "-o",
-    "--output",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="Image file; its suffix picks the format (.png, .jpg / .jpeg, .svg, .pdf).",
-)
+@output_option("Image file; its suffix picks the format (.png, .jpg / .jpeg, .svg, .pdf).")
 @per_trajectory_flag
 @scheduler_option
 @click.pass_context

@@ -136,7 +136,9 @@ def write_episodes(
             rows = len(next(iter(episode.values())))
             entry = index.new_entry((rows, 1), rows, "")
             size = sum(int(rows.nbytes) for rows in episode.values())
-            writes.submit(entry, trajectory_from_raw(fields, rows, ""), size)
+            trajectory = trajectory_from_raw(fields, rows, "")
+            layout.check_writable(trajectory)  # a codec for no key, or one that cannot encode
+            writes.submit(entry, trajectory, size)
         writes.finish()
         documents = index.to_documents("zarr", extra={SOURCE_KEY: dict(source)})
         return layout.write_documents(documents)

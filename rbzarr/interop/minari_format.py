@@ -386,7 +386,9 @@ def export_minari(
     what was written is removed.  The dataset is named ``dataset_id``, by default after
     where it is written (:func:`dataset_id_of`), so Minari finds it by that id.
     """
-    root = Path(os.fspath(destination).removeprefix("file://"))
+    # Absolute: Minari's storage joins a relative folder to itself (a relative destination
+    # below a relative MINARI_DATASETS_PATH was written nowhere).
+    root = Path(os.fspath(destination).removeprefix("file://")).absolute()
     if root.exists() and any(root.iterdir()):
         raise StoreExistsError(f"{root} is not empty; export writes only to a new location")
     dataset_id = dataset_id_of(root) if dataset_id is None else dataset_id

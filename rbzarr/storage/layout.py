@@ -71,6 +71,23 @@ class TrajectoryLayout(ABC):
         return f"{type(self).__name__}({self.location.url!r})"
 
     # -- what a layout implements ---------------------------------------------------------
+    def check_writable(self, trajectory: Trajectory) -> None:  # noqa: B027 (a hook)
+        """Raise if this layout cannot write ``trajectory`` (a writer calls it before it
+        accepts the trajectory, so nothing is queued that cannot be written); nothing here.
+
+        Parameters
+        ----------
+        trajectory
+            A validated trajectory, raw ``[T(+E), B, ...]`` rows.
+
+        Raises
+        ------
+        InvalidCodecError
+            A codec cannot encode its key, or names a key ``trajectory`` does not have.
+        CodecUnavailableError
+            A codec's package cannot be imported (an ``ImportError``).
+        """
+
     @abstractmethod
     def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
         """Write every tensor of ``trajectory`` under ``entry['trajectory_id']``.

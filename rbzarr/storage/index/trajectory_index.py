@@ -188,8 +188,11 @@ class TrajectoryIndex:
         return Documents(metadata=metadata, trajectory_index=index)
 
     @classmethod
-    def from_documents(cls, documents: Documents, where: str) -> TrajectoryIndex:
-        """Parse and check the documents of the store at ``where`` (named in errors)."""
+    def from_documents(
+        cls, documents: Documents, where: str, keep_repeated_once: bool = False
+    ) -> TrajectoryIndex:
+        """Parse and check the documents of the store at ``where`` (named in errors); an id
+        listed twice is refused, unless ``keep_repeated_once`` (``verify``'s repair)."""
         version = documents.metadata.get("rbzarr_format_version", FORMAT_VERSION)
         if not isinstance(version, int) or version > FORMAT_VERSION:
             raise CorruptStoreError(
@@ -201,8 +204,8 @@ class TrajectoryIndex:
             listed = documents.trajectory_index["trajectory_id_list"]
             if not isinstance(listed, list):
                 raise TypeError(f"trajectory_id_list is a {type(listed).__name__}, not a list")
-            # A repeated id is listed once (``verify`` reports it, ``--repair`` rewrites).
-            id_list = list(dict.fromkeys(count(i) for i in listed))
+            listed_ids = [count(i) for i in listed]
+            id_list = list(dict.fromkeys(listed_ids))
             entries = {count(k): dict(v) for k, v in raw_entries.items()}
             # Never below max(id) + 1: a crash between the index and the metadata write
             # leaves the metadata's counter behind, and reusing an id would overwrite data.
@@ -211,6 +214,12 @@ class TrajectoryIndex:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CorruptStoreError(f"{where}: malformed trajectory index: {exc!r}") from exc
+        if len(id_list) != len(listed_ids) and not keep_repeated_once:
+            repeated = sorted({i for i in listed_ids if listed_ids.count(i) > 1})
+            raise CorruptStoreError(
+                f"{where}: trajectory_id_list names trajectories {repeated[:10]} more than "
+                "once (each must be listed once); `rbzarr verify --repair` keeps one of each"
+            )
         missing = [i for i in id_list if i not in entries]
         if missing:
             raise CorruptStoreError(

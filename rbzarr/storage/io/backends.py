@@ -21,6 +21,8 @@ from typing import Any
 import fsspec
 
 from rbzarr.errors import (
+    InvalidCodecError,
+    InvalidTrajectoryError,
     RbzarrError,
     StorageOptionError,
     StorageUnavailableError,
@@ -76,6 +78,8 @@ PERMANENT_ERRNOS = frozenset(
 )
 # S3 error codes of the same kind (botocore's ``response["Error"]["Code"]``).
 _PERMANENT_CODES = frozenset({"NoSuchBucket", "AccessDenied", "InvalidBucketName"})
+# Bad input and a missing package: the same task fails the same way every time.
+_BAD_INPUT = (ImportError, InvalidCodecError, InvalidTrajectoryError)
 _CREDENTIAL_ERRORS = ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError")
 
 
@@ -223,10 +227,12 @@ def translate_errors(url: str, action: str) -> Iterator[None]:
 
 def permanent_cause(exc: BaseException) -> BaseException | None:
     """The error in ``exc``'s chain (``__cause__``, ``__context__``) that retrying cannot cure
-    (an errno of :data:`PERMANENT_ERRNOS`, S3's ``NoSuchBucket`` or ``AccessDenied``), else
-    ``None``."""
+    (an errno of :data:`PERMANENT_ERRNOS`, S3's ``NoSuchBucket`` or ``AccessDenied``, a
+    missing package, values a codec cannot encode, an invalid trajectory), else ``None``."""
     for current in _chain(exc):
         if isinstance(current, OSError) and current.errno in PERMANENT_ERRNOS:
+            return current
+        if isinstance(current, _BAD_INPUT):
             return current
         if _s3_code(current) in _PERMANENT_CODES:
             return current

@@ -18,6 +18,7 @@ import dataclasses
 import io
 import pickle
 import re
+import reprlib
 import struct
 import zipfile
 from abc import abstractmethod
@@ -63,6 +64,8 @@ _TORCH_LOAD_ERRORS = (
 # then their keys' own dicts), and hold this many values at most.
 _MAX_RECORD_DEPTH = 32
 _MAX_RECORD_VALUES = 100_000
+# Loaded values named in errors: a few levels and characters of each.
+_SHORT_REPR = reprlib.Repr()
 
 
 def _compact(tensor: torch.Tensor) -> torch.Tensor:
@@ -203,7 +206,7 @@ def _trajectory_from_record(
     if not isinstance(mel, int) or isinstance(mel, bool) or not isinstance(mwid, str):
         raise CorruptStoreError(
             f"{source}: expected an int max_episode_length and a str model_weights_id, "
-            f"got {mel!r} and {mwid!r}"
+            f"got {_bounded_repr(mel)} and {_bounded_repr(mwid)}"
         )
     try:
         fields = tree.flatten(record)
@@ -231,6 +234,15 @@ def _trajectory_from_record(
             f"{entry['trajectory_id']} says {list(entry['shape'])}"
         )
     return trajectory
+
+
+def _bounded_repr(value: Any) -> str:
+    """``repr`` of a loaded value, cut short (a value nested 50 000 deep or a huge int
+    prints in a few characters)."""
+    try:
+        return _SHORT_REPR.repr(value)
+    except ValueError:  # an int past Python's limit of digits to print
+        return f"a {type(value).__name__}"
 
 
 def _check_record_size(record: dict[str, Any], source: str) -> None:
@@ -270,10 +282,11 @@ def _check_torch_archive(data: bytes, source: str) -> None:
     past the file's size) or one claiming more bytes than the file holds is refused before
     torch reads it.
     """
+    # NotImplementedError: a record "needs" a zip version or feature zipfile lacks.
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             records = archive.infolist()
-    except (zipfile.BadZipFile, ValueError, EOFError) as exc:
+    except (zipfile.BadZipFile, ValueError, EOFError, NotImplementedError) as exc:
         raise CorruptStoreError(
             f"{source}: not a torch.save zip archive ({exc}); rbzarr and RLinf write those"
         ) from exc

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import pickletools
 import struct
 from collections import OrderedDict
 from collections.abc import Callable
@@ -57,6 +58,55 @@ def _check_view(available: int, offset: int, size: Any, stride: Any) -> None:
             f"tensor view (size {dims}, stride {steps}, offset {offset}) reaches past its "
             f"storage of {available} elements"
         )
+
+
+def _check_declared_sizes(stream: IO[bytes]) -> None:
+    """Refuse (ValueError) a pickle, from ``stream``'s position to its STOP, declaring more
+    bytes for a value than follow it; the position is kept.
+
+    The unpickler allocates a counted value (``BINBYTES8``, ``BINUNICODE``, ...) at its
+    declared length before reading it: a few bytes could ask for any amount of memory.  The
+    scan reads the opcodes and lengths only, never the values' bytes.
+    """
+    start = stream.tell()
+    end = stream.seek(0, io.SEEK_END)
+    stream.seek(start)
+    try:
+        while True:
+            code = stream.read(1)
+            op = _OPCODES.get(code.decode("latin-1"))
+            if op is None:
+                raise ValueError(f"no pickle opcode {code!r} at byte {stream.tell() - 1}")
+            if op.name == "STOP":
+                return
+            if op.arg is None:
+                continue
+            if op.arg.n >= 0:
+                stream.seek(op.arg.n, io.SEEK_CUR)
+            elif op.arg.n == pickletools.UP_TO_NEWLINE:
+                op.arg.reader(stream)  # protocol 0's text lines (a line, or two for GLOBAL)
+            else:
+                width, signed = _COUNTED[op.arg.n]
+                length = int.from_bytes(stream.read(width), "little", signed=signed)
+                left = end - stream.tell()
+                if not 0 <= length <= left:
+                    raise ValueError(
+                        f"{op.name} at byte {stream.tell() - width - 1} declares {length} "
+                        f"bytes, but {left} follow"
+                    )
+                stream.seek(length, io.SEEK_CUR)
+    finally:
+        stream.seek(start)
+
+
+_OPCODES = {op.code: op for op in pickletools.opcodes}
+# The width and signedness of a counted value's length, by pickletools' kind of argument.
+_COUNTED = {
+    pickletools.TAKEN_FROM_ARGUMENT1: (1, False),
+    pickletools.TAKEN_FROM_ARGUMENT4: (4, True),
+    pickletools.TAKEN_FROM_ARGUMENT4U: (4, False),
+    pickletools.TAKEN_FROM_ARGUMENT8U: (8, False),
+}
 
 
 def _is_count(value: Any) -> bool:
@@ -213,8 +263,14 @@ class _StorageHeader(pickle.Unpickler):
 
     def __init__(self, file: IO[bytes], source: str) -> None:
         super().__init__(file)
+        self._stream = file
         self.source = source
         self.storages: list[tuple[str, torch.dtype, int]] = []
+
+    def load(self) -> Any:
+        """The next pickle of the stream, its declared sizes checked first."""
+        _check_declared_sizes(self._stream)
+        return super().load()
 
     def find_class(self, module: str, name: str) -> Any:
         """A legacy storage class's dtype, else UnsafePickleError."""
@@ -257,14 +313,17 @@ def safe_load(
     stream: IO[bytes]
     if isinstance(file_or_bytes, bytes | bytearray | memoryview):
         stream = io.BytesIO(file_or_bytes)
-    else:
+    elif file_or_bytes.seekable():
         stream = file_or_bytes
+    else:
+        stream = io.BytesIO(file_or_bytes.read())
     load: Callable[[], Any] = (
         pickle.Unpickler(stream).load
         if allow_unsafe
         else RestrictedUnpickler(stream, source=source).load
     )
     try:
+        _check_declared_sizes(stream)
         return load()
     except UnsafePickleError:
         raise

@@ -11,8 +11,9 @@ API (what ``layout_options={"codecs": {key: spec}}`` and the tools take)::
     parse_codecs({key: spec}) -> {key: Codec}      keys are flat ("curr_obs/image") or
                                                     "default" (every key not named)
     choose_codec(codecs, key, shape, dtype) -> Codec   the concrete codec of one array:
-        codecs[key], else codecs["default"], else "lossless" for image-like keys (when
-        imagecodecs is installed), else raw; "lossless" resolved for the key's shape.
+        codecs[key], else codecs["default"], else "lossless" for image-like keys, else raw;
+        "lossless" resolved for the key's shape.  A codec that cannot encode the key is
+        InvalidCodecError; an image codec without imagecodecs is CodecUnavailableError.
     image_layout(shape, dtype) -> "hwc" | "chw" | None     image-like: uint8 [T, B, H, W, C]
                                                           or [T, B, C, H, W], C in 1, 3, 4
     Codec.text        canonical spec ("qoi", "jpeg:95", "zstd:1"), what the store records
@@ -25,9 +26,12 @@ API (what ``layout_options={"codecs": {key: spec}}`` and the tools take)::
     IMAGE_CODECS      the image codec names (each decodes only into its declared frame)
     decode_into(numcodec, name, data, out) -> out   the one image decode (bounded by out)
     psnr(a, b) -> float   in dB over whole arrays (inf when identical)
-    images_available() -> bool;  require_images(what) raises ImportError naming the extra
+    require_images(what)  raises CodecUnavailableError (an ImportError) naming imagecodecs
+                          when this process cannot import it
+    is_known(text) -> bool;  unknown_codec(where, codec) -> CodecUnavailableError
+                          a store's codec this rbzarr does not know (not damage)
 
-Image codecs come from ``imagecodecs`` (the ``rbzarr[images]`` extra) through its numcodecs
+Image codecs come from ``imagecodecs`` (a dependency of rbzarr) through its numcodecs
 classes, recorded in each array's ``zarr.json`` as ``numcodecs.imagecodecs_<name>`` inside the
 shard's codec chain; :mod:`rbzarr.storage.zarr.zarr_codecs` registers them with zarr, so plain
 ``zarr.open_group`` decodes them once rbzarr is imported (or installed: entry points).
@@ -49,6 +53,8 @@ from typing import Any
 import numpy as np
 from zarr.codecs import ZstdCodec
 
+from rbzarr.errors import CodecUnavailableError, InvalidCodecError
+
 __all__ = [
     "CANDIDATES",
     "IMAGES_EXTRA",
@@ -58,11 +64,12 @@ __all__ = [
     "choose_codec",
     "decode_into",
     "image_layout",
-    "images_available",
+    "is_known",
     "parse_codec",
     "parse_codecs",
     "psnr",
     "require_images",
+    "unknown_codec",
 ]
 
 IMAGES_EXTRA = "rbzarr[images]"
@@ -94,6 +101,8 @@ _LOSSY = frozenset({"jpeg", "jpegxl"})
 _CHANNELS = (1, 3, 4)
 # Frames smaller than this on a side are not image-like (state vectors shaped as images).
 _MIN_SIDE = 8
+# The largest side libjpeg encodes.
+_JPEG_MAX_SIDE = 65535
 
 
 @dataclass(frozen=True)
@@ -159,8 +168,18 @@ class Codec:
         return _numcodec(self.text, tuple(sorted(self.numcodecs_config().items())))
 
     def encode_frame(self, frame: np.ndarray) -> bytes:
-        """One ``[H, W, C]`` uint8 frame encoded (an image codec's stream)."""
-        return bytes(self.numcodec().encode(np.ascontiguousarray(frame)))
+        """One ``[H, W, C]`` uint8 frame encoded (an image codec's stream); the codec's own
+        error is :class:`InvalidCodecError` (the same frame never encodes)."""
+        coder = self.numcodec()
+        try:
+            return bytes(coder.encode(np.ascontiguousarray(frame)))
+        except (MemoryError, ImportError):
+            raise
+        except Exception as exc:
+            raise InvalidCodecError(
+                f"codec {self.text!r} cannot encode a {frame.dtype} frame of "
+                f"{list(frame.shape)}: {exc}"
+            ) from exc
 
     def decode_frame(self, data: bytes | memoryview, out: np.ndarray) -> np.ndarray:
         """One frame decoded into ``out`` (``[H, W, C]``, contiguous: the frame the array
@@ -218,21 +237,36 @@ def _check_qoi_header(data: bytes | memoryview, declared: tuple[int, ...]) -> No
 _QOI_HEADER = struct.Struct(">4sIIB")
 
 
-def images_available() -> bool:
-    """Whether ``imagecodecs`` (the ``rbzarr[images]`` extra) can be imported."""
+def require_images(what: str) -> None:
+    """Raise :class:`CodecUnavailableError` naming the package when ``imagecodecs`` is
+    missing."""
     try:
         import imagecodecs  # noqa: F401, PLC0415
-    except ImportError:
-        return False
-    return True
+    except ImportError as exc:
+        raise _codec_unavailable(what, str(exc)) from exc
 
 
-def require_images(what: str) -> None:
-    """Raise :class:`ImportError` naming the extra when ``imagecodecs`` is missing."""
-    if not images_available():
-        raise ImportError(
-            f"{what} needs imagecodecs: pip install '{IMAGES_EXTRA}' (or imagecodecs)"
-        )
+def _codec_unavailable(what: str, why: str) -> CodecUnavailableError:
+    """The error of a codec this process cannot run (``why``: the import's failure)."""
+    return CodecUnavailableError(
+        f"{what} needs imagecodecs, which this Python cannot import ({why}): pip install "
+        f"imagecodecs (a dependency of rbzarr; '{IMAGES_EXTRA}' installs it too)"
+    )
+
+
+def is_known(text: str) -> bool:
+    """Whether spec ``text`` names a codec this rbzarr knows (its parameter aside)."""
+    return text.strip().lower().partition(":")[0].removesuffix("+checksum") in _DEFAULT_PARAM
+
+
+def unknown_codec(where: str, codec: str) -> CodecUnavailableError:
+    """The error of data stored with a codec this process does not know (``codec``, as the
+    store names it): a newer rbzarr or another package wrote it; it is not damaged."""
+    return CodecUnavailableError(
+        f"{where}: codec {codec!r} is not one this Python knows (a newer rbzarr, or a package "
+        "not installed here, wrote it): upgrade rbzarr or install the codec's package to "
+        "read it; the data is not damaged"
+    )
 
 
 def _numcodec(text: str, config: tuple[tuple[str, Any], ...]) -> Any:
@@ -241,7 +275,10 @@ def _numcodec(text: str, config: tuple[tuple[str, Any], ...]) -> Any:
         require_images(f"codec {text!r}")
         from rbzarr.storage.zarr.zarr_codecs import register_numcodecs  # noqa: PLC0415
 
-        register_numcodecs()
+        try:
+            register_numcodecs()
+        except ImportError as exc:
+            raise _codec_unavailable(f"codec {text!r}", str(exc)) from exc
         from numcodecs import get_codec  # noqa: PLC0415
 
         found = _NUMCODECS[text] = get_codec(dict(config))
@@ -327,15 +364,16 @@ def choose_codec(codecs: Mapping[str, Codec], key: str, shape: Sequence[int], dt
 
     Raises
     ------
-    ValueError
-        An image codec is chosen for an array that is not image-like.
-    ImportError
-        An image codec is chosen explicitly and imagecodecs is missing.
+    InvalidCodecError
+        An image codec is chosen for an array that is not image-like (a ``ValueError``).
+    CodecUnavailableError
+        An image codec is chosen (image-like keys default to one) and imagecodecs is
+        missing (an ``ImportError``).
     """
     chosen = codecs.get(key, codecs.get("default"))
     layout = image_layout(shape, dtype) if shape and 0 not in shape else None
     if chosen is None:
-        if layout is None or not images_available():
+        if layout is None:
             return Codec("raw")
         chosen = Codec("lossless")
     if chosen.name == "lossless":
@@ -351,14 +389,24 @@ def choose_codec(codecs: Mapping[str, Codec], key: str, shape: Sequence[int], dt
         require_images(f"codec {chosen.text!r} of {key!r}")
         channels = int(shape[-1] if layout == "hwc" else shape[2])
         if chosen.name == "qoi" and channels not in (3, 4):
-            raise ValueError(f"{key!r}: qoi takes 3 or 4 channels, the frames have {channels}")
+            raise InvalidCodecError(
+                f"{key!r}: codec 'qoi' takes 3 or 4 channels, the frames have {channels} "
+                "(use 'png' or 'lossless')"
+            )
+        sides = [int(d) for d in (shape[2:4] if layout == "hwc" else shape[3:5])]
+        if chosen.name == "jpeg" and max(sides) > _JPEG_MAX_SIDE:
+            raise InvalidCodecError(
+                f"{key!r}: codec {chosen.text!r} takes frames of at most {_JPEG_MAX_SIDE} "
+                f"pixels a side, the frames are {sides[0]}x{sides[1]} (use 'jpegxl' or 'png')"
+            )
     return chosen
 
 
 def _not_image(key: str, codec: Codec, shape: Sequence[int], dtype: Any) -> Codec:
-    raise ValueError(
+    raise InvalidCodecError(
         f"{key!r}: codec {codec.text!r} takes image-like arrays (uint8 [T, B, H, W, C] or "
-        f"[T, B, C, H, W], C in 1, 3, 4), got {np.dtype(dtype)} {list(shape)}"
+        f"[T, B, C, H, W], C in 1, 3, 4, sides of at least {_MIN_SIDE}), got "
+        f"{np.dtype(dtype)} {list(shape)} (use 'raw' or 'zstd' for this key)"
     )
 
 

@@ -15,11 +15,13 @@ from typing import Any
 import numpy as np
 import zarr
 from tqdm import tqdm
+from zarr.errors import UnknownCodecError
 
-from rbzarr.errors import CorruptStoreError
+from rbzarr.errors import CodecUnavailableError, CorruptStoreError
 from rbzarr.storage.io.json_limits import read_json
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.rlinf.documents import Entry
+from rbzarr.storage.zarr.codecs import unknown_codec
 from rbzarr.storage.zarr.shard_index import DTYPE_ATTR
 
 __all__ = [
@@ -80,12 +82,19 @@ def trajectory_group(location: Location, entry: Entry) -> zarr.Group:
         return zarr.open_group(store=store, path=path, mode="r")
     except RecursionError as exc:
         raise CorruptStoreError(f"{folder.url}/zarr.json: nested too deeply") from exc
+    except UnknownCodecError as exc:
+        raise _not_known_here(folder.url, exc) from exc
     except FileNotFoundError as exc:  # zarr's GroupNotFoundError
         raise CorruptStoreError(
             f"trajectory {trajectory_id(entry)}: the index of {location.url} lists it "
             f"but its data ({path}) is missing; run `rbzarr verify --repair "
             f"--drop-damaged {location.url}` to drop it from the index"
         ) from exc
+
+
+def _not_known_here(where: str, exc: UnknownCodecError) -> CodecUnavailableError:
+    """zarr has no codec class of a document's name here: not damage (a newer rbzarr's)."""
+    return unknown_codec(where, str(exc).removeprefix("Unknown codec: ").strip("'"))
 
 
 def group_arrays(location: Location, group: zarr.Group) -> dict[str, zarr.Array]:
@@ -97,6 +106,8 @@ def group_arrays(location: Location, group: zarr.Group) -> dict[str, zarr.Array]
             for name, node in group.members(max_depth=None)
             if isinstance(node, zarr.Array)
         }
+    except UnknownCodecError as exc:
+        raise _not_known_here(f"{location.url}/{group.path}", exc) from exc
     except (ValueError, TypeError, KeyError, RecursionError) as exc:
         raise CorruptStoreError(
             f"{location.url}/{group.path}: an array's zarr.json is not one rbzarr reads: {exc}"

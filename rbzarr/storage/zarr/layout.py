@@ -48,7 +48,7 @@ from zarr.abc.store import Store
 from zarr.api import asynchronous as zarr_async
 from zarr.storage import StorePath
 
-from rbzarr.errors import CodecConflictError, CorruptStoreError
+from rbzarr.errors import CodecConflictError, CorruptStoreError, InvalidCodecError
 from rbzarr.storage.io.backends import translate_errors
 from rbzarr.storage.io.deadlines import sync
 from rbzarr.storage.io.json_limits import read_json
@@ -72,7 +72,7 @@ from rbzarr.storage.zarr.chunking import (
     plan_key,
     zarr_compressor,
 )
-from rbzarr.storage.zarr.codecs import Codec, parse_codec, parse_codecs
+from rbzarr.storage.zarr.codecs import Codec, parse_codec, parse_codecs, require_images
 from rbzarr.storage.zarr.encode import LOCAL_SEPARATOR, shard_key
 from rbzarr.storage.zarr.handles import time_and_envs, trajectory_id
 from rbzarr.storage.zarr.open import (
@@ -119,10 +119,11 @@ class ZarrLayout(TrajectoryLayout):
         not named): a spec (``"raw"``, ``"zstd:3"``, ``"lossless"``, ``"jpeg:95"``, ...,
         see :mod:`rbzarr.storage.zarr.codecs`), a zarr codec object, or ``None`` (raw).
         Unlisted keys are stored raw (read in place), except image-like ones (uint8
-        ``[T, B, H, W, C]`` or ``[T, B, C, H, W]``): ``"lossless"`` when imagecodecs is
-        installed.  A store records its codecs in its metadata; appending to it uses them,
-        and a different explicit codec for a recorded key raises
-        :class:`~rbzarr.errors.CodecConflictError`.
+        ``[T, B, H, W, C]`` or ``[T, B, C, H, W]``): ``"lossless"``.  A store records its
+        codecs in its metadata; appending to it uses them, and a different explicit codec
+        for a recorded key raises :class:`~rbzarr.errors.CodecConflictError`.  A codec that
+        cannot encode its key, or names a key the trajectories lack, is refused before a
+        trajectory is accepted (:meth:`check_writable`).
     chunk_bytes
         Target size of one chunk of the arrays zarr writes itself (codecs other than zstd,
         see :mod:`rbzarr.storage.zarr.chunking`).
@@ -152,6 +153,8 @@ class ZarrLayout(TrajectoryLayout):
         ``chunk_bytes`` or ``local_cache_bytes`` is not positive, ``handle_cache_size`` or
         ``range_gap`` is negative, or ``local_cache_bytes`` is given without
         ``local_cache_dir``.
+    CodecUnavailableError
+        An image codec is named and imagecodecs cannot be imported (an ``ImportError``).
     """
 
     format = "zarr"
@@ -181,7 +184,12 @@ class ZarrLayout(TrajectoryLayout):
             raise ValueError(f"range_gap must be >= 0, got {range_gap}")
         super().__init__(location)
         self.codecs = parse_codecs(codecs)
+        for key, codec in self.codecs.items():
+            if codec.is_image:
+                require_images(f"codec {codec.text!r} of {key!r}")
         self._explicit = frozenset(self.codecs)
+        # Field shapes and dtypes check_writable found writable.
+        self._writable: set[frozenset[Any]] = set()
         # Concrete codecs by key (and "default"), as the store's metadata records them.
         self._recorded = {key: codec.text for key, codec in self.codecs.items()}
         self._recorded_lock = threading.Lock()
@@ -383,10 +391,7 @@ class ZarrLayout(TrajectoryLayout):
         trajectory = rows_to_write(trajectory)
         tid = trajectory_id(entry)
         fields = trajectory.tensors()
-        plans = {
-            key: plan_key(value.shape, to_numpy(value.reshape(-1)[:0]).dtype, self.codecs, key)
-            for key, value in fields.items()
-        }
+        plans = self._plans(fields)
         self._record_codecs(plans)
         # Local files: one file per shard (no folder per dimension), read in place (no
         # copies in the group's document).
@@ -432,6 +437,29 @@ class ZarrLayout(TrajectoryLayout):
         self._opener.handles.forget(tid)
         if self.shard_cache is not None and not zarr_keys:
             self._write_through(entry, attrs, files, description)
+
+    def check_writable(self, trajectory: Trajectory) -> None:
+        # docstring inherited
+        fields = trajectory.tensors()
+        # What a plan depends on: a schema checked once passes at once after.
+        shapes = frozenset((k, v.shape[1:], v.shape[0] == 0, v.dtype) for k, v in fields.items())
+        if shapes in self._writable:
+            return
+        unknown = sorted(key for key in self._explicit if key != "default" and key not in fields)
+        if unknown:
+            raise InvalidCodecError(
+                f"codecs name {unknown}, which the trajectories do not have (their keys: "
+                f"{sorted(fields)}); correct the key, or use 'default' for every key"
+            )
+        self._plans(fields)
+        self._writable.add(shapes)
+
+    def _plans(self, fields: Mapping[str, torch.Tensor]) -> dict[str, KeyPlan]:
+        """The plan of every field (its codec chosen and checked against its values)."""
+        return {
+            key: plan_key(value.shape, to_numpy(value.reshape(-1)[:0]).dtype, self.codecs, key)
+            for key, value in fields.items()
+        }
 
     def _durable_folder(self, group: str) -> str | None:
         """The local folder of ``group`` when writes must be durable and zarr's store is
@@ -480,6 +508,8 @@ class ZarrLayout(TrajectoryLayout):
         ------
         CodecConflictError
             This layout was given another codec for a key the store records.
+        CodecUnavailableError
+            The store records an image codec and imagecodecs cannot be imported.
         """
         recorded = metadata.get(CODECS_KEY)
         if recorded is None:
@@ -504,6 +534,8 @@ class ZarrLayout(TrajectoryLayout):
                             f"{self.location.url}: key {key!r} is stored with codec {text!r}; "
                             "pass that codec object in codecs= to append to this store"
                         ) from exc
+                    if self.codecs[key].is_image:  # appending needs it: say so now
+                        require_images(f"codec {str(text)!r} of {key!r} (the store's)")
                 self._recorded[key] = str(text)
 
     def format_metadata(self) -> dict[str, Any]:

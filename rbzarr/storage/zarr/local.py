@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 from numcodecs import zstd
 
-from rbzarr.errors import CorruptStoreError
+from rbzarr.errors import CodecUnavailableError, CorruptStoreError
 from rbzarr.storage.io import thread_pool
 from rbzarr.storage.io.files import open_regular
 from rbzarr.storage.zarr import regions, shard_index
@@ -225,6 +225,10 @@ def land(piece: Piece, data: bytes | memoryview, where: str) -> None:
         piece.decode(data, piece.target)
     except CorruptStoreError:
         raise
+    except ImportError as exc:  # the codec's package is missing here: that is not damage
+        raise CodecUnavailableError(
+            f"{where}: this process cannot decode it (the data is not damaged): {exc}"
+        ) from exc
     except Exception as exc:  # zstd's and every image codec's own errors
         raise CorruptStoreError(f"{where}: an inner chunk does not decode: {exc}") from exc
 

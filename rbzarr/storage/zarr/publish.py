@@ -13,6 +13,7 @@ and :meth:`GroupPublisher.publish` through a zarr store, concurrently.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -94,6 +95,24 @@ class GroupPublisher:
         os.mkdir(folder)
         # What this write makes, parents first: the folders of subgroups and arrays, files.
         made = [folder]
+        try:
+            self._write_files(folder, fields, attrs, files, documents, durable, made)
+        except BaseException:
+            _remove_made(made)  # a failed write (a full disk) keeps no partial group
+            raise
+
+    @staticmethod
+    def _write_files(
+        folder: str,
+        fields: Mapping[str, torch.Tensor],
+        attrs: dict[str, Any],
+        files: Mapping[str, list[Any]],
+        documents: Mapping[str, Any],
+        durable: bool,
+        made: list[str],
+    ) -> None:
+        """Write the new group folder's contents, adding each path to ``made`` before it
+        is created; its document last."""
         subgroups = sorted({key.rsplit("/", 1)[0] for key in fields if "/" in key})
         for sub in _with_parents(subgroups):
             made.append(os.path.join(folder, *sub.split("/")))
@@ -107,7 +126,8 @@ class GroupPublisher:
         # The group's attributes are its commit marker: written only after every array.
         synced = [*made, os.path.dirname(folder)] if durable else []
         marker = group_bytes(attrs, consolidated(subgroups, documents))
-        commit_file(os.path.join(folder, "zarr.json"), [marker], durable=durable, synced=synced)
+        made.append(os.path.join(folder, "zarr.json"))
+        commit_file(made[-1], [marker], durable=durable, synced=synced)
 
     async def publish(
         self,
@@ -134,37 +154,48 @@ class GroupPublisher:
         """
         await StorePath(store, group).delete_dir()
         await self._ensure_parents(store)
-        # Every document, shard and chunk is set directly and concurrently, in one round: no
-        # existence checks or listings per array (zarr's create_array costs ~4 extra
-        # requests each).  Until its attributes exist the group is an unfinished write.
-        subgroups = sorted({key.rsplit("/", 1)[0] for key in fields if "/" in key})
-        T, B = (int(d) for d in attrs["shape"][:2])
-        from_bytes = default_buffer_prototype().buffer.from_bytes
-        written = {
-            key: _zarr_array(
-                store, f"{group}/{key}", key, fields[key], (T, B), compressor, chunk_bytes
+        try:
+            # Every document, shard and chunk is set directly and concurrently, in one round:
+            # no existence checks or listings per array (zarr's create_array costs ~4 extra
+            # requests each).  Until its attributes exist the group is an unfinished write.
+            subgroups = sorted({key.rsplit("/", 1)[0] for key in fields if "/" in key})
+            T, B = (int(d) for d in attrs["shape"][:2])
+            from_bytes = default_buffer_prototype().buffer.from_bytes
+            written = {
+                key: _zarr_array(
+                    store, f"{group}/{key}", key, fields[key], (T, B), compressor, chunk_bytes
+                )
+                for key, compressor in compressors.items()
+            }
+            # Every set ends before a failure is raised, so a cleanup after it finds them all.
+            done = await asyncio.gather(
+                *(
+                    store.set(f"{group}/{name}", from_bytes(b"".join(parts)))
+                    for name, parts in files.items()
+                ),
+                *(_write_array(array, to_numpy(fields[key])) for key, array in written.items()),
+                return_exceptions=True,
             )
-            for key, compressor in compressors.items()
-        }
-        await asyncio.gather(
-            *(
-                store.set(f"{group}/{name}", from_bytes(b"".join(parts)))
-                for name, parts in files.items()
-            ),
-            *(_write_array(array, to_numpy(fields[key])) for key, array in written.items()),
-        )
-        members = {
-            **documents,
-            **{key: json.loads(_document(array).to_bytes()) for key, array in written.items()},
-        }
-        # The group's document is its commit marker: written only after every array.
-        if durable_folder is not None:
-            sync_tree(durable_folder)
-        await store.set(
-            f"{group}/zarr.json", _buffer(group_bytes(attrs, consolidated(subgroups, members)))
-        )
-        if durable_folder is not None:
-            sync_paths([os.path.join(durable_folder, "zarr.json"), durable_folder])
+            for outcome in done:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            members = {
+                **documents,
+                **{key: json.loads(_document(array).to_bytes()) for key, array in written.items()},
+            }
+            # The group's document is its commit marker: written only after every array.
+            if durable_folder is not None:
+                sync_tree(durable_folder)
+            marker = group_bytes(attrs, consolidated(subgroups, members))
+            await store.set(f"{group}/zarr.json", _buffer(marker))
+            if durable_folder is not None:
+                sync_paths([os.path.join(durable_folder, "zarr.json"), durable_folder])
+        except Exception:  # not a cancellation (a deadline): the store may hang
+            # A failed write (a full disk, an outage) keeps no partial group: the group held
+            # only what this write put there, its old contents deleted above.
+            with contextlib.suppress(Exception):
+                await StorePath(store, group).delete_dir()
+            raise
 
     async def _ensure_parents(self, store: Store) -> None:
         """Create the root and ``trajectories`` groups if missing (once per instance)."""
@@ -269,6 +300,17 @@ def consolidated(subgroups: Sequence[str], arrays: Mapping[str, Any]) -> dict[st
     }
     # Sorted by path: zarr 3.1 nests the flat paths by grouping consecutive siblings.
     return dict(sorted({**{sub: empty for sub in _with_parents(subgroups)}, **arrays}.items()))
+
+
+def _remove_made(made: Sequence[str]) -> None:
+    """Remove the files and folders of ``made`` (parents listed first) that exist, children
+    first; what cannot be removed stays for ``verify --repair``."""
+    for path in reversed(made):
+        with contextlib.suppress(OSError):
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.rmdir(path)
+            elif os.path.lexists(path):
+                os.remove(path)
 
 
 def _with_parents(paths: Sequence[str]) -> list[str]:

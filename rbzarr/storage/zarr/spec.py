@@ -17,7 +17,7 @@ import numpy as np
 
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.zarr import shard_index
-from rbzarr.storage.zarr.codecs import image_layout, parse_codec
+from rbzarr.storage.zarr.codecs import image_layout, is_known, parse_codec, unknown_codec
 
 __all__ = ["KINDS", "MAX_CHUNK_BYTES", "ArraySpec", "check_document", "parse_specs"]
 
@@ -125,6 +125,8 @@ class ArraySpec:
             raise CorruptStoreError(f"{where}: invalid layout description {description!r}")
         if (spec.same_as or spec.explicit is not None or spec.rows) and not _shared_ok(spec):
             raise CorruptStoreError(f"{where}: invalid next_obs description {description!r}")
+        if spec.kind == "image" and not is_known(spec.codec):
+            raise unknown_codec(where, spec.codec)
         if spec.kind == "image" and not _image_ok(spec):
             raise CorruptStoreError(f"{where}: invalid image description {description!r}")
         if spec.kind == "chunked" and spec.codec and not spec.codec.startswith("zstd"):
