@@ -23,7 +23,9 @@ __all__ = [
     "InvalidTrajectoryError",
     "NotAnImageError",
     "RbzarrError",
+    "RecodeWarning",
     "SchedulerUnavailableError",
+    "StorageOptionError",
     "StorageUnavailableError",
     "StoreExistsError",
     "StoreNotWritableError",
@@ -130,6 +132,10 @@ class SchedulerUnavailableError(RbzarrError, ConnectionError):
     """No dask scheduler answered at the address given (``--scheduler``) in time."""
 
 
+class StorageOptionError(RbzarrError, TypeError):
+    """A storage option that the location's filesystem does not take (a misspelled name)."""
+
+
 class StoreNotWritableError(StorageUnavailableError):
     """The store's path cannot be written for good (permission, read-only, not a directory,
     no space, no such bucket): retrying does not help."""
@@ -162,6 +168,11 @@ class WorkerProcessError(RbzarrError, RuntimeError):
 
 class UncommittedWritesWarning(UserWarning):
     """``close(wait=False)`` returned while writes were not committed yet."""
+
+
+class RecodeWarning(UserWarning):
+    """A recode's codecs cost more than the user may expect (a ``next_obs`` key that is no
+    longer stored once)."""
 
 
 class DamagedTrajectoryWarning(UserWarning):

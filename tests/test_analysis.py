@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -17,8 +20,10 @@ from hypothesis import strategies as st
 from rbzarr import CheckpointNotFoundError, EmptyBufferError, Trajectory, TrajectoryReplayBuffer
 from rbzarr.analysis.episodes import episode_segments
 from rbzarr.analysis.plotting import plot_store
+from rbzarr.analysis.progress import progress_bar
 from rbzarr.analysis.stats import RunningStats, compute_stats
 from rbzarr.analysis.view import open_buffer
+from rbzarr.cli.console import progress_wanted
 from rbzarr.cli.main import main
 
 
@@ -297,3 +302,57 @@ def test_view_state_dict_continues_the_stream_and_empty_view_is_empty_buffer_err
     )
     with pytest.raises(EmptyBufferError, match="no committed trajectory"):
         open_buffer(tmp_path / "e").sample(1)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 255), max_size=30), min_size=1, max_size=4))
+def test_uint8_moments_from_their_histogram_equal_the_float_ones(batches):
+    histogram, floats = RunningStats(), RunningStats()
+    for batch in batches:
+        histogram.update(torch.tensor(batch, dtype=torch.uint8))
+        floats.update(torch.tensor(batch, dtype=torch.float64))
+    got, want = histogram.to_dict(), floats.to_dict()
+    assert got.keys() == want.keys()
+    for name, value in want.items():
+        assert got[name] == (value if value is None else pytest.approx(value, abs=1e-9)), name
+
+
+def test_progress_into_a_pipe_is_plain_lines(monkeypatch):
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    with progress_bar(3, "stats", True, interval=0) as bar:
+        for _ in range(3):
+            bar.update()
+    lines = stream.getvalue().splitlines()
+    assert "\r" not in stream.getvalue() and lines and lines[-1].startswith("stats: 100%")
+    assert "3/3" in lines[-1]
+    quiet = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", quiet)
+    with progress_bar(3, "stats", False, interval=0) as bar:
+        bar.update(3)
+    assert quiet.getvalue() == ""
+
+
+def test_stats_wants_progress_lines_in_a_pipe_but_not_in_a_captured_stream():
+    script = (
+        "from rbzarr.cli.console import progress_wanted\n"
+        "print(progress_wanted(lines=True), progress_wanted())"
+    )
+    piped = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    assert piped.stdout.split() == ["True", "False"]
+    with CliRunner().isolation():
+        assert progress_wanted(lines=True) is False
+
+
+def test_stats_and_recode_plans_read_a_bfloat16_key(tmp_path):
+    from rbzarr.analysis.recode import plan_recode  # noqa: PLC0415
+
+    actions = torch.full((4, 2, 3), 1.5, dtype=torch.bfloat16)
+    trajectory = Trajectory(max_episode_length=4, rewards=torch.ones(4, 2), actions=actions)
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "s") as buffer:
+        buffer.add_trajectories([trajectory])
+    assert compute_stats(str(tmp_path / "s"), ["actions"])["keys"]["actions"]["mean"] == 1.5
+    plan = plan_recode(tmp_path / "s", {"default": "zstd:3"})
+    assert plan.notes() == ["default=zstd:3 encodes actions, rewards"]

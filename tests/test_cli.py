@@ -90,7 +90,7 @@ def test_info_zarr(stores):
         "keys": keys,
         "raw_bytes": raw,
         "bytes_on_disk": disk,
-        "compression_ratio": pytest.approx(raw / disk),
+        "stored_over_raw": pytest.approx(disk / raw),
         "store": {
             "files": len(files),
             "file_bytes": sum(f.stat().st_size for f in files),

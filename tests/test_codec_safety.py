@@ -25,6 +25,7 @@ from rbzarr import (
 from rbzarr.analysis.verify import verify_store
 from rbzarr.analysis.view import open_buffer
 from rbzarr.buffer.background import BackgroundWriter
+from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.backends import permanent_cause
 from rbzarr.storage.io.location import Location
@@ -136,7 +137,8 @@ def test_a_good_codec_still_writes_after_the_check(tmp_path: Path) -> None:
     metadata = json.loads((tmp_path / "store/metadata.json").read_text())
     assert metadata["codecs"]["curr_obs/image"] == "png:1"
     layout = ZarrLayout(Location.from_url(tmp_path / "store"))
-    index = TrajectoryIndex.from_documents(layout.read_documents(), layout.location.url)
+    documents = StoreIndex.open(layout.location).read()
+    index = TrajectoryIndex.from_documents(documents, layout.location.url)
     stored = layout.read(index.entries[index.id_list[0]])
     assert torch.equal(stored.curr_obs["image"], trajectory.curr_obs["image"])
     assert torch.equal(stored.curr_obs["state"], trajectory.curr_obs["state"])

@@ -59,11 +59,16 @@ def test_ls_marks_trajectories_whose_data_is_missing(store_missing_one: Path):
     ]
 
 
-def test_info_reads_compression_as_raw_over_disk(tmp_path: Path):
+def test_info_gives_every_ratio_as_stored_over_raw(tmp_path: Path):
     build(str(tmp_path / "s"))
     report = describe_store(StoreListing(tmp_path / "s"))
-    ratio = report["raw_bytes"] / report["bytes_on_disk"]
-    assert f"compression {ratio:.2f}x (raw / on disk)" in info_lines(report)[2]
+    ratio = report["bytes_on_disk"] / report["raw_bytes"]
+    lines = info_lines(report)
+    assert f"stored/raw={ratio:.3f}" in lines[2]
+    assert not any("compression" in line or "raw / on disk" in line for line in lines)
+    for key, item in report["keys"].items():
+        line = next(line for line in lines if line.strip().startswith(key))
+        assert f"stored/raw={item['bytes_on_disk'] / item['raw_bytes']:.3f}" in line
 
 
 def damage_one_chunk(url: str, options: dict[str, Any] | None = None) -> None:

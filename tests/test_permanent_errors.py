@@ -17,7 +17,7 @@ from conftest import make_trajectory
 
 from benchmarks.s3_server import unique_bucket_name
 from rbzarr import StoreNotWritableError, TrajectoryReplayBuffer, WriterFailedError
-from rbzarr.storage.io.backends import permanent_cause
+from rbzarr.storage.io.backends import missing_bucket_message, permanent_cause
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.rlinf.documents import read_documents
 
@@ -41,12 +41,13 @@ def test_the_probe_leaves_nothing_behind(tmp_path: Path):
 
 @pytest.mark.s3
 def test_a_missing_bucket_is_refused_at_construction_by_the_claim_put(s3_options, s3_proxy):
-    url = f"s3://{unique_bucket_name()}/run"
+    bucket = unique_bucket_name()
+    url = f"s3://{bucket}/run"
     s3_proxy.reset_log()
     with pytest.raises(StoreNotWritableError, match=re.escape(url)) as caught:
         TrajectoryReplayBuffer(auto_save=True, auto_save_path=url, storage_options=s3_options)
     assert permanent_cause(caught.value) is not None
-    assert "bucket does not exist" in str(caught.value)
+    assert missing_bucket_message(bucket) in str(caught.value)
     # No request of its own: the writer's claim, made anyway, is the probe.
     assert [r.method for r in s3_proxy.requests].count("PUT") == 1
     assert s3_proxy.requests[-1].key.endswith("/run/writers/0/claim")

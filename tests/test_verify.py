@@ -6,15 +6,18 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from conftest import make_trajectory
 
 from rbzarr import CheckpointNotFoundError, TrajectoryReplayBuffer
 from rbzarr.analysis.verify import verify_store
+from rbzarr.cli.main import main
 
 
 def build(path: Path, fmt: str, count: int = 3) -> Path:
@@ -204,3 +207,46 @@ def test_repair_never_deletes_a_users_file_that_looks_like_an_orphan(tmp_path, f
     assert all("rbzarr did not write" in p.message for p in left.values())
     expected = {"trajectories/98", "trajectories/99"} if fmt == "zarr" else {mine.name}
     assert set(left) == expected
+
+
+# A writer that appends until interrupted; each committed id is printed after its flush.
+_WRITER = """
+import sys
+from conftest import make_trajectory
+from rbzarr import TrajectoryReplayBuffer
+buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=sys.argv[1])
+for i in range(10_000):
+    buffer.add_trajectories([make_trajectory(3, 2, 100 * i)])
+    buffer.flush()
+    print(i, flush=True)
+"""
+
+
+def test_a_writer_stopped_by_sigint_leaves_a_store_verify_calls_clean(tmp_path):
+    store = tmp_path / "run"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(store)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([*sys.path])},
+    )
+    assert writer.stdout is not None
+    committed = [int(writer.stdout.readline()) for _ in range(3)]
+    writer.send_signal(signal.SIGINT)
+    rest, errors = writer.communicate(timeout=120)
+    assert writer.returncode != 0 and "KeyboardInterrupt" in errors
+    committed += [int(line) for line in rest.split()]
+    report = verify_store(str(store))
+    assert report.ok and report.problems == []
+    assert [note.kind for note in report.notes] == ["root_attrs_unwritten"]
+    assert "the next writer to commit writes them when it closes" in report.notes[0].message
+    result = CliRunner().invoke(main, ["verify", str(store)])
+    assert result.exit_code == 0 and "note      root_attrs_unwritten" in result.output
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(store))
+    buffer.load_checkpoint(str(store))
+    assert buffer.trajectory_ids[: len(committed)] == committed  # nothing lost
+    buffer.add_trajectories([make_trajectory(3, 2, 0)])
+    buffer.close()
+    after = verify_store(str(store))
+    assert after.ok and after.notes == []

@@ -21,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 from rbzarr.analysis.episodes import Episode, EpisodeTracker
+from rbzarr.analysis.progress import progress_bar
 from rbzarr.analysis.steps import episode_fields, read_steps
 from rbzarr.errors import SchedulerUnavailableError
 from rbzarr.storage.io.location import Location
@@ -174,7 +175,7 @@ class TrajectoryTasks:
             Each entry's result.
         """
         entries = list(entries)
-        bar = tqdm(total=len(entries), desc="trajectories", disable=not progress)
+        bar = progress_bar(len(entries), "trajectories", progress)
         with bar:
             if self.client is None:
                 for entry in entries:

@@ -12,23 +12,30 @@ __all__ = ["info_lines", "ls_lines", "stats_lines", "verify_lines"]
 
 def info_lines(report: dict[str, Any]) -> list[str]:
     """``rbzarr info``: the store, its counts and sizes, then one line per key."""
-    ratio = report["compression_ratio"]
+    ratio = report["stored_over_raw"]
     layout = "" if report.get("layout_version") is None else f"  layout={report['layout_version']}"
     lines = [
         f"{report['url']}  format={report['format']}{layout}",
         f"trajectories={report['trajectories']}  samples={report['total_samples']}  "
         f"next id={report['trajectory_counter']}  seed={report['seed']}",
         f"data: {report['bytes_on_disk']} bytes on disk, {report['raw_bytes']} raw, "
-        f"compression {'-' if ratio is None else f'{ratio:.2f}x (raw / on disk)'}",
+        f"stored/raw={'-' if ratio is None else f'{ratio:.3f}'}",
         _costs_line(report["store"], report["raw_bytes"]),
     ]
     lines.extend(
-        f"  {key:<28} {item['dtype']:<9} shape={item['shape']} chunks={item['chunks']} "
+        f"  {key:<28} {item['dtype']:<9} shape={item['shape']}{_stored_shape(item)} "
+        f"chunks={item['chunks']} "
         f"codec={item.get('codec_spec') or item['codec']} raw={item['raw_bytes']} "
         f"disk={item['bytes_on_disk']}{_stored_vs_raw(item)}{_psnr(item)}"
         for key, item in report["keys"].items()
     )
     return lines
+
+
+def _stored_shape(item: dict[str, Any]) -> str:
+    """`` (stored once: [8, 1, 128, 128, 3])``: the rows a ``next_obs`` key keeps itself."""
+    stored = item.get("stored_shape")
+    return "" if stored is None else f" (stored once: {stored})"
 
 
 def _stored_vs_raw(item: dict[str, Any]) -> str:
@@ -74,7 +81,10 @@ def ls_lines(rows: list[dict[str, Any]]) -> list[str]:
 def stats_lines(report: dict[str, Any]) -> list[str]:
     """``rbzarr stats``: counts, one line per key, then the episodes' lengths and returns."""
     lines = [f"trajectories={report['trajectories']}  samples={report['total_samples']}"]
-    lines.extend(f"  {key:<28} {_stats_text(item)}" for key, item in report["keys"].items())
+    lines.extend(
+        f"  {key:<28} {_stats_text(item)}{_sample_text(item)}"
+        for key, item in report["keys"].items()
+    )
     episodes = report["episodes"]
     if episodes is None:
         return [*lines, "episodes: no 'dones' field"]
@@ -90,10 +100,22 @@ def verify_lines(report: VerifyReport) -> list[str]:
     lines = [f"{report.url}: {report.trajectories} indexed trajectories checked"]
     lines.extend(f"repaired  {p.kind:<20} {p.path}: {p.message}" for p in report.repaired)
     lines.extend(f"PROBLEM   {p.kind:<20} {p.path}: {p.message}" for p in report.problems)
+    lines.extend(f"note      {p.kind:<20} {p.path}: {p.message}" for p in report.notes)
     if report.dropped_ids:
         lines.append(f"dropped from the index: ids {report.dropped_ids}")
     lines.append("ok" if report.ok else f"{len(report.problems)} problem(s)")
     return lines
+
+
+def _sample_text(item: dict[str, Any]) -> str:
+    """`` (frames of 4 of 200 trajectories; ...)`` for an image key summarised from a sample."""
+    sample = item.get("sample")
+    if not sample:
+        return ""
+    return (
+        f" (frames of {sample['trajectories']} of {sample['of']} trajectories; "
+        "--decode-images reads every frame)"
+    )
 
 
 def _stats_text(item: dict[str, Any]) -> str:

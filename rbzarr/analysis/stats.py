@@ -13,10 +13,14 @@ import torch
 
 from rbzarr.analysis.cluster import TrajectoryTasks
 from rbzarr.analysis.view import BufferView, open_buffer
+from rbzarr.storage.zarr.codecs import image_layout
 from rbzarr.trajectory.finite import non_finite_counts
 from rbzarr.trajectory.steps import DONES, REWARDS
 
-__all__ = ["BatchMoments", "RunningStats", "compute_stats"]
+__all__ = ["IMAGE_SAMPLE", "BatchMoments", "RunningStats", "compute_stats"]
+
+# Trajectories whose frames summarise an image-like key (unless every frame is asked for).
+IMAGE_SAMPLE = 4
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,10 @@ class BatchMoments:
 
     @classmethod
     def of(cls, values: torch.Tensor) -> BatchMoments:
-        """The moments of every element of ``values`` (in float64)."""
+        """The moments of every element of ``values`` (in float64; uint8 frames through
+        their 256-level histogram, exact and without a float copy)."""
+        if values.dtype == torch.uint8:
+            return cls._of_levels(torch.bincount(values.detach().reshape(-1), minlength=256))
         x = values.detach().reshape(-1).to(torch.float64)
         nan, inf = non_finite_counts(x)
         if nan or inf:
@@ -45,6 +52,19 @@ class BatchMoments:
         mean = float(x.mean())
         m2 = float(((x - mean) ** 2).sum())
         return cls(n, nan, inf, mean, m2, float(x.min()), float(x.max()))
+
+    @classmethod
+    def _of_levels(cls, counts: torch.Tensor) -> BatchMoments:
+        """The moments of values ``0..len(counts)-1`` seen ``counts[v]`` times each."""
+        n = int(counts.sum())
+        if n == 0:
+            return cls(0, 0, 0)
+        levels = torch.arange(len(counts), dtype=torch.float64)
+        weights = counts.to(torch.float64)
+        mean = float((weights * levels).sum()) / n
+        m2 = float((weights * (levels - mean) ** 2).sum())
+        seen = torch.nonzero(counts).reshape(-1)
+        return cls(n, 0, 0, mean, m2, float(seen[0]), float(seen[-1]))
 
 
 class RunningStats:
@@ -118,11 +138,16 @@ def compute_stats(
     across_trajectories: bool = True,
     storage_options: Mapping[str, Any] | None = None,
     tasks: TrajectoryTasks | None = None,
+    decode_images: bool = False,
 ) -> dict[str, Any]:
     """Per-key statistics and episode returns / lengths, streaming trajectory by trajectory.
 
     ``tasks`` runs each trajectory's read and moments (on a dask cluster with a client);
     the moments are merged in index order, so the numbers do not depend on where they ran.
+    Image-like keys (uint8 frames, see :func:`~rbzarr.storage.zarr.codecs.image_layout`)
+    are summarised from :data:`IMAGE_SAMPLE` trajectories spread over the store (their
+    entry says ``"sample": {"trajectories": k, "of": n}``) unless ``decode_images``:
+    decoding every frame costs far more than reading the store.
     """
     if not isinstance(view, BufferView):
         view = open_buffer(view, storage_options)
@@ -131,21 +156,31 @@ def compute_stats(
     unknown = [key for key in wanted if key not in available]
     if unknown:
         raise ValueError(f"{view.url}: unknown keys {unknown}; the store has {available}")
+    sampled = [] if decode_images else _image_keys(view, wanted)
+    streamed = [key for key in wanted if key not in sampled]
     per_key = {key: RunningStats() for key in wanted}
     lengths, returns = RunningStats(), RunningStats()
     incomplete = 0
-    read = [*wanted, *(key for key in (REWARDS, DONES) if key in available and key not in wanted)]
+    read = [
+        *streamed,
+        *(key for key in (REWARDS, DONES) if key in available and key not in streamed),
+    ]
     stream = (tasks or TrajectoryTasks()).steps_and_episodes(
         view,
         read,
-        partial(_moments, wanted),
+        partial(_moments, streamed),
         progress=progress,
         across_trajectories=across_trajectories,
         episode_keys=[key for key in (REWARDS, DONES) if key in available],
         with_episodes=DONES in available,
     )
+    sample_ids = _spread(view.ids, IMAGE_SAMPLE) if sampled else []
+    for trajectory_id in sample_ids:
+        frames = view.trajectory(trajectory_id, sampled).tensors()
+        for key in sampled:
+            per_key[key].update(frames[key])
     for _, moments, episodes in stream:
-        for key in wanted:
+        for key in streamed:
             per_key[key].merge(moments[key])
         for episode in episodes:
             if not episode.done:
@@ -166,7 +201,17 @@ def compute_stats(
     return {
         "trajectories": len(view),
         "total_samples": view.total_samples,
-        "keys": {key: stats.to_dict() for key, stats in per_key.items()},
+        "keys": {
+            key: {
+                **stats.to_dict(),
+                **(
+                    {"sample": {"trajectories": len(sample_ids), "of": len(view)}}
+                    if key in sampled
+                    else {}
+                ),
+            }
+            for key, stats in per_key.items()
+        },
         "episodes": episodes_report,
     }
 
@@ -174,3 +219,22 @@ def compute_stats(
 def _moments(keys: Sequence[str], steps: Mapping[str, torch.Tensor]) -> dict[str, BatchMoments]:
     """The moments of each of ``keys`` in one trajectory's time steps (run where it is read)."""
     return {key: BatchMoments.of(steps[key]) for key in keys}
+
+
+def _image_keys(view: BufferView, keys: Sequence[str]) -> list[str]:
+    """The image-like keys among ``keys`` (uint8 frames), from the store's schema."""
+    schema = view.schema()
+    return [
+        key
+        for key in keys
+        if key in schema
+        and schema[key][0] == "uint8"  # numpy does not name every dtype (bfloat16)
+        and image_layout((1, 1, *schema[key][1]), "uint8") is not None
+    ]
+
+
+def _spread(ids: Sequence[int], count: int) -> list[int]:
+    """At most ``count`` of ``ids``, evenly spread from the first to the last."""
+    if len(ids) <= count:
+        return list(ids)
+    return [ids[round(k * (len(ids) - 1) / (count - 1))] for k in range(count)]

@@ -100,6 +100,6 @@ def describe_store(store: StoreListing, progress: bool = False) -> dict[str, Any
         "keys": keys,
         "raw_bytes": raw,
         "bytes_on_disk": disk,
-        "compression_ratio": raw / disk if disk else None,
+        "stored_over_raw": disk / raw if raw else None,
         "store": store_costs(sizes, disk_usage),
     }

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from rbzarr.errors import (
@@ -52,6 +52,7 @@ from rbzarr.storage.rlinf.documents import (
     Finding,
     write_documents,
 )
+from rbzarr.storage.zarr.layout import ROOT_UNWRITTEN
 from rbzarr.trajectory.model import Schema, validate
 
 __all__ = ["Problem", "VerifyReport", "verify_store"]
@@ -87,13 +88,15 @@ class Problem:
 
 @dataclass
 class VerifyReport:
-    """Outcome of :func:`verify_store`: the problems left and the ones repaired."""
+    """Outcome of :func:`verify_store`: the problems left, the ones repaired, and notes:
+    states that are no problem (nothing lost) but that a repair or the next writer tidies."""
 
     url: str
     format: str | None
     trajectories: int = 0
     problems: list[Problem] = field(default_factory=list)
     repaired: list[Problem] = field(default_factory=list)
+    notes: list[Problem] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -118,6 +121,7 @@ class VerifyReport:
             "ok": self.ok,
             "problems": [asdict(p) for p in self.problems],
             "repaired": [asdict(p) for p in self.repaired],
+            "notes": [asdict(p) for p in self.notes],
             "dropped_ids": self.dropped_ids,
         }
 
@@ -155,10 +159,19 @@ def verify_store(
     report.trajectories = len(index)
     _check_metadata(documents, index, report)
     schema = _check_schema(documents, report)
-    report.problems.extend(
-        Problem(found.kind, found.path, found.message, repair=REWRITE)
-        for found in _check_root_documents(layout, documents)
-    )
+    for found in _check_root_documents(layout, documents):
+        root = Problem(found.kind, found.path, found.message, repair=REWRITE)
+        unwritten = found.kind == ROOT_UNWRITTEN and not repair
+        if unwritten and index_log.has_log(slot_location(layout.location, 0)):
+            # A writer stopped before closing (SIGINT, a crash): its commits are in the log.
+            message = (
+                f"{found.message}: a writer was stopped before it closed; nothing is lost "
+                "(its commits are in the index log); the next writer to commit writes them "
+                "when it closes, or `rbzarr verify --repair` does now"
+            )
+            report.notes.append(replace(root, message=message))
+        else:
+            report.problems.append(root)
     for trajectory_id in index.id_list:
         problem = _check_trajectory(layout, index.entries[trajectory_id], schema)
         if problem is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from typing import Any
 
 import click
@@ -122,21 +123,31 @@ def recode_command(
     ctx: click.Context, source: str, destination: str, codecs: dict[str, str]
 ) -> None:
     """Re-encode the store SOURCE into a new zarr store DESTINATION with the given codecs
-    (other keys keep theirs).  SOURCE is only read; an interrupted recode resumes when run
-    again."""
-    from rbzarr.analysis.recode import recode_store  # noqa: PLC0415
+    (other keys keep theirs; next_obs/K takes the codec of curr_obs/K unless given apart).
+    SOURCE is only read; an interrupted recode resumes when run again with the same codecs.
+    What the codecs do beyond what they name (the keys default reaches, a next_obs key that
+    is no longer stored once, with its cost) is printed on stderr first."""
+    from rbzarr.analysis.recode import plan_recode, recode_store  # noqa: PLC0415
+    from rbzarr.errors import RecodeWarning  # noqa: PLC0415
 
     if not codecs:
         raise click.UsageError("give at least one --codec KEY=SPEC")
     options = _options(ctx)
-    documents = recode_store(
-        source,
-        destination,
-        codecs,
-        storage_options=options,
-        destination_options=options,
-        progress=progress_wanted(),
-    )
+    plan = plan_recode(source, codecs, options)
+    for line in plan.notes():
+        click.echo(f"note: {line}", err=True)
+    for line in plan.split:
+        click.echo(f"warning: {line}", err=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecodeWarning)  # printed above
+        documents = recode_store(
+            source,
+            destination,
+            codecs,
+            storage_options=options,
+            destination_options=options,
+            progress=progress_wanted(),
+        )
     recorded = documents.metadata.get("codecs", {})
     chosen = ", ".join(f"{key}={recorded.get(key, spec)}" for key, spec in codecs.items())
     click.echo(f"recoded {documents.metadata['size']} trajectories into {destination} ({chosen})")

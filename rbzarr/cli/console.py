@@ -51,9 +51,19 @@ def silence_stdout() -> None:
     os.close(devnull)
 
 
-def progress_wanted() -> bool:
-    """Whether to draw progress bars: only on a terminal, never into a log or a pipe."""
-    return sys.stderr.isatty()
+def progress_wanted(lines: bool = False) -> bool:
+    """Whether to show progress: on a terminal; with ``lines`` also into a pipe or a log
+    file (a plain line every few seconds, see
+    :func:`~rbzarr.analysis.progress.progress_bar`); never into a stream captured in-process."""
+    if sys.stderr.isatty():
+        return True
+    if not lines:
+        return False
+    try:
+        sys.stderr.fileno()
+    except (OSError, ValueError):  # io.UnsupportedOperation: no file below it
+        return False
+    return True
 
 
 def parse_storage_options(

@@ -66,6 +66,11 @@ def list_command(ctx: click.Context, url: str, as_json: bool) -> None:
     multiple=True,
     help="Only these flat keys (comma-separated or repeated), e.g. rewards,curr_obs/state.",
 )
+@click.option(
+    "--decode-images",
+    is_flag=True,
+    help="Decode every frame of the image keys (default: frames of a few trajectories).",
+)
 @per_trajectory_flag
 @scheduler_option
 @json_flag
@@ -74,11 +79,14 @@ def stats(
     ctx: click.Context,
     url: str,
     keys: tuple[str, ...],
+    decode_images: bool,
     per_trajectory: bool,
     scheduler: str | None,
     as_json: bool,
 ) -> None:
-    """Per-key mean / std / min / max and episode returns and lengths (streaming)."""
+    """Per-key mean / std / min / max and episode returns and lengths (streaming); image keys
+    from the frames of a few trajectories unless --decode-images.  Progress goes to stderr
+    (a line every 10 s into a pipe or log)."""
     from rbzarr.analysis.report_text import stats_lines  # noqa: PLC0415
     from rbzarr.analysis.stats import compute_stats  # noqa: PLC0415
 
@@ -87,10 +95,11 @@ def stats(
         report = compute_stats(
             url,
             wanted,
-            progress=progress_wanted(),
+            progress=progress_wanted(lines=True),
             across_trajectories=not per_trajectory,
             storage_options=storage_options(ctx),
             tasks=running,
+            decode_images=decode_images,
         )
     if as_json:
         print_json(report)

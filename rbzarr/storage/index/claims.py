@@ -54,6 +54,8 @@ class SlotClaim:
                 )
             except FileExistsError:
                 return None
+            except FileNotFoundError:
+                raise  # no such bucket: translate_errors names it, as every write path does
             except OSError as exc:  # the claim is the store's first write: its probe
                 if permanent_cause(exc) is None:
                     raise

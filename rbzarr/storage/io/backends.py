@@ -10,9 +10,11 @@ naming the URL (the backend's error is its ``__cause__``).
 from __future__ import annotations
 
 import contextlib
+import difflib
 import errno
 import functools
 import importlib
+import inspect
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -22,7 +24,9 @@ from rbzarr.errors import (
     InvalidCodecError,
     InvalidTrajectoryError,
     RbzarrError,
+    StorageOptionError,
     StorageUnavailableError,
+    StoreNotWritableError,
 )
 from rbzarr.storage.io.deadlines import deadline_s, no_answer
 
@@ -32,6 +36,9 @@ __all__ = [
     "PERMANENT_ERRNOS",
     "backend_errors",
     "bound_retries",
+    "bucket_of",
+    "check_storage_options",
+    "missing_bucket_message",
     "permanent_cause",
     "translate_errors",
     "with_s3_defaults",
@@ -50,6 +57,12 @@ S3_DEFAULTS: dict[str, Any] = {
 }
 S3_RETRIES = 3
 _S3_PROTOCOLS = ("s3", "s3a")
+# Object stores whose first path part is a bucket (or container).
+_BUCKET_PROTOCOLS = ("s3", "s3a", "gs", "gcs", "az", "abfs")
+# Options every fsspec filesystem takes besides its own (instance and listings caches).
+_FSSPEC_OPTIONS = frozenset(
+    {"skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths"}
+)
 
 # Transport failures of optional backends, none of which derives from OSError: botocore's
 # (connection, timeouts, credentials), aiohttp's and obstore's (a missing object is its
@@ -81,6 +94,58 @@ def with_s3_defaults(url: str, options: Mapping[str, Any]) -> dict[str, Any]:
         # when the store was empty would hide their commits.
         merged.setdefault("use_listings_cache", False)
     return merged
+
+
+def bucket_of(url: str) -> str:
+    """The bucket (first path part) of an object-store URL; ``""`` for any other URL."""
+    protocol, path = fsspec.core.split_protocol(url)
+    if protocol not in _BUCKET_PROTOCOLS:
+        return ""
+    return path.strip("/").split("/", 1)[0]
+
+
+def missing_bucket_message(bucket: str) -> str:
+    """What every path says when the bucket of a store does not exist, with the fix."""
+    return (
+        f"the bucket {bucket!r} does not exist (or these credentials cannot see it): create "
+        f"it, e.g. `aws s3 mb s3://{bucket}` (with --endpoint-url for a local server), or fix "
+        "the URL"
+    )
+
+
+def check_storage_options(url: str, options: Mapping[str, Any]) -> None:
+    """Raise :class:`~rbzarr.errors.StorageOptionError` for an S3 option that s3fs does not
+    take (a misspelled ``endpoint_url``): s3fs hands unknown ones to botocore's session,
+    which fails only at the first request, with a ``TypeError`` naming neither."""
+    if fsspec.core.split_protocol(url)[0] not in _S3_PROTOCOLS or not options:
+        return
+    taken = _s3_option_names()
+    unknown = sorted(set(options) - taken)
+    if not taken or not unknown:
+        return  # s3fs missing: opening says what to install
+    close = difflib.get_close_matches(unknown[0], taken, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise StorageOptionError(
+        f"{url}: unknown storage option {unknown[0]!r}{hint}; s3fs takes {', '.join(sorted(taken))}"
+    )
+
+
+@functools.cache
+def _s3_option_names() -> frozenset[str]:
+    """The keyword options an ``S3FileSystem`` takes: its own, fsspec's, botocore's session's
+    (empty when s3fs is not installed)."""
+    try:
+        from aiobotocore.session import AioSession  # noqa: PLC0415 (the s3 extra)
+        from s3fs import S3FileSystem  # noqa: PLC0415
+    except ImportError:
+        return frozenset()
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return _FSSPEC_OPTIONS | {
+        name
+        for function in (S3FileSystem.__init__, AioSession.__init__)
+        for name, parameter in inspect.signature(function).parameters.items()
+        if parameter.kind in named and name != "self"
+    }
 
 
 def bound_retries(fs: fsspec.AbstractFileSystem) -> None:
@@ -142,7 +207,14 @@ def translate_errors(url: str, action: str) -> Iterator[None]:
     """
     try:
         yield
-    except (FileNotFoundError, RbzarrError):
+    except FileNotFoundError as exc:
+        bucket = bucket_of(url)
+        if action in _LOOKING or not bucket or _error_code(exc) != "NoSuchBucket":
+            raise
+        raise StoreNotWritableError(
+            f"{action} {url!r} failed: {missing_bucket_message(bucket)}"
+        ) from exc
+    except RbzarrError:
         raise
     except backend_errors() as exc:
         if isinstance(exc, NotADirectoryError) and action in _LOOKING:
@@ -157,16 +229,32 @@ def permanent_cause(exc: BaseException) -> BaseException | None:
     """The error in ``exc``'s chain (``__cause__``, ``__context__``) that retrying cannot cure
     (an errno of :data:`PERMANENT_ERRNOS`, S3's ``NoSuchBucket`` or ``AccessDenied``, a
     missing package, values a codec cannot encode, an invalid trajectory), else ``None``."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in _chain(exc):
         if isinstance(current, OSError) and current.errno in PERMANENT_ERRNOS:
             return current
         if isinstance(current, _BAD_INPUT):
             return current
-        response = getattr(current, "response", None)
-        if isinstance(response, dict) and response.get("Error", {}).get("Code") in _PERMANENT_CODES:
+        if _s3_code(current) in _PERMANENT_CODES:
             return current
-        current = current.__cause__ or current.__context__
     return None
+
+
+def _error_code(exc: BaseException) -> str | None:
+    """The first S3 error code (``NoSuchBucket``) in ``exc``'s chain, else ``None``."""
+    return next((code for code in map(_s3_code, _chain(exc)) if code), None)
+
+
+def _s3_code(exc: BaseException) -> str | None:
+    """botocore's ``response["Error"]["Code"]`` of ``exc``, if it has one."""
+    response = getattr(exc, "response", None)
+    return response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and its causes (``__cause__``, else ``__context__``), each once."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__

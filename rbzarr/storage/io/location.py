@@ -25,7 +25,14 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from rbzarr.errors import StoreExistsError, UnsafePathError
-from rbzarr.storage.io.backends import bound_retries, translate_errors, with_s3_defaults
+from rbzarr.storage.io.backends import (
+    bound_retries,
+    bucket_of,
+    check_storage_options,
+    missing_bucket_message,
+    translate_errors,
+    with_s3_defaults,
+)
 from rbzarr.storage.io.deadlines import deadline_options
 from rbzarr.storage.io.files import make_directories, read_regular, write_file
 from rbzarr.storage.io.names import safe_name
@@ -57,10 +64,6 @@ def _missing_client(url: str, exc: ImportError) -> str:
     if protocol in ("s3", "s3a"):
         return f"{url}: S3 needs s3fs, in rbzarr's s3 extra: pip install 'rbzarr[s3]'"
     return f"{url}: {exc}"
-
-
-# Object stores whose first path part is a bucket (or container).
-_BUCKET_PROTOCOLS = ("s3", "s3a", "gs", "gcs", "az", "abfs")
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,7 @@ class Location:
         text = os.fspath(url)
         if not text:
             raise ValueError("empty location: expected a local path or an fsspec URL")
+        check_storage_options(text, storage_options or {})
         options = with_s3_defaults(text, storage_options or {})
         with translate_errors(text, "opening"):
             try:
@@ -206,18 +210,9 @@ class Location:
         """Why no store is here, with the fix: a missing bucket or folder, a file, or neither."""
         with translate_errors(self.url, "checking"):
             if not self.is_local:
-                bucket = self.path.strip("/").split("/", 1)[0]
-                protocol = fsspec.core.split_protocol(self.url)[0]
-                if (
-                    protocol in _BUCKET_PROTOCOLS
-                    and bucket
-                    and not self.fs.exists(bucket, **self._deadline())
-                ):
-                    return (
-                        f"the bucket {bucket!r} does not exist (or these credentials cannot "
-                        f"see it): create it, e.g. `aws s3 mb s3://{bucket}` (with "
-                        "--endpoint-url for a local server), or fix the URL"
-                    )
+                bucket = bucket_of(self.url)
+                if bucket and not self.fs.exists(bucket, **self._deadline()):
+                    return missing_bucket_message(bucket)
                 return "not an rbzarr or RLinf store"
             found = self.path  # the nearest part of the path that exists
             while not os.path.lexists(found) and os.path.dirname(found) != found:

@@ -137,11 +137,11 @@ def describe_keys(
             fields = group.attrs.get(FIELDS_ATTR)
             order = list(fields) if isinstance(fields, dict) else list(members)
             arrays = {name: members[name] for name in order if name in members}
-            for name, array in arrays.items():
-                keys.setdefault(name, _key_info(array))
             layout = group.attrs.get(LAYOUT_ATTR)
             described = layout.get("arrays", {}) if isinstance(layout, dict) else {}
             descriptions = {name: described.get(name) for name in arrays}
+            for name, array in arrays.items():
+                keys.setdefault(name, _key_info(array, descriptions[name]))
             raw_bytes = {
                 name: _raw_bytes(descriptions[name], int(array.nbytes))
                 for name, array in arrays.items()
@@ -227,12 +227,20 @@ def _sizes_by_trajectory(sizes: Mapping[str, int]) -> dict[str, dict[str, int]]:
     return found
 
 
-def _key_info(array: zarr.Array) -> dict[str, Any]:
-    """The first trajectory's dtype, shape, chunking and codec of one key (no sizes yet)."""
+def _key_info(array: zarr.Array, description: Any) -> dict[str, Any]:
+    """The first trajectory's dtype, shape (as read: a ``next_obs`` key stored once has its
+    full ``[T, B]`` rows; ``stored_shape`` is its array's), chunking and codec of one key
+    (no sizes yet)."""
     shards = array.shards
+    rows = description.get("rows") if isinstance(description, dict) else None
+    stored = list(array.shape)
+    logical = stored
+    if isinstance(rows, list) and len(rows) == 2 and all(isinstance(r, int) for r in rows):
+        logical = [*rows, *stored[2:]]
     return {
         "dtype": array.attrs.get(DTYPE_ATTR, str(array.dtype)),
-        "shape": list(array.shape),
+        "shape": logical,
+        **({"stored_shape": stored} if logical != stored else {}),
         "chunks": list(array.chunks),
         "shards": None if shards is None else list(shards),
         "codec": codec_text(array.metadata.to_dict().get("codecs", ())),

@@ -113,6 +113,8 @@ DEFAULT_HANDLES = 256
 _HANDLE_SLACK = 16
 # The root group's attribute that mirrors the two documents.
 ROOT_ATTR = "rbzarr"
+# The finding of a root group without that attribute (a writer writes it when it closes).
+ROOT_UNWRITTEN = "root_attrs_unwritten"
 # A chunk key joined by ".", as layout-2 shards are named (``c.0.0.0``).
 _DOTTED_CHUNK = re.compile(r"c(\.\d+)+")
 
@@ -304,6 +306,15 @@ class ZarrLayout(TrajectoryLayout):
             mirror = root.get("attributes", {}).get(ROOT_ATTR)
         except (FileNotFoundError, ValueError, AttributeError) as exc:
             return [Finding("root_attrs_mismatch", "zarr.json", " ".join(str(exc).split()))]
+        if mirror is None:  # a writer writes it when it closes
+            return [
+                Finding(
+                    ROOT_UNWRITTEN,
+                    "zarr.json",
+                    f"the root group has no {ROOT_ATTR!r} attributes (the copy of "
+                    f"{METADATA_FILE} for plain zarr readers) yet",
+                )
+            ]
         expected = _root_head(documents)
         # A store whose index is a log writes its head at close: a running (or killed)
         # writer's counters are ahead of it, its format is not.

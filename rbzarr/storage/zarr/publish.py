@@ -231,9 +231,15 @@ async def _write_array(array: AsyncArray[Any], data: np.ndarray) -> None:
     """Write an array of kind ``"zarr"`` through zarr: its document (zarr opens these
     arrays by it), then its chunks."""
     path = array.store_path
-    await asyncio.gather(
-        path.store.set(f"{path.path}/zarr.json", _document(array)), array.setitem(..., data)
+    # Both end before a failure is raised (the publisher's cleanup must find every file).
+    done = await asyncio.gather(
+        path.store.set(f"{path.path}/zarr.json", _document(array)),
+        array.setitem(..., data),
+        return_exceptions=True,
     )
+    for outcome in done:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 def _document(array: AsyncArray[Any]) -> Buffer:
