@@ -10,6 +10,7 @@ naming the URL (the backend's error is its ``__cause__``).
 from __future__ import annotations
 
 import contextlib
+import copy
 import difflib
 import errno
 import functools
@@ -89,7 +90,10 @@ def with_s3_defaults(url: str, options: Mapping[str, Any]) -> dict[str, Any]:
     merged = dict(options)
     protocol = fsspec.core.split_protocol(url)[0]
     if protocol in _S3_PROTOCOLS:
-        merged["config_kwargs"] = {**S3_DEFAULTS, **dict(merged.get("config_kwargs") or {})}
+        # A copy: botocore rewrites the ``retries`` dict it is given (max_attempts becomes
+        # total_max_attempts), which would change the defaults of every later client.
+        defaults = copy.deepcopy(S3_DEFAULTS)
+        merged["config_kwargs"] = {**defaults, **dict(merged.get("config_kwargs") or {})}
         # Other processes write the same store (writer slots, documents): a listing cached
         # when the store was empty would hide their commits.
         merged.setdefault("use_listings_cache", False)
