@@ -119,7 +119,8 @@ class IndexWriter(ABC):
         copied_before = {
             i
             for i in unlisted.intersection(index.id_list)
-            if (self.layout.written_attributes(i) or {}).get("uuid") == index.entries[i]["uuid"]
+            if (format_records.written_attributes(self.layout, i) or {}).get("uuid")
+            == index.entries[i]["uuid"]
         }
         unlisted -= copied_before
         clashes = [

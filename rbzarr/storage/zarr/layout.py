@@ -176,7 +176,6 @@ class ZarrLayout(TrajectoryLayout):
     format = "zarr"
     supports_many_writers = True
     supports_local_cache = True
-    supports_zarr_access = True
     unrecorded_version = describe.UNRECORDED_VERSION
 
     def __init__(
@@ -237,7 +236,8 @@ class ZarrLayout(TrajectoryLayout):
         return {f"{TRAJECTORIES}/{tid}": tid for tid in self.list_ids()}
 
     def written_attributes(self, trajectory_id: int) -> dict[str, Any] | None:
-        # docstring inherited
+        """The attributes of a trajectory's commit marker (its entry among them), ``None``
+        where it has no complete marker."""
         where = f"{self.location.url}/{TRAJECTORIES}/{int(trajectory_id)}/zarr.json"
         try:
             raw = self.location.read_bytes(TRAJECTORIES, str(int(trajectory_id)), "zarr.json")
@@ -267,7 +267,7 @@ class ZarrLayout(TrajectoryLayout):
 
     # -- format knowledge -----------------------------------------------------------------
     def zarr_group(self, entry: Entry) -> zarr.Group:
-        # docstring inherited
+        """The read-only Zarr group of one trajectory."""
         return describe.trajectory_group(self.location, entry)
 
     def field_names(self, entry: Entry) -> list[str]:
