@@ -27,6 +27,7 @@ from rbzarr.storage.index import format_records
 from rbzarr.storage.index import log as index_log
 from rbzarr.storage.index.schema import schema_from_json
 from rbzarr.storage.index.slots import (
+    LogSlotFiles,
     id_range,
     read_slot_documents,
     slot_files,
@@ -162,7 +163,7 @@ def verify_store(
     for found in _check_root_documents(layout, documents):
         root = Problem(found.kind, found.path, found.message, repair=REWRITE)
         unwritten = found.kind == ROOT_UNWRITTEN and not repair
-        if unwritten and index_log.has_log(slot_location(layout.location, 0)):
+        if unwritten and isinstance(slot_files(layout.location, 0), LogSlotFiles):
             # A writer stopped before closing (SIGINT, a crash): its commits are in the log.
             message = (
                 f"{found.message}: a writer was stopped before it closed; nothing is lost "

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
 from rbzarr.storage.index import log as index_log
@@ -27,6 +27,11 @@ from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.names import number_name
 from rbzarr.storage.rlinf import documents as store_documents
 from rbzarr.storage.rlinf.documents import INDEX_FILE, METADATA_FILE, Documents
+
+if TYPE_CHECKING:
+    from rbzarr.storage.index.writer_slot import WriterSlot
+    from rbzarr.storage.index.writers import IndexWriter
+    from rbzarr.storage.layout import TrajectoryLayout
 
 __all__ = [
     "COMMIT_TIMES",
@@ -155,6 +160,10 @@ class SlotFiles(ABC):
         """Replace the slot's index by ``fixed`` (a repair of ``own``); the documents
         themselves are written by the caller."""
 
+    @abstractmethod
+    def writer(self, layout: TrajectoryLayout, slot: WriterSlot) -> IndexWriter:
+        """The writer of this slot's index for ``layout``, which claimed ``slot``."""
+
 
 class LogSlotFiles(SlotFiles):
     """A slot that keeps its index as a log (:mod:`rbzarr.storage.index.log`)."""
@@ -191,6 +200,12 @@ class LogSlotFiles(SlotFiles):
             listed, counter=counter, metadata=metadata
         )
 
+    def writer(self, layout: TrajectoryLayout, slot: WriterSlot) -> IndexWriter:
+        # docstring inherited
+        from rbzarr.storage.index.writers import LogWriter  # noqa: PLC0415 (it imports this)
+
+        return LogWriter(layout, slot)
+
 
 class DocumentSlotFiles(SlotFiles):
     """A slot that keeps RLinf's two documents (a pt / pkl store, or an earlier rbzarr's)."""
@@ -225,6 +240,12 @@ class DocumentSlotFiles(SlotFiles):
         # docstring inherited
         return None
 
+    def writer(self, layout: TrajectoryLayout, slot: WriterSlot) -> IndexWriter:
+        # docstring inherited
+        from rbzarr.storage.index.writers import DocumentsWriter  # noqa: PLC0415 (it imports this)
+
+        return DocumentsWriter(layout, slot)
+
 
 def window_documents(state: index_log.SlotIndex, where: Location, last: int | None) -> Documents:
     """A slot's documents from what a read of its log's last ``last`` entries found."""
@@ -238,13 +259,15 @@ def window_documents(state: index_log.SlotIndex, where: Location, last: int | No
     return documents
 
 
-def slot_files(location: Location, slot: int) -> SlotFiles:
-    """The files of ``slot`` of the store at ``location``: its log if it keeps one, else
-    RLinf's documents (the one place that tells them apart)."""
+def slot_files(location: Location, slot: int, writing: TrajectoryLayout | None = None) -> SlotFiles:
+    """The files of ``slot`` of the store at ``location``: the one place that decides
+    between the log and RLinf's documents.  A slot that ``writing`` (a layout that claimed
+    it) writes keeps a log if that layout takes many writers (a slot of an earlier rbzarr's
+    documents is upgraded into one), else RLinf's documents; a slot read keeps a log if
+    it holds one."""
     where = slot_location(location, slot)
-    if index_log.has_log(where):
-        return LogSlotFiles(where)
-    return DocumentSlotFiles(where)
+    keeps_log = index_log.has_log(where) if writing is None else writing.supports_many_writers
+    return LogSlotFiles(where) if keeps_log else DocumentSlotFiles(where)
 
 
 def log_of_documents(

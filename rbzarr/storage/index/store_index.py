@@ -5,8 +5,9 @@ format, its ``metadata.json`` keys, its schema and its codecs; the buffer, its c
 its loader share that snapshot instead of probing again.  :meth:`StoreIndex.read` reads the
 index (whole, or the last trajectories of a large store), and :meth:`StoreIndex.writer`
 claims a writer slot and returns the slot's :class:`~rbzarr.storage.index.writers.IndexWriter`:
-the log for stores of many writers, RLinf's documents for pt / pkl stores -- the one place
-that chooses between them.
+the log for stores of many writers, RLinf's documents for pt / pkl stores, as
+:func:`~rbzarr.storage.index.slots.slot_files` (the one place that chooses between them)
+decides.
 """
 
 from __future__ import annotations
@@ -159,7 +160,8 @@ class StoreIndex:
 
     def writer(self, layout: TrajectoryLayout) -> IndexWriter:
         """Claim a writer slot of this store for ``layout`` and return the slot's writer
-        (the log where the layout takes many writers, else RLinf's documents).
+        (:func:`~rbzarr.storage.index.slots.slot_files` chooses: the log where the layout
+        takes many writers, else RLinf's documents).
 
         Raises
         ------
@@ -168,15 +170,12 @@ class StoreIndex:
         CorruptStoreError
             The slot's index is malformed.
         """
-        # Imported here: they import torch, which `rbzarr info` reads without.
-        from rbzarr.storage.index import writers  # noqa: PLC0415
+        # Imported here: it imports torch, which `rbzarr info` reads without.
         from rbzarr.storage.index.writer_slot import WriterSlot  # noqa: PLC0415
 
         slot = WriterSlot.claim(layout)
         try:
-            if layout.supports_many_writers:
-                return writers.LogWriter(layout, slot)
-            return writers.DocumentsWriter(layout, slot)
+            return slot_files(layout.location, slot.slot, writing=layout).writer(layout, slot)
         except BaseException:
             slot.release()
             raise

@@ -7,7 +7,8 @@
   memory and RLinf's two documents are rewritten whole, at most every
   :data:`DOCUMENTS_INTERVAL` seconds while commits go on, and at every flush and close.
 
-Only :meth:`~rbzarr.storage.index.store_index.StoreIndex.writer` chooses between them.  Each
+Only :func:`~rbzarr.storage.index.slots.slot_files` chooses between them (for
+:meth:`~rbzarr.storage.index.store_index.StoreIndex.writer`).  Each
 writer serialises its own writes: the committer's writer thread appends, its caller's
 thread flushes and closes.
 """
