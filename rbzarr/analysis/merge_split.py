@@ -88,9 +88,8 @@ def merge_stores(
             for trajectory_id in ids:
                 old = view.entry(trajectory_id)
                 entry = index.new_entry(
-                    old["shape"], old["max_episode_length"], old["model_weights_id"]
+                    old["shape"], old["max_episode_length"], old["model_weights_id"], old["uuid"]
                 )
-                entry["uuid"] = old["uuid"]
                 target.write(entry, view.trajectory(trajectory_id))
                 bar.update()
             merged_from.append({"source": view.url, "source_ids": ids})

@@ -25,6 +25,7 @@ from rbzarr.errors import (
 )
 from rbzarr.storage.index import format_records
 from rbzarr.storage.index import log as index_log
+from rbzarr.storage.index.entry import IndexEntry, count
 from rbzarr.storage.index.schema import schema_from_json
 from rbzarr.storage.index.slots import (
     LogSlotFiles,
@@ -35,12 +36,7 @@ from rbzarr.storage.index.slots import (
     writer_slots,
 )
 from rbzarr.storage.index.store_index import StoreIndex
-from rbzarr.storage.index.trajectory_index import (
-    ENTRY_KEYS,
-    TrajectoryIndex,
-    check_entry,
-    count,
-)
+from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.json_limits import read_json
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.names import is_temporary_name, number_name
@@ -256,11 +252,10 @@ def _group_entry(location: Location, name: str) -> dict[str, Any] | None:
     try:
         document = read_json(location.read_bytes(TRAJECTORIES, name, "zarr.json"), where)
         attrs = document["attributes"]
-        entry = {key: attrs[key] for key in ENTRY_KEYS}
-        check_entry(entry, count(name), where)
+        entry = IndexEntry.parse(attrs, where, count(name))
     except (FileNotFoundError, CorruptStoreError, ValueError, KeyError, TypeError):
         return None
-    return entry if "fields" in attrs else None
+    return entry.to_json() if "fields" in attrs else None
 
 
 def _check_schema(documents: Documents, report: VerifyReport) -> Schema | None:
@@ -299,7 +294,7 @@ def _check_metadata(documents: Documents, index: TrajectoryIndex, report: Verify
 
 
 def _check_trajectory(
-    layout: TrajectoryLayout, entry: dict[str, Any], schema: Schema | None
+    layout: TrajectoryLayout, entry: IndexEntry, schema: Schema | None
 ) -> Problem | None:
     """The first thing wrong with one indexed trajectory's data, or ``None``."""
     trajectory_id = int(entry["trajectory_id"])
@@ -474,7 +469,7 @@ def _documents_without(
     }
     trajectory_index = {
         **documents.trajectory_index,
-        "trajectory_index": {str(i): kept.entries[i] for i in kept.id_list},
+        "trajectory_index": {str(i): kept.entries[i].to_json() for i in kept.id_list},
         "trajectory_id_list": list(kept.id_list),
     }
     return Documents(metadata, trajectory_index)

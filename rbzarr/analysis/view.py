@@ -479,8 +479,8 @@ class BufferView:
         Returns
         -------
         dict of str to Any
-            RLinf's entry keys (``num_samples``, ``shape``, ...) and rbzarr's ``uuid``; the
-            view's own dict, not a copy.
+            RLinf's entry keys (``num_samples``, ``shape``, ...) and rbzarr's ``uuid`` (a
+            copy).
 
         Raises
         ------
@@ -489,7 +489,7 @@ class BufferView:
         """
         if trajectory_id not in self._index.entries or trajectory_id not in self._index.id_list:
             raise KeyError(f"{self.url}: trajectory {trajectory_id} is not in the index")
-        return self._index.entries[trajectory_id]
+        return self._index.entries[trajectory_id].to_json()
 
     def keys(self) -> list[str]:
         """Flat field keys (``"rewards"``, ``"curr_obs/image"``) of the first trajectory.

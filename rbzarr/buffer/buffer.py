@@ -33,6 +33,7 @@ from rbzarr.sampling.arguments import check_count, check_window_size
 from rbzarr.sampling.damaged import check_on_damaged
 from rbzarr.sampling.priorities import PrioritizedReplay, WindowPriorities, check_priorities
 from rbzarr.sampling.reader import StoreReader
+from rbzarr.storage.index.entry import IndexEntry
 from rbzarr.storage.index.priorities import PriorityChanges, PriorityFiles
 from rbzarr.storage.index.schema import schema_to_json
 from rbzarr.storage.index.store_index import StoreIndex
@@ -482,7 +483,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                     self._index.add_reference(entry)
                     self._cache.reserve(int(entry["trajectory_id"]))
 
-    def _index_entry(self, trajectory: ValidatedTrajectory) -> dict[str, Any]:
+    def _index_entry(self, trajectory: ValidatedTrajectory) -> IndexEntry:
         raw = trajectory.trajectory
         return self._index.new_entry(
             trajectory.spec.shape, raw.max_episode_length, raw.model_weights_id

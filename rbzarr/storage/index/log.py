@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rbzarr.errors import CorruptStoreError, StorageUnavailableError
+from rbzarr.storage.index.entry import IndexEntry
 from rbzarr.storage.io.json_limits import DocumentTooLargeError, read_json
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.names import is_digits
@@ -194,7 +195,7 @@ def _last_entries(
     entries = [item for part in reversed(parts) for item in part]
     window = entries[len(entries) - want :] if want else []
     for entry, _ in window:  # only what is handed out is checked entry by entry
-        _check_entry(entry, f"{location.url}/{INDEX_DIR}")
+        IndexEntry.parse(entry, f"{location.url}/{INDEX_DIR}")
     return window
 
 
@@ -543,7 +544,7 @@ def salvage(location: Location) -> tuple[list[LogEntry], int, dict[str, Any]]:
     unique = []
     for entry, when in entries:
         try:
-            _check_entry(entry, location.url)
+            IndexEntry.parse(entry, location.url)
         except CorruptStoreError:
             continue  # a damaged entry: its trajectory's group lists it again (verify)
         if entry["trajectory_id"] not in seen:
@@ -769,7 +770,7 @@ def _check_record(record: dict[str, Any], seq: int, where: str) -> dict[str, Any
     if "metadata" in record and not isinstance(record["metadata"], dict):
         raise CorruptStoreError(f"{where}: 'metadata' is not an object")
     for entry in record["entries"]:
-        _check_entry(entry, where)
+        IndexEntry.parse(entry, where)
     return {**record, "time": when, "counter": counter}
 
 
@@ -791,14 +792,6 @@ def _read_block(location: Location, name: str, count: int | None) -> list[LogEnt
         return [(e, float(t)) for e, t in zip(entries, times, strict=True)]
     except (TypeError, ValueError) as exc:
         raise CorruptStoreError(f"{where}: malformed commit time: {exc!r}") from exc
-
-
-def _check_entry(entry: Mapping[str, Any], where: str) -> None:
-    for key in ("trajectory_id", "num_samples"):
-        _count(entry.get(key), where, key)
-    shape = entry.get("shape")
-    if not isinstance(shape, list) or len(shape) < 2 or not all(isinstance(d, int) for d in shape):
-        raise CorruptStoreError(f"{where}: entry {entry.get('trajectory_id')!r} has no shape")
 
 
 def _count(value: Any, where: str, name: str, low: int = 0) -> int:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
 from rbzarr.storage.index import log as index_log
+from rbzarr.storage.index.entry import IndexEntry
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.names import number_name
 from rbzarr.storage.rlinf import documents as store_documents
@@ -441,9 +442,9 @@ def _counts(documents: Documents, where: str) -> tuple[int, int]:
 def _samples(entries: Mapping[str, Any], ids: Iterable[Any], where: str) -> int:
     """``num_samples`` summed over ``ids``' entries (a malformed one is a named error)."""
     try:
-        return sum(int(entries[str(i)]["num_samples"]) for i in ids)
-    except (KeyError, TypeError, ValueError, OverflowError) as exc:
-        raise CorruptStoreError(f"{where}: malformed trajectory index entry: {exc!r}") from exc
+        return sum(IndexEntry.parse(entries[str(i)], where).num_samples for i in ids)
+    except KeyError as exc:
+        raise CorruptStoreError(f"{where}: an id listed has no index entry: {exc!r}") from exc
 
 
 def _union(where: str, root: Documents | None, others: list[tuple[int, Documents]]) -> Documents:

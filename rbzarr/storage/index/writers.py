@@ -24,6 +24,7 @@ from typing import Any
 
 from rbzarr.errors import StorageUnavailableError, StoreExistsError
 from rbzarr.storage.index import format_records
+from rbzarr.storage.index.entry import IndexEntry
 from rbzarr.storage.index.log import SlotIndex
 from rbzarr.storage.index.schema import is_rbzarr_store
 from rbzarr.storage.index.slots import HeldSlots
@@ -249,7 +250,9 @@ class DocumentsWriter(IndexWriter):
             for entry in entries:
                 trajectory_id = int(entry["trajectory_id"])
                 if trajectory_id not in self._index.entries:
-                    self._index.entries[trajectory_id] = dict(entry)
+                    self._index.entries[trajectory_id] = IndexEntry.parse(
+                        entry, self.layout.location.url
+                    )
                     self._index.id_list.append(trajectory_id)
             self._index.trajectory_counter = max(self._index.trajectory_counter, counter)
             self._metadata = dict(metadata)
