@@ -62,6 +62,9 @@ def export_store(
 ) -> Documents:
     """Copy the store at ``source`` to a new store at ``destination`` in another layout.
 
+    The priority files stored beside the exported trajectories
+    (:attr:`~rbzarr.storage.index.store_index.StoreIndex.priorities`) are copied too.
+
     Parameters
     ----------
     source, destination
@@ -94,6 +97,8 @@ def export_store(
         does not list.
     CheckpointNotFoundError
         ``source`` is not a store, or a listed trajectory's data is missing.
+    CorruptStoreError
+        A trajectory or its priority file is damaged (``rbzarr verify`` names it).
     StorageUnavailableError
         A backend failed.
     """
@@ -115,6 +120,10 @@ def export_store(
     # Decode and re-encode even between equal formats: every trajectory passes the
     # safe loaders and validation on its way, so an export is also a check.
     (tasks or TrajectoryTasks()).copy(reader, writer, entries, progress)
+    # The priorities stored beside the trajectories go along (same ids), before the index.
+    StoreIndex.assumed(reader.location).priorities.carry(
+        StoreIndex.assumed(writer.location).priorities, [(e, e) for e in entries]
+    )
     extra = {k: v for k, v in documents.metadata.items() if k not in _RECOMPUTED}
     exported = selected.to_documents(trajectory_format, extra=extra)
     return format_records.write_documents(writer, exported)

@@ -26,6 +26,9 @@ from rbzarr.errors import (
 from rbzarr.storage.index import format_records
 from rbzarr.storage.index import log as index_log
 from rbzarr.storage.index.entry import IndexEntry, count
+from rbzarr.storage.index.pins import FOLDER as PINS
+from rbzarr.storage.index.priorities import FOLDER as PRIORITIES
+from rbzarr.storage.index.priorities import file_name as priority_file
 from rbzarr.storage.index.schema import schema_from_json
 from rbzarr.storage.index.slots import (
     LogSlotFiles,
@@ -174,6 +177,9 @@ def verify_store(
         if problem is not None:
             report.problems.append(problem)
     report.problems.extend(_orphans(layout, index))
+    store = StoreIndex.assumed(layout.location)
+    report.problems.extend(_check_priorities(store, index))
+    report.problems.extend(_check_pins(store, index))
     if repair:
         # Repairs go through a location that never follows a link, whatever was asked.
         strict, _ = open_store(location.without_links())
@@ -359,6 +365,46 @@ def _orphans(layout: TrajectoryLayout, index: TrajectoryIndex) -> list[Problem]:
     return problems
 
 
+def _check_priorities(store: StoreIndex, index: TrajectoryIndex) -> list[Problem]:
+    """A problem per listed trajectory whose priority file is damaged (the repair deletes
+    it: its rows take the largest priority, as those of a trajectory without one)."""
+    problems = []
+    for trajectory_id in index.id_list:
+        try:
+            store.priorities.read(index.entries[trajectory_id])
+        except CorruptStoreError as exc:
+            path = f"{PRIORITIES}/{priority_file(trajectory_id)}"
+            problems.append(
+                Problem("damaged_priorities", path, _one_line(exc), trajectory_id, DELETE)
+            )
+    return problems
+
+
+def _check_pins(store: StoreIndex, index: TrajectoryIndex) -> list[Problem]:
+    """A problem if the pins do not read, and one per pin naming trajectories the index no
+    longer lists as it names them (the checkpoint that holds the pin cannot load)."""
+    try:
+        pins = store.pins.all()
+    except CorruptStoreError as exc:
+        return [Problem("unreadable_pin", PINS, _one_line(exc))]
+    problems = []
+    for pin in pins:
+        entries = index.entries
+        lost = [
+            trajectory_id
+            for trajectory_id, uuid in zip(pin.ids, pin.uuids, strict=True)
+            if trajectory_id not in entries or entries[trajectory_id].uuid != uuid
+        ]
+        if lost:
+            message = (
+                f"the checkpoint {pin.checkpoint} pins trajectories {lost[:10]} that the index "
+                "no longer lists as it names them: that checkpoint cannot load; `rbzarr "
+                f"checkpoint drop STORE --pin {pin.pin_id}` unpins it"
+            )
+            problems.append(Problem("pinned_missing", f"{PINS}/{pin.pin_id}.json", message))
+    return problems
+
+
 def _repair(layout: TrajectoryLayout, report: VerifyReport, drop_damaged: bool) -> None:
     # Re-read the index just before deleting: never remove data committed meanwhile.
     documents = StoreIndex.assumed(layout.location).read()
@@ -425,6 +471,7 @@ def _delete_dropped(
     # A dropped trajectory's data is an orphan now: it goes as orphans go (after the index,
     # the commit point, stopped listing it), so a plain verify that follows is clean.
     for trajectory_id in sorted(dropped):
+        StoreIndex.assumed(layout.location).priorities.delete(trajectory_id)
         path = "/".join(layout.trajectory_path(index.entries[trajectory_id]))
         try:
             if not layout.location.exists(*path.split("/")):

@@ -1,7 +1,9 @@
 """StoreIndex: the store's catalog, opened with one read.
 
 :meth:`StoreIndex.open` answers, from one probe of the store, whether a store is there, its
-format, its ``metadata.json`` keys, its schema and its codecs; the buffer, its committer and
+format, its ``metadata.json`` keys, its schema and its codecs (the per-trajectory records
+the store keeps beside the data are the catalog's too: :attr:`StoreIndex.priorities` and
+:attr:`StoreIndex.pins`); the buffer, its committer and
 its loader share that snapshot instead of probing again.  :meth:`StoreIndex.read` reads the
 index (whole, or the last trajectories of a large store), and :meth:`StoreIndex.writer`
 claims a writer slot and returns the slot's :class:`~rbzarr.storage.index.writers.IndexWriter`:
@@ -18,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from rbzarr.errors import CheckpointNotFoundError, StoreExistsError
 from rbzarr.storage.index import format_records
+from rbzarr.storage.index.pins import StorePins
+from rbzarr.storage.index.priorities import PriorityFiles
 from rbzarr.storage.index.slots import read_store_window, slot_files, writer_slots
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.rlinf.documents import METADATA_FILE, Documents
@@ -119,6 +123,16 @@ class StoreIndex:
         from rbzarr.storage.zarr.layout import CODECS_KEY  # noqa: PLC0415 (zarr, when asked)
 
         return dict(self.recorded.get(CODECS_KEY) or {})
+
+    @property
+    def priorities(self) -> PriorityFiles:
+        """The priority files the store keeps beside its trajectories (no read here)."""
+        return PriorityFiles(self.location)
+
+    @property
+    def pins(self) -> StorePins:
+        """The pins of the checkpoints that name the store's trajectories (no read here)."""
+        return StorePins(self.location)
 
     def check_appendable(self, layout: TrajectoryLayout) -> Schema | None:
         """Refuse to append with ``layout`` to a store of another format; ``layout`` takes on
