@@ -127,3 +127,13 @@ def test_export_refuses_a_damaged_priority_file_and_names_it(tmp_path: Path) -> 
     with pytest.raises(CorruptStoreError, match=r"priorities/0\.f32"):
         export_store(tmp_path / "s", tmp_path / "e", "zarr")
     assert not StoreIndex.open(Location.from_url(tmp_path / "e")).exists  # no index written
+
+
+def test_an_export_records_its_own_codecs_never_the_sources(tmp_path: Path) -> None:
+    make_store(tmp_path / "s", 1)
+    source = StoreIndex.open(Location.from_url(tmp_path / "s"))
+    assert source.codecs  # a zarr store records the codec of each key
+    export_store(tmp_path / "s", tmp_path / "pt", "pt")
+    assert StoreIndex.open(Location.from_url(tmp_path / "pt")).codecs == {}
+    export_store(tmp_path / "pt", tmp_path / "z", "zarr")
+    assert StoreIndex.open(Location.from_url(tmp_path / "z")).codecs == source.codecs

@@ -15,12 +15,21 @@ from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class, open_store
 from rbzarr.storage.rlinf.documents import Documents
+from rbzarr.storage.zarr.layout import CODECS_KEY
 
 __all__ = ["export_store"]
 
 # Metadata keys the exported index recomputes; the rest are carried over unchanged.
-# Written anew by the target (``layout_version`` is the target layout's own, if any).
-_RECOMPUTED = ("trajectory_format", "size", "total_samples", "trajectory_counter", "layout_version")
+# Written anew by the target (``layout_version`` and the codecs are the target layout's
+# own, if any: an export re-encodes with the target's codecs).
+_RECOMPUTED = (
+    "trajectory_format",
+    "size",
+    "total_samples",
+    "trajectory_counter",
+    "layout_version",
+    CODECS_KEY,
+)
 
 
 def _select(
@@ -63,7 +72,9 @@ def export_store(
     """Copy the store at ``source`` to a new store at ``destination`` in another layout.
 
     The priority files stored beside the exported trajectories
-    (:attr:`~rbzarr.storage.index.store_index.StoreIndex.priorities`) are copied too.
+    (:attr:`~rbzarr.storage.index.store_index.StoreIndex.priorities`) are copied too.  The
+    trajectories are encoded with the target layout's default codecs, which its metadata
+    records (``rbzarr recode`` chooses codecs).
 
     Parameters
     ----------
