@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
+from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.index import log as index_log
 from rbzarr.storage.index.entry import IndexEntry
 from rbzarr.storage.io.location import Location
@@ -45,7 +45,6 @@ __all__ = [
     "log_documents",
     "read_slot_documents",
     "read_store_documents",
-    "read_store_metadata",
     "read_store_window",
     "slot_has_documents",
     "DocumentSlotFiles",
@@ -54,7 +53,6 @@ __all__ = [
     "log_of_documents",
     "slot_files",
     "slot_location",
-    "store_has_documents",
     "writer_slots",
 ]
 
@@ -298,29 +296,6 @@ def read_slot_documents(location: Location, slot: int) -> Documents | None:
 def slot_has_documents(location: Location, slot: int) -> bool:
     """Whether ``slot`` has committed anything (a log or documents)."""
     return slot_files(location, slot).exists
-
-
-def store_has_documents(location: Location) -> bool:
-    """Whether any writer (the root or a slot) has committed documents at ``location``."""
-    if slot_has_documents(location, 0):
-        return True
-    return any(slot_has_documents(location, s) for s in writer_slots(location))
-
-
-def read_store_metadata(location: Location) -> dict[str, Any]:
-    """The store's ``metadata.json`` keys (the root's, else the first slot's), without
-    reading any index.
-
-    Raises
-    ------
-    CheckpointNotFoundError
-        No writer has committed anything.
-    """
-    for slot in [0, *writer_slots(location)]:
-        metadata = slot_files(location, slot).metadata()
-        if metadata is not None:
-            return metadata
-    raise CheckpointNotFoundError(f"{location.url}/{METADATA_FILE} not found: {location.absence()}")
 
 
 def read_store_documents(
