@@ -468,8 +468,9 @@ def _delete_dropped(
 ) -> None:
     """Remove the data of trajectories the index stopped listing (files rbzarr did not write
     stay, reported as orphans)."""
-    # A dropped trajectory's data is an orphan now: it goes as orphans go (after the index,
-    # the commit point, stopped listing it), so a plain verify that follows is clean.
+    # A dropped trajectory's data is an orphan now: it goes as orphans go (after the index
+    # -- the log of a zarr store, the documents of a pt / pkl one -- stopped listing it), so
+    # a plain verify that follows is clean.
     for trajectory_id in sorted(dropped):
         StoreIndex.assumed(layout.location).priorities.delete(trajectory_id)
         path = "/".join(layout.trajectory_path(index.entries[trajectory_id]))
@@ -504,8 +505,8 @@ def _documents_without(
 ) -> Documents:
     """The documents with ``dropped`` left out and the metadata recounted from the index.
 
-    The index is the commit point: a crash between the document writes leaves the metadata
-    behind it, never ahead.  The id counter is kept, so a dropped id is never reused.
+    The index document is written before the metadata: a crash between the two leaves the
+    metadata behind it, never ahead.  The id counter is kept, so a dropped id is never reused.
     """
     kept = index.subset([i for i in index.id_list if i not in dropped])
     metadata = {

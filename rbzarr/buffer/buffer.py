@@ -890,7 +890,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             self._committer.flush()  # a manifest names committed trajectories only
             manifest.write(target.location, self._committer.layout, saved, metadata, held)
             return
-        # Before the documents (the commit): a checkpoint that lists them has them.
+        # Before the copy's index (its commit): a checkpoint that lists them has them.
         files = PriorityFiles(target.location)
         for trajectory_id, values in held.items():
             files.write(trajectory_id, values)
