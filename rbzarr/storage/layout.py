@@ -53,14 +53,12 @@ class TrajectoryLayout(ABC):
 
     format: ClassVar[str]
     # How describe_keys names the encoding of a whole trajectory (default: the format).
-    codec_name: ClassVar[str | None] = None
+    _codec_name: ClassVar[str | None] = None
     # What a layout can do beyond the interface; callers ask these, never the format.
     # Many buffers may append to one store at once, each in a writer slot of its own.
     supports_many_writers: ClassVar[bool] = False
     # Takes ``local_cache_dir`` / ``local_cache_bytes``: a local copy of a remote store's data.
     supports_local_cache: ClassVar[bool] = False
-    # The layout version of a store whose metadata records none (``None``: not versioned).
-    unrecorded_version: ClassVar[int | None] = None
 
     def __init__(self, location: Location) -> None:
         self.location = location
@@ -421,7 +419,7 @@ class TrajectoryLayout(ABC):
                         "shape": list(tensor.shape),
                         "chunks": None,
                         "shards": None,
-                        "codec": self.codec_name or self.format,
+                        "codec": self._codec_name or self.format,
                         "raw_bytes": 0,
                         "bytes_on_disk": None,
                     },

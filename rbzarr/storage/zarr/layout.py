@@ -176,7 +176,6 @@ class ZarrLayout(TrajectoryLayout):
     format = "zarr"
     supports_many_writers = True
     supports_local_cache = True
-    unrecorded_version = describe.UNRECORDED_VERSION
 
     def __init__(
         self,
