@@ -34,7 +34,9 @@ every environment, ``(k, B, *trailing)`` (:func:`chunk_shape`): ``k_max`` the mo
 that fit in ``chunk_bytes`` (default 512 KiB; at least one step), ``k`` the largest divisor
 of the row count in ``[k_max / 2, k_max]`` when there is one, else the even split
 ``ceil(rows / ceil(rows / k_max))`` (zarr pads a short last chunk to full size).  Their
-compressor is :func:`pick_codec`'s: ``zstd`` level 1 when nothing is configured.
+compressor is the codec's ``zarr_compressor()``: the caller's zarr codec object, zstd at the
+codec's level, none for ``"raw"``, and ``zstd`` level 1 otherwise (nothing configured, or an
+image codec on a 0-d or zero-size array).
 """
 
 from __future__ import annotations
