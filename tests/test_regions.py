@@ -180,3 +180,36 @@ def test_past_the_map_budget_shards_are_read_with_pread(
 def test_the_budget_is_half_the_kernels_map_limit() -> None:
     with open("/proc/sys/vm/max_map_count") as file:
         assert regions.MAP_BUDGET.limit == int(file.read()) // 2
+
+
+def _resident_bytes(root: Path) -> int:
+    """Bytes of this process's mappings of files below ``root`` held in its page tables."""
+    resident, inside = 0, False
+    with open("/proc/self/smaps") as file:
+        for line in file:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5:  # a mapping's first line
+                inside = str(root) in line
+            elif inside and head[0] == "Rss:":
+                resident += int(head[1]) * 1024
+    return resident
+
+
+def test_shards_are_populated_within_the_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = ZarrLayout(Location.from_url(tmp_path))
+    entries = [_write(writer, t, 4096, 4, 10_000 * t) for t in range(3)]
+    resident = []
+    for limit in (0, 1 << 30):  # none populated, then all: the same files, the same rows
+        populated = regions.MapBudget(limit)
+        monkeypatch.setattr(regions, "POPULATED", populated)
+        layout = ZarrLayout(Location.from_url(tmp_path))
+        out, requests = _batch(layout, entries, seed=6)  # 1 to 8 rows of each
+        _assert_equals_zarr(tmp_path, out, requests)
+        resident.append(_resident_bytes(tmp_path))
+        assert populated.held == 0 if not limit else resident[-1] >= populated.held > 0
+        del layout
+        _released()
+        assert populated.held == 0  # handed back with the bays
+    assert resident[1] > resident[0]
