@@ -213,3 +213,16 @@ def test_shards_are_populated_within_the_budget(
         _released()
         assert populated.held == 0  # handed back with the bays
     assert resident[1] > resident[0]
+
+
+def test_a_populate_the_kernel_refuses_leaves_the_rows_to_fault_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    populated = regions.MapBudget(1 << 30)
+    monkeypatch.setattr(regions, "POPULATED", populated)
+    monkeypatch.setattr(regions, "_MADV_POPULATE_READ", -1)  # EINVAL: as an older kernel
+    layout = ZarrLayout(Location.from_url(tmp_path))
+    entries = [_write(layout, t, 64, 4, 1000 * t) for t in range(3)]
+    out, requests = _batch(layout, entries, seed=7)
+    _assert_equals_zarr(tmp_path, out, requests)
+    assert populated.held == 0  # every refused populate handed its bytes back
