@@ -226,3 +226,29 @@ def test_a_populate_the_kernel_refuses_leaves_the_rows_to_fault_in(
     out, requests = _batch(layout, entries, seed=7)
     _assert_equals_zarr(tmp_path, out, requests)
     assert populated.held == 0  # every refused populate handed its bytes back
+
+
+def test_a_bay_map_that_fails_once_falls_back_and_later_maps_go_to_bays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = regions._call_mmap
+    failed: list[int] = []
+
+    def fails_once(address: int, length: int, prot: int, flags: int, fd: int) -> int:
+        if fd >= 0 and not failed:  # the first shard's map: as a kernel out of map slots
+            failed.append(fd)
+            raise OSError(12, "Cannot allocate memory")
+        return real(address, length, prot, flags, fd)
+
+    monkeypatch.setattr(regions, "_call_mmap", fails_once)
+    layout = ZarrLayout(Location.from_url(tmp_path))
+    _released()
+    held = regions.MAP_BUDGET.held
+    entries = [_write(layout, t, 64, 4, 1000 * t) for t in range(3)]
+    out, requests = _batch(layout, entries, seed=8)
+    assert failed  # the failure happened, and its shard was read all the same
+    _assert_equals_zarr(tmp_path, out, requests)
+    # the failed bay handed its budget back: its shard has a map of its own, the others bays
+    assert regions.MAP_BUDGET.held == held + (3 * MAPPED - 1) * regions.BAY_MAPS + 1
+    out, requests = _batch(layout, entries, seed=9)
+    _assert_equals_zarr(tmp_path, out, requests)
