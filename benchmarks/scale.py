@@ -341,7 +341,7 @@ def scale_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             "tiny-trajectory commits per second, one writer, local",
             "trajectories committed per second after the first 500",
             early["commits_per_s"],
-            1000,
+            2000,
             ">=",
         ),
         target(

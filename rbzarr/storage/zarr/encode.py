@@ -63,6 +63,10 @@ class EncodedArray:
     description: dict[str, Any]
 
 
+# The most frames of a lossy key decoded again to measure its PSNR, per trajectory.
+PSNR_FRAMES = 8
+
+
 def stored_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
     """The dtype of the stored bytes: little endian."""
     return dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
@@ -92,18 +96,27 @@ def dimension_names(key: str, shape: tuple[int, ...], T: int, B: int) -> list[st
 
 
 def encode_array(
-    key: str, value: torch.Tensor, plan: KeyPlan, T: int, B: int, separator: str = "/"
+    key: str,
+    value: torch.Tensor,
+    plan: KeyPlan,
+    T: int,
+    B: int,
+    separator: str = "/",
+    staging: np.ndarray | None = None,
 ) -> EncodedArray:
     """Encode ``value`` (the raw field ``key``) as one shard following ``plan``, its chunk
     keys joined by ``separator``.
 
-    Large chunked arrays are compressed on the worker pool.
+    Large chunked arrays are compressed on the worker pool.  ``staging`` is the buffer
+    ``value`` was copied into on add, with spare bytes after it
+    (:data:`~rbzarr.trajectory.validated.STAGING_TAIL`): an uncompressed shard puts its
+    index there and is one buffer, written or PUT without being joined.
     """
     data = to_numpy(value)
     stored = stored_dtype(data.dtype)
     data = np.ascontiguousarray(data, dtype=stored)
     parts: list[Any]
-    measured: float | None = None
+    measured: tuple[float, list[int]] | None = None
     if plan.kind == "mapped":
         parts = [data.reshape(-1).view(np.uint8)]
     elif plan.kind == "image":
@@ -114,8 +127,12 @@ def encode_array(
         parts = _compressed(_inner_chunks(data, plan.inner), plan.level or 1, plan.checksum)
     nbytes = [len(part) for part in parts]
     offsets = [0, *itertools.accumulate(nbytes)][:-1]
-    shard = [*(memoryview(p).cast("B") for p in parts), shard_index.encode_index(offsets, nbytes)]
-    size = sum(nbytes) + len(shard[-1])
+    index = shard_index.encode_index(offsets, nbytes)
+    size = sum(nbytes) + len(index)
+    shard = _in_staging(parts, index, staging) or [
+        *(memoryview(p).cast("B") for p in parts),
+        index,
+    ]
     shape = tuple(int(d) for d in data.shape)
     document = shard_index.sharded_metadata(
         shape,
@@ -142,8 +159,31 @@ def encode_array(
     if plan.kind == "image":
         description["image"] = plan.image
     if measured is not None:
-        description["psnr"] = measured
+        description["psnr"], description["psnr_frames"] = measured
     return EncodedArray(document, shard, description)
+
+
+def one_buffer(parts: list[Any]) -> bytes | memoryview:
+    """A shard's parts as one buffer: its only part as it is (not copied), else joined."""
+    if len(parts) == 1:
+        return memoryview(parts[0]).cast("B")
+    return b"".join(parts)
+
+
+def _in_staging(parts: list[Any], index: bytes, staging: np.ndarray | None) -> list[Any] | None:
+    """The shard as one buffer: ``staging`` holding its only part, then ``index`` put in
+    its spare bytes; ``None`` when ``parts`` is not ``staging``'s head or the index does
+    not fit."""
+    if staging is None or len(parts) != 1:
+        return None
+    data = parts[0]
+    if not isinstance(data, np.ndarray) or staging.nbytes < data.nbytes + len(index):
+        return None  # an encoded frame, or no room
+    size = data.nbytes + len(index)
+    if data.nbytes and data.ctypes.data != staging.ctypes.data:
+        return None  # a copy (a dtype stored apart, a row subset): not the staged bytes
+    staging[data.nbytes : size] = np.frombuffer(index, np.uint8)
+    return [staging[:size].data]
 
 
 def frames(data: np.ndarray, layout: str) -> np.ndarray:
@@ -158,15 +198,23 @@ def encode_frames(codec: Codec, images: np.ndarray) -> list[bytes]:
     return thread_pool.run_all(codec.encode_frame, list(images), len(images) > 1)
 
 
-def _measured_psnr(codec: Codec, data: np.ndarray, parts: list[bytes], layout: str) -> float:
-    """The PSNR of the decoded frames against ``data``, over the whole array (JSON: a
-    lossless result is recorded as ``1e9``, never ``inf``)."""
+def _measured_psnr(
+    codec: Codec, data: np.ndarray, parts: list[bytes], layout: str
+) -> tuple[float, list[int]]:
+    """The PSNR of a sample of the frames, decoded, against ``data`` (JSON: a lossless
+    result is recorded as ``1e9``, never ``inf``), and ``[frames measured, frames]``.
+
+    The sample is at most :data:`PSNR_FRAMES` frames, evenly spaced, the first and last
+    included: decoding every frame again cost more than encoding them.
+    """
     originals = frames(data, layout)
-    decoded = np.empty(originals.shape, np.uint8)
-    jobs = list(zip(parts, decoded, strict=True))
+    count = len(originals)
+    picked = np.unique(np.linspace(0, count - 1, min(count, PSNR_FRAMES)).round().astype(int))
+    decoded = np.empty((len(picked), *originals.shape[1:]), np.uint8)
+    jobs = [(parts[int(i)], out) for i, out in zip(picked, decoded, strict=True)]
     thread_pool.run_all(lambda job: codec.decode_frame(*job), jobs, len(jobs) > 1)
-    measured = psnr(originals, decoded)
-    return round(min(measured, 1e9), 3)
+    measured = psnr(originals[picked], decoded)
+    return round(min(measured, 1e9), 3), [len(picked), count]
 
 
 def _inner_chunks(data: np.ndarray, inner: tuple[int, ...]) -> np.ndarray:
