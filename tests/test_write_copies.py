@@ -9,6 +9,7 @@ fresh process (:mod:`copies_worker`).
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -16,9 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from copies_worker import frames_trajectory
+from copies_worker import B, T, frames_trajectory
+from faults import KINDS, Faults
 
-from rbzarr import TrajectoryReplayBuffer
+from rbzarr import Trajectory, TrajectoryReplayBuffer
 from rbzarr.storage.registry import open_store
 
 WORKER = Path(__file__).with_name("copies_worker.py")
@@ -85,3 +87,58 @@ def test_tensors_overwritten_at_once_after_add_are_stored_as_they_were(
     stored = layout.read(documents.trajectory_index["trajectory_index"]["0"])
     for key, value in original.tensors().items():
         assert torch.equal(stored.tensors()[key], value), key
+
+
+@pytest.mark.parametrize("where", ["local", "object"])
+def test_each_storage_call_of_a_staged_write_fails_then_heals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """Each storage call of adding and flushing a trajectory of raw frames (its shards
+    written from their staging buffers) fails once, for a while, or hangs: the flush
+    commits it once, with the frames it had at the call (the caller overwrote them at
+    once), and the trajectory before it stays."""
+    faults = Faults(monkeypatch)
+    small = (T, B, 8, 8, 3)
+
+    def trajectory(seed: int) -> Trajectory:
+        g = torch.Generator().manual_seed(seed)
+        return Trajectory(
+            max_episode_length=T,
+            rewards=torch.randn(T, B, generator=g),
+            dones=torch.zeros(T, B, dtype=torch.bool),
+            curr_obs={"image": torch.randint(0, 256, small, generator=g, dtype=torch.uint8)},
+        )
+
+    def run(case: int, k: int | None, kind: str) -> list[str]:
+        url = str(tmp_path / f"s{case}") if where == "local" else f"memory://{tmp_path.name}/{case}"
+        with TrajectoryReplayBuffer(
+            auto_save=True, auto_save_path=url, layout_options={"codecs": {"default": "raw"}}
+        ) as buffer:
+            buffer.add_trajectories([trajectory(0)])
+            buffer.flush()
+            if k is None:
+                faults.count()
+            else:
+                faults.arm(k, kind)
+            given = trajectory(1)
+            buffer.add_trajectories([given])
+            for tensor in given.tensors().values():
+                tensor.fill_(1)
+            buffer.flush()
+            calls = list(faults.calls)
+            faults.disarm()
+        layout, documents = open_store(url)
+        assert documents.trajectory_index["trajectory_id_list"] == [0, 1], (k, kind)
+        for tid in (0, 1):
+            stored = layout.read(documents.trajectory_index["trajectory_index"][str(tid)])
+            for key, value in trajectory(tid).tensors().items():
+                assert torch.equal(stored.tensors()[key], value), (k, kind, tid, key)
+        return calls
+
+    calls = run(0, None, "fail")
+    # The shards (rewards, dones, frames), the group's document, the log's record.
+    assert len(calls) >= 5, calls
+    case = itertools.count(1)
+    for k in range(len(calls)):
+        for kind in KINDS:
+            run(next(case), k, kind)
