@@ -217,22 +217,27 @@ def _measured_psnr(
     return round(min(measured, 1e9), 3), [len(picked), count]
 
 
-def _inner_chunks(data: np.ndarray, inner: tuple[int, ...]) -> np.ndarray:
-    """``[chunks, chunk_bytes]`` uint8: the inner chunks of ``data`` in C order of the grid.
+def _inner_chunks(data: np.ndarray, inner: tuple[int, ...]) -> list[np.ndarray]:
+    """Views of the inner chunks of ``data`` in C order of the grid (not copied: one
+    spanning several environments is strided).
 
     Inner chunks are ``(k,)`` for a 1-D array, else ``(k, 1, *trailing)``.
     """
     k = inner[0]
     rows = data.shape[0]
     if data.ndim == 1:
-        return data.reshape(rows // k, -1).view(np.uint8).reshape(rows // k, -1)
+        return list(data.reshape(rows // k, k))
     envs = data.shape[1]
-    blocks = data.reshape(rows // k, k, envs, -1).transpose(0, 2, 1, 3)
-    return np.ascontiguousarray(blocks).view(np.uint8).reshape(rows // k * envs, -1)
+    blocks = data.reshape(rows // k, k, envs, -1)
+    return [blocks[i, :, env] for i in range(rows // k) for env in range(envs)]
 
 
-def _compressed(chunks: np.ndarray, level: int, checksum: bool) -> list[bytes]:
-    threaded = chunks.nbytes >= THREADED_BYTES
-    return thread_pool.run_all(
-        lambda chunk: zstd.compress(chunk, level, checksum), list(chunks), threaded
-    )
+def _compressed(chunks: list[np.ndarray], level: int, checksum: bool) -> list[bytes]:
+    """Each chunk compressed (a strided one made contiguous first: a chunk-sized copy)."""
+    threaded = sum(chunk.nbytes for chunk in chunks) >= THREADED_BYTES
+
+    def compress(chunk: np.ndarray) -> bytes:
+        flat = np.ascontiguousarray(chunk).reshape(-1).view(np.uint8)
+        return zstd.compress(flat, level, checksum)
+
+    return thread_pool.run_all(compress, chunks, threaded)
