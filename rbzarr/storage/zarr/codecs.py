@@ -421,7 +421,6 @@ def _object_text(codec: Any) -> str:
 def psnr(original: np.ndarray, decoded: np.ndarray) -> float:
     """Peak signal-to-noise ratio of uint8 ``decoded`` against ``original``, in dB over the
     whole arrays (``inf`` when identical)."""
-    a = np.asarray(original, dtype=np.float64)
-    b = np.asarray(decoded, dtype=np.float64)
-    mse = float(np.mean((a - b) ** 2)) if a.size else 0.0
+    error = np.subtract(original, decoded, dtype=np.float64).reshape(-1)  # one temporary
+    mse = float(error @ error) / error.size if error.size else 0.0
     return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)

@@ -63,8 +63,10 @@ class EncodedArray:
     description: dict[str, Any]
 
 
-# The most frames of a lossy key decoded again to measure its PSNR, per trajectory.
+# The most frames of a lossy key decoded again to measure its PSNR, per trajectory, and the
+# share of its frames they are at most (but 2: the first and the last).
 PSNR_FRAMES = 8
+PSNR_SHARE = 16
 
 
 def stored_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
@@ -204,12 +206,14 @@ def _measured_psnr(
     """The PSNR of a sample of the frames, decoded, against ``data`` (JSON: a lossless
     result is recorded as ``1e9``, never ``inf``), and ``[frames measured, frames]``.
 
-    The sample is at most :data:`PSNR_FRAMES` frames, evenly spaced, the first and last
-    included: decoding every frame again cost more than encoding them.
+    The sample is evenly spaced, the first and last frames included, and at most
+    :data:`PSNR_FRAMES` frames and one in :data:`PSNR_SHARE` (2 at least): decoding every
+    frame again cost more than encoding them.
     """
     originals = frames(data, layout)
     count = len(originals)
-    picked = np.unique(np.linspace(0, count - 1, min(count, PSNR_FRAMES)).round().astype(int))
+    size = min(count, PSNR_FRAMES, max(2, count // PSNR_SHARE))
+    picked = np.unique(np.linspace(0, count - 1, size).round().astype(int))
     decoded = np.empty((len(picked), *originals.shape[1:]), np.uint8)
     jobs = [(parts[int(i)], out) for i, out in zip(picked, decoded, strict=True)]
     thread_pool.run_all(lambda job: codec.decode_frame(*job), jobs, len(jobs) > 1)
