@@ -52,8 +52,8 @@ from benchmarks.torchrl_peer import TorchRLPeer, torchrl_missing
 from rbzarr import RbzarrError, Trajectory, TrajectoryReplayBuffer
 from rbzarr.storage.io import thread_pool
 from rbzarr.storage.io.location import Location
-from rbzarr.storage.zarr import encode
-from rbzarr.storage.zarr.codecs import image_layout, parse_codec
+from rbzarr.storage.zarr.codecs import parse_codec
+from rbzarr.storage.zarr.image_codecs import frames, image_layout
 from rbzarr.storage.zarr.layout import ZarrLayout
 from rbzarr.trajectory import tree
 from rbzarr.trajectory.dtypes import to_numpy
@@ -283,13 +283,13 @@ def _encoder_seconds(trajectories: Sequence[Trajectory], spec: str) -> float:
     """Seconds the codec's own encoder takes over every frame of every image key, on the
     worker pool the writer encodes on (the same cores and threads)."""
     codec = parse_codec(spec)
-    frames = []
+    images = []
     for trajectory in trajectories:
         for key in image_keys():
             data = to_numpy(trajectory.tensors()[key])
-            frames.extend(encode.frames(data, image_layout(data.shape, data.dtype) or "hwc"))
+            images.extend(frames(data, image_layout(data.shape, data.dtype) or "hwc"))
     start = time.perf_counter()
-    thread_pool.run_all(codec.encode_frame, frames, True)
+    thread_pool.run_all(codec.encode_frame, images, True)
     return time.perf_counter() - start
 
 
