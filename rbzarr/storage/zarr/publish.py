@@ -118,7 +118,7 @@ class GroupPublisher:
             write_file(made[-1], parts, atomic=False)
         # The group's attributes are its commit marker: written only after every array.
         synced = [*made, os.path.dirname(folder)] if durable else []
-        marker = group_bytes(attrs, consolidated(subgroups, documents))
+        marker = _marker(attrs, subgroups, documents)
         made.append(os.path.join(folder, "zarr.json"))
         commit_file(made[-1], [marker], durable=durable, synced=synced)
 
@@ -286,6 +286,28 @@ def group_bytes(attrs: Mapping[str, Any], members: Mapping[str, Any] | None = No
     if members is not None:
         document[CONSOLIDATED] = {"kind": "inline", "must_understand": False, "metadata": members}
     return json.dumps(document, allow_nan=True, separators=(",", ":")).encode()
+
+
+# The consolidated members of the latest schemas' groups, serialized, by their subgroups and
+# the identity of their array documents (each parsed once per schema, never changed): the
+# documents themselves, kept so that an identity is not reused, and the JSON.
+_members_memo: dict[tuple[Any, ...], tuple[list[Any], str]] = {}
+_MEMBERS_MEMO_SIZE = 64
+
+
+def _marker(attrs: Mapping[str, Any], subgroups: Sequence[str], arrays: Mapping[str, Any]) -> bytes:
+    """:func:`group_bytes` of ``attrs`` and the group's consolidated members, the members'
+    JSON serialized once per schema (it was most of a small trajectory's marker)."""
+    key = (tuple(subgroups), tuple((name, id(document)) for name, document in arrays.items()))
+    found = _members_memo.get(key)
+    if found is None or any(a is not b for a, b in zip(found[0], arrays.values(), strict=True)):
+        members = json.dumps(consolidated(subgroups, arrays), allow_nan=True, separators=(",", ":"))
+        if len(_members_memo) >= _MEMBERS_MEMO_SIZE:
+            _members_memo.clear()
+        found = _members_memo[key] = (list(arrays.values()), members)
+    head = group_bytes(attrs)[:-1]  # without its closing brace
+    inline = '{"kind":"inline","must_understand":false,"metadata":'
+    return head + f',"{CONSOLIDATED}":{inline}{found[1]}}}}}'.encode()
 
 
 def consolidated(subgroups: Sequence[str], arrays: Mapping[str, Any]) -> dict[str, Any]:
