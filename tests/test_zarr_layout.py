@@ -382,7 +382,7 @@ def test_the_handles_kept_follow_the_sample_window(tmp_path: Any, monkeypatch, e
     for entry, traj in zip(entries, trajs, strict=True):
         layout.write(entry, traj)
     keys = list(flatten_trajectory(trajs[0], validate(trajs[0])))
-    layout.sampling(len(entries))
+    layout.sample_window(len(entries))
     for _ in range(2):
         for entry in entries:
             layout.read_rows(entry, torch.tensor([0, 3]), keys)
@@ -507,7 +507,7 @@ def test_local_files_of_a_trajectory(tmp_path: Path, durable: bool) -> None:
     rows = layout.read_rows(entry, torch.tensor([0, 5]), ["curr_obs/arm/joints"])
     flat = traj.curr_obs["arm"]["joints"].reshape(T * B, 7)
     assert torch.equal(rows["curr_obs/arm/joints"], flat[[0, 5]])
-    assert layout.foreign_files("trajectories/4") == []
+    assert layout.audit().foreign_files("trajectories/4") == []
 
 
 def test_durable_writes_sync_the_data_before_the_commit_marker(
@@ -554,4 +554,4 @@ def test_local_groups_with_nested_chunk_keys_still_read(tmp_path: Path) -> None:
         _assert_same(layout.read(_entry(tid, traj)).tensors(), traj.tensors())
         rows = layout.read_rows(_entry(tid, traj), torch.tensor([1, 4]), ["rewards"])
         assert torch.equal(rows["rewards"], traj.rewards.reshape(T * B, 1)[[1, 4]])
-    assert layout.foreign_files("trajectories/0") == []
+    assert layout.audit().foreign_files("trajectories/0") == []

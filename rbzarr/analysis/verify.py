@@ -312,7 +312,7 @@ def _check_trajectory(
     try:
         if not layout.contains(entry):
             return damaged("missing_data", "indexed but its data is missing")
-        missing = layout.missing_parts(entry)
+        missing = layout.audit().missing_parts(entry)
         if missing:
             return damaged("missing_chunks", "; ".join(missing))
         shape = list(validate(layout.read(entry), schema).shape)
@@ -342,14 +342,14 @@ def _orphans(layout: TrajectoryLayout, index: TrajectoryIndex) -> list[Problem]:
         if is_temporary_name(name)
     ]
     try:
-        stored = layout.stored_paths()
+        stored = layout.audit().stored_paths()
     except UnsafePathError as exc:
         return [*problems, Problem("unsafe_path", "", _one_line(exc))]
     for path, trajectory_id in sorted(stored.items(), key=lambda item: item[1]):
         if path in expected:
             continue
         try:
-            foreign = layout.foreign_files(path)
+            foreign = layout.audit().foreign_files(path)
         except UnsafePathError as exc:
             problems.append(Problem("unsafe_path", path, _one_line(exc), trajectory_id))
             continue
@@ -478,7 +478,7 @@ def _delete_dropped(
             if not layout.location.exists(*path.split("/")):
                 continue
             # The index listed it: a file at ``path`` itself is rbzarr's, damaged or not.
-            foreign = [name for name in layout.foreign_files(path) if name != path]
+            foreign = [name for name in layout.audit().foreign_files(path) if name != path]
         except UnsafePathError as exc:
             report.problems.append(Problem("unsafe_path", path, _one_line(exc), trajectory_id))
             continue

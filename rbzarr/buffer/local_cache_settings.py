@@ -63,14 +63,14 @@ class LocalCacheSettings:
         ValueError
             A cache directory is set and ``layout`` does not support a local cache.
         """
-        if self.directory is not None and not layout.supports_local_cache:
+        if self.directory is not None and not layout.capabilities.local_cache:
             raise ValueError(
                 f"local_cache_dir works with zarr stores; this store's format is {layout.format!r}"
             )
 
     def layout_options(self, layout: type[TrajectoryLayout]) -> dict[str, Any]:
         """The keyword arguments that give a layout of class ``layout`` this cache."""
-        if self.directory is None or not layout.supports_local_cache:
+        if self.directory is None or not layout.capabilities.local_cache:
             return {}
         return {"local_cache_dir": self.directory, "local_cache_bytes": self.capacity}
 

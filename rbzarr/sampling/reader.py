@@ -208,7 +208,7 @@ class StoreReader:
         if kept is None or kept.index is not self.index or kept.ids != ids:
             kept = self._window = Window(ids, self.index)
             if self.layout is not None:
-                self.layout.sampling(len(ids))
+                self.layout.sample_window(len(ids))
         return kept
 
     def sync_priorities(self) -> None:

@@ -56,6 +56,7 @@ from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.names import is_temporary_name, number_name
 from rbzarr.storage.io.object_ranges import object_ranges
 from rbzarr.storage.layout import TrajectoryLayout
+from rbzarr.storage.layout_capabilities import LayoutCapabilities
 from rbzarr.storage.rlinf import documents as store_documents
 from rbzarr.storage.rlinf.documents import INDEX_FILE, METADATA_FILE, Documents, Entry, Finding
 from rbzarr.storage.row_groups import RowGroups
@@ -176,8 +177,7 @@ class ZarrLayout(TrajectoryLayout):
     """
 
     format = "zarr"
-    supports_many_writers = True
-    supports_local_cache = True
+    capabilities = LayoutCapabilities(many_writers=True, local_cache=True)
 
     def __init__(
         self,
@@ -234,7 +234,7 @@ class ZarrLayout(TrajectoryLayout):
         # docstring inherited
         return describe.trajectory_path(entry)
 
-    def stored_paths(self) -> dict[str, int]:
+    def _stored_paths(self) -> dict[str, int]:
         # docstring inherited
         return {f"{TRAJECTORIES}/{tid}": tid for tid in self.list_ids()}
 
@@ -259,7 +259,7 @@ class ZarrLayout(TrajectoryLayout):
     async def _list_names(self, prefix: str) -> list[str]:
         return [name async for name in self._opener.store().list_dir(prefix)]
 
-    def foreign_files(self, path: str) -> list[str]:
+    def _foreign_files(self, path: str) -> list[str]:
         """Files below a trajectory group other than node documents, chunks and shards below
         ``c/``, and temporary files of an interrupted write."""
         return [
@@ -285,7 +285,7 @@ class ZarrLayout(TrajectoryLayout):
         :class:`CorruptStoreError`."""
         return describe.group_arrays(self.location, group)
 
-    def missing_parts(self, entry: Entry) -> list[str]:
+    def _missing_parts(self, entry: Entry) -> list[str]:
         # docstring inherited
         found = []
         for name, node in self.group_arrays(self.zarr_group(entry)).items():
@@ -399,20 +399,18 @@ class ZarrLayout(TrajectoryLayout):
                 key for key in (cache_key(entry) for entry in groups.entries) if key is not None
             )
 
-    def sampling(self, count: int) -> None:
+    def sample_window(self, count: int, committed: Sequence[Entry] | None = None) -> None:
         """Without an explicit ``handle_cache_size``: keep the handles of ``count``
-        trajectories (a window of more would reopen those it draws on every batch)."""
+        trajectories (a window of more would reopen those it draws on every batch).  With a
+        local cache: those of ``committed`` not cached are fetched into it on a background
+        thread, and they are evicted last."""
         if self._handles_follow_window:
             self._opener.handles.keep_at_least(count + _HANDLE_SLACK)
-
-    def warm(self, entries: Sequence[Entry]) -> None:
-        """With a local cache: the trajectories of the sample window.  Those not cached are
-        fetched into it on a background thread, and they are evicted last."""
-        if self.shard_cache is None:
+        if self.shard_cache is None or committed is None:
             return
-        keys = [cache_key(entry) for entry in entries]
+        keys = [cache_key(entry) for entry in committed]
         self.shard_cache.retain(key for key in keys if key is not None)
-        self._warming.submit(entries)
+        self._warming.submit(committed)
 
     # -- writing --------------------------------------------------------------------------
     def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
@@ -697,7 +695,7 @@ class _Warmer:
 
 
 def _written_by_rbzarr(name: PurePosixPath) -> bool:
-    """Whether a file below a trajectory group is one rbzarr writes (see ``foreign_files``)."""
+    """Whether a file below a trajectory group is one rbzarr writes (see ``_foreign_files``)."""
     return (
         name.name == "zarr.json"
         or "c" in name.parts[:-1]
