@@ -104,7 +104,7 @@ class Ahead(Protocol):
 
 
 class StoreReader:
-    """Samples rows (:meth:`sample`) and sequences (:meth:`sample_sequences`) of a window.
+    """Samples rows (:meth:`sample`) and sequences (:meth:`sequences_with_info`) of a window.
 
     Parameters
     ----------
@@ -257,24 +257,6 @@ class StoreReader:
         """Draw a batch of rows under the lock; the call returned reads it (without the lock)."""
         read = self._draw(self.rows, n, generator)
         return lambda: read()[0]
-
-    def sample_sequences(
-        self,
-        n: int,
-        length: int,
-        generator: torch.Generator | None = None,
-        strict_length: bool = False,
-    ) -> Batch:
-        """``n`` sequences of ``length`` steps, ``[n, length, ...]`` each, with ``"mask"``.
-
-        Raises
-        ------
-        ValueError
-            ``n`` or ``length`` is not positive, or the trajectories have no ``dones``.
-        EmptyBufferError
-            The window is empty, or with ``strict_length`` no episode is that long.
-        """
-        return self.sequences_with_info(n, length, generator, strict_length)[0]
 
     def sequences_with_info(
         self,
