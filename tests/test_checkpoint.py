@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -37,6 +38,14 @@ def traj(i: int) -> Trajectory:
 def fill(buffer: TrajectoryReplayBuffer, ids) -> None:
     for i in ids:
         buffer.add_trajectories([traj(i)])
+
+
+def saved_in_place(store: Path, fmt: str) -> dict[str, Any]:
+    """Trajectories 0-2 saved to ``store`` by a closed buffer; its options, to continue."""
+    options = {"sample_window_size": 0, "auto_save": True, "auto_save_path": store}
+    with TrajectoryReplayBuffer(seed=1, trajectory_format=fmt, **options) as first:
+        fill(first, range(3))
+    return options
 
 
 def state(buffer: TrajectoryReplayBuffer) -> tuple[int, int, int]:
@@ -178,9 +187,7 @@ def test_auto_save_store_is_a_checkpoint(tmp_path, memory_url, fmt, where):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_continue_in_place_and_refuse_foreign_store(tmp_path, fmt):
     store = tmp_path / "store"
-    options = {"sample_window_size": 0, "auto_save": True, "auto_save_path": store}
-    with TrajectoryReplayBuffer(seed=1, trajectory_format=fmt, **options) as first:
-        fill(first, range(3))
+    options = saved_in_place(store, fmt)
     with TrajectoryReplayBuffer(seed=1, trajectory_format=fmt, **options) as second:
         second.load_checkpoint(store)
         assert state(second) == (3, 3 * ROWS, 3)
@@ -487,9 +494,7 @@ def test_save_while_a_write_is_in_flight(tmp_path, fmt):
 def test_counter_behind_the_index_never_reuses_an_id(tmp_path, fmt):
     """A writer killed between the index and the metadata leaves an old counter behind."""
     store = tmp_path / "store"
-    options = {"sample_window_size": 0, "auto_save": True, "auto_save_path": store}
-    with TrajectoryReplayBuffer(seed=1, trajectory_format=fmt, **options) as first:
-        fill(first, range(3))
+    options = saved_in_place(store, fmt)
     metadata = json.loads((store / "metadata.json").read_text())
     metadata.update(size=2, total_samples=2 * ROWS, trajectory_counter=2)
     (store / "metadata.json").write_text(json.dumps(metadata))
