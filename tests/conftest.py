@@ -105,12 +105,12 @@ def sync_events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     return events
 
 
-def store_reader(
+def storage_buffer(
     url: Any, options: dict[str, Any] | None = None, seed: int | None = 1234, **kw: Any
 ) -> TrajectoryReplayBuffer:
-    """A buffer that reads the store at ``url`` from storage (no cache, every trajectory in
-    its window), its trajectories loaded; ``kw``: further constructor arguments."""
-    buffer = TrajectoryReplayBuffer(
+    """A buffer saving to ``url`` that samples from storage (no cache, every trajectory in
+    its window); ``kw``: further constructor arguments."""
+    return TrajectoryReplayBuffer(
         seed=seed,
         enable_cache=False,
         cache_size=0,
@@ -120,6 +120,13 @@ def store_reader(
         storage_options=options,
         **kw,
     )
+
+
+def store_reader(
+    url: Any, options: dict[str, Any] | None = None, seed: int | None = 1234, **kw: Any
+) -> TrajectoryReplayBuffer:
+    """A :func:`storage_buffer` of the store at ``url``, its trajectories loaded."""
+    buffer = storage_buffer(url, options, seed, **kw)
     buffer.load_checkpoint(url)
     return buffer
 
