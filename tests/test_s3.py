@@ -15,7 +15,12 @@ from typing import Any
 import pytest
 import s3fs
 import torch
-from conftest import assert_rows_consistent, assert_same_trajectory, make_trajectory
+from conftest import (
+    assert_rows_consistent,
+    assert_same_trajectory,
+    make_trajectory,
+    storage_buffer,
+)
 from rlinf_oracle import expected_numbers
 
 from benchmarks.s3_server import Request, S3Proxy
@@ -165,14 +170,7 @@ def test_outage_mid_write_is_reported_and_recovered(
     s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any], s3_direct_options: dict
 ):
     url = f"s3://{s3_bucket}/store"
-    buffer = TrajectoryReplayBuffer(
-        seed=3,
-        enable_cache=False,
-        cache_size=0,
-        auto_save=True,
-        auto_save_path=url,
-        storage_options=s3_options,
-    )
+    buffer = storage_buffer(url, s3_options, seed=3)
     added = fill(buffer, [(4, 4)])
     buffer.flush()
     # The connection dies after two chunks of trajectory 1 reached the server.
