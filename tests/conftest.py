@@ -18,6 +18,11 @@ from rbzarr.storage.io.location import Location
 pytest_plugins = ["s3_fixtures"]
 
 
+# The keys of a batch RLinf's sample returns for a trajectory with observations, in its order
+# (written down from RLinf, not taken from rbzarr); ``forward_inputs`` follows when stored.
+RLINF_BATCH_ORDER = ["actions", "rewards", "dones", "prev_logprobs", "curr_obs", "next_obs"]
+
+
 def make_trajectory(T: int, B: int, base: int, epochs: int = 1, mwid: str = "w") -> Trajectory:
     """A trajectory where flat row ``i`` of every sampled field encodes ``base + i``.
 
