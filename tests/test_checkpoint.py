@@ -40,7 +40,7 @@ def fill(buffer: TrajectoryReplayBuffer, ids) -> None:
         buffer.add_trajectories([traj(i)])
 
 
-def saving(store: Any, fmt: str = "zarr", **options: Any) -> TrajectoryReplayBuffer:
+def saving(store: Any, fmt: str | None = None, **options: Any) -> TrajectoryReplayBuffer:
     """A buffer saving to ``store`` in ``fmt`` (seed 1, every trajectory in its window
     unless ``options`` say otherwise)."""
     defaults: dict[str, Any] = {"seed": 1, "sample_window_size": 0}
