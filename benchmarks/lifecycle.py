@@ -14,7 +14,10 @@ Cases:
 * ``s3``: the save on moto behind the 20 ms proxy, 100 embodied trajectories (smaller T and
   B: the requests do not depend on the bytes): the requests it makes;
 * ``gc``: ``rbzarr gc --keep-last n/2`` of stores of 10^4 and 10^5 tiny trajectories (their
-  log written directly, data for every one): milliseconds per deleted trajectory.
+  log written directly, data for every one): milliseconds per deleted trajectory;
+* ``retention``: a buffer with ``retention`` = the last 1,000 adds 10^5 tiny trajectories
+  (2 x 10^4 quick): the store's bytes over the kept trajectories' after each 10^4, and the
+  collection's milliseconds per removed trajectory in the first and the last 10^4.
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ import torch
 
 from benchmarks.report import target
 from benchmarks.s3 import load_s3_server, proxied_bucket
-from benchmarks.scale import synthetic_store
+from benchmarks.scale import synthetic_store, tiny
 from benchmarks.workloads import embodied_trajectory
-from rbzarr import TrajectoryReplayBuffer
+from rbzarr import Retention, TrajectoryReplayBuffer
 from rbzarr.analysis.collect import collect_store
+from rbzarr.storage.index.collector import SlotCollector
 from rbzarr.storage.index.pins import FOLDER as PINS
+from rbzarr.storage.index.slots import read_store_documents
 from rbzarr.storage.io.location import Location
 from rbzarr.trajectory import tree
 
@@ -161,6 +166,82 @@ def gc_figures(root: Path, sizes: tuple[int, ...]) -> dict[str, Any]:
     return result
 
 
+RETAINED = 1_000
+STRETCH = 10_000  # the stretches whose collection cost is compared (the first, the last)
+
+
+def retention_figures(root: Path, count: int) -> dict[str, Any]:
+    """``count`` tiny trajectories added (50 per flush) by a buffer with ``retention`` = the
+    last 1,000 (grace 0), a checkpoint pinning a window of 100 early on: the store's bytes
+    against the retained and pinned trajectories' bytes after every stretch past the first,
+    and the collection's milliseconds per removed trajectory in the first and the last
+    stretch (the collector's calls timed where the writer thread makes them)."""
+    store = root / "retention"
+    spent = [0.0]
+    timed = {name: getattr(SlotCollector, name) for name in ("collect", "delete_expired")}
+
+    def timing(call: Any) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - start
+
+        return wrapped
+
+    ratios: list[float] = []
+    stretches: dict[str, dict[str, float]] = {}
+    marks: dict[int, tuple[float, int]] = {}
+    try:
+        for name, call in timed.items():
+            setattr(SlotCollector, name, timing(call))
+        with TrajectoryReplayBuffer(
+            auto_save=True,
+            auto_save_path=store,
+            sample_window_size=WINDOW,
+            cache_size=5,
+            retention=Retention(last=RETAINED, grace=0),
+        ) as buffer:
+            for i in range(count):
+                buffer.add_trajectories([tiny(i)])
+                if i == 2 * WINDOW:
+                    buffer.flush()
+                    buffer.save_checkpoint(root / "retention-ckpt")
+                if i % 50 == 49:
+                    buffer.flush()
+                if (i + 1) % STRETCH == 0:
+                    buffer.flush()
+                    marks[i + 1] = (spent[0], buffer.trajectory_counter - buffer.size)
+                    if i + 1 > STRETCH:
+                        ratios.append(_store_ratio(store))
+    finally:
+        for name, call in timed.items():
+            setattr(SlotCollector, name, call)
+    for label, end in (("first", STRETCH), ("last", count)):
+        start = end - STRETCH
+        seconds, removed = (marks[end][k] - marks.get(start, (0.0, 0))[k] for k in (0, 1))
+        stretches[label] = {
+            "added_before": start,
+            "removed": removed,
+            "ms_per_removed": 1000 * seconds / max(removed, 1),
+        }
+    return {
+        "added": count,
+        "retained": RETAINED,
+        "store_over_kept": ratios,
+        "store_over_kept_max": max(ratios, default=0.0),
+        "collection": stretches,
+    }
+
+
+def _store_ratio(store: Path) -> float:
+    """The store's bytes (every file) over the bytes of the trajectories it lists."""
+    listed = read_store_documents(Location.from_url(store)).trajectory_index["trajectory_id_list"]
+    kept = sum(_folder_bytes(store / "trajectories" / str(i)) for i in listed)
+    return _folder_bytes(store) / kept
+
+
 def run_lifecycle(quick: bool, workdir: str | None) -> dict[str, Any]:
     """Every figure of the suite (see the module docs)."""
     with tempfile.TemporaryDirectory(dir=workdir) as work:
@@ -170,10 +251,12 @@ def run_lifecycle(quick: bool, workdir: str | None) -> dict[str, Any]:
         local = local_figures(root / "local", 20 if quick else WINDOW)
         large = large_figures(root / "large", 100_000 if quick else 1_000_000)
         collected = gc_figures(root, (1_000, 10_000) if quick else (10_000, 100_000))
+        retained = retention_figures(root, 2 * STRETCH if quick else 10 * STRETCH)
     return {
         "local": local,
         "large": large,
         "gc": collected,
+        "retention": retained,
         "s3": s3_figures(20 if quick else WINDOW),
         "notes": (
             "bytes: the manifest's folder plus the pin file; the large store's log is written "
@@ -186,6 +269,8 @@ def run_lifecycle(quick: bool, workdir: str | None) -> dict[str, Any]:
 def lifecycle_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     """The targets of the suite, evaluated on ``results``."""
     local, large, s3 = results["local"], results["large"], results["s3"]
+    retention = results["retention"]
+    collection = retention["collection"]
     n = local["trajectories"]
     small, big = sorted(results["gc"], key=int)
     return [
@@ -237,6 +322,23 @@ def lifecycle_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             "rbzarr gc --keep-last n/2 of tiny trajectories: reads the index, rewrites the log "
             "once, then one delete each",
             results["gc"][big]["ms_per_deleted"] / results["gc"][small]["ms_per_deleted"],
+            1.2,
+            "<=",
+        ),
+        target(
+            f"retention = last 1,000 of {retention['added']:,} tiny trajectories: store bytes "
+            "over the retained and pinned trajectories' bytes",
+            "the largest ratio after every stretch of 10,000 past the first (every file of "
+            "the store: data, index, records, pins)",
+            retention["store_over_kept_max"],
+            1.2,
+            "<=",
+        ),
+        target(
+            f"retention: collection ms per removed trajectory, the last 10,000 of "
+            f"{retention['added']:,} vs the first 10,000",
+            "the collector's calls on the writer thread (record, log rewrite, deletes)",
+            collection["last"]["ms_per_removed"] / collection["first"]["ms_per_removed"],
             1.2,
             "<=",
         ),

@@ -28,6 +28,7 @@ from rbzarr import (
     StorageUnavailableError,
     TrajectoryReplayBuffer,
     WriterFailedError,
+    open_buffer,
 )
 from rbzarr.analysis.verify import verify_store
 from rbzarr.storage.index.gc_records import FOLDER as RECORDS
@@ -129,11 +130,15 @@ def test_a_grace_period_keeps_the_data_for_readers(tmp_path):
     with writer(store, Retention(last=2, grace=3600)) as buffer:
         add(buffer, 2)
         reader = follower(store)
+        view = open_buffer(str(store))
         add(buffer, 3)  # one burst of five: 0-2 collected
         assert listed(store) == [3, 4] and buffer.trajectory_ids == [3, 4]
         assert stored(store) == set(range(5))  # removed, not yet deleted
         reader.sample(8)  # the reader's ids 0 and 1 are still there
         reader.close()
+        view.sample(8)
+        view.refresh()  # a reader that re-reads the index drops them
+        assert view.ids == [3, 4]
     (record,) = open_records(Location.from_url(store))
     assert (record.ids, record.slot) == ([0, 1, 2], 0)
     with writer(store, Retention(last=2, grace=0)) as buffer:
