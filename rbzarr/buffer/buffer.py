@@ -67,6 +67,13 @@ def _listed(trajectories: object) -> list[Trajectory]:
     return list(trajectories)
 
 
+def _spared(reader: StoreReader, saving: set[int]) -> frozenset[int]:
+    """Writer thread, before a collection: the ids it must keep (the window, and those a
+    checkpoint being saved names before its pin is written)."""
+    with reader.lock:
+        return reader.spared_ids() | saving
+
+
 def _materialize(lock: threading.RLock, cache: RowCache, trajectory_id: int) -> None:
     """Writer thread, after a commit: copy the trajectory's rows into the cache, if it is free."""
     # The writer never waits for the buffer: while another thread holds the lock (a sample,
@@ -250,6 +257,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         self._options_format = self.trajectory_format
         self.local_cache.check_layout(layout_class(self.trajectory_format))
         self.retention = self._checked_retention(kept)
+        self._saving: set[int] = set()  # ids a manifest being saved names (under the lock)
         self._committer: StoreCommitter | None = None
         if location is not None:
             self._committer = StoreCommitter(
@@ -333,7 +341,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         if self.retention is not None and self._committer is not None:
             self._committer.index.retain(
                 self.retention,
-                protected=self._reader.spared_ids,
+                protected=functools.partial(_spared, self._reader, self._saving),
                 on_removed=self._reader.drop_collected,
             )
 
@@ -921,12 +929,18 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             }
             held = {} if priorities is None else priorities.held(ids)
             saved = self._index.subset(ids)
+            if by_reference:
+                self._saving.update(ids)  # a collection keeps them until their pin exists
             cached = (
                 {} if self._committer is not None else {i: self._cache.trajectory(i) for i in ids}
             )
         if by_reference and ids and self._committer is not None:
-            self._committer.flush()  # a manifest names committed trajectories only
-            manifest.write(target.location, self._committer.layout, saved, metadata, held)
+            try:
+                self._committer.flush()  # a manifest names committed trajectories only
+                manifest.write(target.location, self._committer.layout, saved, metadata, held)
+            finally:
+                with self._lock:
+                    self._saving.difference_update(ids)
             return
         # Before the documents (the commit): a checkpoint that lists them has them.
         files = PriorityFiles(target.location)
