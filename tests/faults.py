@@ -4,8 +4,7 @@ The seam is where rbzarr's bytes meet a backend, wrapped in place (no parameter 
 through the layers): every :class:`~rbzarr.storage.io.location.Location` call that touches the
 backend (read, write, delete, list, exists) and, below the layouts, the writes of a
 trajectory group's files (``write_file`` / ``commit_file`` of the local publisher, a zarr
-store's ``set`` elsewhere) and the deletes of a group (a zarr store's ``delete_dir``).
-Code that moves between modules keeps going through this seam.
+store's ``set`` elsewhere).  Code that moves between modules keeps going through this seam.
 
 :class:`Faults` first counts the calls of an operation (:meth:`Faults.count`), then replays
 it with call ``k`` faulted (:meth:`Faults.arm`) in one of :data:`KINDS`:
@@ -70,9 +69,7 @@ class Faults:
         for name in ("write_file", "commit_file"):
             monkeypatch.setattr(publish, name, self._wrap(getattr(publish, name), name, False))
         for store in (zarr.storage.FsspecStore, zarr.storage.LocalStore):
-            for call in ("set", "delete_dir"):
-                wrapped = self._wrap_async(getattr(store, call), f"{store.__name__}.{call}")
-                monkeypatch.setattr(store, call, wrapped)
+            monkeypatch.setattr(store, "set", self._wrap_async(store.set, f"{store.__name__}.set"))
 
     def count(self) -> None:
         """Count the calls from now on, faulting none."""
