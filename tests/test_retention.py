@@ -184,6 +184,26 @@ def test_writers_collect_their_own_slots(tmp_path):
     assert verify_store(str(store)).ok
 
 
+@pytest.mark.s3
+def test_retention_on_s3(s3_bucket, s3_options):
+    url = f"s3://{s3_bucket}/store"
+    options = {"storage_options": s3_options}
+    with TrajectoryReplayBuffer(
+        auto_save=True,
+        auto_save_path=url,
+        sample_window_size=1,
+        retention=Retention(last=2, grace=0),
+        **options,
+    ) as buffer:
+        for i in range(5):
+            buffer.add_trajectories([traj(i)])
+            buffer.flush()
+        assert buffer.trajectory_ids == [2, 3, 4]
+    location = Location.from_url(url, s3_options)
+    assert location.list_names("trajectories") == ["2", "3", "4", "zarr.json"]
+    assert verify_store(url, s3_options).ok
+
+
 def test_bad_retention_is_refused(tmp_path):
     with pytest.raises(ValueError, match="needs last=N trajectories, max_bytes=N, or both"):
         Retention()

@@ -17,7 +17,8 @@ The deletion is recorded before any data goes:
 
 A crash at any step leaves a readable store: before step 2 nothing changed; after it, data
 no index lists is an orphan that ``rbzarr verify --repair`` (or the next collection, which
-finishes every open record first) deletes.  Counters keep their meaning: the id counter
+finishes every open record first, a buffer's ``retention`` left within its grace period
+included) deletes.  Counters keep their meaning: the id counter
 never goes back (an id is never reused); ``size`` and ``total_samples`` count what the
 index still lists, as after a load of the kept trajectories.
 """
@@ -178,8 +179,11 @@ def _finish_open_records(location: Location, layout: TrajectoryLayout, dry_run: 
     """Finish the collections a crash interrupted (and those buffers left to their grace
     period): delete the data of their ids that no index lists any more; the ids they return."""
     finished: list[int] = []
-    for record in open_records(location):
-        listed = set(read_store_documents(location).trajectory_index["trajectory_id_list"])
+    records = open_records(location)
+    if not records:
+        return finished
+    listed = set(read_store_documents(location).trajectory_index["trajectory_id_list"])
+    for record in records:
         orphans = [i for i in record.ids if i not in listed]
         finished.extend(orphans)
         if not dry_run:
