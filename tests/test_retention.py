@@ -12,6 +12,7 @@ import itertools
 import os
 import subprocess
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -313,10 +314,23 @@ print(calls[0])
 """
 
 
+def _append_until(buffers: list[TrajectoryReplayBuffer], stop: threading.Event) -> None:
+    """Each of ``buffers`` adds one trajectory (flushed) in turn, until ``stop`` (at most
+    ``ROUNDS`` times: the stores stay small)."""
+    for _ in range(ROUNDS):
+        for buffer in buffers:
+            add(buffer)
+        if stop.is_set():
+            return
+
+
+ROUNDS = 4
+
+
 @pytest.mark.slow
 def test_kill_at_every_step_of_a_collection(tmp_path):
-    """A writer killed before each write and delete of its collection, while a second writer
-    appends to the store and a reader follows it; the next writer finishes the work."""
+    """A writer killed before each write and delete of its collection, while three other
+    writers append to the store and a reader follows it; the next writer finishes the work."""
     step = 0
     while True:
         root = tmp_path / f"step-{step}"
@@ -324,26 +338,34 @@ def test_kill_at_every_step_of_a_collection(tmp_path):
         first = writer(store, Retention(last=2, grace=0))
         add(first, 3)
         first.save_checkpoint(root / "ckpt")  # pins 2
-        other = writer(store, None)  # slot 1
-        add(other)
-        reader = follower(store, on_damaged="skip")  # slot 2
+        others = [writer(store, None) for _ in range(3)]  # slots 1-3
+        for other in others:
+            add(other)
+        reader = follower(store, on_damaged="skip")  # slot 4
         first.close()  # the killed writer takes slot 0 next: its fourth burst collects
-        done = subprocess.run(
-            [sys.executable, "-c", _KILLER, str(ROOT / "tests"), str(step), str(store)],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            timeout=120,
-            check=False,
-        )
+        stop = threading.Event()
+        appending = threading.Thread(target=_append_until, args=(others, stop))
+        appending.start()  # the other writers append while it collects
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", _KILLER, str(ROOT / "tests"), str(step), str(store)],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                timeout=120,
+                check=False,
+            )
+        finally:
+            stop.set()
+            appending.join()
         killed = done.returncode == -9
         assert killed or done.returncode == 0, done.stderr
-        add(other)
         assert {2, 3} <= set(listed(store)) <= stored(store)  # the store reads, nothing lost
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DamagedTrajectoryWarning)
             reader.sample(4)  # never fails: what it misses it draws again
-        other.close()
+        for other in others:
+            other.close()
         reader.close()
         if not verify_store(str(store)).ok:
             assert verify_store(str(store), repair=True).ok
