@@ -84,22 +84,26 @@ class SlotCollector:
 
     def collect(self, log: IndexLog, protected: Collection[int]) -> list[int]:
         """Remove from ``log`` what falls outside retention, except pinned ids and
-        ``protected`` (the buffer's window); the ids removed.  Steps 1-2 of the module docs.
+        ``protected`` (the buffer's window); the ids removed (with, at the first call, those
+        of the slot's open records, which the log no longer lists).  Steps 1-2 of the
+        module docs.
 
         Raises
         ------
         StorageUnavailableError
             A storage call failed: the store reads as before the failed step.
         """
+        adopted: list[int] = []
         if self._waiting is None:
             self._waiting = self._adopt(log)
+            adopted = [i for record in self._waiting for i in record.ids]
         if self._sizes is None:
             self._sizes = {int(e["trajectory_id"]): self._bytes(e) for e, _ in log.read().entries}
         ids = list(self._sizes)
         sizes = list(self._sizes.values())
         count, total = len(ids), sum(sizes)
         if not self.retention.is_due(count - self._held[0], total - self._held[1]):
-            return []
+            return adopted
         outside = ids[: count - self.retention.keeps(sizes)]
         pinned = {i for pin in StorePins(self.layout.location).all() for i in pin.ids}
         removed = [i for i in outside if i not in pinned and i not in protected]
@@ -115,7 +119,7 @@ class SlotCollector:
         left = [self._sizes[i] for i in outside if i in self._sizes]
         over = sum(self._sizes.values()) - (self.retention.max_bytes or 0)
         self._held = (len(left), max(over, 0) if self.retention.max_bytes else 0)
-        return removed
+        return adopted + removed
 
     def delete_expired(self) -> None:
         """Delete the data of the collections whose grace period is over, then their
