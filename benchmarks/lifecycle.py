@@ -172,10 +172,13 @@ RETAINED = 1_000
 STRETCH = 10_000  # the stretches whose collection cost is compared (the first, the last)
 
 
-def retention_figures(root: Path, count: int) -> dict[str, Any]:
+def retention_figures(
+    root: Path, count: int, retained: int = RETAINED, stretch: int = STRETCH
+) -> dict[str, Any]:
     """``count`` tiny trajectories added (50 per flush) by a buffer with ``retention`` = the
-    last 1,000 (grace 0), a checkpoint pinning a window of 100 early on: the store's bytes
-    against the retained and pinned trajectories' bytes after every stretch past the first,
+    last ``retained`` (grace 0), a checkpoint pinning a window of 100 early on: the store's
+    bytes against the retained and pinned trajectories' bytes after every ``stretch`` past
+    the first,
     and the collection's milliseconds (wall and the writer thread's CPU) per removed
     trajectory in the first and the last stretch (the collector's calls timed on the
     writer thread, which makes them)."""
@@ -205,7 +208,7 @@ def retention_figures(root: Path, count: int) -> dict[str, Any]:
             auto_save_path=store,
             sample_window_size=WINDOW,
             cache_size=5,
-            retention=Retention(last=RETAINED, grace=0),
+            retention=Retention(last=retained, grace=0),
         ) as buffer:
             for i in range(count):
                 buffer.add_trajectories([tiny(i)])
@@ -214,16 +217,16 @@ def retention_figures(root: Path, count: int) -> dict[str, Any]:
                     buffer.save_checkpoint(root / "retention-ckpt")
                 if i % 50 == 49:
                     buffer.flush()
-                if (i + 1) % STRETCH == 0:
+                if (i + 1) % stretch == 0:
                     buffer.flush()
                     marks[i + 1] = (*spent, buffer.trajectory_counter - buffer.size)
-                    if i + 1 > STRETCH:
+                    if i + 1 > stretch:
                         ratios.append(_store_ratio(store))
     finally:
         for name, call in timed.items():
             setattr(SlotCollector, name, call)
-    for label, end in (("first", STRETCH), ("last", count)):
-        start = end - STRETCH
+    for label, end in (("first", stretch), ("last", count)):
+        start = end - stretch
         seconds, cpu, removed = (
             marks[end][k] - marks.get(start, (0.0, 0.0, 0))[k] for k in range(3)
         )
@@ -235,7 +238,8 @@ def retention_figures(root: Path, count: int) -> dict[str, Any]:
         }
     return {
         "added": count,
-        "retained": RETAINED,
+        "retained": retained,
+        "stretch": stretch,
         "store_over_kept": ratios,
         "store_over_kept_max": max(ratios, default=0.0),
         "collection": stretches,
@@ -258,7 +262,11 @@ def run_lifecycle(quick: bool, workdir: str | None) -> dict[str, Any]:
         local = local_figures(root / "local", 20 if quick else WINDOW)
         large = large_figures(root / "large", 100_000 if quick else 1_000_000)
         collected = gc_figures(root, (1_000, 10_000) if quick else (10_000, 100_000))
-        retained = retention_figures(root, 2 * STRETCH if quick else 10 * STRETCH)
+        retained = (
+            retention_figures(root, 2_000, 100, 1_000)
+            if quick
+            else retention_figures(root, 10 * STRETCH)
+        )
     return {
         "local": local,
         "large": large,
@@ -333,17 +341,17 @@ def lifecycle_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             "<=",
         ),
         target(
-            f"retention = last 1,000 of {retention['added']:,} tiny trajectories: store bytes "
-            "over the retained and pinned trajectories' bytes",
-            "the largest ratio after every stretch of 10,000 past the first (every file of "
-            "the store: data, index, records, pins)",
+            f"retention = last {retention['retained']:,} of {retention['added']:,} tiny "
+            "trajectories: store bytes over the retained and pinned trajectories' bytes",
+            f"the largest ratio after every stretch of {retention['stretch']:,} past the first "
+            "(every file of the store: data, index, records, pins)",
             retention["store_over_kept_max"],
             1.2,
             "<=",
         ),
         target(
-            f"retention: collection ms per removed trajectory, the last 10,000 of "
-            f"{retention['added']:,} vs the first 10,000",
+            "retention: collection CPU ms per removed trajectory, the last "
+            f"{retention['stretch']:,} of {retention['added']:,} vs the first",
             "CPU seconds of the collector's calls on the writer thread (record, log rewrite, "
             "deletes; wall times in results.retention.collection)",
             collection["last"]["cpu_ms_per_removed"] / collection["first"]["cpu_ms_per_removed"],
