@@ -14,6 +14,7 @@ thread flushes and closes.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import warnings
@@ -249,7 +250,9 @@ class LogWriter(IndexWriter):
         with self._lock:
             self._reopen_if_due()
             if self._collector is not None:
-                self._collector.delete_expired()
+                # Data whose deletes fail stays for the slot's next writer (its record says so).
+                with contextlib.suppress(StorageUnavailableError):
+                    self._collector.delete_expired()
             if self._metadata is None:
                 return
             self._log.compact()
