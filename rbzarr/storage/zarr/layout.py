@@ -72,7 +72,7 @@ from rbzarr.storage.zarr.chunking import (
     plan_key,
 )
 from rbzarr.storage.zarr.codecs import RAW, Codec, parse_codec, parse_codecs, require_images
-from rbzarr.storage.zarr.encode import LOCAL_SEPARATOR, shard_key
+from rbzarr.storage.zarr.encode import LOCAL_SEPARATOR, one_buffer, shard_key
 from rbzarr.storage.zarr.handles import time_and_envs, trajectory_id
 from rbzarr.storage.zarr.image_codecs import Lossless
 from rbzarr.storage.zarr.open import (
@@ -88,7 +88,7 @@ from rbzarr.storage.zarr.shard_cache import DEFAULT_LOCAL_CACHE_BYTES, ShardCach
 from rbzarr.storage.zarr.spec import parse_specs
 from rbzarr.trajectory.dtypes import dtype_name, from_numpy, to_numpy
 from rbzarr.trajectory.model import Trajectory, trajectory_from_raw
-from rbzarr.trajectory.validated import ValidatedTrajectory, rows_to_write
+from rbzarr.trajectory.validated import ValidatedTrajectory, rows_to_write, staging_of
 
 __all__ = [
     "DEFAULT_HANDLES",
@@ -110,6 +110,8 @@ WARM_BATCH = 32
 DEFAULT_HANDLES = 256
 # Kept open beyond the window: trajectories read while the window moves on.
 _HANDLE_SLACK = 16
+# How many schemas (field shapes and dtypes) the layout remembers the plans of.
+_PLAN_MEMO_SIZE = 64
 # The root group's attribute that mirrors the two documents.
 ROOT_ATTR = "rbzarr"
 # The finding of a root group without that attribute (a writer writes it when it closes).
@@ -205,6 +207,8 @@ class ZarrLayout(TrajectoryLayout):
         self._explicit = frozenset(self.codecs)
         # Field shapes and dtypes check_writable found writable.
         self._writable: set[frozenset[Any]] = set()
+        # The plans of the field shapes and dtypes written lately (plans depend on nothing else).
+        self._plan_memo: dict[tuple[Any, ...], dict[str, KeyPlan]] = {}
         # Concrete codecs by key (and "default"), as the store's metadata records them.
         self._recorded = {key: codec.text for key, codec in self.codecs.items()}
         self._recorded_lock = threading.Lock()
@@ -414,6 +418,7 @@ class ZarrLayout(TrajectoryLayout):
     def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
         """Each array is one shard (arrays of kind ``"zarr"`` go through zarr); the group's
         attributes are written last."""
+        staging = staging_of(trajectory)
         trajectory = rows_to_write(trajectory)
         tid = trajectory_id(entry)
         fields = trajectory.tensors()
@@ -423,7 +428,12 @@ class ZarrLayout(TrajectoryLayout):
         # copies in the group's document).
         local = self._opener.local_files
         files, description, documents = sharded.encode_trajectory(
-            fields, plans, *time_and_envs(entry), LOCAL_SEPARATOR if local else "/", not local
+            fields,
+            plans,
+            *time_and_envs(entry),
+            LOCAL_SEPARATOR if local else "/",
+            not local,
+            staging,
         )
         attrs = {
             **dict(entry),
@@ -481,11 +491,19 @@ class ZarrLayout(TrajectoryLayout):
         self._writable.add(shapes)
 
     def _plans(self, fields: Mapping[str, torch.Tensor]) -> dict[str, KeyPlan]:
-        """The plan of every field (its codec chosen and checked against its values)."""
-        return {
-            key: plan_key(value.shape, to_numpy(value.reshape(-1)[:0]).dtype, self.codecs, key)
-            for key, value in fields.items()
-        }
+        """The plan of every field (its codec chosen and checked against its shape and
+        dtype), remembered for the shapes and dtypes of the latest schemas."""
+        shapes = tuple((key, tuple(value.shape), value.dtype) for key, value in fields.items())
+        plans = self._plan_memo.get(shapes)
+        if plans is None:
+            plans = {
+                key: plan_key(value.shape, to_numpy(value.reshape(-1)[:0]).dtype, self.codecs, key)
+                for key, value in fields.items()
+            }
+            if len(self._plan_memo) >= _PLAN_MEMO_SIZE:  # trajectories of many lengths
+                self._plan_memo.clear()
+            self._plan_memo[shapes] = plans
+        return plans
 
     def _durable_folder(self, group: str) -> str | None:
         """The local folder of ``group`` when writes must be durable and zarr's store is
@@ -512,7 +530,7 @@ class ZarrLayout(TrajectoryLayout):
         for array_key, spec in parse_specs(description, where).items():
             assert spec is not None  # a trajectory without zarr-kind arrays
             parts = files[f"{array_key}/{shard_key(len(spec.shape), spec.separator)}"]
-            data = b"".join(bytes(memoryview(part).cast("B")) for part in parts)
+            data = one_buffer(parts)
             if cache.put_shard(key, array_key, spec, data, f"{where}/{array_key}") is not None:
                 cache.stats.written_through += 1
 
