@@ -46,7 +46,6 @@ import torch
 import zarr
 from zarr.abc.store import Store
 from zarr.api import asynchronous as zarr_async
-from zarr.storage import StorePath
 
 from rbzarr.errors import CodecConflictError, CorruptStoreError, InvalidCodecError
 from rbzarr.storage.io.backends import translate_errors
@@ -178,8 +177,6 @@ class ZarrLayout(TrajectoryLayout):
     format = "zarr"
     supports_many_writers = True
     supports_local_cache = True
-    supports_zarr_access = True
-    unrecorded_version = describe.UNRECORDED_VERSION
 
     def __init__(
         self,
@@ -241,7 +238,8 @@ class ZarrLayout(TrajectoryLayout):
         return {f"{TRAJECTORIES}/{tid}": tid for tid in self.list_ids()}
 
     def written_attributes(self, trajectory_id: int) -> dict[str, Any] | None:
-        # docstring inherited
+        """The attributes of a trajectory's commit marker (its entry among them), ``None``
+        where it has no complete marker."""
         where = f"{self.location.url}/{TRAJECTORIES}/{int(trajectory_id)}/zarr.json"
         try:
             raw = self.location.read_bytes(TRAJECTORIES, str(int(trajectory_id)), "zarr.json")
@@ -271,7 +269,7 @@ class ZarrLayout(TrajectoryLayout):
 
     # -- format knowledge -----------------------------------------------------------------
     def zarr_group(self, entry: Entry) -> zarr.Group:
-        # docstring inherited
+        """The read-only Zarr group of one trajectory."""
         return describe.trajectory_group(self.location, entry)
 
     def field_names(self, entry: Entry) -> list[str]:
@@ -611,8 +609,9 @@ class ZarrLayout(TrajectoryLayout):
         # docstring inherited
         tid = trajectory_id(entry)
         self._opener.handles.forget(tid)
-        with translate_errors(self.location.url, "deleting"):
-            sync(StorePath(self._opener.store(), group_path(tid)).delete_dir())
+        # The group's folder at once (one recursive delete, a bulk delete on S3), not key by
+        # key through zarr's event loop.
+        self.location.delete(*group_path(tid).split("/"))
         self._opener.handles.forget(tid)
 
     def copy_to(self, target: TrajectoryLayout, entry: Entry) -> None:
