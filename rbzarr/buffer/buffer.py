@@ -16,7 +16,7 @@ import os
 import threading
 import warnings
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal, Self, overload
+from typing import Any, Self
 
 import torch
 
@@ -31,10 +31,12 @@ from rbzarr.buffer.rlinf_compat import RLinfCompatMixin
 from rbzarr.errors import BufferClosedError, CheckpointNotFoundError, TrajectoryListError
 from rbzarr.sampling.arguments import check_count, check_window_size
 from rbzarr.sampling.damaged import check_on_damaged
+from rbzarr.sampling.front import SamplingFront
 from rbzarr.sampling.priorities import PrioritizedReplay, WindowPriorities, check_priorities
 from rbzarr.sampling.reader import StoreReader
 from rbzarr.storage.index.entry import IndexEntry
 from rbzarr.storage.index.priorities import PriorityChanges, PriorityFiles
+from rbzarr.storage.index.retention import Retention, check_retention
 from rbzarr.storage.index.schema import schema_to_json
 from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
@@ -67,6 +69,13 @@ def _listed(trajectories: object) -> list[Trajectory]:
     return list(trajectories)
 
 
+def _spared(reader: StoreReader, saving: set[int]) -> frozenset[int]:
+    """Writer thread, before a collection: the ids it must keep (the window, and those a
+    checkpoint being saved names before its pin is written)."""
+    with reader.lock:
+        return reader.spared_ids() | saving
+
+
 def _materialize(lock: threading.RLock, cache: RowCache, trajectory_id: int) -> None:
     """Writer thread, after a commit: copy the trajectory's rows into the cache, if it is free."""
     # The writer never waits for the buffer: while another thread holds the lock (a sample,
@@ -78,7 +87,7 @@ def _materialize(lock: threading.RLock, cache: RowCache, trajectory_id: int) -> 
             lock.release()
 
 
-class TrajectoryReplayBuffer(RLinfCompatMixin):
+class TrajectoryReplayBuffer(SamplingFront, RLinfCompatMixin):
     """A trajectory-level replay buffer with window sampling, a FIFO cache and async writes.
 
     Parameters
@@ -141,6 +150,14 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         ``beta``, ``eps``): :meth:`sample` draws rows and :meth:`sample_sequences` starts by
         priority, :meth:`update_priority` sets them, and with ``auto_save`` :meth:`flush`
         stores them (see docs/priorities.md).  ``None`` (default): uniform, as RLinf.
+    retention
+        With ``auto_save`` to a zarr store: what the store keeps of what this buffer writes
+        (:class:`~rbzarr.Retention`: the last ``N`` trajectories and/or ``N`` bytes, and a
+        grace period; an int ``N``: the last ``N``).  The writer collects as it appends:
+        trajectories beyond it leave the index (and this buffer's) and their data is
+        deleted after the grace period, except those a checkpoint pins and those in the
+        sample window.  ``None`` (default): the store keeps everything, as RLinf.  See
+        docs/checkpoints.md.
 
     Raises
     ------
@@ -152,7 +169,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         what ``torch.manual_seed`` takes (``-2**63`` to ``2**64 - 1``), ``local_cache_dir``
         is given for a pt/pkl store, ``local_cache_bytes`` is not positive or smaller
         than one of the store's trajectories, or ``on_damaged`` is not ``"raise"`` or
-        ``"skip"``.
+        ``"skip"``, or ``retention`` is invalid, given without ``auto_save`` or for a pt /
+        pkl store, or keeps fewer trajectories than ``sample_window_size``.
     TypeError
         ``seed``, ``cache_size`` or ``sample_window_size`` is not an int.
     StoreNotWritableError
@@ -190,8 +208,11 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         on_damaged: str = "raise",
         durable: bool = False,
         prioritized: PrioritizedReplay | None = None,
+        retention: Retention | int | None = None,
     ) -> None:
         sample_window_size = check_window_size(sample_window_size)
+        kept = Retention.of(retention)
+        check_retention(kept, auto_save, sample_window_size)
         if prioritized is not None and prefetch:
             raise ValueError(
                 f"prefetch={prefetch} cannot be used with prioritized replay: batches drawn "
@@ -237,6 +258,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         # The format layout_options are meant for (loading may adopt another one).
         self._options_format = self.trajectory_format
         self.local_cache.check_layout(layout_class(self.trajectory_format))
+        self.retention = self._checked_retention(kept)
+        self._saving: set[int] = set()  # ids a manifest being saved names (under the lock)
         self._committer: StoreCommitter | None = None
         if location is not None:
             self._committer = StoreCommitter(
@@ -273,6 +296,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         )
         if self._committer is not None:
             self.local_cache.check_shapes(self._schema, [(self._committer.index.max_rows, 1)])
+            self._start_retention()
 
     # -- plumbing -----------------------------------------------------------------------
     def _sampler_state(self) -> dict[str, Any]:
@@ -298,6 +322,30 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         options = self.layout_options if trajectory_format == self._options_format else {}
         layout = layout_class(trajectory_format)
         return layout(location, **options, **self.local_cache.layout_options(layout))
+
+    def _checked_retention(self, retention: Retention | None) -> Retention | None:
+        """``retention``, if this buffer's store can collect (a zarr store's log).
+
+        Raises
+        ------
+        ValueError
+            The store is a pt / pkl store (RLinf's documents, no log).
+        """
+        if retention is not None and not layout_class(self.trajectory_format).supports_many_writers:
+            raise ValueError(
+                f"retention needs a zarr store (its index is a log); this buffer writes a "
+                f"{self.trajectory_format!r} store"
+            )
+        return retention
+
+    def _start_retention(self) -> None:
+        """Have the store's writer collect as it appends (with ``retention``)."""
+        if self.retention is not None and self._committer is not None:
+            self._committer.index.retain(
+                self.retention,
+                protected=functools.partial(_spared, self._reader, self._saving),
+                on_removed=self._reader.drop_collected,
+            )
 
     def _first_free_id(self) -> int:
         return 0 if self._committer is None else self._committer.next_id
@@ -509,151 +557,9 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             accepted.append(validated)
         return accepted
 
-    @overload
-    def sample(
-        self,
-        num_chunks: int,
-        *,
-        generator: torch.Generator | None = ...,
-        return_info: Literal[False] = ...,
-    ) -> dict[str, Any]: ...
-
-    @overload
-    def sample(
-        self,
-        num_chunks: int,
-        *,
-        generator: torch.Generator | None = ...,
-        return_info: Literal[True],
-    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]: ...
-
-    def sample(
-        self,
-        num_chunks: int,
-        *,
-        generator: torch.Generator | None = None,
-        return_info: bool = False,
-    ) -> dict[str, Any] | tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        """Sample ``num_chunks`` rows from the window: uniformly, or by priority.
-
-        Parameters
-        ----------
-        num_chunks
-            Rows to draw (clamped to the window's sample count; with ``prioritized``
-            drawn with replacement, never clamped).
-        generator
-            A CPU ``torch.Generator`` to draw with for this call instead of the buffer's
-            own, whose stream is then left untouched (one stream per DataLoader worker or
-            rank).  ``None`` draws from the buffer's seeded generator: RLinf's stream.
-        return_info
-            Also return, per row, ``{"index": int64 [n], "weight": float32 [n]}``: its
-            global index (``trajectory_id * 2**32 + flat_row``, what :meth:`update_priority`
-            takes) and its importance weight (1 without ``prioritized``).  Such a call is
-            never served from the batches drawn ahead.
-
-        Notes
-        -----
-        With ``prefetch=N``, a call with ``generator=None`` hands out the next batch drawn
-        ahead and draws the ``N`` after it, whose reads run on threads while the caller
-        trains.  The batches are exactly those of the same calls without prefetch: adding
-        trajectories, loading a checkpoint, :meth:`clear`, another ``num_chunks`` or a
-        moved :attr:`generator` discard the batches drawn ahead.  :attr:`generator` (and so
-        a checkpoint) is always as of the batches handed out.  Up to ``N`` batches are held
-        in memory; a read that failed is raised by the call that hands its batch out.
-
-        Returns
-        -------
-        dict or (dict, dict)
-            A nested dict of fresh CPU tensors shaped ``[n, ...]``; with ``return_info``,
-            it and the info dict.
-
-        Raises
-        ------
-        ValueError
-            ``num_chunks`` is not positive.
-        TypeError
-            ``num_chunks`` is not an int (``2.5``, ``True``).
-        EmptyBufferError
-            The buffer holds no trajectory (a ``RuntimeError``).
-        """
-        if return_info:
-            return self._reader.sample_with_info(num_chunks, generator)
-        return self._reader.sample(num_chunks, generator)
-
-    @overload
-    def sample_sequences(
-        self,
-        n: int,
-        length: int,
-        *,
-        generator: torch.Generator | None = ...,
-        strict_length: bool = ...,
-        return_info: Literal[False] = ...,
-    ) -> dict[str, Any]: ...
-
-    @overload
-    def sample_sequences(
-        self,
-        n: int,
-        length: int,
-        *,
-        generator: torch.Generator | None = ...,
-        strict_length: bool = ...,
-        return_info: Literal[True],
-    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]: ...
-
-    def sample_sequences(
-        self,
-        n: int,
-        length: int,
-        *,
-        generator: torch.Generator | None = None,
-        strict_length: bool = False,
-        return_info: bool = False,
-    ) -> dict[str, Any] | tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        """Sample ``n`` sequences of ``length`` consecutive steps, each inside one episode.
-
-        A sequence follows one environment column from a start step drawn uniformly over
-        the window's steps (with ``prioritized``: by the priority of its row), into the
-        next trajectory where the episode continues there
-        (the next id, the same ``B``).  Steps after the episode's end (or after the last
-        step stored) are padding: they repeat the last real step, with ``mask`` False.
-        Rows come from the cache, the pending writes or the store (only the rows needed;
-        each trajectory's ``dones`` is read once to find its episode ends).
-
-        Parameters
-        ----------
-        n
-            Sequences to draw (not clamped: starts are drawn with replacement).
-        length
-            Steps per sequence.
-        generator
-            A CPU ``torch.Generator`` to draw with instead of the buffer's sequence stream
-            (seeded from ``seed``, separate from :meth:`sample`'s and saved in checkpoints),
-            which is then left untouched.
-        strict_length
-            Draw only starts with ``length`` steps of their episode ahead: no padding.
-        return_info
-            Also return, per sequence, the global index and importance weight of its
-            *start* row (``{"index": [n], "weight": [n]}``, as :meth:`sample`'s).
-
-        Returns
-        -------
-        dict or (dict, dict)
-            The keys of :meth:`sample`, each ``[n, length, ...]``, plus ``"mask"``: bool
-            ``[n, length]``, True for the steps of the first step's episode; with
-            ``return_info``, it and the info dict.
-
-        Raises
-        ------
-        ValueError
-            ``n`` or ``length`` is not positive, or the trajectories have no ``dones``.
-        EmptyBufferError
-            The buffer holds no trajectory, or with ``strict_length`` no episode is that long.
-        """
-        if return_info:
-            return self._reader.sequences_with_info(n, length, generator, strict_length)
-        return self._reader.sample_sequences(n, length, generator, strict_length)
+    def _sampling_reader(self) -> StoreReader:
+        """The reader :meth:`sample` and :meth:`sample_sequences` draw from."""
+        return self._reader
 
     # -- priorities ---------------------------------------------------------------------
     @property
@@ -883,12 +789,18 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             }
             held = {} if priorities is None else priorities.held(ids)
             saved = self._index.subset(ids)
+            if by_reference:
+                self._saving.update(ids)  # a collection keeps them until their pin exists
             cached = (
                 {} if self._committer is not None else {i: self._cache.trajectory(i) for i in ids}
             )
         if by_reference and ids and self._committer is not None:
-            self._committer.flush()  # a manifest names committed trajectories only
-            manifest.write(target.location, self._committer.layout, saved, metadata, held)
+            try:
+                self._committer.flush()  # a manifest names committed trajectories only
+                manifest.write(target.location, self._committer.layout, saved, metadata, held)
+            finally:
+                with self._lock:
+                    self._saving.difference_update(ids)
             return
         # Before the copy's index (its commit): a checkpoint that lists them has them.
         files = PriorityFiles(target.location)

@@ -411,6 +411,7 @@ class IndexLog:
         The new blocks get names no earlier head used; the head is written after them, so a
         crash before it leaves the earlier list in charge.
         """
+        self._settle()  # a record whose write failed may be there: it is replaced too
         items = list(entries)
         old = _own_files(self.location)
         blocks = []
@@ -440,8 +441,9 @@ class IndexLog:
         self._records = []
         rest = items[(len(items) // SEGMENT_SIZE) * SEGMENT_SIZE :]
         self._open = [rest] if rest else []
-        for name in old - named_files(self.location):
-            self.location.delete(INDEX_DIR, *name.split("/"))
+        self._fold_due = False
+        self._garbage = [tuple(n.split("/")) for n in old - named_files(self.location)]
+        self._delete_garbage()
 
     def compact(self) -> None:
         """Fold the log's tail into a block (merging the blocks after the last full one with
