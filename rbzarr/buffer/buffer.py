@@ -331,7 +331,10 @@ class TrajectoryReplayBuffer(SamplingFront, RLinfCompatMixin):
         ValueError
             The store is a pt / pkl store (RLinf's documents, no log).
         """
-        if retention is not None and not layout_class(self.trajectory_format).supports_many_writers:
+        if (
+            retention is not None
+            and not layout_class(self.trajectory_format).capabilities.many_writers
+        ):
             raise ValueError(
                 f"retention needs a zarr store (its index is a log); this buffer writes a "
                 f"{self.trajectory_format!r} store"
