@@ -127,6 +127,7 @@ def test_validation_completes_before_anything_changes(tmp_path):
     buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "s")
     good = make_trajectory(2, 2, 0)
     buffer.add_trajectories([good])
+    buffer.flush()  # the first write settled: its stats do not move under the comparison
     before = (len(buffer), buffer.total_samples, buffer.trajectory_counter, buffer.get_stats())
     reordered = make_trajectory(2, 2, 4)
     reordered.curr_obs = {"extra": torch.zeros(2, 2), **reordered.curr_obs}
