@@ -100,10 +100,12 @@ def test_show_of_a_zarr_store_imports_no_torch(tmp_path: Path) -> None:
     store = _camera_store(tmp_path / "store")
     runs = [
         ["show", store, "1", "--env", "1", "-o", str(tmp_path / "column.gif")],
+        ["show", store, "0", "-o", str(tmp_path / "column.mp4")],
         ["show", store, "--episode", "0", "-o", str(tmp_path / "episode.png")],
     ]
     assert first_importing_torch(runs) == "none"
-    assert (tmp_path / "column.gif").stat().st_size and (tmp_path / "episode.png").stat().st_size
+    for name in ("column.gif", "column.mp4", "episode.png"):
+        assert (tmp_path / name).stat().st_size, name
 
 
 def test_verify_of_a_zarr_store_imports_no_torch(tmp_path: Path) -> None:
