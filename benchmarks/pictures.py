@@ -224,6 +224,28 @@ def pictures_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def pictures_notes(results: dict[str, Any]) -> list[str]:
+    """What a reader needs to weigh the wall times: the load around them and the CPU."""
+    show, stats = results["show"]["seconds"], results["report"]["stats"]
+    loads = [
+        x
+        for where in (show["load_average"], stats["load_average"])
+        for x in where["before"] + where["after"]
+    ]
+    cpu = [show[suffix]["cpu_s"]["median"] for suffix in FORMATS]
+    imported = [s for s in FORMATS if show[s]["torch_imported"]] + (
+        ["stats"] if stats["torch_imported"] else []
+    )
+    return [
+        f"load average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores during the "
+        "timed runs: CPU seconds (user + system, every thread) are what a quiet host's wall "
+        f"would be: show {min(cpu):.2f}-{max(cpu):.2f} s per process (medians by format), "
+        f"stats {stats['cpu_s']['median']:.2f} s",
+        "show and stats processes that imported torch: "
+        + (", ".join(imported) if imported else "none"),
+    ]
+
+
 def main() -> None:
     """Measure, print the results document, and with ``--out`` write it."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -249,7 +271,7 @@ def main() -> None:
         },
         "results": results,
         "targets": pictures_targets(results),
-        "notes": [],
+        "notes": pictures_notes(results),
     }
     text = json.dumps(document, indent=2)
     print(text)
