@@ -5,9 +5,9 @@
 The store holds photographs (scikit-image's, a camera moving over them: the ``photos``
 frames of ``benchmarks/frames.py``), two cameras (the wrist one JPEG-coded, so its PSNR is
 labelled) and RLinf's fields.  ``show`` draws trajectory 3's env 1 (an episode ends in it)
-as a contact sheet (``cli-show.png``); ``report``'s page is opened in headless Chromium, its first episode's
-video moved to 1 s, and the window saved (``cli-report.png``).  Needs the test extra and
-Debian's ``chromium`` / ``chromium-driver``.
+as a contact sheet (``cli-show.png``); ``report``'s page is opened in headless Chromium
+(:mod:`benchmarks.chromium`), its first episode's video moved to 1 s, and the window saved
+(``cli-report.png``).  Needs the test extra and Debian's ``chromium`` / ``chromium-driver``.
 """
 
 from __future__ import annotations
@@ -41,27 +41,10 @@ def make_store(path: Path, size: int, count: int) -> None:
 
 def screenshot(page: Path, out: Path) -> None:
     """The report page in headless Chromium, its first episode at 1 s, saved to ``out``."""
-    from selenium import webdriver  # noqa: PLC0415 (test extra)
-    from selenium.webdriver.chrome.service import Service  # noqa: PLC0415
+    from benchmarks.chromium import chromium  # noqa: PLC0415 (the test extra: selenium)
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
     with tempfile.TemporaryDirectory() as profile:
-        for argument in (
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--hide-scrollbars",
-            f"--user-data-dir={profile}",
-            f"--window-size={WINDOW[0]},{WINDOW[1]}",
-        ):
-            options.add_argument(argument)
-        driver = webdriver.Chrome(options=options, service=Service("/usr/bin/chromedriver"))
+        driver = chromium(profile, "--hide-scrollbars", f"--window-size={WINDOW[0]},{WINDOW[1]}")
         try:
             driver.set_script_timeout(20)
             driver.get(page.as_uri())

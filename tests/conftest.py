@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import pickle
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -10,6 +13,7 @@ import pytest
 import torch
 
 from rbzarr import Trajectory, TrajectoryReplayBuffer
+from rbzarr.storage.io.location import Location
 
 pytest_plugins = ["s3_fixtures"]
 
@@ -79,3 +83,88 @@ def memory_url(request: pytest.FixtureRequest):
     yield f"memory://{root}"
     if fs.exists(root):
         fs.rm(root, recursive=True)
+
+
+@pytest.fixture
+def sync_events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Every ``os.fsync`` (``("fsync", path)``) and ``os.replace`` (``("replace",
+    target)``) this test makes, in order; both still run."""
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(source: str, target: str) -> None:
+        events.append(("replace", str(target)))
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    return events
+
+
+def store_reader(
+    url: Any, options: dict[str, Any] | None = None, seed: int | None = 1234, **kw: Any
+) -> TrajectoryReplayBuffer:
+    """A buffer that reads the store at ``url`` from storage (no cache, every trajectory in
+    its window), its trajectories loaded; ``kw``: further constructor arguments."""
+    buffer = TrajectoryReplayBuffer(
+        seed=seed,
+        enable_cache=False,
+        cache_size=0,
+        sample_window_size=0,
+        auto_save=True,
+        auto_save_path=url,
+        storage_options=options,
+        **kw,
+    )
+    buffer.load_checkpoint(url)
+    return buffer
+
+
+def truncate_shard(url: str, options: dict[str, Any] | None, trajectory_id: int, key: str) -> None:
+    """Cut the shard of array ``key`` of trajectory ``trajectory_id`` to half its bytes."""
+    location = Location.from_url(url, options)
+    shard = next(
+        name
+        for name in location.list_files("trajectories", str(trajectory_id))
+        if name.startswith(f"{key}/") and not name.endswith("zarr.json")
+    )
+    parts = ("trajectories", str(trajectory_id), *shard.split("/"))
+    data = location.read_bytes(*parts)
+    location.write_bytes(data[: len(data) // 2], *parts)
+
+
+def index_entry(trajectory_id: int, T: int, B: int, *shape: int) -> dict[str, Any]:
+    """The index entry of trajectory ``trajectory_id``: ``T * B`` rows, its ``shape``
+    ``[T, B, *shape]``, uuid ``u<id>``, model weights ``w``."""
+    return {
+        "uuid": f"u{trajectory_id}",
+        "trajectory_id": trajectory_id,
+        "num_samples": T * B,
+        "shape": [T, B, *shape],
+        "max_episode_length": T,
+        "model_weights_id": "w",
+    }
+
+
+def save_as_rlinf(
+    trajectory: Trajectory, folder: Path, trajectory_id: int, fmt: str, **extra: Any
+) -> None:
+    """Write ``trajectory`` as RLinf saves one: its fields that are not ``None`` (and
+    ``extra``), in ``trajectory_<id>_<model weights id>.<fmt>``, by ``torch.save`` (pt) or
+    ``pickle.dump`` (pkl)."""
+    record = {
+        name: getattr(trajectory, name)
+        for name in trajectory.__dataclass_fields__
+        if getattr(trajectory, name) is not None
+    }
+    record.update(extra)
+    path = folder / f"trajectory_{trajectory_id}_{trajectory.model_weights_id}.{fmt}"
+    if fmt == "pt":
+        torch.save(record, path)
+    else:
+        with open(path, "wb") as handle:
+            pickle.dump(record, handle)

@@ -178,7 +178,7 @@ def decode_entry_points(streams: dict[tuple[str, int], bytes], folder: str) -> l
             calls[f"local.decoder {layout}"] = functools.partial(read, stream, target)
             chain = [
                 get_codec_class(c.to_dict()["name"]).from_dict(c.to_dict())
-                for c in codec.zarr_codecs(layout)
+                for c in codec.shard_codecs(np.dtype(np.uint8), layout)
             ]
             path = f"{folder}/{name}-{channels}-{layout}"
             array = zarr.create_array(

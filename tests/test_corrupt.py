@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from conftest import assert_rows_consistent, make_trajectory
+from conftest import assert_rows_consistent, make_trajectory, store_reader
 
 from rbzarr import (
     CheckpointNotFoundError,
@@ -49,14 +49,8 @@ def via_cache(store: Path) -> dict:
 
 
 def via_storage(store: Path, fmt: str) -> dict:
-    buffer = TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=store, trajectory_format=fmt, cache_size=0
-    )
-    buffer.load_checkpoint(store)
-    try:
+    with store_reader(store, trajectory_format=fmt) as buffer:
         return buffer.sample(64)
-    finally:
-        buffer.close()
 
 
 def assert_refused(store: Path, fmt: str, names: str) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import assert_same_trajectory
+from conftest import assert_same_trajectory, save_as_rlinf
 
 from rbzarr.errors import (
     CheckpointNotFoundError,
@@ -68,12 +68,20 @@ def entry_for(trajectory: Trajectory, trajectory_id: int) -> dict[str, Any]:
     }
 
 
+def written(
+    layout: FileLayout, trajectory_id: int
+) -> tuple[FileLayout, Trajectory, dict[str, Any]]:
+    """``layout`` with a :func:`make_trajectory` written as ``trajectory_id``: the layout,
+    the trajectory and its entry."""
+    want = make_trajectory()
+    entry = entry_for(want, trajectory_id)
+    layout.write(entry, want)
+    return layout, want, entry
+
+
 @pytest.mark.parametrize("cls", LAYOUTS)
 def test_round_trip_every_field_and_dtype(tmp_path: Path, cls: type[FileLayout]) -> None:
-    layout = cls(Location.from_url(tmp_path))
-    want = make_trajectory()
-    entry = entry_for(want, 3)
-    layout.write(entry, want)
+    layout, want, entry = written(cls(Location.from_url(tmp_path)), 3)
     assert os.listdir(tmp_path) == [f"trajectory_3_w0.{cls.suffix}"]
     got = layout.read(entry)
     assert_same_trajectory(got, want)
@@ -113,10 +121,7 @@ def test_contains_and_copy_to(tmp_path: Path, cls: type[FileLayout]) -> None:
 
 @pytest.mark.parametrize("cls", LAYOUTS)
 def test_read_selected_keys(tmp_path: Path, cls: type[FileLayout]) -> None:
-    layout = cls(Location.from_url(tmp_path))
-    want = make_trajectory()
-    entry = entry_for(want, 0)
-    layout.write(entry, want)
+    layout, want, entry = written(cls(Location.from_url(tmp_path)), 0)
     got = layout.read(entry, ["rewards", "curr_obs/state/joints", "dones"])
     assert list(got.tensors()) == ["rewards", "dones", "curr_obs/state/joints"]
     assert torch.equal(got.curr_obs["state"]["joints"], want.curr_obs["state"]["joints"])
@@ -126,10 +131,7 @@ def test_read_selected_keys(tmp_path: Path, cls: type[FileLayout]) -> None:
 
 @pytest.mark.parametrize("cls", LAYOUTS)
 def test_read_rows_default_matches_flat_view(tmp_path: Path, cls: type[FileLayout]) -> None:
-    layout = cls(Location.from_url(tmp_path))
-    want = make_trajectory()
-    entry = entry_for(want, 0)
-    layout.write(entry, want)
+    layout, want, entry = written(cls(Location.from_url(tmp_path)), 0)
     rows = torch.tensor([11, 0, 5, 5], dtype=torch.int64)
     keys = ["dones", "actions", "next_obs/image"]
     got = layout.read_rows(entry, rows, keys)
@@ -293,18 +295,7 @@ def test_reads_an_rlinf_written_directory(tmp_path: Path, fmt: str) -> None:
     trajectories = [make_trajectory(T=4, B=2, E=1, mwid=f"weights-{i}") for i in range(3)]
     index: dict[str, Any] = {}
     for tid, trajectory in enumerate(trajectories):
-        record = {
-            name: getattr(trajectory, name)
-            for name in trajectory.__dataclass_fields__
-            if getattr(trajectory, name) is not None
-        }
-        record["next_obs"] = {}  # RLinf saves empty dicts too
-        path = tmp_path / f"trajectory_{tid}_{trajectory.model_weights_id}.{fmt}"
-        if fmt == "pt":
-            torch.save(record, path)
-        else:
-            with open(path, "wb") as handle:
-                pickle.dump(record, handle)
+        save_as_rlinf(trajectory, tmp_path, tid, fmt, next_obs={})  # RLinf saves empty dicts too
         index[str(tid)] = {
             "num_samples": 8,
             "trajectory_id": tid,
@@ -368,24 +359,12 @@ def test_formats_are_registered() -> None:
 
 @pytest.mark.parametrize("layout_type", LAYOUTS)
 def test_durable_writes_sync_the_file_before_renaming_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout_type: type[FileLayout]
+    tmp_path: Path, sync_events: list[tuple[str, str]], layout_type: type[FileLayout]
 ) -> None:
     """On a durable location a trajectory file's bytes are synced before the rename that
     makes it appear, and its directory after (and a directory made for it, in its parent);
     a plain location syncs nothing."""
-    events: list[tuple[str, str]] = []
-    real_fsync, real_replace = os.fsync, os.replace
-
-    def fsync(fd: int) -> None:
-        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
-        real_fsync(fd)
-
-    def replace(source: str, target: str) -> None:
-        events.append(("replace", str(target)))
-        real_replace(source, target)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "replace", replace)
+    events = sync_events
     traj = make_trajectory()
     entry = entry_for(traj, 3)
     for durable in (False, True):

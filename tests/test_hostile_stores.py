@@ -891,16 +891,21 @@ def test_repair_leaves_another_store_linked_in_alone(
     assert {p.kind for p in plain.problems} == {"unsafe_path"}
 
 
+def _with_linked_trajectories(case: Case) -> Case:
+    """``case`` with its store's ``trajectories`` folder moved outside and linked back."""
+    moved = case.outside / "disk2"
+    (case.store / "trajectories").rename(moved)
+    (case.store / "trajectories").symlink_to(moved)
+    return case
+
+
 def test_follow_links_reads_a_trusted_store_with_linked_folders(
     tmp_path: Path, bases: dict[str, Path]
 ) -> None:
     from rbzarr import TrajectoryReplayBuffer, UnsafePathError  # noqa: PLC0415
     from rbzarr.analysis.view import open_buffer  # noqa: PLC0415
 
-    case = prepare(tmp_path, "zarr", bases)
-    moved = case.outside / "disk2"
-    (case.store / "trajectories").rename(moved)
-    (case.store / "trajectories").symlink_to(moved)
+    case = _with_linked_trajectories(prepare(tmp_path, "zarr", bases))
     with pytest.raises(UnsafePathError, match="follow_links=True"):
         open_buffer(str(case.store)).sample(8)
     assert (
@@ -921,10 +926,7 @@ def test_the_cli_names_the_opt_in_and_follows_links_with_it(
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
-    case = prepare(tmp_path, "zarr", bases)
-    moved = case.outside / "disk2"
-    (case.store / "trajectories").rename(moved)
-    (case.store / "trajectories").symlink_to(moved)
+    case = _with_linked_trajectories(prepare(tmp_path, "zarr", bases))
     command = [sys.executable, "-c", "from rbzarr.cli.main import main; main()"]
     refused = subprocess.run(
         [*command, "verify", str(case.store)], capture_output=True, text=True, check=False

@@ -4,6 +4,7 @@ codecs, bit-identical sampling, plain zarr reads, export, and damaged frames."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -17,11 +18,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rbzarr import TrajectoryReplayBuffer
-from rbzarr.errors import CodecConflictError, CorruptStoreError
+from rbzarr.errors import CodecConflictError, CodecUnavailableError, CorruptStoreError
 from rbzarr.interop.convert import export_dataset
 from rbzarr.storage.registry import open_store
 from rbzarr.storage.zarr import next_obs
-from rbzarr.storage.zarr.codecs import choose_codec, image_layout, parse_codec, parse_codecs, psnr
+from rbzarr.storage.zarr.codecs import (
+    choose_codec,
+    image_layout,
+    parse_codec,
+    parse_codecs,
+    psnr,
+    stored_codec,
+)
 from rbzarr.storage.zarr.describe import LAYOUT_ATTR
 from rbzarr.trajectory.model import Trajectory
 
@@ -109,6 +117,41 @@ def test_specs_parse_to_canonical_text() -> None:
 def test_bad_specs_are_named(spec: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_codec(spec)
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "found"),
+    [
+        ("mapped", "", "raw"),
+        ("chunked", "", "zstd:1"),
+        ("chunked", "zstd:3+checksum", "zstd:3+checksum"),
+        ("image", "jpeg:90", "jpeg:90"),
+        ("chunked", "qoi", CorruptStoreError),  # another kind's codec
+        ("image", "zstd:1", CorruptStoreError),
+        ("image", "lossless", CorruptStoreError),  # never stored: chosen per key
+        ("image", "", CodecUnavailableError),  # an image array names its codec
+        ("chunked", "zstd:99", CorruptStoreError),  # out of range
+        ("image", "webp", CodecUnavailableError),  # unknown here: not damage
+    ],
+)
+def test_a_stored_description_names_a_codec_of_its_kind(
+    kind: str, text: str, found: str | type[Exception]
+) -> None:
+    if isinstance(found, str):
+        codec = stored_codec(kind, text, "here")
+        assert (codec.text, codec.kind) == (found, kind)
+        return
+    with pytest.raises(found, match="here"):
+        stored_codec(kind, text, "here")
+
+
+def test_every_codec_kind_round_trips_a_frame_and_its_spec() -> None:
+    frame = _frames(torch.Generator().manual_seed(0), (1, 1, 16, 12, 3))[0, 0].numpy()
+    for text in ("raw", "zstd:1", "qoi", "png:1", "jpegxl-lossless:1", "jpeg:90", "jpegxl:90"):
+        codec = parse_codec(text)
+        assert parse_codec(codec.text) == codec
+        decoded = codec.decode_frame(codec.encode_frame(frame), np.empty_like(frame))
+        assert (psnr(frame, decoded) == math.inf) is not codec.lossy, text
 
 
 def test_image_like_keys_and_the_default() -> None:

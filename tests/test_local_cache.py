@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import assert_rows_consistent, make_trajectory
+from conftest import assert_rows_consistent, make_trajectory, store_reader
 
 from benchmarks.s3_server import S3Proxy
 from rbzarr import StorageUnavailableError, TrajectoryReplayBuffer
@@ -57,19 +57,7 @@ def fill(url: str, options: dict[str, Any], cache: Path | None = None) -> list[i
 def reader(
     url: str, options: dict[str, Any], cache: Path | None, **kw: Any
 ) -> TrajectoryReplayBuffer:
-    buffer = TrajectoryReplayBuffer(
-        seed=5,
-        enable_cache=False,
-        cache_size=0,
-        sample_window_size=0,
-        auto_save=True,
-        auto_save_path=url,
-        storage_options=options,
-        local_cache_dir=cache,
-        **kw,
-    )
-    buffer.load_checkpoint(url)
-    return buffer
+    return store_reader(url, options, seed=5, local_cache_dir=cache, **kw)
 
 
 def draws(buffer: TrajectoryReplayBuffer, calls: list[int], first: int = 0) -> list[torch.Tensor]:

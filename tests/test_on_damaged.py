@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import assert_rows_consistent, make_trajectory
+from conftest import assert_rows_consistent, make_trajectory, truncate_shard
 
 from rbzarr import CorruptStoreError, DamagedTrajectoryWarning, TrajectoryReplayBuffer
 from rbzarr.analysis import BufferView, open_buffer
@@ -50,16 +50,8 @@ def stored_buffer(url: str, options: dict[str, Any] | None, skip: tuple[int, ...
 
 def damage(url: str, options: dict[str, Any] | None) -> None:
     """Truncate one shard of trajectory ``TRUNCATED``; delete trajectory ``DELETED``'s folder."""
-    location = Location.from_url(url, options)
-    shard = next(
-        name
-        for name in location.list_files("trajectories", str(TRUNCATED))
-        if name.startswith("actions/") and not name.endswith("zarr.json")
-    )
-    parts = ("trajectories", str(TRUNCATED), *shard.split("/"))
-    data = location.read_bytes(*parts)
-    location.write_bytes(data[: len(data) // 2], *parts)
-    location.delete("trajectories", str(DELETED))
+    truncate_shard(url, options, TRUNCATED, "actions")
+    Location.from_url(url, options).delete("trajectories", str(DELETED))
 
 
 def batches(buffer: TrajectoryReplayBuffer | BufferView, count: int = 3) -> list[list[int]]:

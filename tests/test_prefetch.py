@@ -142,16 +142,20 @@ def test_checkpoint_after_prefetched_batches_continues_exactly(tmp_path):
         assert [numbers(in_memory.sample(5)) for _ in range(4)] == rest
 
 
+@pytest.fixture
+def ranged_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows are read by byte ranges, every batch: no shard is held whole or inline."""
+    monkeypatch.setattr(remote, "WHOLE_SHARD_BYTES", 0)
+    monkeypatch.setattr(remote, "INLINE_SHARD_BYTES", 0)
+
+
 @pytest.mark.s3
 @pytest.mark.timeout(120)
-def test_prefetched_s3_reads_happen_before_the_caller_asks(
-    s3_bucket, s3_options, s3_proxy, monkeypatch
-):
+@pytest.mark.usefixtures("ranged_reads")
+def test_prefetched_s3_reads_happen_before_the_caller_asks(s3_bucket, s3_options, s3_proxy):
     # The proxy's log shows the reads of the two batches after the first one done while
     # the caller trains: once they are logged the store goes down, and the next two
     # sample() calls still hand out the right batches, with no request of their own.
-    monkeypatch.setattr(remote, "WHOLE_SHARD_BYTES", 0)  # rows read by ranges, every batch
-    monkeypatch.setattr(remote, "INLINE_SHARD_BYTES", 0)  # and no shard inline
     with store_buffer(f"s3://{s3_bucket}/store", prefetch=2, storage_options=s3_options) as buffer:
         buffer.add_trajectories([make_trajectory(8, 2, 0)])
         buffer.flush()
@@ -179,11 +183,10 @@ def test_prefetched_s3_reads_happen_before_the_caller_asks(
 
 @pytest.mark.s3
 @pytest.mark.timeout(120)
+@pytest.mark.usefixtures("ranged_reads")
 def test_a_failed_prefetched_read_is_raised_in_order_and_later_batches_read_again(
-    s3_bucket, s3_options, s3_proxy, monkeypatch
+    s3_bucket, s3_options, s3_proxy
 ):
-    monkeypatch.setattr(remote, "WHOLE_SHARD_BYTES", 0)  # rows read by ranges, every batch
-    monkeypatch.setattr(remote, "INLINE_SHARD_BYTES", 0)  # and no shard inline
     trajectories = [make_trajectory(8, 2, 1000 * i) for i in range(1)]
     with store_buffer(Path(tempfile.mkdtemp()) / "plain") as plain:
         plain.add_trajectories(trajectories)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from conftest import make_trajectory
+from conftest import index_entry, make_trajectory
 
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.row_groups import RowGroups
@@ -33,14 +33,7 @@ MAPPED = sum(value.dim() >= 2 for value in make_trajectory(2, 1, 0).tensors().va
 
 
 def _entry(tid: int, T: int, B: int) -> dict[str, Any]:
-    return {
-        "uuid": f"u{tid}",
-        "trajectory_id": tid,
-        "num_samples": T * B,
-        "shape": [T, B, 1],
-        "max_episode_length": T,
-        "model_weights_id": "w",
-    }
+    return index_entry(tid, T, B, 1)
 
 
 def _write(layout: ZarrLayout, tid: int, T: int, B: int, base: int, epochs: int = 1) -> Any:

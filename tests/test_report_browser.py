@@ -11,14 +11,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.support.ui import WebDriverWait
 
+from benchmarks.chromium import chromium
 from rbzarr import TrajectoryReplayBuffer
 from rbzarr.cli.main import main
 from rbzarr.trajectory.model import Trajectory
 
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 FPS = 10
 
 
@@ -38,24 +37,12 @@ def _trajectory(seed: int, T: int = 12, B: int = 2) -> Trajectory:
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[webdriver.Chrome]:
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
     profile = tmp_path_factory.mktemp("chromium-profile")
-    for argument in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={profile}",
+    driver = chromium(
+        str(profile),
         "--autoplay-policy=no-user-gesture-required",
-    ):
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+        **{"goog:loggingPrefs": {"browser": "ALL"}},
+    )
     driver.set_script_timeout(20)
     yield driver
     driver.quit()

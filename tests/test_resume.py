@@ -8,13 +8,16 @@ added, but only the window's trajectories have files.
 from __future__ import annotations
 
 import json
-import pickle
 import uuid
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import assert_rows_consistent, assert_same_trajectory, make_trajectory
+from conftest import (
+    assert_rows_consistent,
+    assert_same_trajectory,
+    make_trajectory,
+    save_as_rlinf,
+)
 
 from rbzarr import CheckpointNotFoundError, Trajectory, TrajectoryReplayBuffer
 from rbzarr.storage.io.location import Location
@@ -36,18 +39,7 @@ def write_rlinf_store(
     """What RLinf's ``save_checkpoint`` (or its auto-save) leaves in ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     for i in saved:
-        trajectory = traj(i)
-        record = {
-            name: getattr(trajectory, name)
-            for name in trajectory.__dataclass_fields__
-            if getattr(trajectory, name) is not None
-        }
-        path = folder / f"trajectory_{i}_{trajectory.model_weights_id}.{fmt}"
-        if fmt == "pt":
-            torch.save(record, path)
-        else:
-            with open(path, "wb") as handle:
-                pickle.dump(record, handle)
+        save_as_rlinf(traj(i), folder, i, fmt)
     index = {
         str(i): {
             "num_samples": ROWS,

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import make_trajectory
+from conftest import index_entry, make_trajectory
 
 from rbzarr.sampling.rows import plan_misses, read_batch
 from rbzarr.storage.io.location import Location
@@ -26,14 +26,7 @@ BASES = {tid: 1000 * (i + 1) for i, tid in enumerate(IDS)}
 
 
 def _entry(tid: int) -> dict[str, object]:
-    return {
-        "uuid": f"u{tid}",
-        "trajectory_id": tid,
-        "num_samples": T * B,
-        "shape": [T, B],
-        "max_episode_length": T,
-        "model_weights_id": "w",
-    }
+    return index_entry(tid, T, B)
 
 
 @pytest.mark.parametrize("layout_class", [ZarrLayout, PtLayout])

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import make_trajectory
+from conftest import make_trajectory, store_reader
 
 from benchmarks.s3_server import S3Proxy
 from rbzarr import StorageUnavailableError, TrajectoryReplayBuffer
@@ -46,15 +46,7 @@ def build_store(url: str, options: dict[str, Any], count: int = 3) -> None:
 
 def reader(url: str, options: dict[str, Any]) -> TrajectoryReplayBuffer:
     """A buffer continuing the store at ``url`` in place, cache off: samples read S3."""
-    buffer = TrajectoryReplayBuffer(
-        enable_cache=False,
-        cache_size=0,
-        auto_save=True,
-        auto_save_path=url,
-        storage_options=options,
-    )
-    buffer.load_checkpoint(url)
-    return buffer
+    return store_reader(url, options)
 
 
 def surfaces(action: Callable[[], object], url: str) -> StorageUnavailableError:

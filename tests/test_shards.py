@@ -19,7 +19,13 @@ import pytest
 import torch
 import xarray
 import zarr
-from conftest import assert_rows_consistent, assert_same_trajectory, make_trajectory
+from conftest import (
+    assert_rows_consistent,
+    assert_same_trajectory,
+    index_entry,
+    make_trajectory,
+    store_reader,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from zarr.codecs import ZstdCodec
@@ -64,14 +70,8 @@ def description(store: Path, tid: int = 1, key: str = KEY) -> dict[str, Any]:
 
 
 def sample_from_storage(store: Path) -> dict[str, Any]:
-    buffer = TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=store, enable_cache=False, cache_size=0
-    )
-    buffer.load_checkpoint(store)
-    try:
+    with store_reader(store) as buffer:
         return buffer.sample(64)
-    finally:
-        buffer.close()
 
 
 # -- zarr and xarray read what rbzarr writes --------------------------------------------
@@ -137,14 +137,7 @@ def _index(blob: bytes, chunks: int) -> list[tuple[int, int]]:
 
 def _entry(trajectory: Any, tid: int = 0) -> dict[str, Any]:
     T, B = trajectory.rewards.shape[:2]
-    return {
-        "uuid": f"u{tid}",
-        "trajectory_id": tid,
-        "num_samples": T * B,
-        "shape": [T, B, 1],
-        "max_episode_length": T,
-        "model_weights_id": "w",
-    }
+    return index_entry(tid, T, B, 1)
 
 
 def test_xarray_opens_a_trajectory(tmp_path: Path) -> None:

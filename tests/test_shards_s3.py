@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import assert_rows_consistent, make_trajectory
+from conftest import assert_rows_consistent, make_trajectory, store_reader
 from test_shards import DAMAGE, ZSTD, undecodable
 from zarr.codecs import ZstdCodec
 
@@ -56,18 +56,7 @@ def fill(url: str, options: dict[str, Any], layout: dict[str, Any] | None = None
 def reader(
     url: str, options: dict[str, Any], stats: CountingByteSource, **layout: Any
 ) -> TrajectoryReplayBuffer:
-    buffer = TrajectoryReplayBuffer(
-        seed=3,
-        enable_cache=False,
-        cache_size=0,
-        sample_window_size=0,
-        auto_save=True,
-        auto_save_path=url,
-        storage_options=options,
-        layout_options={"byte_source": stats, **layout},
-    )
-    buffer.load_checkpoint(url)
-    return buffer
+    return store_reader(url, options, seed=3, layout_options={"byte_source": stats, **layout})
 
 
 def coalesced_ranges(numbers: np.ndarray) -> tuple[int, int]:

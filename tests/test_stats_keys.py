@@ -13,13 +13,12 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import make_trajectory
+from conftest import make_trajectory, truncate_shard
 
 from rbzarr import CorruptStoreError, TrajectoryReplayBuffer
 from rbzarr.analysis import open_buffer
 from rbzarr.analysis.stats import compute_stats
 from rbzarr.cli.main import main
-from rbzarr.storage.io.location import Location
 
 DAMAGED = 1
 
@@ -32,15 +31,7 @@ def build(url: str, options: dict[str, Any] | None = None) -> None:
 
 def truncate_actions(url: str, options: dict[str, Any] | None = None) -> None:
     """Truncate the ``actions`` shard of trajectory ``DAMAGED``."""
-    location = Location.from_url(url, options)
-    shard = next(
-        name
-        for name in location.list_files("trajectories", str(DAMAGED))
-        if name.startswith("actions/") and not name.endswith("zarr.json")
-    )
-    parts = ("trajectories", str(DAMAGED), *shard.split("/"))
-    data = location.read_bytes(*parts)
-    location.write_bytes(data[: len(data) // 2], *parts)
+    truncate_shard(url, options, DAMAGED, "actions")
 
 
 def test_stats_of_some_keys_never_opens_a_damaged_other_key(tmp_path):

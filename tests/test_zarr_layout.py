@@ -7,7 +7,6 @@ layout-1 writer.  Shard-level tests of layout 2 are in ``test_shards.py``.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import threading
 import uuid
@@ -531,23 +530,11 @@ def test_local_files_of_a_trajectory(tmp_path: Path, durable: bool) -> None:
 
 
 def test_durable_writes_sync_the_data_before_the_commit_marker(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, sync_events: list[tuple[str, str]]
 ) -> None:
     """Every file and folder of a durable local write is synced before the group's
     attributes are renamed into place, and they and their folder after."""
-    events: list[tuple[str, str]] = []
-    real_fsync, real_replace = os.fsync, os.replace
-
-    def fsync(fd: int) -> None:
-        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
-        real_fsync(fd)
-
-    def replace(source: str, target: str) -> None:
-        events.append(("replace", str(target)))
-        real_replace(source, target)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "replace", replace)
+    events = sync_events
     for durable, name in ((False, "plain"), (True, "durable")):
         events.clear()
         layout = ZarrLayout(Location.from_url(tmp_path / name).with_durable(durable))

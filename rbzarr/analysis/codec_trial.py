@@ -135,19 +135,5 @@ Coder = Callable[[Any], Any]
 
 def _coders(spec: Any, shape: Sequence[int]) -> tuple[Coder, Coder]:
     """Encode and decode functions of one frame for a codec spec."""
-    if spec.name == "raw":
-        return (lambda frame: frame.tobytes()), (
-            lambda data: np.frombuffer(data, dtype=np.uint8).reshape(shape)
-        )
-    if spec.name == "zstd":
-        from numcodecs import Zstd  # noqa: PLC0415
-
-        zstd = Zstd(level=int(spec.param))
-        return (lambda frame: bytes(zstd.encode(frame))), (
-            lambda data: np.frombuffer(zstd.decode(data), dtype=np.uint8).reshape(shape)
-        )
-    if spec.name == "lossless":
-        spec = parse_codec("qoi" if shape[-1] in (3, 4) else "png:1")
-    if not spec.is_image:
-        raise ValueError(f"codec {spec.text!r} cannot be tried frame by frame")
-    return spec.encode_frame, (lambda data: spec.decode_frame(data, np.empty(shape, np.uint8)))
+    codec = spec.resolved(int(shape[-1]))
+    return codec.encode_frame, (lambda data: codec.decode_frame(data, np.empty(shape, np.uint8)))

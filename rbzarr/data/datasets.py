@@ -10,8 +10,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable
-from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import torch
@@ -372,15 +371,10 @@ class ReplayDataset(IterableDataset[Batch]):
         for loader in list(self._loaders):
             loader.close()
 
-    def __enter__(self) -> ReplayDataset:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 

@@ -14,8 +14,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from itertools import count
-from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 __all__ = ["ReplayLoader"]
 
@@ -153,13 +152,8 @@ class ReplayLoader:
         self._done = True
         self._finalizer()
 
-    def __enter__(self) -> ReplayLoader:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.io.json_limits import read_json
-from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.names import is_temporary_name
+from rbzarr.storage.io.store_files import StoreFiles
 
 __all__ = ["FOLDER", "Pin", "StorePins"]
 
@@ -115,17 +115,8 @@ def _whole(value: object) -> int:
     return value
 
 
-class StorePins:
-    """The pins of the store at ``location``.
-
-    Parameters
-    ----------
-    location
-        The store's root.
-    """
-
-    def __init__(self, location: Location) -> None:
-        self.location = location
+class StorePins(StoreFiles):
+    """The pins of the store at ``location``."""
 
     def add(self, pin: Pin) -> None:
         """Write ``pin``'s record (atomically; one write)."""

@@ -31,6 +31,7 @@ import numpy as np
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.io.json_limits import read_json
 from rbzarr.storage.io.location import Location
+from rbzarr.storage.io.store_files import StoreFiles
 from rbzarr.storage.rlinf.documents import Entry
 
 __all__ = ["CHANGES", "FOLDER", "MARKER", "PriorityChanges", "PriorityFiles"]
@@ -46,17 +47,8 @@ def _name(trajectory_id: int) -> str:
     return f"{int(trajectory_id)}.f32"
 
 
-class PriorityFiles:
-    """The priority files of the store at ``location``.
-
-    Parameters
-    ----------
-    location
-        The store's root.
-    """
-
-    def __init__(self, location: Location) -> None:
-        self.location = location
+class PriorityFiles(StoreFiles):
+    """The priority files of the store at ``location``."""
 
     def write(self, trajectory_id: int, values: np.ndarray) -> None:
         """Write one trajectory's priorities (float32, one per flat row), atomically."""
@@ -102,18 +94,12 @@ class PriorityFiles:
         return found
 
 
-class PriorityChanges:
+class PriorityChanges(StoreFiles):
     """The change record of the store at ``location``: written by its one priority writer,
-    read by views to re-read only the priority files changed since their last read.
-
-    Parameters
-    ----------
-    location
-        The store's root.
-    """
+    read by views to re-read only the priority files changed since their last read."""
 
     def __init__(self, location: Location) -> None:
-        self.location = location
+        super().__init__(location)
         self._writer = uuid.uuid4().hex  # a new writer: readers of an old one read all
         self._flushes: list[tuple[int, list[int]]] = []
         self.unrecorded: set[int] = set()  # written, their record not yet

@@ -38,6 +38,13 @@ def _read(path: str, byte_range: ByteRequest | None) -> bytes | None:
         return None
 
 
+def _buffer(data: bytes | None, prototype: BufferPrototype | None) -> Buffer | None:
+    """``data`` in a buffer of ``prototype`` (zarr's default when ``None``); ``None`` stays."""
+    if data is None:
+        return None
+    return (prototype or default_buffer_prototype()).buffer.from_bytes(data)
+
+
 class RegularFileStore(LocalStore):
     """A ``LocalStore`` whose reads open regular files only (see the module)."""
 
@@ -48,12 +55,9 @@ class RegularFileStore(LocalStore):
         byte_range: ByteRequest | None = None,
     ) -> Buffer | None:
         """The bytes of ``key`` (``None``: missing); a FIFO, socket or device is refused."""
-        if prototype is None:
-            prototype = default_buffer_prototype()
         if not self._is_open:
             await self._open()
-        data = await asyncio.to_thread(_read, str(self.root / key), byte_range)
-        return None if data is None else prototype.buffer.from_bytes(data)
+        return _buffer(await asyncio.to_thread(_read, str(self.root / key), byte_range), prototype)
 
     def get_sync(
         self,
@@ -63,11 +67,8 @@ class RegularFileStore(LocalStore):
         byte_range: ByteRequest | None = None,
     ) -> Buffer | None:
         """:meth:`get`, synchronously."""
-        if prototype is None:
-            prototype = default_buffer_prototype()
         self._ensure_open_sync()
-        data = _read(str(self.root / key), byte_range)
-        return None if data is None else prototype.buffer.from_bytes(data)
+        return _buffer(_read(str(self.root / key), byte_range), prototype)
 
     async def get_partial_values(
         self,

@@ -34,7 +34,9 @@ every environment, ``(k, B, *trailing)`` (:func:`chunk_shape`): ``k_max`` the mo
 that fit in ``chunk_bytes`` (default 512 KiB; at least one step), ``k`` the largest divisor
 of the row count in ``[k_max / 2, k_max]`` when there is one, else the even split
 ``ceil(rows / ceil(rows / k_max))`` (zarr pads a short last chunk to full size).  Their
-compressor is :func:`pick_codec`'s: ``zstd`` level 1 when nothing is configured.
+compressor is the codec's ``zarr_compressor()``: the caller's zarr codec object, zstd at the
+codec's level, none for ``"raw"``, and ``zstd`` level 1 otherwise (nothing configured, or an
+image codec on a 0-d or zero-size array).
 """
 
 from __future__ import annotations
@@ -45,9 +47,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from zarr.codecs import ZstdCodec
 
-from rbzarr.storage.zarr.codecs import RAW, Codec, choose_codec, image_layout
+from rbzarr.storage.zarr.codecs import INNER_CHUNK_BYTES, RAW, Codec, Zstd, choose_codec
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -55,12 +56,9 @@ __all__ = [
     "KeyPlan",
     "chunk_shape",
     "plan_key",
-    "zarr_compressor",
 ]
 
 DEFAULT_CHUNK_BYTES = 512 * 2**10
-# A configured compressor on small rows packs this many bytes per inner chunk.
-INNER_CHUNK_BYTES = 64 * 2**10
 
 
 @dataclass(frozen=True)
@@ -72,15 +70,12 @@ class KeyPlan:
     kind
         ``"mapped"`` (one uncompressed inner chunk, the whole array: read in place),
         ``"chunked"`` (zstd inner chunks), ``"image"`` (one frame per inner chunk, each an
-        image codec's stream) or ``"zarr"`` (anything else: regular chunks written and read
-        by zarr's pipeline).
+        image codec's stream), all three the codec's own kind, or ``"zarr"`` (any other
+        codec, and 0-d or zero-size arrays: regular chunks written and read by zarr's
+        pipeline).
     inner
         The inner chunk shape: the whole array for ``"mapped"``, ``(k, 1, *trailing)`` for
         ``"chunked"``, ``(1, 1, *trailing)`` for ``"image"``, empty for ``"zarr"``.
-    level
-        The zstd level of a ``"chunked"`` plan, else ``None``.
-    checksum
-        Whether a ``"chunked"`` plan's zstd frames carry a checksum.
     codec
         The key's codec (:mod:`rbzarr.storage.zarr.codecs`).
     image
@@ -89,10 +84,13 @@ class KeyPlan:
 
     kind: str
     inner: tuple[int, ...] = ()
-    level: int | None = None
-    checksum: bool = False
     codec: Codec = RAW
     image: str = ""
+
+    @property
+    def by_zarr(self) -> bool:
+        """Whether zarr's pipeline writes and reads the array (kind ``"zarr"``)."""
+        return self.kind == "zarr"
 
 
 def chunk_shape(shape: Sequence[int], itemsize: int, chunk_bytes: int) -> tuple[int, ...]:
@@ -114,39 +112,14 @@ def chunk_shape(shape: Sequence[int], itemsize: int, chunk_bytes: int) -> tuple[
     return (steps, *trailing)
 
 
-def zarr_compressor(codec: Codec) -> Any:
-    """The compressor zarr writes an array of kind ``"zarr"`` with: the caller's codec object,
-    zstd at the codec's level, ``None`` for raw, and zstd level 1 for image codecs (0-d and
-    zero-size arrays hold no frames)."""
-    if codec.given is not None:
-        return codec.given
-    if codec.name == "raw":
-        return None
-    if codec.name == "zstd":
-        return ZstdCodec(level=codec.param or 1)
-    return ZstdCodec(level=1)
-
-
 def plan_key(
     shape: Sequence[int], dtype: np.dtype[Any], codecs: Mapping[str, Codec], key: str
 ) -> KeyPlan:
     """The layout v2 plan of array ``key`` of ``shape`` and numpy ``dtype`` (see the module
     docs); ``codecs`` are parsed specs (:func:`~rbzarr.storage.zarr.codecs.parse_codecs`)."""
     if not shape or 0 in shape:
-        chosen = codecs.get(key, codecs.get("default", Codec("zstd", 1)))
-        return KeyPlan("zarr", codec=chosen)
+        return KeyPlan("zarr", codec=codecs.get(key, codecs.get("default", Zstd(1))))
     codec = choose_codec(codecs, key, shape, dtype)
-    if codec.name == "raw":
-        return KeyPlan("mapped", tuple(int(d) for d in shape), codec=codec)
-    if codec.is_image:
-        layout = image_layout(shape, dtype) or ""
-        return KeyPlan("image", (1, 1, *(int(d) for d in shape[2:])), codec=codec, image=layout)
-    if codec.name != "zstd":
-        return KeyPlan("zarr", codec=codec)
-    rows = int(shape[0])
-    row_bytes = math.prod(shape[2:]) * np.dtype(dtype).itemsize
-    most = max(1, min(rows, INNER_CHUNK_BYTES // row_bytes))
-    steps = max(k for k in range(1, most + 1) if rows % k == 0)
-    inner = (steps, 1, *shape[2:]) if len(shape) >= 2 else (steps,)
-    level = int(codec.param if codec.param is not None else 1)
-    return KeyPlan("chunked", tuple(int(d) for d in inner), level, codec.checksum, codec)
+    return KeyPlan(
+        codec.kind, codec.inner(shape, dtype), codec=codec, image=codec.layout(shape, dtype)
+    )

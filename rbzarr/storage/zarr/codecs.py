@@ -16,12 +16,19 @@ API (what ``layout_options={"codecs": {key: spec}}`` and the tools take)::
         InvalidCodecError; an image codec without imagecodecs is CodecUnavailableError.
     image_layout(shape, dtype) -> "hwc" | "chw" | None     image-like: uint8 [T, B, H, W, C]
                                                           or [T, B, C, H, W], C in 1, 3, 4
+    Codec             one small class per kind (:mod:`rbzarr.storage.zarr.codec`): Raw,
+                      Zstd, ZarrCodec here; Lossless, Qoi, Png, JpegXlLossless, Jpeg,
+                      JpegXl in :mod:`rbzarr.storage.zarr.image_codecs`
     Codec.text        canonical spec ("qoi", "jpeg:95", "zstd:1"), what the store records
+    Codec.kind        the array kind the layout description records ("mapped", "chunked",
+                      "image", "zarr")
     Codec.lossy       whether decoded frames may differ from the written ones
     Codec.is_image    whether it encodes one frame at a time (imagecodecs)
+    Codec.encode(data, inner, layout) -> shard parts;  Codec.decoder(frame, layout)
+    Codec.shard_codecs(dtype, layout) -> the Zarr v3 codecs inside the shard
     Codec.encode_frame(frame HWC uint8) -> bytes;  Codec.decode_frame(data, out HWC) -> out
                       (never allocates from the stream's header: a bounded decode)
-    Codec.zarr_codecs(layout) -> the Zarr v3 codecs of one frame's inner chunk
+    stored_codec(kind, text, where) -> Codec   the codec of a stored array's description
     CANDIDATES        the specs ``rbzarr codecs`` tries, lossless first
     IMAGE_CODECS      the image codec names (each decodes only into its declared frame)
     decode_into(numcodec, name, data, out) -> out   the one image decode (bounded by out)
@@ -45,22 +52,40 @@ JPEG-XL effort 1 (0.21 / 0.59 of raw per frame) and decodes 5-10x faster than ei
 from __future__ import annotations
 
 import math
-import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
-from zarr.codecs import ZstdCodec
+from numcodecs import zstd
+from zarr.codecs import BytesCodec, ZstdCodec
 
-from rbzarr.errors import CodecUnavailableError, InvalidCodecError
+from rbzarr.errors import CodecUnavailableError, CorruptStoreError
+from rbzarr.storage.io import thread_pool
+from rbzarr.storage.zarr.codec import Codec, Decoder, ParamCodec
+from rbzarr.storage.zarr.image_codecs import (
+    IMAGES_EXTRA,
+    Jpeg,
+    JpegXl,
+    JpegXlLossless,
+    Lossless,
+    Png,
+    Qoi,
+    decode_into,
+    image_layout,
+    require_images,
+)
 
 __all__ = [
     "CANDIDATES",
     "IMAGES_EXTRA",
     "IMAGE_CODECS",
+    "INNER_CHUNK_BYTES",
     "RAW",
     "Codec",
+    "Raw",
+    "ZarrCodec",
+    "Zstd",
     "choose_codec",
     "decode_into",
     "image_layout",
@@ -69,194 +94,175 @@ __all__ = [
     "parse_codecs",
     "psnr",
     "require_images",
+    "stored_codec",
     "unknown_codec",
+    "zstd_into",
 ]
 
-IMAGES_EXTRA = "rbzarr[images]"
 # What `rbzarr codecs` tries by default: lossless first, then lossy.
 CANDIDATES = ("raw", "zstd:1", "qoi", "png:1", "jpegxl-lossless:1", "jpeg:95", "jpegxl:90")
-# Names a spec may start with, and whether a ":<int>" parameter is required / its default.
-_DEFAULT_PARAM: dict[str, int | None] = {
-    "raw": None,
-    "zstd": 1,
-    "lossless": None,
-    "qoi": None,
-    "png": 1,
-    "jpegxl-lossless": 1,
-    "jpeg": None,  # quality required
-    "jpegxl": None,  # quality required
-}
-_PARAM_RANGE = {
-    "zstd": (-131072, 22),
-    "png": (0, 9),
-    "jpegxl-lossless": (1, 9),
-    "jpeg": (1, 100),
-    "jpegxl": (1, 100),
-}
-# The image codecs (one frame per inner chunk, imagecodecs): each decodes only into the
-# frame its array declares (Codec.decode_frame, decode_into).
-IMAGE_CODECS = ("qoi", "png", "jpegxl-lossless", "jpeg", "jpegxl")
-_LOSSY = frozenset({"jpeg", "jpegxl"})
-# Channel counts an image-like key may have (QOI takes 3 or 4, PNG 1-4).
-_CHANNELS = (1, 3, 4)
-# Frames smaller than this on a side are not image-like (state vectors shaped as images).
-_MIN_SIDE = 8
-# The largest side libjpeg encodes.
-_JPEG_MAX_SIDE = 65535
+# A zstd array packs this many bytes per inner chunk (at least one row).
+INNER_CHUNK_BYTES = 64 * 2**10
+# Arrays at least this large are compressed on the worker pool (zstd releases the GIL).
+THREADED_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
-class Codec:
-    """One key's codec, parsed from a spec (:func:`parse_codec`).
+class Raw(Codec):
+    """``"raw"``: the array's own bytes, one inner chunk (read in place)."""
 
-    Parameters
-    ----------
-    name
-        ``"raw"``, ``"zstd"``, ``"lossless"`` (resolved per key by :func:`choose_codec`),
-        ``"qoi"``, ``"png"``, ``"jpegxl-lossless"``, ``"jpeg"``, ``"jpegxl"``, or ``"zarr"``
-        (a zarr codec object given by the caller, written through zarr).
-    param
-        zstd level, PNG level, JPEG-XL effort (lossless) or quality (``jpeg``, ``jpegxl``).
-    given
-        The zarr codec object given by the caller (``ZstdCodec``, ``BloscCodec``...), if any.
-    """
+    name: ClassVar[str] = "raw"
+    kind: ClassVar[str] = "mapped"
+    in_place: ClassVar[bool] = True
 
-    name: str
-    param: int | None = None
-    given: Any = field(default=None, compare=False)
+    def inner(self, shape: Sequence[int], dtype: Any) -> tuple[int, ...]:
+        # docstring inherited
+        return tuple(int(d) for d in shape)
 
-    @property
-    def text(self) -> str:
-        """The canonical spec (what the store records): ``"qoi"``, ``"jpeg:95"``."""
-        if self.name == "zarr":
-            return _object_text(self.given)
-        if self.name == "zstd" and self.given is not None and self.given.checksum:
-            return f"zstd:{self.param}+checksum"
-        return self.name if self.param is None else f"{self.name}:{self.param}"
+    def encode(self, data: np.ndarray, inner: tuple[int, ...], layout: str) -> list[Any]:
+        # docstring inherited
+        return [data.reshape(-1).view(np.uint8)]
 
-    @property
-    def lossy(self) -> bool:
-        """Whether decoded values may differ from those written."""
-        return self.name in _LOSSY
+    def decoder(self, frame_shape: tuple[int, ...], layout: str) -> Decoder | None:
+        # docstring inherited
+        return None
 
-    @property
-    def is_image(self) -> bool:
-        """Whether frames are encoded one at a time by an image codec (imagecodecs)."""
-        return self.name in IMAGE_CODECS
+    def shard_codecs(self, dtype: np.dtype[Any], layout: str) -> tuple[Any, ...]:
+        # docstring inherited
+        return (BytesCodec(endian="little" if dtype.itemsize > 1 else None),)
 
-    @property
-    def checksum(self) -> bool:
-        """Whether zstd frames carry their checksum (a ``ZstdCodec(checksum=True)``)."""
-        return bool(self.name == "zstd" and self.given is not None and self.given.checksum)
+    def described(self, layout: str) -> dict[str, Any]:
+        # docstring inherited
+        return {}
 
-    def numcodecs_config(self) -> dict[str, Any]:
-        """The numcodecs configuration (``id`` included) of an image codec."""
-        if self.name == "qoi":
-            return {"id": "imagecodecs_qoi"}
-        if self.name == "png":
-            return {"id": "imagecodecs_png", "level": self.param}
-        if self.name == "jpeg":
-            return {"id": "imagecodecs_jpeg", "level": self.param, "subsampling": "444"}
-        if self.name == "jpegxl-lossless":
-            return {"id": "imagecodecs_jpegxl", "lossless": True, "effort": self.param}
-        if self.name == "jpegxl":
-            return {"id": "imagecodecs_jpegxl", "lossless": False, "level": self.param, "effort": 1}
-        raise ValueError(f"codec {self.text!r} is not an image codec")
-
-    def numcodec(self) -> Any:
-        """The imagecodecs numcodecs object of an image codec (cached per spec)."""
-        return _numcodec(self.text, tuple(sorted(self.numcodecs_config().items())))
+    def zarr_compressor(self) -> Any:
+        # docstring inherited
+        return None
 
     def encode_frame(self, frame: np.ndarray) -> bytes:
-        """One ``[H, W, C]`` uint8 frame encoded (an image codec's stream); the codec's own
-        error is :class:`InvalidCodecError` (the same frame never encodes)."""
-        coder = self.numcodec()
-        try:
-            return bytes(coder.encode(np.ascontiguousarray(frame)))
-        except (MemoryError, ImportError):
-            raise
-        except Exception as exc:
-            raise InvalidCodecError(
-                f"codec {self.text!r} cannot encode a {frame.dtype} frame of "
-                f"{list(frame.shape)}: {exc}"
-            ) from exc
+        # docstring inherited
+        return frame.tobytes()
 
     def decode_frame(self, data: bytes | memoryview, out: np.ndarray) -> np.ndarray:
-        """One frame decoded into ``out`` (``[H, W, C]``, contiguous: the frame the array
-        declares); a stream of another shape is refused before anything is allocated
-        (``ValueError`` naming both shapes), whatever its header claims."""
-        return decode_into(self.numcodec(), self.text, data, out)
-
-    def zarr_codecs(self, layout: str) -> tuple[Any, ...]:
-        """The Zarr v3 codec chain of one frame's inner chunk (``(1, 1, H, W, C)`` for
-        ``layout`` ``"hwc"``, ``(1, 1, C, H, W)`` for ``"chw"``, transposed first)."""
-        from zarr.codecs import TransposeCodec  # noqa: PLC0415
-
-        from rbzarr.storage.zarr.zarr_codecs import image_codec  # noqa: PLC0415
-
-        coder = image_codec(self.numcodecs_config())
-        if layout == "chw":
-            return (TransposeCodec(order=(0, 1, 3, 4, 2)), coder)
-        return (coder,)
+        # docstring inherited
+        out[...] = np.frombuffer(data, dtype=out.dtype).reshape(out.shape)
+        return out
 
 
 # Stored as it is (read in place).
-RAW = Codec("raw")
+RAW = Raw()
 
 
-def decode_into(numcodec: Any, name: str, data: bytes | memoryview, out: np.ndarray) -> np.ndarray:
-    """One image stream decoded by an imagecodecs ``numcodec`` into ``out``, the frame an
-    array declares: every image decode goes through here, so none allocates what a stream's
-    header says.  imagecodecs' PNG, JPEG and JPEG-XL decoders check the header against
-    ``out`` before they allocate; QOI's header is checked here (its decoder allocates first).
-    A mismatch is a ``ValueError`` naming codec ``name``, the declared and the stream's shape.
+@dataclass(frozen=True)
+class Zstd(ParamCodec):
+    """``"zstd:<level>"`` (``+checksum``): zstd inner chunks of ``k`` steps of one env."""
+
+    name: ClassVar[str] = "zstd"
+    kind: ClassVar[str] = "chunked"
+    params: ClassVar[tuple[int, int] | None] = (-131072, 22)
+    checksum: bool = False
+
+    @property
+    def text(self) -> str:
+        # docstring inherited
+        return f"zstd:{self.param}" + ("+checksum" if self.checksum else "")
+
+    def inner(self, shape: Sequence[int], dtype: Any) -> tuple[int, ...]:
+        """``(k, 1, *trailing)`` (``(k,)`` for a 1-D array), ``k`` the largest divisor of the
+        row count with ``k`` rows in at most :data:`INNER_CHUNK_BYTES`."""
+        rows = int(shape[0])
+        row_bytes = math.prod(shape[2:]) * np.dtype(dtype).itemsize
+        most = max(1, min(rows, INNER_CHUNK_BYTES // row_bytes))
+        steps = max(k for k in range(1, most + 1) if rows % k == 0)
+        inner = (steps, 1, *shape[2:]) if len(shape) >= 2 else (steps,)
+        return tuple(int(d) for d in inner)
+
+    def encode(self, data: np.ndarray, inner: tuple[int, ...], layout: str) -> list[Any]:
+        """Every inner chunk compressed (large arrays on the worker pool)."""
+        chunks = _inner_chunks(data, inner)
+        return thread_pool.run_all(self.encode_frame, list(chunks), chunks.nbytes >= THREADED_BYTES)
+
+    def decoder(self, frame_shape: tuple[int, ...], layout: str) -> Decoder | None:
+        # docstring inherited
+        return zstd_into
+
+    def shard_codecs(self, dtype: np.dtype[Any], layout: str) -> tuple[Any, ...]:
+        # docstring inherited
+        return (
+            BytesCodec(endian="little" if dtype.itemsize > 1 else None),
+            ZstdCodec(level=self.param, checksum=self.checksum),
+        )
+
+    def zarr_compressor(self) -> Any:
+        # docstring inherited
+        return ZstdCodec(level=self.param, checksum=self.checksum)
+
+    def encode_frame(self, frame: np.ndarray) -> bytes:
+        # docstring inherited
+        return bytes(zstd.compress(frame, self.param, self.checksum))
+
+    def decode_frame(self, data: bytes | memoryview, out: np.ndarray) -> np.ndarray:
+        # docstring inherited
+        zstd.decompress(data, out)
+        return out
+
+
+def zstd_into(data: bytes | memoryview, target: np.ndarray) -> None:
+    """One zstd inner chunk decoded into its target."""
+    zstd.decompress(data, target)
+
+
+def _inner_chunks(data: np.ndarray, inner: tuple[int, ...]) -> np.ndarray:
+    """``[chunks, chunk_bytes]`` uint8: the inner chunks of ``data`` in C order of the grid.
+
+    Inner chunks are ``(k,)`` for a 1-D array, else ``(k, 1, *trailing)``.
     """
-    try:
-        if numcodec.codec_id == "imagecodecs_qoi":
-            _check_qoi_header(data, out.shape)
-        numcodec.decode(data, out=out)
-    except ValueError as exc:  # imagecodecs: "invalid out.shape=..., shape=<the stream's>"
-        raise ValueError(
-            f"a {name} stream does not decode into the declared frame {list(out.shape)}: {exc}"
-        ) from exc
-    return out
+    k = inner[0]
+    rows = data.shape[0]
+    if data.ndim == 1:
+        return data.reshape(rows // k, -1).view(np.uint8).reshape(rows // k, -1)
+    envs = data.shape[1]
+    blocks = data.reshape(rows // k, k, envs, -1).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(blocks).view(np.uint8).reshape(rows // k * envs, -1)
 
 
-def _check_qoi_header(data: bytes | memoryview, declared: tuple[int, ...]) -> None:
-    """Refuse a QOI stream whose header (``qoif``, then big-endian width, height, and the
-    channels) claims another frame than ``declared``; a stream without the magic is left to
-    the decoder, which refuses it before allocating."""
-    header = bytes(data[: _QOI_HEADER.size])
-    if len(header) < _QOI_HEADER.size or not header.startswith(b"qoif"):
-        return
-    _, width, height, channels = _QOI_HEADER.unpack(header)
-    if (height, width, channels) != tuple(declared):
-        raise ValueError(f"the stream's header says shape={(height, width, channels)}")
+@dataclass(frozen=True)
+class ZarrCodec(Codec):
+    """A zarr codec object the caller gave (``BloscCodec``...): zarr writes and reads the
+    array through its own pipeline."""
+
+    name: ClassVar[str] = "zarr"
+    kind: ClassVar[str] = "zarr"
+    given: Any = None
+
+    @property
+    def text(self) -> str:
+        """The object as text: ``blosc(cname=lz4, ...)``."""
+        document = self.given.to_dict()
+        config = document.get("configuration") or {}
+        args = ", ".join(f"{k}={v}" for k, v in sorted(config.items()))
+        return f"{document.get('name')}({args})"
+
+    def inner(self, shape: Sequence[int], dtype: Any) -> tuple[int, ...]:
+        """None: zarr chunks the array itself."""
+        return ()
+
+    def zarr_compressor(self) -> Any:
+        # docstring inherited
+        return self.given
 
 
-_QOI_HEADER = struct.Struct(">4sIIB")
-
-
-def require_images(what: str) -> None:
-    """Raise :class:`CodecUnavailableError` naming the package when ``imagecodecs`` is
-    missing."""
-    try:
-        import imagecodecs  # noqa: F401, PLC0415
-    except ImportError as exc:
-        raise _codec_unavailable(what, str(exc)) from exc
-
-
-def _codec_unavailable(what: str, why: str) -> CodecUnavailableError:
-    """The error of a codec this process cannot run (``why``: the import's failure)."""
-    return CodecUnavailableError(
-        f"{what} needs imagecodecs, which this Python cannot import ({why}): pip install "
-        f"imagecodecs (a dependency of rbzarr; '{IMAGES_EXTRA}' installs it too)"
-    )
+# The codec classes by spec name.
+_BY_NAME: dict[str, type[Codec]] = {
+    cls.name: cls for cls in (Raw, Zstd, Lossless, Qoi, Png, JpegXlLossless, Jpeg, JpegXl)
+}
+# The image codec names (each decodes only into its declared frame).
+IMAGE_CODECS = tuple(name for name, cls in _BY_NAME.items() if cls.is_image)
 
 
 def is_known(text: str) -> bool:
     """Whether spec ``text`` names a codec this rbzarr knows (its parameter aside)."""
-    return text.strip().lower().partition(":")[0].removesuffix("+checksum") in _DEFAULT_PARAM
+    return text.strip().lower().partition(":")[0].removesuffix("+checksum") in _BY_NAME
 
 
 def unknown_codec(where: str, codec: str) -> CodecUnavailableError:
@@ -267,25 +273,6 @@ def unknown_codec(where: str, codec: str) -> CodecUnavailableError:
         "not installed here, wrote it): upgrade rbzarr or install the codec's package to "
         "read it; the data is not damaged"
     )
-
-
-def _numcodec(text: str, config: tuple[tuple[str, Any], ...]) -> Any:
-    found = _NUMCODECS.get(text)
-    if found is None:
-        require_images(f"codec {text!r}")
-        from rbzarr.storage.zarr.zarr_codecs import register_numcodecs  # noqa: PLC0415
-
-        try:
-            register_numcodecs()
-        except ImportError as exc:
-            raise _codec_unavailable(f"codec {text!r}", str(exc)) from exc
-        from numcodecs import get_codec  # noqa: PLC0415
-
-        found = _NUMCODECS[text] = get_codec(dict(config))
-    return found
-
-
-_NUMCODECS: dict[str, Any] = {}
 
 
 def parse_codec(spec: Any) -> Codec:
@@ -304,36 +291,37 @@ def parse_codec(spec: Any) -> Codec:
     text = spec.strip().lower()
     if text.startswith("zstd") and text.endswith("+checksum"):
         plain = parse_codec(text.removesuffix("+checksum"))
-        level = int(plain.param if plain.param is not None else 1)
-        return Codec("zstd", level, given=ZstdCodec(level=level, checksum=True))
+        assert isinstance(plain, Zstd)
+        return Zstd(plain.param, checksum=True)
     name, sep, raw_param = text.partition(":")
-    if name not in _DEFAULT_PARAM:
-        known = ", ".join(repr(n) for n in _DEFAULT_PARAM)
+    cls = _BY_NAME.get(name)
+    if cls is None:
+        known = ", ".join(repr(n) for n in _BY_NAME)
         raise ValueError(f"codec {spec!r}: unknown name {name!r} (known: {known})")
     if not sep:
-        if name in ("jpeg", "jpegxl"):
+        if cls.needs_param:
             raise ValueError(f"codec {spec!r}: give the quality, e.g. '{name}:95'")
-        return Codec(name, _DEFAULT_PARAM[name])
-    if name not in _PARAM_RANGE:
+        return cls()
+    if cls.params is None:
         raise ValueError(f"codec {spec!r}: {name!r} takes no parameter")
     try:
         param = int(raw_param)
     except ValueError:
         raise ValueError(f"codec {spec!r}: the parameter must be an integer") from None
-    low, high = _PARAM_RANGE[name]
+    low, high = cls.params
     if not low <= param <= high:
         raise ValueError(f"codec {spec!r}: {name} takes {low}..{high}, got {param}")
-    return Codec(name, param)
+    return cls.with_param(param)
 
 
 def _from_object(spec: Any) -> Codec:
     """The :class:`Codec` of ``None`` (raw) or a zarr codec object."""
     if spec is None:
-        return Codec("raw")
+        return RAW
     if isinstance(spec, ZstdCodec):
-        return Codec("zstd", int(spec.level), given=spec)
+        return Zstd(int(spec.level), bool(spec.checksum))
     if hasattr(spec, "to_dict"):
-        return Codec("zarr", given=spec)
+        return ZarrCodec(spec)
     raise ValueError(f"codec {spec!r}: expected a spec string, a zarr codec or None")
 
 
@@ -344,19 +332,6 @@ def parse_codecs(codecs: Mapping[str, Any] | None) -> dict[str, Codec]:
     if not isinstance(codecs, Mapping):
         raise ValueError(f"codecs must map keys to codec specs, got {type(codecs).__name__}")
     return {str(key): parse_codec(spec) for key, spec in codecs.items()}
-
-
-def image_layout(shape: Sequence[int], dtype: Any) -> str | None:
-    """``"hwc"`` or ``"chw"`` for image-like arrays (uint8 ``[T, B, H, W, C]`` or
-    ``[T, B, C, H, W]``, ``C`` in 1, 3, 4, sides of at least 8), else ``None``."""
-    if np.dtype(dtype) != np.uint8 or len(shape) != 5:
-        return None
-    *_, a, b, c = (int(d) for d in shape)
-    if c in _CHANNELS and min(a, b) >= _MIN_SIDE:
-        return "hwc"
-    if a in _CHANNELS and min(b, c) >= _MIN_SIDE:
-        return "chw"
-    return None
 
 
 def choose_codec(codecs: Mapping[str, Codec], key: str, shape: Sequence[int], dtype: Any) -> Codec:
@@ -374,48 +349,36 @@ def choose_codec(codecs: Mapping[str, Codec], key: str, shape: Sequence[int], dt
     layout = image_layout(shape, dtype) if shape and 0 not in shape else None
     if chosen is None:
         if layout is None:
-            return Codec("raw")
-        chosen = Codec("lossless")
-    if chosen.name == "lossless":
-        if layout is None:
-            return Codec("raw") if key not in codecs else _not_image(key, chosen, shape, dtype)
-        channels = int(shape[-1] if layout == "hwc" else shape[2])
-        chosen = Codec("qoi") if channels in (3, 4) else Codec("png", 1)
-    if chosen.is_image:
-        if layout is None:
-            if key not in codecs:  # a "default" image codec leaves other keys raw
-                return Codec("raw")
-            _not_image(key, chosen, shape, dtype)
-        require_images(f"codec {chosen.text!r} of {key!r}")
-        channels = int(shape[-1] if layout == "hwc" else shape[2])
-        if chosen.name == "qoi" and channels not in (3, 4):
-            raise InvalidCodecError(
-                f"{key!r}: codec 'qoi' takes 3 or 4 channels, the frames have {channels} "
-                "(use 'png' or 'lossless')"
-            )
-        sides = [int(d) for d in (shape[2:4] if layout == "hwc" else shape[3:5])]
-        if chosen.name == "jpeg" and max(sides) > _JPEG_MAX_SIDE:
-            raise InvalidCodecError(
-                f"{key!r}: codec {chosen.text!r} takes frames of at most {_JPEG_MAX_SIDE} "
-                f"pixels a side, the frames are {sides[0]}x{sides[1]} (use 'jpegxl' or 'png')"
-            )
-    return chosen
+            return RAW
+        chosen = Lossless()
+    return chosen.for_array(key, shape, dtype, layout, key in codecs) or RAW
 
 
-def _not_image(key: str, codec: Codec, shape: Sequence[int], dtype: Any) -> Codec:
-    raise InvalidCodecError(
-        f"{key!r}: codec {codec.text!r} takes image-like arrays (uint8 [T, B, H, W, C] or "
-        f"[T, B, C, H, W], C in 1, 3, 4, sides of at least {_MIN_SIDE}), got "
-        f"{np.dtype(dtype)} {list(shape)} (use 'raw' or 'zstd' for this key)"
-    )
+# The codec text a description of each stored kind implies when it names none.
+_STORED_DEFAULT = {"mapped": "raw", "chunked": "zstd"}
 
 
-def _object_text(codec: Any) -> str:
-    """A zarr codec object as text: ``blosc(cname=lz4, ...)``."""
-    document = codec.to_dict()
-    config = document.get("configuration") or {}
-    args = ", ".join(f"{k}={v}" for k, v in sorted(config.items()))
-    return f"{document.get('name')}({args})"
+def stored_codec(kind: str, text: str, where: str) -> Codec:
+    """The codec of an array rbzarr stored itself, from its layout description's ``kind``
+    and ``codec`` (empty: the kind's own).
+
+    Raises
+    ------
+    CodecUnavailableError
+        The description names a codec this rbzarr does not know (not damage).
+    CorruptStoreError
+        The codec is malformed, or is not one of an array of ``kind``.
+    """
+    text = text or _STORED_DEFAULT.get(kind, "")
+    if not is_known(text):
+        raise unknown_codec(where, text)
+    try:
+        codec = parse_codec(text)
+    except ValueError as exc:
+        raise CorruptStoreError(f"{where}: {exc}") from exc
+    if codec.kind != kind:
+        raise CorruptStoreError(f"{where}: {kind} arrays are not stored with {text!r}")
+    return codec
 
 
 def psnr(original: np.ndarray, decoded: np.ndarray) -> float:

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from numcodecs import zstd
 
 from rbzarr.storage.io import thread_pool
 from rbzarr.storage.zarr import shard_index
 from rbzarr.storage.zarr.chunking import KeyPlan
 from rbzarr.storage.zarr.codecs import Codec, psnr
+from rbzarr.storage.zarr.image_codecs import frames
 from rbzarr.trajectory.dtypes import dtype_name, to_numpy
 from rbzarr.trajectory.fields import RESET_ROW_FIELDS
 
@@ -39,8 +39,6 @@ __all__ = [
 # trajectory's write went to ``mkdir``, and every folder takes a block on disk).  Object
 # stores have no folders and keep ``/``.
 LOCAL_SEPARATOR = "."
-# Arrays at least this large are compressed on the worker pool (zstd releases the GIL).
-THREADED_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -104,16 +102,9 @@ def encode_array(
     data = to_numpy(value)
     stored = stored_dtype(data.dtype)
     data = np.ascontiguousarray(data, dtype=stored)
-    parts: list[Any]
-    measured: float | None = None
-    if plan.kind == "mapped":
-        parts = [data.reshape(-1).view(np.uint8)]
-    elif plan.kind == "image":
-        parts = encode_frames(plan.codec, frames(data, plan.image))
-        if plan.codec.lossy:
-            measured = _measured_psnr(plan.codec, data, parts, plan.image)
-    else:
-        parts = _compressed(_inner_chunks(data, plan.inner), plan.level or 1, plan.checksum)
+    codec = plan.codec
+    parts = codec.encode(data, plan.inner, plan.image)
+    measured = _measured_psnr(codec, data, parts, plan.image) if codec.lossy else None
     nbytes = [len(part) for part in parts]
     offsets = [0, *itertools.accumulate(nbytes)][:-1]
     shard = [*(memoryview(p).cast("B") for p in parts), shard_index.encode_index(offsets, nbytes)]
@@ -123,41 +114,25 @@ def encode_array(
         shape,
         stored,
         plan.inner,
-        plan.level if plan.kind == "chunked" else None,
-        plan.checksum,
+        codec,
         dtype_name(value.dtype),
         tuple(dimension_names(key, shape, T, B)),
         separator,
-        (plan.codec.text, plan.image) if plan.kind == "image" else None,
+        plan.image,
     )
     description = {
         "kind": plan.kind,
         "shape": list(shape),
         "dtype": stored.str,
         "inner": list(plan.inner),
-        "checksum": plan.checksum,
+        "checksum": codec.checksum,
         "shard_bytes": size,
         "separator": separator,
+        **codec.described(plan.image),
     }
-    if plan.kind != "mapped":
-        description["codec"] = plan.codec.text
-    if plan.kind == "image":
-        description["image"] = plan.image
     if measured is not None:
         description["psnr"] = measured
     return EncodedArray(document, shard, description)
-
-
-def frames(data: np.ndarray, layout: str) -> np.ndarray:
-    """``[T * B, H, W, C]`` views of the frames of a ``[T, B, ...]`` uint8 array whose
-    trailing dimensions lie as ``layout`` (``"hwc"`` or ``"chw"``)."""
-    flat = data.reshape(-1, *data.shape[2:])
-    return flat.transpose(0, 2, 3, 1) if layout == "chw" else flat
-
-
-def encode_frames(codec: Codec, images: np.ndarray) -> list[bytes]:
-    """Every frame encoded by ``codec``, on the worker pool (imagecodecs releases the GIL)."""
-    return thread_pool.run_all(codec.encode_frame, list(images), len(images) > 1)
 
 
 def _measured_psnr(codec: Codec, data: np.ndarray, parts: list[bytes], layout: str) -> float:
@@ -169,24 +144,3 @@ def _measured_psnr(codec: Codec, data: np.ndarray, parts: list[bytes], layout: s
     thread_pool.run_all(lambda job: codec.decode_frame(*job), jobs, len(jobs) > 1)
     measured = psnr(originals, decoded)
     return round(min(measured, 1e9), 3)
-
-
-def _inner_chunks(data: np.ndarray, inner: tuple[int, ...]) -> np.ndarray:
-    """``[chunks, chunk_bytes]`` uint8: the inner chunks of ``data`` in C order of the grid.
-
-    Inner chunks are ``(k,)`` for a 1-D array, else ``(k, 1, *trailing)``.
-    """
-    k = inner[0]
-    rows = data.shape[0]
-    if data.ndim == 1:
-        return data.reshape(rows // k, -1).view(np.uint8).reshape(rows // k, -1)
-    envs = data.shape[1]
-    blocks = data.reshape(rows // k, k, envs, -1).transpose(0, 2, 1, 3)
-    return np.ascontiguousarray(blocks).view(np.uint8).reshape(rows // k * envs, -1)
-
-
-def _compressed(chunks: np.ndarray, level: int, checksum: bool) -> list[bytes]:
-    threaded = chunks.nbytes >= THREADED_BYTES
-    return thread_pool.run_all(
-        lambda chunk: zstd.compress(chunk, level, checksum), list(chunks), threaded
-    )

@@ -70,11 +70,11 @@ from rbzarr.storage.zarr.chunking import (
     DEFAULT_CHUNK_BYTES,
     KeyPlan,
     plan_key,
-    zarr_compressor,
 )
-from rbzarr.storage.zarr.codecs import Codec, parse_codec, parse_codecs, require_images
+from rbzarr.storage.zarr.codecs import RAW, Codec, parse_codec, parse_codecs, require_images
 from rbzarr.storage.zarr.encode import LOCAL_SEPARATOR, shard_key
 from rbzarr.storage.zarr.handles import time_and_envs, trajectory_id
+from rbzarr.storage.zarr.image_codecs import Lossless
 from rbzarr.storage.zarr.open import (
     FIELDS_ATTR,
     MAX_ARRAY_CHUNKS,
@@ -492,7 +492,7 @@ class ZarrLayout(TrajectoryLayout):
             sharded.LAYOUT_ATTR: description,
         }
         compressors = {
-            key: zarr_compressor(plan.codec) for key, plan in plans.items() if plan.kind == "zarr"
+            key: plan.codec.zarr_compressor() for key, plan in plans.items() if plan.by_zarr
         }
         zarr_keys = list(compressors)
         group = group_path(tid)
@@ -581,7 +581,7 @@ class ZarrLayout(TrajectoryLayout):
         """Remember the codec each key was written with (the store's metadata records it)."""
         with self._recorded_lock:
             for key, plan in plans.items():
-                if plan.kind == "zarr" and key not in self._explicit:
+                if plan.by_zarr and key not in self._explicit:
                     continue
                 if self._recorded.get(key, "lossless") == "lossless":
                     self._recorded[key] = plan.codec.text
@@ -600,7 +600,7 @@ class ZarrLayout(TrajectoryLayout):
         """
         recorded = metadata.get(CODECS_KEY)
         if recorded is None:
-            self.codecs.setdefault("default", Codec("raw"))
+            self.codecs.setdefault("default", RAW)
             return
         if not isinstance(recorded, dict):
             raise CorruptStoreError(f"{self.location.url}: metadata {CODECS_KEY!r} is not a map")
@@ -674,7 +674,7 @@ def _same_codec(mine: Codec, recorded: str) -> bool:
         theirs = parse_codec(recorded)
     except ValueError:
         return False
-    return mine.name == "lossless" and theirs.is_image and not theirs.lossy
+    return isinstance(mine, Lossless) and theirs.is_image and not theirs.lossy
 
 
 def _root_head(documents: Documents) -> dict[str, Any]:

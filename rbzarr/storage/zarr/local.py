@@ -33,7 +33,6 @@ handles of a trajectory it writes or deletes.
 
 from __future__ import annotations
 
-import functools
 import mmap
 import os
 import weakref
@@ -41,14 +40,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
-from numcodecs import zstd
 
 from rbzarr.errors import CodecUnavailableError, CorruptStoreError
 from rbzarr.storage.io import thread_pool
 from rbzarr.storage.io.files import open_regular
 from rbzarr.storage.zarr import regions, shard_index
 from rbzarr.storage.zarr.byte_source import ByteSource
-from rbzarr.storage.zarr.codecs import Codec, parse_codec
+from rbzarr.storage.zarr.codec import Decoder
+from rbzarr.storage.zarr.codecs import zstd_into
 from rbzarr.storage.zarr.spec import ArraySpec
 
 __all__ = [
@@ -70,8 +69,6 @@ PREFETCH_ROW_BYTES = 4096
 THREADED_PIECES = 1024
 # A batch with at least this many frames to decode (image codecs) is read on the pool.
 THREADED_FRAMES = 8
-# Decodes one inner chunk's bytes into its uint8 target.
-Decoder = Callable[[bytes | memoryview, np.ndarray], None]
 
 
 @dataclass
@@ -167,7 +164,7 @@ class LocalShard:
         self.rows: np.ndarray | None = None
         self.bay: regions.Bay | None = None
         self._map: mmap.mmap | None = None
-        if spec.kind == "mapped" and len(spec.shape) >= 2:
+        if spec.coder.in_place and len(spec.shape) >= 2:
             self._map_rows(fd, size)
 
     def _map_rows(self, fd: int, size: int) -> None:
@@ -236,36 +233,7 @@ def land(piece: Piece, data: bytes | memoryview, where: str) -> None:
 def decoder(spec: ArraySpec) -> Decoder | None:
     """How an inner chunk of ``spec``'s array is decoded into its uint8 target: the one
     place a compressed or encoded chunk becomes values (``None``: stored raw)."""
-    if spec.kind == "mapped":
-        return None
-    if spec.kind == "chunked":
-        return _zstd_into
-    codec = parse_codec(spec.codec)
-    shape = tuple(spec.shape[2:])
-    if spec.image == "chw":
-        return functools.partial(_frame_chw_into, codec, shape)
-    return functools.partial(_frame_into, codec, shape)
-
-
-def _zstd_into(data: bytes | memoryview, target: np.ndarray) -> None:
-    zstd.decompress(data, target)
-
-
-def _frame_into(
-    codec: Codec, shape: tuple[int, ...], data: bytes | memoryview, target: np.ndarray
-) -> None:
-    """One ``[H, W, C]`` frame decoded straight into its row."""
-    codec.decode_frame(data, out=target.reshape(shape))
-
-
-def _frame_chw_into(
-    codec: Codec, shape: tuple[int, ...], data: bytes | memoryview, target: np.ndarray
-) -> None:
-    """One frame decoded into an ``[H, W, C]`` scratch of the declared size, then laid into
-    its ``[C, H, W]`` row."""
-    channels, height, width = shape
-    decoded = codec.decode_frame(data, out=np.empty((height, width, channels), np.uint8))
-    target.reshape(shape)[...] = decoded.transpose(2, 0, 1)
+    return spec.coder.decoder(tuple(spec.shape[2:]), spec.image)
 
 
 def frames_to_decode(pieces: Iterable[Piece]) -> bool:
@@ -273,7 +241,7 @@ def frames_to_decode(pieces: Iterable[Piece]) -> bool:
     the worker pool: a frame costs ~0.1 ms, the hop ~0.01 ms)."""
     count = 0
     for piece in pieces:
-        if piece.decode is not None and piece.decode is not _zstd_into:
+        if piece.decode is not None and piece.decode is not zstd_into:
             count += 1
             if count >= THREADED_FRAMES:
                 return True
@@ -292,7 +260,7 @@ def plan_rows(
 
     Each distinct row (uncompressed) or inner chunk (compressed) is read once.
     """
-    if spec.kind == "mapped":
+    if spec.coder.in_place:
         unique, first, inverse = _distinct(elements)
         base = int(index[0, 0])
         pieces = [
@@ -362,7 +330,7 @@ def decode_whole(spec: ArraySpec, shard: bytes, where: str) -> np.ndarray:
         )
     index = spec.check_index(shard[spec.index_offset :], where)
     view = memoryview(shard)
-    if spec.kind == "mapped":
+    if spec.coder.in_place:
         flat = np.frombuffer(view[: spec.data_bytes], np.uint8).copy()
         return flat.view(spec.dtype).reshape(spec.shape)
     chunks = np.empty((spec.chunks, spec.chunk_bytes), dtype=np.uint8)
@@ -374,7 +342,7 @@ def decode_whole(spec: ArraySpec, shard: bytes, where: str) -> np.ndarray:
     thread_pool.run_all(
         lambda piece: land(piece, view[piece.offset : piece.offset + piece.nbytes], where),
         pieces,
-        spec.kind == "image",
+        spec.coder.is_image,
     )
     return _from_inner_chunks(chunks, spec)
 

@@ -44,7 +44,7 @@ def pair_of(
         return None
     pair = CURR + key[len(NEXT) :]
     mine, theirs = plans[key], plans.get(pair)
-    if theirs is None or mine.kind != "image" or theirs.kind != "image":
+    if theirs is None or not mine.image or not theirs.image:  # not both frames
         return None
     value, other = fields[key], fields[pair]
     if value.shape != other.shape or value.dtype != other.dtype or value.shape[0] != T:

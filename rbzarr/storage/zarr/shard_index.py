@@ -18,13 +18,13 @@ from typing import Any
 
 import google_crc32c
 import numpy as np
-from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
+from zarr.codecs import ShardingCodec
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.metadata.v3 import ArrayV3Metadata
 from zarr.dtype import parse_data_type
 
 from rbzarr.errors import CorruptStoreError
-from rbzarr.storage.zarr.codecs import parse_codec
+from rbzarr.storage.zarr.codec import Codec
 
 DTYPE_ATTR = "torch_dtype"  # the array attribute naming the torch dtype
 
@@ -82,28 +82,19 @@ def sharded_metadata(
     shape: Sequence[int],
     dtype: np.dtype[Any],
     inner: Sequence[int],
-    level: int | None,
-    checksum: bool,
+    codec: Codec,
     torch_dtype: str,
     dimension_names: tuple[str, ...],
     separator: str = "/",
-    image: tuple[str, str] | None = None,
+    image: str = "",
 ) -> bytes:
     """The ``zarr.json`` of an array stored as one shard of ``inner``-shaped chunks, its
-    chunk keys joined by ``separator``; ``image`` is ``(codec spec, "hwc" | "chw")`` for
-    frames encoded by an image codec (:mod:`rbzarr.storage.zarr.codecs`).
+    chunk keys joined by ``separator``, each encoded by ``codec`` (an image codec's frames
+    lie as ``image``: ``"hwc"`` or ``"chw"``).
 
     Documents are cached: trajectories of one schema share them.
     """
-    chain: tuple[Any, ...]
-    if image is not None:
-        chain = parse_codec(image[0]).zarr_codecs(image[1])
-    else:
-        compressors: tuple[Any, ...] = (
-            () if level is None else (ZstdCodec(level=level, checksum=checksum),)
-        )
-        serializer = BytesCodec(endian="little" if dtype.itemsize > 1 else None)
-        chain = (serializer, *compressors)
+    chain = codec.shard_codecs(dtype, image)
     sharding = ShardingCodec(chunk_shape=tuple(inner), codecs=chain)
     data_type = parse_data_type(dtype, zarr_format=3)
     metadata = ArrayV3Metadata(

@@ -123,7 +123,7 @@ def encode_trajectory(
     arrays: dict[str, Any] = {}
     for key, value in fields.items():
         plan = plans[key]
-        if plan.kind == "zarr":
+        if plan.by_zarr:
             arrays[key] = {"kind": "zarr"}
             continue
         shared: dict[str, Any] = {}

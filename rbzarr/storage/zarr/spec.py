@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.zarr import shard_index
-from rbzarr.storage.zarr.codecs import image_layout, is_known, parse_codec, unknown_codec
+from rbzarr.storage.zarr.codec import Codec
+from rbzarr.storage.zarr.codecs import RAW, image_layout, stored_codec
 
 __all__ = ["KINDS", "MAX_CHUNK_BYTES", "ArraySpec", "check_document", "parse_specs"]
 
@@ -72,6 +73,8 @@ class ArraySpec:
     explicit
         The sorted elements ``t * B + b`` a key stored once holds (row ``m`` holds
         ``explicit[m]``), else ``None``.
+    coder
+        The codec ``kind`` and ``codec`` name (:func:`~rbzarr.storage.zarr.codecs.stored_codec`).
     """
 
     key: str
@@ -87,6 +90,7 @@ class ArraySpec:
     same_as: str = ""
     rows: tuple[int, ...] = ()
     explicit: np.ndarray | None = field(default=None, compare=False)
+    coder: Codec = field(default=RAW, compare=False)
 
     @classmethod
     def parse(cls, key: str, description: Any, where: str) -> ArraySpec:
@@ -123,27 +127,24 @@ class ArraySpec:
             or spec.dtype.shape != ()
         ):
             raise CorruptStoreError(f"{where}: invalid layout description {description!r}")
+        spec = replace(spec, coder=stored_codec(spec.kind, spec.codec, where))
         if (spec.same_as or spec.explicit is not None or spec.rows) and not _shared_ok(spec):
             raise CorruptStoreError(f"{where}: invalid next_obs description {description!r}")
-        if spec.kind == "image" and not is_known(spec.codec):
-            raise unknown_codec(where, spec.codec)
-        if spec.kind == "image" and not _image_ok(spec):
+        if spec.coder.is_image and not _image_ok(spec):
             raise CorruptStoreError(f"{where}: invalid image description {description!r}")
-        if spec.kind == "chunked" and spec.codec and not spec.codec.startswith("zstd"):
-            raise CorruptStoreError(f"{where}: chunked arrays are zstd, not {spec.codec!r}")
-        if spec.kind != "mapped" and spec.chunk_bytes > MAX_CHUNK_BYTES:
+        if not spec.coder.in_place and spec.chunk_bytes > MAX_CHUNK_BYTES:
             raise CorruptStoreError(
                 f"{where}: inner chunks of {spec.chunk_bytes} bytes, more than the "
                 f"{MAX_CHUNK_BYTES} a decoded chunk may have"
             )
         bound = max(MAX_RATIO_FLOOR, spec.shard_bytes * MAX_RATIO)
-        if spec.kind != "mapped" and spec.data_bytes > bound:
+        if not spec.coder.in_place and spec.data_bytes > bound:
             raise CorruptStoreError(
                 f"{where}: {spec.data_bytes} bytes decoded from a shard of {spec.shard_bytes} "
                 f"bytes, more than {MAX_RATIO} times its size"
             )
         if not 0 <= spec.index_offset < spec.shard_bytes or (
-            spec.kind == "mapped" and spec.index_offset != spec.data_bytes
+            spec.coder.in_place and spec.index_offset != spec.data_bytes
         ):
             raise CorruptStoreError(
                 f"{where}: a shard of {spec.shard_bytes} bytes cannot hold {spec.chunks} inner "
@@ -191,7 +192,7 @@ class ArraySpec:
     def check_index(self, raw: bytes, where: str) -> np.ndarray:
         """Parse and check the shard's index bytes."""
         index = shard_index.decode_index(raw, self.chunks, self.index_offset, where)
-        if self.kind == "mapped" and index.tolist() != [[0, self.data_bytes]]:
+        if self.coder.in_place and index.tolist() != [[0, self.data_bytes]]:
             raise CorruptStoreError(
                 f"{where}: shard index {index.tolist()} does not describe the uncompressed "
                 f"array ([0, {self.data_bytes}])"
@@ -212,7 +213,7 @@ def _shared_ok(spec: ArraySpec) -> bool:
     """Whether a ``next_obs`` key stored once is described consistently: its rows sorted,
     distinct, inside ``T * B`` and including every row of the last step."""
     explicit = spec.explicit
-    if explicit is None or len(spec.rows) != 2 or len(spec.shape) < 2 or spec.kind != "image":
+    if explicit is None or len(spec.rows) != 2 or len(spec.shape) < 2 or not spec.coder.is_image:
         return False
     T, B = spec.rows
     if not (0 < T < MAX_DIM and 0 < B < MAX_DIM) or spec.shape[:2] != (len(explicit), 1):
@@ -227,15 +228,10 @@ def _shared_ok(spec: ArraySpec) -> bool:
 
 
 def _image_ok(spec: ArraySpec) -> bool:
-    """Whether an ``"image"`` description names an image codec and one frame per chunk."""
-    try:
-        codec = parse_codec(spec.codec)
-    except ValueError:
-        return False
-    return (
-        codec.is_image
-        and spec.image == image_layout(spec.shape, spec.dtype)
-        and spec.inner == (1, 1, *spec.shape[2:])
+    """Whether an ``"image"`` description lays its frames as the array's shape does, one
+    frame per chunk."""
+    return spec.image == image_layout(spec.shape, spec.dtype) and spec.inner == spec.coder.inner(
+        spec.shape, spec.dtype
     )
 
 

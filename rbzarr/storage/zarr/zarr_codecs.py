@@ -25,7 +25,7 @@ from zarr.core.buffer import Buffer, NDBuffer
 from zarr.registry import register_codec
 
 from rbzarr.errors import CorruptStoreError
-from rbzarr.storage.zarr.codecs import decode_into
+from rbzarr.storage.zarr.image_codecs import decode_into
 
 __all__ = ["Jpeg", "Jpegxl", "Png", "Qoi", "image_codec", "register_numcodecs"]
 
