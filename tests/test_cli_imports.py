@@ -1,6 +1,7 @@
 """The command line answers at once: help and the reading commands never import torch.
 
-``info``, ``ls``, ``show``, ``verify`` and ``stats`` of a zarr store read it into numpy.
+``info``, ``ls``, ``show``, ``report``, ``plot``, ``verify`` and ``stats`` of a zarr store read
+it into numpy.
 
 Each case runs in a fresh interpreter (this one has torch loaded already) and reports the
 first command whose run left ``torch`` in ``sys.modules``.
@@ -117,6 +118,14 @@ def test_stats_of_a_zarr_store_imports_no_torch(tmp_path: Path) -> None:
     store = _camera_store(tmp_path / "store")
     runs = [["stats", store], ["stats", "--json", "--keys", "rewards,prev_values", store]]
     assert first_importing_torch(runs) == "none"
+
+
+def test_report_and_plot_of_a_zarr_store_import_no_torch(tmp_path: Path) -> None:
+    store = _camera_store(tmp_path / "store")
+    page, figure = tmp_path / "report.html", tmp_path / "plot.png"
+    runs = [["report", store, "-o", str(page)], ["plot", store, "-o", str(figure)]]
+    assert first_importing_torch(runs) == "none"
+    assert page.stat().st_size and figure.stat().st_size
 
 
 def test_stats_read_into_numpy_equal_the_tensors(tmp_path: Path) -> None:

@@ -121,6 +121,10 @@ def _steps_part(
     return reduce(steps), fields
 
 
+def _nothing(steps: Mapping[str, np.ndarray]) -> None:
+    """What :meth:`TrajectoryTasks.episodes` keeps of a trajectory's steps: nothing."""
+
+
 def _copy_trajectory(
     destination: _StoreAddress, layout: TrajectoryLayout, entry: Mapping[str, Any]
 ) -> None:
@@ -251,6 +255,42 @@ class TrajectoryTasks:
         for trajectory_id, (reduced, fields), run_continues in zip(ids, results, runs, strict=True):
             episodes = tracker.feed(trajectory_id, fields, run_continues) if with_episodes else []
             yield trajectory_id, reduced, episodes
+
+    def episodes(
+        self,
+        view: BufferView | StoreArrays,
+        keys: Sequence[str],
+        *,
+        progress: bool = False,
+        across_trajectories: bool = True,
+    ) -> Iterator[Episode]:
+        """Every episode, in the order ``view.iter_episodes`` yields them, carrying ``keys``
+        (``dones`` always) as numpy arrays.
+
+        Parameters
+        ----------
+        view
+            The store, as for :meth:`steps_and_episodes`.
+        keys
+            Flat keys to read and carry.
+        progress, across_trajectories
+            As for :meth:`steps_and_episodes`.
+
+        Yields
+        ------
+        Episode
+            Complete episodes, and incomplete ones where their run ends.
+        """
+        stream = self.steps_and_episodes(
+            view,
+            keys,
+            _nothing,
+            progress=progress,
+            across_trajectories=across_trajectories,
+            episode_keys=keys,
+        )
+        for _, _, ended in stream:
+            yield from ended
 
     def copy(
         self,

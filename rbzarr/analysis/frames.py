@@ -8,7 +8,7 @@ trajectories of frames.  Episodes are numbered and cut as
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -140,23 +140,17 @@ def find_episode(view: Store, number: int, across_trajectories: bool = True) -> 
     from rbzarr.analysis.cluster import TrajectoryTasks  # noqa: PLC0415
 
     count = 0
-    stream = TrajectoryTasks().steps_and_episodes(
-        view, [DONES], _nothing, across_trajectories=across_trajectories, episode_keys=[DONES]
-    )
-    for _, _, episodes in stream:
-        for episode in episodes:
-            if count == number:
-                return episode
-            count += 1
+    for episode in TrajectoryTasks().episodes(
+        view, [DONES], across_trajectories=across_trajectories
+    ):
+        if count == number:
+            return episode
+        count += 1
     raise EpisodeNotFoundError(
         f"{view.url}: no episode {number}; the store has episodes 0..{count - 1}"
         if count
         else f"{view.url}: no episode {number}; the store has no episode"
     )
-
-
-def _nothing(steps: Mapping[str, np.ndarray]) -> None:
-    """What :func:`find_episode` keeps of a trajectory's steps besides its episodes."""
 
 
 def episode_steps(

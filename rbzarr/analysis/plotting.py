@@ -12,6 +12,7 @@ from rbzarr.trajectory.steps import DONES, REWARDS
 
 if TYPE_CHECKING:
     from rbzarr.analysis.cluster import TrajectoryTasks
+    from rbzarr.analysis.store_arrays import StoreArrays
     from rbzarr.analysis.view import BufferView
 
 __all__ = [
@@ -39,7 +40,10 @@ def _pyplot() -> Any:
 
 
 def _collect(
-    view: BufferView, progress: bool, across_trajectories: bool, tasks: TrajectoryTasks
+    view: BufferView | StoreArrays,
+    progress: bool,
+    across_trajectories: bool,
+    tasks: TrajectoryTasks,
 ) -> tuple[np.ndarray, list[tuple[int, int, float]]]:
     """All per-step reward elements, and ``(trajectory_id, length, return)`` per complete episode,
     the id being the trajectory the episode ended in.
@@ -102,7 +106,7 @@ def _store_name(url: str) -> str:
 
 
 def plot_store(
-    view: BufferView,
+    view: BufferView | StoreArrays,
     path: str | os.PathLike[str] | IO[bytes],
     progress: bool = False,
     across_trajectories: bool = True,

@@ -18,7 +18,6 @@ from rbzarr.cli.options import (
 
 if TYPE_CHECKING:
     from rbzarr.analysis.store_arrays import StoreArrays
-    from rbzarr.analysis.view import BufferView
 
 __all__ = ["report", "show"]
 
@@ -35,18 +34,6 @@ _fps_option = click.option(
 
 # range_gap 0: on an object store, only the shown rows' bytes, never the frames between
 _ONLY_SHOWN = {"zarr": {"range_gap": 0}}
-
-
-def _open(ctx: click.Context, url: str) -> BufferView:
-    """The store at ``url``, read-only, with the group's options."""
-    from rbzarr.analysis.view import open_buffer  # noqa: PLC0415 (torch)
-
-    return open_buffer(
-        store_source(ctx, url),
-        storage_options(ctx),
-        layout_options=_ONLY_SHOWN,
-        **cache_arguments(ctx),
-    )
 
 
 def _open_arrays(ctx: click.Context, url: str) -> StoreArrays:
@@ -158,12 +145,11 @@ def report(
 ) -> None:
     """One HTML page: the store's summary, its plots, its episodes, and some in full (camera
     videos with reward / action / state plots that follow them)."""
-    from rbzarr.analysis.listing import StoreListing  # noqa: PLC0415
-    from rbzarr.analysis.report_page import write_report  # noqa: PLC0415 (torch)
+    from rbzarr.analysis.report_page import write_report  # noqa: PLC0415
     from rbzarr.analysis.summary import describe_store  # noqa: PLC0415
 
-    view = _open(ctx, url)
-    info = describe_store(StoreListing(store_source(ctx, url), storage_options(ctx)))
+    view = _open_arrays(ctx, url)
+    info = describe_store(view)
     result = write_report(
         view,
         info,

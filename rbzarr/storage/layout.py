@@ -421,22 +421,10 @@ class TrajectoryLayout(ABC):
         return list(self.read(entry).tensors())
 
     def field_dtypes(self, entry: Entry) -> dict[str, str]:
-        """The dtype name of every flat field of one trajectory (``"float32"``,
-        ``"bfloat16"``), in order: what :meth:`read_arrays` does not tell (it holds
-        ``bfloat16`` as ``uint16``).
-
-        The default reads the trajectory; layouts with field metadata override it.
-
-        Parameters
-        ----------
-        entry
-            The trajectory's index entry.
-
-        Returns
-        -------
-        dict of str to str
-            Flat key to dtype name.
-        """
+        """Flat key to dtype name (``"float32"``, ``"bfloat16"``) of every field of the
+        trajectory of ``entry``, in order: what :meth:`read_arrays` does not tell (it holds
+        ``bfloat16`` as ``uint16``).  The default reads the trajectory; layouts with field
+        metadata override it."""
         return {key: dtype_name(value.dtype) for key, value in self.read(entry).tensors().items()}
 
     def missing_parts(self, entry: Entry) -> list[str]:

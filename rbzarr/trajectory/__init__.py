@@ -14,13 +14,7 @@ __all__ = ["Trajectory"]
 
 
 def __getattr__(name: str) -> object:
-    """Import a public name on first use.
-
-    Raises
-    ------
-    AttributeError
-        For any other name, as a module without it would.
-    """
-    if name == "Trajectory":
-        return importlib.import_module("rbzarr.trajectory.model").Trajectory
-    raise AttributeError(f"module 'rbzarr.trajectory' has no attribute {name!r}")
+    """:class:`Trajectory` on first use (``AttributeError`` for any other name)."""
+    if name != "Trajectory":
+        raise AttributeError(f"module 'rbzarr.trajectory' has no attribute {name!r}")
+    return importlib.import_module("rbzarr.trajectory.model").Trajectory
