@@ -1,19 +1,26 @@
 """The ``priorities`` suite: prioritized replay against TorchRL, in the same run.
 
 Cases (rows of a compact state schema: ``state`` 16 float32, ``actions`` 4, ``rewards``,
-``dones``):
+``dones``: 88 bytes a row):
 
 * ``hot``: ``sample(256, return_info=True)`` + ``update_priority(256)`` with 10^6 rows in
   the window, all in the buffer's memory, vs TorchRL's ``PrioritizedSampler`` over a
   ``LazyTensorStorage`` of the same count;
-* ``disk``: the same with 10^7 rows (``auto_save`` zarr store, no cache: rows read from
-  the files) vs ``LazyMemmapStorage``;
+* ``cached``: the same with 10^7 rows in an ``auto_save`` zarr store whose whole window the
+  cache holds (RLinf's ``enable_cache``) vs ``LazyTensorStorage``;
+* ``disk``: the same with the 10^7 rows read from the store's files (no cache) vs
+  ``LazyMemmapStorage``;
+* ``uniform``: uniform ``sample(256)`` of the 10^7 rows from the files vs
+  ``LazyMemmapStorage`` with TorchRL's default (uniform) sampler;
 * ``sequences``: ``sample_sequences(64, 16)`` + ``update_priority(64)`` vs
   ``PrioritizedSliceSampler`` (64 slices of 16, updates of the 1,024 indices it returns);
 * ``distribution``: chi-square of 10^6 draws over 10^3 rows with Pareto priorities, and the
   largest importance-weight error against the closed form;
 * ``kill``: priorities flushed, the writer SIGKILLed, the store resumed: equal or not;
 * ``memory``: the bytes the priorities of 10^7 rows hold.
+
+The three 10^7-row cases read one store, written once.  Every timed case alternates rbzarr
+and TorchRL over :data:`ROUNDS` rounds.
 
 TorchRL runs in its own environment (``scripts/torchrl_env.sh``, built on first use) as a
 subprocess: :mod:`benchmarks.torchrl_priorities_peer`.
@@ -69,36 +76,59 @@ def _trajectory(seed: int, T: int, B: int) -> Trajectory:
     )
 
 
+# The cases over the one large store: (prioritized, trajectories cached).
+STORED = {"cached": (True, True), "disk": (True, False), "uniform": (False, False)}
+
+
 def _sizes(quick: bool) -> dict[str, dict[str, int]]:
     """Trajectories (``count`` of ``T`` x ``B`` rows) per case."""
-    if quick:
-        return {
-            "hot": {"count": 100, "T": 40, "B": 25},
-            "disk": {"count": 100, "T": 40, "B": 25},
-            "sequences": {"count": 100, "T": 40, "B": 25},
+    small = {"count": 100, "T": 40, "B": 25}
+    large = small if quick else {"count": 1000, "T": 100, "B": 100}
+    sizes = (
+        {"hot": small, "sequences": small}
+        if quick
+        else {
+            "hot": {"count": 1000, "T": 40, "B": 25},
+            "sequences": {"count": 1000, "T": 40, "B": 25},
         }
-    return {
-        "hot": {"count": 1000, "T": 40, "B": 25},
-        "disk": {"count": 1000, "T": 100, "B": 100},
-        "sequences": {"count": 1000, "T": 40, "B": 25},
-    }
+    )
+    return {**sizes, **dict.fromkeys(STORED, large)}
 
 
-def _ours(case: str, size: dict[str, int], calls: int, budget: float, root: str) -> dict:
-    """Our buffer's step for ``case``: latencies, and the time to fill it."""
-    options: dict[str, Any] = {
-        "seed": 0,
-        "sample_window_size": 0,
-        "prioritized": PrioritizedReplay(alpha=ALPHA, beta=BETA, eps=EPS),
-    }
-    if case == "disk":
+def _options(prioritized: bool) -> dict[str, Any]:
+    options: dict[str, Any] = {"seed": 0, "sample_window_size": 0}
+    if prioritized:
+        options["prioritized"] = PrioritizedReplay(alpha=ALPHA, beta=BETA, eps=EPS)
+    return options
+
+
+def _write_store(size: dict[str, int], store: str) -> float:
+    """Write the large cases' store; the seconds it took."""
+    began = time.perf_counter()
+    options = _options(True)
+    with TrajectoryReplayBuffer(**options, auto_save=True, auto_save_path=store) as buffer:
+        for k in range(size["count"]):
+            buffer.add_trajectories([_trajectory(k, size["T"], size["B"])])
+        buffer.flush()
+    return time.perf_counter() - began
+
+
+def _ours(case: str, size: dict[str, int], calls: int, budget: float, store: str) -> dict:
+    """Our buffer's step for ``case``: latencies, and the time to fill it (or load the
+    store, for the cases of :data:`STORED`)."""
+    prioritized, cached = STORED.get(case, (True, True))
+    options = _options(prioritized)
+    if case in STORED:
         # No hand setting: the zarr layout keeps the window's trajectories open itself.
-        options.update(auto_save=True, auto_save_path=f"{root}/store", cache_size=0)
+        options.update(auto_save=True, auto_save_path=store, cache_size=size["count"] * cached)
     generator = torch.Generator().manual_seed(1)
     with TrajectoryReplayBuffer(**options) as buffer:
         began = time.perf_counter()
-        for k in range(size["count"]):
-            buffer.add_trajectories([_trajectory(k, size["T"], size["B"])])
+        if case in STORED:
+            buffer.load_checkpoint(store)
+        else:
+            for k in range(size["count"]):
+                buffer.add_trajectories([_trajectory(k, size["T"], size["B"])])
         buffer.flush()
         fill_s = time.perf_counter() - began
 
@@ -106,16 +136,22 @@ def _ours(case: str, size: dict[str, int], calls: int, budget: float, root: str)
             _, info = buffer.sample(256, return_info=True)
             buffer.update_priority(info["index"], torch.rand(256, generator=generator) + 0.01)
 
+        def uniform() -> None:
+            buffer.sample(256)
+
         def sequences() -> None:
             _, info = buffer.sample_sequences(64, 16, return_info=True)
             buffer.update_priority(info["index"], torch.rand(64, generator=generator) + 0.01)
 
-        latencies = timed(sequences if case == "sequences" else rows, calls, budget)
+        step = {"sequences": sequences, "uniform": uniform}.get(case, rows)
+        latencies = timed(step, calls, budget)
+        stats = buffer.get_stats()
         return {
             "latencies": latencies,
             "fill_s": fill_s,
             "rows": buffer.total_samples,
-            "kernels": buffer.get_stats()["priority_kernels"],
+            "cached_trajectories": stats["cache_size"],
+            "kernels": stats.get("priority_kernels"),
         }
 
 
@@ -131,7 +167,7 @@ def _peer(sizes: dict[str, dict[str, int]], calls: int, budget: float, root: str
     cases = {}
     for name, size in sizes.items():
         cases[name] = {
-            "kind": "sequences" if name == "sequences" else "rows",
+            "kind": name if name in ("sequences", "uniform") else "rows",
             "rows": size["count"] * size["T"] * size["B"],
             "batch": 64 if name == "sequences" else 256,
             "length": 16,
@@ -139,7 +175,7 @@ def _peer(sizes: dict[str, dict[str, int]], calls: int, budget: float, root: str
             "beta": BETA,
             "obs": OBS,
             "episode": size["T"] * size["B"],
-            "disk": name == "disk",
+            "disk": name in ("disk", "uniform"),
             "calls": calls,
             "budget": budget,
         }
@@ -247,9 +283,8 @@ def _memory(rows: int) -> dict[str, Any]:
 def run_priorities(quick: bool, workdir: str | None) -> dict[str, Any]:
     """Every case of the suite (``quick``: small sizes, for smoke tests).
 
-    The hot and sequence cases alternate rbzarr and TorchRL over :data:`ROUNDS` rounds (the
-    host is shared: its load drifts); each side's figure is the median of its rounds'
-    medians.  The disk case, whose fill takes minutes, runs one round.
+    Every timed case alternates rbzarr and TorchRL over :data:`ROUNDS` rounds (the host is
+    shared: its load drifts); each side's figure is the median of its rounds' medians.
     """
     sizes = _sizes(quick)
     calls, budget = (30, 2.0) if quick else (300, 10.0)
@@ -259,15 +294,18 @@ def run_priorities(quick: bool, workdir: str | None) -> dict[str, Any]:
     }
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(dir=workdir) as root:
-        for round_ in range(rounds):
-            names = list(sizes) if round_ == 0 else ["hot", "sequences"]
-            for name in names:
+        store = f"{root}/store"
+        results["store_write_s"] = _write_store(sizes["disk"], store)
+        for _ in range(rounds):
+            for name in sizes:
                 with tempfile.TemporaryDirectory(dir=root) as case_root:
-                    ours = _ours(name, sizes[name], calls, budget, case_root)
-                    measured[name]["ours"].append(_summary(ours))
-            peer = _peer({name: sizes[name] for name in names}, calls, budget, root)
+                    where = store if name in STORED else case_root
+                    measured[name]["ours"].append(
+                        _summary(_ours(name, sizes[name], calls, budget, where))
+                    )
+            peer = _peer(sizes, calls, budget, root)
             results["torchrl_versions"] = peer.get("versions")
-            for name in names:
+            for name in sizes:
                 if "unavailable" in peer:
                     measured[name]["torchrl"].append({"unavailable": peer["unavailable"]})
                 else:
@@ -312,27 +350,42 @@ def priorities_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     versions = results.get("torchrl_versions") or {}
     peer = ", ".join(f"{k} {v}" for k, v in versions.items()) or "TorchRL"
     found = []
-    for case, name, meaning in (
+    for case, name, meaning, limit in (
         (
             "hot",
             "sample(256) + update_priority(256), hot, vs PrioritizedSampler",
             "median time per step vs TorchRL's over LazyTensorStorage",
+            1.0,
+        ),
+        (
+            "cached",
+            "the same, the window in the cache, vs PrioritizedSampler",
+            "median time per step, zarr store with the window cached vs LazyTensorStorage",
+            1.0,
         ),
         (
             "disk",
             "the same, rows from disk, vs LazyMemmapStorage",
             "median time per step, zarr store without cache vs TorchRL's memmap storage",
+            2.0,
+        ),
+        (
+            "uniform",
+            "uniform sample(256) from disk vs LazyMemmapStorage",
+            "median time per batch, zarr store without cache vs TorchRL's memmap storage",
+            1.5,
         ),
         (
             "sequences",
             "prioritized sequences 64 x 16 vs PrioritizedSliceSampler",
             "median time of sample_sequences + update_priority vs TorchRL's slice sampler",
+            1.0,
         ),
     ):
         value, reason = _ratio(results, case)
         rows = results[case]["ours"]["rows"]
         found.append(
-            target(f"{name} ({rows:,} rows)", f"{meaning} ({peer})", value, 1.0, "<=", reason)
+            target(f"{name} ({rows:,} rows)", f"{meaning} ({peer})", value, limit, "<=", reason)
         )
     distribution = results["distribution"]
     found.append(

@@ -312,7 +312,9 @@ def _s3_table(results: dict[str, Any]) -> str:
 def _priorities_table(results: dict[str, Any]) -> str:
     """Median ms per step, ours and TorchRL's, per case of the priorities suite."""
     rows = []
-    for case in ("hot", "disk", "sequences"):
+    for case in ("hot", "cached", "disk", "uniform", "sequences"):
+        if case not in results:  # a run from before the case existed
+            continue
         ours, peer = results[case]["ours"], results[case]["torchrl"]
         theirs = "-" if "p50_ms" not in peer else f"{peer['p50_ms']:.3f}"
         rows.append([case, f"{ours['rows']:,}", f"{ours['p50_ms']:.3f}", theirs])

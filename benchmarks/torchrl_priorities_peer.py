@@ -5,7 +5,8 @@ only torch, tensordict and torchrl.  Reads one JSON request on argv[1], prints o
 result: the versions, and per case the latencies of ``sample`` + ``update_priority``.
 
 Cases: ``rows`` (``PrioritizedSampler`` over ``LazyTensorStorage`` or, with ``disk``,
-``LazyMemmapStorage``; batches of ``batch`` rows) and ``sequences``
+``LazyMemmapStorage``; batches of ``batch`` rows), ``uniform`` (``RandomSampler``, no
+update) and ``sequences``
 (``PrioritizedSliceSampler``, ``batch`` sequences of ``length`` steps).
 """
 
@@ -23,7 +24,11 @@ import torch
 import torchrl
 from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
-from torchrl.data.replay_buffers.samplers import PrioritizedSampler, PrioritizedSliceSampler
+from torchrl.data.replay_buffers.samplers import (
+    PrioritizedSampler,
+    PrioritizedSliceSampler,
+    RandomSampler,
+)
 
 
 def rows_of(count: int, obs: int, episode: int, seed: int) -> TensorDict:
@@ -69,6 +74,9 @@ def run_case(case: dict[str, Any], scratch: str) -> dict[str, Any]:
             strict_length=False,
         )
         size = batch * case["length"]
+    elif case["kind"] == "uniform":
+        sampler = RandomSampler()
+        size = batch
     else:
         sampler = PrioritizedSampler(max_capacity=count, alpha=alpha, beta=beta)
         size = batch
@@ -82,12 +90,15 @@ def run_case(case: dict[str, Any], scratch: str) -> dict[str, Any]:
     fill_s = time.perf_counter() - start
     generator = torch.Generator().manual_seed(0)
 
+    def uniform() -> None:
+        buffer.sample()
+
     def step() -> None:
         _, info = buffer.sample(return_info=True)
         priorities = torch.rand(len(info["index"]), generator=generator) + 0.01
         buffer.update_priority(info["index"], priorities)
 
-    latencies = timed(step, case["calls"], case["budget"])
+    latencies = timed(uniform if case["kind"] == "uniform" else step, case["calls"], case["budget"])
     return {"latencies": latencies, "fill_s": fill_s}
 
 

@@ -529,7 +529,9 @@ def test_the_benchmark_targets_read_a_run_and_say_why_the_peer_is_missing():
     case = {"ours": {"p50_ms": 0.5, "rows": 10}, "torchrl": {"p50_ms": 1.0}}
     results = {
         "hot": case,
+        "cached": case,
         "disk": {**case, "torchrl": {"unavailable": "no torchrl here"}},
+        "uniform": {**case, "ours": {"p50_ms": 1.6, "rows": 10}},
         "sequences": case,
         "torchrl_versions": {"torchrl": "0.14.1"},
         "distribution": {"draws": 10, "rows": 2, "p_value": 0.5, "max_weight_error": 0.0},
@@ -537,7 +539,9 @@ def test_the_benchmark_targets_read_a_run_and_say_why_the_peer_is_missing():
         "memory": {"rows": 10, "bytes": 60, "float32_bytes": 40, "float64_bytes": 80},
     }
     found = {t["target"].split(" (")[0]: t for t in priorities_targets(results)}
-    assert [t["met"] for t in found.values()] == [True, None, True, True, True, True, True]
+    met = [True, True, None, False, True, True, True, True, True]
+    assert [t["met"] for t in found.values()] == met
+    assert found["uniform sample(256) from disk vs LazyMemmapStorage"]["threshold"] == 1.5
     assert "no torchrl here" in found["the same, rows from disk, vs LazyMemmapStorage"]["reason"]
 
 

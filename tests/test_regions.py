@@ -173,3 +173,75 @@ def test_past_the_map_budget_shards_are_read_with_pread(
 def test_the_budget_is_half_the_kernels_map_limit() -> None:
     with open("/proc/sys/vm/max_map_count") as file:
         assert regions.MAP_BUDGET.limit == int(file.read()) // 2
+
+
+def _resident_bytes(root: Path) -> int:
+    """Bytes of this process's mappings of files below ``root`` held in its page tables."""
+    resident, inside = 0, False
+    with open("/proc/self/smaps") as file:
+        for line in file:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5:  # a mapping's first line
+                inside = str(root) in line
+            elif inside and head[0] == "Rss:":
+                resident += int(head[1]) * 1024
+    return resident
+
+
+def test_shards_are_populated_within_the_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = ZarrLayout(Location.from_url(tmp_path))
+    entries = [_write(writer, t, 4096, 4, 10_000 * t) for t in range(3)]
+    resident = []
+    for limit in (0, 1 << 30):  # none populated, then all: the same files, the same rows
+        populated = regions.MapBudget(limit)
+        monkeypatch.setattr(regions, "POPULATED", populated)
+        layout = ZarrLayout(Location.from_url(tmp_path))
+        out, requests = _batch(layout, entries, seed=6)  # 1 to 8 rows of each
+        _assert_equals_zarr(tmp_path, out, requests)
+        resident.append(_resident_bytes(tmp_path))
+        assert populated.held == 0 if not limit else resident[-1] >= populated.held > 0
+        del layout
+        _released()
+        assert populated.held == 0  # handed back with the bays
+    assert resident[1] > resident[0]
+
+
+def test_a_populate_the_kernel_refuses_leaves_the_rows_to_fault_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    populated = regions.MapBudget(1 << 30)
+    monkeypatch.setattr(regions, "POPULATED", populated)
+    monkeypatch.setattr(regions, "_MADV_POPULATE_READ", -1)  # EINVAL: as an older kernel
+    layout = ZarrLayout(Location.from_url(tmp_path))
+    entries = [_write(layout, t, 64, 4, 1000 * t) for t in range(3)]
+    out, requests = _batch(layout, entries, seed=7)
+    _assert_equals_zarr(tmp_path, out, requests)
+    assert populated.held == 0  # every refused populate handed its bytes back
+
+
+def test_a_bay_map_that_fails_once_falls_back_and_later_maps_go_to_bays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = regions._call_mmap
+    failed: list[int] = []
+
+    def fails_once(address: int, length: int, prot: int, flags: int, fd: int) -> int:
+        if fd >= 0 and not failed:  # the first shard's map: as a kernel out of map slots
+            failed.append(fd)
+            raise OSError(12, "Cannot allocate memory")
+        return real(address, length, prot, flags, fd)
+
+    monkeypatch.setattr(regions, "_call_mmap", fails_once)
+    layout = ZarrLayout(Location.from_url(tmp_path))
+    _released()
+    held = regions.MAP_BUDGET.held
+    entries = [_write(layout, t, 64, 4, 1000 * t) for t in range(3)]
+    out, requests = _batch(layout, entries, seed=8)
+    assert failed  # the failure happened, and its shard was read all the same
+    _assert_equals_zarr(tmp_path, out, requests)
+    # the failed bay handed its budget back: its shard has a map of its own, the others bays
+    assert regions.MAP_BUDGET.held == held + (3 * MAPPED - 1) * regions.BAY_MAPS + 1
+    out, requests = _batch(layout, entries, seed=9)
+    _assert_equals_zarr(tmp_path, out, requests)

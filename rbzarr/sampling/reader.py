@@ -243,7 +243,8 @@ class StoreReader:
         n = check_count("num_chunks", n)
         if generator is None and self.ahead is not None:
             return self._sampling(self.rows, functools.partial(self.ahead.sample, n), None)
-        return self._sampling(self.rows, self._drawing(self.rows, n, generator), generator)[0]
+        drawing = self._drawing(self.rows, n, generator, with_info=False)
+        return self._sampling(self.rows, drawing, generator)[0]
 
     def sample_with_info(
         self, n: int, generator: torch.Generator | None = None
@@ -255,7 +256,7 @@ class StoreReader:
 
     def draw_rows(self, n: int, generator: torch.Generator | None) -> Callable[[], Batch]:
         """Draw a batch of rows under the lock; the call returned reads it (without the lock)."""
-        read = self._draw(self.rows, n, generator)
+        read = self._draw(self.rows, n, generator, with_info=False)
         return lambda: read()[0]
 
     def sample_sequences(
@@ -290,15 +291,20 @@ class StoreReader:
         return self._sampling(sampler, self._drawing(sampler, n, generator), generator)
 
     def _drawing(
-        self, sampler: Sampler, n: int, generator: torch.Generator | None
+        self,
+        sampler: Sampler,
+        n: int,
+        generator: torch.Generator | None,
+        with_info: bool = True,
     ) -> Callable[[], tuple[Batch, Info]]:
-        """A call that draws and reads one batch (again each time: damage redraws it)."""
-        return functools.partial(self._draw_and_read, sampler, n, generator)
+        """A call that draws and reads one batch (again each time: damage redraws it);
+        without ``with_info`` its info is empty."""
+        return functools.partial(self._draw_and_read, sampler, n, generator, with_info)
 
     def _draw_and_read(
-        self, sampler: Sampler, n: int, generator: torch.Generator | None
+        self, sampler: Sampler, n: int, generator: torch.Generator | None, with_info: bool
     ) -> tuple[Batch, Info]:
-        return self._draw(sampler, n, generator)()
+        return self._draw(sampler, n, generator, with_info)()
 
     def _sampling(
         self, sampler: Sampler, sample: Callable[[], Result], generator: torch.Generator | None
@@ -334,9 +340,14 @@ class StoreReader:
             self.sync_priorities()
 
     def _draw(
-        self, sampler: Sampler, n: int, generator: torch.Generator | None
+        self,
+        sampler: Sampler,
+        n: int,
+        generator: torch.Generator | None,
+        with_info: bool = True,
     ) -> Callable[[], tuple[Batch, Info]]:
-        """Learn what ``sampler`` needs, draw and plan under the lock; return the read."""
+        """Learn what ``sampler`` needs, draw and plan under the lock; return the read (and,
+        ``with_info``, the rows' indices and weights; else an empty info)."""
         learnt: list[tuple[Entry, torch.Tensor]] = []
         while True:
             with self.lock:
@@ -356,7 +367,7 @@ class StoreReader:
                     break
             # Read from the store without the lock; learnt under it on the next round.
             learnt = [(entry, self._stored_dones(entry)) for entry in stored]
-        return lambda: (self._read(drawn, plan, fill), drawn.info(ids))
+        return lambda: (self._read(drawn, plan, fill), drawn.info(ids) if with_info else {})
 
     def _read(self, drawn: Draw, plan: MissPlan, fill: list[Entry]) -> Batch:
         """Read a planned batch (without the lock), then what memory should hold of it."""

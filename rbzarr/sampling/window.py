@@ -30,12 +30,13 @@ def draw(
     n: int, sample_counts: torch.Tensor, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw ``n`` rows (clamped) uniformly: each one's trajectory position and row."""
-    ends = torch.cumsum(sample_counts, dim=0)
+    counts = sample_counts.numpy().astype(np.int64, copy=False)
+    ends = np.cumsum(counts)  # numpy from here: a few torch calls cost more than the draw
     total = int(ends[-1])
-    ids = torch.randint(0, total, (min(n, total),), generator=generator)
-    positions = torch.from_numpy(np.searchsorted(ends.numpy(), ids.numpy(), side="right"))
-    rows = ids - (ends - sample_counts)[positions]
-    return positions, rows
+    ids = torch.randint(0, total, (min(n, total),), generator=generator).numpy()
+    positions = np.searchsorted(ends, ids, side="right")
+    rows = ids - (ends - counts)[positions]
+    return torch.from_numpy(positions), torch.from_numpy(rows)
 
 
 @dataclass(frozen=True)

@@ -58,22 +58,32 @@ def read_rows_into(
         return
     views = {key: byte_rows(out[key]) for key in keys}
     wanted = tuple(keys)
-    plans: list[_RowPlan] = []
-    for handles in opened:
-        plan = handles.plans.get(wanted)
-        if plan is None:
-            check_keys(handles, keys, location.url, sampled=True)
-            check_fit(handles, keys, out, out_dtypes, location.url)
-            plan = handles.plans[wanted] = _row_plan(handles, keys)
-        plans.append(plan)
+    plans: list[_RowPlan] = [
+        handles.plans.get(wanted) or _first_plan(handles, keys, out, out_dtypes, location.url)
+        for handles in opened
+    ]
     which = groups.which()
-    width = len(plans[0].numbers)
-    numbers = itertools.chain.from_iterable(plan.numbers for plan in plans)
-    table = np.fromiter(numbers, np.int64, len(plans) * width).reshape(len(plans), width)
+    # One row of numbers per trajectory, joined as bytes: one pass, no per-row numpy call.
+    joined = b"".join([plan.numbers for plan in plans])
+    table = np.frombuffer(joined, np.int64).reshape(len(plans), -1)
     _check_rows(groups, table[:, 0] * table[:, 1], which)
     _gather_in_bays(plans, table, groups, which, views, source)
-    if any(plan.others for plan in plans):
+    if any([plan.others for plan in plans]):
         _read_others(location, opened, plans, groups, out, views, source, range_gap)
+
+
+def _first_plan(
+    handles: ShardedTrajectory,
+    keys: Sequence[str],
+    out: Mapping[str, np.ndarray],
+    out_dtypes: Mapping[str, str],
+    url: str,
+) -> _RowPlan:
+    """The plan of a trajectory's first batch of ``keys``, kept on its handles."""
+    check_keys(handles, keys, url, sampled=True)
+    check_fit(handles, keys, out, out_dtypes, url)
+    plan = handles.plans[tuple(keys)] = _row_plan(handles, keys)
+    return plan
 
 
 def _read_others(
@@ -117,20 +127,22 @@ def _read_others(
     _read_plain(plain, out, location.url)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _RowPlan:
     """How one trajectory's keys are read.
 
     Per key of the batch: the region holding its shard (``None`` if in no bay), the
     region row of its row 0 and its reset epochs; then the keys read otherwise, as ``(key,
     local shard or None (read by pieces when unmapped), reset epochs, zarr array or None)``.
-    ``numbers`` is ``(T, B, *first_rows, *epochs)``, one row of a batch's table.
+    ``numbers`` is ``(T, B, bays, *first_rows, *epochs)`` as int64 bytes, one row of a
+    batch's table; ``bays`` numbers the tuple of regions (0: no key in a bay), equal for
+    trajectories whose keys sit in the same regions.
     """
 
     T: int
     B: int
     regions: tuple[Region | None, ...]
-    numbers: tuple[int, ...]
+    numbers: bytes
     others: list[tuple[str, LocalShard | None, int, Any]]
 
 
@@ -148,12 +160,13 @@ def _gather_in_bays(
     trajectory's key is in one region and the batch's other rows are scratch, the gather
     lands straight in batch order (the other rows get the first row, to be overwritten).
     """
-    if not any(region is not None for plan in plans for region in plan.regions):
+    bays = table[:, 2]
+    if not bays.any():
         return
     count, flat, positions = len(views), groups.rows, groups.positions
-    first_rows = table[:, 2 : 2 + count].T.copy()
-    epochs = table[:, 2 + count :].T.copy()
-    same = all(plan.regions == plans[0].regions for plan in plans)
+    first_rows = table[:, 3 : 3 + count].T.copy()
+    epochs = table[:, 3 + count :].T.copy()
+    same = bool((bays == bays[0]).all())
     elements: dict[bytes, np.ndarray] = {}  # by the epochs of every plan: one per kind of key
     reads: list[tuple[str, Region, np.ndarray, np.ndarray | None]] = []  # targets None: in order
     for column, key in enumerate(views):
@@ -218,8 +231,14 @@ def _row_plan(handles: ShardedTrajectory, keys: Sequence[str]) -> _RowPlan:
             others.append((key, None, 0, by_zarr[key]))
         elif bay is None:
             others.append((key, local, epochs, None))
-    numbers = (handles.T, handles.B, *first_rows, *all_epochs)
-    return _RowPlan(handles.T, handles.B, tuple(regions), numbers, others)
+    bays = _BAYS.setdefault(tuple(map(id, regions)), next(_BAY_NUMBERS)) if any(regions) else 0
+    numbers = np.array([handles.T, handles.B, bays, *first_rows, *all_epochs], dtype=np.int64)
+    return _RowPlan(handles.T, handles.B, tuple(regions), numbers.tobytes(), others)
+
+
+# The number of each tuple of regions (by identity: regions live as long as the process).
+_BAYS: dict[tuple[int, ...], int] = {}
+_BAY_NUMBERS = itertools.count(1)  # unique even when two threads add at once
 
 
 def reset_row_elements(flat: np.ndarray, T: int, B: int, epochs: int) -> np.ndarray:
