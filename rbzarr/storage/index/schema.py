@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from rbzarr.errors import CorruptStoreError, UnsafePathError
-from rbzarr.storage.index.trajectory_index import count
+from rbzarr.storage.index.entry import count
 from rbzarr.storage.io.names import safe_key
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.rlinf.documents import Entry
