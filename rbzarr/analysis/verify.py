@@ -53,7 +53,9 @@ from rbzarr.storage.rlinf.documents import (
     write_documents,
 )
 from rbzarr.storage.zarr.layout import ROOT_UNWRITTEN
-from rbzarr.trajectory.model import Schema, validate
+from rbzarr.trajectory import tree
+from rbzarr.trajectory.fields import check_field_names
+from rbzarr.trajectory.shapes import Schema, check_shapes
 
 __all__ = ["Problem", "VerifyReport", "verify_store"]
 
@@ -315,7 +317,7 @@ def _check_trajectory(
         missing = layout.audit().missing_parts(entry)
         if missing:
             return damaged("missing_chunks", "; ".join(missing))
-        shape = list(validate(layout.read(entry), schema).shape)
+        shape = _decoded_shape(layout, entry, schema)
     except UnsafePathError as exc:
         return Problem("unsafe_path", path, _one_line(exc), trajectory_id)
     except StorageUnavailableError:
@@ -332,6 +334,19 @@ def _check_trajectory(
             "shape_mismatch", f"index entry shape {list(entry['shape'])}, data shape {shape}"
         )
     return None
+
+
+def _decoded_shape(
+    layout: TrajectoryLayout, entry: IndexEntry, schema: Schema | None
+) -> list[int]:
+    """The shape of one trajectory, every byte of it decoded (into numpy: a zarr store's
+    check imports no torch) and its fields checked as a trajectory's are (names, ``T``
+    and ``B``, ``schema``)."""
+    arrays = layout.read_arrays(entry)
+    check_field_names(tree.unflatten(arrays))
+    shapes = {key: tuple(value.shape) for key, value in arrays.items()}
+    dtypes = layout.field_dtypes(entry)
+    return list(check_shapes(shapes, dtypes.__getitem__, schema).shape)
 
 
 def _orphans(layout: TrajectoryLayout, index: TrajectoryIndex) -> list[Problem]:

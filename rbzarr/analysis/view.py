@@ -29,7 +29,7 @@ from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.registry import known_formats, layout_class, open_store
 from rbzarr.storage.rlinf.documents import Documents
 from rbzarr.trajectory.model import Schema, Trajectory, validate
-from rbzarr.trajectory.steps import DONES, continues
+from rbzarr.trajectory.steps import DONES, continuing_runs
 
 if TYPE_CHECKING:
     from rbzarr.storage.zarr.layout import ZarrLayout
@@ -472,10 +472,7 @@ class BufferView(SamplingFront):
             the next id); the last is always false.
         """
         entries = [self._index.entries[i] for i in self._index.id_list]
-        return [
-            across_trajectories and i + 1 < len(entries) and continues(entry, entries[i + 1])
-            for i, entry in enumerate(entries)
-        ]
+        return continuing_runs(entries, across_trajectories)
 
     def iter_steps_and_episodes(
         self,

@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
+import numpy as np
 from tqdm import tqdm
 
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, StoreExistsError
@@ -24,12 +24,13 @@ from rbzarr.storage.io.names import bytes_by_prefix
 from rbzarr.storage.layout_audit import LayoutAudit
 from rbzarr.storage.layout_capabilities import LayoutCapabilities
 from rbzarr.storage.row_groups import RowGroups
-from rbzarr.trajectory.dtypes import dtype_name
-from rbzarr.trajectory.flat_view import flatten_trajectory
-from rbzarr.trajectory.model import Trajectory, validate
+from rbzarr.trajectory.dtypes import dtype_name, to_numpy
 
 if TYPE_CHECKING:
+    import torch
+
     from rbzarr.storage.rlinf.documents import Entry
+    from rbzarr.trajectory.model import Trajectory
     from rbzarr.trajectory.validated import ValidatedTrajectory
 
 __all__ = ["TrajectoryLayout", "check_entry_shape"]
@@ -221,11 +222,56 @@ class TrajectoryLayout(ABC):
         IndexError
             A row is outside ``[0, T * B)``.
         """
+        from rbzarr.trajectory.flat_view import flatten_trajectory  # noqa: PLC0415 (torch)
+        from rbzarr.trajectory.model import validate  # noqa: PLC0415
+
         trajectory = self.read(entry)
         spec = validate(trajectory)
         check_entry_shape(entry, list(spec.shape), self.location.url)
         flat = flatten_trajectory(trajectory, spec)
         return {key: flat[key].index_select(0, rows) for key in keys}
+
+    def read_arrays(self, entry: Entry, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """:meth:`read` as numpy arrays (each dtype's bits as
+        :func:`~rbzarr.trajectory.dtypes.to_numpy` holds them: ``bfloat16`` as ``uint16``).
+
+        The default converts :meth:`read`'s tensors; a layout that decodes into numpy
+        overrides it, so the read-only tools need no torch.
+
+        Parameters
+        ----------
+        entry
+            The trajectory's index entry.
+        keys
+            Flat keys to read, or ``None`` for every field.
+
+        Returns
+        -------
+        dict
+            ``{key: array}``, raw ``[T(+E), B, ...]`` rows.
+
+        Raises
+        ------
+        CheckpointNotFoundError
+            The trajectory's data is missing.
+        CorruptStoreError
+            The data is damaged or lacks a key.
+        """
+        return {key: to_numpy(value) for key, value in self.read(entry, keys).tensors().items()}
+
+    def read_row_arrays(
+        self, entry: Entry, rows: np.ndarray, keys: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        """The rows :meth:`read_rows` reads (``rows``: any integers), as numpy arrays holding
+        the bits :meth:`read_arrays` holds; raises as :meth:`read_rows` does.
+
+        The default converts :meth:`read_rows`'s tensors; a layout that decodes into numpy
+        overrides it.
+        """
+        import torch  # noqa: PLC0415 (this layout reads tensors)
+
+        flat = torch.from_numpy(np.asarray(rows, dtype=np.int64).reshape(-1))
+        return {key: to_numpy(value) for key, value in self.read_rows(entry, flat, keys).items()}
 
     def read_groups_into(
         self, groups: RowGroups, keys: Sequence[str], out: Mapping[str, torch.Tensor]
@@ -348,6 +394,13 @@ class TrajectoryLayout(ABC):
             The flat keys.
         """
         return list(self.read(entry).tensors())
+
+    def field_dtypes(self, entry: Entry) -> dict[str, str]:
+        """Flat key to dtype name (``"float32"``, ``"bfloat16"``) of every field of the
+        trajectory of ``entry``, in order: what :meth:`read_arrays` does not tell (it holds
+        ``bfloat16`` as ``uint16``).  The default reads the trajectory; layouts with field
+        metadata override it."""
+        return {key: dtype_name(value.dtype) for key, value in self.read(entry).tensors().items()}
 
     def _missing_parts(self, entry: Entry) -> list[str]:
         """Absent parts of a present trajectory; the default: none (decoding checks it)."""

@@ -38,11 +38,10 @@ import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 import numpy as np
-import torch
 import zarr
 from zarr.abc.store import Store
 from zarr.api import asynchronous as zarr_async
@@ -87,9 +86,19 @@ from rbzarr.storage.zarr.publish import GroupPublisher
 from rbzarr.storage.zarr.remote import DEFAULT_RANGE_GAP
 from rbzarr.storage.zarr.shard_cache import DEFAULT_LOCAL_CACHE_BYTES, ShardCache, cache_key
 from rbzarr.storage.zarr.spec import parse_specs
-from rbzarr.trajectory.dtypes import dtype_name, from_numpy, to_numpy
-from rbzarr.trajectory.model import Trajectory, trajectory_from_raw
-from rbzarr.trajectory.validated import ValidatedTrajectory, rows_to_write, staging_of
+from rbzarr.trajectory.dtypes import (
+    dtype_from_name,
+    dtype_name,
+    from_numpy,
+    storage_dtype,
+    to_numpy,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from rbzarr.trajectory.model import Trajectory
+    from rbzarr.trajectory.validated import ValidatedTrajectory
 
 __all__ = [
     "DEFAULT_HANDLES",
@@ -279,6 +288,10 @@ class ZarrLayout(TrajectoryLayout):
             raise ValueError(f"{self.location.url}: trajectory group has no {FIELDS_ATTR!r}")
         return list(fields)
 
+    def field_dtypes(self, entry: Entry) -> dict[str, str]:
+        # docstring inherited
+        return dict(self._opener.open_many([entry], [])[0].dtypes)  # no shard opened
+
     def group_arrays(self, group: zarr.Group) -> dict[str, zarr.Array]:
         """Every array below a trajectory group; an array document zarr refuses is
         :class:`CorruptStoreError`."""
@@ -345,6 +358,27 @@ class ZarrLayout(TrajectoryLayout):
     # -- reading --------------------------------------------------------------------------
     def read(self, entry: Entry, keys: Sequence[str] | None = None) -> Trajectory:
         # docstring inherited
+        from rbzarr.trajectory.model import trajectory_from_raw  # noqa: PLC0415 (torch)
+
+        names, values = self._read_whole(entry, keys)
+        fields = {
+            key: from_numpy(value, dtype_from_name(names[key])) for key, value in values.items()
+        }
+        return trajectory_from_raw(
+            fields,
+            max_episode_length=int(entry.get("max_episode_length", 0)),
+            model_weights_id=str(entry.get("model_weights_id", "")),
+        )
+
+    def read_arrays(self, entry: Entry, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Decoded into numpy here (no torch): :meth:`read` converts these at its boundary."""
+        return self._read_whole(entry, keys)[1]
+
+    def _read_whole(
+        self, entry: Entry, keys: Sequence[str] | None
+    ) -> tuple[dict[str, str], dict[str, np.ndarray]]:
+        """The dtype name of every field, and the whole arrays of ``keys`` (all: ``None``)
+        in their numpy storage dtypes."""
         opened = self._opener.open_many([entry], keys)[0]
         wanted = list(opened.dtypes) if keys is None else list(keys)
         zarr_rows.check_keys(opened, wanted, self.location.url)
@@ -357,31 +391,54 @@ class ZarrLayout(TrajectoryLayout):
             values = dict(zip(zarr_arrays, sync(whole), strict=True))
             described = [key for key in wanted if key not in zarr_arrays]
             values.update(sharded.read_whole_shards(self._opener.location(), opened, described))
-        fields = {key: from_numpy(np.asarray(values[key]), opened.dtypes[key]) for key in wanted}
-        return trajectory_from_raw(
-            fields,
-            max_episode_length=int(entry.get("max_episode_length", 0)),
-            model_weights_id=str(entry.get("model_weights_id", "")),
-        )
+        return opened.dtypes, {
+            key: np.asarray(values[key]).astype(storage_dtype(opened.dtypes[key]), copy=False)
+            for key in wanted
+        }
 
     def read_rows(
         self, entry: Entry, rows: torch.Tensor, keys: Sequence[str]
     ) -> dict[str, torch.Tensor]:
         # docstring inherited
+        names = self._opener.open_many([entry])[0].dtypes
+        return {
+            key: from_numpy(value, dtype_from_name(names[key]))
+            for key, value in self.read_row_arrays(entry, np.asarray(rows), keys).items()
+        }
+
+    def read_row_arrays(
+        self, entry: Entry, rows: np.ndarray, keys: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        """Gathered into numpy here (no torch): :meth:`read_rows` converts these."""
         (handles,) = self._opener.open_many([entry])
         zarr_rows.check_keys(handles, keys, self.location.url, sampled=True)
-        count = int(torch.as_tensor(rows).numel())
+        flat = np.asarray(rows, dtype=np.int64).reshape(-1)
         out = {
-            key: torch.empty((count, *handles.shape(key)[2:]), dtype=handles.dtypes[key])
+            key: np.empty(
+                (len(flat), *handles.shape(key)[2:]), dtype=storage_dtype(handles.dtypes[key])
+            )
             for key in keys
         }
-        self.read_groups_into(RowGroups.of([(entry, rows, torch.arange(count))]), keys, out)
+        groups = RowGroups.of([(entry, flat, np.arange(len(flat)))])
+        self._read_groups(groups, keys, out, {key: handles.dtypes[key] for key in keys})
         return out
 
     def read_groups_into(
         self, groups: RowGroups, keys: Sequence[str], out: Mapping[str, torch.Tensor]
     ) -> None:
         # docstring inherited
+        views = {key: to_numpy(out[key]) for key in keys}
+        self._read_groups(groups, keys, views, {key: dtype_name(out[key].dtype) for key in keys})
+
+    def _read_groups(
+        self,
+        groups: RowGroups,
+        keys: Sequence[str],
+        out: Mapping[str, np.ndarray],
+        out_dtypes: Mapping[str, str],
+    ) -> None:
+        """Rows of ``groups`` into the numpy arrays ``out`` (their dtypes named by
+        ``out_dtypes``)."""
         opened = self._opener.open_many(groups.entries)
         with translate_errors(self.location.url, "reading"):
             zarr_rows.read_rows_into(
@@ -390,6 +447,7 @@ class ZarrLayout(TrajectoryLayout):
                 groups,
                 keys,
                 out,
+                out_dtypes,
                 self.byte_source,
                 self.range_gap,
             )
@@ -415,6 +473,8 @@ class ZarrLayout(TrajectoryLayout):
     def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
         """Each array is one shard (arrays of kind ``"zarr"`` go through zarr); the group's
         attributes are written last."""
+        from rbzarr.trajectory.validated import rows_to_write, staging_of  # noqa: PLC0415
+
         staging = staging_of(trajectory)
         trajectory = rows_to_write(trajectory)
         tid = trajectory_id(entry)

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 from zarr.core.array import AsyncArray
 
 from rbzarr.errors import CorruptStoreError
@@ -28,7 +27,7 @@ from rbzarr.storage.zarr.handles import trajectory_id
 from rbzarr.storage.zarr.local import PREFETCH_ROW_BYTES, LocalShard
 from rbzarr.storage.zarr.regions import Region, record_dtype
 from rbzarr.storage.zarr.sharded import RowBatch, ShardedTrajectory
-from rbzarr.trajectory.dtypes import byte_rows, from_numpy
+from rbzarr.trajectory.dtypes import byte_rows
 
 __all__ = ["check_keys", "read_rows_into", "reset_row_elements", "zarr_arrays"]
 
@@ -38,11 +37,16 @@ def read_rows_into(
     opened: Sequence[ShardedTrajectory],
     groups: RowGroups,
     keys: Sequence[str],
-    out: Mapping[str, torch.Tensor],
+    out: Mapping[str, np.ndarray],
+    out_dtypes: Mapping[str, str],
     source: ByteSource,
     range_gap: int,
 ) -> None:
     """Fill rows ``groups.positions`` of ``out[key]`` with the grouped rows, for every key.
+
+    ``out`` holds numpy arrays (the bits of dtype ``out_dtypes[key]``, as
+    :func:`~rbzarr.trajectory.dtypes.to_numpy` holds them); a caller with tensors passes
+    their numpy views, so torch stays at the buffer's side of the call.
 
     ``opened`` holds the handles of each group's trajectory.  Keys whose shards sit in
     region bays (:mod:`rbzarr.storage.zarr.regions`) are read with one gather per key and
@@ -55,7 +59,7 @@ def read_rows_into(
     views = {key: byte_rows(out[key]) for key in keys}
     wanted = tuple(keys)
     plans: list[_RowPlan] = [
-        handles.plans.get(wanted) or _first_plan(handles, keys, out, location.url)
+        handles.plans.get(wanted) or _first_plan(handles, keys, out, out_dtypes, location.url)
         for handles in opened
     ]
     which = groups.which()
@@ -69,11 +73,15 @@ def read_rows_into(
 
 
 def _first_plan(
-    handles: ShardedTrajectory, keys: Sequence[str], out: Mapping[str, torch.Tensor], url: str
+    handles: ShardedTrajectory,
+    keys: Sequence[str],
+    out: Mapping[str, np.ndarray],
+    out_dtypes: Mapping[str, str],
+    url: str,
 ) -> _RowPlan:
     """The plan of a trajectory's first batch of ``keys``, kept on its handles."""
     check_keys(handles, keys, url, sampled=True)
-    check_fit(handles, keys, out, url)
+    check_fit(handles, keys, out, out_dtypes, url)
     plan = handles.plans[tuple(keys)] = _row_plan(handles, keys)
     return plan
 
@@ -83,7 +91,7 @@ def _read_others(
     opened: Sequence[ShardedTrajectory],
     plans: Sequence[_RowPlan],
     groups: RowGroups,
-    out: Mapping[str, torch.Tensor],
+    out: Mapping[str, np.ndarray],
     views: dict[str, np.ndarray],
     source: ByteSource,
     range_gap: int,
@@ -101,7 +109,8 @@ def _read_others(
         elements = {0: flat}
         for key, local, epochs, array in plan.others:
             if array is not None:
-                plain.append((array, key, flat // B, flat % B, T, torch.from_numpy(positions)))
+                raw = reset_row_elements(flat // B, T, 1, int(array.shape[0]) - T)
+                plain.append((array, key, raw, flat % B, positions))
                 continue
             if epochs not in elements:
                 elements[epochs] = reset_row_elements(flat, T, B, epochs)
@@ -244,20 +253,20 @@ def reset_row_elements(flat: np.ndarray, T: int, B: int, epochs: int) -> np.ndar
     return flat + (steps // (T // epochs) + 1) * B
 
 
-def _read_plain(reads: list[Any], out: Mapping[str, torch.Tensor], url: str) -> None:
+def _read_plain(reads: list[Any], out: Mapping[str, np.ndarray], url: str) -> None:
     """Rows of the arrays zarr reads, every array's selection in one concurrent round."""
     if not reads:
         return
     blocks = sync(
         arrays.gather(
             *(
-                arrays.read_rows(array, torch.from_numpy(steps), envs, T, f"{url}/{array.path}")
-                for array, _, steps, envs, T, _ in reads
+                arrays.read_rows(array, raw, envs, f"{url}/{array.path}")
+                for array, _, raw, envs, _ in reads
             )
         )
     )
-    for (_, key, _, _, _, where), block in zip(reads, blocks, strict=True):
-        out[key].index_copy_(0, where, from_numpy(block, out[key].dtype))
+    for (_, key, _, _, where), block in zip(reads, blocks, strict=True):
+        out[key][where] = block
 
 
 def check_keys(
@@ -278,16 +287,21 @@ def check_keys(
 
 
 def check_fit(
-    opened: ShardedTrajectory, keys: Sequence[str], out: Mapping[str, torch.Tensor], url: str
+    opened: ShardedTrajectory,
+    keys: Sequence[str],
+    out: Mapping[str, np.ndarray],
+    out_dtypes: Mapping[str, str],
+    url: str,
 ) -> None:
-    """Refuse a trajectory whose rows are not those of ``out`` (dtype, trailing shape: the
-    store's schema says one thing, this trajectory's data another)."""
+    """Refuse a trajectory whose rows are not those of ``out`` (dtype named by
+    ``out_dtypes``, trailing shape: the store's schema says one thing, this trajectory's
+    data another)."""
     for key in keys:
         trailing = tuple(opened.shape(key)[2:])
-        if opened.dtypes[key] != out[key].dtype or trailing != tuple(out[key].shape[1:]):
+        if opened.dtypes[key] != out_dtypes[key] or trailing != tuple(out[key].shape[1:]):
             raise CorruptStoreError(
                 f"{url}/{opened.group}: field {key!r} holds {opened.dtypes[key]} rows of "
-                f"{list(trailing)}, the store's schema says {out[key].dtype} rows of "
+                f"{list(trailing)}, the store's schema says {out_dtypes[key]} rows of "
                 f"{list(out[key].shape[1:])}"
             )
 
