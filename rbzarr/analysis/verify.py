@@ -336,9 +336,7 @@ def _check_trajectory(
     return None
 
 
-def _decoded_shape(
-    layout: TrajectoryLayout, entry: IndexEntry, schema: Schema | None
-) -> list[int]:
+def _decoded_shape(layout: TrajectoryLayout, entry: IndexEntry, schema: Schema | None) -> list[int]:
     """The shape of one trajectory, every byte of it decoded (into numpy: a zarr store's
     check imports no torch) and its fields checked as a trajectory's are (names, ``T``
     and ``B``, ``schema``)."""
