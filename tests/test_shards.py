@@ -188,7 +188,7 @@ def test_rewritten_trajectory_is_not_read_through_a_stale_map(tmp_path: Path) ->
     first, second = make_trajectory(4, 3, 0), make_trajectory(4, 3, 500)
     entry = _entry(first)
     layout.write(entry, first)
-    rows = torch.tensor([0, 7, 11])
+    rows = np.array([0, 7, 11])
     assert layout.read_rows(entry, rows, ["prev_logprobs"])["prev_logprobs"].tolist() == [0, 7, 11]
     layout.write(entry, second)  # same id and uuid
     got = layout.read_rows(entry, rows, ["prev_logprobs"])["prev_logprobs"]
@@ -221,12 +221,12 @@ def test_a_cold_small_row_reads_its_own_page_not_its_whole_shard(tmp_path: Path)
     entry = _entry(trajectory)
     layout.write(entry, trajectory)
     path = shard(tmp_path, tid=0)
-    rows = torch.tensor([2049])
+    rows = np.array([2049])
     assert layout.read_rows(entry, rows, [KEY])[KEY][0, 0].item() == 2049  # maps it
     evict([tmp_path], whole_cache=False)
     if _resident_pages(path) != 0:
         pytest.skip("this filesystem keeps the shard cached after posix_fadvise(DONTNEED)")
-    got = layout.read_rows(entry, torch.tensor([2050]), [KEY])[KEY]
+    got = layout.read_rows(entry, np.array([2050]), [KEY])[KEY]
     assert got[0].tolist() == [2050.0] * 3
     resident, pages = _resident_pages(path), -(-path.stat().st_size // mmap.PAGESIZE)
     assert resident <= 2, f"one row read {resident} of its shard's {pages} pages"

@@ -33,7 +33,7 @@ from rbzarr.storage.zarr import layout as zarr_layout
 from rbzarr.storage.zarr import open as zarr_open
 from rbzarr.storage.zarr.chunking import chunk_shape
 from rbzarr.storage.zarr.layout import ZarrLayout
-from rbzarr.trajectory.dtypes import dtype_name, to_numpy
+from rbzarr.trajectory.dtypes import dtype_from_name, dtype_name, from_numpy, to_numpy
 from rbzarr.trajectory.flat_view import flatten_trajectory
 from rbzarr.trajectory.model import Trajectory, validate
 
@@ -165,7 +165,7 @@ def test_documents_and_the_root_head(location: Location) -> None:
     assert stored["metadata"] == {**documents.metadata, "layout_version": 2, "codecs": codecs}
     # Every key written in a shard is recorded with its codec (none image-like here: all
     # raw); the empty array zarr writes itself is not.
-    assert set(codecs) == set(layout.field_names(entry)) - {"curr_obs/empty"}
+    assert set(codecs) == set(layout.fields(entry)) - {"curr_obs/empty"}
     assert set(codecs.values()) == {"raw"}
     assert StoreIndex.assumed(layout.location).read() == written
     assert "consolidated_metadata" not in json.loads(location.read_bytes("zarr.json"))
@@ -179,18 +179,27 @@ def test_read_rows_matches_flat_view(location: Location) -> None:
     entry = _entry(1, traj)
     layout.write(entry, traj)
     rows = torch.tensor([17, 0, 5, 5, 12, 3, 17], dtype=torch.int64)
-    got = layout.read_rows(entry, rows, list(spec.schema))
+    got = _rows(layout, entry, rows, list(spec.schema))
     _assert_same(got, {key: flat[key].index_select(0, rows) for key in spec.schema})
     _assert_same_arrays(layout, entry, traj, rows)
-    empty = layout.read_rows(entry, torch.empty(0, dtype=torch.int64), ["curr_obs/image"])
+    empty = _rows(layout, entry, torch.empty(0, dtype=torch.int64), ["curr_obs/image"])
     assert empty["curr_obs/image"].shape == (0, 3, 5, 4)
     assert empty["curr_obs/image"].dtype == torch.uint8
     with pytest.raises(IndexError, match=r"\[0, 18\)"):
-        layout.read_rows(entry, torch.tensor([18]), ["rewards"])
+        _rows(layout, entry, torch.tensor([18]), ["rewards"])
     with pytest.raises(ValueError, match="versions"):
-        layout.read_rows(entry, rows, ["versions"])
+        _rows(layout, entry, rows, ["versions"])
     with pytest.raises(CorruptStoreError, match="nope"):
-        layout.read_rows(entry, rows, ["nope"])
+        _rows(layout, entry, rows, ["nope"])
+
+
+def _rows(
+    layout: ZarrLayout, entry: dict[str, Any], rows: torch.Tensor, keys: list[str]
+) -> dict[str, torch.Tensor]:
+    """``read_rows`` (numpy bits) as tensors of the dtypes the layout names."""
+    got = layout.read_rows(entry, rows.numpy(), keys)
+    names = layout.fields(entry)
+    return {key: from_numpy(value, dtype_from_name(names[key])) for key, value in got.items()}
 
 
 def _assert_same_arrays(
@@ -198,7 +207,7 @@ def _assert_same_arrays(
 ) -> None:
     """The numpy reads (no torch) hold the bits of the tensor reads, and the dtypes named."""
     fields = traj.tensors()
-    assert layout.field_dtypes(entry) == {k: dtype_name(v.dtype) for k, v in fields.items()}
+    assert layout.fields(entry) == {k: dtype_name(v.dtype) for k, v in fields.items()}
     whole = layout.read_arrays(entry)
     assert list(whole) == list(fields)
     for key, value in fields.items():
@@ -206,7 +215,7 @@ def _assert_same_arrays(
         np.testing.assert_array_equal(whole[key], to_numpy(value), err_msg=key)
     schema = list(validate(traj).schema)
     flat = flatten_trajectory(traj, validate(traj))
-    some = layout.read_row_arrays(entry, rows.numpy(), schema)
+    some = layout.read_rows(entry, rows.numpy(), schema)
     for key in schema:
         np.testing.assert_array_equal(some[key], to_numpy(flat[key][rows]), err_msg=key)
 
@@ -269,7 +278,7 @@ def test_property_round_trip(
     _assert_same(layout.read(entry).tensors(), traj.tensors())
     spec = validate(traj)
     flat = flatten_trajectory(traj, spec)
-    got = layout.read_rows(entry, rows, list(spec.schema))
+    got = _rows(layout, entry, rows, list(spec.schema))
     _assert_same(got, {key: flat[key].index_select(0, rows) for key in spec.schema})
     _assert_same_arrays(layout, entry, traj, rows)
 
@@ -282,7 +291,7 @@ def test_missing_and_incomplete_trajectories(location: Location) -> None:
         layout.read(_entry(42, traj))
     assert f"`rbzarr verify --repair --drop-damaged {location.url}`" in str(info.value)
     with pytest.raises(CorruptStoreError, match=r"trajectory 42: .*is missing"):
-        layout.read_rows(_entry(42, traj), torch.tensor([0]), ["rewards"])
+        _rows(layout, _entry(42, traj), torch.tensor([0]), ["rewards"])
 
     # Arrays written, group attributes (the commit marker) not: an unfinished write.
     zarr.create_array(location.zarr_store(), name="trajectories/7/rewards", data=np.zeros((2, 2)))
@@ -300,10 +309,10 @@ def test_list_delete_and_replace(location: Location) -> None:
     assert layout.list_ids() == [2, 10]
 
     entry = _entry(2, first)
-    layout.read_rows(entry, torch.tensor([1]), ["rewards"])  # caches handles of id 2
+    _rows(layout, entry, torch.tensor([1]), ["rewards"])  # caches handles of id 2
     layout.write(entry, second)  # same id and uuid: replaced, cache dropped
     _assert_same(layout.read(entry).tensors(), second.tensors())
-    got = layout.read_rows(entry, torch.tensor([1]), ["rewards"])
+    got = _rows(layout, entry, torch.tensor([1]), ["rewards"])
     assert torch.equal(got["rewards"], second.rewards.reshape(-1)[1:2])
 
     layout.delete(entry)
@@ -370,7 +379,7 @@ def test_reads_while_another_thread_writes(tmp_path: Any) -> None:
     writer.start()
     for _ in range(20):
         _assert_same(
-            layout.read_rows(entries[0], rows, keys),
+            _rows(layout, entries[0], rows, keys),
             {k: flat[k].index_select(0, rows) for k in keys},
         )
     writer.join()
@@ -404,7 +413,7 @@ def test_the_handles_kept_follow_the_sample_window(tmp_path: Any, monkeypatch, e
     layout.sample_window(len(entries))
     for _ in range(2):
         for entry in entries:
-            layout.read_rows(entry, torch.tensor([0, 3]), keys)
+            layout.read_rows(entry, np.array([0, 3]), keys)
     assert sorted(opened) == sorted(list(range(6)) * (2 if explicit else 1))
 
 
@@ -428,7 +437,7 @@ def test_layout1_store_reads_whole_and_by_rows(tmp_path: Path) -> None:
     spec = validate(traj)
     flat = flatten_trajectory(traj, spec)
     rows = torch.tensor([17, 0, 5, 5, 12, 3, 17, 9], dtype=torch.int64)
-    got = layout.read_rows(entry, rows, list(spec.schema))
+    got = _rows(layout, entry, rows, list(spec.schema))
     _assert_same(got, {key: flat[key].index_select(0, rows) for key in spec.schema})
     assert "layout_version" not in StoreIndex.assumed(layout.location).read().metadata
 
@@ -449,11 +458,11 @@ def test_damaged_layout1_chunk_raises(tmp_path: Path) -> None:
     chunk.write_bytes(chunk.read_bytes()[:-8])
     message = r"trajectories/0/curr_obs/image"
     with pytest.raises(CorruptStoreError, match=message):
-        layout.read_rows(entry, torch.tensor([14]), ["curr_obs/image"])
+        _rows(layout, entry, torch.tensor([14]), ["curr_obs/image"])
     with pytest.raises(CorruptStoreError, match=message):
         layout.read(entry)
     # Rows in intact chunks still read.
-    got = layout.read_rows(entry, torch.tensor([1]), ["curr_obs/image"])
+    got = _rows(layout, entry, torch.tensor([1]), ["curr_obs/image"])
     assert torch.equal(got["curr_obs/image"], traj.curr_obs["image"][0, 1:2])
 
 
@@ -461,7 +470,7 @@ def test_missing_layout1_chunk_is_damage_not_zeros(tmp_path: Path) -> None:
     layout, entry = _layout1_copy(tmp_path, "every_dtype")
     (tmp_path / "every_dtype/trajectories/0/curr_obs/image/c/2/0/0/0/0").unlink()
     with pytest.raises(CorruptStoreError, match=r"curr_obs/image: 1 of its \d+ chunks are missing"):
-        layout.read_rows(entry, torch.tensor([1]), ["curr_obs/image"])
+        _rows(layout, entry, torch.tensor([1]), ["curr_obs/image"])
     with pytest.raises(CorruptStoreError, match="chunks are missing"):
         layout.read(entry)
 
@@ -477,7 +486,7 @@ def test_missing_chunk_of_an_array_zarr_reads_is_damage(tmp_path: Path) -> None:
     chunk.unlink()
     fresh = ZarrLayout(location)
     with pytest.raises(CorruptStoreError, match="rewards: 1 of its"):
-        fresh.read_rows(entry, torch.tensor([0]), ["rewards"])
+        _rows(fresh, entry, torch.tensor([0]), ["rewards"])
     with pytest.raises(CorruptStoreError, match="chunks are missing"):
         fresh.read(entry)
 
@@ -523,7 +532,7 @@ def test_local_files_of_a_trajectory(tmp_path: Path, durable: bool) -> None:
         assert isinstance(array, zarr.Array)
         np.testing.assert_array_equal(array[...], to_numpy(value))
     _assert_same(layout.read(entry).tensors(), traj.tensors())
-    rows = layout.read_rows(entry, torch.tensor([0, 5]), ["curr_obs/arm/joints"])
+    rows = _rows(layout, entry, torch.tensor([0, 5]), ["curr_obs/arm/joints"])
     flat = traj.curr_obs["arm"]["joints"].reshape(T * B, 7)
     assert torch.equal(rows["curr_obs/arm/joints"], flat[[0, 5]])
     assert layout.audit().foreign_files("trajectories/4") == []
@@ -571,6 +580,6 @@ def test_local_groups_with_nested_chunk_keys_still_read(tmp_path: Path) -> None:
     layout.write(_entry(1, traj), traj)
     for tid in (0, 1):
         _assert_same(layout.read(_entry(tid, traj)).tensors(), traj.tensors())
-        rows = layout.read_rows(_entry(tid, traj), torch.tensor([1, 4]), ["rewards"])
+        rows = _rows(layout, _entry(tid, traj), torch.tensor([1, 4]), ["rewards"])
         assert torch.equal(rows["rewards"], traj.rewards.reshape(T * B, 1)[[1, 4]])
     assert layout.audit().foreign_files("trajectories/0") == []

@@ -1,6 +1,6 @@
 """The rows a picture shows: one env column of a trajectory, or one episode, read row by row.
 
-Only the shown rows are read (:meth:`~rbzarr.storage.layout.TrajectoryLayout.read_row_arrays`:
+Only the shown rows are read (:meth:`~rbzarr.storage.layout.TrajectoryLayout.read_rows`:
 on a zarr store, the frames' own chunks, decoded into numpy without torch), never whole
 trajectories of frames.  Episodes are numbered and cut as
 :meth:`~rbzarr.analysis.view.BufferView.iter_episodes` yields them.
@@ -191,7 +191,7 @@ def _read(
         entry = view.entry(trajectory_id)
         B = int(entry["shape"][1])
         rows = np.arange(start, stop, dtype=np.int64) * B + env
-        read = view.layout.read_row_arrays(entry, rows, [*keys, *signals])
+        read = view.layout.read_rows(entry, rows, [*keys, *signals])
         for key in keys:
             frames[key].append(_rgb(read[key]))
         for key in signals:

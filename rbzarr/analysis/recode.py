@@ -376,8 +376,6 @@ def _complete(writer: ZarrLayout, entry: Mapping[str, Any]) -> bool:
     if not writer.contains(dict(entry)):
         return False
     try:
-        return bool(writer.field_names(dict(entry))) and not writer.audit().missing_parts(
-            dict(entry)
-        )
+        return bool(writer.fields(dict(entry))) and not writer.audit().missing_parts(dict(entry))
     except CorruptStoreError:
         return False

@@ -34,7 +34,7 @@ def read_step_arrays(
     """:func:`read_steps` as numpy numbers (``bfloat16`` widened to ``float32``): decoded
     without torch where the layout can (a zarr store)."""
     T = int(entry["shape"][0])
-    names = layout.field_dtypes(entry)
+    names = layout.fields(entry)
     arrays = layout.read_arrays(entry, keys)
     return {k: time_steps(numbers(v, names[k]), T) for k, v in arrays.items()}
 

@@ -23,7 +23,7 @@ __all__ = ["StoreArrays"]
 class StoreArrays(StoreListing):
     """The committed trajectories of a store and its layout, whose
     :meth:`~rbzarr.storage.layout.TrajectoryLayout.read_arrays` and
-    :meth:`~rbzarr.storage.layout.TrajectoryLayout.read_row_arrays` decode into numpy: a
+    :meth:`~rbzarr.storage.layout.TrajectoryLayout.read_rows` decode into numpy: a
     zarr store is read without importing torch (the pickled tensors of a pt or pkl store
     need it).  :class:`~rbzarr.analysis.view.BufferView` reads the same store as tensors,
     and samples it.
@@ -84,7 +84,7 @@ class StoreArrays(StoreListing):
     def keys(self) -> list[str]:
         """Flat field keys of the first trajectory, in its field order (``[]``: none)."""
         ids = self.ids
-        return [] if not ids else self.layout.field_names(self.entry(ids[0]))
+        return [] if not ids else list(self.layout.fields(self.entry(ids[0])))
 
     def schema(self) -> Schema:
         """Sampled keys with their dtype names and trailing shapes (empty for an empty

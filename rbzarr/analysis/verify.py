@@ -343,7 +343,7 @@ def _decoded_shape(layout: TrajectoryLayout, entry: IndexEntry, schema: Schema |
     arrays = layout.read_arrays(entry)
     check_field_names(tree.unflatten(arrays))
     shapes = {key: tuple(value.shape) for key, value in arrays.items()}
-    dtypes = layout.field_dtypes(entry)
+    dtypes = layout.fields(entry)
     return list(check_shapes(shapes, dtypes.__getitem__, schema).shape)
 
 

@@ -378,7 +378,7 @@ class BufferView(SamplingFront):
         """
         if not self._index.id_list:
             return []
-        return self.layout.field_names(self.entry(self._index.id_list[0]))
+        return list(self.layout.fields(self.entry(self._index.id_list[0])))
 
     def trajectory(self, trajectory_id: int, keys: Sequence[str] | None = None) -> Trajectory:
         """Read one committed trajectory (raw rows), optionally only the flat ``keys``.
@@ -644,7 +644,7 @@ class BufferView(SamplingFront):
         # arrays' documents has a document per subgroup and array
         trajectory_group = self._zarr_layout().zarr_group(entry)
         consolidated = trajectory_group.metadata.consolidated_metadata is not None
-        fields = self.layout.field_names(entry)
+        fields = list(self.layout.fields(entry))
         folder = self.layout.location.child(*self.layout.trajectory_path(entry))
         store = folder.zarr_store(read_only=True)
         parts = []

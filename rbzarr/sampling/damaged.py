@@ -133,7 +133,7 @@ def _damaged_of(plan: MissPlan, layout: TrajectoryLayout) -> dict[int, str]:
             continue
         rows, _ = plan.misses.group(g)
         try:
-            layout.read_rows(entry, torch.from_numpy(rows), keys)
+            layout.read_rows(entry, rows, keys)
         except DAMAGE as exc:
             found[int(entry["trajectory_id"])] = _named(layout, entry, exc)
     return found

@@ -44,7 +44,7 @@ class TrajectoryLayout(ABC):
     their ``format``.  Layouts that read single rows without loading a whole trajectory
     override the two row reads, :meth:`read_rows` (one trajectory) and
     :meth:`read_groups_into` (a batch); layouts that find damage cheaper than by decoding
-    override ``_missing_parts``, :meth:`describe_keys` and :meth:`field_names`.  A layout
+    override ``_missing_parts``, :meth:`describe_keys` and :meth:`fields`.  A layout
     that records its format in the catalog implements
     :class:`~rbzarr.storage.index.format_records.FormatRecords` too.
 
@@ -192,12 +192,15 @@ class TrajectoryLayout(ABC):
 
     # -- rows -----------------------------------------------------------------------------
     def read_rows(
-        self, entry: Entry, rows: torch.Tensor, keys: Sequence[str]
-    ) -> dict[str, torch.Tensor]:
-        """Read flat rows ``rows`` (int64, any order, repeats allowed) of the sampled ``keys``.
+        self, entry: Entry, rows: np.ndarray, keys: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        """Read flat rows ``rows`` (integers, any order, repeats allowed) of the sampled
+        ``keys``, as numpy arrays holding the bits :meth:`read_arrays` holds (``bfloat16`` as
+        ``uint16``; :meth:`fields` names the dtypes).
 
         The default loads the whole trajectory (flattening needs the reference field and T,
-        whichever keys are asked for).
+        whichever keys are asked for) and converts its tensors; a layout that decodes into
+        numpy overrides it, so the read-only tools need no torch.
 
         Parameters
         ----------
@@ -211,7 +214,7 @@ class TrajectoryLayout(ABC):
         Returns
         -------
         dict
-            ``{key: tensor[len(rows), ...]}``.
+            ``{key: array[len(rows), ...]}``.
 
         Raises
         ------
@@ -222,6 +225,17 @@ class TrajectoryLayout(ABC):
         IndexError
             A row is outside ``[0, T * B)``.
         """
+        import torch  # noqa: PLC0415 (this layout reads tensors)
+
+        flat = torch.from_numpy(np.asarray(rows, dtype=np.int64).reshape(-1))
+        return {
+            key: to_numpy(value) for key, value in self._read_row_tensors(entry, flat, keys).items()
+        }
+
+    def _read_row_tensors(
+        self, entry: Entry, rows: torch.Tensor, keys: Sequence[str]
+    ) -> dict[str, torch.Tensor]:
+        """:meth:`read_rows` as tensors (``rows``: int64), from the whole trajectory."""
         from rbzarr.trajectory.flat_view import flatten_trajectory  # noqa: PLC0415 (torch)
         from rbzarr.trajectory.model import validate  # noqa: PLC0415
 
@@ -259,28 +273,14 @@ class TrajectoryLayout(ABC):
         """
         return {key: to_numpy(value) for key, value in self.read(entry, keys).tensors().items()}
 
-    def read_row_arrays(
-        self, entry: Entry, rows: np.ndarray, keys: Sequence[str]
-    ) -> dict[str, np.ndarray]:
-        """The rows :meth:`read_rows` reads (``rows``: any integers), as numpy arrays holding
-        the bits :meth:`read_arrays` holds; raises as :meth:`read_rows` does.
-
-        The default converts :meth:`read_rows`'s tensors; a layout that decodes into numpy
-        overrides it.
-        """
-        import torch  # noqa: PLC0415 (this layout reads tensors)
-
-        flat = torch.from_numpy(np.asarray(rows, dtype=np.int64).reshape(-1))
-        return {key: to_numpy(value) for key, value in self.read_rows(entry, flat, keys).items()}
-
     def read_groups_into(
         self, groups: RowGroups, keys: Sequence[str], out: Mapping[str, torch.Tensor]
     ) -> None:
         """Read the rows of several trajectories, grouped as flat arrays, into ``out``.
 
         Group ``g``'s flat rows go to rows ``positions`` (int64) of ``out[key]``, for every
-        key.  The default reads each group with :meth:`read_rows`; layouts that read a whole
-        batch at once override it.
+        key.  The default reads each group's rows from its whole trajectory; layouts that
+        read a whole batch at once override it.
 
         Parameters
         ----------
@@ -299,7 +299,7 @@ class TrajectoryLayout(ABC):
             A trajectory's data is damaged.
         """
         for entry, rows, positions in groups.requests():
-            got = self.read_rows(entry, rows, keys)
+            got = self._read_row_tensors(entry, rows, keys)
             for key in keys:
                 if got[key].dtype != out[key].dtype or got[key].shape[1:] != out[key].shape[1:]:
                     raise CorruptStoreError(
@@ -378,10 +378,13 @@ class TrajectoryLayout(ABC):
         """Files below the trajectory path ``path`` rbzarr did not write; the default: none."""
         return []
 
-    def field_names(self, entry: Entry) -> list[str]:
-        """Flat field keys of one trajectory (``"rewards"``, ``"curr_obs/image"``), in order.
+    def fields(self, entry: Entry) -> dict[str, str]:
+        """Flat field keys of one trajectory (``"rewards"``, ``"curr_obs/image"``), in order,
+        with their dtype names (``"float32"``, ``"bfloat16"``).
 
-        The default reads the trajectory; layouts with field metadata override it.
+        The dtype names are what :meth:`read_arrays` does not tell (it holds ``bfloat16`` as
+        ``uint16``); ``list(fields(entry))`` names the keys.  The default reads the
+        trajectory; layouts with field metadata override it.
 
         Parameters
         ----------
@@ -390,16 +393,9 @@ class TrajectoryLayout(ABC):
 
         Returns
         -------
-        list of str
-            The flat keys.
+        dict of str to str
+            ``{flat key: dtype name}``.
         """
-        return list(self.read(entry).tensors())
-
-    def field_dtypes(self, entry: Entry) -> dict[str, str]:
-        """Flat key to dtype name (``"float32"``, ``"bfloat16"``) of every field of the
-        trajectory of ``entry``, in order: what :meth:`read_arrays` does not tell (it holds
-        ``bfloat16`` as ``uint16``).  The default reads the trajectory; layouts with field
-        metadata override it."""
         return {key: dtype_name(value.dtype) for key, value in self.read(entry).tensors().items()}
 
     def _missing_parts(self, entry: Entry) -> list[str]:

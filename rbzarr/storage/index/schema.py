@@ -6,12 +6,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from rbzarr.errors import CorruptStoreError, UnsafePathError
 from rbzarr.storage.index.entry import count
 from rbzarr.storage.io.names import safe_key
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.rlinf.documents import Entry
-from rbzarr.trajectory.dtypes import dtype_name, storage_dtype
+from rbzarr.trajectory.dtypes import storage_dtype
 
 if TYPE_CHECKING:
     from rbzarr.trajectory.model import Schema
@@ -51,18 +53,18 @@ def check_schema(schema: Schema, layout: TrajectoryLayout, entry: Entry) -> None
     of ``entry`` (so nothing is ever allocated by the sizes the schema declares)."""
     if not schema or int(entry["num_samples"]) == 0:
         return
-    import torch  # noqa: PLC0415 (the buffer's check: tensors)
-
     where = f"{layout.location.url}: trajectory {entry['trajectory_id']}"
     try:
-        rows = layout.read_rows(entry, torch.zeros(1, dtype=torch.int64), list(schema))
+        rows = layout.read_rows(entry, np.zeros(1, dtype=np.int64), list(schema))
+        names = layout.fields(entry)
+        held_dtypes = {key: names[key] for key in schema}
     except (KeyError, IndexError) as exc:
         raise CorruptStoreError(f"{where}: does not hold the schema's fields: {exc!r}") from exc
     for key, (dtype, trailing) in schema.items():
         held = rows[key]
-        if dtype_name(held.dtype) != dtype or tuple(held.shape[1:]) != tuple(trailing):
+        if held_dtypes[key] != dtype or tuple(held.shape[1:]) != tuple(trailing):
             raise CorruptStoreError(
-                f"{where}: field {key!r} holds {dtype_name(held.dtype)} rows of "
+                f"{where}: field {key!r} holds {held_dtypes[key]} rows of "
                 f"{list(held.shape[1:])}, the schema in metadata.json says {dtype} rows of "
                 f"{list(trailing)}"
             )

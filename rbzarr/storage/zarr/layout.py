@@ -281,14 +281,7 @@ class ZarrLayout(TrajectoryLayout):
         """The read-only Zarr group of one trajectory."""
         return describe.trajectory_group(self.location, entry)
 
-    def field_names(self, entry: Entry) -> list[str]:
-        # docstring inherited
-        fields = self.zarr_group(entry).attrs.get(FIELDS_ATTR)
-        if not isinstance(fields, dict):
-            raise ValueError(f"{self.location.url}: trajectory group has no {FIELDS_ATTR!r}")
-        return list(fields)
-
-    def field_dtypes(self, entry: Entry) -> dict[str, str]:
+    def fields(self, entry: Entry) -> dict[str, str]:
         # docstring inherited
         return dict(self._opener.open_many([entry], [])[0].dtypes)  # no shard opened
 
@@ -397,19 +390,9 @@ class ZarrLayout(TrajectoryLayout):
         }
 
     def read_rows(
-        self, entry: Entry, rows: torch.Tensor, keys: Sequence[str]
-    ) -> dict[str, torch.Tensor]:
-        # docstring inherited
-        names = self._opener.open_many([entry])[0].dtypes
-        return {
-            key: from_numpy(value, dtype_from_name(names[key]))
-            for key, value in self.read_row_arrays(entry, np.asarray(rows), keys).items()
-        }
-
-    def read_row_arrays(
         self, entry: Entry, rows: np.ndarray, keys: Sequence[str]
     ) -> dict[str, np.ndarray]:
-        """Gathered into numpy here (no torch): :meth:`read_rows` converts these."""
+        """Gathered into numpy here (no torch)."""
         (handles,) = self._opener.open_many([entry])
         zarr_rows.check_keys(handles, keys, self.location.url, sampled=True)
         flat = np.asarray(rows, dtype=np.int64).reshape(-1)
