@@ -80,7 +80,7 @@ def check_store(
         name = view.entries[trajectory_id]["model_weights_id"]
         writer, k = (int(part) for part in name[1:].split("k"))
         assert trajectory_id not in flushed or flushed[trajectory_id] == name
-        assert view.layout.contains(view.entries[trajectory_id])
+        assert view.layout.audit().contains(view.entries[trajectory_id])
         if read_all or writer not in compared:
             compared.add(writer)
             got = view.trajectory(trajectory_id)

@@ -35,7 +35,8 @@ def _require_empty(location: Location) -> None:
 
 
 def _require_data(view: BufferView) -> None:
-    missing = [i for i in view.ids if not view.layout.contains(view.entry(i))]
+    audit = view.layout.audit()
+    missing = [i for i in view.ids if not audit.contains(view.entry(i))]
     if missing:
         raise CorruptStoreError(
             f"{view.url}: the index lists trajectories {missing} but their data is missing; "

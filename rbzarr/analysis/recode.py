@@ -373,9 +373,10 @@ def _require_destination(writer: ZarrLayout, source: Location, plan: RecodePlan)
 def _complete(writer: ZarrLayout, entry: Mapping[str, Any]) -> bool:
     """Whether a trajectory is already wholly in ``writer`` (its group's attributes, the
     commit marker, are written last)."""
-    if not writer.contains(dict(entry)):
+    audit = writer.audit()
+    if not audit.contains(dict(entry)):
         return False
     try:
-        return bool(writer.fields(dict(entry))) and not writer.audit().missing_parts(dict(entry))
+        return bool(writer.fields(dict(entry))) and not audit.missing_parts(dict(entry))
     except CorruptStoreError:
         return False

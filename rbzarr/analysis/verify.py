@@ -312,9 +312,10 @@ def _check_trajectory(
         return Problem(kind, path, message, trajectory_id, repair=DROP)
 
     try:
-        if not layout.contains(entry):
+        audit = layout.audit()
+        if not audit.contains(entry):
             return damaged("missing_data", "indexed but its data is missing")
-        missing = layout.audit().missing_parts(entry)
+        missing = audit.missing_parts(entry)
         if missing:
             return damaged("missing_chunks", "; ".join(missing))
         shape = _decoded_shape(layout, entry, schema)

@@ -205,7 +205,8 @@ def _with_data(
     # A large store read by its window trusts its log (which lists only complete data): a
     # missing trajectory is found when it is read, not by a request per id here.
     held = share.id_list if full.is_complete else []
-    missing = [i for i in held if not source.contains(share.entries[i])]
+    audit = source.audit()
+    missing = [i for i in held if not audit.contains(share.entries[i])]
     if not missing:
         return share
     if strict or is_rbzarr_store(documents.metadata):

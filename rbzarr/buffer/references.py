@@ -60,7 +60,7 @@ def check_notices(
             raise InvalidTrajectoryError(
                 f"{url}: trajectory {trajectory_id} is in the buffer already; nothing added"
             )
-        if not layout.contains(entry):
+        if not layout.audit().contains(entry):
             raise CheckpointNotFoundError(
                 f"{url}: trajectory {trajectory_id} has no committed data: send a notice only "
                 "after the writer's flush(); nothing added"

@@ -320,7 +320,7 @@ class TrajectoryLayout(ABC):
         remote store fetches ``committed`` ahead and evicts them last; this one ignores
         both."""
 
-    def contains(self, entry: Entry) -> bool:
+    def _contains(self, entry: Entry) -> bool:
         """Whether the trajectory's data is present (its :meth:`trajectory_path` exists)."""
         return self.location.exists(*self.trajectory_path(entry))
 
@@ -346,7 +346,7 @@ class TrajectoryLayout(ABC):
         StoreExistsError
             ``target`` already holds data at the trajectory's path (nothing is overwritten).
         """
-        if not self.contains(entry):
+        if not self._contains(entry):
             raise CheckpointNotFoundError(
                 f"{self.location.url}: trajectory {entry['trajectory_id']} is indexed but its "
                 "data is missing"
@@ -370,9 +370,12 @@ class TrajectoryLayout(ABC):
         Returns
         -------
         LayoutAudit
-            The stored paths, the foreign files below one, and a trajectory's missing parts.
+            Whether a trajectory is present, the stored paths, the foreign files below one,
+            and a trajectory's missing parts.
         """
-        return LayoutAudit(self._stored_paths, self._foreign_files, self._missing_parts)
+        return LayoutAudit(
+            self._contains, self._stored_paths, self._foreign_files, self._missing_parts
+        )
 
     def _foreign_files(self, path: str) -> list[str]:
         """Files below the trajectory path ``path`` rbzarr did not write; the default: none."""

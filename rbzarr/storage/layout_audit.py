@@ -14,10 +14,14 @@ __all__ = ["LayoutAudit"]
 
 @dataclass(frozen=True)
 class LayoutAudit:
-    """A layout's checks of its stored data, for ``verify`` and ``recode``.
+    """A layout's checks of its stored data, for ``verify``, ``recode`` and whoever asks
+    whether a trajectory's data is there.
 
     Attributes
     ----------
+    contains
+        ``contains(entry)``: whether the trajectory's data is present (its
+        ``trajectory_path`` exists), one request, however large the store.
     stored_paths
         ``stored_paths()``: every trajectory's data present, indexed or not, as
         ``{path: trajectory_id}`` (paths ``/``-joined below the root as the layout's
@@ -32,6 +36,7 @@ class LayoutAudit:
         values when it is missing).
     """
 
+    contains: Callable[[Entry], bool]
     stored_paths: Callable[[], dict[str, int]]
     foreign_files: Callable[[str], list[str]]
     missing_parts: Callable[[Entry], list[str]]
