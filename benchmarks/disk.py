@@ -145,13 +145,18 @@ def _warm(run: DiskRun) -> dict[str, Any]:
         out: dict[str, Any] = _torchrl_unavailable()
     else:
         # Call for call with the buffer, on the same draws (the warm-up call included).
+        # TorchRL's own ReplayBuffer.sample (random rows) in the same rounds.
         batches = iter(range(first, first + 2 * calls + 2))
-        zarr_latencies, peer_latencies = interleaved(
-            [run.zarr.sample, lambda: peer.get(peer.indices(*run.draws.at(next(batches))))],
+        zarr_latencies, peer_latencies, sample_latencies = interleaved(
+            [
+                run.zarr.sample,
+                lambda: peer.get(peer.indices(*run.draws.at(next(batches)))),
+                lambda: peer.sample(run.workload.batch),
+            ],
             calls,
             budget,
         )
-        out = _torchrl_warm(run, peer, first, peer_latencies, budget)
+        out = _torchrl_warm(run, peer, first, peer_latencies, sample_latencies)
     timed_calls = range(first + 1, first + 1 + len(zarr_latencies))
     out["zarr"] = stats(zarr_latencies, batch, per_row)
     out["zarr"].update(_layout_reads(run, before, len(zarr_latencies) + 1))
@@ -185,15 +190,13 @@ def _torchrl_unavailable() -> dict[str, Any]:
 
 
 def _torchrl_warm(
-    run: DiskRun, peer: TorchRLPeer, first: int, latencies: list[float], budget: float
+    run: DiskRun, peer: TorchRLPeer, first: int, latencies: list[float], sampled: list[float]
 ) -> dict[str, Any]:
     batch, per_row = run.workload.batch, run.row_bytes
     expected = gather_rows(run.flats, *run.draws.at(first))
     checked = same_rows(peer.get(peer.indices(*run.draws.at(first))), expected)
     memmap = {"storage": peer.kind, "same_rows": checked, **stats(latencies, batch, per_row)}
-    calls = len(latencies)
-    sample = stats(timed(lambda: peer.sample(batch), calls, budget), batch, per_row)
-    return {"torchrl_memmap": memmap, "torchrl_sample": sample}
+    return {"torchrl_memmap": memmap, "torchrl_sample": stats(sampled, batch, per_row)}
 
 
 def _timed_cold(

@@ -14,7 +14,10 @@ Cases:
 * ``s3``: the save on moto behind the 20 ms proxy, 100 embodied trajectories (smaller T and
   B: the requests do not depend on the bytes): the requests it makes;
 * ``gc``: ``rbzarr gc --keep-last n/2`` of stores of 10^4 and 10^5 tiny trajectories (their
-  log written directly, data for every one): milliseconds per deleted trajectory.
+  log written directly, data for every one): milliseconds per deleted trajectory;
+* ``retention``: a buffer with ``retention`` = the last 1,000 adds 10^5 tiny trajectories
+  (2 x 10^4 quick): the store's bytes over the kept trajectories' after each 10^4, and the
+  collection's milliseconds per removed trajectory in the first and the last 10^4.
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ import torch
 
 from benchmarks.report import target
 from benchmarks.s3 import load_s3_server, proxied_bucket
-from benchmarks.scale import synthetic_store
+from benchmarks.scale import synthetic_store, tiny
 from benchmarks.workloads import embodied_trajectory
-from rbzarr import TrajectoryReplayBuffer
+from rbzarr import Retention, TrajectoryReplayBuffer
 from rbzarr.analysis.collect import collect_store
+from rbzarr.storage.index.collector import SlotCollector
 from rbzarr.storage.index.pins import FOLDER as PINS
+from rbzarr.storage.index.slots import read_store_documents
 from rbzarr.storage.io.location import Location
 from rbzarr.trajectory import tree
 
@@ -145,20 +150,107 @@ def s3_figures(count: int) -> dict[str, Any]:
 
 
 def gc_figures(root: Path, sizes: tuple[int, ...]) -> dict[str, Any]:
-    """A collection of half of each store: ms per deleted trajectory, by store size."""
+    """A collection of half of each store: ms per deleted trajectory (wall and CPU), by
+    store size."""
     result = {}
     for count in sizes:
         store = root / f"gc-{count}"
         synthetic_store(Location.from_url(store), count, data=count)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         plan = collect_store(str(store), count // 2)
-        seconds = time.perf_counter() - start
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         result[str(count)] = {
             "deleted": len(plan.deleted),
             "seconds": seconds,
             "ms_per_deleted": 1000 * seconds / len(plan.deleted),
+            "cpu_ms_per_deleted": 1000 * cpu / len(plan.deleted),
         }
     return result
+
+
+RETAINED = 1_000
+STRETCH = 10_000  # the stretches whose collection cost is compared (the first, the last)
+
+
+def retention_figures(
+    root: Path, count: int, retained: int = RETAINED, stretch: int = STRETCH
+) -> dict[str, Any]:
+    """``count`` tiny trajectories added (50 per flush) by a buffer with ``retention`` = the
+    last ``retained`` (grace 0), a checkpoint pinning a window of 100 early on: the store's
+    bytes against the retained and pinned trajectories' bytes after every ``stretch`` past
+    the first,
+    and the collection's milliseconds (wall and the writer thread's CPU) per removed
+    trajectory in the first and the last stretch (the collector's calls timed on the
+    writer thread, which makes them)."""
+    store = root / "retention"
+    spent = [0.0, 0.0]  # wall and CPU seconds of the writer thread in the collector
+    timed = {name: getattr(SlotCollector, name) for name in ("collect", "delete_expired")}
+
+    def timing(call: Any) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            start, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - start
+                spent[1] += time.thread_time() - cpu
+
+        return wrapped
+
+    ratios: list[float] = []
+    stretches: dict[str, dict[str, float]] = {}
+    marks: dict[int, tuple[float, float, int]] = {}
+    try:
+        for name, call in timed.items():
+            setattr(SlotCollector, name, timing(call))
+        with TrajectoryReplayBuffer(
+            auto_save=True,
+            auto_save_path=store,
+            sample_window_size=WINDOW,
+            cache_size=5,
+            retention=Retention(last=retained, grace=0),
+        ) as buffer:
+            for i in range(count):
+                buffer.add_trajectories([tiny(i)])
+                if i == 2 * WINDOW:
+                    buffer.flush()
+                    buffer.save_checkpoint(root / "retention-ckpt")
+                if i % 50 == 49:
+                    buffer.flush()
+                if (i + 1) % stretch == 0:
+                    buffer.flush()
+                    marks[i + 1] = (*spent, buffer.trajectory_counter - buffer.size)
+                    if i + 1 > stretch:
+                        ratios.append(_store_ratio(store))
+    finally:
+        for name, call in timed.items():
+            setattr(SlotCollector, name, call)
+    for label, end in (("first", stretch), ("last", count)):
+        start = end - stretch
+        seconds, cpu, removed = (
+            marks[end][k] - marks.get(start, (0.0, 0.0, 0))[k] for k in range(3)
+        )
+        stretches[label] = {
+            "added_before": start,
+            "removed": int(removed),
+            "ms_per_removed": 1000 * seconds / max(removed, 1),
+            "cpu_ms_per_removed": 1000 * cpu / max(removed, 1),
+        }
+    return {
+        "added": count,
+        "retained": retained,
+        "stretch": stretch,
+        "store_over_kept": ratios,
+        "store_over_kept_max": max(ratios, default=0.0),
+        "collection": stretches,
+    }
+
+
+def _store_ratio(store: Path) -> float:
+    """The store's bytes (every file) over the bytes of the trajectories it lists."""
+    listed = read_store_documents(Location.from_url(store)).trajectory_index["trajectory_id_list"]
+    kept = sum(_folder_bytes(store / "trajectories" / str(i)) for i in listed)
+    return _folder_bytes(store) / kept
 
 
 def run_lifecycle(quick: bool, workdir: str | None) -> dict[str, Any]:
@@ -170,10 +262,16 @@ def run_lifecycle(quick: bool, workdir: str | None) -> dict[str, Any]:
         local = local_figures(root / "local", 20 if quick else WINDOW)
         large = large_figures(root / "large", 100_000 if quick else 1_000_000)
         collected = gc_figures(root, (1_000, 10_000) if quick else (10_000, 100_000))
+        retained = (
+            retention_figures(root, 2_000, 100, 1_000)
+            if quick
+            else retention_figures(root, 10 * STRETCH)
+        )
     return {
         "local": local,
         "large": large,
         "gc": collected,
+        "retention": retained,
         "s3": s3_figures(20 if quick else WINDOW),
         "notes": (
             "bytes: the manifest's folder plus the pin file; the large store's log is written "
@@ -186,6 +284,8 @@ def run_lifecycle(quick: bool, workdir: str | None) -> dict[str, Any]:
 def lifecycle_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     """The targets of the suite, evaluated on ``results``."""
     local, large, s3 = results["local"], results["large"], results["s3"]
+    retention = results["retention"]
+    collection = retention["collection"]
     n = local["trajectories"]
     small, big = sorted(results["gc"], key=int)
     return [
@@ -233,10 +333,28 @@ def lifecycle_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             ">=",
         ),
         target(
-            f"gc ms per deleted trajectory at {int(big):,} vs at {int(small):,}",
-            "rbzarr gc --keep-last n/2 of tiny trajectories: reads the index, rewrites the log "
-            "once, then one delete each",
-            results["gc"][big]["ms_per_deleted"] / results["gc"][small]["ms_per_deleted"],
+            f"gc CPU ms per deleted trajectory at {int(big):,} vs at {int(small):,}",
+            "CPU seconds of rbzarr gc --keep-last n/2 of tiny trajectories (reads the index, "
+            "rewrites the log once, then one delete each; wall times in results.gc)",
+            results["gc"][big]["cpu_ms_per_deleted"] / results["gc"][small]["cpu_ms_per_deleted"],
+            1.2,
+            "<=",
+        ),
+        target(
+            f"retention = last {retention['retained']:,} of {retention['added']:,} tiny "
+            "trajectories: store bytes over the retained and pinned trajectories' bytes",
+            f"the largest ratio after every stretch of {retention['stretch']:,} past the first "
+            "(every file of the store: data, index, records, pins)",
+            retention["store_over_kept_max"],
+            1.2,
+            "<=",
+        ),
+        target(
+            "retention: collection CPU ms per removed trajectory, the last "
+            f"{retention['stretch']:,} of {retention['added']:,} vs the first",
+            "CPU seconds of the collector's calls on the writer thread (record, log rewrite, "
+            "deletes; wall times in results.retention.collection)",
+            collection["last"]["cpu_ms_per_removed"] / collection["first"]["cpu_ms_per_removed"],
             1.2,
             "<=",
         ),

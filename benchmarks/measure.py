@@ -79,7 +79,8 @@ def interleaved(
 
 
 def stats(latencies: Sequence[float], rows: int, bytes_per_row: int) -> dict[str, float]:
-    """Throughput from the median call (and the mean), latency percentiles."""
+    """Throughput from the median call (the mean, the slowest and the fastest call beside it),
+    latency percentiles."""
     ordered = sorted(latencies)
     p50 = statistics.median(ordered)
     rows_s = rows / p50
@@ -87,6 +88,8 @@ def stats(latencies: Sequence[float], rows: int, bytes_per_row: int) -> dict[str
         "calls": len(ordered),
         "rows_s": rows_s,
         "rows_s_mean": rows * len(ordered) / sum(ordered),
+        "rows_s_min": rows / ordered[-1],
+        "rows_s_max": rows / ordered[0],
         "mb_s": rows_s * bytes_per_row / 1e6,
         "p50_ms": 1e3 * p50,
         "p99_ms": 1e3 * ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)],

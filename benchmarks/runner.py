@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -65,11 +66,28 @@ def run(
     if settings.threads > 0:
         torch.set_num_threads(settings.threads)
     try:
-        return [
-            _run_suite(suite, names, settings, batches, quick, workdir, say) for suite in suites
-        ]
+        documents = []
+        for suite in suites:
+            load, start = os.getloadavg(), time.perf_counter()
+            document = _run_suite(suite, names, settings, batches, quick, workdir, say)
+            _note_load(document, load, time.perf_counter() - start)
+            documents.append(document)
+        return documents
     finally:
         torch.set_num_threads(threads)
+
+
+def _note_load(document: dict[str, Any], load: tuple[float, float, float], seconds: float) -> None:
+    """Record the load average at the suite's start (its end is in ``machine``) and how long
+    it ran, in ``machine`` and as a note."""
+    end = document["machine"]["load_average"]
+    document["machine"]["load_average_start"] = list(load)
+    document["machine"]["suite_seconds"] = seconds
+    document["notes"].append(
+        f"load average (1, 5, 15 min) {', '.join(f'{x:.1f}' for x in load)} at the start, "
+        f"{', '.join(f'{x:.1f}' for x in end)} at the end, on {os.cpu_count()} cores; "
+        f"the suite ran {seconds:.0f} s"
+    )
 
 
 def _run_suite(

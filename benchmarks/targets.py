@@ -33,6 +33,33 @@ def _ratio(*paths: tuple[str, ...]) -> Callable[[dict[str, Any]], float]:
     return lambda r: _get(r, *numerator, "rows_s") / _get(r, *denominator, "rows_s")
 
 
+def _fastest(ours: tuple[str, ...], *peers: tuple[str, ...]) -> Callable[[dict[str, Any]], float]:
+    """Our rows/s over the fastest of ``peers``' rows/s."""
+    return lambda r: _get(r, *ours, "rows_s") / max(_get(r, *peer, "rows_s") for peer in peers)
+
+
+def _faster_path(workload: str) -> Callable[[dict[str, Any]], str]:
+    """The meaning of a warm target against TorchRL, naming the path it was measured on."""
+    paths = {
+        "torchrl_memmap": "storage.get of the same rows",
+        "torchrl_sample": "ReplayBuffer.sample",
+    }
+
+    def meaning(results: dict[str, Any]) -> str:
+        try:
+            rates = {key: _get(results, workload, "warm", key, "rows_s") for key in paths}
+            used = paths[max(rates, key=lambda key: rates[key])]
+        except Unmeasured:
+            used = "not measured"
+        return (
+            f"rbzarr rows/s / TorchRL's faster path over one LazyMemmapStorage: {used} (of "
+            "storage.get of the same rows, torchrl_memmap, and ReplayBuffer.sample, "
+            "torchrl_sample), page cache warm, the three timed interleaved"
+        )
+
+    return meaning
+
+
 def _value(*path: str) -> Callable[[dict[str, Any]], float]:
     return lambda r: float(_get(r, *path))
 
@@ -41,8 +68,8 @@ def _value(*path: str) -> Callable[[dict[str, Any]], float]:
 SAMPLING = [
     (
         f"{w}: warm disk rows/s >= TorchRL LazyMemmapStorage",
-        "rbzarr rows/s / LazyMemmapStorage.get rows/s, same rows, page cache warm",
-        _ratio((w, "warm", "zarr"), (w, "warm", "torchrl_memmap")),
+        _faster_path(w),
+        _fastest((w, "warm", "zarr"), (w, "warm", "torchrl_memmap"), (w, "warm", "torchrl_sample")),
         1.0,
         ">=",
     )
@@ -117,7 +144,8 @@ SAMPLING += [
 
 def _evaluate(specs: list[Any], results: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
-    for name, meaning, value_of, threshold, op in specs:
+    for name, meaning_of, value_of, threshold, op in specs:
+        meaning = meaning_of(results) if callable(meaning_of) else meaning_of
         try:
             value = value_of(results)
         except Unmeasured as exc:

@@ -72,6 +72,9 @@ class TorchRLPeer:
             found = torch.stack(found)
         return {key: torch.as_tensor(value) for key, value in found.flatten_keys("/").items()}
 
-    def sample(self, batch: int) -> Any:
-        """TorchRL's own path: ``ReplayBuffer.sample`` of ``batch`` random rows."""
-        return self.buffer.sample(batch)
+    def sample(self, batch: int) -> dict[str, torch.Tensor]:
+        """TorchRL's own path: ``ReplayBuffer.sample`` of ``batch`` random rows, as a flat
+        ``{key: tensor}`` dict of the rows' values (a list storage's sample is a lazy stack
+        whose rows are decompressed when read: reading them is part of the sample)."""
+        found = self.buffer.sample(batch)
+        return {key: torch.as_tensor(value) for key, value in found.flatten_keys("/").items()}

@@ -10,6 +10,11 @@ Both write the same rows into fresh directories on the same disk, one after the 
   first pass (the files created, every page new, as when a run fills its buffer) and a
   second one over the same storage (pages mapped, as when a full buffer wraps around).
 
+Beside them, in the same rounds (the order of the sides reversed every other round), the
+limits (:mod:`benchmarks.limits`): ``write()`` of the same bytes into fresh files and a
+``memcpy`` of them.  Each side keeps its runs, min and max; the ratios are medians of the
+per-round ratios.
+
 rbzarr's clock starts with the buffer open and its store created (one trajectory written
 before); every trajectory it writes is new files.  The ratio printed is rbzarr's rows/s
 over each of TorchRL's.
@@ -22,8 +27,8 @@ ones do, but more).  ``tiny`` is the fixed cost of one small trajectory: ms per
 ``ZarrLayout.write`` of a ``T=4, B=2`` trajectory (three keys) on a local store, plain and
 on a durable location, with its files, folders and bytes on disk.
 
-    .venv/bin/python benchmarks/write_rows.py                # every workload, 3 repeats
-    .venv/bin/python benchmarks/write_rows.py --workloads image --repeats 5 --json out.json
+    .venv/bin/python -m benchmarks.write_rows                # every workload, 3 repeats
+    .venv/bin/python -m benchmarks.write_rows --workloads image --repeats 5 --json out.json
 
 Needs ``torchrl`` and ``tensordict`` (the ``bench`` extra).
 """
@@ -40,10 +45,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from benchmarks.limits import copy_arrays, paired_ratio, spread, write_files
 from rbzarr import Trajectory, TrajectoryReplayBuffer
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.zarr.layout import ZarrLayout
@@ -167,11 +174,20 @@ def measure(name: str, repeats: int, workdir: str, options: dict[str, Any]) -> d
         "torchrl_first": [],
         "torchrl_again": [],
     }
+    arrays = [v.numpy() for t in trajectories for v in t.tensors().values()]
+    limits: dict[str, list[float]] = {"write": [], "memcpy": []}
     sizes: dict[str, tuple[int, int]] = {}
+    writers = ("rbzarr", "torchrl", "write", "memcpy")
     for repeat in range(repeats):
-        # The order alternates: a shared machine's noise falls on both alike.
-        for writer in ("rbzarr", "torchrl") if repeat % 2 == 0 else ("torchrl", "rbzarr"):
+        # The order alternates (ABBA): a shared machine's noise falls on every side alike.
+        for writer in writers if repeat % 2 == 0 else writers[::-1]:
             root = os.path.join(workdir, f"{name}-{writer}-{repeat}")
+            if writer == "write":
+                limits["write"].append(rows / write_files(arrays, Path(root)))
+                continue
+            if writer == "memcpy":
+                limits["memcpy"].append(rows / copy_arrays(arrays))
+                continue
             if writer == "rbzarr":
                 runs["rbzarr"].append(write_rbzarr(root, trajectories, options))
             else:
@@ -191,14 +207,23 @@ def measure(name: str, repeats: int, workdir: str, options: dict[str, Any]) -> d
             "rows_per_s": statistics.median(rates),
             "rows_per_cpu_s": statistics.median(rows / cpu for _, cpu in seconds),
             "runs": rates,
+            "min": min(rates),
+            "max": max(rates),
             "mb_per_s": statistics.median(rates) * raw / rows / 1e6,
             "disk_bytes": disk,
             "disk_vs_raw": disk / written[owner],
             "files": files,
         }
-    ours = result["rbzarr"]["rows_per_s"]
-    result["ratio_first"] = ours / result["torchrl_first"]["rows_per_s"]
-    result["ratio_again"] = ours / result["torchrl_again"]["rows_per_s"]
+    for limit, rates in limits.items():
+        result[f"limit_{limit}"] = {"rows_per_s": spread(rates)}
+    ours = result["rbzarr"]["runs"]
+    # Medians of the per-round ratios (the sides of one round ran back to back).
+    for peer in ("torchrl_first", "torchrl_again"):
+        paired = paired_ratio(ours, result[peer]["runs"])
+        result[f"ratio_{peer.split('_')[1]}"] = paired["median"]
+        result[f"ratio_{peer.split('_')[1]}_spread"] = paired
+    for limit, rates in limits.items():
+        result[f"ratio_vs_{limit}_limit"] = paired_ratio(ours, rates)
     cpu = result["rbzarr"]["rows_per_cpu_s"]
     result["cpu_ratio_first"] = cpu / result["torchrl_first"]["rows_per_cpu_s"]
     result["cpu_ratio_again"] = cpu / result["torchrl_again"]["rows_per_cpu_s"]
@@ -310,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"first pass {first['rows_per_s'] / 1e3:,.0f}k rows/s, again "
                 f"{again['rows_per_s'] / 1e3:,.0f}k rows/s (disk {first['disk_vs_raw']:.2f}x raw)"
                 f" | ratio {result['ratio_first']:.2f}x / {result['ratio_again']:.2f}x"
+                f" | vs write() {result['ratio_vs_write_limit']['median']:.2f}x"
                 f" (per CPU second {result['cpu_ratio_first']:.2f}x / "
                 f"{result['cpu_ratio_again']:.2f}x)"
             )

@@ -52,6 +52,7 @@ _LAZY = {
     "replay_buffer_collate_fn": "rbzarr.data.rlinf_datasets",
     "PriorityStore": "rbzarr.data.rlinf_stores",
     "PrioritizedReplay": "rbzarr.sampling.priorities",
+    "Retention": "rbzarr.storage.index.retention",
     "TrajectoryCache": "rbzarr.data.rlinf_stores",
     "Channel": "rbzarr.rollout.channel",
     "split_envs": "rbzarr.rollout.collected",
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
     from rbzarr.rollout.collected import split_envs
     from rbzarr.rollout.collector import TrajectoryCollector
     from rbzarr.sampling.priorities import PrioritizedReplay
+    from rbzarr.storage.index.retention import Retention
     from rbzarr.trajectory.model import Trajectory
 
 __all__ = [
@@ -99,6 +101,7 @@ __all__ = [
     "PriorityStore",
     "RbzarrError",
     "RecodeWarning",
+    "Retention",
     "SchedulerUnavailableError",
     "ReplayBufferDataset",
     "ReplayDataset",

@@ -2,6 +2,8 @@
 # Set up a virtual environment in .venv (once) and run a job in it.
 #   bash scripts/dev.sh demo [ARGS...]   the main job: a demo on a local store
 #   bash scripts/dev.sh test [ARGS...]   lint, type check and the full test suite
+#   bash scripts/dev.sh bench [ARGS...]  python -m benchmarks with its peers (TorchRL,
+#                                        MuJoCo frames, moto): e.g. --suites images
 set -euo pipefail
 cd "$(dirname "$0")/.."
 job="${1:-}"
@@ -35,8 +37,18 @@ case "$job" in
         .venv/bin/mypy rbzarr
         exec .venv/bin/pytest "$@"
         ;;
+    bench)
+        # The peers: TorchRL's storages (pure Python on any torch >= 2.1: its C++ segment
+        # trees, built for one torch, are not used here), MuJoCo renders, the S3 server.
+        # The installed torch is a requirement of the same install, so nothing upgrades it.
+        torch_pin="torch==$(.venv/bin/python -c 'import torch; print(torch.__version__)')"
+        .venv/bin/pip install --quiet -c scripts/constraints.txt -e '.[bench-images,test]' \
+            "$torch_pin"
+        export MUJOCO_GL="${MUJOCO_GL:-egl}"
+        exec .venv/bin/python -m benchmarks "$@"
+        ;;
     *)
-        echo "usage: bash scripts/dev.sh demo|test [ARGS...]" >&2
+        echo "usage: bash scripts/dev.sh demo|test|bench [ARGS...]" >&2
         exit 2
         ;;
 esac

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from rbzarr import Trajectory, TrajectoryReplayBuffer
+from rbzarr.storage.index.entry import IndexEntry
 from rbzarr.storage.io.location import Location
 
 pytest_plugins = ["s3_fixtures"]
@@ -140,14 +141,7 @@ def truncate_shard(url: str, options: dict[str, Any] | None, trajectory_id: int,
 def index_entry(trajectory_id: int, T: int, B: int, *shape: int) -> dict[str, Any]:
     """The index entry of trajectory ``trajectory_id``: ``T * B`` rows, its ``shape``
     ``[T, B, *shape]``, uuid ``u<id>``, model weights ``w``."""
-    return {
-        "uuid": f"u{trajectory_id}",
-        "trajectory_id": trajectory_id,
-        "num_samples": T * B,
-        "shape": [T, B, *shape],
-        "max_episode_length": T,
-        "model_weights_id": "w",
-    }
+    return IndexEntry.new(trajectory_id, [T, B, *shape], T, "w", uuid=f"u{trajectory_id}").to_json()
 
 
 def save_as_rlinf(

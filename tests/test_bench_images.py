@@ -87,6 +87,6 @@ def test_targets_name_what_was_not_measured() -> None:
         "s3": {"unavailable": "no frame source is installed"},
     }
     found = images_targets(results)
-    assert len(found) == 24  # 3 sizes, 2 jpeg, 9 sampling, 6 writes, 4 more
+    assert len(found) == 30  # 3 sizes, 2 jpeg, 9 sampling, 12 writes, 4 more
     assert all(t["met"] is None and t["reason"] for t in found)
     assert any(t["reason"] == "torchrl is not installed" for t in found)

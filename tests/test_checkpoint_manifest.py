@@ -331,12 +331,13 @@ def test_a_foreign_file_among_the_pins_is_named(saved):
         StorePins(Location.from_url(saved / "store")).all()
 
 
-# -- add / checkpoint / drop sequences against a model of what must remain ---------------------
+# -- add / checkpoint / drop / gc sequences against a model of what must remain -----------------
 steps = st.lists(
     st.one_of(
         st.tuples(st.just("add"), st.integers(1, 2)),
         st.tuples(st.just("checkpoint"), st.just(0)),
         st.tuples(st.just("drop"), st.integers(0, 3)),
+        st.tuples(st.just("gc"), st.integers(0, 3)),
     ),
     min_size=1,
     max_size=8,
@@ -346,30 +347,51 @@ steps = st.lists(
 @settings(max_examples=8, deadline=None)
 @given(window=st.integers(0, 3), steps=steps)
 def test_sequences_keep_what_every_live_checkpoint_names(tmp_path_factory, window, steps):
-    """The model: the ids each live checkpoint names (the window at its save). After every
-    step the store's pins are exactly the live checkpoints', each loads exactly its ids with
-    their data, and a dropped one is gone."""
+    """The model: the ids the store lists, the ids the buffer holds, and the ids each live
+    checkpoint names (the buffer's window at its save). After every step the store's pins
+    are exactly the live checkpoints'; ``rbzarr gc --keep-last n`` (the buffer closed, then
+    reopened on the store) leaves exactly the last ``n`` listed and the pinned, with their
+    data; each live checkpoint loads exactly its ids, and a dropped one is gone."""
     root = tmp_path_factory.mktemp("sequences")
     store = root / "store"
     live: dict[Path, list[int]] = {}
     dropped: list[Path] = []
+    listed: list[int] = []  # what the store lists
+    held: list[int] = []  # what the buffer holds
     added = 0
-    with writer(store, window) as buffer:
+    buffer = writer(store, window)
+    try:
         for k, (step, n) in enumerate(steps):
             if step == "add":
                 buffer.add_trajectories([traj(added + j) for j in range(n)])
+                listed += range(added, added + n)
+                held += range(added, added + n)
                 added += n
-            elif step == "checkpoint" and added:
+            elif step == "checkpoint" and held:  # (an empty window is saved as a copy)
                 path = root / f"ckpt-{k}"
                 buffer.save_checkpoint(path)
-                live[path] = list(range(added))[-window:] if window else list(range(added))
+                live[path] = held[-window:] if window else list(held)
             elif step == "drop" and live:
                 path = sorted(live)[n % len(live)]
                 run_cli("checkpoint", "drop", str(path))
                 del live[path]
                 dropped.append(path)
-            held = {(p.checkpoint, tuple(p.ids)) for p in pins(store)}
-            assert held == {(str(path), tuple(ids)) for path, ids in live.items()}
+            elif step == "gc" and added:
+                buffer.close()
+                run_cli("gc", str(store), "--keep-last", str(n))
+                pinned = {i for ids in live.values() for i in ids}
+                cut = max(len(listed) - n, 0)
+                listed = [i for i in listed[:cut] if i in pinned] + listed[cut:]
+                stored = {int(p.name) for p in (store / "trajectories").iterdir() if p.is_dir()}
+                assert stored == set(listed)
+                buffer = writer(store, window)
+                buffer.load_checkpoint(store)  # continues in place
+                held = list(listed)
+                assert buffer.trajectory_ids == held
+            held_pins = {(p.checkpoint, tuple(p.ids)) for p in pins(store)} if added else set()
+            assert held_pins == {(str(path), tuple(ids)) for path, ids in live.items()}
+    finally:
+        buffer.close()
     for path, ids in live.items():
         assert_checkpoint_loads(path, ids, traj)
     for path in dropped:

@@ -17,7 +17,8 @@ from rbzarr import CorruptStoreError, TrajectoryReplayBuffer, WriterFailedError
 from rbzarr.analysis.verify import verify_store
 from rbzarr.errors import StorageUnavailableError
 from rbzarr.storage.index import log as index_log
-from rbzarr.storage.index.slots import read_store_documents, read_store_metadata
+from rbzarr.storage.index.slots import read_store_documents
+from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.io import files
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.zarr import publish
@@ -102,7 +103,7 @@ def test_a_failed_compaction_is_retried_at_flush(tmp_path, monkeypatch):
     buffer.flush()
     assert failed == [index_log.HEAD_FILE]
     # The flush compacted: readers of the metadata (the head) see the schema.
-    assert read_store_metadata(Location.from_url(store))["schema"] is not None
+    assert StoreIndex.open(Location.from_url(store)).recorded["schema"] is not None
     assert not os.listdir(store / index_log.INDEX_DIR / index_log.RECORDS)
     buffer.close()
 
@@ -134,7 +135,7 @@ def test_repair_of_a_lost_head_keeps_the_format_schema_and_seed(tmp_path):
     store = tmp_path / "s"
     with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store, seed=99) as buffer:
         buffer.add_trajectories([make_trajectory(2, 2, 4 * k) for k in range(3)])
-    before = read_store_metadata(Location.from_url(store))
+    before = StoreIndex.open(Location.from_url(store)).recorded
     (store / index_log.INDEX_DIR / index_log.HEAD_FILE).unlink()
     with pytest.raises(CorruptStoreError, match=r"head\.json is missing"):
         listed(store)
@@ -142,7 +143,7 @@ def test_repair_of_a_lost_head_keeps_the_format_schema_and_seed(tmp_path):
     assert [p.kind for p in report.problems] == ["damaged_log"]
     repaired = verify_store(store, repair=True)
     assert repaired.format == "zarr" and repaired.ok, repaired.problems
-    after = read_store_metadata(Location.from_url(store))
+    after = StoreIndex.open(Location.from_url(store)).recorded
     for key in ("trajectory_format", "schema", "seed"):
         assert after[key] == before[key]
     assert listed(store) == [0, 1, 2]

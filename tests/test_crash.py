@@ -23,7 +23,7 @@ from crash_writer import expected_trajectory
 
 from rbzarr import TrajectoryReplayBuffer, UncommittedWritesWarning
 from rbzarr.analysis.verify import verify_store
-from rbzarr.storage.index.slots import read_store_documents, store_has_documents
+from rbzarr.storage.index.slots import read_store_documents
 from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class
@@ -99,7 +99,7 @@ def check_index(run: Run) -> list[int]:
     reused = committed & set(run.listed)
     assert not reused, f"kill {run.kills}: the resumed writer reused committed ids {reused}"
     location = Location.from_url(run.store)
-    if not store_has_documents(location):
+    if not StoreIndex.open(location).exists:
         assert not run.listed and not committed, "committed data lost its index"
         return []
     index = read_store_documents(location).trajectory_index

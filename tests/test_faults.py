@@ -41,7 +41,8 @@ from rbzarr.analysis.verify import verify_store
 from rbzarr.buffer.manifest import read_manifest
 from rbzarr.storage.index import log as index_log
 from rbzarr.storage.index.pins import StorePins
-from rbzarr.storage.index.slots import read_store_documents, read_store_metadata
+from rbzarr.storage.index.slots import read_store_documents
+from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class
@@ -130,7 +131,7 @@ def _with_store(case: Case, count: int) -> TrajectoryReplayBuffer:
     ids = case.add(buffer, count)
     buffer.flush()
     case.flushed_now(buffer, ids)
-    case.metadata = {k: read_store_metadata(_location(case)).get(k) for k in KEPT}
+    case.metadata = {k: StoreIndex.open(_location(case)).recorded.get(k) for k in KEPT}
     case.observe()
     return buffer
 
@@ -198,7 +199,7 @@ def metadata_recover(case: Case) -> None:
         case.context["buffer"] = buffer = case.buffer()
         case.context["queued"] = case.add(buffer, 1)
     burst_recover(case)
-    case.metadata["schema"] = read_store_metadata(_location(case)).get("schema")
+    case.metadata["schema"] = StoreIndex.open(_location(case)).recorded.get("schema")
 
 
 def save_prepare(case: Case) -> None:
@@ -269,7 +270,7 @@ def load_recover(case: Case) -> None:
         case.flushed.update(case.context["source_ids"])
     assert sorted(buffer._trajectory_id_list) == sorted(case.flushed)
     _retry(buffer.close)
-    case.metadata["schema"] = read_store_metadata(_location(case)).get("schema")
+    case.metadata["schema"] = StoreIndex.open(_location(case)).recorded.get("schema")
 
 
 def close_prepare(case: Case) -> None:
@@ -347,7 +348,7 @@ def check_after(case: Case) -> None:
         assert verify_store(case.url, case.options).ok
     case.observe()
     assert case.flushed <= set(case.seen)
-    metadata = read_store_metadata(_location(case))
+    metadata = StoreIndex.open(_location(case)).recorded
     for key, value in case.metadata.items():
         assert metadata.get(key) == value, key
     layout = layout_class("zarr")(_location(case))

@@ -289,6 +289,35 @@ def test_lossy_psnr_is_the_measured_one() -> None:
     assert psnr(frame, frame) == float("inf")
 
 
+def test_a_lossy_key_records_the_psnr_of_a_sample_of_its_frames(tmp_path: Path) -> None:
+    """The PSNR is measured on 8 evenly spaced frames (first and last included; at most one
+    in 16), not all 64 x 2, and the description says so: ``psnr_frames`` is
+    ``[measured, frames]``."""
+    T, B = 64, 2
+    g = torch.Generator().manual_seed(4)
+    frames = _frames(g, (T, B, 16, 16, 3))
+    trajectory = Trajectory(
+        max_episode_length=T,
+        rewards=torch.zeros(T, B),
+        dones=torch.zeros(T, B, dtype=torch.bool),
+        curr_obs={"image": frames},
+    )
+    options = {"codecs": {"curr_obs/image": "jpeg:90"}}
+    with TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=tmp_path, layout_options=options
+    ) as buffer:
+        buffer.add_trajectories([trajectory])
+    described = _arrays(tmp_path / "trajectories/0")["curr_obs/image"]
+    assert described["psnr_frames"] == [8, T * B]
+    flat = frames.reshape(T * B, 16, 16, 3).numpy()
+    sampled = [0, 18, 36, 54, 73, 91, 109, 127]  # np.linspace(0, 127, 8), rounded
+    codec = parse_codec("jpeg:90")
+    decoded = np.stack(
+        [codec.decode_frame(codec.encode_frame(flat[i]), flat[i].copy()) for i in sampled]
+    )
+    assert described["psnr"] == round(psnr(flat[sampled], decoded), 3)
+
+
 # -- the store remembers its codecs ---------------------------------------------------------
 def test_later_writers_use_the_stored_codecs_and_a_conflict_is_an_error(tmp_path: Path) -> None:
     options = {"codecs": {"curr_obs/image": "png:3", "default": "zstd:2"}}

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rbzarr import CheckpointNotFoundError, TrajectoryReplayBuffer
+from rbzarr.storage.index.entry import IndexEntry
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex, share_bounds
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class
@@ -60,10 +61,7 @@ def test_share_bounds_rejects_bad_arguments(rank, world_size, message):
 
 
 def index_of(ids: list[int], samples: list[int]) -> TrajectoryIndex:
-    entries = {
-        i: {"trajectory_id": i, "num_samples": n, "shape": [n, 1]}
-        for i, n in zip(ids, samples, strict=True)
-    }
+    entries = {i: IndexEntry.new(i, [n, 1], 0, "") for i, n in zip(ids, samples, strict=True)}
     return TrajectoryIndex(entries=entries, id_list=list(ids), trajectory_counter=max(ids) + 10)
 
 

@@ -120,3 +120,32 @@ def test_a_resume_of_a_large_store_on_s3_takes_at_most_12_requests(
     assert len(requests) <= 12, requests
     # The probe reads the head once, the slot's writer once; the load reads it from memory.
     assert Counter(requests)[f"GET /{s3_bucket}/store/index/head.json"] == 2, requests
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "pt"])
+def test_a_buffer_probes_its_store_once_when_it_opens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    """One StoreIndex.open when a buffer opens an existing store (and its load_checkpoint of
+    that store probes nothing more); the index is read one way, StoreIndex.read."""
+    url = str(tmp_path / "s")
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=url, trajectory_format=fmt) as b:
+        b.add_trajectories([make_trajectory(2, 2, 0)])
+    calls: Counter[str] = Counter()
+    real_open, real_read = StoreIndex.open.__func__, StoreIndex.read  # type: ignore[attr-defined]
+
+    def counted_open(cls: type[StoreIndex], location: Location) -> StoreIndex:
+        calls["open"] += 1
+        return real_open(cls, location)
+
+    def counted_read(self: StoreIndex, *args: Any, **kwargs: Any) -> Any:
+        calls["read"] += 1
+        return real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(StoreIndex, "open", classmethod(counted_open))
+    monkeypatch.setattr(StoreIndex, "read", counted_read)
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=url, trajectory_format=fmt)
+    assert calls == {"open": 1}
+    buffer.load_checkpoint(url)
+    assert calls == {"open": 1, "read": 1} and len(buffer) == 1
+    buffer.close()

@@ -17,26 +17,24 @@ The deletion is recorded before any data goes:
 
 A crash at any step leaves a readable store: before step 2 nothing changed; after it, data
 no index lists is an orphan that ``rbzarr verify --repair`` (or the next collection, which
-finishes every open record first) deletes.  Counters keep their meaning: the id counter
+finishes every open record first, a buffer's ``retention`` left within its grace period
+included) deletes.  Counters keep their meaning: the id counter
 never goes back (an id is never reused); ``size`` and ``total_samples`` count what the
 index still lists, as after a load of the kept trajectories.
 """
 
 from __future__ import annotations
 
-import json
-import time
-import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from rbzarr.errors import CheckpointConflictError, CheckpointNotFoundError, CorruptStoreError
+from rbzarr.errors import CheckpointConflictError, CheckpointNotFoundError
 from rbzarr.storage.index import log as index_log
 from rbzarr.storage.index.claims import SlotClaim
+from rbzarr.storage.index.gc_records import CollectionRecord, delete_data, open_records
 from rbzarr.storage.index.pins import StorePins
-from rbzarr.storage.index.priorities import FOLDER as PRIORITIES
 from rbzarr.storage.index.slots import (
     LogSlotFiles,
     read_store_documents,
@@ -45,16 +43,11 @@ from rbzarr.storage.index.slots import (
     slot_location,
     writer_slots,
 )
-from rbzarr.storage.io.json_limits import read_json
 from rbzarr.storage.io.location import Location
-from rbzarr.storage.io.names import is_temporary_name
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.registry import layout_class
 
 __all__ = ["CollectionPlan", "collect_store"]
-
-FOLDER = "gc"
-RECORD_VERSION = 1
 
 
 @dataclass
@@ -142,12 +135,12 @@ def collect_store(
         plan.kept = len(listed) - len(plan.deleted)
         if dry_run or not plan.deleted:
             return plan
-        record = _Record(location, uuid.uuid4().hex, plan.deleted)
+        record = CollectionRecord.new(location, plan.deleted)
         record.write("intent")
         gone = set(plan.deleted)
         for slot in slots:
             _drop_from_log(slot_location(location, slot), gone)
-        _delete_data(location, layout, plan.deleted)
+        delete_data(layout, plan.deleted)
         record.write("done")
         return plan
 
@@ -182,51 +175,18 @@ def _drop_from_log(where: Location, gone: set[int]) -> None:
     )
 
 
-def _delete_data(location: Location, layout: TrajectoryLayout, ids: list[int]) -> None:
-    """Delete the data and the priority file of each of ``ids`` (missing ones are fine)."""
-    for trajectory_id in ids:
-        layout.delete({"trajectory_id": trajectory_id})
-        location.delete(PRIORITIES, f"{trajectory_id}.f32")
-
-
 def _finish_open_records(location: Location, layout: TrajectoryLayout, dry_run: bool) -> list[int]:
-    """Finish the collections a crash interrupted: delete the data of their ids that no
-    index lists any more; the ids they return."""
+    """Finish the collections a crash interrupted (and those buffers left to their grace
+    period): delete the data of their ids that no index lists any more; the ids they return."""
     finished: list[int] = []
-    for name in location.list_names(FOLDER):
-        if is_temporary_name(name) or not name.endswith(".json"):
-            continue
-        where = f"{location.url}/{FOLDER}/{name}"
-        document = read_json(location.read_bytes(FOLDER, name), where)
-        try:
-            state, ids = document["state"], [int(i) for i in document["ids"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptStoreError(f"{where}: not a collection record: {exc!r}") from exc
-        if state == "done":
-            continue
-        listed = set(read_store_documents(location).trajectory_index["trajectory_id_list"])
-        orphans = [i for i in ids if i not in listed]
+    records = open_records(location)
+    if not records:
+        return finished
+    listed = set(read_store_documents(location).trajectory_index["trajectory_id_list"])
+    for record in records:
+        orphans = [i for i in record.ids if i not in listed]
         finished.extend(orphans)
         if not dry_run:
-            _delete_data(location, layout, orphans)
-            _Record(location, name.removesuffix(".json"), ids).write("done")
+            delete_data(layout, orphans)
+            record.write("done")
     return finished
-
-
-@dataclass(frozen=True)
-class _Record:
-    """One collection's record, ``gc/<run-id>.json``."""
-
-    location: Location
-    run_id: str
-    ids: list[int]
-
-    def write(self, state: str) -> None:
-        document = {
-            "rbzarr_gc": RECORD_VERSION,
-            "id": self.run_id,
-            "state": state,
-            "at": time.time(),
-            "ids": self.ids,
-        }
-        self.location.write_bytes(json.dumps(document).encode(), FOLDER, f"{self.run_id}.json")

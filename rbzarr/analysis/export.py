@@ -15,12 +15,21 @@ from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class, open_store
 from rbzarr.storage.rlinf.documents import Documents
+from rbzarr.storage.zarr.layout import CODECS_KEY
 
 __all__ = ["export_store"]
 
 # Metadata keys the exported index recomputes; the rest are carried over unchanged.
-# Written anew by the target (``layout_version`` is the target layout's own, if any).
-_RECOMPUTED = ("trajectory_format", "size", "total_samples", "trajectory_counter", "layout_version")
+# Written anew by the target (``layout_version`` and the codecs are the target layout's
+# own, if any: an export re-encodes with the target's codecs).
+_RECOMPUTED = (
+    "trajectory_format",
+    "size",
+    "total_samples",
+    "trajectory_counter",
+    "layout_version",
+    CODECS_KEY,
+)
 
 
 def _select(
@@ -62,6 +71,11 @@ def export_store(
 ) -> Documents:
     """Copy the store at ``source`` to a new store at ``destination`` in another layout.
 
+    The priority files stored beside the exported trajectories
+    (:attr:`~rbzarr.storage.index.store_index.StoreIndex.priorities`) are copied too.  The
+    trajectories are encoded with the target layout's default codecs, which its metadata
+    records (``rbzarr recode`` chooses codecs).
+
     Parameters
     ----------
     source, destination
@@ -94,6 +108,8 @@ def export_store(
         does not list.
     CheckpointNotFoundError
         ``source`` is not a store, or a listed trajectory's data is missing.
+    CorruptStoreError
+        A trajectory or its priority file is damaged (``rbzarr verify`` names it).
     StorageUnavailableError
         A backend failed.
     """
@@ -115,6 +131,10 @@ def export_store(
     # Decode and re-encode even between equal formats: every trajectory passes the
     # safe loaders and validation on its way, so an export is also a check.
     (tasks or TrajectoryTasks()).copy(reader, writer, entries, progress)
+    # The priorities stored beside the trajectories go along (same ids), before the index.
+    StoreIndex.assumed(reader.location).priorities.carry(
+        StoreIndex.assumed(writer.location).priorities, [(e, e) for e in entries]
+    )
     extra = {k: v for k, v in documents.metadata.items() if k not in _RECOMPUTED}
     exported = selected.to_documents(trajectory_format, extra=extra)
     return format_records.write_documents(writer, exported)

@@ -16,6 +16,7 @@ import torch
 from rbzarr.analysis.episodes import Episode
 from rbzarr.analysis.view import BufferView
 from rbzarr.errors import EpisodeNotFoundError, NotAnImageError
+from rbzarr.storage.index import format_records
 from rbzarr.storage.zarr.codecs import image_layout
 from rbzarr.storage.zarr.describe import LAYOUT_ATTR
 from rbzarr.trajectory.dtypes import to_numpy
@@ -211,7 +212,7 @@ def _rgb(frames: np.ndarray) -> np.ndarray:
 
 def _recorded_psnr(view: BufferView, trajectory_id: int, keys: Sequence[str]) -> dict[str, float]:
     """The PSNR a lossy codec recorded at encode for each of ``keys`` of one trajectory."""
-    attributes = view.layout.written_attributes(trajectory_id) or {}
+    attributes = format_records.written_attributes(view.layout, trajectory_id) or {}
     arrays = (attributes.get(LAYOUT_ATTR) or {}).get("arrays") or {}
     found = {}
     for key in keys:

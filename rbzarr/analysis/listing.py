@@ -61,12 +61,13 @@ class StoreListing:
 
     @property
     def unrecorded_version(self) -> int | None:
-        """The layout version of a store whose metadata records none."""
-        if self.format == "zarr":
-            from rbzarr.storage.zarr.describe import UNRECORDED_VERSION  # noqa: PLC0415
+        """The layout version of a store whose metadata records none (only the zarr layout
+        is versioned)."""
+        if self.format != "zarr":
+            return None
+        from rbzarr.storage.zarr.describe import UNRECORDED_VERSION  # noqa: PLC0415
 
-            return UNRECORDED_VERSION
-        return layout_class(self.format).unrecorded_version
+        return UNRECORDED_VERSION
 
     def __len__(self) -> int:
         return len(self._index)

@@ -17,6 +17,7 @@ from rbzarr.analysis.view import BufferView, open_buffer
 from rbzarr.errors import CorruptStoreError, StoreExistsError
 from rbzarr.storage.index import format_records
 from rbzarr.storage.index.schema import schema_from_json, schema_to_json
+from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex, share_bounds
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class
@@ -65,7 +66,8 @@ def merge_stores(
     storage_options: Mapping[str, Any] | None = None,
     progress: bool = False,
 ) -> Documents:
-    """Write the committed trajectories of ``sources`` into a new store at ``destination``."""
+    """Write the committed trajectories of ``sources`` into a new store at ``destination``,
+    with their priority files (renumbered as their trajectories)."""
     if not sources:
         raise ValueError("merge needs at least one source store")
     views = [open_buffer(source, storage_options) for source in sources]
@@ -88,10 +90,13 @@ def merge_stores(
             for trajectory_id in ids:
                 old = view.entry(trajectory_id)
                 entry = index.new_entry(
-                    old["shape"], old["max_episode_length"], old["model_weights_id"]
+                    old["shape"], old["max_episode_length"], old["model_weights_id"], old["uuid"]
                 )
-                entry["uuid"] = old["uuid"]
                 target.write(entry, view.trajectory(trajectory_id))
+                # Its stored priorities go along, under its new id (before the index).
+                StoreIndex.assumed(view.layout.location).priorities.carry(
+                    StoreIndex.assumed(target.location).priorities, [(old, entry)]
+                )
                 bar.update()
             merged_from.append({"source": view.url, "source_ids": ids})
     extra = {
@@ -131,7 +136,8 @@ def split_store(
     storage_options: Mapping[str, Any] | None = None,
     progress: bool = False,
 ) -> list[str]:
-    """Split the store at ``source`` into ``count`` stores ``destination/part_<k>``."""
+    """Split the store at ``source`` into ``count`` stores ``destination/part_<k>``, each
+    with its trajectories' priority files."""
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
     view = open_buffer(source, storage_options)

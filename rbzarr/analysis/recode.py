@@ -140,7 +140,9 @@ def recode_store(
     records for them, unless ``codecs`` has ``"default"``; a ``next_obs/K`` key not named
     takes the codec given to ``curr_obs/K``, so it stays stored once (given apart, a
     :class:`~rbzarr.errors.RecodeWarning` says what that costs).  Lossy codecs record their
-    PSNR, as when writing.  An interrupted recode resumes: run it again with the same
+    PSNR, as when writing.  The trajectories' priority files
+    (:attr:`~rbzarr.storage.index.store_index.StoreIndex.priorities`) are copied as they
+    are.  An interrupted recode resumes: run it again with the same
     source and codecs and the trajectories already complete in ``destination`` are kept;
     the store's documents are written last, so ``destination`` is a store only once every
     trajectory is in it.
@@ -175,6 +177,8 @@ def recode_store(
         A spec is malformed, or names a key ``source`` does not have.
     CheckpointNotFoundError
         ``source`` is not a store, or a listed trajectory's data is missing.
+    CorruptStoreError
+        A trajectory or its priority file is damaged (``rbzarr verify`` names it).
     StorageUnavailableError
         A backend failed.
     """
@@ -191,6 +195,10 @@ def recode_store(
         if _complete(writer, entry):
             continue
         writer.write(dict(entry), reader.read(entry))
+    # The priorities stored beside the trajectories go along (same ids), before the index.
+    StoreIndex.assumed(reader.location).priorities.carry(
+        StoreIndex.assumed(writer.location).priorities, [(e, e) for e in entries]
+    )
     extra = {k: v for k, v in documents.metadata.items() if k not in _RECOMPUTED}
     written = writer.write_documents(index.to_documents("zarr", extra=extra))
     writer.location.delete(RECODE_FILE)

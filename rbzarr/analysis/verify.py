@@ -25,8 +25,13 @@ from rbzarr.errors import (
 )
 from rbzarr.storage.index import format_records
 from rbzarr.storage.index import log as index_log
+from rbzarr.storage.index.entry import IndexEntry, count
+from rbzarr.storage.index.pins import FOLDER as PINS
+from rbzarr.storage.index.priorities import FOLDER as PRIORITIES
+from rbzarr.storage.index.priorities import file_name as priority_file
 from rbzarr.storage.index.schema import schema_from_json
 from rbzarr.storage.index.slots import (
+    LogSlotFiles,
     id_range,
     read_slot_documents,
     slot_files,
@@ -34,12 +39,7 @@ from rbzarr.storage.index.slots import (
     writer_slots,
 )
 from rbzarr.storage.index.store_index import StoreIndex
-from rbzarr.storage.index.trajectory_index import (
-    ENTRY_KEYS,
-    TrajectoryIndex,
-    check_entry,
-    count,
-)
+from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.json_limits import read_json
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.names import is_temporary_name, number_name
@@ -162,7 +162,7 @@ def verify_store(
     for found in _check_root_documents(layout, documents):
         root = Problem(found.kind, found.path, found.message, repair=REWRITE)
         unwritten = found.kind == ROOT_UNWRITTEN and not repair
-        if unwritten and index_log.has_log(slot_location(layout.location, 0)):
+        if unwritten and isinstance(slot_files(layout.location, 0), LogSlotFiles):
             # A writer stopped before closing (SIGINT, a crash): its commits are in the log.
             message = (
                 f"{found.message}: a writer was stopped before it closed; nothing is lost "
@@ -177,6 +177,9 @@ def verify_store(
         if problem is not None:
             report.problems.append(problem)
     report.problems.extend(_orphans(layout, index))
+    store = StoreIndex.assumed(layout.location)
+    report.problems.extend(_check_priorities(store, index))
+    report.problems.extend(_check_pins(store, index))
     if repair:
         # Repairs go through a location that never follows a link, whatever was asked.
         strict, _ = open_store(location.without_links())
@@ -255,11 +258,10 @@ def _group_entry(location: Location, name: str) -> dict[str, Any] | None:
     try:
         document = read_json(location.read_bytes(TRAJECTORIES, name, "zarr.json"), where)
         attrs = document["attributes"]
-        entry = {key: attrs[key] for key in ENTRY_KEYS}
-        check_entry(entry, count(name), where)
+        entry = IndexEntry.parse(attrs, where, count(name))
     except (FileNotFoundError, CorruptStoreError, ValueError, KeyError, TypeError):
         return None
-    return entry if "fields" in attrs else None
+    return entry.to_json() if "fields" in attrs else None
 
 
 def _check_schema(documents: Documents, report: VerifyReport) -> Schema | None:
@@ -298,7 +300,7 @@ def _check_metadata(documents: Documents, index: TrajectoryIndex, report: Verify
 
 
 def _check_trajectory(
-    layout: TrajectoryLayout, entry: dict[str, Any], schema: Schema | None
+    layout: TrajectoryLayout, entry: IndexEntry, schema: Schema | None
 ) -> Problem | None:
     """The first thing wrong with one indexed trajectory's data, or ``None``."""
     trajectory_id = int(entry["trajectory_id"])
@@ -360,6 +362,46 @@ def _orphans(layout: TrajectoryLayout, index: TrajectoryIndex) -> list[Problem]:
         else:
             message = "trajectory data not listed in the index"
             problems.append(Problem("orphan", path, message, trajectory_id, DELETE))
+    return problems
+
+
+def _check_priorities(store: StoreIndex, index: TrajectoryIndex) -> list[Problem]:
+    """A problem per listed trajectory whose priority file is damaged (the repair deletes
+    it: its rows take the largest priority, as those of a trajectory without one)."""
+    problems = []
+    for trajectory_id in index.id_list:
+        try:
+            store.priorities.read(index.entries[trajectory_id])
+        except CorruptStoreError as exc:
+            path = f"{PRIORITIES}/{priority_file(trajectory_id)}"
+            problems.append(
+                Problem("damaged_priorities", path, _one_line(exc), trajectory_id, DELETE)
+            )
+    return problems
+
+
+def _check_pins(store: StoreIndex, index: TrajectoryIndex) -> list[Problem]:
+    """A problem if the pins do not read, and one per pin naming trajectories the index no
+    longer lists as it names them (the checkpoint that holds the pin cannot load)."""
+    try:
+        pins = store.pins.all()
+    except CorruptStoreError as exc:
+        return [Problem("unreadable_pin", PINS, _one_line(exc))]
+    problems = []
+    for pin in pins:
+        entries = index.entries
+        lost = [
+            trajectory_id
+            for trajectory_id, uuid in zip(pin.ids, pin.uuids, strict=True)
+            if trajectory_id not in entries or entries[trajectory_id].uuid != uuid
+        ]
+        if lost:
+            message = (
+                f"the checkpoint {pin.checkpoint} pins trajectories {lost[:10]} that the index "
+                "no longer lists as it names them: that checkpoint cannot load; `rbzarr "
+                f"checkpoint drop STORE --pin {pin.pin_id}` unpins it"
+            )
+            problems.append(Problem("pinned_missing", f"{PINS}/{pin.pin_id}.json", message))
     return problems
 
 
@@ -426,9 +468,11 @@ def _delete_dropped(
 ) -> None:
     """Remove the data of trajectories the index stopped listing (files rbzarr did not write
     stay, reported as orphans)."""
-    # A dropped trajectory's data is an orphan now: it goes as orphans go (after the index,
-    # the commit point, stopped listing it), so a plain verify that follows is clean.
+    # A dropped trajectory's data is an orphan now: it goes as orphans go (after the index
+    # -- the log of a zarr store, the documents of a pt / pkl one -- stopped listing it), so
+    # a plain verify that follows is clean.
     for trajectory_id in sorted(dropped):
+        StoreIndex.assumed(layout.location).priorities.delete(trajectory_id)
         path = "/".join(layout.trajectory_path(index.entries[trajectory_id]))
         try:
             if not layout.location.exists(*path.split("/")):
@@ -461,8 +505,8 @@ def _documents_without(
 ) -> Documents:
     """The documents with ``dropped`` left out and the metadata recounted from the index.
 
-    The index is the commit point: a crash between the document writes leaves the metadata
-    behind it, never ahead.  The id counter is kept, so a dropped id is never reused.
+    The index document is written before the metadata: a crash between the two leaves the
+    metadata behind it, never ahead.  The id counter is kept, so a dropped id is never reused.
     """
     kept = index.subset([i for i in index.id_list if i not in dropped])
     metadata = {
@@ -473,7 +517,7 @@ def _documents_without(
     }
     trajectory_index = {
         **documents.trajectory_index,
-        "trajectory_index": {str(i): kept.entries[i] for i in kept.id_list},
+        "trajectory_index": {str(i): kept.entries[i].to_json() for i in kept.id_list},
         "trajectory_id_list": list(kept.id_list),
     }
     return Documents(metadata, trajectory_index)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Container, Iterator, Mapping, Sequence
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
 from tqdm import tqdm
@@ -29,6 +29,9 @@ from rbzarr.storage.registry import known_formats, layout_class, open_store
 from rbzarr.storage.rlinf.documents import Documents
 from rbzarr.trajectory.model import Schema, Trajectory, validate
 from rbzarr.trajectory.steps import DONES, continues
+
+if TYPE_CHECKING:
+    from rbzarr.storage.zarr.layout import ZarrLayout
 
 __all__ = ["BufferView", "open_buffer"]
 
@@ -476,8 +479,8 @@ class BufferView:
         Returns
         -------
         dict of str to Any
-            RLinf's entry keys (``num_samples``, ``shape``, ...) and rbzarr's ``uuid``; the
-            view's own dict, not a copy.
+            RLinf's entry keys (``num_samples``, ``shape``, ...) and rbzarr's ``uuid`` (a
+            copy).
 
         Raises
         ------
@@ -486,7 +489,7 @@ class BufferView:
         """
         if trajectory_id not in self._index.entries or trajectory_id not in self._index.id_list:
             raise KeyError(f"{self.url}: trajectory {trajectory_id} is not in the index")
-        return self._index.entries[trajectory_id]
+        return self._index.entries[trajectory_id].to_json()
 
     def keys(self) -> list[str]:
         """Flat field keys (``"rewards"``, ``"curr_obs/image"``) of the first trajectory.
@@ -715,7 +718,25 @@ class BufferView:
         ValueError
             The store is not in the zarr layout.
         """
-        return self.layout.zarr_group(self.entry(trajectory_id))
+        return self._zarr_layout().zarr_group(self.entry(trajectory_id))
+
+    def _zarr_layout(self) -> ZarrLayout:
+        """This view's layout, which must be zarr's.
+
+        Raises
+        ------
+        ValueError
+            The store is not in the zarr layout.
+        """
+        from rbzarr.storage.zarr.layout import ZarrLayout  # noqa: PLC0415 (zarr, when asked)
+
+        if not isinstance(self.layout, ZarrLayout):
+            raise ValueError(
+                f"{self.layout.location.url}: Zarr groups, dask arrays and xarray datasets "
+                f"need the zarr layout, this store is {self.layout.format!r}; convert it with "
+                "`rbzarr export SRC DST --format zarr`"
+            )
+        return self.layout
 
     def xarray_dataset(self, trajectory_id: int) -> Any:
         """One trajectory as a lazy ``xarray.Dataset``, one variable per flat key.
@@ -747,7 +768,8 @@ class BufferView:
         entry = self.entry(trajectory_id)
         # a clear error if the store is not zarr; a group written before consolidating its
         # arrays' documents has a document per subgroup and array
-        consolidated = self.layout.zarr_group(entry).metadata.consolidated_metadata is not None
+        trajectory_group = self._zarr_layout().zarr_group(entry)
+        consolidated = trajectory_group.metadata.consolidated_metadata is not None
         fields = self.layout.field_names(entry)
         folder = self.layout.location.child(*self.layout.trajectory_path(entry))
         store = folder.zarr_store(read_only=True)

@@ -33,7 +33,9 @@ from rbzarr.sampling.arguments import check_count, check_window_size
 from rbzarr.sampling.damaged import check_on_damaged
 from rbzarr.sampling.priorities import PrioritizedReplay, WindowPriorities, check_priorities
 from rbzarr.sampling.reader import StoreReader
+from rbzarr.storage.index.entry import IndexEntry
 from rbzarr.storage.index.priorities import PriorityChanges, PriorityFiles
+from rbzarr.storage.index.retention import Retention, check_retention
 from rbzarr.storage.index.schema import schema_to_json
 from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
@@ -64,6 +66,13 @@ def _listed(trajectories: object) -> list[Trajectory]:
             f"{type(trajectories).__name__}: pass [trajectory] to add one; nothing was added"
         )
     return list(trajectories)
+
+
+def _spared(reader: StoreReader, saving: set[int]) -> frozenset[int]:
+    """Writer thread, before a collection: the ids it must keep (the window, and those a
+    checkpoint being saved names before its pin is written)."""
+    with reader.lock:
+        return reader.spared_ids() | saving
 
 
 def _materialize(lock: threading.RLock, cache: RowCache, trajectory_id: int) -> None:
@@ -140,6 +149,14 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         ``beta``, ``eps``): :meth:`sample` draws rows and :meth:`sample_sequences` starts by
         priority, :meth:`update_priority` sets them, and with ``auto_save`` :meth:`flush`
         stores them (see docs/priorities.md).  ``None`` (default): uniform, as RLinf.
+    retention
+        With ``auto_save`` to a zarr store: what the store keeps of what this buffer writes
+        (:class:`~rbzarr.Retention`: the last ``N`` trajectories and/or ``N`` bytes, and a
+        grace period; an int ``N``: the last ``N``).  The writer collects as it appends:
+        trajectories beyond it leave the index (and this buffer's) and their data is
+        deleted after the grace period, except those a checkpoint pins and those in the
+        sample window.  ``None`` (default): the store keeps everything, as RLinf.  See
+        docs/checkpoints.md.
 
     Raises
     ------
@@ -151,7 +168,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         what ``torch.manual_seed`` takes (``-2**63`` to ``2**64 - 1``), ``local_cache_dir``
         is given for a pt/pkl store, ``local_cache_bytes`` is not positive or smaller
         than one of the store's trajectories, or ``on_damaged`` is not ``"raise"`` or
-        ``"skip"``.
+        ``"skip"``, or ``retention`` is invalid, given without ``auto_save`` or for a pt /
+        pkl store, or keeps fewer trajectories than ``sample_window_size``.
     TypeError
         ``seed``, ``cache_size`` or ``sample_window_size`` is not an int.
     StoreNotWritableError
@@ -189,8 +207,11 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         on_damaged: str = "raise",
         durable: bool = False,
         prioritized: PrioritizedReplay | None = None,
+        retention: Retention | int | None = None,
     ) -> None:
         sample_window_size = check_window_size(sample_window_size)
+        kept = Retention.of(retention)
+        check_retention(kept, auto_save, sample_window_size)
         if prioritized is not None and prefetch:
             raise ValueError(
                 f"prefetch={prefetch} cannot be used with prioritized replay: batches drawn "
@@ -236,6 +257,8 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         # The format layout_options are meant for (loading may adopt another one).
         self._options_format = self.trajectory_format
         self.local_cache.check_layout(layout_class(self.trajectory_format))
+        self.retention = self._checked_retention(kept)
+        self._saving: set[int] = set()  # ids a manifest being saved names (under the lock)
         self._committer: StoreCommitter | None = None
         if location is not None:
             self._committer = StoreCommitter(
@@ -272,6 +295,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         )
         if self._committer is not None:
             self.local_cache.check_shapes(self._schema, [(self._committer.index.max_rows, 1)])
+            self._start_retention()
 
     # -- plumbing -----------------------------------------------------------------------
     def _sampler_state(self) -> dict[str, Any]:
@@ -297,6 +321,30 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         options = self.layout_options if trajectory_format == self._options_format else {}
         layout = layout_class(trajectory_format)
         return layout(location, **options, **self.local_cache.layout_options(layout))
+
+    def _checked_retention(self, retention: Retention | None) -> Retention | None:
+        """``retention``, if this buffer's store can collect (a zarr store's log).
+
+        Raises
+        ------
+        ValueError
+            The store is a pt / pkl store (RLinf's documents, no log).
+        """
+        if retention is not None and not layout_class(self.trajectory_format).supports_many_writers:
+            raise ValueError(
+                f"retention needs a zarr store (its index is a log); this buffer writes a "
+                f"{self.trajectory_format!r} store"
+            )
+        return retention
+
+    def _start_retention(self) -> None:
+        """Have the store's writer collect as it appends (with ``retention``)."""
+        if self.retention is not None and self._committer is not None:
+            self._committer.index.retain(
+                self.retention,
+                protected=functools.partial(_spared, self._reader, self._saving),
+                on_removed=self._reader.drop_collected,
+            )
 
     def _first_free_id(self) -> int:
         return 0 if self._committer is None else self._committer.next_id
@@ -482,7 +530,7 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
                     self._index.add_reference(entry)
                     self._cache.reserve(int(entry["trajectory_id"]))
 
-    def _index_entry(self, trajectory: ValidatedTrajectory) -> dict[str, Any]:
+    def _index_entry(self, trajectory: ValidatedTrajectory) -> IndexEntry:
         raw = trajectory.trajectory
         return self._index.new_entry(
             trajectory.spec.shape, raw.max_episode_length, raw.model_weights_id
@@ -882,14 +930,20 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             }
             held = {} if priorities is None else priorities.held(ids)
             saved = self._index.subset(ids)
+            if by_reference:
+                self._saving.update(ids)  # a collection keeps them until their pin exists
             cached = (
                 {} if self._committer is not None else {i: self._cache.trajectory(i) for i in ids}
             )
         if by_reference and ids and self._committer is not None:
-            self._committer.flush()  # a manifest names committed trajectories only
-            manifest.write(target.location, self._committer.layout, saved, metadata, held)
+            try:
+                self._committer.flush()  # a manifest names committed trajectories only
+                manifest.write(target.location, self._committer.layout, saved, metadata, held)
+            finally:
+                with self._lock:
+                    self._saving.difference_update(ids)
             return
-        # Before the documents (the commit): a checkpoint that lists them has them.
+        # Before the copy's index (its commit): a checkpoint that lists them has them.
         files = PriorityFiles(target.location)
         for trajectory_id, values in held.items():
             files.write(trajectory_id, values)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rbzarr.errors import CheckpointReferenceError, CorruptStoreError, StoreExistsError
+from rbzarr.storage.index import format_records
 from rbzarr.storage.index.pins import Pin, StorePins
 from rbzarr.storage.index.priorities import FOLDER as PRIORITIES
 from rbzarr.storage.index.priorities import PriorityFiles
@@ -206,7 +207,7 @@ def check_trajectories(source: TrajectoryLayout, index: TrajectoryIndex, where: 
     """
     missing, changed = [], []
     for trajectory_id in index.id_list:
-        attributes = source.written_attributes(trajectory_id)
+        attributes = format_records.written_attributes(source, trajectory_id)
         if attributes is None:
             missing.append(trajectory_id)
         elif attributes.get("uuid") != index.entries[trajectory_id].get("uuid"):

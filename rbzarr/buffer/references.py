@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from rbzarr.errors import CheckpointNotFoundError, InvalidTrajectoryError
+from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, InvalidTrajectoryError
+from rbzarr.storage.index.entry import IndexEntry
 from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.location import Location
@@ -38,9 +39,9 @@ def check_notices(
     layout: TrajectoryLayout,
     index: TrajectoryIndex,
     storage_options: Mapping[str, Any],
-) -> list[dict[str, Any]]:
+) -> list[IndexEntry]:
     """The entries of ``notices``; refused unless each is a new, committed one of ``layout``."""
-    entries: list[dict[str, Any]] = []
+    entries: list[IndexEntry] = []
     seen: set[int] = set(index.entries)
     url = layout.location.url
     for notice in notices:
@@ -50,8 +51,11 @@ def check_notices(
                 f"a notice of store {notice.store!r} cannot be added by reference to a buffer "
                 f"of {url!r}: build the learner's buffer on the writers' store; nothing added"
             )
-        entry = {**notice.entry, "shape": [int(d) for d in notice.entry["shape"]]}
-        trajectory_id = int(entry["trajectory_id"])
+        try:
+            entry = IndexEntry.parse(notice.entry, f"a notice of {notice.store!r}")
+        except CorruptStoreError as exc:
+            raise InvalidTrajectoryError(f"{exc}; nothing added") from exc
+        trajectory_id = entry.trajectory_id
         if trajectory_id in seen:
             raise InvalidTrajectoryError(
                 f"{url}: trajectory {trajectory_id} is in the buffer already; nothing added"

@@ -40,15 +40,15 @@ def checkpoints_command(ctx: click.Context, store: str, as_json: bool) -> None:
     storage.  Nothing a pin holds is ever deleted."""
     from rbzarr.analysis.summary import file_sizes  # noqa: PLC0415
     from rbzarr.errors import CheckpointNotFoundError  # noqa: PLC0415
-    from rbzarr.storage.index.pins import StorePins  # noqa: PLC0415
-    from rbzarr.storage.index.slots import store_has_documents  # noqa: PLC0415
+    from rbzarr.storage.index.store_index import StoreIndex  # noqa: PLC0415
 
     location = _location(ctx, store)
-    if not store_has_documents(location):
+    catalog = StoreIndex.open(location)
+    if not catalog.exists:
         raise CheckpointNotFoundError(f"{location.url}: {location.absence()}")
     sizes: dict[int, int] = {}
     rows: list[dict[str, Any]] = []
-    for pin in StorePins(location).all():
+    for pin in catalog.pins.all():
         for i in pin.ids:
             if i not in sizes:
                 sizes[i] = sum(file_sizes(location.child("trajectories", str(i))).values())

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rbzarr.errors import CheckpointNotFoundError
+from rbzarr.storage.index.entry import IndexEntry
 from rbzarr.storage.index.slots import ID_STRIDE
-from rbzarr.storage.index.trajectory_index import ENTRY_KEYS
 
 if TYPE_CHECKING:
     from rbzarr.buffer.buffer import TrajectoryReplayBuffer
@@ -91,5 +91,5 @@ def commit_notices(
                 "flush() before sending its notice"
             )
         entry = entries[trajectory_id]
-        notices.append(CommitNotice(store, {key: entry[key] for key in ENTRY_KEYS}))
+        notices.append(CommitNotice(store, IndexEntry.parse(entry, store).to_json()))
     return notices

@@ -323,6 +323,24 @@ class StoreReader:
         self.damaged.record(found, self.where)
         self.fetch_returning()
 
+    def drop_collected(self, ids: list[int]) -> None:
+        """Retention removed ``ids`` from the store: they leave the index (a bounded window
+        keeps its ids: the collection spares them)."""
+        with self.lock:
+            self.index.remove(ids)
+            if self.window_size <= 0:
+                self.window_changed()
+
+    def spared_ids(self) -> frozenset[int]:
+        """The ids a collection must not remove: the window, when it is bounded."""
+        with self.lock:
+            if self.window_size <= 0:
+                return frozenset()
+            try:
+                return frozenset(self.index.window(self.window_size))
+            except ValueError:  # the window reaches past the index: only retention spares
+                return frozenset()
+
     def fetch_returning(self) -> None:
         """Offer the stored priorities of the trajectories back in the window (read without
         the lock; one file each), so that they do not enter at the largest priority."""

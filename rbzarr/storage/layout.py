@@ -53,16 +53,12 @@ class TrajectoryLayout(ABC):
 
     format: ClassVar[str]
     # How describe_keys names the encoding of a whole trajectory (default: the format).
-    codec_name: ClassVar[str | None] = None
+    _codec_name: ClassVar[str | None] = None
     # What a layout can do beyond the interface; callers ask these, never the format.
     # Many buffers may append to one store at once, each in a writer slot of its own.
     supports_many_writers: ClassVar[bool] = False
     # Takes ``local_cache_dir`` / ``local_cache_bytes``: a local copy of a remote store's data.
     supports_local_cache: ClassVar[bool] = False
-    # Each trajectory is a Zarr group (:meth:`zarr_group`: dask arrays, xarray datasets).
-    supports_zarr_access: ClassVar[bool] = False
-    # The layout version of a store whose metadata records none (``None``: not versioned).
-    unrecorded_version: ClassVar[int | None] = None
 
     def __init__(self, location: Location) -> None:
         self.location = location
@@ -290,11 +286,6 @@ class TrajectoryLayout(ABC):
         """A hint: sampling draws from ``count`` trajectories (the window, when it changes).
         A layout that keeps trajectories open keeps that many; this one ignores it."""
 
-    def written_attributes(self, trajectory_id: int) -> dict[str, Any] | None:
-        """The attributes a trajectory's commit marker holds (its entry among them), or
-        ``None`` where there is no complete marker (a layout without markers: always)."""
-        return None
-
     def contains(self, entry: Entry) -> bool:
         """Whether the trajectory's data is present (its :meth:`trajectory_path` exists)."""
         return self.location.exists(*self.trajectory_path(entry))
@@ -428,36 +419,13 @@ class TrajectoryLayout(ABC):
                         "shape": list(tensor.shape),
                         "chunks": None,
                         "shards": None,
-                        "codec": self.codec_name or self.format,
+                        "codec": self._codec_name or self.format,
                         "raw_bytes": 0,
                         "bytes_on_disk": None,
                     },
                 )
                 info["raw_bytes"] += tensor.numel() * tensor.element_size()
         return keys, disk
-
-    def zarr_group(self, entry: Entry) -> Any:
-        """The read-only Zarr group of one trajectory (only the zarr layout has one).
-
-        Parameters
-        ----------
-        entry
-            The trajectory's index entry.
-
-        Returns
-        -------
-        zarr.Group
-            The trajectory's group, opened read-only.
-
-        Raises
-        ------
-        ValueError
-            This layout does not store Zarr groups.
-        """
-        raise ValueError(
-            f"{self.location.url}: Zarr groups and dask arrays need the zarr layout, this "
-            f"store is {self.format!r}; convert it with `rbzarr export SRC DST --format zarr`"
-        )
 
 
 def check_entry_shape(entry: Entry, shape: Sequence[int], where: str) -> None:

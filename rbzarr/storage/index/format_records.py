@@ -25,6 +25,7 @@ __all__ = [
     "check_documents",
     "format_metadata",
     "write_documents",
+    "written_attributes",
 ]
 
 
@@ -43,6 +44,9 @@ class FormatRecords(Protocol):
 
     def check_documents(self, documents: Documents) -> list[Finding]:
         """The layout's copies of ``documents`` that disagree with them."""
+
+    def written_attributes(self, trajectory_id: int) -> dict[str, Any] | None:
+        """The attributes of a trajectory's commit marker, ``None`` without a complete one."""
 
 
 def format_metadata(layout: TrajectoryLayout) -> dict[str, Any]:
@@ -71,3 +75,12 @@ def check_documents(layout: TrajectoryLayout, documents: Documents) -> list[Find
     """Copies of ``documents`` that ``layout`` keeps and that disagree with them (each is
     repaired by :func:`write_documents`)."""
     return layout.check_documents(documents) if isinstance(layout, FormatRecords) else []
+
+
+def written_attributes(layout: TrajectoryLayout, trajectory_id: int) -> dict[str, Any] | None:
+    """The attributes a trajectory's commit marker records beside its data (its index entry
+    among them), ``None`` where it has no complete marker (a layout without markers:
+    always)."""
+    if isinstance(layout, FormatRecords):
+        return layout.written_attributes(trajectory_id)
+    return None

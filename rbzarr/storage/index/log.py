@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rbzarr.errors import CorruptStoreError, StorageUnavailableError
+from rbzarr.storage.index.entry import IndexEntry
 from rbzarr.storage.io.json_limits import DocumentTooLargeError, read_json
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.names import is_digits
@@ -194,7 +195,7 @@ def _last_entries(
     entries = [item for part in reversed(parts) for item in part]
     window = entries[len(entries) - want :] if want else []
     for entry, _ in window:  # only what is handed out is checked entry by entry
-        _check_entry(entry, f"{location.url}/{INDEX_DIR}")
+        IndexEntry.parse(entry, f"{location.url}/{INDEX_DIR}")
     return window
 
 
@@ -410,6 +411,7 @@ class IndexLog:
         The new blocks get names no earlier head used; the head is written after them, so a
         crash before it leaves the earlier list in charge.
         """
+        self._settle()  # a record whose write failed may be there: it is replaced too
         items = list(entries)
         old = _own_files(self.location)
         blocks = []
@@ -439,8 +441,9 @@ class IndexLog:
         self._records = []
         rest = items[(len(items) // SEGMENT_SIZE) * SEGMENT_SIZE :]
         self._open = [rest] if rest else []
-        for name in old - named_files(self.location):
-            self.location.delete(INDEX_DIR, *name.split("/"))
+        self._fold_due = False
+        self._garbage = [tuple(n.split("/")) for n in old - named_files(self.location)]
+        self._delete_garbage()
 
     def compact(self) -> None:
         """Fold the log's tail into a block (merging the blocks after the last full one with
@@ -543,7 +546,7 @@ def salvage(location: Location) -> tuple[list[LogEntry], int, dict[str, Any]]:
     unique = []
     for entry, when in entries:
         try:
-            _check_entry(entry, location.url)
+            IndexEntry.parse(entry, location.url)
         except CorruptStoreError:
             continue  # a damaged entry: its trajectory's group lists it again (verify)
         if entry["trajectory_id"] not in seen:
@@ -769,7 +772,7 @@ def _check_record(record: dict[str, Any], seq: int, where: str) -> dict[str, Any
     if "metadata" in record and not isinstance(record["metadata"], dict):
         raise CorruptStoreError(f"{where}: 'metadata' is not an object")
     for entry in record["entries"]:
-        _check_entry(entry, where)
+        IndexEntry.parse(entry, where)
     return {**record, "time": when, "counter": counter}
 
 
@@ -791,14 +794,6 @@ def _read_block(location: Location, name: str, count: int | None) -> list[LogEnt
         return [(e, float(t)) for e, t in zip(entries, times, strict=True)]
     except (TypeError, ValueError) as exc:
         raise CorruptStoreError(f"{where}: malformed commit time: {exc!r}") from exc
-
-
-def _check_entry(entry: Mapping[str, Any], where: str) -> None:
-    for key in ("trajectory_id", "num_samples"):
-        _count(entry.get(key), where, key)
-    shape = entry.get("shape")
-    if not isinstance(shape, list) or len(shape) < 2 or not all(isinstance(d, int) for d in shape):
-        raise CorruptStoreError(f"{where}: entry {entry.get('trajectory_id')!r} has no shape")
 
 
 def _count(value: Any, where: str, name: str, low: int = 0) -> int:

@@ -34,7 +34,7 @@ from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.store_files import StoreFiles
 from rbzarr.storage.rlinf.documents import Entry
 
-__all__ = ["CHANGES", "FOLDER", "MARKER", "PriorityChanges", "PriorityFiles"]
+__all__ = ["CHANGES", "FOLDER", "MARKER", "PriorityChanges", "PriorityFiles", "file_name"]
 
 FOLDER = "priorities"
 MARKER = b"RBZPRI\x00\x01"
@@ -43,7 +43,8 @@ CHANGES = "changes.json"
 HISTORY_IDS = 65536
 
 
-def _name(trajectory_id: int) -> str:
+def file_name(trajectory_id: int) -> str:
+    """The name of a trajectory's priority file in :data:`FOLDER`."""
     return f"{int(trajectory_id)}.f32"
 
 
@@ -53,7 +54,7 @@ class PriorityFiles(StoreFiles):
     def write(self, trajectory_id: int, values: np.ndarray) -> None:
         """Write one trajectory's priorities (float32, one per flat row), atomically."""
         data = MARKER + np.ascontiguousarray(values, dtype="<f4").tobytes()
-        self.location.write_bytes(data, FOLDER, _name(trajectory_id))
+        self.location.write_bytes(data, FOLDER, file_name(trajectory_id))
 
     def read(self, entry: Entry) -> np.ndarray | None:
         """The stored priorities of one trajectory (float32); ``None`` when it has no file.
@@ -66,10 +67,10 @@ class PriorityFiles(StoreFiles):
         trajectory_id = int(entry["trajectory_id"])
         rows = int(entry["num_samples"])
         try:
-            raw = self.location.read_bytes(FOLDER, _name(trajectory_id))
+            raw = self.location.read_bytes(FOLDER, file_name(trajectory_id))
         except FileNotFoundError:
             return None
-        where = f"{self.location.url}/{FOLDER}/{_name(trajectory_id)}"
+        where = f"{self.location.url}/{FOLDER}/{file_name(trajectory_id)}"
         if raw[: len(MARKER)] != MARKER or len(raw) != len(MARKER) + 4 * rows:
             raise CorruptStoreError(
                 f"{where}: not the priorities of trajectory {trajectory_id} ({rows} rows: "
@@ -83,6 +84,28 @@ class PriorityFiles(StoreFiles):
                 "rows the largest priority"
             )
         return values
+
+    def delete(self, trajectory_id: int) -> None:
+        """Remove one trajectory's file (its rows take the largest priority); none is fine."""
+        self.location.delete(FOLDER, file_name(trajectory_id))
+
+    def carry(self, target: PriorityFiles, pairs: Iterable[tuple[Entry, Entry]]) -> int:
+        """Copy the stored priorities of each ``(entry here, entry in target)`` pair to
+        ``target`` (the same rows, under the target entry's id, which may differ); how many
+        were carried.  Each file is checked as :meth:`read` checks it on its way.
+
+        Raises
+        ------
+        CorruptStoreError
+            A file here is damaged (nothing later is carried).
+        """
+        carried = 0
+        for entry, target_entry in pairs:
+            values = self.read(entry)
+            if values is not None:
+                target.write(int(target_entry["trajectory_id"]), values)
+                carried += 1
+        return carried
 
     def read_all(self, entries: Iterable[Entry]) -> dict[int, np.ndarray]:
         """The stored priorities of those of ``entries`` that have them, by id."""

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from rbzarr.errors import CorruptStoreError, UnsafePathError
-from rbzarr.storage.index.trajectory_index import count
+from rbzarr.storage.index.entry import count
 from rbzarr.storage.io.names import safe_key
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.rlinf.documents import Entry

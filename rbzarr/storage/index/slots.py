@@ -19,14 +19,20 @@ from __future__ import annotations
 import heapq
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError
+from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.index import log as index_log
+from rbzarr.storage.index.entry import IndexEntry
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.names import number_name
 from rbzarr.storage.rlinf import documents as store_documents
 from rbzarr.storage.rlinf.documents import INDEX_FILE, METADATA_FILE, Documents
+
+if TYPE_CHECKING:
+    from rbzarr.storage.index.writer_slot import WriterSlot
+    from rbzarr.storage.index.writers import IndexWriter
+    from rbzarr.storage.layout import TrajectoryLayout
 
 __all__ = [
     "COMMIT_TIMES",
@@ -39,7 +45,6 @@ __all__ = [
     "log_documents",
     "read_slot_documents",
     "read_store_documents",
-    "read_store_metadata",
     "read_store_window",
     "slot_has_documents",
     "DocumentSlotFiles",
@@ -48,7 +53,6 @@ __all__ = [
     "log_of_documents",
     "slot_files",
     "slot_location",
-    "store_has_documents",
     "writer_slots",
 ]
 
@@ -155,6 +159,10 @@ class SlotFiles(ABC):
         """Replace the slot's index by ``fixed`` (a repair of ``own``); the documents
         themselves are written by the caller."""
 
+    @abstractmethod
+    def writer(self, layout: TrajectoryLayout, slot: WriterSlot) -> IndexWriter:
+        """The writer of this slot's index for ``layout``, which claimed ``slot``."""
+
 
 class LogSlotFiles(SlotFiles):
     """A slot that keeps its index as a log (:mod:`rbzarr.storage.index.log`)."""
@@ -191,6 +199,12 @@ class LogSlotFiles(SlotFiles):
             listed, counter=counter, metadata=metadata
         )
 
+    def writer(self, layout: TrajectoryLayout, slot: WriterSlot) -> IndexWriter:
+        # docstring inherited
+        from rbzarr.storage.index.writers import LogWriter  # noqa: PLC0415 (it imports this)
+
+        return LogWriter(layout, slot)
+
 
 class DocumentSlotFiles(SlotFiles):
     """A slot that keeps RLinf's two documents (a pt / pkl store, or an earlier rbzarr's)."""
@@ -225,6 +239,12 @@ class DocumentSlotFiles(SlotFiles):
         # docstring inherited
         return None
 
+    def writer(self, layout: TrajectoryLayout, slot: WriterSlot) -> IndexWriter:
+        # docstring inherited
+        from rbzarr.storage.index.writers import DocumentsWriter  # noqa: PLC0415 (it imports this)
+
+        return DocumentsWriter(layout, slot)
+
 
 def window_documents(state: index_log.SlotIndex, where: Location, last: int | None) -> Documents:
     """A slot's documents from what a read of its log's last ``last`` entries found."""
@@ -238,13 +258,15 @@ def window_documents(state: index_log.SlotIndex, where: Location, last: int | No
     return documents
 
 
-def slot_files(location: Location, slot: int) -> SlotFiles:
-    """The files of ``slot`` of the store at ``location``: its log if it keeps one, else
-    RLinf's documents (the one place that tells them apart)."""
+def slot_files(location: Location, slot: int, writing: TrajectoryLayout | None = None) -> SlotFiles:
+    """The files of ``slot`` of the store at ``location``: the one place that decides
+    between the log and RLinf's documents.  A slot that ``writing`` (a layout that claimed
+    it) writes keeps a log if that layout takes many writers (a slot of an earlier rbzarr's
+    documents is upgraded into one), else RLinf's documents; a slot read keeps a log if
+    it holds one."""
     where = slot_location(location, slot)
-    if index_log.has_log(where):
-        return LogSlotFiles(where)
-    return DocumentSlotFiles(where)
+    keeps_log = index_log.has_log(where) if writing is None else writing.supports_many_writers
+    return LogSlotFiles(where) if keeps_log else DocumentSlotFiles(where)
 
 
 def log_of_documents(
@@ -274,29 +296,6 @@ def read_slot_documents(location: Location, slot: int) -> Documents | None:
 def slot_has_documents(location: Location, slot: int) -> bool:
     """Whether ``slot`` has committed anything (a log or documents)."""
     return slot_files(location, slot).exists
-
-
-def store_has_documents(location: Location) -> bool:
-    """Whether any writer (the root or a slot) has committed documents at ``location``."""
-    if slot_has_documents(location, 0):
-        return True
-    return any(slot_has_documents(location, s) for s in writer_slots(location))
-
-
-def read_store_metadata(location: Location) -> dict[str, Any]:
-    """The store's ``metadata.json`` keys (the root's, else the first slot's), without
-    reading any index.
-
-    Raises
-    ------
-    CheckpointNotFoundError
-        No writer has committed anything.
-    """
-    for slot in [0, *writer_slots(location)]:
-        metadata = slot_files(location, slot).metadata()
-        if metadata is not None:
-            return metadata
-    raise CheckpointNotFoundError(f"{location.url}/{METADATA_FILE} not found: {location.absence()}")
 
 
 def read_store_documents(
@@ -418,9 +417,9 @@ def _counts(documents: Documents, where: str) -> tuple[int, int]:
 def _samples(entries: Mapping[str, Any], ids: Iterable[Any], where: str) -> int:
     """``num_samples`` summed over ``ids``' entries (a malformed one is a named error)."""
     try:
-        return sum(int(entries[str(i)]["num_samples"]) for i in ids)
-    except (KeyError, TypeError, ValueError, OverflowError) as exc:
-        raise CorruptStoreError(f"{where}: malformed trajectory index entry: {exc!r}") from exc
+        return sum(IndexEntry.parse(entries[str(i)], where).num_samples for i in ids)
+    except KeyError as exc:
+        raise CorruptStoreError(f"{where}: an id listed has no index entry: {exc!r}") from exc
 
 
 def _union(where: str, root: Documents | None, others: list[tuple[int, Documents]]) -> Documents:

@@ -1,12 +1,15 @@
 """StoreIndex: the store's catalog, opened with one read.
 
 :meth:`StoreIndex.open` answers, from one probe of the store, whether a store is there, its
-format, its ``metadata.json`` keys, its schema and its codecs; the buffer, its committer and
+format, its ``metadata.json`` keys, its schema and its codecs (the per-trajectory records
+the store keeps beside the data are the catalog's too: :attr:`StoreIndex.priorities` and
+:attr:`StoreIndex.pins`); the buffer, its committer and
 its loader share that snapshot instead of probing again.  :meth:`StoreIndex.read` reads the
 index (whole, or the last trajectories of a large store), and :meth:`StoreIndex.writer`
 claims a writer slot and returns the slot's :class:`~rbzarr.storage.index.writers.IndexWriter`:
-the log for stores of many writers, RLinf's documents for pt / pkl stores -- the one place
-that chooses between them.
+the log for stores of many writers, RLinf's documents for pt / pkl stores, as
+:func:`~rbzarr.storage.index.slots.slot_files` (the one place that chooses between them)
+decides.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from rbzarr.errors import CheckpointNotFoundError, StoreExistsError
 from rbzarr.storage.index import format_records
+from rbzarr.storage.index.pins import StorePins
+from rbzarr.storage.index.priorities import PriorityFiles
 from rbzarr.storage.index.slots import read_store_window, slot_files, writer_slots
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.rlinf.documents import METADATA_FILE, Documents
@@ -119,6 +124,16 @@ class StoreIndex:
 
         return dict(self.recorded.get(CODECS_KEY) or {})
 
+    @property
+    def priorities(self) -> PriorityFiles:
+        """The priority files the store keeps beside its trajectories (no read here)."""
+        return PriorityFiles(self.location)
+
+    @property
+    def pins(self) -> StorePins:
+        """The pins of the checkpoints that name the store's trajectories (no read here)."""
+        return StorePins(self.location)
+
     def check_appendable(self, layout: TrajectoryLayout) -> Schema | None:
         """Refuse to append with ``layout`` to a store of another format; ``layout`` takes on
         what the store records of its format (its codecs); the schema the store records.
@@ -159,7 +174,8 @@ class StoreIndex:
 
     def writer(self, layout: TrajectoryLayout) -> IndexWriter:
         """Claim a writer slot of this store for ``layout`` and return the slot's writer
-        (the log where the layout takes many writers, else RLinf's documents).
+        (:func:`~rbzarr.storage.index.slots.slot_files` chooses: the log where the layout
+        takes many writers, else RLinf's documents).
 
         Raises
         ------
@@ -168,15 +184,12 @@ class StoreIndex:
         CorruptStoreError
             The slot's index is malformed.
         """
-        # Imported here: they import torch, which `rbzarr info` reads without.
-        from rbzarr.storage.index import writers  # noqa: PLC0415
+        # Imported here: it imports torch, which `rbzarr info` reads without.
         from rbzarr.storage.index.writer_slot import WriterSlot  # noqa: PLC0415
 
         slot = WriterSlot.claim(layout)
         try:
-            if layout.supports_many_writers:
-                return writers.LogWriter(layout, slot)
-            return writers.DocumentsWriter(layout, slot)
+            return slot_files(layout.location, slot.slot, writing=layout).writer(layout, slot)
         except BaseException:
             slot.release()
             raise

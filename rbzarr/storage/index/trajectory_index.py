@@ -6,42 +6,26 @@ It is the in-memory form of ``trajectory_index.json`` plus the counters of
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rbzarr.errors import CorruptStoreError
+from rbzarr.storage.index.entry import IndexEntry, count
 from rbzarr.storage.index.slots import earlier_counts
-from rbzarr.storage.io.names import number_name
 from rbzarr.storage.rlinf.documents import Documents
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "ENTRY_KEYS",
     "FORMAT_VERSION",
     "TrajectoryIndex",
-    "check_entry",
-    "count",
     "share_bounds",
 ]
 
 # Version of the documents rbzarr writes; a newer one than this code knows is refused.
 FORMAT_VERSION = 1
-# The keys of an index entry, in RLinf's order (a zarr trajectory group's attributes hold
-# them too).
-ENTRY_KEYS = (
-    "uuid",
-    "trajectory_id",
-    "num_samples",
-    "shape",
-    "max_episode_length",
-    "model_weights_id",
-)
-# Ids, sizes and counts in the documents are below this (int64, as tensors hold them).
-MAX_COUNT = 2**63
 
 
 def share_bounds(count: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -65,7 +49,7 @@ class TrajectoryIndex:
     (``len`` and :attr:`total_samples` include them).
     """
 
-    entries: dict[int, dict[str, Any]] = field(default_factory=dict)
+    entries: dict[int, IndexEntry] = field(default_factory=dict)
     id_list: list[int] = field(default_factory=list)
     trajectory_counter: int = 0
     earlier: int = 0
@@ -77,7 +61,7 @@ class TrajectoryIndex:
     @property
     def total_samples(self) -> int:
         """Samples over every listed trajectory."""
-        return self.earlier_samples + sum(int(self.entries[i]["num_samples"]) for i in self.id_list)
+        return self.earlier_samples + sum(self.entries[i].num_samples for i in self.id_list)
 
     @property
     def is_complete(self) -> bool:
@@ -85,29 +69,25 @@ class TrajectoryIndex:
         return self.earlier == 0
 
     def new_entry(
-        self, shape: Iterable[int], max_episode_length: int, model_weights_id: str
-    ) -> dict[str, Any]:
-        """Append an entry with the next id and a fresh uuid, and return it (the index holds it)."""
-        shape = [int(d) for d in shape]
-        trajectory_id = self.trajectory_counter
-        entry: dict[str, Any] = {
-            "uuid": str(uuid.uuid4()),
-            "trajectory_id": trajectory_id,
-            "num_samples": shape[0] * shape[1],
-            "shape": shape,
-            "max_episode_length": int(max_episode_length),
-            "model_weights_id": str(model_weights_id),
-        }
-        self.entries[trajectory_id] = entry
-        self.id_list.append(trajectory_id)
+        self,
+        shape: Iterable[int],
+        max_episode_length: int,
+        model_weights_id: str,
+        uuid: str | None = None,
+    ) -> IndexEntry:
+        """Append an entry with the next id and a fresh uuid (or ``uuid``), and return it
+        (the index holds it)."""
+        entry = IndexEntry.new(
+            self.trajectory_counter, shape, max_episode_length, model_weights_id, uuid
+        )
+        self.add_reference(entry)
         self.trajectory_counter += 1
         return entry
 
-    def add_reference(self, entry: dict[str, Any]) -> None:
-        """Append another writer's entry as it is (its id and uuid); the counter stays."""
-        trajectory_id = int(entry["trajectory_id"])
-        self.entries[trajectory_id] = dict(entry)
-        self.id_list.append(trajectory_id)
+    def add_reference(self, entry: IndexEntry) -> None:
+        """Append an entry made elsewhere as it is (its id and uuid); the counter stays."""
+        self.entries[entry.trajectory_id] = entry
+        self.id_list.append(entry.trajectory_id)
 
     def clear_earlier(self) -> None:
         """Forget the trajectories counted but not held (the index becomes what it holds)."""
@@ -140,13 +120,13 @@ class TrajectoryIndex:
         """``num_samples`` of each id, as an int64 tensor."""
         import torch  # noqa: PLC0415 (an index of documents loads without torch: rbzarr info)
 
-        return torch.tensor([int(self.entries[i]["num_samples"]) for i in ids], dtype=torch.int64)
+        return torch.tensor([self.entries[i].num_samples for i in ids], dtype=torch.int64)
 
     def subset(self, ids: Iterable[int]) -> TrajectoryIndex:
-        """An index of copies of ``ids``' entries only (in the order given), keeping the counter."""
+        """An index of ``ids``' entries only (in the order given), keeping the counter."""
         ids = list(ids)
         return TrajectoryIndex(
-            entries={i: dict(self.entries[i]) for i in ids},
+            entries={i: self.entries[i] for i in ids},
             id_list=ids,
             trajectory_counter=self.trajectory_counter,
         )
@@ -165,7 +145,7 @@ class TrajectoryIndex:
         """JSON-ready copies: ``{"entries", "id_list", "trajectory_counter", "earlier",
         "earlier_samples"}``."""
         return {
-            "entries": {str(i): dict(entry) for i, entry in self.entries.items()},
+            "entries": {str(i): entry.to_json() for i, entry in self.entries.items()},
             "id_list": list(self.id_list),
             "trajectory_counter": self.trajectory_counter,
             "earlier": self.earlier,
@@ -173,8 +153,12 @@ class TrajectoryIndex:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Replace this index by :meth:`state_dict`'s (string or int ids)."""
-        self.entries = {int(i): dict(entry) for i, entry in state["entries"].items()}
+        """Replace this index by :meth:`state_dict`'s (string or int ids); each entry is
+        checked (:meth:`IndexEntry.parse`)."""
+        self.entries = {
+            count(i): IndexEntry.parse(entry, "a trajectory index's state", count(i))
+            for i, entry in state["entries"].items()
+        }
         self.id_list = [int(i) for i in state["id_list"]]
         self.trajectory_counter = int(state["trajectory_counter"])
         self.earlier = int(state.get("earlier", 0))
@@ -199,7 +183,7 @@ class TrajectoryIndex:
             "rbzarr_format_version": FORMAT_VERSION,
         }
         index = {
-            "trajectory_index": {str(i): self.entries[i] for i in self.id_list},
+            "trajectory_index": {str(i): self.entries[i].to_json() for i in self.id_list},
             "trajectory_id_list": list(self.id_list),
         }
         return Documents(metadata=metadata, trajectory_index=index)
@@ -223,7 +207,7 @@ class TrajectoryIndex:
                 raise TypeError(f"trajectory_id_list is a {type(listed).__name__}, not a list")
             listed_ids = [count(i) for i in listed]
             id_list = list(dict.fromkeys(listed_ids))
-            entries = {count(k): dict(v) for k, v in raw_entries.items()}
+            raw = {count(k): v for k, v in raw_entries.items()}
             # Never below max(id) + 1: a crash between the index and the metadata write
             # leaves the metadata's counter behind, and reusing an id would overwrite data.
             counter = max(
@@ -237,47 +221,11 @@ class TrajectoryIndex:
                 f"{where}: trajectory_id_list names trajectories {repeated[:10]} more than "
                 "once (each must be listed once); `rbzarr verify --repair` keeps one of each"
             )
-        missing = [i for i in id_list if i not in entries]
+        missing = [i for i in id_list if i not in raw]
         if missing:
             raise CorruptStoreError(
                 f"{where}: trajectory_id_list names ids {missing} that have no index entry"
             )
-        for i in id_list:
-            check_entry(entries[i], i, where)
+        entries = {i: IndexEntry.parse(raw[i], where, i) for i in id_list}
         earlier, earlier_samples = earlier_counts(documents.trajectory_index)
         return cls(entries, id_list, counter, earlier, earlier_samples)
-
-
-def count(value: Any) -> int:
-    """``value`` (an int, or a str of one in ASCII digits) as an id, size or count:
-    ``0 <= n < 2**63``, else ``ValueError``."""
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(f"expected a whole number, got {value!r}")
-    number = number_name(value) if isinstance(value, str) else value
-    if number is None:
-        raise ValueError(f"{str(value)[:40]!r} is not a whole number written in ASCII digits")
-    if not 0 <= number < MAX_COUNT:
-        raise ValueError(f"{value!r} is not in [0, 2**63)")
-    return number
-
-
-def check_entry(entry: dict[str, Any], trajectory_id: int, where: str) -> None:
-    """Check an index entry as every reader does (whole counts, a shape of at least two
-    dimensions whose first two give ``num_samples``, the id it is listed under), else
-    :class:`CorruptStoreError` naming ``where``; fills in the optional keys."""
-    try:
-        shape = [count(d) for d in entry["shape"]]
-        ok = (
-            count(entry["trajectory_id"]) == trajectory_id
-            and len(shape) >= 2
-            and count(entry["num_samples"]) == shape[0] * shape[1]
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CorruptStoreError(
-            f"{where}: index entry {trajectory_id} is malformed: {exc!r}"
-        ) from exc
-    if not ok:
-        raise CorruptStoreError(f"{where}: index entry {trajectory_id} is inconsistent: {entry}")
-    entry.setdefault("model_weights_id", "")
-    entry.setdefault("max_episode_length", 0)
-    entry["shape"] = shape

@@ -7,23 +7,28 @@
   memory and RLinf's two documents are rewritten whole, at most every
   :data:`DOCUMENTS_INTERVAL` seconds while commits go on, and at every flush and close.
 
-Only :meth:`~rbzarr.storage.index.store_index.StoreIndex.writer` chooses between them.  Each
+Only :func:`~rbzarr.storage.index.slots.slot_files` chooses between them (for
+:meth:`~rbzarr.storage.index.store_index.StoreIndex.writer`).  Each
 writer serialises its own writes: the committer's writer thread appends, its caller's
 thread flushes and closes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from rbzarr.errors import StorageUnavailableError, StoreExistsError
 from rbzarr.storage.index import format_records
-from rbzarr.storage.index.log import SlotIndex
+from rbzarr.storage.index.collector import SlotCollector
+from rbzarr.storage.index.entry import IndexEntry
+from rbzarr.storage.index.log import IndexLog, SlotIndex
+from rbzarr.storage.index.retention import Retention
 from rbzarr.storage.index.schema import is_rbzarr_store
 from rbzarr.storage.index.slots import HeldSlots
 from rbzarr.storage.index.trajectory_index import FORMAT_VERSION, TrajectoryIndex
@@ -38,6 +43,10 @@ __all__ = ["DOCUMENTS_INTERVAL", "DocumentsWriter", "IndexWriter", "LogWriter"]
 DOCUMENTS_INTERVAL = 5.0
 
 
+def _ignore(ids: list[int]) -> None:
+    """No one to tell of removed ids."""
+
+
 class IndexWriter(ABC):
     """The index of one claimed writer slot: append what is committed, flush, fold at close."""
 
@@ -45,6 +54,9 @@ class IndexWriter(ABC):
         self.layout = layout
         self.slot = slot
         self._lock = threading.Lock()  # serialises this slot's index writes
+        self._collector: SlotCollector | None = None  # with retention (a log only)
+        self._protected: Callable[[], Collection[int]] = frozenset
+        self._on_removed: Callable[[list[int]], None] = _ignore
 
     @property
     @abstractmethod
@@ -96,6 +108,31 @@ class IndexWriter(ABC):
     def full_index(self) -> TrajectoryIndex:
         """Every trajectory the slot committed."""
 
+    def retain(
+        self,
+        retention: Retention,
+        *,
+        protected: Callable[[], Collection[int]] = frozenset,
+        on_removed: Callable[[list[int]], None] = _ignore,
+    ) -> None:
+        """Collect the slot as it appends (see :mod:`~rbzarr.storage.index.collector`):
+        never an id of ``protected()``; ``on_removed(ids)`` runs once ``ids`` left the log,
+        before their data is deleted (on the writer thread, holding no lock of this writer).
+
+        Raises
+        ------
+        ValueError
+            This slot keeps RLinf's documents (a pt / pkl store): only a log collects.
+        """
+        if not self.layout.supports_many_writers:
+            raise ValueError(
+                f"retention needs a zarr store (its index is a log); "
+                f"{self.layout.location.url} is a {self.layout.format!r} store"
+            )
+        self._collector = SlotCollector(self.layout, self.slot.slot, retention)
+        self._protected = protected
+        self._on_removed = on_removed
+
     def held(self) -> HeldSlots:
         """The slots a reader of this process reads from this writer's memory (none here)."""
         return {}
@@ -119,7 +156,8 @@ class IndexWriter(ABC):
         copied_before = {
             i
             for i in unlisted.intersection(index.id_list)
-            if (self.layout.written_attributes(i) or {}).get("uuid") == index.entries[i]["uuid"]
+            if (format_records.written_attributes(self.layout, i) or {}).get("uuid")
+            == index.entries[i]["uuid"]
         }
         unlisted -= copied_before
         clashes = [
@@ -149,6 +187,7 @@ class LogWriter(IndexWriter):
         super().__init__(layout, slot)
         self._log = slot.open_log()
         self._metadata: dict[str, Any] | None = None  # as last appended by this writer
+        self._reopen = False  # a failed collection may have rewritten the log: read it again
 
     @property
     def counter(self) -> int:
@@ -170,22 +209,53 @@ class LogWriter(IndexWriter):
     ) -> None:
         # docstring inherited
         with self._lock:
+            self._reopen_if_due()
             self._log.append(entries, counter=counter, metadata=_marked(self.layout, metadata))
             self._metadata = dict(metadata)
+            if self._collector is not None:
+                self._collector.noted(entries)
 
     def after_burst(self) -> None:
-        # docstring inherited
-        return None
+        """Collect what falls outside retention, if due; a storage failure leaves it for the
+        next burst (every commit is in a record already)."""
+        collector = self._collector
+        if collector is None or not collector.is_due(self._log):
+            return
+        protected = self._protected()  # the buffer's lock: taken before this writer's
+        try:
+            with self._lock:
+                self._reopen_if_due()
+                removed = collector.collect(self._log, protected)
+            if removed:
+                self._on_removed(removed)
+            with self._lock:
+                collector.delete_expired()
+        except StorageUnavailableError:
+            with self._lock:
+                collector.forget()
+                self._reopen = True
+
+    def _reopen_if_due(self) -> None:
+        """Read the log again after a failed collection (under the lock)."""
+        if self._reopen:
+            self._log = IndexLog(self._log.location)
+            self._reopen = False
 
     def flush(self) -> None:
         """Retry a compaction that failed (a failure again is left for the next flush)."""
         with self._lock:
+            self._reopen_if_due()
             self._log.compact_if_due()
 
     def _fold(self) -> None:
         """Compact the log, then write the slot's documents whole (a mirror RLinf reads);
         nothing if this writer appended nothing."""
         with self._lock:
+            self._reopen_if_due()
+            if self._collector is not None:
+                # Data whose deletes fail stays for the slot's next writer (its record says so).
+                with contextlib.suppress(StorageUnavailableError):
+                    self._collector.delete_expired()
             if self._metadata is None:
                 return
             self._log.compact()
@@ -202,6 +272,7 @@ class LogWriter(IndexWriter):
         """The log's counters and last ``last`` entries, from memory (and full blocks);
         ``None`` before the slot's first commit."""
         with self._lock:
+            self._reopen_if_due()
             return None if self._log.is_empty() else self._log.read(last)
 
     def full_index(self) -> TrajectoryIndex:
@@ -247,7 +318,9 @@ class DocumentsWriter(IndexWriter):
             for entry in entries:
                 trajectory_id = int(entry["trajectory_id"])
                 if trajectory_id not in self._index.entries:
-                    self._index.entries[trajectory_id] = dict(entry)
+                    self._index.entries[trajectory_id] = IndexEntry.parse(
+                        entry, self.layout.location.url
+                    )
                     self._index.id_list.append(trajectory_id)
             self._index.trajectory_counter = max(self._index.trajectory_counter, counter)
             self._metadata = dict(metadata)

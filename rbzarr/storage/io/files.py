@@ -13,6 +13,7 @@ also survives a machine crash once it returns: the file is ``fsync``'d before it
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -154,9 +155,10 @@ def commit_file(
         if durable:
             sync_paths([*synced, temp])
         os.replace(temp, path)
-    finally:
-        if os.path.lexists(temp):
+    except BaseException:
+        with contextlib.suppress(OSError):  # not written, or the failure's own cause
             os.remove(temp)
+        raise
     if durable:
         sync_directory(os.path.dirname(path))
 

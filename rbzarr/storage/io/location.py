@@ -260,6 +260,17 @@ class Location:
             if self.fs.exists(target, **self._deadline()):
                 self.fs.rm(target, recursive=True, **self._deadline())
 
+    def tree_bytes(self, *names: str) -> int:
+        """Bytes of the files below ``names`` (or of the file itself), in one listing; 0
+        when nothing is there."""
+        target = self.join(*names)
+        with translate_errors(self.url, "listing"):
+            try:
+                found = self.fs.find(target, detail=True, **self._deadline())
+            except (FileNotFoundError, NotADirectoryError):
+                return 0
+        return sum(int(info.get("size") or 0) for info in found.values())
+
     def list_names(self, *names: str) -> list[str]:
         """Names directly below the root (or ``names``), sorted; none for a missing directory."""
         target = self.join(*names)

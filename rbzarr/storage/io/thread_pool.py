@@ -1,4 +1,4 @@
-"""One small thread pool per process, for work that releases the GIL (zstd, file reads).
+"""One thread pool per process, for work that releases the GIL (codecs, zstd, file reads).
 
 A pool created before a ``fork`` has no threads in the child, so the pool is keyed by the
 process id and rebuilt after a fork.  Work is only handed to it when it is large enough to
@@ -19,7 +19,16 @@ _T = TypeVar("_T")
 _R = TypeVar("_R")
 _lock = threading.Lock()
 _pools: dict[int, ThreadPoolExecutor] = {}  # by process id
-WORKERS = max(2, min(8, os.cpu_count() or 2))
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity, where the platform tells it)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 2
+
+
+# One thread per core: image codecs and zstd release the GIL, so encoding uses every core.
+WORKERS = max(2, _cores())
 
 
 def _executor() -> ThreadPoolExecutor:

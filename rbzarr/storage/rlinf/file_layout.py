@@ -311,7 +311,7 @@ class PtLayout(FileLayout):
 
     format = "pt"
     suffix = "pt"
-    codec_name = "torch.save"
+    _codec_name = "torch.save"
 
     def _dumps(self, record: dict[str, Any]) -> bytes:
         # docstring inherited

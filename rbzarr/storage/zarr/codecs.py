@@ -178,9 +178,14 @@ class Zstd(ParamCodec):
         return tuple(int(d) for d in inner)
 
     def encode(self, data: np.ndarray, inner: tuple[int, ...], layout: str) -> list[Any]:
-        """Every inner chunk compressed (large arrays on the worker pool)."""
+        """Every inner chunk compressed (large arrays on the worker pool), each from its view
+        of ``data``: a strided one is made contiguous alone (a chunk-sized copy, never one
+        of the whole array)."""
         chunks = _inner_chunks(data, inner)
-        return thread_pool.run_all(self.encode_frame, list(chunks), chunks.nbytes >= THREADED_BYTES)
+        return thread_pool.run_all(self._encode_chunk, chunks, data.nbytes >= THREADED_BYTES)
+
+    def _encode_chunk(self, chunk: np.ndarray) -> bytes:
+        return self.encode_frame(np.ascontiguousarray(chunk).reshape(-1).view(np.uint8))
 
     def decoder(self, frame_shape: tuple[int, ...], layout: str) -> Decoder | None:
         # docstring inherited
@@ -212,18 +217,19 @@ def zstd_into(data: bytes | memoryview, target: np.ndarray) -> None:
     zstd.decompress(data, target)
 
 
-def _inner_chunks(data: np.ndarray, inner: tuple[int, ...]) -> np.ndarray:
-    """``[chunks, chunk_bytes]`` uint8: the inner chunks of ``data`` in C order of the grid.
+def _inner_chunks(data: np.ndarray, inner: tuple[int, ...]) -> list[np.ndarray]:
+    """Views of the inner chunks of ``data`` in C order of the grid (not copied: one
+    spanning several environments is strided).
 
     Inner chunks are ``(k,)`` for a 1-D array, else ``(k, 1, *trailing)``.
     """
     k = inner[0]
     rows = data.shape[0]
     if data.ndim == 1:
-        return data.reshape(rows // k, -1).view(np.uint8).reshape(rows // k, -1)
+        return list(data.reshape(rows // k, k))
     envs = data.shape[1]
-    blocks = data.reshape(rows // k, k, envs, -1).transpose(0, 2, 1, 3)
-    return np.ascontiguousarray(blocks).view(np.uint8).reshape(rows // k * envs, -1)
+    blocks = data.reshape(rows // k, k, envs, -1)
+    return [blocks[i, :, env] for i in range(rows // k) for env in range(envs)]
 
 
 @dataclass(frozen=True)
@@ -384,7 +390,6 @@ def stored_codec(kind: str, text: str, where: str) -> Codec:
 def psnr(original: np.ndarray, decoded: np.ndarray) -> float:
     """Peak signal-to-noise ratio of uint8 ``decoded`` against ``original``, in dB over the
     whole arrays (``inf`` when identical)."""
-    a = np.asarray(original, dtype=np.float64)
-    b = np.asarray(decoded, dtype=np.float64)
-    mse = float(np.mean((a - b) ** 2)) if a.size else 0.0
+    error = np.subtract(original, decoded, dtype=np.float64).reshape(-1)  # one temporary
+    mse = float(error @ error) / error.size if error.size else 0.0
     return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)

@@ -61,6 +61,12 @@ class EncodedArray:
     description: dict[str, Any]
 
 
+# The most frames of a lossy key decoded again to measure its PSNR, per trajectory, and the
+# share of its frames they are at most (but 2: the first and the last).
+PSNR_FRAMES = 8
+PSNR_SHARE = 16
+
+
 def stored_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
     """The dtype of the stored bytes: little endian."""
     return dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
@@ -90,12 +96,21 @@ def dimension_names(key: str, shape: tuple[int, ...], T: int, B: int) -> list[st
 
 
 def encode_array(
-    key: str, value: torch.Tensor, plan: KeyPlan, T: int, B: int, separator: str = "/"
+    key: str,
+    value: torch.Tensor,
+    plan: KeyPlan,
+    T: int,
+    B: int,
+    separator: str = "/",
+    staging: np.ndarray | None = None,
 ) -> EncodedArray:
     """Encode ``value`` (the raw field ``key``) as one shard following ``plan``, its chunk
     keys joined by ``separator``.
 
-    Large chunked arrays are compressed on the worker pool.
+    Large chunked arrays are compressed on the worker pool.  ``staging`` is the buffer
+    ``value`` was copied into on add, with spare bytes after it
+    (:data:`~rbzarr.trajectory.validated.STAGING_TAIL`): an uncompressed shard puts its
+    index there and is one buffer, written or PUT without being joined.
     """
     data = to_numpy(value)
     stored = stored_dtype(data.dtype)
@@ -105,8 +120,12 @@ def encode_array(
     measured = _measured_psnr(codec, data, parts, plan.image) if codec.lossy else None
     nbytes = [len(part) for part in parts]
     offsets = [0, *itertools.accumulate(nbytes)][:-1]
-    shard = [*(memoryview(p).cast("B") for p in parts), shard_index.encode_index(offsets, nbytes)]
-    size = sum(nbytes) + len(shard[-1])
+    index = shard_index.encode_index(offsets, nbytes)
+    size = sum(nbytes) + len(index)
+    shard = _in_staging(parts, index, staging) or [
+        *(memoryview(p).cast("B") for p in parts),
+        index,
+    ]
     shape = tuple(int(d) for d in data.shape)
     document = shard_index.sharded_metadata(
         shape,
@@ -129,16 +148,49 @@ def encode_array(
         **codec.described(plan.image),
     }
     if measured is not None:
-        description["psnr"] = measured
+        description["psnr"], description["psnr_frames"] = measured
     return EncodedArray(document, shard, description)
 
 
-def _measured_psnr(codec: Codec, data: np.ndarray, parts: list[bytes], layout: str) -> float:
-    """The PSNR of the decoded frames against ``data``, over the whole array (JSON: a
-    lossless result is recorded as ``1e9``, never ``inf``)."""
+def one_buffer(parts: list[Any]) -> bytes | memoryview:
+    """A shard's parts as one buffer: its only part as it is (not copied), else joined."""
+    if len(parts) == 1:
+        return memoryview(parts[0]).cast("B")
+    return b"".join(parts)
+
+
+def _in_staging(parts: list[Any], index: bytes, staging: np.ndarray | None) -> list[Any] | None:
+    """The shard as one buffer: ``staging`` holding its only part, then ``index`` put in
+    its spare bytes; ``None`` when ``parts`` is not ``staging``'s head or the index does
+    not fit."""
+    if staging is None or len(parts) != 1:
+        return None
+    data = parts[0]
+    if not isinstance(data, np.ndarray) or staging.nbytes < data.nbytes + len(index):
+        return None  # an encoded frame, or no room
+    size = data.nbytes + len(index)
+    if data.nbytes and data.ctypes.data != staging.ctypes.data:
+        return None  # a copy (a dtype stored apart, a row subset): not the staged bytes
+    staging[data.nbytes : size] = np.frombuffer(index, np.uint8)
+    return [staging[:size].data]
+
+
+def _measured_psnr(
+    codec: Codec, data: np.ndarray, parts: list[bytes], layout: str
+) -> tuple[float, list[int]]:
+    """The PSNR of a sample of the frames, decoded, against ``data`` (JSON: a lossless
+    result is recorded as ``1e9``, never ``inf``), and ``[frames measured, frames]``.
+
+    The sample is evenly spaced, the first and last frames included, and at most
+    :data:`PSNR_FRAMES` frames and one in :data:`PSNR_SHARE` (2 at least): decoding every
+    frame again cost more than encoding them.
+    """
     originals = frames(data, layout)
-    decoded = np.empty(originals.shape, np.uint8)
-    jobs = list(zip(parts, decoded, strict=True))
+    count = len(originals)
+    size = min(count, PSNR_FRAMES, max(2, count // PSNR_SHARE))
+    picked = np.unique(np.linspace(0, count - 1, size).round().astype(int))
+    decoded = np.empty((len(picked), *originals.shape[1:]), np.uint8)
+    jobs = [(parts[int(i)], out) for i, out in zip(picked, decoded, strict=True)]
     thread_pool.run_all(lambda job: codec.decode_frame(*job), jobs, len(jobs) > 1)
-    measured = psnr(originals, decoded)
-    return round(min(measured, 1e9), 3)
+    measured = psnr(originals[picked], decoded)
+    return round(min(measured, 1e9), 3), [len(picked), count]

@@ -46,7 +46,6 @@ import torch
 import zarr
 from zarr.abc.store import Store
 from zarr.api import asynchronous as zarr_async
-from zarr.storage import StorePath
 
 from rbzarr.errors import CodecConflictError, CorruptStoreError, InvalidCodecError
 from rbzarr.storage.io.backends import translate_errors
@@ -73,7 +72,7 @@ from rbzarr.storage.zarr.chunking import (
     plan_key,
 )
 from rbzarr.storage.zarr.codecs import RAW, Codec, parse_codec, parse_codecs, require_images
-from rbzarr.storage.zarr.encode import LOCAL_SEPARATOR, shard_key
+from rbzarr.storage.zarr.encode import LOCAL_SEPARATOR, one_buffer, shard_key
 from rbzarr.storage.zarr.handles import time_and_envs, trajectory_id
 from rbzarr.storage.zarr.image_codecs import Lossless
 from rbzarr.storage.zarr.open import (
@@ -91,7 +90,7 @@ from rbzarr.storage.zarr.spec import parse_specs
 from rbzarr.storage.zarr.window_table import WindowTable
 from rbzarr.trajectory.dtypes import dtype_name, from_numpy, to_numpy
 from rbzarr.trajectory.model import Trajectory, trajectory_from_raw
-from rbzarr.trajectory.validated import ValidatedTrajectory, rows_to_write
+from rbzarr.trajectory.validated import ValidatedTrajectory, rows_to_write, staging_of
 
 __all__ = [
     "DEFAULT_HANDLES",
@@ -113,6 +112,8 @@ WARM_BATCH = 32
 DEFAULT_HANDLES = 256
 # Kept open beyond the window: trajectories read while the window moves on.
 _HANDLE_SLACK = 16
+# How many schemas (field shapes and dtypes) the layout remembers the plans of.
+_PLAN_MEMO_SIZE = 64
 # The root group's attribute that mirrors the two documents.
 ROOT_ATTR = "rbzarr"
 # The finding of a root group without that attribute (a writer writes it when it closes).
@@ -178,8 +179,6 @@ class ZarrLayout(TrajectoryLayout):
     format = "zarr"
     supports_many_writers = True
     supports_local_cache = True
-    supports_zarr_access = True
-    unrecorded_version = describe.UNRECORDED_VERSION
 
     def __init__(
         self,
@@ -208,6 +207,8 @@ class ZarrLayout(TrajectoryLayout):
         self._explicit = frozenset(self.codecs)
         # Field shapes and dtypes check_writable found writable.
         self._writable: set[frozenset[Any]] = set()
+        # The plans of the field shapes and dtypes written lately (plans depend on nothing else).
+        self._plan_memo: dict[tuple[Any, ...], dict[str, KeyPlan]] = {}
         # Concrete codecs by key (and "default"), as the store's metadata records them.
         self._recorded = {key: codec.text for key, codec in self.codecs.items()}
         self._recorded_lock = threading.Lock()
@@ -240,7 +241,8 @@ class ZarrLayout(TrajectoryLayout):
         return {f"{TRAJECTORIES}/{tid}": tid for tid in self.list_ids()}
 
     def written_attributes(self, trajectory_id: int) -> dict[str, Any] | None:
-        # docstring inherited
+        """The attributes of a trajectory's commit marker (its entry among them), ``None``
+        where it has no complete marker."""
         where = f"{self.location.url}/{TRAJECTORIES}/{int(trajectory_id)}/zarr.json"
         try:
             raw = self.location.read_bytes(TRAJECTORIES, str(int(trajectory_id)), "zarr.json")
@@ -270,7 +272,7 @@ class ZarrLayout(TrajectoryLayout):
 
     # -- format knowledge -----------------------------------------------------------------
     def zarr_group(self, entry: Entry) -> zarr.Group:
-        # docstring inherited
+        """The read-only Zarr group of one trajectory."""
         return describe.trajectory_group(self.location, entry)
 
     def field_names(self, entry: Entry) -> list[str]:
@@ -441,6 +443,7 @@ class ZarrLayout(TrajectoryLayout):
     def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
         """Each array is one shard (arrays of kind ``"zarr"`` go through zarr); the group's
         attributes are written last."""
+        staging = staging_of(trajectory)
         trajectory = rows_to_write(trajectory)
         tid = trajectory_id(entry)
         fields = trajectory.tensors()
@@ -450,7 +453,12 @@ class ZarrLayout(TrajectoryLayout):
         # copies in the group's document).
         local = self._opener.local_files
         files, description, documents = sharded.encode_trajectory(
-            fields, plans, *time_and_envs(entry), LOCAL_SEPARATOR if local else "/", not local
+            fields,
+            plans,
+            *time_and_envs(entry),
+            LOCAL_SEPARATOR if local else "/",
+            not local,
+            staging,
         )
         attrs = {
             **dict(entry),
@@ -508,11 +516,19 @@ class ZarrLayout(TrajectoryLayout):
         self._writable.add(shapes)
 
     def _plans(self, fields: Mapping[str, torch.Tensor]) -> dict[str, KeyPlan]:
-        """The plan of every field (its codec chosen and checked against its values)."""
-        return {
-            key: plan_key(value.shape, to_numpy(value.reshape(-1)[:0]).dtype, self.codecs, key)
-            for key, value in fields.items()
-        }
+        """The plan of every field (its codec chosen and checked against its shape and
+        dtype), remembered for the shapes and dtypes of the latest schemas."""
+        shapes = tuple((key, tuple(value.shape), value.dtype) for key, value in fields.items())
+        plans = self._plan_memo.get(shapes)
+        if plans is None:
+            plans = {
+                key: plan_key(value.shape, to_numpy(value.reshape(-1)[:0]).dtype, self.codecs, key)
+                for key, value in fields.items()
+            }
+            if len(self._plan_memo) >= _PLAN_MEMO_SIZE:  # trajectories of many lengths
+                self._plan_memo.clear()
+            self._plan_memo[shapes] = plans
+        return plans
 
     def _durable_folder(self, group: str) -> str | None:
         """The local folder of ``group`` when writes must be durable and zarr's store is
@@ -539,7 +555,7 @@ class ZarrLayout(TrajectoryLayout):
         for array_key, spec in parse_specs(description, where).items():
             assert spec is not None  # a trajectory without zarr-kind arrays
             parts = files[f"{array_key}/{shard_key(len(spec.shape), spec.separator)}"]
-            data = b"".join(bytes(memoryview(part).cast("B")) for part in parts)
+            data = one_buffer(parts)
             if cache.put_shard(key, array_key, spec, data, f"{where}/{array_key}") is not None:
                 cache.stats.written_through += 1
 
@@ -619,8 +635,9 @@ class ZarrLayout(TrajectoryLayout):
         # docstring inherited
         tid = trajectory_id(entry)
         self._opener.handles.forget(tid)
-        with translate_errors(self.location.url, "deleting"):
-            sync(StorePath(self._opener.store(), group_path(tid)).delete_dir())
+        # The group's folder at once (one recursive delete, a bulk delete on S3), not key by
+        # key through zarr's event loop.
+        self.location.delete(*group_path(tid).split("/"))
         self._opener.handles.forget(tid)
 
     def copy_to(self, target: TrajectoryLayout, entry: Entry) -> None:

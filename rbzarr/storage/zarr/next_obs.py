@@ -55,12 +55,10 @@ def differing_rows(next_value: torch.Tensor, curr_value: torch.Tensor) -> np.nda
     ``curr[t + 1, b]``; every row of the last step is listed."""
     nxt, cur = to_numpy(next_value), to_numpy(curr_value)
     T, B = nxt.shape[:2]
-    if T > 1:
-        equal = (nxt[:-1].reshape(T - 1, B, -1) == cur[1:].reshape(T - 1, B, -1)).all(axis=2)
-    else:
-        equal = np.zeros((0, B), dtype=bool)
+    nxt, cur = nxt.reshape(T, B, -1), cur.reshape(T, B, -1)
     differ = np.ones((T, B), dtype=bool)
-    differ[:-1] = ~equal
+    for t in range(T - 1):  # a step at a time: no temporary the size of the frames
+        differ[t] = ~(nxt[t] == cur[t + 1]).all(axis=1)
     return np.flatnonzero(differ.reshape(-1)).astype(np.int64)
 
 

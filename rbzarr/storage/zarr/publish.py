@@ -39,7 +39,7 @@ from rbzarr.storage.io.files import (
 )
 from rbzarr.storage.zarr.chunking import chunk_shape
 from rbzarr.storage.zarr.describe import CONSOLIDATED
-from rbzarr.storage.zarr.encode import dimension_names
+from rbzarr.storage.zarr.encode import dimension_names, one_buffer
 from rbzarr.storage.zarr.open import TRAJECTORIES
 from rbzarr.storage.zarr.shard_index import DTYPE_ATTR
 from rbzarr.trajectory.dtypes import dtype_name, to_numpy
@@ -77,22 +77,15 @@ class GroupPublisher:
         marker and its directory.
         """
         folder = os.path.join(root, *group.split("/"))
-        if os.path.islink(folder) or (os.path.lexists(folder) and not os.path.isdir(folder)):
-            raise NotADirectoryError(
-                f"delete_dir {folder}: not a directory rbzarr wrote (something else is in the "
-                "way of the trajectory group; it is left alone)"
-            )
-        if os.path.lexists(folder):
-            shutil.rmtree(folder)
         if not self._parents_ready:
             for name in ("zarr.json", f"{TRAJECTORIES}/zarr.json"):
                 path = os.path.join(root, *name.split("/"))
                 if not os.path.exists(path):
                     make_directories(os.path.dirname(path), durable)
                     write_file(path, [EMPTY_GROUP], durable=durable)
+            make_directories(os.path.dirname(folder), durable)
             self._parents_ready = True
-        make_directories(os.path.dirname(folder), durable)
-        os.mkdir(folder)
+        _make_new_folder(folder, durable)
         # What this write makes, parents first: the folders of subgroups and arrays, files.
         made = [folder]
         try:
@@ -125,7 +118,7 @@ class GroupPublisher:
             write_file(made[-1], parts, atomic=False)
         # The group's attributes are its commit marker: written only after every array.
         synced = [*made, os.path.dirname(folder)] if durable else []
-        marker = group_bytes(attrs, consolidated(subgroups, documents))
+        marker = _marker(attrs, subgroups, documents)
         made.append(os.path.join(folder, "zarr.json"))
         commit_file(made[-1], [marker], durable=durable, synced=synced)
 
@@ -170,7 +163,7 @@ class GroupPublisher:
             # Every set ends before a failure is raised, so a cleanup after it finds them all.
             done = await asyncio.gather(
                 *(
-                    store.set(f"{group}/{name}", from_bytes(b"".join(parts)))
+                    store.set(f"{group}/{name}", from_bytes(one_buffer(parts)))
                     for name, parts in files.items()
                 ),
                 *(_write_array(array, to_numpy(fields[key])) for key, array in written.items()),
@@ -295,6 +288,28 @@ def group_bytes(attrs: Mapping[str, Any], members: Mapping[str, Any] | None = No
     return json.dumps(document, allow_nan=True, separators=(",", ":")).encode()
 
 
+# The consolidated members of the latest schemas' groups, serialized, by their subgroups and
+# the identity of their array documents (each parsed once per schema, never changed): the
+# documents themselves, kept so that an identity is not reused, and the JSON.
+_members_memo: dict[tuple[Any, ...], tuple[list[Any], str]] = {}
+_MEMBERS_MEMO_SIZE = 64
+
+
+def _marker(attrs: Mapping[str, Any], subgroups: Sequence[str], arrays: Mapping[str, Any]) -> bytes:
+    """:func:`group_bytes` of ``attrs`` and the group's consolidated members, the members'
+    JSON serialized once per schema (it was most of a small trajectory's marker)."""
+    key = (tuple(subgroups), tuple((name, id(document)) for name, document in arrays.items()))
+    found = _members_memo.get(key)
+    if found is None or any(a is not b for a, b in zip(found[0], arrays.values(), strict=True)):
+        members = json.dumps(consolidated(subgroups, arrays), allow_nan=True, separators=(",", ":"))
+        if len(_members_memo) >= _MEMBERS_MEMO_SIZE:
+            _members_memo.clear()
+        found = _members_memo[key] = (list(arrays.values()), members)
+    head = group_bytes(attrs)[:-1]  # without its closing brace
+    inline = '{"kind":"inline","must_understand":false,"metadata":'
+    return head + f',"{CONSOLIDATED}":{inline}{found[1]}}}}}'.encode()
+
+
 def consolidated(subgroups: Sequence[str], arrays: Mapping[str, Any]) -> dict[str, Any]:
     """The consolidated members of a trajectory group: its ``subgroups`` (and their
     parents), empty, and the documents of its ``arrays``, by path."""
@@ -306,6 +321,24 @@ def consolidated(subgroups: Sequence[str], arrays: Mapping[str, Any]) -> dict[st
     }
     # Sorted by path: zarr 3.1 nests the flat paths by grouping consecutive siblings.
     return dict(sorted({**{sub: empty for sub in _with_parents(subgroups)}, **arrays}.items()))
+
+
+def _make_new_folder(folder: str, durable: bool) -> None:
+    """Create the trajectory group's ``folder`` empty: one ``mkdir`` when it is new (the
+    common case), else after removing what an earlier, unfinished write left there."""
+    try:
+        os.mkdir(folder)
+        return
+    except FileNotFoundError:  # its parent was removed since
+        make_directories(os.path.dirname(folder), durable)
+    except FileExistsError:
+        if os.path.islink(folder) or not os.path.isdir(folder):
+            raise NotADirectoryError(
+                f"delete_dir {folder}: not a directory rbzarr wrote (something else is in the "
+                "way of the trajectory group; it is left alone)"
+            ) from None
+        shutil.rmtree(folder)
+    os.mkdir(folder)
 
 
 def _remove_made(made: Sequence[str]) -> None:

@@ -189,7 +189,12 @@ class ShardCache:
         self._write(os.path.join(folder, "group.json"), raw, record=False)
 
     def put_shard(
-        self, key: CacheKey, array_key: str, spec: ArraySpec, data: bytes, where: str
+        self,
+        key: CacheKey,
+        array_key: str,
+        spec: ArraySpec,
+        data: bytes | memoryview,
+        where: str,
     ) -> LocalShard | None:
         """Keep a fetched or written shard and open the copy; ``None`` when the cache steps
         aside (a full disk) or cannot name it.
@@ -277,7 +282,7 @@ class ShardCache:
     def _write(
         self,
         path: str,
-        data: bytes,
+        data: bytes | memoryview,
         record: bool,
         spec: ArraySpec | None = None,
         where: str = "",
@@ -373,7 +378,7 @@ def _claim_root(root: str, identity: str) -> None:
 
 
 def _write_renamed(
-    path: str, data: bytes, record: bool, spec: ArraySpec | None, where: str
+    path: str, data: bytes | memoryview, record: bool, spec: ArraySpec | None, where: str
 ) -> LocalShard | None:
     """Write ``path`` through a temporary sibling; with ``record``, open the shard and write
     the record that makes it trusted (unless another process placed a trusted copy first:

@@ -9,6 +9,7 @@ as is every array of a layout-1 group (no description).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Collection, Mapping, Sequence
@@ -108,12 +109,15 @@ def encode_trajectory(
     B: int,
     separator: str = "/",
     inline: bool = True,
+    staging: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[dict[str, list[Any]], dict[str, Any], dict[str, Any]]:
     """Encode the ``mapped`` and ``chunked`` fields of one trajectory as shards, their chunk
     keys joined by ``separator``: the shards' files, the layout description and each array's
     ``zarr.json`` document (parsed; the group's document consolidates them).  ``inline``
     copies small shards into the description (for object stores: opening them then costs no
-    request)."""
+    request).  ``staging``: the buffers the fields were copied into on add, by key
+    (:func:`~rbzarr.storage.zarr.encode.encode_array`)."""
+    staging = staging or {}
     files: dict[str, list[Any]] = {}
     documents: dict[str, Any] = {}
     arrays: dict[str, Any] = {}
@@ -131,14 +135,21 @@ def encode_trajectory(
                 rows = value.reshape(T * B, *value.shape[2:])[torch.from_numpy(explicit)]
                 stored = rows.reshape(len(explicit), 1, *value.shape[2:])
                 shared = next_obs.describe(explicit, pair, T, B)
-        encoded = encode_array(key, stored, plan, T, B, separator)
-        documents[key] = json.loads(encoded.document)
+        encoded = encode_array(key, stored, plan, T, B, separator, staging.get(key))
+        documents[key] = _parsed(encoded.document)
         files[f"{key}/{shard_key(stored.dim(), separator)}"] = encoded.shard
         arrays[key] = {**encoded.description, **shared}
         copy = inline_copy(encoded.shard) if inline else None
         if copy is not None:
             arrays[key] = {**arrays[key], INLINE: copy}
     return files, {"version": VERSION, "arrays": arrays}, documents
+
+
+@functools.lru_cache(maxsize=512)
+def _parsed(document: bytes) -> dict[str, Any]:
+    """An array's ``zarr.json``, parsed once per schema (callers only serialize it again)."""
+    parsed: dict[str, Any] = json.loads(document)
+    return parsed
 
 
 def describe_sharded(

@@ -1,0 +1,90 @@
+"""Physical limits of a write, timed beside the writers they bound, and the spread of runs.
+
+* :func:`write_files`: ``write()`` of the given arrays' bytes into fresh files, one file per
+  array, under a new folder (no sync: the bytes end in the page cache, as every writer's
+  do);
+* :func:`copy_arrays`: one ``numpy`` copy of each array into new memory (a ``memcpy``);
+* :func:`encode_frames`: a codec's own encoder on frames, on every core (a thread pool;
+  imagecodecs releases the GIL);
+* :func:`spread`: min / median / max of runs; :func:`paired_ratio`: the median of the
+  per-round ratios of two sides timed in the same rounds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rbzarr.storage.zarr.codecs import parse_codec
+
+__all__ = ["alternate", "copy_arrays", "encode_frames", "paired_ratio", "spread", "write_files"]
+
+
+def write_files(arrays: Sequence[np.ndarray], folder: Path) -> float:
+    """Seconds to ``write()`` each array's bytes into its own new file under ``folder``
+    (created; removed after the clock stops)."""
+    folder.mkdir(parents=True)
+    try:
+        start = time.perf_counter()
+        for i, array in enumerate(arrays):
+            with open(folder / f"{i}.bin", "wb", buffering=0) as handle:
+                view = memoryview(np.ascontiguousarray(array)).cast("B")
+                while view:
+                    view = view[handle.write(view) :]
+        return time.perf_counter() - start
+    finally:
+        shutil.rmtree(folder)
+
+
+def copy_arrays(arrays: Sequence[np.ndarray]) -> float:
+    """Seconds to copy each array into new memory (``numpy.copy``: a ``memcpy``)."""
+    start = time.perf_counter()
+    copies = [np.copy(array) for array in arrays]
+    seconds = time.perf_counter() - start
+    del copies
+    return seconds
+
+
+def encode_frames(frames: Sequence[np.ndarray], spec: str) -> float:
+    """Seconds for codec ``spec``'s own encoder to encode every ``[H, W, C]`` frame, on as
+    many threads as there are cores."""
+    codec = parse_codec(spec)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        codec.encode_frame(frames[0])  # the codec's first call (its import) off the clock
+        start = time.perf_counter()
+        for _ in pool.map(codec.encode_frame, frames, chunksize=16):
+            pass
+        return time.perf_counter() - start
+
+
+def spread(values: Sequence[float]) -> dict[str, Any]:
+    """Min, median and max of ``values``, and the values themselves."""
+    return {
+        "min": min(values),
+        "median": statistics.median(values),
+        "max": max(values),
+        "runs": list(values),
+    }
+
+
+def paired_ratio(ours: Sequence[float], theirs: Sequence[float]) -> dict[str, Any]:
+    """The spread of ``ours[i] / theirs[i]`` (two sides timed in the same round ``i``)."""
+    return spread([mine / peer for mine, peer in zip(ours, theirs, strict=True)])
+
+
+def alternate(sides: Sequence[Callable[[], float]], rounds: int) -> list[list[float]]:
+    """Each side's result in ``rounds`` rounds, the order reversed every other round (ABBA)."""
+    found: list[list[float]] = [[] for _ in sides]
+    for round_ in range(rounds):
+        order = range(len(sides)) if round_ % 2 == 0 else range(len(sides) - 1, -1, -1)
+        for i in order:
+            found[i].append(sides[i]())
+    return found

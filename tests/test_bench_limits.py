@@ -1,0 +1,54 @@
+"""The benchmarks' write limits and how sides alternate and pair up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks.limits import alternate, copy_arrays, paired_ratio, spread, write_files
+
+
+def test_sides_alternate_in_abba_order() -> None:
+    calls: list[str] = []
+
+    def side(name: str, value: float):
+        def run() -> float:
+            calls.append(name)
+            return value
+
+        return run
+
+    found = alternate([side("a", 1.0), side("b", 2.0), side("c", 3.0)], 3)
+    assert calls == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
+    assert found == [[1.0] * 3, [2.0] * 3, [3.0] * 3]
+
+
+def test_ratios_pair_the_sides_of_one_round() -> None:
+    # a slow spell in round 2 hits both sides: the paired ratio does not move
+    ratio = paired_ratio([10.0, 5.0, 12.0], [20.0, 10.0, 24.0])
+    assert ratio == {"min": 0.5, "median": 0.5, "max": 0.5, "runs": [0.5, 0.5, 0.5]}
+    assert spread([3.0, 1.0, 2.0]) == {"min": 1.0, "median": 2.0, "max": 3.0, "runs": [3, 1, 2]}
+    with pytest.raises(ValueError):
+        paired_ratio([1.0], [1.0, 2.0])
+
+
+def test_the_write_limit_writes_every_byte_into_new_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    arrays = [np.arange(1000, dtype=np.int32), np.ones((3, 5, 7), dtype=np.uint8)]
+    written: dict[str, bytes] = {}
+    removed: list[Path] = []
+
+    def keep(folder: Path) -> None:  # read the files back before they are removed
+        written.update({p.name: p.read_bytes() for p in folder.iterdir()})
+        removed.append(folder)
+
+    monkeypatch.setattr("benchmarks.limits.shutil.rmtree", keep)
+    assert write_files(arrays, tmp_path / "limit") > 0
+    assert written == {"0.bin": arrays[0].tobytes(), "1.bin": arrays[1].tobytes()}
+    assert removed == [tmp_path / "limit"]
+    with pytest.raises(FileExistsError):  # fresh files only
+        write_files(arrays, tmp_path / "limit")
+    assert copy_arrays(arrays) > 0
