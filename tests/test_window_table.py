@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from conftest import assert_rows_consistent, make_trajectory
 
-from rbzarr import TrajectoryReplayBuffer, open_buffer
+from rbzarr import Retention, TrajectoryReplayBuffer, open_buffer
 from rbzarr.analysis.view import BufferView
 from rbzarr.sampling.priorities import split_index
 
@@ -77,3 +77,23 @@ def test_a_view_reads_right_rows_as_the_writer_moves_its_window(tmp_path, window
             view.refresh()
             drawn = check_batch(view, bases, 256)
             assert k in drawn
+
+
+def test_rows_stay_right_as_retention_removes_ids(tmp_path):
+    # Retention takes ids out of the index while the layout keeps the others' handles.
+    bases: dict[int, int] = {}
+    with TrajectoryReplayBuffer(
+        seed=4,
+        cache_size=0,
+        sample_window_size=0,
+        auto_save=True,
+        auto_save_path=tmp_path / "store",
+        retention=Retention(last=2),
+    ) as buffer:
+        for k in range(6):
+            add(buffer, k, T=3 + k % 2)
+            buffer.flush()
+            bases[buffer.trajectory_counter - 1] = k * STRIDE
+            drawn = check_batch(buffer, bases, 128)
+            assert drawn <= set(buffer.trajectory_ids) and k in drawn
+        assert 0 not in buffer.trajectory_ids  # retention did remove ids
