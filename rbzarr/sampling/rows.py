@@ -116,8 +116,10 @@ def read_batch(plan: MissPlan, store: TrajectoryLayout | None) -> dict[str, torc
         for key, (dtype, trailing) in plan.schema.items()
     }
     misses = plan.misses
-    stored = [flats is None for flats in plan.pending]
-    if not all(stored):
+    # Usually no trajectory drawn is still being written: no loop over the groups then.
+    writing = plan.pending.count(None) < len(plan.pending)
+    if writing:
+        stored = [flats is None for flats in plan.pending]
         keep = np.repeat(stored, np.diff(misses.bounds))
         bounds = np.zeros(sum(stored) + 1, dtype=np.int64)
         np.cumsum(np.diff(misses.bounds)[stored], out=bounds[1:])
@@ -129,7 +131,7 @@ def read_batch(plan: MissPlan, store: TrajectoryLayout | None) -> dict[str, torc
     if len(plan.hit_positions):
         for key, tensor in out.items():
             tensor.index_copy_(0, plan.hit_positions, plan.cached[key])
-    for g, flats in enumerate(plan.pending):
+    for g, flats in enumerate(plan.pending if writing else []):
         if flats is not None:
             rows, positions = (torch.from_numpy(a) for a in plan.misses.group(g))
             for key, tensor in out.items():
