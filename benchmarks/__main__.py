@@ -17,6 +17,32 @@ import click
 import benchmarks
 from rbzarr.cli.console import parse_storage_options
 
+# The numeric settings: (flag and parameter name, type, help).
+_NUMBERS: tuple[tuple[str, type, str], ...] = (
+    ("--trajectories", int, "Trajectories added per mode (default: window)."),
+    ("--window", int, "sample_window_size (default 100; embodied 40)."),
+    ("--cache", int, "cache_size of the disk-backed modes (default 5)."),
+    ("--pool", int, "Distinct trajectories generated and cycled (default 8)."),
+    ("--hot-calls", int, "sample() calls per hot variant (default 200)."),
+    ("--warm-calls", int, "sample() calls per warm variant (default 30)."),
+    ("--cold-calls", int, "sample() calls per cold variant (default 6)."),
+    ("--budget budget_s", float, "Seconds per timed variant (default 6)."),
+    ("--state-batch", int, "Rows per state sample() (default 4096)."),
+    ("--image-batch", int, "Rows per image sample() (default 256)."),
+    ("--embodied-batch", int, "Rows per embodied sample() (default 64)."),
+    ("--s3-batch", int, "Rows per S3 sample() (default 256)."),
+    ("--s3-batches", int, "Steady S3 batches measured (default 5)."),
+    ("--threads", int, "torch intra-op threads (default 1; 0 keeps torch's)."),
+    ("--training-steps", int, "Steps per training loop (default 40)."),
+)
+
+
+def _number_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Add an option per row of :data:`_NUMBERS`, in its order."""
+    for flag, kind, text in reversed(_NUMBERS):
+        command = click.option(*flag.split(), type=kind, help=text)(command)
+    return command
+
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--quick", is_flag=True, help="A tiny run (seconds) for smoke tests.")
@@ -44,21 +70,7 @@ from rbzarr.cli.console import parse_storage_options
 )
 @click.option("--check", is_flag=True, help="Exit with status 1 when a measured target is missed.")
 @click.option("--plot/--no-plot", default=True, show_default=True, help="Write a PNG chart.")
-@click.option("--trajectories", type=int, help="Trajectories added per mode (default: window).")
-@click.option("--window", type=int, help="sample_window_size (default 100; embodied 40).")
-@click.option("--cache", type=int, help="cache_size of the disk-backed modes (default 5).")
-@click.option("--pool", type=int, help="Distinct trajectories generated and cycled (default 8).")
-@click.option("--hot-calls", type=int, help="sample() calls per hot variant (default 200).")
-@click.option("--warm-calls", type=int, help="sample() calls per warm variant (default 30).")
-@click.option("--cold-calls", type=int, help="sample() calls per cold variant (default 6).")
-@click.option("--budget", "budget_s", type=float, help="Seconds per timed variant (default 6).")
-@click.option("--state-batch", type=int, help="Rows per state sample() (default 4096).")
-@click.option("--image-batch", type=int, help="Rows per image sample() (default 256).")
-@click.option("--embodied-batch", type=int, help="Rows per embodied sample() (default 64).")
-@click.option("--s3-batch", type=int, help="Rows per S3 sample() (default 256).")
-@click.option("--s3-batches", type=int, help="Steady S3 batches measured (default 5).")
-@click.option("--threads", type=int, help="torch intra-op threads (default 1; 0 keeps torch's).")
-@click.option("--training-steps", type=int, help="Steps per training loop (default 40).")
+@_number_options
 @click.option(
     "--training-store",
     metavar="URL",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import tempfile
@@ -14,15 +15,11 @@ from typing import Any
 import torch
 
 from benchmarks.disk import run_disk
-from benchmarks.distributed import distributed_targets, run_distributed
 from benchmarks.hot import run_hot
 from benchmarks.measure import machine, versions
 from benchmarks.report import plot
-from benchmarks.s3 import run_s3
-from benchmarks.sequences import run_sequences, sequence_targets
 from benchmarks.settings import Settings
-from benchmarks.targets import s3_targets, sampling_targets, training_targets
-from benchmarks.training import run_training
+from benchmarks.targets import sampling_targets
 from benchmarks.workloads import workloads
 
 __all__ = ["SUITES", "parse_names", "run", "save"]
@@ -40,6 +37,75 @@ SUITES = (
     "lifecycle",
 )
 Progress = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Suite:
+    """A suite other than sampling: its progress line, its run and targets functions
+    (``module:name`` in ``benchmarks``), the run's arguments, in order, among ``settings``,
+    ``quick``, ``workdir`` and ``say``, and whether its figures are of the image workload."""
+
+    says: str
+    run: str
+    targets: str
+    takes: tuple[str, ...] = ("quick", "workdir")
+    one_workload: bool = False
+
+
+_SUITES = {
+    "datasets": _Suite(
+        "LeRobot round trips and a 1,000-episode import",
+        "datasets_roundtrip:run_datasets",
+        "datasets_roundtrip:datasets_targets",
+    ),
+    "s3": _Suite(
+        "sampling through the proxy",
+        "s3:run_s3",
+        "targets:s3_targets",
+        ("settings", "quick"),
+        one_workload=True,
+    ),
+    "training": _Suite(
+        "a training loop, local and S3, with and without prefetch",
+        "training:run_training",
+        "targets:training_targets",
+        ("settings", "quick", "workdir"),
+        one_workload=True,
+    ),
+    "sequences": _Suite(
+        "sequences, samples per insert, demo mixing",
+        "sequences:run_sequences",
+        "sequences:sequence_targets",
+        ("settings", "quick", "workdir"),
+    ),
+    "distributed": _Suite(
+        "many writers, notices, add by reference, Ray actors",
+        "distributed:run_distributed",
+        "distributed:distributed_targets",
+        ("quick",),
+    ),
+    "scale": _Suite(
+        "tiny commits, resume and open of a large store, durable, S3",
+        "scale:run_scale",
+        "scale:scale_targets",
+    ),
+    "priorities": _Suite(
+        "prioritized replay vs TorchRL, its distribution and storage",
+        "priorities:run_priorities",
+        "priorities:priorities_targets",
+    ),
+    "images": _Suite(
+        "real frames: sizes, writes and sampling against TorchRL, S3",
+        "images:run_images",
+        "images:images_targets",
+        ("settings", "quick", "workdir", "say"),
+    ),
+    "lifecycle": _Suite(
+        "checkpoints by manifest: time, bytes, S3 requests, same draws",
+        "lifecycle:run_lifecycle",
+        "lifecycle:lifecycle_targets",
+    ),
+}
 
 
 def parse_names(text: str, allowed: Sequence[str], what: str) -> list[str]:
@@ -102,55 +168,20 @@ def _run_suite(
     """Run one suite; its JSON document."""
     if suite == "sampling":
         return _sampling(names, settings, batches or {}, quick, workdir, say)
-    if suite == "datasets":
-        say("[datasets] LeRobot round trips and a 1,000-episode import")
-        from benchmarks.datasets_roundtrip import datasets_targets, run_datasets  # noqa: PLC0415
+    if suite not in _SUITES:
+        raise ValueError(f"unknown suite {suite!r}; expected some of {list(SUITES)}")
+    spec = _SUITES[suite]
+    say(f"[{suite}] {spec.says}")
+    given = {"settings": settings, "quick": quick, "workdir": workdir, "say": say}
+    result = _function(spec.run)(*(given[name] for name in spec.takes))
+    measured = {"image": result} if spec.one_workload else result
+    return _document(suite, settings, measured, _function(spec.targets)(result))
 
-        measured = run_datasets(quick, workdir)
-        return _document("datasets", settings, measured, datasets_targets(measured))
-    if suite == "s3":
-        say("[s3] sampling through the proxy")
-        result = run_s3(settings, quick)
-        return _document("s3", settings, {"image": result}, s3_targets(result))
-    if suite == "training":
-        say("[training] a training loop, local and S3, with and without prefetch")
-        result = run_training(settings, quick, workdir)
-        found = training_targets(result)
-        return _document("training", settings, {"image": result}, found)
-    if suite == "sequences":
-        say("[sequences] sequences, samples per insert, demo mixing")
-        sequences = run_sequences(settings, quick, workdir)
-        return _document(suite, settings, sequences, sequence_targets(sequences))
-    if suite == "distributed":
-        say("[distributed] many writers, notices, add by reference, Ray actors")
-        result = run_distributed(quick)
-        return _document("distributed", settings, result, distributed_targets(result))
-    if suite == "scale":
-        say("[scale] tiny commits, resume and open of a large store, durable, S3")
-        from benchmarks.scale import run_scale, scale_targets  # noqa: PLC0415
 
-        result = run_scale(quick, workdir)
-        return _document("scale", settings, result, scale_targets(result))
-    if suite == "priorities":
-        say("[priorities] prioritized replay vs TorchRL, its distribution and storage")
-        from benchmarks.priorities import priorities_targets, run_priorities  # noqa: PLC0415
-
-        result = run_priorities(quick, workdir)
-        found = priorities_targets(result)
-        return _document("priorities", settings, result, found)
-    if suite == "images":
-        say("[images] real frames: sizes, writes and sampling against TorchRL, S3")
-        from benchmarks.images import images_targets, run_images  # noqa: PLC0415
-
-        result = run_images(settings, quick, workdir, say)
-        return _document("images", settings, result, images_targets(result))
-    if suite == "lifecycle":
-        say("[lifecycle] checkpoints by manifest: time, bytes, S3 requests, same draws")
-        from benchmarks.lifecycle import lifecycle_targets, run_lifecycle  # noqa: PLC0415
-
-        result = run_lifecycle(quick, workdir)
-        return _document("lifecycle", settings, result, lifecycle_targets(result))
-    raise ValueError(f"unknown suite {suite!r}; expected some of {list(SUITES)}")
+def _function(path: str) -> Callable[..., Any]:
+    """The function ``module:name`` (imported when its suite runs: some need extras)."""
+    module, name = path.split(":")
+    return getattr(importlib.import_module(f"benchmarks.{module}"), name)
 
 
 def _sampling(

@@ -83,8 +83,13 @@ def measure_cache(
 
 
 def _buffer(
-    settings: Settings, window: int, url: str, options: dict[str, Any], cache: Path
+    settings: Settings,
+    window: int,
+    url: str | Path,
+    options: dict[str, Any] | None = None,
+    cache: Path | None = None,
 ) -> TrajectoryReplayBuffer:
+    """A buffer saving to ``url`` that samples from storage (through ``cache`` when given)."""
     return TrajectoryReplayBuffer(
         seed=settings.seed,
         enable_cache=False,
@@ -112,14 +117,7 @@ def _local_rate(
 ) -> float:
     """Steady rows/s of the same trajectories in a local store, page cache warm."""
     batch = settings.s3_batch
-    with TrajectoryReplayBuffer(
-        seed=settings.seed,
-        enable_cache=False,
-        cache_size=0,
-        sample_window_size=window,
-        auto_save=True,
-        auto_save_path=store,
-    ) as buffer:
+    with _buffer(settings, window, store) as buffer:
         buffer.add_trajectories(trajectories)
         buffer.flush()
         for _ in range(3):

@@ -188,6 +188,20 @@ def open_view(store: Path) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def appending(buffer: TrajectoryReplayBuffer, count: int, flush_every: int) -> float:
+    """Seconds to add ``count`` tiny trajectories after a first one, flushing every
+    ``flush_every`` and at the end."""
+    buffer.add_trajectories([tiny(0)])
+    buffer.flush()
+    start = time.perf_counter()
+    for i in range(count):
+        buffer.add_trajectories([tiny(i)])
+        if i % flush_every == flush_every - 1:
+            buffer.flush()
+    buffer.flush()
+    return time.perf_counter() - start
+
+
 def durable_flush(workdir: Path, flushes: int) -> dict[str, Any]:
     """ms per flush of one tiny trajectory, without and with ``durable``."""
     result = {}
@@ -196,15 +210,8 @@ def durable_flush(workdir: Path, flushes: int) -> dict[str, Any]:
         with TrajectoryReplayBuffer(
             auto_save=True, auto_save_path=store, durable=durable
         ) as buffer:
-            buffer.add_trajectories([tiny(0)])
-            buffer.flush()
-            start = time.perf_counter()
-            for i in range(flushes):
-                buffer.add_trajectories([tiny(i)])
-                buffer.flush()
-            result["durable" if durable else "default"] = {
-                "ms_per_flush": 1000 * (time.perf_counter() - start) / flushes
-            }
+            seconds = appending(buffer, flushes, flush_every=1)
+            result["durable" if durable else "default"] = {"ms_per_flush": 1000 * seconds / flushes}
     return result
 
 
@@ -236,15 +243,7 @@ def s3_figures(quick: bool) -> dict[str, Any]:
             with TrajectoryReplayBuffer(
                 auto_save=True, auto_save_path=url, storage_options=options
             ) as buffer:
-                buffer.add_trajectories([tiny(0)])
-                buffer.flush()
-                start = time.perf_counter()
-                for i in range(appended):
-                    buffer.add_trajectories([tiny(i)])
-                    if i % FLUSH_EVERY == FLUSH_EVERY - 1:
-                        buffer.flush()
-                buffer.flush()
-                seconds = time.perf_counter() - start
+                seconds = appending(buffer, appended, FLUSH_EVERY)
             result[name] = {"ms_per_trajectory": 1000 * seconds / appended}
         large = 100_000 if quick else 1_000_000
         url = f"s3://{bucket}/large"

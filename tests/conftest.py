@@ -19,6 +19,11 @@ from rbzarr.storage.io.location import Location
 pytest_plugins = ["s3_fixtures"]
 
 
+# The keys of a batch RLinf's sample returns for a trajectory with observations, in its order
+# (written down from RLinf, not taken from rbzarr); ``forward_inputs`` follows when stored.
+RLINF_BATCH_ORDER = ["actions", "rewards", "dones", "prev_logprobs", "curr_obs", "next_obs"]
+
+
 def make_trajectory(T: int, B: int, base: int, epochs: int = 1, mwid: str = "w") -> Trajectory:
     """A trajectory where flat row ``i`` of every sampled field encodes ``base + i``.
 
@@ -106,12 +111,12 @@ def sync_events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     return events
 
 
-def store_reader(
+def storage_buffer(
     url: Any, options: dict[str, Any] | None = None, seed: int | None = 1234, **kw: Any
 ) -> TrajectoryReplayBuffer:
-    """A buffer that reads the store at ``url`` from storage (no cache, every trajectory in
-    its window), its trajectories loaded; ``kw``: further constructor arguments."""
-    buffer = TrajectoryReplayBuffer(
+    """A buffer saving to ``url`` that samples from storage (no cache, every trajectory in
+    its window); ``kw``: further constructor arguments."""
+    return TrajectoryReplayBuffer(
         seed=seed,
         enable_cache=False,
         cache_size=0,
@@ -121,6 +126,13 @@ def store_reader(
         storage_options=options,
         **kw,
     )
+
+
+def store_reader(
+    url: Any, options: dict[str, Any] | None = None, seed: int | None = 1234, **kw: Any
+) -> TrajectoryReplayBuffer:
+    """A :func:`storage_buffer` of the store at ``url``, its trajectories loaded."""
+    buffer = storage_buffer(url, options, seed, **kw)
     buffer.load_checkpoint(url)
     return buffer
 

@@ -268,18 +268,25 @@ def test_results_never_go_to_the_committed_folder_by_default(
     assert json.loads(written[0].read_text())["settings"]["workloads"] == ["state"]
 
 
-def test_needed_ranges_follow_zarrs_own_shard_index(tmp_path: Path) -> None:
-    data = np.arange(6 * 4 * 3 * 2, dtype=np.uint8).reshape(6, 4, 3, 2)  # [T, B, 3, 2]
+def one_shard(
+    root: Path, name: str, data: np.ndarray, chunks: tuple[int, ...], compressors: Any
+) -> None:
+    """Write ``data`` as array ``name`` of a local store: one shard of ``chunks``."""
     array = zarr.create_array(
-        LocalStore(tmp_path),
-        name="trajectories/0/obs",
+        LocalStore(root),
+        name=name,
         shape=data.shape,
-        dtype="uint8",
-        chunks=(1, 2, 3, 2),
-        shards=(6, 4, 3, 2),
-        compressors=ZstdCodec(level=1),
+        dtype=data.dtype,
+        chunks=chunks,
+        shards=data.shape,
+        compressors=compressors,
     )
     array[...] = data
+
+
+def test_needed_ranges_follow_zarrs_own_shard_index(tmp_path: Path) -> None:
+    data = np.arange(6 * 4 * 3 * 2, dtype=np.uint8).reshape(6, 4, 3, 2)  # [T, B, 3, 2]
+    one_shard(tmp_path, "trajectories/0/obs", data, (1, 2, 3, 2), ZstdCodec(level=1))
     geometry = StoreGeometry(fsspec.filesystem("file"), str(tmp_path), ["obs"], T=6, B=4)
     # Flat rows 0, 1, 5, 23 are (t, b) = (0, 0), (0, 1), (1, 1), (5, 3): three inner chunks.
     needed = geometry.needed({0: [0, 1, 5, 23]})
@@ -300,16 +307,7 @@ def test_needed_ranges_follow_zarrs_own_shard_index(tmp_path: Path) -> None:
 
 def test_pieces_of_uncompressed_shards_are_the_rows_own_bytes(tmp_path: Path) -> None:
     data = np.arange(4 * 3 * 2 * 5, dtype=np.float32).reshape(4, 3, 2, 5)  # [T, B, 2, 5]
-    array = zarr.create_array(
-        LocalStore(tmp_path),
-        name="trajectories/1/a/b",
-        shape=data.shape,
-        dtype="float32",
-        chunks=data.shape,
-        shards=data.shape,
-        compressors=None,
-    )
-    array[...] = data
+    one_shard(tmp_path, "trajectories/1/a/b", data, data.shape, None)
     geometry = StoreGeometry(fsspec.filesystem("file"), str(tmp_path), ["a/b"], T=4, B=3)
     needed = geometry.needed({1: [4, 5, 11]})  # (t, b) = (1, 1), (1, 2), (3, 2)
     shard = (tmp_path / "trajectories/1/a/b/c/0/0/0/0").read_bytes()

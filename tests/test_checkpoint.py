@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -37,6 +38,21 @@ def traj(i: int) -> Trajectory:
 def fill(buffer: TrajectoryReplayBuffer, ids) -> None:
     for i in ids:
         buffer.add_trajectories([traj(i)])
+
+
+def saving(store: Any, fmt: str | None = None, **options: Any) -> TrajectoryReplayBuffer:
+    """A buffer saving to ``store`` in ``fmt`` (seed 1, every trajectory in its window
+    unless ``options`` say otherwise)."""
+    defaults: dict[str, Any] = {"seed": 1, "sample_window_size": 0}
+    return TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=store, trajectory_format=fmt, **{**defaults, **options}
+    )
+
+
+def saved_in_place(store: Path, fmt: str) -> None:
+    """Trajectories 0-2 saved to ``store`` by a closed :func:`saving` buffer."""
+    with saving(store, fmt) as first:
+        fill(first, range(3))
 
 
 def state(buffer: TrajectoryReplayBuffer) -> tuple[int, int, int]:
@@ -141,14 +157,7 @@ def test_full_load_restores_the_sampler(tmp_path, fmt, auto_save):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_auto_save_checkpoint_holds_the_window(tmp_path, fmt, window, expected):
     store, ckpt = tmp_path / "store", tmp_path / "ckpt"
-    with TrajectoryReplayBuffer(
-        seed=3,
-        sample_window_size=window,
-        auto_save=True,
-        auto_save_path=store,
-        trajectory_format=fmt,
-        cache_size=1,
-    ) as buffer:
+    with saving(store, fmt, seed=3, sample_window_size=window, cache_size=1) as buffer:
         fill(buffer, range(5))
         # No sample() before: the window is taken at save time.  A zarr store's default
         # checkpoint is a manifest (tests/test_checkpoint_manifest.py): here the copy.
@@ -163,9 +172,7 @@ def test_auto_save_checkpoint_holds_the_window(tmp_path, fmt, window, expected):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_auto_save_store_is_a_checkpoint(tmp_path, memory_url, fmt, where):
     store = tmp_path / "store" if where == "local" else f"{memory_url}/store"
-    with TrajectoryReplayBuffer(
-        seed=5, sample_window_size=0, auto_save=True, auto_save_path=store, trajectory_format=fmt
-    ) as writer:
+    with saving(store, fmt, seed=5) as writer:
         fill(writer, range(4))
     loaded = TrajectoryReplayBuffer(seed=0, sample_window_size=0, trajectory_format=fmt)
     loaded.load_checkpoint(store)
@@ -178,10 +185,8 @@ def test_auto_save_store_is_a_checkpoint(tmp_path, memory_url, fmt, where):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_continue_in_place_and_refuse_foreign_store(tmp_path, fmt):
     store = tmp_path / "store"
-    options = {"sample_window_size": 0, "auto_save": True, "auto_save_path": store}
-    with TrajectoryReplayBuffer(seed=1, trajectory_format=fmt, **options) as first:
-        fill(first, range(3))
-    with TrajectoryReplayBuffer(seed=1, trajectory_format=fmt, **options) as second:
+    saved_in_place(store, fmt)
+    with saving(store, fmt) as second:
         second.load_checkpoint(store)
         assert state(second) == (3, 3 * ROWS, 3)
         fill(second, range(3, 5))
@@ -195,7 +200,7 @@ def test_continue_in_place_and_refuse_foreign_store(tmp_path, fmt):
         for p in store.rglob("*")
         if p.is_file() and "index" not in p.relative_to(store).parts  # the index log
     }
-    with TrajectoryReplayBuffer(seed=1, trajectory_format=fmt, **options) as rerun:
+    with saving(store, fmt) as rerun:
         assert state(rerun) == (0, 0, 5)
         fill(rerun, [9])
     assert_checkpoint_prefix(store, fmt, [0, 1, 2, 3, 4, 5], counter=6)
@@ -222,14 +227,7 @@ def test_resume_into_a_new_auto_save_store(tmp_path, fmt):
     origin = TrajectoryReplayBuffer(seed=2, sample_window_size=3, trajectory_format=fmt)
     fill(origin, range(3))
     origin.save_checkpoint(a)
-    with TrajectoryReplayBuffer(
-        seed=2,
-        sample_window_size=4,
-        auto_save=True,
-        auto_save_path=b,
-        trajectory_format=fmt,
-        cache_size=1,
-    ) as resumed:
+    with saving(b, fmt, seed=2, sample_window_size=4, cache_size=1) as resumed:
         resumed.load_checkpoint(a)
         fill(resumed, range(3, 5))
         assert state(resumed) == (5, 5 * ROWS, 5)
@@ -346,15 +344,11 @@ def test_failed_adoption_leaves_the_buffer_unchanged(tmp_path):
     """Loading a checkpoint whose ids the auto-save store holds for other data is refused
     whole; one whose ids are free is appended to the store, which keeps its own data."""
     foreign = tmp_path / "foreign"
-    with TrajectoryReplayBuffer(
-        seed=2, sample_window_size=2, auto_save=True, auto_save_path=foreign
-    ) as other:
+    with saving(foreign, seed=2, sample_window_size=2) as other:
         fill(other, range(5))
     snapshot = documents(foreign)
     clashing = saved_checkpoint(tmp_path, "zarr")  # ids 3 and 4, other uuids
-    with TrajectoryReplayBuffer(
-        seed=4, sample_window_size=0, auto_save=True, auto_save_path=foreign
-    ) as target:
+    with saving(foreign, seed=4) as target:
         with pytest.raises(StoreExistsError, match=r"ids \[3, 4\].*new auto_save_path"):
             target.load_checkpoint(clashing)
         assert state(target) == (0, 0, 5)
@@ -402,14 +396,7 @@ def strip_to_rlinf(url) -> None:
 def test_rlinf_checkpoint_without_schema_into_a_cacheless_buffer(tmp_path, fmt):
     ckpt = saved_checkpoint(tmp_path, fmt)
     strip_to_rlinf(ckpt)
-    with TrajectoryReplayBuffer(
-        seed=1,
-        sample_window_size=0,
-        auto_save=True,
-        auto_save_path=tmp_path / "store",
-        enable_cache=False,
-        trajectory_format=fmt,
-    ) as buffer:
+    with saving(tmp_path / "store", fmt, enable_cache=False) as buffer:
         buffer.load_checkpoint(ckpt)
         assert state(buffer) == (2, 2 * ROWS, 5)
         # Every row is read from storage; the schema was learnt from the data.
@@ -430,14 +417,7 @@ def _other_schema() -> Trajectory:
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_load_a_checkpoint_of_another_format(tmp_path, source_fmt, fmt):
     ckpt = saved_checkpoint(tmp_path, source_fmt)
-    with TrajectoryReplayBuffer(
-        seed=1,
-        sample_window_size=0,
-        auto_save=True,
-        auto_save_path=tmp_path / "store",
-        cache_size=1,
-        trajectory_format=fmt,
-    ) as buffer:
+    with saving(tmp_path / "store", fmt, cache_size=1) as buffer:
         buffer.load_checkpoint(ckpt)
         assert sources(buffer.sample(12)) == {3, 4}
         buffer.save_checkpoint(tmp_path / "out", copy=True)
@@ -461,13 +441,7 @@ def obstacle(store: Path, fmt: str, trajectory_id: int) -> Path:
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_save_while_a_write_is_in_flight(tmp_path, fmt):
     """A trajectory whose write has not completed is saved from memory, whole."""
-    with TrajectoryReplayBuffer(
-        seed=1,
-        sample_window_size=0,
-        auto_save=True,
-        auto_save_path=tmp_path / "store",
-        trajectory_format=fmt,
-    ) as buffer:
+    with saving(tmp_path / "store", fmt) as buffer:
         fill(buffer, range(2))
         buffer.flush()
         blocker = obstacle(tmp_path / "store", fmt, 2)
@@ -487,13 +461,11 @@ def test_save_while_a_write_is_in_flight(tmp_path, fmt):
 def test_counter_behind_the_index_never_reuses_an_id(tmp_path, fmt):
     """A writer killed between the index and the metadata leaves an old counter behind."""
     store = tmp_path / "store"
-    options = {"sample_window_size": 0, "auto_save": True, "auto_save_path": store}
-    with TrajectoryReplayBuffer(seed=1, trajectory_format=fmt, **options) as first:
-        fill(first, range(3))
+    saved_in_place(store, fmt)
     metadata = json.loads((store / "metadata.json").read_text())
     metadata.update(size=2, total_samples=2 * ROWS, trajectory_counter=2)
     (store / "metadata.json").write_text(json.dumps(metadata))
-    with TrajectoryReplayBuffer(seed=1, trajectory_format=fmt, **options) as second:
+    with saving(store, fmt) as second:
         second.load_checkpoint(store)
         assert state(second) == (3, 3 * ROWS, 3)
         fill(second, [3])

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 import torch
-from conftest import assert_rows_consistent, make_trajectory
+from conftest import RLINF_BATCH_ORDER, assert_rows_consistent, make_trajectory
 from torch.utils.data import DataLoader
 
 from rbzarr import (
@@ -85,14 +85,7 @@ def test_demo_batches_take_half_from_each_and_drop_missing_keys(cls):
     for _ in range(3):
         batch = next(batches)
         replay_part, demo_part = replay_twin.sample(3), demo_twin.sample(3)
-        assert list(batch) == [
-            "actions",
-            "rewards",
-            "dones",
-            "prev_logprobs",
-            "curr_obs",
-            "next_obs",
-        ]
+        assert list(batch) == RLINF_BATCH_ORDER
         assert list(batch["next_obs"]) == ["state"]
         numbers = assert_rows_consistent({**batch, "forward_inputs": {"tokens": batch["actions"]}})
         assert numbers.shape == (6,)  # 7 // 2 rows from each side, as RLinf

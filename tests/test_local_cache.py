@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import assert_rows_consistent, make_trajectory, store_reader
+from conftest import assert_rows_consistent, make_trajectory, storage_buffer, store_reader
 
 from benchmarks.s3_server import S3Proxy
 from rbzarr import StorageUnavailableError, TrajectoryReplayBuffer
@@ -104,16 +104,7 @@ def test_a_writing_buffer_keeps_what_it_wrote_and_makes_no_get_for_its_misses(
     s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any], tmp_path: Path
 ) -> None:
     url = f"s3://{s3_bucket}/store"
-    with TrajectoryReplayBuffer(
-        seed=2,
-        enable_cache=False,
-        cache_size=0,
-        sample_window_size=0,
-        auto_save=True,
-        auto_save_path=url,
-        storage_options=s3_options,
-        local_cache_dir=tmp_path / "cache",
-    ) as buffer:
+    with storage_buffer(url, s3_options, seed=2, local_cache_dir=tmp_path / "cache") as buffer:
         base = 0
         for T, B in SIZES:
             buffer.add_trajectories([make_trajectory(T, B, base)])

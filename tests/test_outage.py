@@ -35,6 +35,17 @@ def block(store: Path, trajectory_id: int) -> Path:
     return path
 
 
+def committed_one_then_blocked(
+    store: Path, count: int, **options: Any
+) -> tuple[TrajectoryReplayBuffer, list[Trajectory], Path]:
+    """A saving buffer with trajectory 0 of ``count`` made committed, and trajectory 1 blocked."""
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=store, **options)
+    added = [make_trajectory(2, 2, 4 * k) for k in range(count)]
+    buffer.add_trajectories(added[:1])
+    buffer.flush()
+    return buffer, added, block(store, 1)
+
+
 def stored(url: str, options: dict[str, Any] | None = None) -> tuple[list[int], dict]:
     documents = read_store_documents(Location.from_url(url, options))
     return documents.trajectory_index["trajectory_id_list"], documents.trajectory_index
@@ -70,11 +81,7 @@ def test_clear_keeps_the_users_files_and_the_store(tmp_path):
 
 def test_a_failed_write_is_retried_until_the_store_is_back(tmp_path):
     store = tmp_path / "s"
-    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=store, cache_size=1)
-    added = [make_trajectory(2, 2, 4 * k) for k in range(4)]
-    buffer.add_trajectories(added[:1])
-    buffer.flush()
-    obstacle = block(store, 1)
+    buffer, added, obstacle = committed_one_then_blocked(store, 4, cache_size=1)
     buffer.add_trajectories(added[1:3])  # accepted: the queue has room
     assert len(buffer) == 3
     with pytest.raises(WriterFailedError, match=r"2 write\(s\) to .*/s not committed"):
@@ -99,11 +106,7 @@ def test_a_failed_write_is_retried_until_the_store_is_back(tmp_path):
 
 def test_adds_work_again_by_themselves_after_an_outage(tmp_path):
     store = tmp_path / "s"
-    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=store, max_pending_writes=2)
-    added = [make_trajectory(2, 2, 4 * k) for k in range(5)]
-    buffer.add_trajectories(added[:1])
-    buffer.flush()
-    obstacle = block(store, 1)
+    buffer, added, obstacle = committed_one_then_blocked(store, 5, max_pending_writes=2)
     buffer.add_trajectories(added[1:3])
     before = (len(buffer), buffer.total_samples, buffer.trajectory_counter)
     # The queue is full and the store failing: refused (after one more retry), nothing changed.
@@ -124,6 +127,7 @@ def test_validation_completes_before_anything_changes(tmp_path):
     buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path / "s")
     good = make_trajectory(2, 2, 0)
     buffer.add_trajectories([good])
+    buffer.flush()  # the first write settled: its stats do not move under the comparison
     before = (len(buffer), buffer.total_samples, buffer.trajectory_counter, buffer.get_stats())
     reordered = make_trajectory(2, 2, 4)
     reordered.curr_obs = {"extra": torch.zeros(2, 2), **reordered.curr_obs}

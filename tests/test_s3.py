@@ -15,7 +15,12 @@ from typing import Any
 import pytest
 import s3fs
 import torch
-from conftest import assert_rows_consistent, assert_same_trajectory, make_trajectory
+from conftest import (
+    assert_rows_consistent,
+    assert_same_trajectory,
+    make_trajectory,
+    storage_buffer,
+)
 from rlinf_oracle import expected_numbers
 
 from benchmarks.s3_server import Request, S3Proxy
@@ -75,20 +80,27 @@ def read_index(url: str, options: dict[str, Any]) -> dict[str, Any]:
     return read_store_documents(Location.from_url(url, options)).trajectory_index
 
 
+def one_row_cached(
+    url: str, options: dict[str, Any], seed: int, window: int
+) -> TrajectoryReplayBuffer:
+    """A buffer saving to the S3 store ``url`` with one trajectory in its row cache."""
+    return TrajectoryReplayBuffer(
+        seed=seed,
+        cache_size=1,
+        sample_window_size=window,
+        auto_save=True,
+        auto_save_path=url,
+        storage_options=options,
+    )
+
+
 # -- lifecycle --------------------------------------------------------------------------
 def test_lifecycle_on_s3(
     s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ):
     monkeypatch.setattr(remote, "INLINE_SHARD_BYTES", 0)  # the shards are fetched, and seen
     url, ckpt = f"s3://{s3_bucket}/store", f"s3://{s3_bucket}/ckpt"
-    with TrajectoryReplayBuffer(
-        seed=7,
-        cache_size=1,
-        sample_window_size=100,
-        auto_save=True,
-        auto_save_path=url,
-        storage_options=s3_options,
-    ) as buffer:
+    with one_row_cached(url, s3_options, seed=7, window=100) as buffer:
         added = fill(buffer, SIZES)
         buffer.flush()
         assert read_index(url, s3_options)["trajectory_id_list"] == list(range(len(SIZES)))
@@ -165,14 +177,7 @@ def test_outage_mid_write_is_reported_and_recovered(
     s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any], s3_direct_options: dict
 ):
     url = f"s3://{s3_bucket}/store"
-    buffer = TrajectoryReplayBuffer(
-        seed=3,
-        enable_cache=False,
-        cache_size=0,
-        auto_save=True,
-        auto_save_path=url,
-        storage_options=s3_options,
-    )
+    buffer = storage_buffer(url, s3_options, seed=3)
     added = fill(buffer, [(4, 4)])
     buffer.flush()
     # The connection dies after two chunks of trajectory 1 reached the server.
@@ -248,14 +253,7 @@ def test_server_errors_mid_write_and_mid_sample_then_recovery(
     s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any], s3_direct_options: dict
 ):
     url = f"s3://{s3_bucket}/store"
-    buffer = TrajectoryReplayBuffer(
-        seed=5,
-        cache_size=1,
-        sample_window_size=0,
-        auto_save=True,
-        auto_save_path=url,
-        storage_options=s3_options,
-    )
+    buffer = one_row_cached(url, s3_options, seed=5, window=0)
     added = fill(buffer, [(4, 2), (2, 3)])
     buffer.flush()
     s3_proxy.fail_with(503)

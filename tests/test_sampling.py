@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import assert_rows_consistent, make_trajectory
+from conftest import RLINF_BATCH_ORDER, assert_rows_consistent, make_trajectory
 from rlinf_oracle import (
     RLinfBuffer,
     assert_batches_equal,
@@ -75,15 +75,7 @@ def test_batch_layout_keys_dtypes_and_order():
     buffer = TrajectoryReplayBuffer(seed=1)
     fill(buffer, [(4, 2)])
     batch = buffer.sample(6)
-    assert list(batch) == [
-        "actions",
-        "rewards",
-        "dones",
-        "prev_logprobs",
-        "curr_obs",
-        "next_obs",
-        "forward_inputs",
-    ]
+    assert list(batch) == [*RLINF_BATCH_ORDER, "forward_inputs"]
     assert batch["actions"].shape == (6, 2) and batch["actions"].dtype == torch.int64
     assert batch["prev_logprobs"].shape == (6,)
     assert batch["forward_inputs"]["tokens"].dtype == torch.int32

@@ -181,7 +181,7 @@ def test_read_rows_matches_flat_view(location: Location) -> None:
     rows = torch.tensor([17, 0, 5, 5, 12, 3, 17], dtype=torch.int64)
     got = layout.read_rows(entry, rows, list(spec.schema))
     _assert_same(got, {key: flat[key].index_select(0, rows) for key in spec.schema})
-
+    _assert_same_arrays(layout, entry, traj, rows)
     empty = layout.read_rows(entry, torch.empty(0, dtype=torch.int64), ["curr_obs/image"])
     assert empty["curr_obs/image"].shape == (0, 3, 5, 4)
     assert empty["curr_obs/image"].dtype == torch.uint8
@@ -191,6 +191,24 @@ def test_read_rows_matches_flat_view(location: Location) -> None:
         layout.read_rows(entry, rows, ["versions"])
     with pytest.raises(CorruptStoreError, match="nope"):
         layout.read_rows(entry, rows, ["nope"])
+
+
+def _assert_same_arrays(
+    layout: ZarrLayout, entry: dict[str, Any], traj: Trajectory, rows: torch.Tensor
+) -> None:
+    """The numpy reads (no torch) hold the bits of the tensor reads, and the dtypes named."""
+    fields = traj.tensors()
+    assert layout.field_dtypes(entry) == {k: dtype_name(v.dtype) for k, v in fields.items()}
+    whole = layout.read_arrays(entry)
+    assert list(whole) == list(fields)
+    for key, value in fields.items():
+        assert whole[key].dtype == to_numpy(value).dtype, key
+        np.testing.assert_array_equal(whole[key], to_numpy(value), err_msg=key)
+    schema = list(validate(traj).schema)
+    flat = flatten_trajectory(traj, validate(traj))
+    some = layout.read_row_arrays(entry, rows.numpy(), schema)
+    for key in schema:
+        np.testing.assert_array_equal(some[key], to_numpy(flat[key][rows]), err_msg=key)
 
 
 _DTYPES = [torch.bool, torch.uint8, torch.int32, torch.int64, torch.float16, torch.bfloat16]
@@ -253,6 +271,7 @@ def test_property_round_trip(
     flat = flatten_trajectory(traj, spec)
     got = layout.read_rows(entry, rows, list(spec.schema))
     _assert_same(got, {key: flat[key].index_select(0, rows) for key in spec.schema})
+    _assert_same_arrays(layout, entry, traj, rows)
 
 
 def test_missing_and_incomplete_trajectories(location: Location) -> None:
@@ -382,7 +401,7 @@ def test_the_handles_kept_follow_the_sample_window(tmp_path: Any, monkeypatch, e
     for entry, traj in zip(entries, trajs, strict=True):
         layout.write(entry, traj)
     keys = list(flatten_trajectory(trajs[0], validate(trajs[0])))
-    layout.sampling(len(entries))
+    layout.sample_window(len(entries))
     for _ in range(2):
         for entry in entries:
             layout.read_rows(entry, torch.tensor([0, 3]), keys)
@@ -507,7 +526,7 @@ def test_local_files_of_a_trajectory(tmp_path: Path, durable: bool) -> None:
     rows = layout.read_rows(entry, torch.tensor([0, 5]), ["curr_obs/arm/joints"])
     flat = traj.curr_obs["arm"]["joints"].reshape(T * B, 7)
     assert torch.equal(rows["curr_obs/arm/joints"], flat[[0, 5]])
-    assert layout.foreign_files("trajectories/4") == []
+    assert layout.audit().foreign_files("trajectories/4") == []
 
 
 def test_durable_writes_sync_the_data_before_the_commit_marker(
@@ -554,4 +573,4 @@ def test_local_groups_with_nested_chunk_keys_still_read(tmp_path: Path) -> None:
         _assert_same(layout.read(_entry(tid, traj)).tensors(), traj.tensors())
         rows = layout.read_rows(_entry(tid, traj), torch.tensor([1, 4]), ["rewards"])
         assert torch.equal(rows["rewards"], traj.rewards.reshape(T * B, 1)[[1, 4]])
-    assert layout.foreign_files("trajectories/0") == []
+    assert layout.audit().foreign_files("trajectories/0") == []

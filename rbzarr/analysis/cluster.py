@@ -17,12 +17,12 @@ from functools import partial
 from itertools import islice
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import torch
+import numpy as np
 from tqdm import tqdm
 
 from rbzarr.analysis.episodes import Episode, EpisodeTracker
 from rbzarr.analysis.progress import progress_bar
-from rbzarr.analysis.steps import episode_fields, read_steps
+from rbzarr.analysis.steps import episode_fields, read_step_arrays
 from rbzarr.errors import SchedulerUnavailableError
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout
@@ -32,6 +32,7 @@ from rbzarr.trajectory.steps import DONES
 if TYPE_CHECKING:
     from distributed import Client
 
+    from rbzarr.analysis.store_arrays import StoreArrays
     from rbzarr.analysis.view import BufferView
 
 __all__ = ["DEFAULT_CONNECT_TIMEOUT", "TrajectoryTasks", "connect"]
@@ -107,16 +108,21 @@ def _run_remote(function: Callable[..., R], address: _StoreAddress, entry: Mappi
 
 def _steps_part(
     keys: Sequence[str] | None,
-    reduce: Callable[[dict[str, torch.Tensor]], Any],
+    reduce: Callable[[dict[str, np.ndarray]], Any],
     carried: frozenset[str] | None,
     with_episodes: bool,
     layout: TrajectoryLayout,
     entry: Mapping[str, Any],
-) -> tuple[Any, dict[str, torch.Tensor]]:
-    """One trajectory read: ``reduce`` of its time steps, and the fields episodes carry."""
-    steps = read_steps(layout, entry, keys)
+) -> tuple[Any, dict[str, np.ndarray]]:
+    """One trajectory read (into numpy): ``reduce`` of its time steps, and the fields
+    episodes carry."""
+    steps = read_step_arrays(layout, entry, keys)
     fields = episode_fields(steps, entry, carried, layout.location.url) if with_episodes else {}
     return reduce(steps), fields
+
+
+def _nothing(steps: Mapping[str, np.ndarray]) -> None:
+    """What :meth:`TrajectoryTasks.episodes` keeps of a trajectory's steps: nothing."""
 
 
 def _copy_trajectory(
@@ -195,9 +201,9 @@ class TrajectoryTasks:
 
     def steps_and_episodes(
         self,
-        view: BufferView,
+        view: BufferView | StoreArrays,
         keys: Sequence[str] | None,
-        reduce: Callable[[dict[str, torch.Tensor]], R],
+        reduce: Callable[[dict[str, np.ndarray]], R],
         *,
         progress: bool = False,
         across_trajectories: bool = True,
@@ -206,13 +212,16 @@ class TrajectoryTasks:
     ) -> Iterator[tuple[int, R, list[Episode]]]:
         """Like ``view.iter_steps_and_episodes``, but ``reduce(steps)`` runs where the read runs.
 
-        Only ``reduce``'s result and the fields the episodes carry come back from a worker;
-        episodes are followed here, in index order.
+        Steps are read into numpy (:func:`~rbzarr.analysis.steps.read_step_arrays`: a zarr
+        store without torch), and the episodes carry numpy fields.  Only ``reduce``'s
+        result and the fields the episodes carry come back from a worker; episodes are
+        followed here, in index order.
 
         Parameters
         ----------
         view
-            The store.
+            The store (a view, or its arrays: ``ids``, ``entry``, ``run_continues`` and
+            ``layout`` are used).
         keys
             Flat keys to read (``dones`` is added when episodes are wanted).
         reduce
@@ -246,6 +255,42 @@ class TrajectoryTasks:
         for trajectory_id, (reduced, fields), run_continues in zip(ids, results, runs, strict=True):
             episodes = tracker.feed(trajectory_id, fields, run_continues) if with_episodes else []
             yield trajectory_id, reduced, episodes
+
+    def episodes(
+        self,
+        view: BufferView | StoreArrays,
+        keys: Sequence[str],
+        *,
+        progress: bool = False,
+        across_trajectories: bool = True,
+    ) -> Iterator[Episode]:
+        """Every episode, in the order ``view.iter_episodes`` yields them, carrying ``keys``
+        (``dones`` always) as numpy arrays.
+
+        Parameters
+        ----------
+        view
+            The store, as for :meth:`steps_and_episodes`.
+        keys
+            Flat keys to read and carry.
+        progress, across_trajectories
+            As for :meth:`steps_and_episodes`.
+
+        Yields
+        ------
+        Episode
+            Complete episodes, and incomplete ones where their run ends.
+        """
+        stream = self.steps_and_episodes(
+            view,
+            keys,
+            _nothing,
+            progress=progress,
+            across_trajectories=across_trajectories,
+            episode_keys=keys,
+        )
+        for _, _, ended in stream:
+            yield from ended
 
     def copy(
         self,

@@ -23,10 +23,12 @@ DEFAULT_FRAMES = 64
 
 
 def image_keys(schema: Mapping[str, Any]) -> list[str]:
-    """The image-like keys of a store's schema (``{key: [dtype, per-row shape]}``)."""
+    """The image-like keys of a store's schema (``{key: [dtype name, per-row shape]}``), in
+    its order: uint8 frames (:func:`~rbzarr.storage.zarr.codecs.image_layout`)."""
     found = []
     for key, (dtype, shape) in schema.items():
-        if image_layout([1, 1, *shape], dtype) is not None:
+        # numpy does not name every dtype (bfloat16): only uint8 can be a frame
+        if dtype == "uint8" and image_layout([1, 1, *shape], dtype) is not None:
             found.append(key)
     return found
 

@@ -34,15 +34,14 @@ from rbzarr.errors import CheckpointConflictError, CheckpointNotFoundError
 from rbzarr.storage.index import log as index_log
 from rbzarr.storage.index.claims import SlotClaim
 from rbzarr.storage.index.gc_records import CollectionRecord, delete_data, open_records
-from rbzarr.storage.index.pins import StorePins
 from rbzarr.storage.index.slots import (
     LogSlotFiles,
-    read_store_documents,
     slot_files,
     slot_has_documents,
     slot_location,
     writer_slots,
 )
+from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.registry import layout_class
@@ -124,12 +123,13 @@ def collect_store(
             "opens it"
         )
     layout = layout_class("zarr")(location)
+    catalog = StoreIndex.assumed(location)
     with _claimed(location, slots):
         plan = CollectionPlan(location.url, keep_last)
-        plan.finished = _finish_open_records(location, layout, dry_run)
-        listed = read_store_documents(location).trajectory_index["trajectory_id_list"]
+        plan.finished = _finish_open_records(catalog, layout, dry_run)
+        listed = catalog.read().trajectory_index["trajectory_id_list"]
         outside = listed[: max(len(listed) - keep_last, 0)]
-        pinned = {i for pin in StorePins(location).all() for i in pin.ids}
+        pinned = {i for pin in catalog.pins.all() for i in pin.ids}
         plan.pinned = [i for i in outside if i in pinned]
         plan.deleted = [i for i in outside if i not in pinned]
         plan.kept = len(listed) - len(plan.deleted)
@@ -175,14 +175,14 @@ def _drop_from_log(where: Location, gone: set[int]) -> None:
     )
 
 
-def _finish_open_records(location: Location, layout: TrajectoryLayout, dry_run: bool) -> list[int]:
+def _finish_open_records(catalog: StoreIndex, layout: TrajectoryLayout, dry_run: bool) -> list[int]:
     """Finish the collections a crash interrupted (and those buffers left to their grace
     period): delete the data of their ids that no index lists any more; the ids they return."""
     finished: list[int] = []
-    records = open_records(location)
+    records = open_records(catalog.location)
     if not records:
         return finished
-    listed = set(read_store_documents(location).trajectory_index["trajectory_id_list"])
+    listed = set(catalog.read().trajectory_index["trajectory_id_list"])
     for record in records:
         orphans = [i for i in record.ids if i not in listed]
         finished.extend(orphans)

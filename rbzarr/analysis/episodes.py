@@ -1,17 +1,22 @@
 """Cutting ``[T, B]`` time steps into per-environment episodes, across trajectories.
 
 Trajectories form runs (:func:`rbzarr.trajectory.steps.continues`); an episode still running
-where its run ends is incomplete.
+where its run ends is incomplete.  Steps may be tensors (a view's episodes) or numpy arrays
+(the read-only tools, without torch); an episode's fields are of the same kind.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import torch
+import numpy as np
 
 from rbzarr.trajectory.steps import DONES, REWARDS, episode_ends
+
+if TYPE_CHECKING:
+    from rbzarr.trajectory.steps import Steps
 
 __all__ = ["Episode", "EpisodeTracker", "episode_segments"]
 
@@ -25,24 +30,28 @@ class Episode:
     start: int
     length: int
     done: bool
-    fields: dict[str, torch.Tensor]
+    fields: dict[str, Any]
     trajectory_ids: tuple[int, ...] = ()
 
     @property
     def episode_return(self) -> float | None:
         """Sum of every reward element of the episode; ``None`` without rewards."""
         rewards = self.fields.get(REWARDS)
-        return None if rewards is None else float(rewards.double().sum())
+        if rewards is None:
+            return None
+        if isinstance(rewards, np.ndarray):
+            return float(rewards.sum(dtype=np.float64))
+        return float(rewards.double().sum())
 
 
-def episode_segments(dones: torch.Tensor) -> list[tuple[int, int, int, bool]]:
+def episode_segments(dones: Steps) -> list[tuple[int, int, int, bool]]:
     """Cut ``[T, B, ...]`` step dones into ``(env, start, length, done)`` segments."""
     T, B = int(dones.shape[0]), int(dones.shape[1])
-    ended = episode_ends(dones, T, B)
+    ended = np.asarray(episode_ends(dones, T, B))
     segments = []
     for env in range(B):
         start = 0
-        for end in torch.nonzero(ended[:, env]).flatten().tolist():
+        for end in np.flatnonzero(ended[:, env]).tolist():
             segments.append((env, start, end + 1 - start, True))
             start = end + 1
         if start < T:
@@ -57,7 +66,7 @@ class _Open:
     trajectory_id: int
     start: int
     trajectory_ids: list[int]
-    pieces: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    pieces: list[dict[str, Any]] = field(default_factory=list)
 
 
 class EpisodeTracker:
@@ -67,9 +76,13 @@ class EpisodeTracker:
         self._open: dict[int, _Open] = {}
 
     def feed(
-        self, trajectory_id: int, steps: Mapping[str, torch.Tensor], run_continues: bool
+        self,
+        trajectory_id: int,
+        steps: Mapping[str, Any],
+        run_continues: bool,
     ) -> list[Episode]:
-        """The episodes of one trajectory's ``[T, B, ...]`` time ``steps`` (with ``dones``)."""
+        """The episodes of one trajectory's ``[T, B, ...]`` time ``steps`` (with ``dones``;
+        tensors or arrays)."""
         carried, self._open = self._open, {}
         episodes = []
         for env, start, length, done in episode_segments(steps[DONES]):
@@ -89,8 +102,17 @@ class EpisodeTracker:
 
 
 def _close(env: int, head: _Open, done: bool) -> Episode:
-    fields = {key: torch.cat([piece[key] for piece in head.pieces]) for key in head.pieces[0]}
+    fields = {key: _joined([piece[key] for piece in head.pieces]) for key in head.pieces[0]}
     length = int(fields[DONES].shape[0])
     return Episode(
         head.trajectory_id, env, head.start, length, done, fields, tuple(head.trajectory_ids)
     )
+
+
+def _joined(pieces: list[Any]) -> Any:
+    """The pieces of one field, joined along time (arrays, or tensors)."""
+    if isinstance(pieces[0], np.ndarray):
+        return np.concatenate(pieces)
+    import torch  # noqa: PLC0415 (the steps are tensors: torch is loaded)
+
+    return torch.cat(pieces)

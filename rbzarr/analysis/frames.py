@@ -1,26 +1,33 @@
 """The rows a picture shows: one env column of a trajectory, or one episode, read row by row.
 
-Only the shown rows are read (:meth:`~rbzarr.storage.layout.TrajectoryLayout.read_rows`: on
-a zarr store, the frames' own chunks), never whole trajectories of frames.  Episodes are
-numbered and cut as :meth:`~rbzarr.analysis.view.BufferView.iter_episodes` yields them.
+Only the shown rows are read (:meth:`~rbzarr.storage.layout.TrajectoryLayout.read_row_arrays`:
+on a zarr store, the frames' own chunks, decoded into numpy without torch), never whole
+trajectories of frames.  Episodes are numbered and cut as
+:meth:`~rbzarr.analysis.view.BufferView.iter_episodes` yields them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from rbzarr.analysis.episodes import Episode
-from rbzarr.analysis.view import BufferView
+from rbzarr.analysis.codec_trial import image_keys as schema_image_keys
 from rbzarr.errors import EpisodeNotFoundError, NotAnImageError
 from rbzarr.storage.index import format_records
 from rbzarr.storage.zarr.codecs import image_layout
 from rbzarr.storage.zarr.describe import LAYOUT_ATTR
-from rbzarr.trajectory.dtypes import to_numpy
 from rbzarr.trajectory.steps import DONES, REWARDS
+
+if TYPE_CHECKING:
+    from rbzarr.analysis.episodes import Episode
+    from rbzarr.analysis.store_arrays import StoreArrays
+    from rbzarr.analysis.view import BufferView
+
+    # What the steps are read from: a view (tensors, sampling) or the store's arrays.
+    Store = BufferView | StoreArrays
 
 __all__ = [
     "MARKS",
@@ -64,9 +71,7 @@ class ShownSteps:
         return None if value is None else (value != 0).any(axis=1)
 
 
-def image_keys(
-    view: BufferView, keys: Sequence[str] | None = None, required: bool = True
-) -> list[str]:
+def image_keys(view: Store, keys: Sequence[str] | None = None, required: bool = True) -> list[str]:
     """The camera keys to show: ``keys`` (each checked), else every image-like ``curr_obs``
     key (else every image-like key; else none, unless ``required``).
 
@@ -79,7 +84,7 @@ def image_keys(
         4), or (``required``) a store without any.
     """
     schema = view.schema()
-    images = [key for key, (dtype, shape) in schema.items() if image_layout((1, 1, *shape), dtype)]
+    images = schema_image_keys(schema)
     if keys:
         for key in keys:
             if key not in schema:
@@ -97,7 +102,7 @@ def image_keys(
 
 
 def trajectory_steps(
-    view: BufferView,
+    view: Store,
     trajectory_id: int,
     env: int,
     keys: Sequence[str],
@@ -124,17 +129,21 @@ def trajectory_steps(
     return replace(shown, title=f"trajectory {trajectory_id}, env {env}", episode_starts=starts)
 
 
-def find_episode(view: BufferView, number: int, across_trajectories: bool = True) -> Episode:
+def find_episode(view: Store, number: int, across_trajectories: bool = True) -> Episode:
     """Episode ``number`` (from 0) in the order :meth:`BufferView.iter_episodes` yields them;
-    only ``dones`` is read, and only until it is found.
+    only ``dones`` is read (into numpy), and only until it is found.
 
     Raises
     ------
     EpisodeNotFoundError
         The store has no episode ``number``.
     """
+    from rbzarr.analysis.cluster import TrajectoryTasks  # noqa: PLC0415
+
     count = 0
-    for episode in view.iter_episodes([DONES], across_trajectories):
+    for episode in TrajectoryTasks().episodes(
+        view, [DONES], across_trajectories=across_trajectories
+    ):
         if count == number:
             return episode
         count += 1
@@ -146,7 +155,7 @@ def find_episode(view: BufferView, number: int, across_trajectories: bool = True
 
 
 def episode_steps(
-    view: BufferView, episode: Episode, keys: Sequence[str], extra: Sequence[str] = ()
+    view: Store, episode: Episode, keys: Sequence[str], extra: Sequence[str] = ()
 ) -> ShownSteps:
     """The rows of ``episode`` (found by :func:`find_episode`), across its trajectories."""
     pieces = []
@@ -166,7 +175,7 @@ def episode_steps(
 
 
 def _read(
-    view: BufferView,
+    view: Store,
     pieces: Iterable[tuple[int, int, int, int]],
     keys: Sequence[str],
     extra: Sequence[str],
@@ -181,12 +190,12 @@ def _read(
     for trajectory_id, env, start, stop in pieces:
         entry = view.entry(trajectory_id)
         B = int(entry["shape"][1])
-        rows = torch.arange(start, stop, dtype=torch.int64) * B + env
-        read = view.layout.read_rows(entry, rows, [*keys, *signals])
+        rows = np.arange(start, stop, dtype=np.int64) * B + env
+        read = view.layout.read_row_arrays(entry, rows, [*keys, *signals])
         for key in keys:
-            frames[key].append(_rgb(to_numpy(read[key])))
+            frames[key].append(_rgb(read[key]))
         for key in signals:
-            values[key].append(to_numpy(read[key]).reshape(len(rows), -1).astype(np.float64))
+            values[key].append(read[key].reshape(len(rows), -1).astype(np.float64))
         steps.extend((trajectory_id, t) for t in range(start, stop))
         for key, measured in _recorded_psnr(view, trajectory_id, keys).items():
             psnr[key] = min(measured, psnr.get(key, measured))
@@ -210,7 +219,7 @@ def _rgb(frames: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(frames[..., :3])
 
 
-def _recorded_psnr(view: BufferView, trajectory_id: int, keys: Sequence[str]) -> dict[str, float]:
+def _recorded_psnr(view: Store, trajectory_id: int, keys: Sequence[str]) -> dict[str, float]:
     """The PSNR a lossy codec recorded at encode for each of ``keys`` of one trajectory."""
     attributes = format_records.written_attributes(view.layout, trajectory_id) or {}
     arrays = (attributes.get(LAYOUT_ATTR) or {}).get("arrays") or {}

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from rbzarr.analysis.cluster import TrajectoryTasks
-from rbzarr.analysis.view import BufferView
 from rbzarr.trajectory.steps import DONES, REWARDS
+
+if TYPE_CHECKING:
+    from rbzarr.analysis.cluster import TrajectoryTasks
+    from rbzarr.analysis.store_arrays import StoreArrays
+    from rbzarr.analysis.view import BufferView
 
 __all__ = [
     "DPI",
@@ -38,7 +40,10 @@ def _pyplot() -> Any:
 
 
 def _collect(
-    view: BufferView, progress: bool, across_trajectories: bool, tasks: TrajectoryTasks
+    view: BufferView | StoreArrays,
+    progress: bool,
+    across_trajectories: bool,
+    tasks: TrajectoryTasks,
 ) -> tuple[np.ndarray, list[tuple[int, int, float]]]:
     """All per-step reward elements, and ``(trajectory_id, length, return)`` per complete episode,
     the id being the trajectory the episode ended in.
@@ -68,9 +73,9 @@ def _collect(
     return flat, episodes
 
 
-def _flat_rewards(steps: Mapping[str, torch.Tensor]) -> np.ndarray:
+def _flat_rewards(steps: Mapping[str, np.ndarray]) -> np.ndarray:
     """One trajectory's reward elements as float64 (run where it is read)."""
-    return steps[REWARDS].to(torch.float64).reshape(-1).numpy()
+    return steps[REWARDS].astype(np.float64).reshape(-1)
 
 
 # File suffixes and the image formats they name.
@@ -101,7 +106,7 @@ def _store_name(url: str) -> str:
 
 
 def plot_store(
-    view: BufferView,
+    view: BufferView | StoreArrays,
     path: str | os.PathLike[str] | IO[bytes],
     progress: bool = False,
     across_trajectories: bool = True,
@@ -116,6 +121,8 @@ def plot_store(
     if image_format is None:
         image_format = image_format_of(path if isinstance(path, str | os.PathLike) else "")
     plt = _pyplot()
+    from rbzarr.analysis.cluster import TrajectoryTasks  # noqa: PLC0415 (torch)
+
     rewards, episodes = _collect(view, progress, across_trajectories, tasks or TrajectoryTasks())
     figure, axes = plt.subplots(2, 2, figsize=FIGURE_SIZE, dpi=DPI)
     try:

@@ -376,6 +376,8 @@ def _complete(writer: ZarrLayout, entry: Mapping[str, Any]) -> bool:
     if not writer.contains(dict(entry)):
         return False
     try:
-        return bool(writer.field_names(dict(entry))) and not writer.missing_parts(dict(entry))
+        return bool(writer.field_names(dict(entry))) and not writer.audit().missing_parts(
+            dict(entry)
+        )
     except CorruptStoreError:
         return False

@@ -15,7 +15,7 @@ import io
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm import tqdm
@@ -23,9 +23,12 @@ from tqdm import tqdm
 from rbzarr.analysis.episodes import Episode
 from rbzarr.analysis.frames import MARKS, ShownSteps, episode_steps, image_keys
 from rbzarr.analysis.show import camera_rows, even, open_video_writer
-from rbzarr.analysis.view import BufferView
 from rbzarr.errors import EpisodeNotFoundError
 from rbzarr.trajectory.steps import DONES, REWARDS
+
+if TYPE_CHECKING:
+    from rbzarr.analysis.store_arrays import StoreArrays
+    from rbzarr.analysis.view import BufferView
 
 __all__ = ["DEFAULT_EPISODES", "ReportResult", "write_report"]
 
@@ -48,7 +51,7 @@ class ReportResult:
 
 
 def write_report(
-    view: BufferView,
+    view: BufferView | StoreArrays,
     info: Mapping[str, Any],
     path: str | os.PathLike[str],
     episodes: Sequence[int] | None = None,
@@ -118,14 +121,21 @@ def write_report(
     return ReportResult(os.fspath(path), len(data), len(listed), list(wanted))
 
 
-def _episodes(view: BufferView, across_trajectories: bool, progress: bool) -> list[Episode]:
+def _episodes(
+    view: BufferView | StoreArrays, across_trajectories: bool, progress: bool
+) -> list[Episode]:
+    """Every episode, as :meth:`BufferView.iter_episodes` yields them (read into numpy)."""
+    from rbzarr.analysis.cluster import TrajectoryTasks  # noqa: PLC0415
+
     available = view.keys()
     keys = [key for key in (REWARDS, DONES) if key in available]
-    stream = view.iter_steps_and_episodes(keys, progress, across_trajectories, keys)
-    return [episode for _, _, ended in stream for episode in ended]
+    tasks = TrajectoryTasks()
+    return list(
+        tasks.episodes(view, keys, progress=progress, across_trajectories=across_trajectories)
+    )
 
 
-def _plotted_keys(view: BufferView, cameras: Sequence[str]) -> list[str]:
+def _plotted_keys(view: BufferView | StoreArrays, cameras: Sequence[str]) -> list[str]:
     """Per-step keys the plots draw: actions and low-dimensional observations."""
     schema = view.schema()
     return [
@@ -137,7 +147,7 @@ def _plotted_keys(view: BufferView, cameras: Sequence[str]) -> list[str]:
     ]
 
 
-def _figure(view: BufferView, across_trajectories: bool) -> str:
+def _figure(view: BufferView | StoreArrays, across_trajectories: bool) -> str:
     """The ``plot`` figure as a data URL; ``""`` for a store without rewards."""
     available = view.keys()
     if REWARDS not in available:
@@ -290,7 +300,7 @@ def _episode_rows(listed: Sequence[Episode], embedded: set[int]) -> Iterator[Seq
 
 
 def _page(
-    view: BufferView,
+    view: BufferView | StoreArrays,
     info: Mapping[str, Any],
     figure: str,
     listed: Sequence[Episode],

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+import numpy as np
 
-from rbzarr.storage.layout import TrajectoryLayout
+from rbzarr.trajectory.dtypes import numbers
 from rbzarr.trajectory.steps import DONES, time_steps
 
-__all__ = ["episode_fields", "read_steps"]
+if TYPE_CHECKING:
+    import torch
+
+    from rbzarr.storage.layout import TrajectoryLayout
+
+    Steps = Mapping[str, torch.Tensor] | Mapping[str, np.ndarray]
+
+__all__ = ["episode_fields", "read_step_arrays", "read_steps"]
 
 
 def read_steps(
@@ -21,12 +28,20 @@ def read_steps(
     return {k: time_steps(v, T) for k, v in layout.read(entry, keys).tensors().items()}
 
 
+def read_step_arrays(
+    layout: TrajectoryLayout, entry: Mapping[str, Any], keys: Sequence[str] | None
+) -> dict[str, np.ndarray]:
+    """:func:`read_steps` as numpy numbers (``bfloat16`` widened to ``float32``): decoded
+    without torch where the layout can (a zarr store)."""
+    T = int(entry["shape"][0])
+    names = layout.field_dtypes(entry)
+    arrays = layout.read_arrays(entry, keys)
+    return {k: time_steps(numbers(v, names[k]), T) for k, v in arrays.items()}
+
+
 def episode_fields(
-    steps: Mapping[str, torch.Tensor],
-    entry: Mapping[str, Any],
-    carried: Collection[str] | None,
-    url: str,
-) -> dict[str, torch.Tensor]:
+    steps: Steps, entry: Mapping[str, Any], carried: Collection[str] | None, url: str
+) -> dict[str, Any]:
     """The ``[T, B, ...]`` fields among ``carried`` (all when ``None``) that episodes carry.
 
     Raises
@@ -38,7 +53,7 @@ def episode_fields(
     per_env = {
         k: v
         for k, v in steps.items()
-        if v.dim() >= 2 and v.shape[1] == B and (carried is None or k in carried)
+        if v.ndim >= 2 and v.shape[1] == B and (carried is None or k in carried)
     }
     if DONES not in per_env:
         raise ValueError(f"{url}: trajectory {entry['trajectory_id']} has no 'dones' field")

@@ -53,7 +53,9 @@ from rbzarr.storage.rlinf.documents import (
     write_documents,
 )
 from rbzarr.storage.zarr.layout import ROOT_UNWRITTEN
-from rbzarr.trajectory.model import Schema, validate
+from rbzarr.trajectory import tree
+from rbzarr.trajectory.fields import check_field_names
+from rbzarr.trajectory.shapes import Schema, check_shapes
 
 __all__ = ["Problem", "VerifyReport", "verify_store"]
 
@@ -312,10 +314,10 @@ def _check_trajectory(
     try:
         if not layout.contains(entry):
             return damaged("missing_data", "indexed but its data is missing")
-        missing = layout.missing_parts(entry)
+        missing = layout.audit().missing_parts(entry)
         if missing:
             return damaged("missing_chunks", "; ".join(missing))
-        shape = list(validate(layout.read(entry), schema).shape)
+        shape = _decoded_shape(layout, entry, schema)
     except UnsafePathError as exc:
         return Problem("unsafe_path", path, _one_line(exc), trajectory_id)
     except StorageUnavailableError:
@@ -334,6 +336,17 @@ def _check_trajectory(
     return None
 
 
+def _decoded_shape(layout: TrajectoryLayout, entry: IndexEntry, schema: Schema | None) -> list[int]:
+    """The shape of one trajectory, every byte of it decoded (into numpy: a zarr store's
+    check imports no torch) and its fields checked as a trajectory's are (names, ``T``
+    and ``B``, ``schema``)."""
+    arrays = layout.read_arrays(entry)
+    check_field_names(tree.unflatten(arrays))
+    shapes = {key: tuple(value.shape) for key, value in arrays.items()}
+    dtypes = layout.field_dtypes(entry)
+    return list(check_shapes(shapes, dtypes.__getitem__, schema).shape)
+
+
 def _orphans(layout: TrajectoryLayout, index: TrajectoryIndex) -> list[Problem]:
     expected = {"/".join(layout.trajectory_path(index.entries[i])) for i in index.id_list}
     problems = [
@@ -342,14 +355,14 @@ def _orphans(layout: TrajectoryLayout, index: TrajectoryIndex) -> list[Problem]:
         if is_temporary_name(name)
     ]
     try:
-        stored = layout.stored_paths()
+        stored = layout.audit().stored_paths()
     except UnsafePathError as exc:
         return [*problems, Problem("unsafe_path", "", _one_line(exc))]
     for path, trajectory_id in sorted(stored.items(), key=lambda item: item[1]):
         if path in expected:
             continue
         try:
-            foreign = layout.foreign_files(path)
+            foreign = layout.audit().foreign_files(path)
         except UnsafePathError as exc:
             problems.append(Problem("unsafe_path", path, _one_line(exc), trajectory_id))
             continue
@@ -478,7 +491,7 @@ def _delete_dropped(
             if not layout.location.exists(*path.split("/")):
                 continue
             # The index listed it: a file at ``path`` itself is rbzarr's, damaged or not.
-            foreign = [name for name in layout.foreign_files(path) if name != path]
+            foreign = [name for name in layout.audit().foreign_files(path) if name != path]
         except UnsafePathError as exc:
             report.problems.append(Problem("unsafe_path", path, _one_line(exc), trajectory_id))
             continue

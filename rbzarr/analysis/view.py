@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Container, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
@@ -17,6 +17,7 @@ from tqdm import tqdm
 from rbzarr.analysis.episodes import Episode, EpisodeTracker
 from rbzarr.analysis.steps import episode_fields, read_steps
 from rbzarr.buffer.local_cache_settings import LocalCacheSettings
+from rbzarr.sampling.front import SamplingFront
 from rbzarr.sampling.priorities import PrioritizedReplay
 from rbzarr.sampling.reader import StoreReader
 from rbzarr.storage.index.priorities import PriorityChanges, PriorityFiles
@@ -28,7 +29,7 @@ from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.registry import known_formats, layout_class, open_store
 from rbzarr.storage.rlinf.documents import Documents
 from rbzarr.trajectory.model import Schema, Trajectory, validate
-from rbzarr.trajectory.steps import DONES, continues
+from rbzarr.trajectory.steps import DONES, continuing_runs
 
 if TYPE_CHECKING:
     from rbzarr.storage.zarr.layout import ZarrLayout
@@ -128,7 +129,7 @@ def open_buffer(
     )
 
 
-class BufferView:
+class BufferView(SamplingFront):
     """A read-only view of a store's committed trajectories; build it with :func:`open_buffer`.
 
     A view pickles as its URL, options, window and generator state; unpickling opens the
@@ -309,133 +310,9 @@ class BufferView:
         priorities = self._reader.priorities
         return None if priorities is None else priorities.settings
 
-    @overload
-    def sample(
-        self,
-        num_chunks: int,
-        *,
-        generator: torch.Generator | None = ...,
-        return_info: Literal[False] = ...,
-    ) -> dict[str, Any]: ...
-
-    @overload
-    def sample(
-        self,
-        num_chunks: int,
-        *,
-        generator: torch.Generator | None = ...,
-        return_info: Literal[True],
-    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]: ...
-
-    def sample(
-        self,
-        num_chunks: int,
-        *,
-        generator: torch.Generator | None = None,
-        return_info: bool = False,
-    ) -> dict[str, Any] | tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        """Sample ``num_chunks`` committed rows, as ``TrajectoryReplayBuffer.sample`` does.
-
-        The draw is the buffer's (uniform over the window's rows, the same output keys,
-        order and dtypes); every row is read from storage.  ``generator`` replaces the
-        view's own generator for this call.  With a ``refresh_interval`` the index is
-        re-read first when it is older than that.
-
-        Parameters
-        ----------
-        num_chunks
-            Rows to draw (clamped to the window's sample count).
-        generator
-            A CPU ``torch.Generator`` to draw with instead of the view's own, whose stream
-            is then left untouched.
-        return_info
-            Also return each row's global index and importance weight, as the buffer's
-            ``sample(..., return_info=True)``.
-
-        Returns
-        -------
-        dict of str to Any
-            A nested dict of CPU tensors shaped ``[n, ...]``, as the buffer returns (with
-            ``return_info``: it and the info dict).
-
-        Raises
-        ------
-        ValueError
-            ``num_chunks`` is not positive.
-        TypeError
-            ``num_chunks`` is not an int (``2.5``, ``True``).
-        EmptyBufferError
-            The index lists no trajectory.
-        """
-        if return_info:
-            return self._ready().sample_with_info(num_chunks, generator)
-        return self._ready().sample(num_chunks, generator)
-
-    @overload
-    def sample_sequences(
-        self,
-        n: int,
-        length: int,
-        *,
-        generator: torch.Generator | None = ...,
-        strict_length: bool = ...,
-        return_info: Literal[False] = ...,
-    ) -> dict[str, Any]: ...
-
-    @overload
-    def sample_sequences(
-        self,
-        n: int,
-        length: int,
-        *,
-        generator: torch.Generator | None = ...,
-        strict_length: bool = ...,
-        return_info: Literal[True],
-    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]: ...
-
-    def sample_sequences(
-        self,
-        n: int,
-        length: int,
-        *,
-        generator: torch.Generator | None = None,
-        strict_length: bool = False,
-        return_info: bool = False,
-    ) -> dict[str, Any] | tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        """Sample ``n`` sequences of committed steps, as the buffer's ``sample_sequences``.
-
-        Every row is read from storage; each trajectory's ``dones`` is read once, when it
-        first enters the window.
-
-        Parameters
-        ----------
-        n
-            Sequences to draw.
-        length
-            Steps per sequence.
-        generator
-            A CPU ``torch.Generator`` to draw with instead of the view's sequence stream.
-        strict_length
-            Draw only starts with ``length`` steps of their episode ahead: no padding.
-        return_info
-            Also return each sequence's start row's global index and importance weight.
-
-        Returns
-        -------
-        dict of str to Any
-            The keys of :meth:`sample`, each ``[n, length, ...]``, plus the bool ``"mask"``
-            ``[n, length]`` (with ``return_info``: it and the info dict).
-
-        Raises
-        ------
-        ValueError
-            ``n`` or ``length`` is not positive, or the store has no ``dones`` field.
-        EmptyBufferError
-            The index lists no trajectory, or with ``strict_length`` no episode is that long.
-        """
-        if return_info:
-            return self._ready().sequences_with_info(n, length, generator, strict_length)
-        return self._ready().sample_sequences(n, length, generator, strict_length)
+    def _sampling_reader(self) -> StoreReader:
+        """The reader :meth:`sample` and :meth:`sample_sequences` draw from, refreshed."""
+        return self._ready()
 
     def _ready(self) -> StoreReader:
         """The reader, after a refresh when the index is older than the interval."""
@@ -595,10 +472,7 @@ class BufferView:
             the next id); the last is always false.
         """
         entries = [self._index.entries[i] for i in self._index.id_list]
-        return [
-            across_trajectories and i + 1 < len(entries) and continues(entry, entries[i + 1])
-            for i, entry in enumerate(entries)
-        ]
+        return continuing_runs(entries, across_trajectories)
 
     def iter_steps_and_episodes(
         self,

@@ -16,7 +16,7 @@ import os
 import threading
 import warnings
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal, Self, overload
+from typing import Any, Self
 
 import torch
 
@@ -31,6 +31,7 @@ from rbzarr.buffer.rlinf_compat import RLinfCompatMixin
 from rbzarr.errors import BufferClosedError, CheckpointNotFoundError, TrajectoryListError
 from rbzarr.sampling.arguments import check_count, check_window_size
 from rbzarr.sampling.damaged import check_on_damaged
+from rbzarr.sampling.front import SamplingFront
 from rbzarr.sampling.priorities import PrioritizedReplay, WindowPriorities, check_priorities
 from rbzarr.sampling.reader import StoreReader
 from rbzarr.storage.index.entry import IndexEntry
@@ -86,7 +87,7 @@ def _materialize(lock: threading.RLock, cache: RowCache, trajectory_id: int) -> 
             lock.release()
 
 
-class TrajectoryReplayBuffer(RLinfCompatMixin):
+class TrajectoryReplayBuffer(SamplingFront, RLinfCompatMixin):
     """A trajectory-level replay buffer with window sampling, a FIFO cache and async writes.
 
     Parameters
@@ -330,7 +331,10 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
         ValueError
             The store is a pt / pkl store (RLinf's documents, no log).
         """
-        if retention is not None and not layout_class(self.trajectory_format).supports_many_writers:
+        if (
+            retention is not None
+            and not layout_class(self.trajectory_format).capabilities.many_writers
+        ):
             raise ValueError(
                 f"retention needs a zarr store (its index is a log); this buffer writes a "
                 f"{self.trajectory_format!r} store"
@@ -556,151 +560,9 @@ class TrajectoryReplayBuffer(RLinfCompatMixin):
             accepted.append(validated)
         return accepted
 
-    @overload
-    def sample(
-        self,
-        num_chunks: int,
-        *,
-        generator: torch.Generator | None = ...,
-        return_info: Literal[False] = ...,
-    ) -> dict[str, Any]: ...
-
-    @overload
-    def sample(
-        self,
-        num_chunks: int,
-        *,
-        generator: torch.Generator | None = ...,
-        return_info: Literal[True],
-    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]: ...
-
-    def sample(
-        self,
-        num_chunks: int,
-        *,
-        generator: torch.Generator | None = None,
-        return_info: bool = False,
-    ) -> dict[str, Any] | tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        """Sample ``num_chunks`` rows from the window: uniformly, or by priority.
-
-        Parameters
-        ----------
-        num_chunks
-            Rows to draw (clamped to the window's sample count; with ``prioritized``
-            drawn with replacement, never clamped).
-        generator
-            A CPU ``torch.Generator`` to draw with for this call instead of the buffer's
-            own, whose stream is then left untouched (one stream per DataLoader worker or
-            rank).  ``None`` draws from the buffer's seeded generator: RLinf's stream.
-        return_info
-            Also return, per row, ``{"index": int64 [n], "weight": float32 [n]}``: its
-            global index (``trajectory_id * 2**32 + flat_row``, what :meth:`update_priority`
-            takes) and its importance weight (1 without ``prioritized``).  Such a call is
-            never served from the batches drawn ahead.
-
-        Notes
-        -----
-        With ``prefetch=N``, a call with ``generator=None`` hands out the next batch drawn
-        ahead and draws the ``N`` after it, whose reads run on threads while the caller
-        trains.  The batches are exactly those of the same calls without prefetch: adding
-        trajectories, loading a checkpoint, :meth:`clear`, another ``num_chunks`` or a
-        moved :attr:`generator` discard the batches drawn ahead.  :attr:`generator` (and so
-        a checkpoint) is always as of the batches handed out.  Up to ``N`` batches are held
-        in memory; a read that failed is raised by the call that hands its batch out.
-
-        Returns
-        -------
-        dict or (dict, dict)
-            A nested dict of fresh CPU tensors shaped ``[n, ...]``; with ``return_info``,
-            it and the info dict.
-
-        Raises
-        ------
-        ValueError
-            ``num_chunks`` is not positive.
-        TypeError
-            ``num_chunks`` is not an int (``2.5``, ``True``).
-        EmptyBufferError
-            The buffer holds no trajectory (a ``RuntimeError``).
-        """
-        if return_info:
-            return self._reader.sample_with_info(num_chunks, generator)
-        return self._reader.sample(num_chunks, generator)
-
-    @overload
-    def sample_sequences(
-        self,
-        n: int,
-        length: int,
-        *,
-        generator: torch.Generator | None = ...,
-        strict_length: bool = ...,
-        return_info: Literal[False] = ...,
-    ) -> dict[str, Any]: ...
-
-    @overload
-    def sample_sequences(
-        self,
-        n: int,
-        length: int,
-        *,
-        generator: torch.Generator | None = ...,
-        strict_length: bool = ...,
-        return_info: Literal[True],
-    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]: ...
-
-    def sample_sequences(
-        self,
-        n: int,
-        length: int,
-        *,
-        generator: torch.Generator | None = None,
-        strict_length: bool = False,
-        return_info: bool = False,
-    ) -> dict[str, Any] | tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        """Sample ``n`` sequences of ``length`` consecutive steps, each inside one episode.
-
-        A sequence follows one environment column from a start step drawn uniformly over
-        the window's steps (with ``prioritized``: by the priority of its row), into the
-        next trajectory where the episode continues there
-        (the next id, the same ``B``).  Steps after the episode's end (or after the last
-        step stored) are padding: they repeat the last real step, with ``mask`` False.
-        Rows come from the cache, the pending writes or the store (only the rows needed;
-        each trajectory's ``dones`` is read once to find its episode ends).
-
-        Parameters
-        ----------
-        n
-            Sequences to draw (not clamped: starts are drawn with replacement).
-        length
-            Steps per sequence.
-        generator
-            A CPU ``torch.Generator`` to draw with instead of the buffer's sequence stream
-            (seeded from ``seed``, separate from :meth:`sample`'s and saved in checkpoints),
-            which is then left untouched.
-        strict_length
-            Draw only starts with ``length`` steps of their episode ahead: no padding.
-        return_info
-            Also return, per sequence, the global index and importance weight of its
-            *start* row (``{"index": [n], "weight": [n]}``, as :meth:`sample`'s).
-
-        Returns
-        -------
-        dict or (dict, dict)
-            The keys of :meth:`sample`, each ``[n, length, ...]``, plus ``"mask"``: bool
-            ``[n, length]``, True for the steps of the first step's episode; with
-            ``return_info``, it and the info dict.
-
-        Raises
-        ------
-        ValueError
-            ``n`` or ``length`` is not positive, or the trajectories have no ``dones``.
-        EmptyBufferError
-            The buffer holds no trajectory, or with ``strict_length`` no episode is that long.
-        """
-        if return_info:
-            return self._reader.sequences_with_info(n, length, generator, strict_length)
-        return self._reader.sample_sequences(n, length, generator, strict_length)
+    def _sampling_reader(self) -> StoreReader:
+        """The reader :meth:`sample` and :meth:`sample_sequences` draw from."""
+        return self._reader
 
     # -- priorities ---------------------------------------------------------------------
     @property

@@ -100,12 +100,12 @@ class StoreCommitter:
         with self._lock:
             return self._pending.get(trajectory_id)
 
-    def warm(self, entries: Iterable[Entry]) -> None:
-        """Tell the layout which committed trajectories form the sample window (a layout with
-        a local copy of a remote store fetches them ahead)."""
+    def warm(self, entries: Sequence[Entry]) -> None:
+        """Tell the layout the sample window ``entries``, and which of them are committed (a
+        layout with a local copy of a remote store fetches those ahead)."""
         with self._lock:
             committed = [e for e in entries if e["trajectory_id"] not in self._pending]
-        self.layout.warm(committed)
+        self.layout.sample_window(len(entries), committed)
 
     def pending_flats(self, ids: Iterable[int]) -> dict[int, dict[str, torch.Tensor]]:
         """The flat views (not copies) of those of ``ids`` still being written."""

@@ -6,13 +6,15 @@ import math
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.zarr.shard_cache import DEFAULT_LOCAL_CACHE_BYTES
-from rbzarr.trajectory.dtypes import dtype_from_name
-from rbzarr.trajectory.model import Schema
-from rbzarr.trajectory.validated import ValidatedTrajectory
+from rbzarr.trajectory.dtypes import storage_dtype
+
+if TYPE_CHECKING:
+    from rbzarr.trajectory.model import Schema
+    from rbzarr.trajectory.validated import ValidatedTrajectory
 
 __all__ = ["LocalCacheSettings"]
 
@@ -63,14 +65,14 @@ class LocalCacheSettings:
         ValueError
             A cache directory is set and ``layout`` does not support a local cache.
         """
-        if self.directory is not None and not layout.supports_local_cache:
+        if self.directory is not None and not layout.capabilities.local_cache:
             raise ValueError(
                 f"local_cache_dir works with zarr stores; this store's format is {layout.format!r}"
             )
 
     def layout_options(self, layout: type[TrajectoryLayout]) -> dict[str, Any]:
         """The keyword arguments that give a layout of class ``layout`` this cache."""
-        if self.directory is None or not layout.supports_local_cache:
+        if self.directory is None or not layout.capabilities.local_cache:
             return {}
         return {"local_cache_dir": self.directory, "local_cache_bytes": self.capacity}
 
@@ -85,7 +87,7 @@ class LocalCacheSettings:
         if self.directory is None or schema is None:
             return
         row = sum(
-            math.prod(shape) * dtype_from_name(name).itemsize for name, shape in schema.values()
+            math.prod(shape) * storage_dtype(name).itemsize for name, shape in schema.values()
         )
         largest = max((int(s[0]) * int(s[1]) for s in shapes), default=0) * row
         self._check(largest)

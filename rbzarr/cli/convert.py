@@ -6,6 +6,8 @@ what it wrote.
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from rbzarr.cli.codecs import codec_option
@@ -93,6 +95,11 @@ def export(
         ``--include-incomplete`` with a store format.
     """
     options = storage_options(ctx)
+    copying: dict[str, Any] = {
+        "storage_options": options,
+        "destination_options": options,
+        "progress": progress_wanted(),
+    }
     if trajectory_format in _DATASET_FORMATS:
         from rbzarr.interop import export_dataset  # noqa: PLC0415
 
@@ -108,10 +115,8 @@ def export(
             task=task,
             codec=codec,
             include_incomplete=include_incomplete,
-            storage_options=options,
-            destination_options=options,
-            progress=progress_wanted(),
             dataset_id=dataset_id,
+            **copying,
         )
         left = (
             f"; {written.left_out} incomplete episodes left out (--include-incomplete writes them)"
@@ -133,10 +138,8 @@ def export(
             trajectory_format,
             ids=ids,
             last=last,
-            storage_options=options,
-            destination_options=options,
-            progress=progress_wanted(),
             tasks=running,
+            **copying,
         )
     click.echo(f"exported {documents.metadata['size']} trajectories to {destination}")
 

@@ -17,7 +17,7 @@ from rbzarr.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from rbzarr.analysis.view import BufferView
+    from rbzarr.analysis.store_arrays import StoreArrays
 
 __all__ = ["report", "show"]
 
@@ -32,15 +32,19 @@ _fps_option = click.option(
 )
 
 
-def _open(ctx: click.Context, url: str) -> BufferView:
-    """The store at ``url``, read-only, with the group's options."""
-    from rbzarr.analysis.view import open_buffer  # noqa: PLC0415 (torch)
+# range_gap 0: on an object store, only the shown rows' bytes, never the frames between
+_ONLY_SHOWN = {"zarr": {"range_gap": 0}}
 
-    # range_gap 0: on an object store, only the shown rows' bytes, never the frames between
-    return open_buffer(
+
+def _open_arrays(ctx: click.Context, url: str) -> StoreArrays:
+    """The store at ``url`` read into numpy (a zarr store without torch), with the group's
+    options."""
+    from rbzarr.analysis.store_arrays import StoreArrays  # noqa: PLC0415
+
+    return StoreArrays(
         store_source(ctx, url),
         storage_options(ctx),
-        layout_options={"zarr": {"range_gap": 0}},
+        layout_options=_ONLY_SHOWN,
         **cache_arguments(ctx),
     )
 
@@ -91,7 +95,7 @@ def show(
     click.UsageError
         Neither or both of ID and ``--episode``.
     """
-    from rbzarr.analysis.frames import (  # noqa: PLC0415 (torch)
+    from rbzarr.analysis.frames import (  # noqa: PLC0415
         episode_steps,
         find_episode,
         image_keys,
@@ -102,13 +106,13 @@ def show(
     if (trajectory_id is None) == (episode is None):
         raise click.UsageError("give a trajectory ID or --episode K (one of them)")
     output_format(output)  # a bad suffix fails before the store is read
-    view = _open(ctx, url)
-    cameras = image_keys(view, [key for item in keys for key in item.split(",") if key])
+    store = _open_arrays(ctx, url)  # read into numpy: a zarr store without torch
+    cameras = image_keys(store, [key for item in keys for key in item.split(",") if key])
     if trajectory_id is not None:
-        shown = trajectory_steps(view, trajectory_id, env, cameras)
+        shown = trajectory_steps(store, trajectory_id, env, cameras)
     else:
-        found = find_episode(view, cast(int, episode), not per_trajectory)
-        shown = episode_steps(view, found, cameras)
+        found = find_episode(store, cast(int, episode), not per_trajectory)
+        shown = episode_steps(store, found, cameras)
     result = show_steps(shown, output, fps, progress=progress_wanted())
     width, height = result.frame_size
     what = shown.title if episode is None else f"episode {episode}: {shown.title}"
@@ -141,12 +145,11 @@ def report(
 ) -> None:
     """One HTML page: the store's summary, its plots, its episodes, and some in full (camera
     videos with reward / action / state plots that follow them)."""
-    from rbzarr.analysis.listing import StoreListing  # noqa: PLC0415
-    from rbzarr.analysis.report_page import write_report  # noqa: PLC0415 (torch)
+    from rbzarr.analysis.report_page import write_report  # noqa: PLC0415
     from rbzarr.analysis.summary import describe_store  # noqa: PLC0415
 
-    view = _open(ctx, url)
-    info = describe_store(StoreListing(store_source(ctx, url), storage_options(ctx)))
+    view = _open_arrays(ctx, url)
+    info = describe_store(view)
     result = write_report(
         view,
         info,

@@ -165,9 +165,9 @@ def plot(
 ) -> None:
     """Histograms of rewards, episode returns and lengths; return over trajectory id."""
     from rbzarr.analysis.plotting import plot_store  # noqa: PLC0415
-    from rbzarr.analysis.view import open_buffer  # noqa: PLC0415
+    from rbzarr.analysis.store_arrays import StoreArrays  # noqa: PLC0415 (no torch)
 
-    view = open_buffer(store_source(ctx, url), storage_options(ctx), **cache_arguments(ctx))
+    view = StoreArrays(store_source(ctx, url), storage_options(ctx), **cache_arguments(ctx))
     with tasks(scheduler) as running:
         counts = plot_store(
             view,

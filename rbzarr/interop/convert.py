@@ -11,7 +11,7 @@ import contextlib
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from rbzarr.interop.episodes import write_episodes
 from rbzarr.storage.io.location import Location
@@ -260,6 +260,9 @@ def export_dataset(
     _check_format(target_format, EXPORT_FORMATS, "export")
     if dataset_id is not None and target_format != "minari":
         raise ValueError(f"dataset_id names a Minari dataset, not a {target_format} export")
+    common = _ExportCommon(
+        include_incomplete=include_incomplete, storage_options=storage_options, progress=progress
+    )
     if target_format == "lerobot":
         with _datasets_extra():
             from rbzarr.interop.lerobot_write import export_lerobot  # noqa: PLC0415
@@ -270,39 +273,30 @@ def export_dataset(
             fps=fps,
             task=task,
             codec=codec,
-            include_incomplete=include_incomplete,
-            storage_options=storage_options,
             destination_options=destination_options,
-            progress=progress,
+            **common,
         )
         return DatasetExport(int(info["total_episodes"]), left_out)
     if target_format == "minari":
         with _datasets_extra():
             from rbzarr.interop.minari_format import export_minari  # noqa: PLC0415
 
-        return DatasetExport(
-            *export_minari(
-                source,
-                destination,
-                include_incomplete=include_incomplete,
-                storage_options=storage_options,
-                progress=progress,
-                dataset_id=dataset_id,
-            )
-        )
+        return DatasetExport(*export_minari(source, destination, dataset_id=dataset_id, **common))
     with _datasets_extra():
         from rbzarr.interop.robomimic import export_robomimic  # noqa: PLC0415
 
-    return DatasetExport(
-        *export_robomimic(
-            source,
-            destination,
-            include_incomplete=include_incomplete,
-            storage_options=storage_options,
-            destination_options=destination_options,
-            progress=progress,
-        )
+    written = export_robomimic(
+        source, destination, destination_options=destination_options, **common
     )
+    return DatasetExport(*written)
+
+
+class _ExportCommon(TypedDict):
+    """The keywords every dataset exporter takes."""
+
+    include_incomplete: bool
+    storage_options: Mapping[str, Any] | None
+    progress: bool
 
 
 def _source_url(

@@ -107,7 +107,7 @@ class Ahead(Protocol):
 
 
 class StoreReader:
-    """Samples rows (:meth:`sample`) and sequences (:meth:`sample_sequences`) of a window.
+    """Samples rows (:meth:`sample`) and sequences (:meth:`sequences_with_info`) of a window.
 
     Parameters
     ----------
@@ -211,7 +211,7 @@ class StoreReader:
         if kept is None or kept.index is not self.index or kept.ids != ids:
             kept = self._window = Window(ids, self.index)
             if self.layout is not None:
-                self.layout.sampling(len(ids))
+                self.layout.sample_window(len(ids))
         return kept
 
     def sync_priorities(self) -> None:
@@ -246,7 +246,7 @@ class StoreReader:
         n = check_count("num_chunks", n)
         if generator is None and self.ahead is not None:
             return self._sampling(self.rows, functools.partial(self.ahead.sample, n), None)
-        drawing = self._drawing(self.rows, n, generator, with_info=False)
+        drawing = functools.partial(self._draw_and_read, self.rows, n, generator, False)
         return self._sampling(self.rows, drawing, generator)[0]
 
     def sample_with_info(
@@ -255,30 +255,14 @@ class StoreReader:
         """:meth:`sample`, and per row its global index and importance weight
         (``{"index": int64 [n], "weight": float32 [n]}``); never drawn ahead."""
         n = check_count("num_chunks", n)
-        return self._sampling(self.rows, self._drawing(self.rows, n, generator), generator)
+        return self._sampling(
+            self.rows, functools.partial(self._draw_and_read, self.rows, n, generator), generator
+        )
 
     def draw_rows(self, n: int, generator: torch.Generator | None) -> Callable[[], Batch]:
         """Draw a batch of rows under the lock; the call returned reads it (without the lock)."""
         read = self._draw(self.rows, n, generator, with_info=False)
         return lambda: read()[0]
-
-    def sample_sequences(
-        self,
-        n: int,
-        length: int,
-        generator: torch.Generator | None = None,
-        strict_length: bool = False,
-    ) -> Batch:
-        """``n`` sequences of ``length`` steps, ``[n, length, ...]`` each, with ``"mask"``.
-
-        Raises
-        ------
-        ValueError
-            ``n`` or ``length`` is not positive, or the trajectories have no ``dones``.
-        EmptyBufferError
-            The window is empty, or with ``strict_length`` no episode is that long.
-        """
-        return self.sequences_with_info(n, length, generator, strict_length)[0]
 
     def sequences_with_info(
         self,
@@ -287,26 +271,19 @@ class StoreReader:
         generator: torch.Generator | None = None,
         strict_length: bool = False,
     ) -> tuple[Batch, Info]:
-        """:meth:`sample_sequences`, and per sequence its start row's global index and
-        importance weight."""
+        """``n`` sequences of ``length`` steps (``[n, length, ...]`` each, with ``"mask"``), and
+        per sequence its start row's global index and importance weight."""
         check_sequence_request(n, length, self.schema or None)
         sampler = self.sequences.of_length(length, strict_length)
-        return self._sampling(sampler, self._drawing(sampler, n, generator), generator)
-
-    def _drawing(
-        self,
-        sampler: Sampler,
-        n: int,
-        generator: torch.Generator | None,
-        with_info: bool = True,
-    ) -> Callable[[], tuple[Batch, Info]]:
-        """A call that draws and reads one batch (again each time: damage redraws it);
-        without ``with_info`` its info is empty."""
-        return functools.partial(self._draw_and_read, sampler, n, generator, with_info)
+        return self._sampling(
+            sampler, functools.partial(self._draw_and_read, sampler, n, generator), generator
+        )
 
     def _draw_and_read(
-        self, sampler: Sampler, n: int, generator: torch.Generator | None, with_info: bool
+        self, sampler: Sampler, n: int, generator: torch.Generator | None, with_info: bool = True
     ) -> tuple[Batch, Info]:
+        """Draw and read one batch (a new draw each call: damage redraws it); without
+        ``with_info`` its info is empty."""
         return self._draw(sampler, n, generator, with_info)()
 
     def _sampling(

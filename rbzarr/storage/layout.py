@@ -15,19 +15,22 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
+import numpy as np
 from tqdm import tqdm
 
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, StoreExistsError
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.names import bytes_by_prefix
+from rbzarr.storage.layout_audit import LayoutAudit
+from rbzarr.storage.layout_capabilities import LayoutCapabilities
 from rbzarr.storage.row_groups import RowGroups
-from rbzarr.trajectory.dtypes import dtype_name
-from rbzarr.trajectory.flat_view import flatten_trajectory
-from rbzarr.trajectory.model import Trajectory, validate
+from rbzarr.trajectory.dtypes import dtype_name, to_numpy
 
 if TYPE_CHECKING:
+    import torch
+
     from rbzarr.storage.rlinf.documents import Entry
+    from rbzarr.trajectory.model import Trajectory
     from rbzarr.trajectory.validated import ValidatedTrajectory
 
 __all__ = ["TrajectoryLayout", "check_entry_shape"]
@@ -37,12 +40,12 @@ class TrajectoryLayout(ABC):
     """How trajectories are laid out below a location.
 
     Subclasses implement :meth:`write`, :meth:`read`, :meth:`delete`, :meth:`list_ids`,
-    :meth:`trajectory_path` and :meth:`stored_paths`, and name their ``format``.  Layouts
-    that read single rows without loading a whole trajectory override the two row reads,
-    :meth:`read_rows` (one trajectory) and :meth:`read_groups_into` (a batch); layouts
-    that find damage cheaper than by decoding override :meth:`missing_parts`,
-    :meth:`describe_keys` and :meth:`field_names`.  A layout that records its format in
-    the catalog implements
+    :meth:`trajectory_path` and ``_stored_paths`` (what :meth:`audit` reports), and name
+    their ``format``.  Layouts that read single rows without loading a whole trajectory
+    override the two row reads, :meth:`read_rows` (one trajectory) and
+    :meth:`read_groups_into` (a batch); layouts that find damage cheaper than by decoding
+    override ``_missing_parts``, :meth:`describe_keys` and :meth:`field_names`.  A layout
+    that records its format in the catalog implements
     :class:`~rbzarr.storage.index.format_records.FormatRecords` too.
 
     Parameters
@@ -54,11 +57,8 @@ class TrajectoryLayout(ABC):
     format: ClassVar[str]
     # How describe_keys names the encoding of a whole trajectory (default: the format).
     _codec_name: ClassVar[str | None] = None
-    # What a layout can do beyond the interface; callers ask these, never the format.
-    # Many buffers may append to one store at once, each in a writer slot of its own.
-    supports_many_writers: ClassVar[bool] = False
-    # Takes ``local_cache_dir`` / ``local_cache_bytes``: a local copy of a remote store's data.
-    supports_local_cache: ClassVar[bool] = False
+    # What a layout can do beyond the interface; callers ask this, never the format.
+    capabilities: ClassVar[LayoutCapabilities] = LayoutCapabilities()
 
     def __init__(self, location: Location) -> None:
         self.location = location
@@ -187,20 +187,8 @@ class TrajectoryLayout(ABC):
         """
 
     @abstractmethod
-    def stored_paths(self) -> dict[str, int]:
-        """Every trajectory's data present here, indexed or not: ``{path: trajectory_id}``.
-
-        Returns
-        -------
-        dict
-            ``{path: trajectory_id}``, paths ``/``-joined below the root as
-            :meth:`trajectory_path` names them.
-
-        Raises
-        ------
-        StorageUnavailableError
-            The backend failed.
-        """
+    def _stored_paths(self) -> dict[str, int]:
+        """Every trajectory's data present here, indexed or not: ``{path: trajectory_id}``."""
 
     # -- rows -----------------------------------------------------------------------------
     def read_rows(
@@ -234,11 +222,56 @@ class TrajectoryLayout(ABC):
         IndexError
             A row is outside ``[0, T * B)``.
         """
+        from rbzarr.trajectory.flat_view import flatten_trajectory  # noqa: PLC0415 (torch)
+        from rbzarr.trajectory.model import validate  # noqa: PLC0415
+
         trajectory = self.read(entry)
         spec = validate(trajectory)
         check_entry_shape(entry, list(spec.shape), self.location.url)
         flat = flatten_trajectory(trajectory, spec)
         return {key: flat[key].index_select(0, rows) for key in keys}
+
+    def read_arrays(self, entry: Entry, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """:meth:`read` as numpy arrays (each dtype's bits as
+        :func:`~rbzarr.trajectory.dtypes.to_numpy` holds them: ``bfloat16`` as ``uint16``).
+
+        The default converts :meth:`read`'s tensors; a layout that decodes into numpy
+        overrides it, so the read-only tools need no torch.
+
+        Parameters
+        ----------
+        entry
+            The trajectory's index entry.
+        keys
+            Flat keys to read, or ``None`` for every field.
+
+        Returns
+        -------
+        dict
+            ``{key: array}``, raw ``[T(+E), B, ...]`` rows.
+
+        Raises
+        ------
+        CheckpointNotFoundError
+            The trajectory's data is missing.
+        CorruptStoreError
+            The data is damaged or lacks a key.
+        """
+        return {key: to_numpy(value) for key, value in self.read(entry, keys).tensors().items()}
+
+    def read_row_arrays(
+        self, entry: Entry, rows: np.ndarray, keys: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        """The rows :meth:`read_rows` reads (``rows``: any integers), as numpy arrays holding
+        the bits :meth:`read_arrays` holds; raises as :meth:`read_rows` does.
+
+        The default converts :meth:`read_rows`'s tensors; a layout that decodes into numpy
+        overrides it.
+        """
+        import torch  # noqa: PLC0415 (this layout reads tensors)
+
+        flat = torch.from_numpy(np.asarray(rows, dtype=np.int64).reshape(-1))
+        return {key: to_numpy(value) for key, value in self.read_rows(entry, flat, keys).items()}
 
     def read_groups_into(
         self, groups: RowGroups, keys: Sequence[str], out: Mapping[str, torch.Tensor]
@@ -278,13 +311,14 @@ class TrajectoryLayout(ABC):
                 out[key].index_copy_(0, positions, got[key])
 
     # -- presence and copies --------------------------------------------------------------
-    def warm(self, entries: Sequence[Entry]) -> None:  # noqa: B027  (a hook; most ignore it)
-        """A hint: ``entries`` (committed) form the sample window.  A layout keeping a local
-        copy of a remote store fetches them ahead and evicts them last; this one ignores it."""
-
-    def sampling(self, count: int) -> None:  # noqa: B027  (a hook; most ignore it)
-        """A hint: sampling draws from ``count`` trajectories (the window, when it changes).
-        A layout that keeps trajectories open keeps that many; this one ignores it."""
+    def sample_window(  # noqa: B027  (a hook; most ignore it)
+        self, count: int, committed: Sequence[Entry] | None = None
+    ) -> None:
+        """A hint, when the sample window changes: sampling draws from ``count``
+        trajectories, of which ``committed`` (when given) are complete in the store.  A
+        layout that keeps trajectories open keeps ``count``; one keeping a local copy of a
+        remote store fetches ``committed`` ahead and evicts them last; this one ignores
+        both."""
 
     def contains(self, entry: Entry) -> bool:
         """Whether the trajectory's data is present (its :meth:`trajectory_path` exists)."""
@@ -330,22 +364,18 @@ class TrajectoryLayout(ABC):
         self.location.child(*path).copy_into(target.location.child(*path))
 
     # -- format knowledge: describing and checking ----------------------------------------
-    def foreign_files(self, path: str) -> list[str]:
-        """Files at or below the trajectory path ``path`` that rbzarr did not write.
-
-        A repair deletes an orphan only when this is empty: a user's file that happens to
-        lie there is never removed.  The default finds none.
-
-        Parameters
-        ----------
-        path
-            A trajectory path from :meth:`stored_paths`.
+    def audit(self) -> LayoutAudit:
+        """This layout's checks of its stored data (what ``verify`` and ``recode`` ask).
 
         Returns
         -------
-        list of str
-            The foreign files, relative to ``path``.
+        LayoutAudit
+            The stored paths, the foreign files below one, and a trajectory's missing parts.
         """
+        return LayoutAudit(self._stored_paths, self._foreign_files, self._missing_parts)
+
+    def _foreign_files(self, path: str) -> list[str]:
+        """Files below the trajectory path ``path`` rbzarr did not write; the default: none."""
         return []
 
     def field_names(self, entry: Entry) -> list[str]:
@@ -365,22 +395,15 @@ class TrajectoryLayout(ABC):
         """
         return list(self.read(entry).tensors())
 
-    def missing_parts(self, entry: Entry) -> list[str]:
-        """Parts of a present trajectory that are absent (one message each).
+    def field_dtypes(self, entry: Entry) -> dict[str, str]:
+        """Flat key to dtype name (``"float32"``, ``"bfloat16"``) of every field of the
+        trajectory of ``entry``, in order: what :meth:`read_arrays` does not tell (it holds
+        ``bfloat16`` as ``uint16``).  The default reads the trajectory; layouts with field
+        metadata override it."""
+        return {key: dtype_name(value.dtype) for key, value in self.read(entry).tensors().items()}
 
-        For damage that decoding would not reveal, such as a Zarr chunk that reads as fill
-        values when it is missing.  The default finds nothing: decoding checks the rest.
-
-        Parameters
-        ----------
-        entry
-            The index entry of a trajectory whose data is present.
-
-        Returns
-        -------
-        list of str
-            One message per missing part.
-        """
+    def _missing_parts(self, entry: Entry) -> list[str]:
+        """Absent parts of a present trajectory; the default: none (decoding checks it)."""
         return []
 
     def describe_keys(

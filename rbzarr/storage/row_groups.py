@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from rbzarr.storage.rlinf.documents import Entry
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["RowGroups"]
 
@@ -40,10 +43,16 @@ class RowGroups:
     slots: np.ndarray | None = None
 
     @classmethod
-    def of(cls, requests: Sequence[tuple[Entry, torch.Tensor, torch.Tensor]]) -> RowGroups:
-        """The groups of ``(entry, rows, positions)`` requests, one per request."""
-        rows = [torch.as_tensor(r, dtype=torch.int64).numpy().reshape(-1) for _, r, _ in requests]
-        positions = [p.numpy().reshape(-1) for _, _, p in requests]
+    def of(
+        cls,
+        requests: Sequence[
+            tuple[Entry, torch.Tensor | np.ndarray | Sequence[int], torch.Tensor | np.ndarray]
+        ],
+    ) -> RowGroups:
+        """The groups of ``(entry, rows, positions)`` requests, one per request (tensors or
+        arrays)."""
+        rows = [np.asarray(r, dtype=np.int64).reshape(-1) for _, r, _ in requests]
+        positions = [np.asarray(p, dtype=np.int64).reshape(-1) for _, _, p in requests]
         lengths = np.fromiter(map(len, rows), np.int64, len(rows))
         bounds = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(lengths, out=bounds[1:])
@@ -69,6 +78,8 @@ class RowGroups:
 
     def requests(self) -> list[tuple[Entry, torch.Tensor, torch.Tensor]]:
         """One ``(entry, rows, positions)`` request per group (tensors sharing the arrays)."""
+        import torch  # noqa: PLC0415 (only layouts that read tensors ask)
+
         rows, positions = torch.from_numpy(self.rows), torch.from_numpy(self.positions)
         sizes = np.diff(self.bounds).tolist()
         return list(zip(self.entries, rows.split(sizes), positions.split(sizes), strict=True))

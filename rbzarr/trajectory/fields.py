@@ -7,12 +7,19 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Mapping
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rbzarr.errors import InvalidTrajectoryError
 from rbzarr.trajectory import tree
+
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    import numpy as np
+    import torch
+
+    # Rows of either kind: the result is of the argument's kind.
+    Rows = TypeVar("Rows", torch.Tensor, np.ndarray)
 
 __all__ = [
     "DICT_FIELDS",
@@ -20,6 +27,7 @@ __all__ = [
     "RESET_ROW_FIELDS",
     "SCALAR_FIELDS",
     "TENSOR_FIELDS",
+    "check_field_names",
     "raw_time_rows",
     "trajectory_scalars",
     "trajectory_tensors",
@@ -43,6 +51,20 @@ DICT_FIELDS = ("curr_obs", "next_obs", "forward_inputs")
 RESET_ROW_FIELDS = ("terminations", "truncations", "dones")
 # RLinf's dataclass order.
 FIELD_NAMES = (*SCALAR_FIELDS, *TENSOR_FIELDS, "forward_inputs", "curr_obs", "next_obs")
+
+
+def check_field_names(nested: Mapping[str, Any]) -> None:
+    """Refuse a nested dict of fields (:func:`~rbzarr.trajectory.tree.unflatten`) with a
+    top-level key that is not a trajectory's tensor or dict field.
+
+    Raises
+    ------
+    InvalidTrajectoryError
+        The unknown keys, named.
+    """
+    unknown = [k for k in nested if k not in TENSOR_FIELDS and k not in DICT_FIELDS]
+    if unknown:
+        raise InvalidTrajectoryError(f"unknown trajectory fields {unknown}")
 
 
 def _check_is_trajectory(traj: object) -> None:
@@ -94,13 +116,14 @@ def trajectory_scalars(traj: object) -> tuple[int, str]:
     return int(length), weights_id
 
 
-def raw_time_rows(t: torch.Tensor, T: int, raw_rows: int) -> torch.Tensor:
+def raw_time_rows(t: Rows, T: int, raw_rows: int) -> Rows:
     """Map flat time steps ``t`` to rows of a raw field holding ``raw_rows`` rows.
 
     A reset-row field with E epochs stores ``T + E`` rows; step ``t`` lives at raw row
-    ``t + t // (T / E) + 1``.  Other fields map ``t`` to itself.
+    ``t + t // (T / E) + 1``.  Other fields map ``t`` to itself.  ``t``: an int64 tensor or
+    numpy array (the result is of its kind).
     """
     epochs = raw_rows - T
     if epochs <= 0:
         return t
-    return t + torch.div(t, T // epochs, rounding_mode="floor") + 1
+    return t + t // (T // epochs) + 1

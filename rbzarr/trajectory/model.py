@@ -19,11 +19,13 @@ from rbzarr.trajectory.fields import (
     DICT_FIELDS,
     RESET_ROW_FIELDS,
     TENSOR_FIELDS,
+    check_field_names,
     raw_time_rows,
     trajectory_scalars,
     trajectory_tensors,
 )
 from rbzarr.trajectory.intervention import intervened_columns, intervention_mask
+from rbzarr.trajectory.shapes import Schema, TrajectorySpec, check_shapes
 
 __all__ = [
     "DICT_FIELDS",
@@ -37,9 +39,6 @@ __all__ = [
     "trajectory_from_raw",
     "validate",
 ]
-
-# path -> (torch dtype name, trailing shape after the sample dimension)
-Schema = dict[str, tuple[str, tuple[int, ...]]]
 
 
 @dataclass(eq=False)
@@ -162,67 +161,6 @@ def _same_value(a: Any, b: Any) -> bool:
     return torch.equal(a, b)
 
 
-@dataclass(frozen=True)
-class TrajectorySpec:
-    """What validation learnt about a trajectory."""
-
-    T: int
-    B: int
-    shape: tuple[int, ...]
-    schema: Schema
-
-    @property
-    def num_samples(self) -> int:
-        """Rows in the flat view: ``T * B``."""
-        return self.T * self.B
-
-
-def _reference(fields: Mapping[str, Any]) -> tuple[str, torch.Tensor]:
-    for name in ("prev_logprobs", "rewards"):
-        value = fields.get(name)
-        if value is not None:
-            return name, value
-    raise InvalidTrajectoryError(
-        "trajectory carries no samples: it has neither 'prev_logprobs' nor 'rewards'"
-    )
-
-
-def _majority_shape(
-    fields: Mapping[str, torch.Tensor], ref_name: str, ref: torch.Tensor
-) -> tuple[int, int, list[str]]:
-    """The ``(T, B)`` most fields hold (``ref``'s on a tie), and the fields that hold it.
-
-    A field whose leading dimensions disagree is then the one blamed, whichever field the
-    trajectory's ``T`` is usually read from.
-    """
-    votes: dict[tuple[int, int], list[str]] = {}
-    for path, value in fields.items():
-        if value.dim() >= 2 and path not in RESET_ROW_FIELDS:
-            votes.setdefault((int(value.shape[0]), int(value.shape[1])), []).append(path)
-    reference = (int(ref.shape[0]), int(ref.shape[1]))
-    best = max(votes, key=lambda shape: (len(votes[shape]), shape == reference), default=None)
-    T, B = reference if best is None else best
-    return T, B, votes.get((T, B), [ref_name])
-
-
-def _epochs(path: str, rows: int, T: int) -> int:
-    """Number of reset rows in a field with ``rows`` raw rows (0 unless a reset-row field).
-
-    Raises
-    ------
-    InvalidTrajectoryError
-        A reset-row field's extra rows ``E`` are negative or do not divide ``T``.
-    """
-    if path not in RESET_ROW_FIELDS or rows == T:
-        return 0
-    extra = rows - T
-    if extra < 0 or T % extra != 0:
-        raise InvalidTrajectoryError(
-            f"field {path!r}: expected T={T} rows, or T+E rows with E dividing T, got {rows}"
-        )
-    return extra
-
-
 def validate(traj: object, schema: Schema | None = None) -> TrajectorySpec:
     """Check that every field agrees on T and B (and with ``schema``, if given).
 
@@ -244,34 +182,8 @@ def validate(traj: object, schema: Schema | None = None) -> TrajectorySpec:
             raise InvalidTrajectoryError(
                 f"field {path!r}: expected a dense (strided) tensor, got layout {value.layout}"
             )
-    ref_name, ref = _reference(fields)
-    if ref.dim() < 2:
-        raise InvalidTrajectoryError(
-            f"field {ref_name!r}: expected [T, B, ...], got shape {tuple(ref.shape)}"
-        )
-    T, B, agreeing = _majority_shape(fields, ref_name, ref)
-    if T * B == 0:
-        raise InvalidTrajectoryError(
-            f"field {ref_name!r}: trajectory carries no samples, shape {tuple(ref.shape)}"
-        )
-    found: Schema = {}
-    for path, value in fields.items():
-        if value.dim() < 2:
-            continue
-        rows = int(value.shape[0])
-        epochs = _epochs(path, rows, T)
-        if rows - epochs != T or value.shape[1] != B:
-            named = ", ".join(repr(name) for name in agreeing[:3])
-            more = f" and {len(agreeing) - 3} more" if len(agreeing) > 3 else ""
-            raise InvalidTrajectoryError(
-                f"field {path!r}: expected T={T}, B={B} as {named}{more}, got {tuple(value.shape)}"
-            )
-        found[path] = (_dtype(path, value), tuple(int(d) for d in value.shape[2:]))
-    if schema is not None:
-        if found != schema:
-            raise InvalidTrajectoryError(_schema_difference(schema, found))
-        found = dict(schema)
-    return TrajectorySpec(T=T, B=B, shape=tuple(int(d) for d in ref.shape), schema=found)
+    shapes = {path: tuple(value.shape) for path, value in fields.items()}
+    return check_shapes(shapes, lambda path: _dtype(path, fields[path]), schema)
 
 
 def _dtype(path: str, value: torch.Tensor) -> str:
@@ -279,20 +191,6 @@ def _dtype(path: str, value: torch.Tensor) -> str:
         return dtype_name(value.dtype)
     except ValueError as exc:
         raise InvalidTrajectoryError(f"field {path!r}: {exc}") from exc
-
-
-def _schema_difference(expected: Schema, got: Schema) -> str:
-    missing = [k for k in expected if k not in got]
-    extra = [k for k in got if k not in expected]
-    if missing or extra:
-        return f"fields differ from the buffer's schema: missing {missing}, unexpected {extra}"
-    for path, want in expected.items():
-        if got[path] != want:
-            return (
-                f"field {path!r}: expected dtype {want[0]} and trailing shape {want[1]}, "
-                f"got dtype {got[path][0]} and trailing shape {got[path][1]}"
-            )
-    raise AssertionError("schemas differ only in key order")  # pragma: no cover
 
 
 def trajectory_from_raw(
@@ -306,9 +204,7 @@ def trajectory_from_raw(
         A top-level key is not a trajectory field.
     """
     nested = tree.unflatten(fields)
-    unknown = [k for k in nested if k not in TENSOR_FIELDS and k not in DICT_FIELDS]
-    if unknown:
-        raise InvalidTrajectoryError(f"unknown trajectory fields {unknown}")
+    check_field_names(nested)
     return Trajectory(
         max_episode_length=max_episode_length, model_weights_id=model_weights_id, **nested
     )

@@ -6,9 +6,10 @@ The flat form maps ``"/"``-joined key paths to tensors, in walk order (depth fir
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["SEP", "flatten", "leaves", "map_flat", "unflatten"]
 

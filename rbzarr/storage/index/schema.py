@@ -4,17 +4,17 @@ the buffer: the buffer, its checkpoints and the analysis tools all read them her
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rbzarr.errors import CorruptStoreError, UnsafePathError
 from rbzarr.storage.index.entry import count
 from rbzarr.storage.io.names import safe_key
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.rlinf.documents import Entry
-from rbzarr.trajectory.dtypes import dtype_from_name, dtype_name
-from rbzarr.trajectory.model import Schema
+from rbzarr.trajectory.dtypes import dtype_name, storage_dtype
+
+if TYPE_CHECKING:
+    from rbzarr.trajectory.model import Schema
 
 __all__ = ["check_schema", "is_rbzarr_store", "schema_from_json", "schema_to_json"]
 
@@ -51,6 +51,8 @@ def check_schema(schema: Schema, layout: TrajectoryLayout, entry: Entry) -> None
     of ``entry`` (so nothing is ever allocated by the sizes the schema declares)."""
     if not schema or int(entry["num_samples"]) == 0:
         return
+    import torch  # noqa: PLC0415 (the buffer's check: tensors)
+
     where = f"{layout.location.url}: trajectory {entry['trajectory_id']}"
     try:
         rows = layout.read_rows(entry, torch.zeros(1, dtype=torch.int64), list(schema))
@@ -68,7 +70,7 @@ def check_schema(schema: Schema, layout: TrajectoryLayout, entry: Entry) -> None
 
 def _dtype_name(name: Any) -> str:
     """``name`` if it names a dtype rbzarr stores, else ``ValueError``."""
-    dtype_from_name(str(name))
+    storage_dtype(str(name))
     return str(name)
 
 

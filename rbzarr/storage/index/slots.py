@@ -265,7 +265,7 @@ def slot_files(location: Location, slot: int, writing: TrajectoryLayout | None =
     documents is upgraded into one), else RLinf's documents; a slot read keeps a log if
     it holds one."""
     where = slot_location(location, slot)
-    keeps_log = index_log.has_log(where) if writing is None else writing.supports_many_writers
+    keeps_log = index_log.has_log(where) if writing is None else writing.capabilities.many_writers
     return LogSlotFiles(where) if keeps_log else DocumentSlotFiles(where)
 
 

@@ -45,7 +45,7 @@ class WriterSlot:
     def claim(cls, layout: TrajectoryLayout) -> WriterSlot:
         """Claim the lowest free slot of ``layout``'s store (only slot 0 for pt / pkl)."""
         location = layout.location
-        if not layout.supports_many_writers:
+        if not layout.capabilities.many_writers:
             claim = SlotClaim.acquire(location, 0)
             if claim is None:
                 raise StoreExistsError(
@@ -111,7 +111,7 @@ class WriterSlot:
             *self.layout.trajectory_path({"trajectory_id": counter, "model_weights_id": ""})
         ):
             counter += 1
-        if self.layout.supports_many_writers:
+        if self.layout.capabilities.many_writers:
             return counter
         # pt / pkl file names hold model_weights_id: only a listing finds them.
         stored = [i for i in self.layout.list_ids() if self.owns(i)]

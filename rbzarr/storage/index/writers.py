@@ -124,7 +124,7 @@ class IndexWriter(ABC):
         ValueError
             This slot keeps RLinf's documents (a pt / pkl store): only a log collects.
         """
-        if not self.layout.supports_many_writers:
+        if not self.layout.capabilities.many_writers:
             raise ValueError(
                 f"retention needs a zarr store (its index is a log); "
                 f"{self.layout.location.url} is a {self.layout.format!r} store"

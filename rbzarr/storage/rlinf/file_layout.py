@@ -176,13 +176,13 @@ class FileLayout(TrajectoryLayout):
         # docstring inherited
         self.location.delete(self.file_name(entry))
 
-    def stored_paths(self) -> dict[str, int]:
+    def _stored_paths(self) -> dict[str, int]:
         """Every file at the root named like a trajectory file of this format."""
         pattern = self.name_pattern()
         matches = (pattern.fullmatch(name) for name in self.location.list_names())
         return {match.group(0): int(match.group(1)) for match in matches if match}
 
-    def foreign_files(self, path: str) -> list[str]:
+    def _foreign_files(self, path: str) -> list[str]:
         """``[path]`` unless the file loads as a trajectory dict (else it is the user's)."""
         source = f"{self.location.url}/{path}"
         try:
@@ -193,7 +193,7 @@ class FileLayout(TrajectoryLayout):
 
     def list_ids(self) -> list[int]:
         # docstring inherited
-        return sorted(set(self.stored_paths().values()))
+        return sorted(set(self._stored_paths().values()))
 
 
 def _trajectory_from_record(

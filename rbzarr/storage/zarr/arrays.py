@@ -13,11 +13,9 @@ import asyncio
 from typing import Any
 
 import numpy as np
-import torch
 from zarr.core.array import AsyncArray
 
 from rbzarr.errors import CorruptStoreError
-from rbzarr.trajectory.model import raw_time_rows
 
 __all__ = ["gather", "read_rows", "read_whole"]
 
@@ -44,11 +42,10 @@ async def read_whole(array: AsyncArray[Any], where: str) -> np.ndarray:
 
 
 async def read_rows(
-    array: AsyncArray[Any], steps: torch.Tensor, envs: np.ndarray, T: int, where: str
+    array: AsyncArray[Any], raw: np.ndarray, envs: np.ndarray, where: str
 ) -> np.ndarray:
-    """Rows ``(steps, envs)`` of a ``[T(+E), B, ...]`` array: one orthogonal selection of the
-    distinct raw time rows, then a gather."""
-    raw = raw_time_rows(steps, T, int(array.shape[0])).numpy()
+    """Rows ``(raw, envs)`` of a ``[T(+E), B, ...]`` array (``raw``: stored time rows, reset
+    rows counted): one orthogonal selection of the distinct time rows, then a gather."""
     if raw.size == 0 or 0 in array.shape[2:]:
         return np.empty((raw.size, *array.shape[2:]), dtype=array.dtype)
     times, inverse = np.unique(raw, return_inverse=True)

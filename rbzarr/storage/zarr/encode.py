@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from rbzarr.storage.io import thread_pool
 from rbzarr.storage.zarr import shard_index
@@ -21,7 +20,10 @@ from rbzarr.storage.zarr.chunking import KeyPlan
 from rbzarr.storage.zarr.codecs import Codec, psnr
 from rbzarr.storage.zarr.image_codecs import frames
 from rbzarr.trajectory.dtypes import dtype_name, to_numpy
-from rbzarr.trajectory.model import RESET_ROW_FIELDS
+from rbzarr.trajectory.fields import RESET_ROW_FIELDS
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "LOCAL_SEPARATOR",

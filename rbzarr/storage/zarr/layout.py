@@ -38,11 +38,10 @@ import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 import numpy as np
-import torch
 import zarr
 from zarr.abc.store import Store
 from zarr.api import asynchronous as zarr_async
@@ -55,6 +54,7 @@ from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.names import is_temporary_name, number_name
 from rbzarr.storage.io.object_ranges import object_ranges
 from rbzarr.storage.layout import TrajectoryLayout
+from rbzarr.storage.layout_capabilities import LayoutCapabilities
 from rbzarr.storage.rlinf import documents as store_documents
 from rbzarr.storage.rlinf.documents import INDEX_FILE, METADATA_FILE, Documents, Entry, Finding
 from rbzarr.storage.row_groups import RowGroups
@@ -88,9 +88,19 @@ from rbzarr.storage.zarr.shard_cache import DEFAULT_LOCAL_CACHE_BYTES, ShardCach
 from rbzarr.storage.zarr.sharded import ShardedTrajectory
 from rbzarr.storage.zarr.spec import parse_specs
 from rbzarr.storage.zarr.window_table import WindowTable
-from rbzarr.trajectory.dtypes import dtype_name, from_numpy, to_numpy
-from rbzarr.trajectory.model import Trajectory, trajectory_from_raw
-from rbzarr.trajectory.validated import ValidatedTrajectory, rows_to_write, staging_of
+from rbzarr.trajectory.dtypes import (
+    dtype_from_name,
+    dtype_name,
+    from_numpy,
+    storage_dtype,
+    to_numpy,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from rbzarr.trajectory.model import Trajectory
+    from rbzarr.trajectory.validated import ValidatedTrajectory
 
 __all__ = [
     "DEFAULT_HANDLES",
@@ -177,8 +187,7 @@ class ZarrLayout(TrajectoryLayout):
     """
 
     format = "zarr"
-    supports_many_writers = True
-    supports_local_cache = True
+    capabilities = LayoutCapabilities(many_writers=True, local_cache=True)
 
     def __init__(
         self,
@@ -236,7 +245,7 @@ class ZarrLayout(TrajectoryLayout):
         # docstring inherited
         return describe.trajectory_path(entry)
 
-    def stored_paths(self) -> dict[str, int]:
+    def _stored_paths(self) -> dict[str, int]:
         # docstring inherited
         return {f"{TRAJECTORIES}/{tid}": tid for tid in self.list_ids()}
 
@@ -261,7 +270,7 @@ class ZarrLayout(TrajectoryLayout):
     async def _list_names(self, prefix: str) -> list[str]:
         return [name async for name in self._opener.store().list_dir(prefix)]
 
-    def foreign_files(self, path: str) -> list[str]:
+    def _foreign_files(self, path: str) -> list[str]:
         """Files below a trajectory group other than node documents, chunks and shards below
         ``c/``, and temporary files of an interrupted write."""
         return [
@@ -282,12 +291,16 @@ class ZarrLayout(TrajectoryLayout):
             raise ValueError(f"{self.location.url}: trajectory group has no {FIELDS_ATTR!r}")
         return list(fields)
 
+    def field_dtypes(self, entry: Entry) -> dict[str, str]:
+        # docstring inherited
+        return dict(self._opener.open_many([entry], [])[0].dtypes)  # no shard opened
+
     def group_arrays(self, group: zarr.Group) -> dict[str, zarr.Array]:
         """Every array below a trajectory group; an array document zarr refuses is
         :class:`CorruptStoreError`."""
         return describe.group_arrays(self.location, group)
 
-    def missing_parts(self, entry: Entry) -> list[str]:
+    def _missing_parts(self, entry: Entry) -> list[str]:
         # docstring inherited
         found = []
         for name, node in self.group_arrays(self.zarr_group(entry)).items():
@@ -348,6 +361,27 @@ class ZarrLayout(TrajectoryLayout):
     # -- reading --------------------------------------------------------------------------
     def read(self, entry: Entry, keys: Sequence[str] | None = None) -> Trajectory:
         # docstring inherited
+        from rbzarr.trajectory.model import trajectory_from_raw  # noqa: PLC0415 (torch)
+
+        names, values = self._read_whole(entry, keys)
+        fields = {
+            key: from_numpy(value, dtype_from_name(names[key])) for key, value in values.items()
+        }
+        return trajectory_from_raw(
+            fields,
+            max_episode_length=int(entry.get("max_episode_length", 0)),
+            model_weights_id=str(entry.get("model_weights_id", "")),
+        )
+
+    def read_arrays(self, entry: Entry, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Decoded into numpy here (no torch): :meth:`read` converts these at its boundary."""
+        return self._read_whole(entry, keys)[1]
+
+    def _read_whole(
+        self, entry: Entry, keys: Sequence[str] | None
+    ) -> tuple[dict[str, str], dict[str, np.ndarray]]:
+        """The dtype name of every field, and the whole arrays of ``keys`` (all: ``None``)
+        in their numpy storage dtypes."""
         opened = self._opener.open_many([entry], keys)[0]
         wanted = list(opened.dtypes) if keys is None else list(keys)
         zarr_rows.check_keys(opened, wanted, self.location.url)
@@ -360,38 +394,61 @@ class ZarrLayout(TrajectoryLayout):
             values = dict(zip(zarr_arrays, sync(whole), strict=True))
             described = [key for key in wanted if key not in zarr_arrays]
             values.update(sharded.read_whole_shards(self._opener.location(), opened, described))
-        fields = {key: from_numpy(np.asarray(values[key]), opened.dtypes[key]) for key in wanted}
-        return trajectory_from_raw(
-            fields,
-            max_episode_length=int(entry.get("max_episode_length", 0)),
-            model_weights_id=str(entry.get("model_weights_id", "")),
-        )
+        return opened.dtypes, {
+            key: np.asarray(values[key]).astype(storage_dtype(opened.dtypes[key]), copy=False)
+            for key in wanted
+        }
 
     def read_rows(
         self, entry: Entry, rows: torch.Tensor, keys: Sequence[str]
     ) -> dict[str, torch.Tensor]:
         # docstring inherited
+        names = self._opener.open_many([entry])[0].dtypes
+        return {
+            key: from_numpy(value, dtype_from_name(names[key]))
+            for key, value in self.read_row_arrays(entry, np.asarray(rows), keys).items()
+        }
+
+    def read_row_arrays(
+        self, entry: Entry, rows: np.ndarray, keys: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        """Gathered into numpy here (no torch): :meth:`read_rows` converts these."""
         (handles,) = self._opener.open_many([entry])
         zarr_rows.check_keys(handles, keys, self.location.url, sampled=True)
-        count = int(torch.as_tensor(rows).numel())
+        flat = np.asarray(rows, dtype=np.int64).reshape(-1)
         out = {
-            key: torch.empty((count, *handles.shape(key)[2:]), dtype=handles.dtypes[key])
+            key: np.empty(
+                (len(flat), *handles.shape(key)[2:]), dtype=storage_dtype(handles.dtypes[key])
+            )
             for key in keys
         }
-        self.read_groups_into(RowGroups.of([(entry, rows, torch.arange(count))]), keys, out)
+        groups = RowGroups.of([(entry, flat, np.arange(len(flat)))])
+        self._read_groups(groups, keys, out, {key: handles.dtypes[key] for key in keys})
         return out
 
     def read_groups_into(
         self, groups: RowGroups, keys: Sequence[str], out: Mapping[str, torch.Tensor]
     ) -> None:
         # docstring inherited
+        views = {key: to_numpy(out[key]) for key in keys}
+        self._read_groups(groups, keys, views, {key: dtype_name(out[key].dtype) for key in keys})
+
+    def _read_groups(
+        self,
+        groups: RowGroups,
+        keys: Sequence[str],
+        out: Mapping[str, np.ndarray],
+        out_dtypes: Mapping[str, str],
+    ) -> None:
+        """Rows of ``groups`` into the numpy arrays ``out`` (their dtypes named by
+        ``out_dtypes``); by window position where the groups name their window."""
         table = self._window_table(groups, tuple(keys))
         found = None if table is None else table.take(groups.slots)  # type: ignore[arg-type]
         with translate_errors(self.location.url, "reading"):
             opened: Sequence[ShardedTrajectory]
             if found is None:
                 opened = self._opener.open_many(groups.entries)
-                planned = zarr_rows.row_plans(opened, keys, out, self.location.url)
+                planned = zarr_rows.row_plans(opened, keys, out, out_dtypes, self.location.url)
                 if table is not None:
                     table.fill(groups.slots, opened, planned)  # type: ignore[arg-type]
             else:
@@ -402,6 +459,7 @@ class ZarrLayout(TrajectoryLayout):
                 groups,
                 keys,
                 out,
+                out_dtypes,
                 self.byte_source,
                 self.range_gap,
                 planned,
@@ -424,25 +482,25 @@ class ZarrLayout(TrajectoryLayout):
             table = self._table = WindowTable(window, keys, version, 4 + 2 * len(keys))
         return table
 
-    def sampling(self, count: int) -> None:
+    def sample_window(self, count: int, committed: Sequence[Entry] | None = None) -> None:
         """Without an explicit ``handle_cache_size``: keep the handles of ``count``
-        trajectories (a window of more would reopen those it draws on every batch)."""
+        trajectories (a window of more would reopen those it draws on every batch).  With a
+        local cache: those of ``committed`` not cached are fetched into it on a background
+        thread, and they are evicted last."""
         if self._handles_follow_window:
             self._opener.handles.keep_at_least(count + _HANDLE_SLACK)
-
-    def warm(self, entries: Sequence[Entry]) -> None:
-        """With a local cache: the trajectories of the sample window.  Those not cached are
-        fetched into it on a background thread, and they are evicted last."""
-        if self.shard_cache is None:
+        if self.shard_cache is None or committed is None:
             return
-        keys = [cache_key(entry) for entry in entries]
+        keys = [cache_key(entry) for entry in committed]
         self.shard_cache.retain(key for key in keys if key is not None)
-        self._warming.submit(entries)
+        self._warming.submit(committed)
 
     # -- writing --------------------------------------------------------------------------
     def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
         """Each array is one shard (arrays of kind ``"zarr"`` go through zarr); the group's
         attributes are written last."""
+        from rbzarr.trajectory.validated import rows_to_write, staging_of  # noqa: PLC0415
+
         staging = staging_of(trajectory)
         trajectory = rows_to_write(trajectory)
         tid = trajectory_id(entry)
@@ -723,7 +781,7 @@ class _Warmer:
 
 
 def _written_by_rbzarr(name: PurePosixPath) -> bool:
-    """Whether a file below a trajectory group is one rbzarr writes (see ``foreign_files``)."""
+    """Whether a file below a trajectory group is one rbzarr writes (see ``_foreign_files``)."""
     return (
         name.name == "zarr.json"
         or "c" in name.parts[:-1]

@@ -17,13 +17,15 @@ whose rows mostly differ (more than half) are stored whole, as before.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from rbzarr.storage.zarr.chunking import KeyPlan
 from rbzarr.trajectory.dtypes import to_numpy
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["CURR", "NEXT", "differing_rows", "pair_of", "rebuild", "split_elements"]
 

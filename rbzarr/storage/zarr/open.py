@@ -42,7 +42,7 @@ from rbzarr.storage.zarr.remote import checked_bytes
 from rbzarr.storage.zarr.shard_cache import ShardCache, cache_key
 from rbzarr.storage.zarr.sharded import ShardedTrajectory
 from rbzarr.storage.zarr.spec import MAX_CHUNK_BYTES, NUMERIC_KINDS
-from rbzarr.trajectory.dtypes import dtype_from_name
+from rbzarr.trajectory.dtypes import storage_dtype
 
 __all__ = ["FIELDS_ATTR", "TRAJECTORIES", "TrajectoryOpener", "group_path"]
 
@@ -199,7 +199,9 @@ class TrajectoryOpener:
             attrs, members = _group_attrs(tid, raw, location.url)
             _check_claim(entry, attrs, f"{location.url}/{group_path(tid)}")
             try:
-                fields = {key: dtype_from_name(name) for key, name in attrs[FIELDS_ATTR].items()}
+                fields = {key: name for key, name in attrs[FIELDS_ATTR].items()}
+                for name in fields.values():
+                    storage_dtype(name)  # one rbzarr stores, else ValueError
                 layout = attrs.get(sharded.LAYOUT_ATTR)
                 if layout is None:
                     arrays = self._open_arrays(

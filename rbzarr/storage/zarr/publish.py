@@ -18,10 +18,9 @@ import json
 import os
 import shutil
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from zarr.abc.store import Store
 from zarr.codecs import BytesCodec
 from zarr.core.array import AsyncArray
@@ -43,6 +42,9 @@ from rbzarr.storage.zarr.encode import dimension_names, one_buffer
 from rbzarr.storage.zarr.open import TRAJECTORIES
 from rbzarr.storage.zarr.shard_index import DTYPE_ATTR
 from rbzarr.trajectory.dtypes import dtype_name, to_numpy
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["GroupPublisher", "group_document"]
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 from zarr.core.array import AsyncArray
 
 from rbzarr.errors import CorruptStoreError
@@ -28,7 +27,7 @@ from rbzarr.storage.zarr.handles import trajectory_id
 from rbzarr.storage.zarr.local import PREFETCH_ROW_BYTES, LocalShard
 from rbzarr.storage.zarr.regions import Region, record_dtype
 from rbzarr.storage.zarr.sharded import RowBatch, ShardedTrajectory
-from rbzarr.trajectory.dtypes import byte_rows, from_numpy
+from rbzarr.trajectory.dtypes import byte_rows
 
 __all__ = [
     "RowPlans",
@@ -45,12 +44,17 @@ def read_rows_into(
     opened: Sequence[ShardedTrajectory],
     groups: RowGroups,
     keys: Sequence[str],
-    out: Mapping[str, torch.Tensor],
+    out: Mapping[str, np.ndarray],
+    out_dtypes: Mapping[str, str],
     source: ByteSource,
     range_gap: int,
     planned: RowPlans | None = None,
 ) -> None:
     """Fill rows ``groups.positions`` of ``out[key]`` with the grouped rows, for every key.
+
+    ``out`` holds numpy arrays (the bits of dtype ``out_dtypes[key]``, as
+    :func:`~rbzarr.trajectory.dtypes.to_numpy` holds them); a caller with tensors passes
+    their numpy views, so torch stays at the buffer's side of the call.
 
     ``opened`` holds the handles of each group's trajectory, ``planned`` (when known) their
     :func:`row_plans`.  Keys whose shards sit in region bays
@@ -61,7 +65,7 @@ def read_rows_into(
     """
     if not len(groups):
         return
-    plans, table = planned or row_plans(opened, keys, out, location.url)
+    plans, table = planned or row_plans(opened, keys, out, out_dtypes, location.url)
     views = {key: byte_rows(out[key]) for key in keys}
     which = groups.which()
     _check_rows(groups, table[:, 0] * table[:, 1], which)
@@ -77,13 +81,15 @@ RowPlans = tuple[Sequence["_RowPlan"], np.ndarray]
 def row_plans(
     opened: Sequence[ShardedTrajectory],
     keys: Sequence[str],
-    out: Mapping[str, torch.Tensor],
+    out: Mapping[str, np.ndarray],
+    out_dtypes: Mapping[str, str],
     url: str,
 ) -> RowPlans:
     """How ``keys`` of each of ``opened`` are read into ``out`` (kept on the handles)."""
     wanted = tuple(keys)
     plans: list[_RowPlan] = [
-        handles.plans.get(wanted) or _first_plan(handles, keys, out, url) for handles in opened
+        handles.plans.get(wanted) or _first_plan(handles, keys, out, out_dtypes, url)
+        for handles in opened
     ]
     # One row of numbers per trajectory, joined as bytes: one pass, no per-row numpy call.
     joined = b"".join([plan.numbers for plan in plans])
@@ -91,11 +97,15 @@ def row_plans(
 
 
 def _first_plan(
-    handles: ShardedTrajectory, keys: Sequence[str], out: Mapping[str, torch.Tensor], url: str
+    handles: ShardedTrajectory,
+    keys: Sequence[str],
+    out: Mapping[str, np.ndarray],
+    out_dtypes: Mapping[str, str],
+    url: str,
 ) -> _RowPlan:
     """The plan of a trajectory's first batch of ``keys``, kept on its handles."""
     check_keys(handles, keys, url, sampled=True)
-    check_fit(handles, keys, out, url)
+    check_fit(handles, keys, out, out_dtypes, url)
     plan = handles.plans[tuple(keys)] = _row_plan(handles, keys)
     return plan
 
@@ -105,7 +115,7 @@ def _read_others(
     opened: Sequence[ShardedTrajectory],
     plans: Sequence[_RowPlan],
     groups: RowGroups,
-    out: Mapping[str, torch.Tensor],
+    out: Mapping[str, np.ndarray],
     views: dict[str, np.ndarray],
     source: ByteSource,
     range_gap: int,
@@ -123,7 +133,8 @@ def _read_others(
         elements = {0: flat}
         for key, local, epochs, array in plan.others:
             if array is not None:
-                plain.append((array, key, flat // B, flat % B, T, torch.from_numpy(positions)))
+                raw = reset_row_elements(flat // B, T, 1, int(array.shape[0]) - T)
+                plain.append((array, key, raw, flat % B, positions))
                 continue
             if epochs not in elements:
                 elements[epochs] = reset_row_elements(flat, T, B, epochs)
@@ -269,20 +280,20 @@ def reset_row_elements(flat: np.ndarray, T: int, B: int, epochs: int) -> np.ndar
     return flat + (steps // (T // epochs) + 1) * B
 
 
-def _read_plain(reads: list[Any], out: Mapping[str, torch.Tensor], url: str) -> None:
+def _read_plain(reads: list[Any], out: Mapping[str, np.ndarray], url: str) -> None:
     """Rows of the arrays zarr reads, every array's selection in one concurrent round."""
     if not reads:
         return
     blocks = sync(
         arrays.gather(
             *(
-                arrays.read_rows(array, torch.from_numpy(steps), envs, T, f"{url}/{array.path}")
-                for array, _, steps, envs, T, _ in reads
+                arrays.read_rows(array, raw, envs, f"{url}/{array.path}")
+                for array, _, raw, envs, _ in reads
             )
         )
     )
-    for (_, key, _, _, _, where), block in zip(reads, blocks, strict=True):
-        out[key].index_copy_(0, where, from_numpy(block, out[key].dtype))
+    for (_, key, _, _, where), block in zip(reads, blocks, strict=True):
+        out[key][where] = block
 
 
 def check_keys(
@@ -303,16 +314,21 @@ def check_keys(
 
 
 def check_fit(
-    opened: ShardedTrajectory, keys: Sequence[str], out: Mapping[str, torch.Tensor], url: str
+    opened: ShardedTrajectory,
+    keys: Sequence[str],
+    out: Mapping[str, np.ndarray],
+    out_dtypes: Mapping[str, str],
+    url: str,
 ) -> None:
-    """Refuse a trajectory whose rows are not those of ``out`` (dtype, trailing shape: the
-    store's schema says one thing, this trajectory's data another)."""
+    """Refuse a trajectory whose rows are not those of ``out`` (dtype named by
+    ``out_dtypes``, trailing shape: the store's schema says one thing, this trajectory's
+    data another)."""
     for key in keys:
         trailing = tuple(opened.shape(key)[2:])
-        if opened.dtypes[key] != out[key].dtype or trailing != tuple(out[key].shape[1:]):
+        if opened.dtypes[key] != out_dtypes[key] or trailing != tuple(out[key].shape[1:]):
             raise CorruptStoreError(
                 f"{url}/{opened.group}: field {key!r} holds {opened.dtypes[key]} rows of "
-                f"{list(trailing)}, the store's schema says {out[key].dtype} rows of "
+                f"{list(trailing)}, the store's schema says {out_dtypes[key]} rows of "
                 f"{list(out[key].shape[1:])}"
             )
 

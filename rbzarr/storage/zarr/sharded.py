@@ -14,10 +14,9 @@ import json
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from zarr.core.array import AsyncArray
 
 from rbzarr.errors import CorruptStoreError
@@ -39,6 +38,10 @@ from rbzarr.storage.zarr.remote import (
     open_remote,
 )
 from rbzarr.storage.zarr.spec import ArraySpec, check_document, parse_specs
+from rbzarr.trajectory.dtypes import storage_dtype
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "LAYOUT_ATTR",
@@ -64,7 +67,8 @@ class ShardedTrajectory:
     T, B
         Time steps and environments, from the index entry.
     dtypes
-        The torch dtype of every flat key, in the trajectory's field order.
+        The dtype name of every flat key (``"float32"``, ``"bfloat16"``), in the
+        trajectory's field order.
     specs
         The layout description of every key; ``None`` for arrays zarr reads.
     local
@@ -83,7 +87,7 @@ class ShardedTrajectory:
     group: str
     T: int
     B: int
-    dtypes: dict[str, torch.dtype]
+    dtypes: dict[str, str]
     specs: dict[str, ArraySpec | None]
     local: dict[str, LocalShard] = field(default_factory=dict)
     remote: dict[str, RemoteShard] = field(default_factory=dict)
@@ -132,6 +136,8 @@ def encode_trajectory(
         if pair is not None:
             explicit = next_obs.differing_rows(value, fields[pair])
             if len(explicit) <= T * B // 2:  # stored once: only the rows that differ
+                import torch  # noqa: PLC0415 (writing: the trajectory's tensors)
+
                 rows = value.reshape(T * B, *value.shape[2:])[torch.from_numpy(explicit)]
                 stored = rows.reshape(len(explicit), 1, *value.shape[2:])
                 shared = next_obs.describe(explicit, pair, T, B)
@@ -156,7 +162,7 @@ def describe_sharded(
     location: Any,
     group: str,
     entry_shape: tuple[int, int],
-    fields: Mapping[str, torch.dtype],
+    fields: Mapping[str, str],
     layout: Mapping[str, Any],
     members: Any,
     keys: Collection[str] | None = None,
@@ -332,7 +338,8 @@ def read_whole_shards(
             remote.append(position)
     if remote:
         nbytes = sum(
-            math.prod(opened.shape(keys[p])) * opened.dtypes[keys[p]].itemsize for p in remote
+            math.prod(opened.shape(keys[p])) * storage_dtype(opened.dtypes[keys[p]]).itemsize
+            for p in remote
         )
         found = location.fs.cat(
             [paths[p] for p in remote],
