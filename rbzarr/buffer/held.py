@@ -40,6 +40,10 @@ class BufferRows:
             self._warmed = tuple(window.ids)
             self._committer.warm(window.entries)
 
+    def caching(self) -> bool:
+        """Whether the cache holds any trajectory (when not, a draw looks nothing up)."""
+        return len(self._cache) > 0
+
     def cells(self, window: Sequence[int]) -> torch.Tensor:
         """The cache cell of each id (``-1``: not cached, or reserved and not read yet)."""
         return self._cache.cells(list(window))

@@ -69,6 +69,9 @@ class HeldRows(Protocol):
     def drawing(self, window: Window) -> None:
         """A draw from ``window`` is about to be made."""
 
+    def caching(self) -> bool:
+        """Whether any trajectory is cached (when not, no cell is looked up)."""
+
     def cells(self, window: Sequence[int]) -> torch.Tensor:
         """The cache cell of each id of ``window`` (``-1`` where not cached)."""
 
@@ -394,9 +397,19 @@ class StoreReader:
         """Under the lock: the drawn rows held in memory, and where the others are read."""
         assert self.schema is not None
         ids = window.id_tensor[positions]
+        entries = self.index.entries
         if self.held is None:
             nothing_held = torch.zeros(len(ids), dtype=torch.bool)
-            return plan_misses(ids, rows, nothing_held, {}, self.schema, self.index.entries, {})
+            return plan_misses(
+                ids, rows, nothing_held, {}, self.schema, entries, {}, window.entries, positions
+            )
+        drawn = window.ids if len(window.ids) <= len(ids) else ids.tolist()  # the shorter
+        if not self.held.caching():  # nothing to look up
+            hit = torch.zeros(len(ids), dtype=torch.bool)
+            pending = self.held.pending(drawn)
+            return plan_misses(
+                ids, rows, hit, {}, self.schema, entries, pending, window.entries, positions
+            )
         if len(window.ids) <= len(ids):
             cells = self.held.cells(window.ids)[positions]
         else:  # only the trajectories drawn: the cost follows the batch, not the window
@@ -406,6 +419,7 @@ class StoreReader:
         if bool(hit.all()):
             return all_cached(self.held.gather(cells, rows), self.schema)
         cached = self.held.gather(cells[hit], rows[hit]) if bool(hit.any()) else {}
-        drawn = window.ids if len(window.ids) <= len(ids) else ids.tolist()  # the shorter
         pending = self.held.pending(drawn)
-        return plan_misses(ids, rows, hit, cached, self.schema, self.index.entries, pending)
+        return plan_misses(
+            ids, rows, hit, cached, self.schema, entries, pending, window.entries, positions
+        )

@@ -15,7 +15,7 @@ over them after, with one ``index_copy_`` per key.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -60,8 +60,15 @@ def plan_misses(
     schema: Schema,
     entries: Mapping[int, Entry],
     pending: Mapping[int, Mapping[str, torch.Tensor]],
+    window: Sequence[Entry] | None = None,
+    slots: torch.Tensor | None = None,
 ) -> MissPlan:
-    """Group a batch's missed rows by trajectory, with their entries (call under the lock)."""
+    """Group a batch's missed rows by trajectory, with their entries (call under the lock).
+
+    With ``window`` (the entries drawn from, in window order) and ``slots`` (each row's
+    trajectory position in it) the groups carry their window positions, so that the store
+    finds each trajectory's handles by position.
+    """
     hit_np = hit.numpy()
     miss = np.flatnonzero(~hit_np)
     miss_ids = ids.numpy()[miss]
@@ -75,7 +82,12 @@ def plan_misses(
     bounds = np.concatenate(([0], bounds, [len(sorted_ids)])) if len(sorted_ids) else bounds[:1]
     firsts = sorted_ids[bounds[:-1]].tolist()
     picked = rows.numpy()[positions].astype(np.int64, copy=False)
-    misses = RowGroups([entries[tid] for tid in firsts], picked, positions, bounds)
+    if window is None or slots is None:
+        misses = RowGroups([entries[tid] for tid in firsts], picked, positions, bounds)
+    else:
+        group_slots = slots.numpy()[positions[bounds[:-1]]]
+        drawn = list(map(window.__getitem__, group_slots.tolist()))
+        misses = RowGroups(drawn, picked, positions, bounds, window=window, slots=group_slots)
     return MissPlan(
         count=len(hit_np),
         hit_positions=torch.from_numpy(np.flatnonzero(hit_np)),
@@ -104,8 +116,10 @@ def read_batch(plan: MissPlan, store: TrajectoryLayout | None) -> dict[str, torc
         for key, (dtype, trailing) in plan.schema.items()
     }
     misses = plan.misses
-    stored = [flats is None for flats in plan.pending]
-    if not all(stored):
+    # Usually no trajectory drawn is still being written: no loop over the groups then.
+    writing = plan.pending.count(None) < len(plan.pending)
+    if writing:
+        stored = [flats is None for flats in plan.pending]
         keep = np.repeat(stored, np.diff(misses.bounds))
         bounds = np.zeros(sum(stored) + 1, dtype=np.int64)
         np.cumsum(np.diff(misses.bounds)[stored], out=bounds[1:])
@@ -117,7 +131,7 @@ def read_batch(plan: MissPlan, store: TrajectoryLayout | None) -> dict[str, torc
     if len(plan.hit_positions):
         for key, tensor in out.items():
             tensor.index_copy_(0, plan.hit_positions, plan.cached[key])
-    for g, flats in enumerate(plan.pending):
+    for g, flats in enumerate(plan.pending if writing else []):
         if flats is not None:
             rows, positions = (torch.from_numpy(a) for a in plan.misses.group(g))
             for key, tensor in out.items():

@@ -29,7 +29,9 @@ class RowGroups:
 
     With ``others_scratch`` the batch's other rows are scratch: a read may write them (its
     caller fills them afterwards), so a key can be gathered straight into the batch in its
-    order, with no gathered copy to scatter.
+    order, with no gathered copy to scatter.  With ``window`` (the entries a sampler drew
+    from, in window order; the same list object while the window stays the same) ``slots``
+    holds each group's position in it, so a layout may keep per-window tables.
     """
 
     entries: Sequence[Entry]
@@ -37,6 +39,8 @@ class RowGroups:
     positions: np.ndarray
     bounds: np.ndarray
     others_scratch: bool = False
+    window: Sequence[Entry] | None = None
+    slots: np.ndarray | None = None
 
     @classmethod
     def of(

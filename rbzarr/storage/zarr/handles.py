@@ -58,6 +58,7 @@ class HandleCache:
         self._handles: OrderedDict[tuple[int, str], ShardedTrajectory] = OrderedDict()
         self._files = 0
         self._generation = 0
+        self._evictions = 0
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
@@ -91,6 +92,15 @@ class HandleCache:
             ):
                 _, evicted = self._handles.popitem(last=False)
                 self._files -= evicted.files
+                self._evictions += 1
+
+    def version(self) -> tuple[int, int]:
+        """A value that changes whenever a cached handle may go (a write, a delete, an
+        eviction, a fork that drops them): what was taken from the cache stays valid while
+        it is the same."""
+        with self._lock:
+            self._check_fork()
+            return self._generation, self._evictions
 
     def keep_at_least(self, size: int) -> None:
         """Keep up to ``size`` trajectories (or more, if already so; the file budget still

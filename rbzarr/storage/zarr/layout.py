@@ -85,7 +85,9 @@ from rbzarr.storage.zarr.open import (
 from rbzarr.storage.zarr.publish import GroupPublisher
 from rbzarr.storage.zarr.remote import DEFAULT_RANGE_GAP
 from rbzarr.storage.zarr.shard_cache import DEFAULT_LOCAL_CACHE_BYTES, ShardCache, cache_key
+from rbzarr.storage.zarr.sharded import ShardedTrajectory
 from rbzarr.storage.zarr.spec import parse_specs
+from rbzarr.storage.zarr.window_table import WindowTable
 from rbzarr.trajectory.dtypes import (
     dtype_from_name,
     dtype_name,
@@ -236,6 +238,7 @@ class ZarrLayout(TrajectoryLayout):
         )
         self._publisher = GroupPublisher()
         self._warming = _Warmer(self._opener)
+        self._table: WindowTable | None = None  # the handles of the window drawn from
 
     # -- where things are -----------------------------------------------------------------
     def trajectory_path(self, entry: Entry) -> tuple[str, ...]:
@@ -421,9 +424,18 @@ class ZarrLayout(TrajectoryLayout):
         out_dtypes: Mapping[str, str],
     ) -> None:
         """Rows of ``groups`` into the numpy arrays ``out`` (their dtypes named by
-        ``out_dtypes``)."""
-        opened = self._opener.open_many(groups.entries)
+        ``out_dtypes``); by window position where the groups name their window."""
+        table = self._window_table(groups, tuple(keys))
+        found = None if table is None else table.take(groups.slots)  # type: ignore[arg-type]
         with translate_errors(self.location.url, "reading"):
+            opened: Sequence[ShardedTrajectory]
+            if found is None:
+                opened = self._opener.open_many(groups.entries)
+                planned = zarr_rows.row_plans(opened, keys, out, out_dtypes, self.location.url)
+                if table is not None:
+                    table.fill(groups.slots, opened, planned)  # type: ignore[arg-type]
+            else:
+                opened, planned = found
             zarr_rows.read_rows_into(
                 self._opener.location(),
                 opened,
@@ -433,11 +445,25 @@ class ZarrLayout(TrajectoryLayout):
                 out_dtypes,
                 self.byte_source,
                 self.range_gap,
+                planned,
             )
         if self.shard_cache is not None:
             self.shard_cache.used(
                 key for key in (cache_key(entry) for entry in groups.entries) if key is not None
             )
+
+    def _window_table(self, groups: RowGroups, keys: tuple[str, ...]) -> WindowTable | None:
+        """The table of the window ``groups`` were drawn from (a new one when the window,
+        the keys or the cached handles changed); ``None`` when the groups name no window or
+        the handle cache cannot hold it (a table keeps its handles open)."""
+        window = groups.window
+        if window is None or groups.slots is None or len(window) > self._opener.handles.size:
+            return None
+        version = self._opener.handles.version()
+        table = self._table
+        if table is None or not table.serves(window, keys, version):
+            table = self._table = WindowTable(window, keys, version, 4 + 2 * len(keys))
+        return table
 
     def sample_window(self, count: int, committed: Sequence[Entry] | None = None) -> None:
         """Without an explicit ``handle_cache_size``: keep the handles of ``count``

@@ -29,7 +29,14 @@ from rbzarr.storage.zarr.regions import Region, record_dtype
 from rbzarr.storage.zarr.sharded import RowBatch, ShardedTrajectory
 from rbzarr.trajectory.dtypes import byte_rows
 
-__all__ = ["check_keys", "read_rows_into", "reset_row_elements", "zarr_arrays"]
+__all__ = [
+    "RowPlans",
+    "check_keys",
+    "read_rows_into",
+    "reset_row_elements",
+    "row_plans",
+    "zarr_arrays",
+]
 
 
 def read_rows_into(
@@ -41,6 +48,7 @@ def read_rows_into(
     out_dtypes: Mapping[str, str],
     source: ByteSource,
     range_gap: int,
+    planned: RowPlans | None = None,
 ) -> None:
     """Fill rows ``groups.positions`` of ``out[key]`` with the grouped rows, for every key.
 
@@ -48,28 +56,44 @@ def read_rows_into(
     :func:`~rbzarr.trajectory.dtypes.to_numpy` holds them); a caller with tensors passes
     their numpy views, so torch stays at the buffer's side of the call.
 
-    ``opened`` holds the handles of each group's trajectory.  Keys whose shards sit in
-    region bays (:mod:`rbzarr.storage.zarr.regions`) are read with one gather per key and
-    region for the whole batch; other keys with at most one gather or one batch of pieces per
-    (trajectory, key), every remote range in one round.  Every row is checked before any is
-    read.  Remote ranges of one object at most ``range_gap`` bytes apart are fetched as one.
+    ``opened`` holds the handles of each group's trajectory, ``planned`` (when known) their
+    :func:`row_plans`.  Keys whose shards sit in region bays
+    (:mod:`rbzarr.storage.zarr.regions`) are read with one gather per key and region for the
+    whole batch; other keys with at most one gather or one batch of pieces per (trajectory,
+    key), every remote range in one round.  Every row is checked before any is read.
+    Remote ranges of one object at most ``range_gap`` bytes apart are fetched as one.
     """
     if not len(groups):
         return
+    plans, table = planned or row_plans(opened, keys, out, out_dtypes, location.url)
     views = {key: byte_rows(out[key]) for key in keys}
-    wanted = tuple(keys)
-    plans: list[_RowPlan] = [
-        handles.plans.get(wanted) or _first_plan(handles, keys, out, out_dtypes, location.url)
-        for handles in opened
-    ]
     which = groups.which()
-    # One row of numbers per trajectory, joined as bytes: one pass, no per-row numpy call.
-    joined = b"".join([plan.numbers for plan in plans])
-    table = np.frombuffer(joined, np.int64).reshape(len(plans), -1)
     _check_rows(groups, table[:, 0] * table[:, 1], which)
     _gather_in_bays(plans, table, groups, which, views, source)
-    if any([plan.others for plan in plans]):
+    if table[:, -1].any():  # some trajectory has keys in no bay
         _read_others(location, opened, plans, groups, out, views, source, range_gap)
+
+
+# Each trajectory's row plan, and their ``numbers`` as one int64 table (a row each).
+RowPlans = tuple[Sequence["_RowPlan"], np.ndarray]
+
+
+def row_plans(
+    opened: Sequence[ShardedTrajectory],
+    keys: Sequence[str],
+    out: Mapping[str, np.ndarray],
+    out_dtypes: Mapping[str, str],
+    url: str,
+) -> RowPlans:
+    """How ``keys`` of each of ``opened`` are read into ``out`` (kept on the handles)."""
+    wanted = tuple(keys)
+    plans: list[_RowPlan] = [
+        handles.plans.get(wanted) or _first_plan(handles, keys, out, out_dtypes, url)
+        for handles in opened
+    ]
+    # One row of numbers per trajectory, joined as bytes: one pass, no per-row numpy call.
+    joined = b"".join([plan.numbers for plan in plans])
+    return plans, np.frombuffer(joined, np.int64).reshape(len(plans), -1)
 
 
 def _first_plan(
@@ -134,9 +158,10 @@ class _RowPlan:
     Per key of the batch: the region holding its shard (``None`` if in no bay), the
     region row of its row 0 and its reset epochs; then the keys read otherwise, as ``(key,
     local shard or None (read by pieces when unmapped), reset epochs, zarr array or None)``.
-    ``numbers`` is ``(T, B, bays, *first_rows, *epochs)`` as int64 bytes, one row of a
-    batch's table; ``bays`` numbers the tuple of regions (0: no key in a bay), equal for
-    trajectories whose keys sit in the same regions.
+    ``numbers`` is ``(T, B, bays, *first_rows, *epochs, others)`` as int64 bytes, one row of
+    a batch's table; ``bays`` numbers the tuple of regions (0: no key in a bay), equal for
+    trajectories whose keys sit in the same regions; ``others`` is 1 when some key is read
+    otherwise.
     """
 
     T: int
@@ -165,7 +190,7 @@ def _gather_in_bays(
         return
     count, flat, positions = len(views), groups.rows, groups.positions
     first_rows = table[:, 3 : 3 + count].T.copy()
-    epochs = table[:, 3 + count :].T.copy()
+    epochs = table[:, 3 + count : 3 + 2 * count].T.copy()
     same = bool((bays == bays[0]).all())
     elements: dict[bytes, np.ndarray] = {}  # by the epochs of every plan: one per kind of key
     reads: list[tuple[str, Region, np.ndarray, np.ndarray | None]] = []  # targets None: in order
@@ -232,7 +257,9 @@ def _row_plan(handles: ShardedTrajectory, keys: Sequence[str]) -> _RowPlan:
         elif bay is None:
             others.append((key, local, epochs, None))
     bays = _BAYS.setdefault(tuple(map(id, regions)), next(_BAY_NUMBERS)) if any(regions) else 0
-    numbers = np.array([handles.T, handles.B, bays, *first_rows, *all_epochs], dtype=np.int64)
+    numbers = np.array(
+        [handles.T, handles.B, bays, *first_rows, *all_epochs, int(bool(others))], dtype=np.int64
+    )
     return _RowPlan(handles.T, handles.B, tuple(regions), numbers.tobytes(), others)
 
 

@@ -1,0 +1,99 @@
+"""Rows read from the store by window position stay right as the window changes.
+
+The zarr layout keeps the handles and row plans of the window drawn from in a table by
+window position (:mod:`rbzarr.storage.zarr.window_table`).  Every sampled row here is
+checked against the trajectory its index names, across the changes that move what a
+position means: adds that grow or slide the window, ``clear()``, a reload.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import assert_rows_consistent, make_trajectory
+
+from rbzarr import Retention, TrajectoryReplayBuffer, open_buffer
+from rbzarr.analysis.view import BufferView
+from rbzarr.sampling.priorities import split_index
+
+STRIDE = 1000  # trajectory k's rows encode k * STRIDE + row
+
+
+def add(buffer: TrajectoryReplayBuffer, k: int, T: int = 4, B: int = 3) -> None:
+    buffer.add_trajectories([make_trajectory(T, B, k * STRIDE)])
+
+
+def check_batch(
+    buffer: TrajectoryReplayBuffer | BufferView, bases: dict[int, int], n: int = 64
+) -> set[int]:
+    """Sample ``n`` rows; each row must hold what its index names.  The ids drawn."""
+    batch, info = buffer.sample(n, return_info=True)
+    numbers = assert_rows_consistent(batch).numpy()
+    ids, rows = split_index(info["index"].numpy())
+    want = [bases[int(i)] + int(r) for i, r in zip(ids, rows, strict=True)]
+    assert numbers.tolist() == want
+    return set(ids.tolist())
+
+
+@pytest.mark.parametrize("window", [0, 3])
+def test_rows_follow_the_window_through_adds_clear_and_reload(tmp_path, window):
+    store = str(tmp_path / "store")
+    bases: dict[int, int] = {}
+    options = {"seed": 3, "cache_size": 0, "sample_window_size": window}
+    with TrajectoryReplayBuffer(**options, auto_save=True, auto_save_path=store) as buffer:
+        for round_, k in enumerate(range(6)):
+            add(buffer, k, T=4 + round_ % 2)
+            buffer.flush()
+            bases[buffer.trajectory_counter - 1] = k * STRIDE
+            for _ in range(3):
+                check_batch(buffer, bases)
+        buffer.clear()
+        added = set()
+        for k in range(10, 13):
+            add(buffer, k, B=2)
+            buffer.flush()
+            added.add(buffer.trajectory_counter - 1)
+            bases[buffer.trajectory_counter - 1] = k * STRIDE
+        assert check_batch(buffer, bases, 256) <= added
+    with TrajectoryReplayBuffer(**options, auto_save=True, auto_save_path=store) as again:
+        again.load_checkpoint(store)
+        check_batch(again, bases)
+
+
+@pytest.mark.parametrize("window", [0, 2])
+def test_a_view_reads_right_rows_as_the_writer_moves_its_window(tmp_path, window):
+    # The view's layout writes nothing: only the window itself tells its table is stale.
+    store = str(tmp_path / "store")
+    bases: dict[int, int] = {}
+    with TrajectoryReplayBuffer(seed=1, auto_save=True, auto_save_path=store) as writer:
+        add(writer, 0)
+        writer.flush()
+        bases[0] = 0
+        view = open_buffer(store, seed=2, sample_window_size=window)
+        for k in range(1, 5):
+            check_batch(view, bases)
+            add(writer, k, T=3 + k)
+            writer.flush()
+            bases[k] = k * STRIDE
+            view.refresh()
+            drawn = check_batch(view, bases, 256)
+            assert k in drawn
+
+
+def test_rows_stay_right_as_retention_removes_ids(tmp_path):
+    # Retention takes ids out of the index while the layout keeps the others' handles.
+    bases: dict[int, int] = {}
+    with TrajectoryReplayBuffer(
+        seed=4,
+        cache_size=0,
+        sample_window_size=0,
+        auto_save=True,
+        auto_save_path=tmp_path / "store",
+        retention=Retention(last=2),
+    ) as buffer:
+        for k in range(6):
+            add(buffer, k, T=3 + k % 2)
+            buffer.flush()
+            bases[buffer.trajectory_counter - 1] = k * STRIDE
+            drawn = check_batch(buffer, bases, 128)
+            assert drawn <= set(buffer.trajectory_ids) and k in drawn
+        assert 0 not in buffer.trajectory_ids  # retention did remove ids
