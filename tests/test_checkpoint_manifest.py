@@ -13,12 +13,13 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import assert_checkpoint_loads, make_trajectory
+from conftest import assert_checkpoint_loads, assert_same_trajectory, make_trajectory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -405,7 +406,7 @@ import json, os, signal, sys
 from rbzarr import TrajectoryReplayBuffer
 from rbzarr.storage.io.location import Location
 
-store, out = sys.argv[1], sys.argv[2]
+store, out, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 results = []
 for step in range(64):
     for after in (False, True):
@@ -413,7 +414,8 @@ for step in range(64):
         pid = os.fork()
         if pid == 0:
             buffer = TrajectoryReplayBuffer(
-                sample_window_size=0, auto_save=True, auto_save_path=store
+                sample_window_size=0, auto_save=True, auto_save_path=store,
+                storage_options=options,
             )
             buffer.load_checkpoint(store)
             write, calls = Location.write_bytes, [0]
@@ -437,29 +439,67 @@ for step in range(64):
 """
 
 
-@pytest.mark.slow
-def test_kill_at_every_step_of_a_pinning_checkpoint(tmp_path):
-    store = tmp_path / "store"
-    with writer(store, 0) as buffer:
+def _appending(buffers: list[TrajectoryReplayBuffer], stop: threading.Event) -> None:
+    """Each of ``buffers`` adds one trajectory (flushed) in turn until ``stop``."""
+    while not stop.is_set():
+        for buffer in buffers:
+            buffer.add_trajectories([traj(buffer.trajectory_counter % 10**9 + 10)])
+            buffer.flush()
+
+
+def _kill_pinning(root: Path, store: str, options: dict) -> None:
+    """A checkpoint killed before and after each write of its pin and manifest, while three
+    other writers append to the store and a reader follows it: the store verifies, every
+    manifest written names a pin that holds, and loads what it names."""
+    given = {"storage_options": options} if options else {}
+    with writer(store, 0, **given) as buffer:
         buffer.add_trajectories([traj(i) for i in range(3)])
-    done = subprocess.run(
-        [sys.executable, "-c", _KILLER, str(store), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=300,
-        check=True,
-    )
+    others = [writer(store, 0, **given) for _ in range(3)]  # slots 1-3
+    reader = TrajectoryReplayBuffer(sample_window_size=0, cache_size=0, **given)
+    reader.load_checkpoint(store)
+    stop = threading.Event()
+    appending = threading.Thread(target=_appending, args=(others, stop))
+    appending.start()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _KILLER, store, str(root), json.dumps(options)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            timeout=300,
+            check=True,
+        )
+        reader.sample(4)  # a reader following the store never fails
+    finally:
+        stop.set()
+        appending.join()
+    for other in others:
+        other.close()
+    reader.close()
     results = json.loads(done.stdout)
     killed = [target for target, was_killed in results if was_killed]
     assert len(killed) >= 4  # the pin and the manifest, each before and after its write
-    for target in killed:
-        assert verify_store(str(store)).ok
+    assert verify_store(store, options).ok
+    held = {pin.pin_id for pin in StorePins(Location.from_url(store, options)).all()}
+    for target in [*killed, results[-1][0]]:
         found = read_manifest(Location.from_url(target))
         if found is None:
+            assert target != results[-1][0]  # only a killed save may leave no manifest
             continue
-        assert found.pin_id in {pin.pin_id for pin in pins(store)}
-        loaded = TrajectoryReplayBuffer(sample_window_size=0)
+        assert found.pin_id in held
+        loaded = TrajectoryReplayBuffer(sample_window_size=0, **given)
         loaded.load_checkpoint(target)
-        assert loaded.trajectory_ids == [0, 1, 2]
-    assert read_manifest(Location.from_url(results[-1][0])) is not None
+        assert {0, 1, 2} <= set(loaded.trajectory_ids)
+        for i in range(3):
+            assert_same_trajectory(loaded.trajectory(i), traj(i))
+
+
+@pytest.mark.slow
+def test_kill_at_every_step_of_a_pinning_checkpoint(tmp_path):
+    _kill_pinning(tmp_path, str(tmp_path / "store"), {})
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_kill_at_every_step_of_a_pinning_checkpoint_on_s3(tmp_path, s3_bucket, s3_options):
+    _kill_pinning(tmp_path, f"s3://{s3_bucket}/store", s3_options)
