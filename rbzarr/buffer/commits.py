@@ -110,9 +110,8 @@ class StoreCommitter:
     def pending_flats(self, ids: Iterable[int]) -> dict[int, dict[str, torch.Tensor]]:
         """The flat views (not copies) of those of ``ids`` still being written."""
         with self._lock:
-            if not self._pending:  # the usual case: nothing to look up
-                return {}
-            return {i: self._pending[i].flat for i in ids if i in self._pending}
+            pending = self._pending  # empty (the usual case): no id is looked up
+            return {i: pending[i].flat for i in ids if i in pending} if pending else {}
 
     def set_metadata(self, **values: Any) -> None:
         """Set ``metadata.json`` keys (``seed=``, ``schema=``, ...) for the next commit."""
