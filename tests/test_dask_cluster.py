@@ -6,6 +6,7 @@ with the same work done in this process, for exact equality.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -145,3 +146,17 @@ def test_an_unreachable_scheduler_is_a_named_error_after_its_timeout():
         match=r"no dask scheduler answered at 'tcp://127.0.0.1:9' within 1 s",
     ):
         connect("tcp://127.0.0.1:9", timeout=1.0)
+
+
+def _clients() -> set[int]:
+    return {id(obj) for obj in gc.get_objects() if type(obj) is distributed.Client}
+
+
+def test_a_failed_connection_leaves_no_client_for_a_later_collection():
+    # A half-built client collected later, inside the next client's start, deadlocked on
+    # dask's loop lock (CI hung 300 s here); connect() must leave none behind.
+    before = _clients()
+    for address in ("no-port-here", "tcp://127.0.0.1:9"):
+        with pytest.raises(SchedulerUnavailableError):
+            connect(address, timeout=1.0)
+        assert _clients() <= before

@@ -11,6 +11,7 @@ in index order, so a run on a cluster gives exactly the numbers of a run in one 
 from __future__ import annotations
 
 import collections
+import gc
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -79,10 +80,14 @@ def connect(address: str, timeout: float = DEFAULT_CONNECT_TIMEOUT) -> Client:
     try:
         return Client(address, timeout=timeout, set_as_default=False)
     except Exception as exc:  # refused, timed out, not an address, not a dask scheduler
-        raise SchedulerUnavailableError(
-            f"no dask scheduler answered at {address!r} within {timeout:g} s: "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
+        reason = f"{type(exc).__name__}: {exc}"
+    # The half-built client is garbage now, and its __del__ takes dask's process-wide loop
+    # lock: collected later, inside the next client's start (which holds that lock), it
+    # deadlocks.  So it is collected here, where no dask lock is held.
+    gc.collect()
+    raise SchedulerUnavailableError(
+        f"no dask scheduler answered at {address!r} within {timeout:g} s: {reason}"
+    )
 
 
 @dataclass(frozen=True)
