@@ -19,8 +19,8 @@ two cameras and a state in ``curr_obs`` and ``next_obs``, auto-reset dones).  Pe
 * ``sampling``: ``sample(256)`` of the default and the raw store (cache off, page cache
   warm), TorchRL's ``storage.get`` of the same rows (the buffer's draws replayed) and its
   ``ReplayBuffer.sample(256)`` (random rows), on both ``LazyMemmapStorage`` and
-  ``CompressedListStorage``, timed interleaved; a target's peer is the faster of a
-  storage's two paths.
+  ``CompressedListStorage`` (rows with flat keys: it compresses every frame), timed
+  interleaved; a target's peer is the faster of a storage's two paths.
 * ``lerobot`` (``mujoco128`` only, not in ``--quick``): random-access frames/s of LeRobot's
   own ``LeRobotDataset`` on a video dataset of the same frames (:mod:`benchmarks.lerobot_peer`:
   ``dataset[i]``, random ``i``, uint8 frames), against ``sample(256)`` of the default store

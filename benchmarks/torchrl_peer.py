@@ -26,7 +26,12 @@ def torchrl_missing() -> str | None:
 class TorchRLPeer:
     """A TorchRL replay buffer holding the given flat rows: in a ``LazyMemmapStorage`` under
     ``scratch_dir``, else a ``LazyTensorStorage`` (or the storage ``kind`` names:
-    ``"CompressedListStorage"``, zstd per row in RAM).
+    ``"CompressedListStorage"``, each row's every tensor compressed in RAM: zstd, or zlib
+    before Python 3.14).
+
+    ``CompressedListStorage`` compresses the tensors at the top of each row and keeps nested
+    tensordicts as they are, so its rows get flat keys (``"curr_obs/main_images"``): nested,
+    the frames would be kept uncompressed, views of the caller's tensors.
     """
 
     def __init__(
@@ -56,8 +61,10 @@ class TorchRLPeer:
         else:
             self.storage = LazyMemmapStorage(total, scratch_dir=scratch_dir)
         self.buffer: Any = ReplayBuffer(storage=self.storage, sampler=RandomSampler())
+        nested = self.kind != "CompressedListStorage"
         for flat, count in zip(flats, counts, strict=True):
-            self.buffer.extend(TensorDict(tree.unflatten(dict(flat)), batch_size=[count]))
+            rows = tree.unflatten(dict(flat)) if nested else dict(flat)
+            self.buffer.extend(TensorDict(rows, batch_size=[count]))
         self.offsets = torch.tensor([0, *counts[:-1]], dtype=torch.int64).cumsum(0)
 
     def indices(self, positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
