@@ -351,3 +351,23 @@ def test_targets_and_tables() -> None:
         "a              1",
         "long name  1,000",
     ]
+
+
+@pytest.mark.skipif(torchrl_missing() is not None, reason="needs torchrl")
+def test_compressed_list_peer_compresses_every_frame() -> None:
+    """TorchRL's ``CompressedListStorage`` peer holds every tensor of a row compressed (rows
+    with nested keys kept the frames as they were) and gives the rows back unchanged."""
+    from benchmarks.torchrl_peer import TorchRLPeer  # noqa: PLC0415 (torchrl is optional)
+
+    frames = torch.zeros(8, 32, 32, 3, dtype=torch.uint8)  # compressible
+    frames[:, 0, 0, 0] = torch.arange(8, dtype=torch.uint8)
+    flat = {"curr_obs/main_images": frames, "rewards": torch.arange(8.0)}
+    peer = TorchRLPeer([flat], None, "CompressedListStorage")
+    row = peer.storage.state_dict()["_storage"][3]
+    assert set(row) == set(flat)
+    stored = row["curr_obs/main_images"]
+    assert isinstance(stored, torch.Tensor) and stored.dtype == torch.uint8
+    assert stored.numel() < frames[3].numel() // 4, stored.numel()
+    back = peer.get(torch.tensor([3, 6]))
+    for key, value in flat.items():
+        assert torch.equal(back[key], value[[3, 6]]), key
