@@ -19,6 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, StoreExistsError
+from rbzarr.shared_doc import shared_doc
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.names import bytes_by_prefix
 from rbzarr.storage.layout_audit import LayoutAudit
@@ -34,6 +35,14 @@ if TYPE_CHECKING:
     from rbzarr.trajectory.validated import ValidatedTrajectory
 
 __all__ = ["TrajectoryLayout", "check_entry_shape"]
+
+# The parameter section several calls share (see :func:`~rbzarr.shared_doc.shared_doc`).
+_ENTRY_PARAMETER = """
+Parameters
+----------
+entry
+    The trajectory's index entry.
+"""
 
 
 class TrajectoryLayout(ABC):
@@ -137,13 +146,11 @@ class TrajectoryLayout(ABC):
         """
 
     @abstractmethod
+    @shared_doc(entry_parameter=_ENTRY_PARAMETER)
     def delete(self, entry: Entry) -> None:
         """Remove a trajectory's data; missing data is not an error.
 
-        Parameters
-        ----------
-        entry
-            The trajectory's index entry.
+        {entry_parameter}
 
         Raises
         ------
@@ -167,13 +174,11 @@ class TrajectoryLayout(ABC):
         """
 
     @abstractmethod
+    @shared_doc(entry_parameter=_ENTRY_PARAMETER)
     def trajectory_path(self, entry: Entry) -> tuple[str, ...]:
         """Names (below the root) of the file or directory holding one trajectory.
 
-        Parameters
-        ----------
-        entry
-            The trajectory's index entry.
+        {entry_parameter}
 
         Returns
         -------
@@ -381,6 +386,7 @@ class TrajectoryLayout(ABC):
         """Files below the trajectory path ``path`` rbzarr did not write; the default: none."""
         return []
 
+    @shared_doc(entry_parameter=_ENTRY_PARAMETER)
     def fields(self, entry: Entry) -> dict[str, str]:
         """Flat field keys of one trajectory (``"rewards"``, ``"curr_obs/image"``), in order,
         with their dtype names (``"float32"``, ``"bfloat16"``).
@@ -389,10 +395,7 @@ class TrajectoryLayout(ABC):
         ``uint16``); ``list(fields(entry))`` names the keys.  The default reads the
         trajectory; layouts with field metadata override it.
 
-        Parameters
-        ----------
-        entry
-            The trajectory's index entry.
+        {entry_parameter}
 
         Returns
         -------
