@@ -51,6 +51,9 @@ from rbzarr.trajectory.validated import ValidatedTrajectory, clone_trajectory
 __all__ = ["TrajectoryReplayBuffer"]
 
 DEFAULT_FORMAT = "zarr"
+# Staged bytes after which an add queues the trajectories copied so far (see
+# add_trajectories): a trajectory of 128 px camera frames (~30 MiB) is queued alone.
+PIPELINED_BYTES = 1 << 23
 
 
 def _listed(trajectories: object) -> list[Trajectory]:
@@ -459,15 +462,11 @@ class TrajectoryReplayBuffer(SamplingFront, RLinfCompatMixin):
             if not accepted:
                 return
             self.local_cache.check_trajectories(accepted)
-            if self._committer is not None:
-                self._committer.wait_for_room(len(accepted))
-            with self._lock:
-                if self._schema is None:
-                    self._schema = accepted[0].spec.schema
-                    self._set_store_metadata()
-                items = [(self._index_entry(t), t) for t in accepted]
-                self._window_changed()
-                if self._committer is None:
+            if self._committer is None:
+                with self._lock:
+                    self._adopt_schema(accepted[0])
+                    items = [(self._index_entry(t), t) for t in accepted]
+                    self._window_changed()
                     for entry, trajectory in items:  # the caller's tensors: the cache copies
                         self._cache.put(
                             entry["trajectory_id"],
@@ -475,11 +474,36 @@ class TrajectoryReplayBuffer(SamplingFront, RLinfCompatMixin):
                             trajectory.residue,
                             trajectory.spec.B,
                         )
-                    return
-                # The one copy was made on validation; the cache shares it with the writer.
-                for entry, trajectory in items:
-                    self._cache.put_shared(entry["trajectory_id"], trajectory)
-                self._committer.submit(items)
+                return
+            self._committer.wait_for_room(len(accepted))
+            # The one copy, made here: trajectories are queued as soon as their copies
+            # stage PIPELINED_BYTES, so the writer writes them while the next are copied
+            # (and their memory is freed for those); small ones are queued together, for one
+            # index record.  The cache shares each copy with the writer.
+            staged: list[ValidatedTrajectory] = []
+            for position, validated in enumerate(accepted):
+                staged.append(validated.copied())
+                nbytes = sum(b.nbytes for t in staged for b in t.staging.values())
+                if nbytes >= PIPELINED_BYTES or position == len(accepted) - 1:
+                    self._queue_staged(staged)
+                    staged = []
+
+    def _queue_staged(self, staged: list[ValidatedTrajectory]) -> None:
+        """Put copied trajectories in the window and the cache, and queue their writes."""
+        assert self._committer is not None
+        with self._lock:
+            self._adopt_schema(staged[0])
+            items = [(self._index_entry(t), t) for t in staged]
+            self._window_changed()
+            for entry, trajectory in items:
+                self._cache.put_shared(entry["trajectory_id"], trajectory)
+            self._committer.submit(items)
+
+    def _adopt_schema(self, trajectory: ValidatedTrajectory) -> None:
+        """The first trajectory's schema becomes the buffer's (under ``_lock``)."""
+        if self._schema is None:
+            self._schema = trajectory.spec.schema
+            self._set_store_metadata()
 
     def add_committed(self, notices: Iterable[references.Notice]) -> None:
         """Add, by reference, trajectories other writers committed to this buffer's store.
@@ -535,9 +559,7 @@ class TrajectoryReplayBuffer(SamplingFront, RLinfCompatMixin):
         accepted: list[ValidatedTrajectory] = []
         for position, trajectory in enumerate(trajectories):
             try:
-                validated = ValidatedTrajectory.check(
-                    trajectory, schema, copy=self._committer is not None
-                )
+                validated = ValidatedTrajectory.check(trajectory, schema)
                 self._cache.check(validated.spec.schema)
                 if self.check_finite:
                     check_finite(validated.flat)

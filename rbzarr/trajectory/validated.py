@@ -89,6 +89,11 @@ class ValidatedTrajectory:
         """What :attr:`flat` leaves out (reset rows, unsampled fields, scalars)."""
         return self._split[1]
 
+    def copied(self) -> ValidatedTrajectory:
+        """This trajectory owning a copy of every tensor (large ones staged)."""
+        trajectory, staging = _staged_clone(self.trajectory)
+        return ValidatedTrajectory(trajectory, self.spec, staging)
+
     @classmethod
     def check(
         cls, trajectory: object, schema: Schema | None = None, *, copy: bool = False
@@ -97,11 +102,9 @@ class ValidatedTrajectory:
         # RLinf's own Trajectory (or any object with its fields) is read by field name.
         trajectory = as_trajectory(trajectory)
         spec = validate(trajectory, schema)
-        staging: dict[str, np.ndarray] = {}
-        if copy:
-            trajectory, staging = _staged_clone(trajectory)
         # validate() lists the schema in ``schema``'s order, and the split follows it.
-        return cls(trajectory, spec, staging)
+        validated = cls(trajectory, spec)
+        return validated.copied() if copy else validated
 
 
 def staging_of(trajectory: Trajectory | ValidatedTrajectory) -> Mapping[str, np.ndarray]:
