@@ -428,7 +428,8 @@ class TrajectoryReplayBuffer(SamplingFront, RLinfCompatMixin):
 
         The caller may reuse or mutate the tensors as soon as this returns.  With
         ``auto_save``, each trajectory is queued for a background write that is retried
-        until it commits.
+        until it commits; a large one is queued (and may be sampled by another thread) as
+        soon as it is copied, before the call returns.
 
         Parameters
         ----------
