@@ -72,8 +72,9 @@ class HeldRows(Protocol):
     def caching(self) -> bool:
         """Whether any trajectory is cached (when not, no cell is looked up)."""
 
-    def cells(self, window: Sequence[int]) -> torch.Tensor:
-        """The cache cell of each id of ``window`` (``-1`` where not cached)."""
+    def cells(self, window: Window, positions: torch.Tensor) -> torch.Tensor:
+        """The cache cell of the trajectory at each window position (``-1`` where not
+        cached)."""
 
     def gather(self, cells: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """The flat rows ``rows`` of the cached trajectories in ``cells``."""
@@ -410,11 +411,7 @@ class StoreReader:
             return plan_misses(
                 ids, rows, hit, {}, self.schema, entries, pending, window.entries, positions
             )
-        if len(window.ids) <= len(ids):
-            cells = self.held.cells(window.ids)[positions]
-        else:  # only the trajectories drawn: the cost follows the batch, not the window
-            drawn_ids, back = np.unique(ids.numpy(), return_inverse=True)
-            cells = self.held.cells(drawn_ids.tolist())[torch.from_numpy(back)]
+        cells = self.held.cells(window, positions)
         hit = cells >= 0
         if bool(hit.all()):
             return all_cached(self.held.gather(cells, rows), self.schema)
