@@ -8,12 +8,18 @@ position means: adds that grow or slide the window, ``clear()``, a reload.
 
 from __future__ import annotations
 
-import pytest
-from conftest import assert_rows_consistent, make_trajectory
+import tempfile
 
-from rbzarr import Retention, TrajectoryReplayBuffer, open_buffer
+import pytest
+import torch
+from conftest import assert_rows_consistent, make_trajectory
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rbzarr import PrioritizedReplay, Retention, TrajectoryReplayBuffer, open_buffer
 from rbzarr.analysis.view import BufferView
 from rbzarr.sampling.priorities import split_index
+from rbzarr.storage.zarr.layout import ZarrLayout
 
 STRIDE = 1000  # trajectory k's rows encode k * STRIDE + row
 
@@ -97,3 +103,64 @@ def test_rows_stay_right_as_retention_removes_ids(tmp_path):
             drawn = check_batch(buffer, bases, 128)
             assert drawn <= set(buffer.trajectory_ids) and k in drawn
         assert 0 not in buffer.trajectory_ids  # retention did remove ids
+
+
+def _flat(batch: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in batch.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}/"))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**16),
+    shapes=st.lists(
+        st.tuples(st.integers(1, 3), st.integers(1, 3), st.sampled_from([1, 2])),
+        min_size=1,
+        max_size=4,
+    ),
+    n=st.integers(1, 40),
+    prioritized=st.booleans(),
+)
+def test_batches_read_by_window_position_equal_grouped_reads_and_memory(
+    seed, shapes, n, prioritized
+):
+    # The same seed and trajectories: a buffer reading every row from the store (by window
+    # position once its table is filled, else grouped) draws and returns what a buffer
+    # holding them in memory does, reset rows (two epochs) included.
+    options = {"seed": seed, "sample_window_size": 0}
+    if prioritized:
+        options["prioritized"] = PrioritizedReplay(alpha=0.6, beta=0.4, eps=0.01)
+    served = []
+    read_drawn_into = ZarrLayout.read_drawn_into
+
+    def spy(self, *args):
+        served.append(read_drawn_into(self, *args))
+        return served[-1]
+
+    with tempfile.TemporaryDirectory() as root, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ZarrLayout, "read_drawn_into", spy)
+        stored = TrajectoryReplayBuffer(
+            **options, cache_size=0, auto_save=True, auto_save_path=f"{root}/store"
+        )
+        memory = TrajectoryReplayBuffer(**options)
+        with stored, memory:
+            for k, (steps, width, epochs) in enumerate(shapes):
+                trajectory = make_trajectory(2 * steps, width, k * STRIDE, epochs=epochs)
+                stored.add_trajectories([trajectory])
+                memory.add_trajectories([trajectory])
+            stored.flush()
+            for _ in range(3):
+                got, got_info = stored.sample(n, return_info=True)
+                want, want_info = memory.sample(n, return_info=True)
+                got, want = _flat(got), _flat(want)
+                assert got.keys() == want.keys()
+                for key in want:
+                    assert torch.equal(got[key], want[key]), key
+                assert torch.equal(got_info["index"], want_info["index"])
+                assert torch.equal(got_info["weight"], want_info["weight"])
+    assert served[0] is False and True in served  # grouped first, then by position
