@@ -101,13 +101,19 @@ def read_drawn_into(
         return False
     # In file order: by bay (a trajectory's shard), and by row inside each.
     order = np.argsort(numbers[:, 3] + rows, kind="stable")
+    numbers, rows = numbers[order], rows[order]
+    epochs = numbers[:, 3 + count : 3 + 2 * count]
+    if epochs.any():  # reset rows to skip: per key
+        chosen = numbers[:, 3 : 3 + count].T.copy()
+        for column in range(count):
+            chosen[column] += _reset_elements(rows, numbers, epochs[:, column])
+    else:  # every key's region rows at once
+        chosen = (numbers[:, 3 : 3 + count] + rows[:, None]).T.copy()
     for column, (view, region) in enumerate(zip(views.values(), regions, strict=True)):
         assert region is not None
-        elements = _reset_elements(rows, numbers, numbers[:, 3 + count + column])
-        chosen = (numbers[:, 3 + column] + elements)[order]
         rows_of = byte_rows(view)
         records = rows_of.view(record_dtype(rows_of.shape[1])).reshape(-1)
-        records[order] = source.gather(region.records, chosen)
+        records[order] = source.gather(region.records, chosen[column])
     return True
 
 
