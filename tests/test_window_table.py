@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from rbzarr import PrioritizedReplay, Retention, TrajectoryReplayBuffer, open_buffer
 from rbzarr.analysis.view import BufferView
+from rbzarr.distributed import commit_notices
 from rbzarr.sampling.priorities import split_index
 from rbzarr.storage.zarr.layout import ZarrLayout
 
@@ -167,3 +168,40 @@ def test_batches_read_by_window_position_equal_grouped_reads_and_memory(
                 assert torch.equal(got_info["index"], want_info["index"])
                 assert torch.equal(got_info["weight"], want_info["weight"])
     assert served[0] is False and all(served[1:])  # grouped first, then by position
+
+
+def test_cache_cells_follow_the_cache_while_the_window_stays(tmp_path):
+    # Cells are kept by window position per cache version: trajectories added by reference
+    # are read into the cache after the batch that meets them, the window unchanged; the
+    # next batch must find them cached (no store read) and right.
+    store = str(tmp_path / "store")
+    bases: dict[int, int] = {}
+    with TrajectoryReplayBuffer(seed=0, auto_save=True, auto_save_path=store) as writer:
+        for k in range(3):
+            add(writer, k)
+            writer.flush()
+            bases[k] = k * STRIDE
+        notices = commit_notices(writer, writer.trajectory_ids)
+    reads: list[str] = []
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        TrajectoryReplayBuffer(seed=1, auto_save=True, auto_save_path=store) as learner,
+    ):
+        add(learner, 9)  # one cached trajectory: the batch looks up the cache's cells
+        bases[learner.trajectory_ids[-1]] = 9 * STRIDE
+        learner.add_committed(notices)
+        for name in ("read_drawn_into", "read_groups_into"):
+            patch.setattr(ZarrLayout, name, _counted(getattr(ZarrLayout, name), reads))
+        assert {0, 1, 2} <= check_batch(learner, bases, 512)  # met all: read, then cached
+        assert reads
+        reads.clear()
+        check_batch(learner, bases, 64)
+        assert reads == []
+
+
+def _counted(method, calls):
+    def counted(self, *args):
+        calls.append(method.__name__)
+        return method(self, *args)
+
+    return counted
