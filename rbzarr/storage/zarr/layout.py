@@ -419,7 +419,7 @@ class ZarrLayout(TrajectoryLayout):
     ) -> bool:
         """Read from the window's table when it holds every slot drawn (filled by earlier
         batches' grouped reads) and all their keys sit in the same region bays."""
-        table = self._table
+        table = self._table  # held through the read: its handles keep their bays mapped
         if self.shard_cache is not None or table is None:
             return False
         if not table.serves(window, tuple(keys), self._opener.handles.version()):
