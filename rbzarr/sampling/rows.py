@@ -28,7 +28,7 @@ from rbzarr.storage.row_groups import RowGroups
 from rbzarr.trajectory.dtypes import dtype_from_name
 from rbzarr.trajectory.model import Schema
 
-__all__ = ["MissPlan", "all_cached", "file_order", "plan_misses", "read_batch"]
+__all__ = ["MissPlan", "all_cached", "plan_misses", "read_batch"]
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ def _groups(
         owners, flat = owners[miss], flat[miss]
     # By trajectory, and by row inside each: every shard is then read in address order
     # (~1.7x faster gathers than random order, measured on 4,096 state rows).
-    order = file_order(owners, flat)
+    order = _file_order(owners, flat)
     positions = order if miss is None else miss[order]
     sorted_owners = owners[order]
     bounds = np.flatnonzero(sorted_owners[1:] != sorted_owners[:-1]) + 1
@@ -143,7 +143,7 @@ def _groups(
     return RowGroups(drawn, picked, positions, bounds, True, window, group_owners)
 
 
-def file_order(owners: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def _file_order(owners: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """The order that sorts rows by ``owners`` and by row inside each (stable): one sort
     of the keys ``owner << 32 | row`` where their spans allow, else two."""
     if len(owners) == 0:
