@@ -73,8 +73,8 @@ class BackgroundWriter:
         if max_pending <= 0:
             raise ValueError(f"max_pending must be positive, got {max_pending}")
         self.max_pending = max_pending
-        # A full queue takes new tasks again once fewer than this many are left.
-        self._low_water = max(1, max_pending // 2)
+        # A full queue takes new tasks again once at most this many are left.
+        self._low_water = max_pending // 2
         self.retry_delay = retry_delay
         self.max_retry_delay = max_retry_delay
         self._name = name
@@ -103,8 +103,8 @@ class BackgroundWriter:
             return self._error
 
     def wait_for_room(self, count: int) -> None:
-        """Block until ``count`` more tasks fit (once the queue was full: until fewer than half
-        of it are left); refuse when a failing task fails again."""
+        """Block until ``count`` more tasks fit (once the queue was full: and at most half of
+        it is left); refuse when a failing task fails again."""
         with self._cond:
             failures_seen: int | None = None
             limit = self.max_pending
@@ -114,9 +114,9 @@ class BackgroundWriter:
                     raise self._no_room(count)
                 if not self._tasks or len(self._tasks) + count <= limit:
                     return
-                # Full: wait until fewer than half are left, so that the caller and the writer
-                # each run several in a row instead of taking turns on every write.
-                limit = max(count, self._low_water)
+                # Full: wait until at most half is left too, so that the caller and the
+                # writer each run several in a row instead of taking turns on every write.
+                limit = min(self.max_pending, self._low_water + count)
                 if self._error is not None:
                     # Failing: give the next retry its chance, then refuse.
                     if failures_seen is None:
@@ -279,9 +279,9 @@ class BackgroundWriter:
                 recovered = self._error is not None
                 self._error = None
                 self._attempts = 0
-                # Waiters wait for fewer than half to be left (or none): until then a
-                # wake-up would only send them back to wait.
-                if recovered or len(self._tasks) < self._low_water:
+                # Waiters wait for at most half to be left: until then a wake-up would only
+                # send them back to wait.
+                if recovered or len(self._tasks) <= self._low_water:
                     self._cond.notify_all()
 
     def _record_failure(self, exc: Exception) -> bool:
