@@ -6,6 +6,7 @@ import itertools
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,23 +17,37 @@ from benchmarks.measure import clone_trajectory, stats, timed
 from rbzarr.trajectory.flat_view import flatten_trajectory
 from rbzarr.trajectory.model import Trajectory, validate
 
-__all__ = ["RangeReader", "draws", "hot_limit", "per_row_loop", "rlinf_hot"]
+__all__ = ["HotRun", "RangeReader", "draws", "hot_limit", "per_row_loop", "rlinf_hot"]
 
 LIMIT_CAP_BYTES = 1 << 30  # the hot-limit tensor holds at most this much (well past any LLC)
 
 
-def hot_limit(
-    rows: int, bytes_per_row: int, batch: int, calls: int, budget_s: float, seed: int
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class HotRun:
+    """How one hot sampler is timed: rows per batch, calls, time budget, seed, row bytes."""
+
+    batch: int
+    calls: int
+    budget_s: float
+    seed: int
+    bytes_per_row: int
+
+    def measure(self, sample: Callable[[], object]) -> dict[str, float]:
+        """The figures of ``sample`` called up to ``calls`` times within the budget."""
+        return stats(timed(sample, self.calls, self.budget_s), self.batch, self.bytes_per_row)
+
+
+def hot_limit(rows: int, run: HotRun) -> dict[str, Any]:
     """One ``index_select`` of ``batch`` random rows of ``bytes_per_row`` from one tensor."""
-    rows = min(rows, max(batch, LIMIT_CAP_BYTES // bytes_per_row))
-    table = torch.empty((rows, bytes_per_row), dtype=torch.uint8).fill_(7)  # touch every page
-    generator = torch.Generator().manual_seed(seed)
+    rows = min(rows, max(run.batch, LIMIT_CAP_BYTES // run.bytes_per_row))
+    # Filled, so that every page is touched before the timing.
+    table = torch.empty((rows, run.bytes_per_row), dtype=torch.uint8).fill_(7)
+    generator = torch.Generator().manual_seed(run.seed)
 
     def gather() -> torch.Tensor:
-        return table.index_select(0, torch.randint(0, rows, (batch,), generator=generator))
+        return table.index_select(0, torch.randint(0, rows, (run.batch,), generator=generator))
 
-    return {**stats(timed(gather, calls, budget_s), batch, bytes_per_row), "table_rows": rows}
+    return {**run.measure(gather), "table_rows": rows}
 
 
 def draws(
@@ -44,17 +59,10 @@ def draws(
     return lambda: sequence.at(next(calls))
 
 
-def rlinf_hot(
-    trajectories: Sequence[Trajectory],
-    batch: int,
-    calls: int,
-    budget_s: float,
-    seed: int,
-    bytes_per_row: int,
-) -> dict[str, Any]:
+def rlinf_hot(trajectories: Sequence[Trajectory], run: HotRun) -> dict[str, Any]:
     """Whole trajectories kept as they came; flatten and index each touched one per batch."""
     kept = [clone_trajectory(t) for t in trajectories]
-    next_draw = draws(kept, batch, seed)
+    next_draw = draws(kept, run.batch, run.seed)
 
     def sample() -> dict[str, torch.Tensor]:
         positions, rows = next_draw()
@@ -69,20 +77,13 @@ def rlinf_hot(
         inverse = torch.argsort(torch.cat(order))
         return {key: torch.cat(values)[inverse] for key, values in parts.items()}
 
-    return stats(timed(sample, calls, budget_s), batch, bytes_per_row)
+    return run.measure(sample)
 
 
-def per_row_loop(
-    trajectories: Sequence[Trajectory],
-    batch: int,
-    calls: int,
-    budget_s: float,
-    seed: int,
-    bytes_per_row: int,
-) -> dict[str, Any]:
+def per_row_loop(trajectories: Sequence[Trajectory], run: HotRun) -> dict[str, Any]:
     """Index every sampled row of every key separately in Python, then stack."""
     flats = [flatten_trajectory(t, validate(t)) for t in map(clone_trajectory, trajectories)]
-    next_draw = draws(trajectories, batch, seed)
+    next_draw = draws(trajectories, run.batch, run.seed)
     keys = list(flats[0])
 
     def sample() -> dict[str, torch.Tensor]:
@@ -90,7 +91,7 @@ def per_row_loop(
         pairs = list(zip(positions.tolist(), rows.tolist(), strict=True))
         return {key: torch.stack([flats[p][key][r] for p, r in pairs]) for key in keys}
 
-    return stats(timed(sample, calls, budget_s), batch, bytes_per_row)
+    return run.measure(sample)
 
 
 class RangeReader:

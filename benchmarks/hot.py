@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from benchmarks import baselines
 from benchmarks.draws import DrawSequence, TrackedBuffer, gather_rows, same_rows
-from benchmarks.measure import add_all, row_bytes, stats, timed
+from benchmarks.measure import add_all, row_bytes
 from benchmarks.settings import Settings
 from benchmarks.torchrl_peer import TorchRLPeer, torchrl_missing
 from benchmarks.workloads import Workload, trajectory_sequence
@@ -22,45 +23,41 @@ def run_hot(workload: Workload, settings: Settings) -> dict[str, Any]:
     """The hot mode of ``workload``: buffer, limit, TorchRL and RLinf-style figures."""
     trajectories = trajectory_sequence(workload, settings)
     per_row = row_bytes(trajectories[0])
-    calls, budget, seed, batch = (
-        settings.hot_calls,
-        settings.budget_s,
-        settings.seed,
-        workload.batch,
+    run = baselines.HotRun(
+        workload.batch, settings.hot_calls, settings.budget_s, settings.seed, per_row
     )
+    batch = run.batch
     flats = [flatten_trajectory(t, validate(t)) for t in trajectories]
-    sequence = DrawSequence([len(next(iter(f.values()))) for f in flats], batch, seed)
+    sequence = DrawSequence([len(next(iter(f.values()))) for f in flats], batch, run.seed)
     with TrajectoryReplayBuffer(
-        seed=seed, sample_window_size=len(trajectories), auto_save=False
+        seed=run.seed, sample_window_size=len(trajectories), auto_save=False
     ) as buffer:
         adds = add_all(buffer, trajectories)
         tracked = TrackedBuffer(buffer, batch)
         checked = same_rows(tree.flatten(tracked.sample()), gather_rows(flats, *sequence.at(0)))
-        latencies = timed(tracked.sample, calls, budget)
+        measured = run.measure(tracked.sample)
     del buffer, tracked  # free the cached window before the peers allocate theirs
     result: dict[str, Any] = {
         "row_bytes": per_row,
         "rows": sum(validate(t).num_samples for t in trajectories),
         "add": adds,
         "same_rows": checked,
-        "buffer": stats(latencies, batch, per_row),
+        "buffer": measured,
     }
     rows = len(trajectories) * workload.T * workload.B
-    result["limit"] = baselines.hot_limit(rows, per_row, batch, calls, budget, seed)
-    result["torchrl_tensor"] = _torchrl_hot(flats, sequence, calls, budget, per_row)
-    result["rlinf_style"] = baselines.rlinf_hot(trajectories, batch, calls, budget, seed, per_row)
+    result["limit"] = baselines.hot_limit(rows, run)
+    result["torchrl_tensor"] = _torchrl_hot(flats, sequence, run)
+    result["rlinf_style"] = baselines.rlinf_hot(trajectories, run)
     if workload.name == "state":
-        loop_calls = max(3, calls // 10)
-        result["per_row_loop"] = baselines.per_row_loop(
-            trajectories, batch, loop_calls, budget, seed, per_row
-        )
+        loop = dataclasses.replace(run, calls=max(3, run.calls // 10))
+        result["per_row_loop"] = baselines.per_row_loop(trajectories, loop)
     result["vs_limit"] = result["limit"]["rows_s"] / result["buffer"]["rows_s"]
     result["speedup_vs_rlinf_style"] = result["buffer"]["rows_s"] / result["rlinf_style"]["rows_s"]
     return result
 
 
 def _torchrl_hot(
-    flats: list[dict[str, Any]], sequence: DrawSequence, calls: int, budget: float, per_row: int
+    flats: list[dict[str, Any]], sequence: DrawSequence, run: baselines.HotRun
 ) -> dict[str, Any]:
     """``LazyTensorStorage.get`` of the buffer's own batches (draws 1, 2, ...)."""
     missing = torchrl_missing()
@@ -70,6 +67,6 @@ def _torchrl_hot(
     checked = same_rows(
         peer.get(peer.indices(*sequence.at(0))), gather_rows(flats, *sequence.at(0))
     )
-    batches = iter(range(1, calls + 2))
-    latencies = timed(lambda: peer.get(peer.indices(*sequence.at(next(batches)))), calls, budget)
-    return {"storage": peer.kind, "same_rows": checked, **stats(latencies, sequence.batch, per_row)}
+    batches = iter(range(1, run.calls + 2))
+    measured = run.measure(lambda: peer.get(peer.indices(*sequence.at(next(batches)))))
+    return {"storage": peer.kind, "same_rows": checked, **measured}

@@ -64,6 +64,8 @@ def _value(*path: str) -> Callable[[dict[str, Any]], float]:
     return lambda r: float(_get(r, *path))
 
 
+# The workloads measured page-cache warm and truly cold.
+_WARM, _COLD = ("state", "image"), ("image", "embodied")
 # (name, meaning, value from the results, threshold, op)
 SAMPLING = [
     (
@@ -73,27 +75,22 @@ SAMPLING = [
         1.0,
         ">=",
     )
-    for w in ("state", "image")
+    for w in _WARM
 ] + [
     (
-        f"{w}: warm disk rows/s >= 10x whole-file .pt",
-        "rbzarr rows/s / whole-file .pt loads rows/s (RLinf), same rows, page cache warm",
-        _ratio((w, "warm", "zarr"), (w, "warm", "pt")),
+        f"{w}: {cache} rows/s >= 10x whole-file .pt",
+        f"rbzarr rows/s / whole-file .pt {how}",
+        _ratio((w, mode, "zarr"), (w, mode, "pt")),
         10.0,
         ">=",
     )
-    for w in ("state", "image")
+    for mode, cache, how, workloads in (
+        ("warm", "warm disk", "loads rows/s (RLinf), same rows, page cache warm", _WARM),
+        ("cold", "truly cold", "rows/s, page cache dropped before every batch", _COLD),
+    )
+    for w in workloads
 ]
 SAMPLING += [
-    (
-        f"{w}: truly cold rows/s >= 10x whole-file .pt",
-        "rbzarr rows/s / whole-file .pt rows/s, page cache dropped before every batch",
-        _ratio((w, "cold", "zarr"), (w, "cold", "pt")),
-        10.0,
-        ">=",
-    )
-    for w in ("image", "embodied")
-] + [
     (
         f"{w}: truly cold bytes read <= 1.5x needed",
         "bytes read from disk per batch / the missed rows' compressed inner chunks (or, "
@@ -102,7 +99,7 @@ SAMPLING += [
         1.5,
         "<=",
     )
-    for w in ("image", "embodied")
+    for w in _COLD
 ]
 SAMPLING += [
     (

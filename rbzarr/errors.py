@@ -2,42 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = [
-    "BufferClosedError",
-    "ChannelClosedError",
-    "ChannelTimeoutError",
-    "CheckpointConflictError",
-    "CheckpointNotFoundError",
-    "CheckpointReferenceError",
-    "CodecConflictError",
-    "CodecUnavailableError",
-    "CorruptStoreError",
-    "DamagedTrajectoryWarning",
-    "DatasetFileNotFoundError",
-    "DatasetMismatchError",
-    "EmptyBufferError",
-    "EncoderUnavailableError",
-    "EpisodeNotFoundError",
-    "InsertTimeoutError",
-    "InvalidCodecError",
-    "InvalidTrajectoryError",
-    "NotAnImageError",
-    "RbzarrError",
-    "RecodeWarning",
-    "SchedulerUnavailableError",
-    "StorageOptionError",
-    "StorageUnavailableError",
-    "StoreExistsError",
-    "StoreNotWritableError",
-    "TrajectoryListError",
-    "UncommittedWritesWarning",
-    "UnsafePathError",
-    "UnsafePickleError",
-    "UnsupportedDatasetError",
-    "WorkerProcessError",
-    "WriterFailedError",
-]
-
 
 class RbzarrError(Exception):
     """Base class of every error raised by rbzarr."""
@@ -202,3 +166,11 @@ class EpisodeNotFoundError(RbzarrError, IndexError):
 
 class EncoderUnavailableError(RbzarrError, ImportError):
     """An output format whose encoder (PyAV's codec, Pillow's writer) is not installed."""
+
+
+# Every class above is public (``rbzarr`` re-exports those users catch most).
+__all__ = [
+    name
+    for name, value in dict(globals()).items()
+    if isinstance(value, type) and value.__module__ == __name__
+]

@@ -115,16 +115,10 @@ def storage_buffer(
     url: Any, options: dict[str, Any] | None = None, seed: int | None = 1234, **kw: Any
 ) -> TrajectoryReplayBuffer:
     """A buffer saving to ``url`` that samples from storage (no cache, every trajectory in
-    its window); ``kw``: further constructor arguments."""
+    its window); ``kw``: further constructor arguments, or others than these."""
+    kw = {"enable_cache": False, "cache_size": 0, "sample_window_size": 0, **kw}
     return TrajectoryReplayBuffer(
-        seed=seed,
-        enable_cache=False,
-        cache_size=0,
-        sample_window_size=0,
-        auto_save=True,
-        auto_save_path=url,
-        storage_options=options,
-        **kw,
+        seed=seed, auto_save=True, auto_save_path=url, storage_options=options, **kw
     )
 
 

@@ -83,29 +83,13 @@ def _encode(path: Path, frames: np.ndarray, fps: int, codec: str) -> dict:
 
 
 def _tasks_table(tasks: tuple[str, ...]) -> pa.Table:
-    """As pandas writes ``DataFrame({"task_index": ...}, index=pd.Index(tasks, name="task"))``."""
-    table = pa.table({"task_index": pa.array(range(len(tasks)), pa.int64()), "task": list(tasks)})
-    meta = {
-        "index_columns": ["task"],
-        "column_indexes": [],
-        "columns": [
-            {
-                "name": "task_index",
-                "field_name": "task_index",
-                "pandas_type": "int64",
-                "numpy_type": "int64",
-                "metadata": None,
-            },
-            {
-                "name": "task",
-                "field_name": "task",
-                "pandas_type": "unicode",
-                "numpy_type": "object",
-                "metadata": None,
-            },
-        ],
-    }
-    return table.replace_schema_metadata({b"pandas": json.dumps(meta).encode()})
+    """``meta/tasks.parquet`` as LeRobot writes it, through pandas: the task is the index."""
+    import pandas  # noqa: PLC0415 (only the LeRobot fixtures need it)
+
+    frame = pandas.DataFrame(
+        {"task_index": range(len(tasks))}, index=pandas.Index(tasks, name="task")
+    )
+    return pa.Table.from_pandas(frame)
 
 
 def _write_videos(

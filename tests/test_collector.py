@@ -229,15 +229,8 @@ def test_optional_fields_and_forward_inputs() -> None:
     assert spec.shape == (2, B, 2)  # from prev_logprobs
     assert traj.forward_inputs["tokens"][:, :, 0].tolist() == [[0, 0, 0], [1, 1, 1]]
     assert traj.intervene_flags is not None and traj.intervene_flags[1, 1, 0]
-    assert list(traj.tensors())[:7] == [
-        "actions",
-        "intervene_flags",
-        "rewards",
-        "terminations",
-        "truncations",
-        "dones",
-        "prev_logprobs",
-    ]
+    rlinf_order = "actions intervene_flags rewards terminations truncations dones prev_logprobs"
+    assert list(traj.tensors())[:7] == rlinf_order.split()
 
 
 def test_inputs_are_copied() -> None:

@@ -22,6 +22,7 @@ from rbzarr.errors import (
     UnsafePathError,
     UnsafePickleError,
 )
+from rbzarr.storage.index.schema import check_schema
 from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout
@@ -141,6 +142,32 @@ def test_read_rows_default_matches_flat_view(tmp_path: Path, cls: type[FileLayou
     for key in keys:
         assert got[key].dtype == to_numpy(flat[key]).dtype, key
         np.testing.assert_array_equal(got[key], to_numpy(flat[key][rows]), err_msg=key)
+
+
+@pytest.mark.parametrize("cls", LAYOUTS)
+def test_a_schema_check_decodes_the_file_once(
+    tmp_path: Path, cls: type[FileLayout], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    layout, want, entry = written(cls(Location.from_url(tmp_path)), 0)
+    keys = ["dones", "actions", "next_obs/image"]
+    decoded: list[str] = []
+    real_loads = cls._loads
+
+    def counted(self: FileLayout, data: bytes, source: str) -> Any:
+        decoded.append(source)
+        return real_loads(self, data, source)
+
+    monkeypatch.setattr(cls, "_loads", counted)
+    rows, names = layout.first_row(entry, keys)
+    assert len(decoded) == 1
+    assert names == layout.fields(entry)
+    apart = layout.read_rows(entry, np.zeros(1, dtype=np.int64), keys)
+    for key in keys:
+        assert rows[key].dtype == apart[key].dtype, key
+        np.testing.assert_array_equal(rows[key], apart[key], err_msg=key)
+    decoded.clear()
+    check_schema(validate(want).schema, layout, entry)
+    assert len(decoded) == 1
 
 
 @pytest.mark.parametrize("cls", LAYOUTS)

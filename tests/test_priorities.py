@@ -689,6 +689,15 @@ def test_a_trajectory_back_in_a_grown_window_keeps_its_priorities(tmp_path, flus
     assert resumed.get_priority(window_indices(resumed)).tolist() == want
 
 
+def test_a_trajectory_back_in_a_views_grown_window_keeps_its_stored_priorities(tmp_path):
+    store = tmp_path / "s"
+    one_hot_store(store, 3, (1, 1))
+    view = open_buffer(store, prioritized=ONE_HOT, sample_window_size=2)
+    assert drawn_keys(view) == {(1, 1)}
+    view.sample_window_size = 0  # 0 is back with its stored 0s, not the largest priority
+    assert drawn_keys(view) == {(1, 1)}
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_priority_write_that_fails_or_hangs_loses_no_flushed_priority(
     tmp_path, monkeypatch, kind

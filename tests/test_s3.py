@@ -84,13 +84,8 @@ def one_row_cached(
     url: str, options: dict[str, Any], seed: int, window: int
 ) -> TrajectoryReplayBuffer:
     """A buffer saving to the S3 store ``url`` with one trajectory in its row cache."""
-    return TrajectoryReplayBuffer(
-        seed=seed,
-        cache_size=1,
-        sample_window_size=window,
-        auto_save=True,
-        auto_save_path=url,
-        storage_options=options,
+    return storage_buffer(
+        url, options, seed, enable_cache=True, cache_size=1, sample_window_size=window
     )
 
 

@@ -29,6 +29,7 @@ from rbzarr.storage.io.location import Location
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.registry import layout_class
 from rbzarr.storage.rlinf.documents import Documents
+from rbzarr.storage.row_groups import RowGroups
 from rbzarr.storage.zarr import layout as zarr_layout
 from rbzarr.storage.zarr import open as zarr_open
 from rbzarr.storage.zarr.chunking import chunk_shape
@@ -191,6 +192,29 @@ def test_read_rows_matches_flat_view(location: Location) -> None:
         _rows(layout, entry, rows, ["versions"])
     with pytest.raises(CorruptStoreError, match="nope"):
         _rows(layout, entry, rows, ["nope"])
+
+
+@pytest.mark.parametrize(
+    ("key", "out", "message"),
+    [
+        ("rewards", torch.zeros(2, dtype=torch.float64), r"holds float32 rows of \[\], .*float64"),
+        (
+            "curr_obs/image",
+            torch.zeros(2, 3, 5, 5, dtype=torch.uint8),
+            r"holds uint8 rows of \[3, 5, 4\], .*\[3, 5, 5\]",
+        ),
+    ],
+)
+def test_rows_unlike_the_batchs_are_refused_before_any_is_read(
+    tmp_path: Path, key: str, out: torch.Tensor, message: str
+) -> None:
+    layout = ZarrLayout(Location.from_url(str(tmp_path / "s")))
+    entry = _entry(1, _every_dtype())
+    layout.write(entry, _every_dtype())
+    groups = RowGroups.of([(entry, torch.tensor([0, 1]), torch.tensor([0, 1]))])
+    with pytest.raises(CorruptStoreError, match=rf"trajectories/1: field {key!r} {message}"):
+        layout.read_groups_into(groups, [key], {key: out})
+    assert not out.any()  # nothing was read into the batch
 
 
 def _rows(

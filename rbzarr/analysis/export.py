@@ -8,16 +8,18 @@ from typing import Any
 
 from rbzarr.analysis.cluster import TrajectoryTasks
 from rbzarr.errors import StoreExistsError
+from rbzarr.shared_doc import shared_doc
 from rbzarr.storage.index import format_records
 from rbzarr.storage.index.schema import check_schema, schema_from_json
 from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
 from rbzarr.storage.io.location import Location
+from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.registry import layout_class, open_store
 from rbzarr.storage.rlinf.documents import Documents
 from rbzarr.storage.zarr.layout import CODECS_KEY
 
-__all__ = ["export_store"]
+__all__ = ["COPY_FAILURES", "COPY_RETURNS", "copied_documents", "export_store"]
 
 # Metadata keys the exported index recomputes; the rest are carried over unchanged.
 # Written anew by the target (``layout_version`` and the codecs are the target layout's
@@ -30,6 +32,22 @@ _RECOMPUTED = (
     "layout_version",
     CODECS_KEY,
 )
+
+# The sections :func:`export_store` and :func:`~rbzarr.analysis.recode.recode_store` share.
+COPY_RETURNS = """
+Returns
+-------
+Documents
+    The documents written to ``destination``.
+"""
+COPY_FAILURES = """
+CheckpointNotFoundError
+    ``source`` is not a store, or a listed trajectory's data is missing.
+CorruptStoreError
+    A trajectory or its priority file is damaged (``rbzarr verify`` names it).
+StorageUnavailableError
+    A backend failed.
+"""
 
 
 def _select(
@@ -57,6 +75,7 @@ def _select(
     return [i for i in index.id_list if i in wanted]
 
 
+@shared_doc(copy_returns=COPY_RETURNS, copy_failures=COPY_FAILURES)
 def export_store(
     source: str | os.PathLike[str] | Location,
     destination: str | os.PathLike[str] | Location,
@@ -94,10 +113,7 @@ def export_store(
         Copies the trajectories, one task each on a dask cluster when it has a client
         (:func:`~rbzarr.analysis.cluster.connect`); the documents are written here, last.
 
-    Returns
-    -------
-    Documents
-        The documents written to ``destination``.
+    {copy_returns}
 
     Raises
     ------
@@ -106,12 +122,7 @@ def export_store(
     ValueError
         Unknown format, both ``ids`` and ``last``, a negative ``last``, or ids the source
         does not list.
-    CheckpointNotFoundError
-        ``source`` is not a store, or a listed trajectory's data is missing.
-    CorruptStoreError
-        A trajectory or its priority file is damaged (``rbzarr verify`` names it).
-    StorageUnavailableError
-        A backend failed.
+    {copy_failures}
     """
     target_class = layout_class(trajectory_format)
     reader, documents = open_store(source, storage_options)
@@ -131,10 +142,23 @@ def export_store(
     # Decode and re-encode even between equal formats: every trajectory passes the
     # safe loaders and validation on its way, so an export is also a check.
     (tasks or TrajectoryTasks()).copy(reader, writer, entries, progress)
-    # The priorities stored beside the trajectories go along (same ids), before the index.
+    exported = copied_documents(reader, writer, selected, documents, trajectory_format)
+    return format_records.write_documents(writer, exported)
+
+
+def copied_documents(
+    reader: TrajectoryLayout,
+    writer: TrajectoryLayout,
+    copied: TrajectoryIndex,
+    documents: Documents,
+    trajectory_format: str,
+) -> Documents:
+    """The documents of a copy of ``copied`` (in ``trajectory_format``, with the source's
+    other metadata), after carrying the priorities stored beside its trajectories along."""
+    entries = [copied.entries[i] for i in copied.id_list]
+    # Same ids, and before the index: the copy lists no trajectory without its priorities.
     StoreIndex.assumed(reader.location).priorities.carry(
         StoreIndex.assumed(writer.location).priorities, [(e, e) for e in entries]
     )
     extra = {k: v for k, v in documents.metadata.items() if k not in _RECOMPUTED}
-    exported = selected.to_documents(trajectory_format, extra=extra)
-    return format_records.write_documents(writer, exported)
+    return copied.to_documents(trajectory_format, extra=extra)

@@ -16,10 +16,12 @@ from typing import Any
 
 from tqdm import tqdm
 
+from rbzarr.analysis.export import COPY_FAILURES, COPY_RETURNS, copied_documents
 from rbzarr.analysis.listing import StoreListing
 from rbzarr.analysis.summary import describe_store
 from rbzarr.caller import warn_caller
 from rbzarr.errors import CodecConflictError, CorruptStoreError, RecodeWarning, StoreExistsError
+from rbzarr.shared_doc import shared_doc
 from rbzarr.storage.index.schema import schema_from_json
 from rbzarr.storage.index.store_index import StoreIndex
 from rbzarr.storage.index.trajectory_index import TrajectoryIndex
@@ -39,16 +41,6 @@ __all__ = ["RECODE_FILE", "RecodePlan", "plan_recode", "recode_store"]
 _UINT8, _OTHER = "uint8", "float64"
 # What an unfinished recode writes first: its source and codecs.
 RECODE_FILE = "recode.json"
-
-# Metadata the destination computes itself.
-_RECOMPUTED = (
-    "trajectory_format",
-    "size",
-    "total_samples",
-    "trajectory_counter",
-    "layout_version",
-    CODECS_KEY,
-)
 
 
 @dataclass(frozen=True)
@@ -124,6 +116,7 @@ def plan_recode(
     return _plan(reader, documents, codecs)
 
 
+@shared_doc(copy_returns=COPY_RETURNS, copy_failures=COPY_FAILURES)
 def recode_store(
     source: str | os.PathLike[str] | Location,
     destination: str | os.PathLike[str] | Location,
@@ -161,10 +154,7 @@ def recode_store(
     progress
         Show a progress bar on stderr.
 
-    Returns
-    -------
-    Documents
-        The documents written to ``destination``.
+    {copy_returns}
 
     Raises
     ------
@@ -175,12 +165,7 @@ def recode_store(
         ``destination`` is an interrupted recode with other codecs; nothing is written.
     ValueError
         A spec is malformed, or names a key ``source`` does not have.
-    CheckpointNotFoundError
-        ``source`` is not a store, or a listed trajectory's data is missing.
-    CorruptStoreError
-        A trajectory or its priority file is damaged (``rbzarr verify`` names it).
-    StorageUnavailableError
-        A backend failed.
+    {copy_failures}
     """
     reader, documents = open_store(source, storage_options)
     plan = _plan(reader, documents, codecs)
@@ -195,12 +180,7 @@ def recode_store(
         if _complete(writer, entry):
             continue
         writer.write(dict(entry), reader.read(entry))
-    # The priorities stored beside the trajectories go along (same ids), before the index.
-    StoreIndex.assumed(reader.location).priorities.carry(
-        StoreIndex.assumed(writer.location).priorities, [(e, e) for e in entries]
-    )
-    extra = {k: v for k, v in documents.metadata.items() if k not in _RECOMPUTED}
-    written = writer.write_documents(index.to_documents("zarr", extra=extra))
+    written = writer.write_documents(copied_documents(reader, writer, index, documents, "zarr"))
     writer.location.delete(RECODE_FILE)
     return written
 

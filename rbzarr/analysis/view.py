@@ -20,6 +20,7 @@ from rbzarr.buffer.local_cache_settings import LocalCacheSettings
 from rbzarr.sampling.front import SamplingFront
 from rbzarr.sampling.priorities import PrioritizedReplay
 from rbzarr.sampling.reader import StoreReader
+from rbzarr.shared_doc import shared_doc
 from rbzarr.storage.index.priorities import PriorityChanges, PriorityFiles
 from rbzarr.storage.index.schema import check_schema, schema_from_json
 from rbzarr.storage.index.store_index import StoreIndex
@@ -35,6 +36,18 @@ if TYPE_CHECKING:
     from rbzarr.storage.zarr.layout import ZarrLayout
 
 __all__ = ["BufferView", "open_buffer"]
+
+# Parameter texts several of the view's calls share (see :func:`~rbzarr.shared_doc.shared_doc`).
+_ID_PARAMETER = """
+trajectory_id
+    A committed id.
+"""
+_READ_PARAMETERS = """
+keys
+    Flat keys to read; ``None`` reads every field.
+progress
+    Show a tqdm bar on stderr.
+"""
 
 
 def open_buffer(
@@ -220,15 +233,6 @@ class BufferView(SamplingFront):
         changes.read()
         self._priorities_read = set(window)
 
-    @property
-    def sample_window_size(self) -> int:
-        """Sampling draws from this many last committed trajectories (0 or negative: all)."""
-        return self._reader.window_size
-
-    @sample_window_size.setter
-    def sample_window_size(self, size: int) -> None:
-        self._reader.window_size = size
-
     def state_dict(self) -> dict[str, Any]:
         """The view's sampling state: ``{"sampler": ...}`` (seed and generator state).
 
@@ -345,13 +349,13 @@ class BufferView(SamplingFront):
             self._schema = schema
         return dict(self._schema)
 
+    @shared_doc(trajectory_id=_ID_PARAMETER)
     def entry(self, trajectory_id: int) -> dict[str, Any]:
         """The index entry of ``trajectory_id``.
 
         Parameters
         ----------
-        trajectory_id
-            A committed id.
+        {trajectory_id}
 
         Returns
         -------
@@ -380,13 +384,13 @@ class BufferView(SamplingFront):
             return []
         return list(self.layout.fields(self.entry(self._index.id_list[0])))
 
+    @shared_doc(trajectory_id=_ID_PARAMETER)
     def trajectory(self, trajectory_id: int, keys: Sequence[str] | None = None) -> Trajectory:
         """Read one committed trajectory (raw rows), optionally only the flat ``keys``.
 
         Parameters
         ----------
-        trajectory_id
-            A committed id.
+        {trajectory_id}
         keys
             Flat keys to read; ``None`` reads every field.
 
@@ -416,6 +420,7 @@ class BufferView(SamplingFront):
     def __repr__(self) -> str:
         return f"BufferView({self.url!r}, format={self.format!r}, trajectories={len(self)})"
 
+    @shared_doc(read_parameters=_READ_PARAMETERS)
     def iter_trajectories(
         self, keys: Sequence[str] | None = None, progress: bool = False
     ) -> Iterator[tuple[int, Trajectory]]:
@@ -423,10 +428,7 @@ class BufferView(SamplingFront):
 
         Parameters
         ----------
-        keys
-            Flat keys to read; ``None`` reads every field.
-        progress
-            Show a tqdm bar on stderr.
+        {read_parameters}
 
         Yields
         ------
@@ -436,6 +438,7 @@ class BufferView(SamplingFront):
         for trajectory_id in tqdm(self.ids, desc="trajectories", disable=not progress):
             yield trajectory_id, self.trajectory(trajectory_id, keys)
 
+    @shared_doc(read_parameters=_READ_PARAMETERS)
     def iter_steps(
         self, keys: Sequence[str] | None = None, progress: bool = False
     ) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
@@ -443,10 +446,7 @@ class BufferView(SamplingFront):
 
         Parameters
         ----------
-        keys
-            Flat keys to read; ``None`` reads every field.
-        progress
-            Show a tqdm bar on stderr.
+        {read_parameters}
 
         Yields
         ------
@@ -474,6 +474,7 @@ class BufferView(SamplingFront):
         entries = [self._index.entries[i] for i in self._index.id_list]
         return continuing_runs(entries, across_trajectories)
 
+    @shared_doc(read_parameters=_READ_PARAMETERS)
     def iter_steps_and_episodes(
         self,
         keys: Sequence[str] | None = None,
@@ -489,10 +490,7 @@ class BufferView(SamplingFront):
 
         Parameters
         ----------
-        keys
-            Flat keys to read; ``None`` reads every field.
-        progress
-            Show a tqdm bar on stderr.
+        {read_parameters}
         across_trajectories
             Follow episodes into the next trajectory of their run; ``False`` cuts them at
             trajectory boundaries.
@@ -572,13 +570,13 @@ class BufferView(SamplingFront):
 
         return {i: da.from_zarr(group[key]) for i, group in groups.items()}
 
+    @shared_doc(trajectory_id=_ID_PARAMETER)
     def zarr_group(self, trajectory_id: int) -> Any:
         """The read-only Zarr group of one trajectory (zarr layout only).
 
         Parameters
         ----------
-        trajectory_id
-            A committed id.
+        {trajectory_id}
 
         Returns
         -------
@@ -612,6 +610,7 @@ class BufferView(SamplingFront):
             )
         return self.layout
 
+    @shared_doc(trajectory_id=_ID_PARAMETER)
     def xarray_dataset(self, trajectory_id: int) -> Any:
         """One trajectory as a lazy ``xarray.Dataset``, one variable per flat key.
 
@@ -621,8 +620,7 @@ class BufferView(SamplingFront):
 
         Parameters
         ----------
-        trajectory_id
-            A committed id.
+        {trajectory_id}
 
         Returns
         -------

@@ -156,8 +156,10 @@ class BackgroundWriter:
         """Wait until every queued task has run; raise after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            if self._failed_for_good and self._tasks and not self._stopping:
-                self._failed_for_good = False  # one more try: the cause may be fixed
+            if self._tasks and not self._running and not self._stopping:
+                # The thread stopped at a failure that cannot heal, or after close(wait=False):
+                # one more try, the cause may be fixed.
+                self._failed_for_good = False
                 self._start()
             while self._tasks:
                 left = deadline - time.monotonic()
@@ -176,10 +178,8 @@ class BackgroundWriter:
                 if self._tasks:
                     warn_caller(self._not_waited(), UncommittedWritesWarning)
                 return
-            # Retry what a close(wait=False) left when its thread stopped at a failure.
+            # flush() below retries, once, what a stopped thread left.
             self._stopping = False
-            if self._tasks:
-                self._start()
         self.flush(timeout)
         with self._cond:
             self._stopping = True

@@ -382,17 +382,6 @@ class TrajectoryReplayBuffer(SamplingFront, RLinfCompatMixin):
         return self._reader.rows.seed
 
     @property
-    def sample_window_size(self) -> int:
-        """Sampling draws from this many most recent trajectories (0 or negative: all)."""
-        return self._reader.window_size
-
-    @sample_window_size.setter
-    def sample_window_size(self, size: int) -> None:
-        self._reader.window_size = size
-        # Trajectories back in a grown window take their stored priorities, not the max.
-        self._reader.fetch_returning()
-
-    @property
     def prefetch(self) -> int:
         """Batches :meth:`sample` draws and reads ahead (0: none)."""
         return 0 if self._read_ahead is None else self._read_ahead.depth

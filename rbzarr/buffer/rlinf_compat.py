@@ -14,11 +14,20 @@ from typing import Any, Protocol
 
 import torch
 
+from rbzarr.shared_doc import shared_doc
 from rbzarr.trajectory import tree
 from rbzarr.trajectory.flat_view import flatten_trajectory
 from rbzarr.trajectory.model import Trajectory, validate
 
 __all__ = ["RLinfCompatMixin"]
+
+# The parameter section several calls share (see :func:`~rbzarr.shared_doc.shared_doc`).
+_MIN_SIZE_PARAMETER = """
+Parameters
+----------
+min_size
+    The number of trajectories wanted.
+"""
 
 
 class _Buffer(Protocol):
@@ -48,13 +57,11 @@ class _Buffer(Protocol):
 class RLinfCompatMixin:
     """RLinf's ``TrajectoryReplayBuffer`` calls, on top of the buffer's public API."""
 
+    @shared_doc(min_size_parameter=_MIN_SIZE_PARAMETER)
     def is_ready(self: _Buffer, min_size: int) -> bool:
         """Whether at least ``min_size`` trajectories are in the buffer (RLinf counts them).
 
-        Parameters
-        ----------
-        min_size
-            The number of trajectories wanted.
+        {min_size_parameter}
 
         Returns
         -------
@@ -63,13 +70,11 @@ class RLinfCompatMixin:
         """
         return len(self) >= min_size
 
+    @shared_doc(min_size_parameter=_MIN_SIZE_PARAMETER)
     async def is_ready_async(self: _Buffer, min_size: int) -> bool:
         """:meth:`is_ready` as a coroutine, for RLinf's async workers (``await ...``).
 
-        Parameters
-        ----------
-        min_size
-            The number of trajectories wanted.
+        {min_size_parameter}
 
         Returns
         -------

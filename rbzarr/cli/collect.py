@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import click
 
-from rbzarr.cli.options import json_flag, print_json, storage_options
+from rbzarr.cli.options import count_option, json_flag, print_json, storage_options
 
 __all__ = ["gc_command"]
 
 
 @click.command(name="gc")
 @click.argument("store")
-@click.option(
+@count_option(
     "--keep-last",
-    type=click.IntRange(min=0),
+    0,
+    "Keep the store's last N trajectories (and every one a checkpoint pins).",
     required=True,
-    metavar="N",
-    help="Keep the store's last N trajectories (and every one a checkpoint pins).",
 )
 @click.option("--dry-run", is_flag=True, help="Print what would be deleted; delete nothing.")
 @json_flag

@@ -13,6 +13,7 @@ import click
 from rbzarr.cli.codecs import codec_option
 from rbzarr.cli.console import parse_ids, progress_wanted
 from rbzarr.cli.options import (
+    count_option,
     scheduler_option,
     storage_options,
     store_source,
@@ -33,9 +34,7 @@ _export_choice = click.Choice(["zarr", "pt", "pkl", *_DATASET_FORMATS])
 @click.argument("destination")
 @click.option("--format", "trajectory_format", type=_export_choice, required=True)
 @click.option("--ids", callback=parse_ids, help="Only these ids, e.g. 1,2,5 (store formats).")
-@click.option(
-    "--last", type=click.IntRange(min=0), help="Only the last N trajectories (store formats)."
-)
+@count_option("--last", 0, "Only the last N trajectories (store formats).")
 @click.option(
     "--fps",
     type=click.IntRange(min=1),

@@ -24,6 +24,7 @@ import click
 
 from rbzarr import __version__
 from rbzarr.cli.console import OneLineErrors, parse_storage_options
+from rbzarr.cli.options import count_option
 
 __all__ = ["COMMANDS", "main"]
 
@@ -84,13 +85,7 @@ class LazyCommands(OneLineErrors):
     help="Keep whole shards of a remote (s3://) zarr store in DIR and read them from there; "
     "reused by later commands and shared with buffers using the same directory.",
 )
-@click.option(
-    "--local-cache-bytes",
-    type=click.IntRange(min=1),
-    default=None,
-    metavar="N",
-    help="Bound of --local-cache in bytes (default 16 GiB).",
-)
+@count_option("--local-cache-bytes", 1, "Bound of --local-cache in bytes (default 16 GiB).")
 @click.option(
     "--follow-links",
     "follow_links",

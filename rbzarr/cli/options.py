@@ -15,6 +15,7 @@ import click
 
 __all__ = [
     "cache_arguments",
+    "count_option",
     "echo_lines",
     "json_flag",
     "output_option",
@@ -65,6 +66,13 @@ def echo_lines(lines: list[str]) -> None:
 def output_option(help: str) -> Any:
     """The required ``-o`` / ``--output`` file option, described by ``help``."""
     return click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help=help)
+
+
+def count_option(name: str, minimum: int, help: str, required: bool = False) -> Any:
+    """An option taking a whole number ``N >= minimum`` (``None`` when not given)."""
+    return click.option(
+        name, type=click.IntRange(min=minimum), required=required, metavar="N", help=help
+    )
 
 
 json_flag = click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")

@@ -19,6 +19,7 @@ from ray.data.block import Block, BlockAccessor, BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from rbzarr.analysis.view import open_buffer
+from rbzarr.shared_doc import shared_doc
 from rbzarr.storage.index.trajectory_index import share_bounds
 from rbzarr.trajectory.dtypes import to_numpy
 from rbzarr.trajectory.flat_view import flatten_trajectory
@@ -26,18 +27,23 @@ from rbzarr.trajectory.model import validate
 
 __all__ = ["StoreDatasource", "read_store"]
 
+_STORE_PARAMETERS = """
+url
+    The store's path or URL.
+storage_options
+    fsspec options for ``url``.
+keys
+    Flat keys to read (all sampled keys by default).
+"""
 
+
+@shared_doc(store_parameters=_STORE_PARAMETERS)
 class StoreDatasource(Datasource):
     """The committed trajectories of one store, as rows of flat samples.
 
     Parameters
     ----------
-    url
-        The store's path or URL.
-    storage_options
-        fsspec options for ``url``.
-    keys
-        Flat keys to read (all sampled keys by default).
+    {store_parameters}
     """
 
     def __init__(
@@ -120,6 +126,7 @@ def _reader(
     return read
 
 
+@shared_doc(store_parameters=_STORE_PARAMETERS)
 def read_store(
     url: str,
     storage_options: Mapping[str, Any] | None = None,
@@ -131,12 +138,7 @@ def read_store(
 
     Parameters
     ----------
-    url
-        The store's path or URL.
-    storage_options
-        fsspec options for ``url``.
-    keys
-        Flat keys to read (all sampled keys by default).
+    {store_parameters}
     override_num_blocks
         Read tasks to use (Ray picks by default).
 

@@ -335,17 +335,19 @@ def export_lerobot(
     source: str | os.PathLike[str] | Location,
     destination: str | os.PathLike[str],
     *,
-    fps: int | None = None,
-    task: str = "",
-    codec: str = "libsvtav1",
-    include_incomplete: bool = False,
-    storage_options: Mapping[str, Any] | None = None,
-    destination_options: Mapping[str, Any] | None = None,
-    progress: bool = False,
+    fps: int | None,
+    task: str,
+    codec: str,
+    include_incomplete: bool,
+    storage_options: Mapping[str, Any] | None,
+    destination_options: Mapping[str, Any] | None,
+    progress: bool,
 ) -> tuple[dict[str, Any], int]:
     """Write the store at ``source`` as a new LeRobot v3.0 dataset at ``destination``.
 
-    Returns ``info.json``'s document and the number of incomplete episodes left out.
+    The keywords are :func:`~rbzarr.interop.convert.export_dataset`'s (which gives their
+    defaults).  Returns ``info.json``'s document and the number of incomplete episodes left
+    out.
     ``destination`` must be empty; on failure what was written is removed.
     """
     location = Location.from_url(destination, destination_options)

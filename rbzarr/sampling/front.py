@@ -14,9 +14,22 @@ __all__ = ["SamplingFront"]
 class SamplingFront:
     """The public sampling calls of a class that samples through a :class:`StoreReader`."""
 
+    _reader: StoreReader  # set by the subclass
+
     def _sampling_reader(self) -> StoreReader:
         """The reader to draw from (a subclass may refresh its window first)."""
         raise NotImplementedError
+
+    @property
+    def sample_window_size(self) -> int:
+        """Sampling draws from this many most recent trajectories (0 or negative: all)."""
+        return self._reader.window_size
+
+    @sample_window_size.setter
+    def sample_window_size(self, size: int) -> None:
+        self._reader.window_size = size
+        # Trajectories back in a grown window take their stored priorities, not the max.
+        self._reader.fetch_returning()
 
     @overload
     def sample(

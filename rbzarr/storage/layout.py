@@ -19,6 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from rbzarr.errors import CheckpointNotFoundError, CorruptStoreError, StoreExistsError
+from rbzarr.shared_doc import shared_doc
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.names import bytes_by_prefix
 from rbzarr.storage.layout_audit import LayoutAudit
@@ -33,7 +34,15 @@ if TYPE_CHECKING:
     from rbzarr.trajectory.model import Trajectory
     from rbzarr.trajectory.validated import ValidatedTrajectory
 
-__all__ = ["TrajectoryLayout", "check_entry_shape"]
+__all__ = ["TrajectoryLayout", "check_entry_shape", "field_dtypes"]
+
+# The parameter section several calls share (see :func:`~rbzarr.shared_doc.shared_doc`).
+_ENTRY_PARAMETER = """
+Parameters
+----------
+entry
+    The trajectory's index entry.
+"""
 
 
 class TrajectoryLayout(ABC):
@@ -137,13 +146,11 @@ class TrajectoryLayout(ABC):
         """
 
     @abstractmethod
+    @shared_doc(entry_parameter=_ENTRY_PARAMETER)
     def delete(self, entry: Entry) -> None:
         """Remove a trajectory's data; missing data is not an error.
 
-        Parameters
-        ----------
-        entry
-            The trajectory's index entry.
+        {entry_parameter}
 
         Raises
         ------
@@ -167,13 +174,11 @@ class TrajectoryLayout(ABC):
         """
 
     @abstractmethod
+    @shared_doc(entry_parameter=_ENTRY_PARAMETER)
     def trajectory_path(self, entry: Entry) -> tuple[str, ...]:
         """Names (below the root) of the file or directory holding one trajectory.
 
-        Parameters
-        ----------
-        entry
-            The trajectory's index entry.
+        {entry_parameter}
 
         Returns
         -------
@@ -236,10 +241,16 @@ class TrajectoryLayout(ABC):
         self, entry: Entry, rows: torch.Tensor, keys: Sequence[str]
     ) -> dict[str, torch.Tensor]:
         """:meth:`read_rows` as tensors (``rows``: int64), from the whole trajectory."""
+        return self._rows_of(entry, self.read(entry), rows, keys)
+
+    def _rows_of(
+        self, entry: Entry, trajectory: Trajectory, rows: torch.Tensor, keys: Sequence[str]
+    ) -> dict[str, torch.Tensor]:
+        """Flat rows ``rows`` of ``keys`` of ``trajectory``, read for ``entry`` (whose shape
+        it must have)."""
         from rbzarr.trajectory.flat_view import flatten_trajectory  # noqa: PLC0415 (torch)
         from rbzarr.trajectory.model import validate  # noqa: PLC0415
 
-        trajectory = self.read(entry)
         spec = validate(trajectory)
         check_entry_shape(entry, list(spec.shape), self.location.url)
         flat = flatten_trajectory(trajectory, spec)
@@ -381,6 +392,7 @@ class TrajectoryLayout(ABC):
         """Files below the trajectory path ``path`` rbzarr did not write; the default: none."""
         return []
 
+    @shared_doc(entry_parameter=_ENTRY_PARAMETER)
     def fields(self, entry: Entry) -> dict[str, str]:
         """Flat field keys of one trajectory (``"rewards"``, ``"curr_obs/image"``), in order,
         with their dtype names (``"float32"``, ``"bfloat16"``).
@@ -389,17 +401,34 @@ class TrajectoryLayout(ABC):
         ``uint16``); ``list(fields(entry))`` names the keys.  The default reads the
         trajectory; layouts with field metadata override it.
 
-        Parameters
-        ----------
-        entry
-            The trajectory's index entry.
+        {entry_parameter}
 
         Returns
         -------
         dict of str to str
             ``{flat key: dtype name}``.
         """
-        return {key: dtype_name(value.dtype) for key, value in self.read(entry).tensors().items()}
+        return field_dtypes(self.read(entry))
+
+    @shared_doc(entry_parameter=_ENTRY_PARAMETER)
+    def first_row(
+        self, entry: Entry, keys: Sequence[str]
+    ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        """Row 0 of ``keys`` as :meth:`read_rows` reads it, and :meth:`fields`: what a check
+        of the store's schema against the data compares.
+
+        A layout that decodes whole trajectories overrides it to decode one once.
+
+        {entry_parameter}
+        keys
+            Flat keys with ``[T, B, ...]`` rows.
+
+        Returns
+        -------
+        tuple of (dict, dict of str to str)
+            ``{key: array[1, ...]}`` and ``{flat key: dtype name}``.
+        """
+        return self.read_rows(entry, np.zeros(1, dtype=np.int64), keys), self.fields(entry)
 
     def _missing_parts(self, entry: Entry) -> list[str]:
         """Absent parts of a present trajectory; the default: none (decoding checks it)."""
@@ -457,3 +486,8 @@ def check_entry_shape(entry: Entry, shape: Sequence[int], where: str) -> None:
             f"{where}: trajectory {entry['trajectory_id']}: its data has shape {list(shape)} "
             f"but the index says {list(entry['shape'])}"
         )
+
+
+def field_dtypes(trajectory: Trajectory) -> dict[str, str]:
+    """The flat keys of ``trajectory``'s tensors, in order, with their dtype names."""
+    return {key: dtype_name(value.dtype) for key, value in trajectory.tensors().items()}

@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from rbzarr.errors import CorruptStoreError, UnsafePathError
 from rbzarr.storage.index.entry import count
 from rbzarr.storage.io.names import safe_key
@@ -55,8 +53,7 @@ def check_schema(schema: Schema, layout: TrajectoryLayout, entry: Entry) -> None
         return
     where = f"{layout.location.url}: trajectory {entry['trajectory_id']}"
     try:
-        rows = layout.read_rows(entry, np.zeros(1, dtype=np.int64), list(schema))
-        names = layout.fields(entry)
+        rows, names = layout.first_row(entry, list(schema))
         held_dtypes = {key: names[key] for key in schema}
     except (KeyError, IndexError) as exc:
         raise CorruptStoreError(f"{where}: does not hold the schema's fields: {exc!r}") from exc

@@ -25,6 +25,7 @@ from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from rbzarr.errors import (
@@ -37,10 +38,11 @@ from rbzarr.errors import (
 )
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.names import safe_name
-from rbzarr.storage.layout import TrajectoryLayout
+from rbzarr.storage.layout import TrajectoryLayout, field_dtypes
 from rbzarr.storage.rlinf.documents import Entry
 from rbzarr.storage.rlinf.safe_pickle import safe_load
 from rbzarr.trajectory import tree
+from rbzarr.trajectory.dtypes import to_numpy
 from rbzarr.trajectory.model import Trajectory, trajectory_from_raw, validate
 from rbzarr.trajectory.validated import ValidatedTrajectory, rows_to_write
 
@@ -137,6 +139,14 @@ class FileLayout(TrajectoryLayout):
         """Load the whole file; the scalar fields it lacks come from the entry."""
         _, trajectory = self._load(entry, keys)
         return trajectory
+
+    def first_row(
+        self, entry: Entry, keys: Sequence[str]
+    ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        # docstring inherited
+        trajectory = self.read(entry)  # decoded once for both
+        rows = self._rows_of(entry, trajectory, torch.zeros(1, dtype=torch.int64), keys)
+        return {key: to_numpy(row) for key, row in rows.items()}, field_dtypes(trajectory)
 
     def copy_to(self, target: TrajectoryLayout, entry: Entry) -> None:
         """Copy one trajectory into ``target``: into a layout of this format, the file's bytes

@@ -103,9 +103,18 @@ def _first_plan(
     out_dtypes: Mapping[str, str],
     url: str,
 ) -> _RowPlan:
-    """The plan of a trajectory's first batch of ``keys``, kept on its handles."""
+    """The plan of a trajectory's first batch of ``keys``, kept on its handles, once its rows
+    are those of ``out`` (dtype named by ``out_dtypes``, trailing shape: else the store's
+    schema says one thing, this trajectory's data another)."""
     check_keys(handles, keys, url, sampled=True)
-    check_fit(handles, keys, out, out_dtypes, url)
+    for key in keys:
+        trailing = tuple(handles.shape(key)[2:])
+        if handles.dtypes[key] != out_dtypes[key] or trailing != tuple(out[key].shape[1:]):
+            raise CorruptStoreError(
+                f"{url}/{handles.group}: field {key!r} holds {handles.dtypes[key]} rows of "
+                f"{list(trailing)}, the store's schema says {out_dtypes[key]} rows of "
+                f"{list(out[key].shape[1:])}"
+            )
     plan = handles.plans[tuple(keys)] = _row_plan(handles, keys)
     return plan
 
@@ -310,26 +319,6 @@ def check_keys(
             raise ValueError(
                 f"field {key!r} of {url}/{opened.group} has shape {shape}; only [T, B, ...] "
                 "fields can be read by rows"
-            )
-
-
-def check_fit(
-    opened: ShardedTrajectory,
-    keys: Sequence[str],
-    out: Mapping[str, np.ndarray],
-    out_dtypes: Mapping[str, str],
-    url: str,
-) -> None:
-    """Refuse a trajectory whose rows are not those of ``out`` (dtype named by
-    ``out_dtypes``, trailing shape: the store's schema says one thing, this trajectory's
-    data another)."""
-    for key in keys:
-        trailing = tuple(opened.shape(key)[2:])
-        if opened.dtypes[key] != out_dtypes[key] or trailing != tuple(out[key].shape[1:]):
-            raise CorruptStoreError(
-                f"{url}/{opened.group}: field {key!r} holds {opened.dtypes[key]} rows of "
-                f"{list(trailing)}, the store's schema says {out_dtypes[key]} rows of "
-                f"{list(out[key].shape[1:])}"
             )
 
 
