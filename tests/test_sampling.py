@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import RLINF_BATCH_ORDER, assert_rows_consistent, make_trajectory
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rlinf_oracle import (
     RLinfBuffer,
     assert_batches_equal,
@@ -104,6 +106,22 @@ def test_draw_is_pure_and_seeded():
     b = draw(50, counts, torch.Generator().manual_seed(5))
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert bool((a[1] < counts[a[0]]).all()) and bool((a[1] >= 0).all())
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    count=st.integers(1, 60),
+    trajectories=st.integers(1, 30),
+    n=st.integers(1, 300),
+    seed=st.integers(0, 2**31),
+)
+def test_a_draw_over_equal_counts_divides_to_the_searched_rows(count, trajectories, n, seed):
+    # Equal counts skip the search (a division): the same positions and rows for a seed.
+    counts = torch.full((trajectories,), count, dtype=torch.int64)
+    ends = np.cumsum(counts.numpy())
+    searched = draw(n, counts, torch.Generator().manual_seed(seed))
+    divided = draw(n, counts, torch.Generator().manual_seed(seed), ends, count)
+    assert torch.equal(searched[0], divided[0]) and torch.equal(searched[1], divided[1])
 
 
 def test_seed_none_and_no_global_reseed():

@@ -8,12 +8,19 @@ position means: adds that grow or slide the window, ``clear()``, a reload.
 
 from __future__ import annotations
 
-import pytest
-from conftest import assert_rows_consistent, make_trajectory
+import tempfile
 
-from rbzarr import Retention, TrajectoryReplayBuffer, open_buffer
+import pytest
+import torch
+from conftest import assert_rows_consistent, make_trajectory
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rbzarr import PrioritizedReplay, Retention, TrajectoryReplayBuffer, open_buffer
 from rbzarr.analysis.view import BufferView
+from rbzarr.distributed import commit_notices
 from rbzarr.sampling.priorities import split_index
+from rbzarr.storage.zarr.layout import ZarrLayout
 
 STRIDE = 1000  # trajectory k's rows encode k * STRIDE + row
 
@@ -97,3 +104,104 @@ def test_rows_stay_right_as_retention_removes_ids(tmp_path):
             drawn = check_batch(buffer, bases, 128)
             assert drawn <= set(buffer.trajectory_ids) and k in drawn
         assert 0 not in buffer.trajectory_ids  # retention did remove ids
+
+
+def _flat(batch: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in batch.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}/"))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**16),
+    shapes=st.lists(
+        st.tuples(st.integers(1, 3), st.integers(1, 3), st.sampled_from([1, 2])),
+        min_size=1,
+        max_size=4,
+    ),
+    n=st.integers(1, 40),
+    prioritized=st.booleans(),
+)
+def test_batches_read_by_window_position_equal_grouped_reads_and_memory(
+    seed, shapes, n, prioritized
+):
+    # The same seed and trajectories: a buffer reading every row from the store (by window
+    # position once its table is filled, else grouped) draws and returns what a buffer
+    # holding them in memory does, reset rows (two epochs) included.
+    options = {"seed": seed, "sample_window_size": 0}
+    if prioritized:
+        options["prioritized"] = PrioritizedReplay(alpha=0.6, beta=0.4, eps=0.01)
+    served = []
+    read_drawn_into = ZarrLayout.read_drawn_into
+
+    def spy(self, *args):
+        served.append(read_drawn_into(self, *args))
+        return served[-1]
+
+    with tempfile.TemporaryDirectory() as root, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ZarrLayout, "read_drawn_into", spy)
+        stored = TrajectoryReplayBuffer(
+            **options, cache_size=0, auto_save=True, auto_save_path=f"{root}/store"
+        )
+        memory = TrajectoryReplayBuffer(**options)
+        with stored, memory:
+            for k, (steps, width, epochs) in enumerate(shapes):
+                trajectory = make_trajectory(2 * steps, width, k * STRIDE, epochs=epochs)
+                stored.add_trajectories([trajectory])
+                memory.add_trajectories([trajectory])
+            stored.flush()
+            # A first batch (its own stream) reads grouped and fills the table: it draws
+            # every trajectory (2,000 draws over at most 72 rows, a fixed stream).
+            stored.sample(2000, generator=torch.Generator().manual_seed(0))
+            for _ in range(3):
+                got, got_info = stored.sample(n, return_info=True)
+                want, want_info = memory.sample(n, return_info=True)
+                got, want = _flat(got), _flat(want)
+                assert got.keys() == want.keys()
+                for key in want:
+                    assert torch.equal(got[key], want[key]), key
+                assert torch.equal(got_info["index"], want_info["index"])
+                assert torch.equal(got_info["weight"], want_info["weight"])
+    assert served[0] is False and all(served[1:])  # grouped first, then by position
+
+
+def test_cache_cells_follow_the_cache_while_the_window_stays(tmp_path):
+    # Cells are kept by window position per cache version: trajectories added by reference
+    # are read into the cache after the batch that meets them, the window unchanged; the
+    # next batch must find them cached (no store read) and right.
+    store = str(tmp_path / "store")
+    bases: dict[int, int] = {}
+    with TrajectoryReplayBuffer(seed=0, auto_save=True, auto_save_path=store) as writer:
+        for k in range(3):
+            add(writer, k)
+            writer.flush()
+            bases[k] = k * STRIDE
+        notices = commit_notices(writer, writer.trajectory_ids)
+    reads: list[str] = []
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        TrajectoryReplayBuffer(seed=1, auto_save=True, auto_save_path=store) as learner,
+    ):
+        add(learner, 9)  # one cached trajectory: the batch looks up the cache's cells
+        bases[learner.trajectory_ids[-1]] = 9 * STRIDE
+        learner.add_committed(notices)
+        for name in ("read_drawn_into", "read_groups_into"):
+            patch.setattr(ZarrLayout, name, _counted(getattr(ZarrLayout, name), reads))
+        assert {0, 1, 2} <= check_batch(learner, bases, 512)  # met all: read, then cached
+        assert reads
+        reads.clear()
+        check_batch(learner, bases, 64)
+        assert reads == []
+
+
+def _counted(method, calls):
+    def counted(self, *args):
+        calls.append(method.__name__)
+        return method(self, *args)
+
+    return counted

@@ -57,6 +57,9 @@ class RowCache:
         self._width: dict[int, int] = {}  # id -> B, to rebuild raw trajectories
         self._storage: dict[str, torch.Tensor] = {}
         self._free: list[int] = []
+        # Counts the changes of any id's cell (a put, a fill, a copy, an eviction, a clear):
+        # cells looked up at one version stay true while it holds.
+        self.version = 0
 
     def __len__(self) -> int:
         return len(self._cell_of) - len(self._reserved)
@@ -133,6 +136,7 @@ class RowCache:
         self.check(trajectory.spec.schema)
         evicted = self._make_room(trajectory.spec.schema)
         self._cell_of[trajectory_id] = _NOT_COPIED
+        self.version += 1
         self._shared[trajectory_id] = trajectory
         return evicted
 
@@ -143,6 +147,7 @@ class RowCache:
             return []
         evicted = self._evict_for_one()
         self._cell_of[trajectory_id] = _NOT_READ
+        self.version += 1
         self._reserved.add(trajectory_id)
         return evicted
 
@@ -199,12 +204,14 @@ class RowCache:
         for key, cells in self._storage.items():
             cells[cell, :rows].copy_(flat[key])
         self._cell_of[trajectory_id] = cell
+        self.version += 1
         self._rows[trajectory_id] = rows
         self._residues[trajectory_id] = _copy_residue(residue)
         self._width[trajectory_id] = width
 
     def _evict_oldest(self) -> int:
         oldest, cell = self._cell_of.popitem(last=False)
+        self.version += 1
         if cell == _NOT_COPIED:
             self._shared.pop(oldest, None)
             return oldest
@@ -293,6 +300,7 @@ class RowCache:
     def clear(self) -> None:
         """Drop every trajectory and free the cells."""
         self._cell_of.clear()
+        self.version += 1
         self._shared.clear()
         self._reserved.clear()
         self._schema = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 
 from rbzarr.buffer.cache import RowCache
@@ -22,6 +23,8 @@ from rbzarr.trajectory.validated import ValidatedTrajectory
 
 __all__ = ["BufferRows"]
 
+_UNKNOWN = -3  # a window position whose cache cell is not looked up yet
+
 
 class BufferRows:
     """A buffer's cache and (with ``auto_save``) its committer's pending writes."""
@@ -33,9 +36,16 @@ class BufferRows:
         self._committer = committer
         self._lock = lock
         self._warmed: tuple[int, ...] = ()
+        self._warmed_window: Window | None = None
+        self._cells_window: Window | None = None
+        self._cells_version = -1
+        self._cells = np.empty(0, dtype=np.int64)
 
     def drawing(self, window: Window) -> None:
         """Tell the store which trajectories form the window, when it changed."""
+        if window is self._warmed_window:  # the same window object: the same ids
+            return
+        self._warmed_window = window
         if self._committer is not None and tuple(window.ids) != self._warmed:
             self._warmed = tuple(window.ids)
             self._committer.warm(window.entries)
@@ -44,9 +54,24 @@ class BufferRows:
         """Whether the cache holds any trajectory (when not, a draw looks nothing up)."""
         return len(self._cache) > 0
 
-    def cells(self, window: Sequence[int]) -> torch.Tensor:
-        """The cache cell of each id (``-1``: not cached, or reserved and not read yet)."""
-        return self._cache.cells(list(window))
+    def cells(self, window: Window, positions: torch.Tensor) -> torch.Tensor:
+        """The cache cell of the trajectory at each window position (``-1``: not cached, or
+        reserved and not read yet), looked up once per window and cache version, as batches
+        draw the positions (the cost follows the batches, not the window)."""
+        if window is not self._cells_window or self._cells_version != self._cache.version:
+            self._cells_window, self._cells_version = window, self._cache.version
+            self._cells = np.full(len(window.ids), _UNKNOWN, dtype=np.int64)
+        slots = positions.numpy()
+        found = self._cells[slots]
+        unknown = found == _UNKNOWN
+        if unknown.any():
+            missing = np.unique(slots[unknown])
+            ids = list(map(window.ids.__getitem__, missing.tolist()))
+            self._cells[missing] = self._cache.cells(ids).numpy()
+            # The lookup copied shared trajectories into cells: only those just looked up.
+            self._cells_version = self._cache.version
+            found = self._cells[slots]
+        return torch.from_numpy(found)
 
     def gather(self, cells: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """Rows of cached trajectories."""

@@ -72,8 +72,9 @@ class HeldRows(Protocol):
     def caching(self) -> bool:
         """Whether any trajectory is cached (when not, no cell is looked up)."""
 
-    def cells(self, window: Sequence[int]) -> torch.Tensor:
-        """The cache cell of each id of ``window`` (``-1`` where not cached)."""
+    def cells(self, window: Window, positions: torch.Tensor) -> torch.Tensor:
+        """The cache cell of the trajectory at each window position (``-1`` where not
+        cached)."""
 
     def gather(self, cells: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """The flat rows ``rows`` of the cached trajectories in ``cells``."""
@@ -396,30 +397,27 @@ class StoreReader:
     def _plan(self, window: Window, positions: torch.Tensor, rows: torch.Tensor) -> MissPlan:
         """Under the lock: the drawn rows held in memory, and where the others are read."""
         assert self.schema is not None
+        hit = torch.zeros(len(positions), dtype=torch.bool)
+        cached: dict[str, torch.Tensor] = {}
+        if self.held is not None and self.held.caching():
+            cells = self.held.cells(window, positions)
+            hit = cells >= 0
+            if bool(hit.all()):  # the usual cached step: no id is looked at
+                return all_cached(self.held.gather(cells, rows), self.schema)
+            if bool(hit.any()):
+                cached = self.held.gather(cells[hit], rows[hit])
         ids = window.id_tensor[positions]
-        entries = self.index.entries
-        if self.held is None:
-            nothing_held = torch.zeros(len(ids), dtype=torch.bool)
-            return plan_misses(
-                ids, rows, nothing_held, {}, self.schema, entries, {}, window.entries, positions
-            )
-        drawn = window.ids if len(window.ids) <= len(ids) else ids.tolist()  # the shorter
-        if not self.held.caching():  # nothing to look up
-            hit = torch.zeros(len(ids), dtype=torch.bool)
-            pending = self.held.pending(drawn)
-            return plan_misses(
-                ids, rows, hit, {}, self.schema, entries, pending, window.entries, positions
-            )
-        if len(window.ids) <= len(ids):
-            cells = self.held.cells(window.ids)[positions]
-        else:  # only the trajectories drawn: the cost follows the batch, not the window
-            drawn_ids, back = np.unique(ids.numpy(), return_inverse=True)
-            cells = self.held.cells(drawn_ids.tolist())[torch.from_numpy(back)]
-        hit = cells >= 0
-        if bool(hit.all()):
-            return all_cached(self.held.gather(cells, rows), self.schema)
-        cached = self.held.gather(cells[hit], rows[hit]) if bool(hit.any()) else {}
-        pending = self.held.pending(drawn)
+        pending: Mapping[int, Mapping[str, torch.Tensor]] = {}
+        if self.held is not None:
+            pending = self.held.pending(window.ids if len(window.ids) <= len(ids) else ids.tolist())
         return plan_misses(
-            ids, rows, hit, cached, self.schema, entries, pending, window.entries, positions
+            ids,
+            rows,
+            hit,
+            cached,
+            self.schema,
+            self.index.entries,
+            pending,
+            window.entries,
+            positions,
         )

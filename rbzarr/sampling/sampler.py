@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from rbzarr.storage.rlinf.documents import Entry
@@ -53,6 +54,17 @@ class Window:
     def id_tensor(self) -> torch.Tensor:
         """The ids as an int64 tensor (computed once)."""
         return torch.tensor(self.ids, dtype=torch.int64)
+
+    @functools.cached_property
+    def ends(self) -> np.ndarray:
+        """The cumulative :attr:`counts` (int64 numpy; computed once)."""
+        return np.cumsum(self.counts.numpy().astype(np.int64, copy=False))
+
+    @functools.cached_property
+    def common_count(self) -> int:
+        """The count every trajectory has, when they all have the same one; else 0."""
+        counts = self.counts.numpy()
+        return int(counts[0]) if len(counts) and bool((counts == counts[0]).all()) else 0
 
     def sample_counts(self) -> torch.Tensor:
         """``num_samples`` of each trajectory, int64."""

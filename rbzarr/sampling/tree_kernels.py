@@ -135,6 +135,16 @@ def _child(values, first, remaining, leaves, alpha, eps):  # pragma: no cover - 
 
 
 @_jit
+def _touch(values, first, nodes):  # pragma: no cover - jitted
+    """Read the first child of each of ``nodes`` at once (their cache misses overlap, with
+    no branch between them): the sum of what was read."""
+    total = 0.0
+    for i in range(len(nodes)):
+        total += values[first + nodes[i] * FANOUT]
+    return total
+
+
+@_jit
 def draw(
     uniform, leaves, sums, mins, offsets, leaf_starts, leaf_positions, alpha, eps, beta
 ):  # pragma: no cover - jitted
@@ -160,19 +170,31 @@ def draw(
     if not total > 0:
         return positions, rows, weights, False
     least_mass = _mass(least, alpha, eps)
+    # Level by level over all the draws, not draw by draw: the draws' reads of one level
+    # are independent, so their cache misses overlap (a draw's own reads form a chain).
+    nodes = np.empty(n, dtype=np.int64)
+    left = np.empty(n)
     for i in range(n):
         remaining = uniform[i] * total
         node = min(_search_right(ends, remaining), length - 1)
         if sums[top_first + node] == 0:
             node = min(node, last_positive)
-        remaining = max(remaining - (ends[node] - sums[top_first + node]), 0.0)
-        for level in range(levels - 2, -1, -1):
-            child, remaining, _ = _child(
-                sums, offsets[level] + node * FANOUT, remaining, False, alpha, eps
+        left[i] = max(remaining - (ends[node] - sums[top_first + node]), 0.0)
+        nodes[i] = node
+    touched = 0.0  # masses and raw priorities are >= 0 (or NaN): never below 0
+    for level in range(levels - 2, -1, -1):
+        touched += _touch(sums, offsets[level], nodes)
+        for i in range(n):
+            child, left[i], _ = _child(
+                sums, offsets[level] + nodes[i] * FANOUT, left[i], False, alpha, eps
             )
-            node = node * FANOUT + child
-        child, remaining, mass = _child(leaves, node * FANOUT, remaining, True, alpha, eps)
-        leaf = node * FANOUT + child
+            nodes[i] = nodes[i] * FANOUT + child
+    touched += _touch(leaves, 0, nodes)
+    if touched < 0:  # never: a use of the values read, so that the reads are kept
+        return positions, rows, weights, False
+    for i in range(n):
+        child, _, mass = _child(leaves, nodes[i] * FANOUT, left[i], True, alpha, eps)
+        leaf = nodes[i] * FANOUT + child
         segment = _search_right(leaf_starts, leaf) - 1
         positions[i] = leaf_positions[segment]
         rows[i] = leaf - leaf_starts[segment]

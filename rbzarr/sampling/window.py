@@ -27,15 +27,26 @@ __all__ = ["RowDraw", "WindowSampler", "draw"]
 
 
 def draw(
-    n: int, sample_counts: torch.Tensor, generator: torch.Generator
+    n: int,
+    sample_counts: torch.Tensor,
+    generator: torch.Generator,
+    ends: np.ndarray | None = None,
+    common: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw ``n`` rows (clamped) uniformly: each one's trajectory position and row."""
-    counts = sample_counts.numpy().astype(np.int64, copy=False)
-    ends = np.cumsum(counts)  # numpy from here: a few torch calls cost more than the draw
+    """Draw ``n`` rows (clamped) uniformly: each one's trajectory position and row.
+
+    ``ends`` (the cumulative counts) and ``common`` (the count of every trajectory, when
+    all are equal; else 0) may be given when known.
+    """
+    if ends is None:  # numpy from here: a few torch calls cost more than the draw
+        ends = np.cumsum(sample_counts.numpy().astype(np.int64, copy=False))
     total = int(ends[-1])
     ids = torch.randint(0, total, (min(n, total),), generator=generator).numpy()
-    positions = np.searchsorted(ends, ids, side="right")
-    rows = ids - (ends - counts)[positions]
+    if common > 0:  # the same positions as the search below, with no search
+        positions, rows = np.divmod(ids, common)
+    else:
+        positions = np.searchsorted(ends, ids, side="right")
+        rows = ids - ends[positions] + sample_counts.numpy()[positions]
     return torch.from_numpy(positions), torch.from_numpy(rows)
 
 
@@ -82,7 +93,8 @@ class WindowSampler:
     def draw(self, n: int, window: Window, generator: torch.Generator | None = None) -> RowDraw:
         """:func:`draw` over ``window`` with ``generator``, or this sampler's own."""
         stream = self.generator if generator is None else generator
-        return RowDraw(*draw(n, window.sample_counts(), stream))
+        drawn = draw(n, window.sample_counts(), stream, window.ends, window.common_count)
+        return RowDraw(*drawn)
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-ready state: the seed and the generator's position (base64)."""

@@ -284,6 +284,40 @@ class TrajectoryLayout(ABC):
         """
         return {key: to_numpy(value) for key, value in self.read(entry, keys).tensors().items()}
 
+    def read_drawn_into(
+        self,
+        window: Sequence[Entry],
+        slots: np.ndarray,
+        rows: np.ndarray,
+        keys: Sequence[str],
+        out: Mapping[str, torch.Tensor],
+    ) -> bool:
+        """Read drawn rows by window position into ``out``, if this layout can at once.
+
+        Row ``i`` is flat row ``rows[i]`` of the trajectory ``window[slots[i]]`` and goes to
+        row ``i`` of ``out[key]``.  A layout that keeps what it needs of a window's
+        trajectories by position reads the batch with no grouping; the default reads
+        nothing and returns ``False``: the caller then groups the rows for
+        :meth:`read_groups_into`.
+
+        Parameters
+        ----------
+        window
+            The entries drawn from, in window order (the same list while the window stays).
+        slots, rows
+            Each row's window position and flat row (int64).
+        keys
+            Flat keys with ``[T, B, ...]`` rows.
+        out
+            Preallocated ``[n, ...]`` tensors by key, filled in place when read.
+
+        Returns
+        -------
+        bool
+            Whether every row was read.
+        """
+        return False
+
     def read_groups_into(
         self, groups: RowGroups, keys: Sequence[str], out: Mapping[str, torch.Tensor]
     ) -> None:

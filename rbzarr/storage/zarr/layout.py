@@ -409,6 +409,30 @@ class ZarrLayout(TrajectoryLayout):
         self._read_groups(groups, keys, out, {key: handles.dtypes[key] for key in keys})
         return out
 
+    def read_drawn_into(
+        self,
+        window: Sequence[Entry],
+        slots: np.ndarray,
+        rows: np.ndarray,
+        keys: Sequence[str],
+        out: Mapping[str, torch.Tensor],
+    ) -> bool:
+        """Read from the window's table when it holds every slot drawn (filled by earlier
+        batches' grouped reads) and all their keys sit in the same region bays."""
+        table = self._table  # held through the read: its handles keep their bays mapped
+        if self.shard_cache is not None or table is None:
+            return False
+        if not table.serves(window, tuple(keys), self._opener.handles.version()):
+            return False
+        numbers = table.numbers(slots)
+        if numbers is None:
+            return False
+        views = {key: to_numpy(out[key]) for key in keys}
+        with translate_errors(self.location.url, "reading"):
+            return zarr_rows.read_drawn_into(
+                table.regions(int(slots[0])), numbers, rows, views, self.byte_source
+            )
+
     def read_groups_into(
         self, groups: RowGroups, keys: Sequence[str], out: Mapping[str, torch.Tensor]
     ) -> None:

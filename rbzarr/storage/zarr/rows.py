@@ -32,6 +32,7 @@ from rbzarr.trajectory.dtypes import byte_rows
 __all__ = [
     "RowPlans",
     "check_keys",
+    "read_drawn_into",
     "read_rows_into",
     "reset_row_elements",
     "row_plans",
@@ -72,6 +73,48 @@ def read_rows_into(
     _gather_in_bays(plans, table, groups, which, views, source)
     if table[:, -1].any():  # some trajectory has keys in no bay
         _read_others(location, opened, plans, groups, out, views, source, range_gap)
+
+
+def read_drawn_into(
+    regions: Sequence[Region | None],
+    numbers: np.ndarray,
+    rows: np.ndarray,
+    views: Mapping[str, np.ndarray],
+    source: ByteSource,
+) -> bool:
+    """Fill row ``i`` of every ``views[key]`` with flat row ``rows[i]`` of the trajectory
+    whose plan numbers are ``numbers[i]``, if every key of every row's trajectory sits in
+    ``regions`` (one region per key, rows under a page): one gather per key, in file
+    order, with no grouping.  ``False`` (nothing read) otherwise, or for a row outside its
+    trajectory (the grouped read names it)."""
+    count = len(views)
+    bays = numbers[:, 2]
+    if (
+        not len(rows)
+        or None in regions
+        or any(region.row_bytes >= PREFETCH_ROW_BYTES for region in regions)  # type: ignore[union-attr]
+        or numbers[:, -1].any()
+        or (bays != bays[0]).any()
+    ):
+        return False
+    if ((rows < 0) | (rows >= numbers[:, 0] * numbers[:, 1])).any():
+        return False
+    # In file order: by bay (a trajectory's shard), and by row inside each.
+    order = np.argsort(numbers[:, 3] + rows, kind="stable")
+    numbers, rows = numbers[order], rows[order]
+    epochs = numbers[:, 3 + count : 3 + 2 * count]
+    if epochs.any():  # reset rows to skip: per key
+        chosen = numbers[:, 3 : 3 + count].T.copy()
+        for column in range(count):
+            chosen[column] += _reset_elements(rows, numbers, epochs[:, column])
+    else:  # every key's region rows at once
+        chosen = (numbers[:, 3 : 3 + count] + rows[:, None]).T.copy()
+    for column, (view, region) in enumerate(zip(views.values(), regions, strict=True)):
+        assert region is not None
+        rows_of = byte_rows(view)
+        records = rows_of.view(record_dtype(rows_of.shape[1])).reshape(-1)
+        records[order] = source.gather(region.records, chosen[column])
+    return True
 
 
 # Each trajectory's row plan, and their ``numbers`` as one int64 table (a row each).
@@ -206,7 +249,7 @@ def _gather_in_bays(
     for column, key in enumerate(views):
         found = elements.get(epochs[column].tobytes())
         if found is None:
-            found = _reset_elements(flat, which, table, epochs[column])
+            found = _reset_elements(flat, table, epochs[column], which)
             elements[epochs[column].tobytes()] = found
         chosen = first_rows[column][which]
         chosen += found
@@ -235,16 +278,18 @@ def _gather_in_bays(
 
 
 def _reset_elements(
-    flat: np.ndarray, which: np.ndarray, table: np.ndarray, epochs: np.ndarray
+    flat: np.ndarray, table: np.ndarray, epochs: np.ndarray, which: np.ndarray | None = None
 ) -> np.ndarray:
-    """:func:`reset_row_elements` of rows of several trajectories: group ``which[i]`` of row
-    ``i`` has ``T, B = table[which[i], :2]`` and ``epochs[which[i]]`` reset epochs."""
+    """:func:`reset_row_elements` of rows of several trajectories: row ``i`` of one with
+    ``T, B = table[which[i], :2]`` and ``epochs[which[i]]`` reset epochs (``table[i]`` and
+    ``epochs[i]`` without ``which``)."""
     if not epochs.any():
         return flat
-    T, B, row_epochs = table[which, 0], table[which, 1], epochs[which]
-    steps = flat // B
-    shifted = flat + (steps // (T // np.maximum(row_epochs, 1)) + 1) * B
-    return np.where(row_epochs > 0, shifted, flat)
+    if which is not None:
+        table, epochs = table[which], epochs[which]
+    T, B = table[:, 0], table[:, 1]
+    shifted = flat + (flat // B // (T // np.maximum(epochs, 1)) + 1) * B
+    return np.where(epochs > 0, shifted, flat)
 
 
 def _row_plan(handles: ShardedTrajectory, keys: Sequence[str]) -> _RowPlan:

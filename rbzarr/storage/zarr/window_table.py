@@ -19,6 +19,7 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 from rbzarr.storage.rlinf.documents import Entry
+from rbzarr.storage.zarr.regions import Region
 from rbzarr.storage.zarr.rows import RowPlans
 from rbzarr.storage.zarr.sharded import ShardedTrajectory
 
@@ -49,6 +50,18 @@ class WindowTable:
         if not self._filled[slots].all():
             return None
         return self._handles[slots], (self._plans[slots], self._numbers[slots])
+
+    def numbers(self, slots: np.ndarray) -> np.ndarray | None:
+        """The plan numbers of window positions ``slots``, a row each; ``None`` unless all
+        are filled."""
+        if not self._filled[slots].all():
+            return None
+        return self._numbers[slots]
+
+    def regions(self, slot: int) -> tuple[Region | None, ...]:
+        """The region of each key of the (filled) window position ``slot``."""
+        regions: tuple[Region | None, ...] = self._plans[slot].regions
+        return regions
 
     def fill(
         self, slots: np.ndarray, opened: Sequence[ShardedTrajectory], planned: RowPlans
