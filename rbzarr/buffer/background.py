@@ -73,6 +73,8 @@ class BackgroundWriter:
         if max_pending <= 0:
             raise ValueError(f"max_pending must be positive, got {max_pending}")
         self.max_pending = max_pending
+        # A full queue takes new tasks again once at most this many are left.
+        self._low_water = max_pending // 2
         self.retry_delay = retry_delay
         self.max_retry_delay = max_retry_delay
         self._name = name
@@ -101,15 +103,20 @@ class BackgroundWriter:
             return self._error
 
     def wait_for_room(self, count: int) -> None:
-        """Block until ``count`` more tasks fit; refuse when a failing task fails again."""
+        """Block until ``count`` more tasks fit (once the queue was full: and at most half of
+        it is left); refuse when a failing task fails again."""
         with self._cond:
             failures_seen: int | None = None
+            limit = self.max_pending
             while True:
                 self._raise_if_closed()
                 if self._failed_for_good:
                     raise self._no_room(count)
-                if not self._tasks or len(self._tasks) + count <= self.max_pending:
+                if not self._tasks or len(self._tasks) + count <= limit:
                     return
+                # Full: wait until at most half is left too, so that the caller and the
+                # writer each run several in a row instead of taking turns on every write.
+                limit = min(self.max_pending, self._low_water + count)
                 if self._error is not None:
                     # Failing: give the next retry its chance, then refuse.
                     if failures_seen is None:
@@ -269,9 +276,13 @@ class BackgroundWriter:
                 continue
             with self._cond:
                 self._tasks.popleft()
+                recovered = self._error is not None
                 self._error = None
                 self._attempts = 0
-                self._cond.notify_all()
+                # Waiters wait for at most half to be left: until then a wake-up would only
+                # send them back to wait.
+                if recovered or len(self._tasks) <= self._low_water:
+                    self._cond.notify_all()
 
     def _record_failure(self, exc: Exception) -> bool:
         """Keep the error and back off; ``False`` when the writer was told to stop."""

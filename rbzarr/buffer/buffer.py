@@ -113,8 +113,10 @@ class TrajectoryReplayBuffer(SamplingFront, RLinfCompatMixin):
     storage_options
         Passed to fsspec for every URL (``endpoint_url``, ``key``, ``anon``, ...).
     max_pending_writes
-        Bound of the write queue: ``add_trajectories`` waits while it is full, and is
-        refused (nothing changed) while it is full and storage is failing.
+        Bound of the write queue: ``add_trajectories`` waits while it is full (then until
+        at most half of it is left, so that adding and writing alternate in runs, not on
+        every trajectory), and is refused (nothing changed) while it is full and storage
+        is failing.
     layout_options
         Extra keyword arguments for the storage layout (codecs, chunk sizes, ...).
     prefetch

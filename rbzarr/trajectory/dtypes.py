@@ -94,7 +94,10 @@ def _bit_view(dtype: torch.dtype) -> torch.dtype | None:
 
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     """A numpy array holding ``tensor``'s exact bits (a view when already on the CPU)."""
-    tensor = tensor.detach().cpu()
+    if tensor.requires_grad or tensor.device.type != "cpu":
+        # Only then: each of these calls lets go of the GIL, and a writer thread taking
+        # it back waits for the caller's thread (a tiny trajectory's write paid ~6 waits).
+        tensor = tensor.detach().cpu()
     view = _bit_view(tensor.dtype)
     if view is not None:
         tensor = tensor.view(view)

@@ -1,0 +1,178 @@
+"""Tiny-trajectory commits per second against the floor of their files, in a few seconds.
+
+The ``scale`` suite's ``commits`` figure (T=4, B=2, three keys, one add at a time, flush
+every 50) without the rest of the suite, beside its floor, in alternating rounds (ABBA):
+
+* rbzarr: a new ``auto_save`` buffer (window 100, cache 5) adds ``--warm`` trajectories,
+  flushes, then the clock runs over ``--trajectories`` more (add + commit);
+* floor: the same folders and files one such trajectory's group holds (learnt from the
+  store rbzarr just wrote), created with bare ``os`` calls (``mkdir``, ``open``, ``write``,
+  ``close``, and the ``rename`` of the commit marker) for as many trajectories.
+
+Each round reports wall and CPU microseconds per trajectory, user and system apart (this
+process only: on a shared host the system time is the kernel's inode allocation, which the
+floor pays too), and the load average; the ratio is the median of the per-round ratios.
+``--state`` adds the ``images`` suite's state-row writes against TorchRL's
+``LazyMemmapStorage.extend`` (every shape, both modes; needs ``torchrl``).
+
+    .venv/bin/python -m benchmarks.commit_rate --rounds 6 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from benchmarks.images import state_writes
+from benchmarks.limits import alternate, paired_ratio, spread
+from benchmarks.scale import FLUSH_EVERY, WINDOW, tiny
+from rbzarr import TrajectoryReplayBuffer
+
+__all__ = ["main", "measure_commits"]
+
+
+def _clock() -> tuple[float, float, float]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return time.perf_counter(), usage.ru_utime, usage.ru_stime
+
+
+def _per_trajectory(start: tuple[float, float, float], count: int) -> dict[str, float]:
+    end = _clock()
+    wall, user, system = (1e6 * (b - a) / count for a, b in zip(start, end, strict=True))
+    return {"per_s": 1e6 / wall, "wall_us": wall, "user_us": user, "system_us": system}
+
+
+def rbzarr_commits(store: Path, warm: int, count: int) -> dict[str, float]:
+    """Per-trajectory figures of ``count`` commits after ``warm`` (the ``scale`` loop)."""
+    with TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=store, sample_window_size=WINDOW, cache_size=5
+    ) as buffer:
+        for i in range(warm):
+            buffer.add_trajectories([tiny(i)])
+            if i % FLUSH_EVERY == FLUSH_EVERY - 1:
+                buffer.flush()
+        buffer.flush()
+        start = _clock()
+        for i in range(warm, warm + count):
+            buffer.add_trajectories([tiny(i)])
+            if i % FLUSH_EVERY == FLUSH_EVERY - 1:
+                buffer.flush()
+        buffer.flush()
+        return _per_trajectory(start, count)
+
+
+def group_shape(store: Path) -> tuple[list[str], list[tuple[str, int]]]:
+    """The folders and the files (with their sizes) of the first trajectory group in
+    ``store``, relative to the group, parents first."""
+    group = next(p for p in sorted((store / "trajectories").iterdir()) if p.is_dir())
+    folders, files = [], []
+    for root, names, leaves in os.walk(group):
+        base = Path(root).relative_to(group)
+        folders += [str(base / name) for name in sorted(names)]
+        files += [(str(base / leaf), (Path(root) / leaf).stat().st_size) for leaf in leaves]
+    return folders, files
+
+
+def floor_commits(
+    folder: Path, shape: tuple[list[str], list[tuple[str, int]]], count: int
+) -> dict[str, float]:
+    """Per-trajectory figures of creating ``shape`` ``count`` times with bare ``os`` calls
+    (the marker, ``zarr.json``, written under a temporary name and renamed last)."""
+    folders, files = shape
+    payload = {name: b"\0" * size for name, size in files}
+    (folder / "trajectories").mkdir(parents=True)
+    start = _clock()
+    for i in range(count):
+        group = f"{folder}/trajectories/{i}"
+        os.mkdir(group)
+        for name in folders:
+            os.mkdir(f"{group}/{name}")
+        for name, data in payload.items():
+            final = f"{group}/{name}"
+            path = f"{final}.tmp-{uuid.uuid4().hex}" if name == "zarr.json" else final
+            handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            os.write(handle, data)
+            os.close(handle)
+            if path != final:
+                os.replace(path, final)
+    return _per_trajectory(start, count)
+
+
+def measure_commits(workdir: str, warm: int, count: int, rounds: int) -> dict[str, Any]:
+    """Alternating rounds of rbzarr's commits and their floor (see the module docs)."""
+    loads: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="rbzarr-commit-rate-", dir=workdir) as work:
+        root = Path(work)
+        probe = root / "probe"
+        rbzarr_commits(probe, 0, 2)
+        shape = group_shape(probe)
+        shutil.rmtree(probe)
+        runs: dict[str, list[dict[str, float]]] = {"rbzarr": [], "floor": []}
+
+        def side(name: str) -> Any:
+            def run() -> float:
+                target = root / f"{name}-{len(runs[name])}"
+                loads.append(os.getloadavg()[0])
+                if name == "rbzarr":
+                    found = rbzarr_commits(target, warm, count)
+                else:
+                    found = floor_commits(target, shape, count)
+                runs[name].append(found)
+                shutil.rmtree(target)
+                return found["per_s"]
+
+            return run
+
+        ours, floor = alternate([side("rbzarr"), side("floor")], rounds)
+    figures = {
+        name: {
+            field: spread([run[field] for run in found])
+            for field in ("per_s", "wall_us", "user_us", "system_us")
+        }
+        for name, found in runs.items()
+    }
+    return {
+        "trajectories": count,
+        "warm": warm,
+        "group": {"folders": len(shape[0]) + 1, "files": len(shape[1])},
+        **figures,
+        "ratio_to_floor": paired_ratio(ours, floor),
+        "load_1min": spread(loads),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the rounds and print (or write) the figures as JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trajectories", type=int, default=1000)
+    parser.add_argument("--warm", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--state", action="store_true", help="add the state-row writes")
+    parser.add_argument("--state-repeats", type=int, default=3)
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--json", default=None, help="write the figures here")
+    args = parser.parse_args(argv)
+    workdir = args.workdir or tempfile.gettempdir()
+    found: dict[str, Any] = {
+        "commits": measure_commits(workdir, args.warm, args.trajectories, args.rounds)
+    }
+    if args.state:
+        found["state_writes"] = state_writes(args.state_repeats, workdir)
+    found["cores"] = os.cpu_count()
+    text = json.dumps(found, indent=1)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

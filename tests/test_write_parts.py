@@ -1,0 +1,69 @@
+"""write_file writes a file's parts in order with few system calls, short writes included."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rbzarr.storage.io import files
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, database=None)
+@given(
+    parts=st.lists(st.binary(max_size=40), max_size=12),
+    limit=st.integers(min_value=1, max_value=64),
+)
+def test_the_parts_land_in_order_whatever_each_writev_takes(
+    tmp_path_factory: pytest.TempPathFactory, parts: list[bytes], limit: int
+) -> None:
+    folder = tmp_path_factory.mktemp("parts")
+    real = os.writev
+    calls: list[int] = []
+
+    def short(fd: int, buffers: list[Any]) -> int:
+        # A real writev of at most ``limit`` bytes: the kernel may write less than asked.
+        calls.append(len(buffers))
+        kept, room = [], limit
+        for buffer in buffers:
+            view = memoryview(buffer).cast("B")[:room]
+            kept.append(view)
+            room -= view.nbytes
+            if not room:
+                break
+        return real(fd, kept)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(os, "writev", short)
+    try:
+        files.write_file(str(folder / "f"), parts, atomic=False)
+    finally:
+        mp.undo()
+    assert (folder / "f").read_bytes() == b"".join(parts)
+    if len(parts) > 1 and sum(map(len, parts)) <= limit:
+        assert len(calls) <= 1  # no short write: every part in one call
+
+
+def test_a_shard_of_more_parts_than_one_writev_takes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.writev
+    sizes: list[int] = []
+
+    def counted(fd: int, buffers: list[Any]) -> int:
+        sizes.append(len(buffers))
+        return real(fd, buffers)
+
+    monkeypatch.setattr(os, "writev", counted)
+    count = 2100  # more than IOV_MAX (1024 on Linux) buffers
+    frames = [np.full(5, i % 251, np.uint8) for i in range(count)]
+    files.write_file(str(tmp_path / "shard"), [*frames, b"index"])
+    assert (tmp_path / "shard").read_bytes() == b"".join(f.tobytes() for f in frames) + b"index"
+    assert sum(sizes) == count + 1  # every part once
+    assert 2 <= len(sizes) <= 3  # a few calls, none past the kernel's limit
+    assert max(sizes) <= os.sysconf("SC_IOV_MAX")
