@@ -82,7 +82,7 @@ from rbzarr.storage.zarr.open import (
     TrajectoryOpener,
     group_path,
 )
-from rbzarr.storage.zarr.publish import GroupPublisher
+from rbzarr.storage.zarr.publish import GroupPublisher, GroupWrite
 from rbzarr.storage.zarr.remote import DEFAULT_RANGE_GAP
 from rbzarr.storage.zarr.shard_cache import DEFAULT_LOCAL_CACHE_BYTES, ShardCache, cache_key
 from rbzarr.storage.zarr.sharded import ShardedTrajectory
@@ -534,30 +534,18 @@ class ZarrLayout(TrajectoryLayout):
             key: plan.codec.zarr_compressor() for key, plan in plans.items() if plan.by_zarr
         }
         zarr_keys = list(compressors)
-        group = group_path(tid)
+        write = GroupWrite(group_path(tid), fields, attrs, files, documents)
         self._opener.handles.forget(tid)
         with translate_errors(self.location.url, "writing"):
             if not zarr_keys and self._opener.local_files:
-                self._publisher.publish_files(
-                    self.location.path,
-                    group,
-                    fields,
-                    attrs,
-                    files,
-                    documents,
-                    self.location.durable,
-                )
+                self._publisher.publish_files(self.location.path, write, self.location.durable)
             else:
                 publish = self._publisher.publish(
                     self._opener.store(),
-                    group,
-                    fields,
-                    attrs,
-                    files,
-                    documents,
+                    write,
                     compressors,
                     self.chunk_bytes,
-                    self._durable_folder(group),
+                    self._durable_folder(write.group),
                 )
                 sync(publish, nbytes=sum(v.numel() * v.element_size() for v in fields.values()))
         self._opener.handles.forget(tid)

@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -46,7 +47,18 @@ from rbzarr.trajectory.dtypes import dtype_name, to_numpy
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["GroupPublisher", "group_document"]
+__all__ = ["GroupPublisher", "GroupWrite", "group_document"]
+
+
+@dataclass(frozen=True)
+class GroupWrite:
+    """One trajectory group to publish: what both ways of publishing put in place."""
+
+    group: str  # its path below the store's root
+    fields: Mapping[str, torch.Tensor]
+    attrs: dict[str, Any]  # its attributes (the commit marker)
+    files: Mapping[str, list[Any]]  # encoded shards and chunks, by path inside the group
+    documents: Mapping[str, Any]  # the documents of its arrays, consolidated in the marker
 
 
 class GroupPublisher:
@@ -59,26 +71,17 @@ class GroupPublisher:
     def __init__(self) -> None:
         self._parents_ready = False
 
-    def publish_files(
-        self,
-        root: str,
-        group: str,
-        fields: Mapping[str, torch.Tensor],
-        attrs: dict[str, Any],
-        files: Mapping[str, list[Any]],
-        documents: Mapping[str, Any],
-        durable: bool = False,
-    ) -> None:
+    def publish_files(self, root: str, write: GroupWrite, durable: bool = False) -> None:
         """:meth:`publish` straight to the local filesystem (no event loop); only for
         trajectories with no array of kind ``"zarr"``.
 
         Inside the new group folder the files are written in place: until its attributes
         exist the group is an unfinished write that no reader opens.  Only the group's
-        document (the commit marker, ``documents`` consolidated in it) is renamed into place,
-        last.  ``durable`` syncs every file and directory written before the marker, then the
-        marker and its directory.
+        document (the commit marker, the write's ``documents`` consolidated in it) is renamed
+        into place, last.  ``durable`` syncs every file and directory written before the
+        marker, then the marker and its directory.
         """
-        folder = os.path.join(root, *group.split("/"))
+        folder = os.path.join(root, *write.group.split("/"))
         if not self._parents_ready:
             for name in ("zarr.json", f"{TRAJECTORIES}/zarr.json"):
                 path = os.path.join(root, *name.split("/"))
@@ -91,54 +94,42 @@ class GroupPublisher:
         # What this write makes, parents first: the folders of subgroups and arrays, files.
         made = [folder]
         try:
-            self._write_files(folder, fields, attrs, files, documents, durable, made)
+            self._write_files(folder, write, durable, made)
         except BaseException:
             _remove_made(made)  # a failed write (a full disk) keeps no partial group
             raise
 
     @staticmethod
-    def _write_files(
-        folder: str,
-        fields: Mapping[str, torch.Tensor],
-        attrs: dict[str, Any],
-        files: Mapping[str, list[Any]],
-        documents: Mapping[str, Any],
-        durable: bool,
-        made: list[str],
-    ) -> None:
+    def _write_files(folder: str, write: GroupWrite, durable: bool, made: list[str]) -> None:
         """Write the new group folder's contents, adding each path to ``made`` before it
         is created; its document last."""
-        subgroups = sorted({key.rsplit("/", 1)[0] for key in fields if "/" in key})
+        subgroups = _subgroups(write.fields)
         for sub in _with_parents(subgroups):
             made.append(os.path.join(folder, *sub.split("/")))
             os.mkdir(made[-1])
-        for key in fields:
+        for key in write.fields:
             made.append(os.path.join(folder, *key.split("/")))
             os.mkdir(made[-1])
-        for name, parts in files.items():
+        for name, parts in write.files.items():
             made.append(os.path.join(folder, *name.split("/")))
             write_file(made[-1], parts, atomic=False)
         # The group's attributes are its commit marker: written only after every array.
         synced = [*made, os.path.dirname(folder)] if durable else []
-        marker = _marker(attrs, subgroups, documents)
+        marker = _marker(write.attrs, subgroups, write.documents)
         made.append(os.path.join(folder, "zarr.json"))
         commit_file(made[-1], [marker], durable=durable, synced=synced)
 
     async def publish(
         self,
         store: Store,
-        group: str,
-        fields: Mapping[str, torch.Tensor],
-        attrs: dict[str, Any],
-        files: Mapping[str, list[Any]],
-        documents: Mapping[str, Any],
+        write: GroupWrite,
         compressors: Mapping[str, Any],
         chunk_bytes: int,
         durable_folder: str | None = None,
     ) -> None:
         """Write one trajectory group through ``store`` (its old contents deleted first),
-        every object set concurrently, the group's document last, with ``documents`` and
-        those of the arrays zarr writes consolidated in it.
+        every object set concurrently, the group's document last, with the write's
+        ``documents`` and those of the arrays zarr writes consolidated in it.
 
         ``compressors`` holds the arrays zarr writes itself (kind ``"zarr"``) and each one's
         compressor (``None``: uncompressed).
@@ -147,14 +138,14 @@ class GroupPublisher:
         must be durable; everything in it is synced before the attributes are written, and
         they after.
         """
+        group, fields, files = write.group, write.fields, write.files
         await StorePath(store, group).delete_dir()
         await self._ensure_parents(store)
         try:
             # Every document, shard and chunk is set directly and concurrently, in one round:
             # no existence checks or listings per array (zarr's create_array costs ~4 extra
             # requests each).  Until its attributes exist the group is an unfinished write.
-            subgroups = sorted({key.rsplit("/", 1)[0] for key in fields if "/" in key})
-            T, B = (int(d) for d in attrs["shape"][:2])
+            T, B = (int(d) for d in write.attrs["shape"][:2])
             from_bytes = default_buffer_prototype().buffer.from_bytes
             written = {
                 key: _zarr_array(
@@ -175,13 +166,13 @@ class GroupPublisher:
                 if isinstance(outcome, BaseException):
                     raise outcome
             members = {
-                **documents,
+                **write.documents,
                 **{key: json.loads(_document(array).to_bytes()) for key, array in written.items()},
             }
             # The group's document is its commit marker: written only after every array.
             if durable_folder is not None:
                 sync_tree(durable_folder)
-            marker = group_bytes(attrs, consolidated(subgroups, members))
+            marker = group_bytes(write.attrs, consolidated(_subgroups(fields), members))
             await store.set(f"{group}/zarr.json", _buffer(marker))
             if durable_folder is not None:
                 sync_paths([os.path.join(durable_folder, "zarr.json"), durable_folder])
@@ -352,6 +343,11 @@ def _remove_made(made: Sequence[str]) -> None:
                 os.rmdir(path)
             elif os.path.lexists(path):
                 os.remove(path)
+
+
+def _subgroups(fields: Mapping[str, Any]) -> list[str]:
+    """The subgroups holding the arrays of nested ``fields`` keys (``a/b`` is in ``a``)."""
+    return sorted({key.rsplit("/", 1)[0] for key in fields if "/" in key})
 
 
 def _with_parents(paths: Sequence[str]) -> list[str]:
