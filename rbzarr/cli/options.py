@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -21,6 +21,7 @@ __all__ = [
     "output_option",
     "per_trajectory_flag",
     "print_json",
+    "print_report",
     "scheduler_option",
     "store_source",
     "storage_options",
@@ -61,6 +62,20 @@ def print_json(document: Any) -> None:
 def echo_lines(lines: list[str]) -> None:
     """``lines`` on stdout, one per line."""
     click.echo("\n".join(lines))
+
+
+def print_report(
+    report: Any,
+    as_json: bool,
+    lines: Callable[[Any], list[str]],
+    document: Callable[[], Any] | None = None,
+) -> None:
+    """``report`` on stdout: with ``as_json`` as JSON (``document()``'s when given, else the
+    report itself), else the text ``lines`` makes of it."""
+    if as_json:
+        print_json(report if document is None else document())
+    else:
+        echo_lines(lines(report))
 
 
 def output_option(help: str) -> Any:

@@ -6,21 +6,25 @@ the commands imports nothing heavy) and prints the result.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from rbzarr.cli.console import progress_wanted
 from rbzarr.cli.options import (
     cache_arguments,
-    echo_lines,
     json_flag,
     output_option,
     per_trajectory_flag,
-    print_json,
+    print_report,
     scheduler_option,
     storage_options,
     store_source,
     tasks,
 )
+
+if TYPE_CHECKING:
+    from rbzarr.analysis.listing import StoreListing
 
 __all__ = ["info", "list_command", "plot", "stats", "verify"]
 
@@ -31,15 +35,10 @@ __all__ = ["info", "list_command", "plot", "stats", "verify"]
 @click.pass_context
 def info(ctx: click.Context, url: str, as_json: bool) -> None:
     """Counts, per-key dtype / shape / chunks / codec, and sizes of the store at URL."""
-    from rbzarr.analysis.listing import StoreListing  # noqa: PLC0415 (torch-free)
     from rbzarr.analysis.report_text import info_lines  # noqa: PLC0415
     from rbzarr.analysis.summary import describe_store  # noqa: PLC0415
 
-    report = describe_store(StoreListing(store_source(ctx, url), storage_options(ctx)))
-    if as_json:
-        print_json(report)
-        return
-    echo_lines(info_lines(report))
+    print_report(describe_store(_listing(ctx, url)), as_json, info_lines)
 
 
 @click.command(name="ls")
@@ -48,15 +47,17 @@ def info(ctx: click.Context, url: str, as_json: bool) -> None:
 @click.pass_context
 def list_command(ctx: click.Context, url: str, as_json: bool) -> None:
     """One line per committed trajectory: id, uuid, shape, samples, weights id, bytes."""
-    from rbzarr.analysis.listing import StoreListing  # noqa: PLC0415 (torch-free)
     from rbzarr.analysis.report_text import ls_lines  # noqa: PLC0415
     from rbzarr.analysis.summary import list_trajectories  # noqa: PLC0415
 
-    rows = list_trajectories(StoreListing(store_source(ctx, url), storage_options(ctx)))
-    if as_json:
-        print_json(rows)
-        return
-    echo_lines(ls_lines(rows))
+    print_report(list_trajectories(_listing(ctx, url)), as_json, ls_lines)
+
+
+def _listing(ctx: click.Context, url: str) -> StoreListing:
+    """The listing of the store at ``url``."""
+    from rbzarr.analysis.listing import StoreListing  # noqa: PLC0415 (torch-free)
+
+    return StoreListing(store_source(ctx, url), storage_options(ctx))
 
 
 @click.command()
@@ -101,10 +102,7 @@ def stats(
             tasks=running,
             decode_images=decode_images,
         )
-    if as_json:
-        print_json(report)
-        return
-    echo_lines(stats_lines(report))
+    print_report(report, as_json, stats_lines)
 
 
 @click.command()
@@ -146,10 +144,7 @@ def verify(ctx: click.Context, url: str, repair: bool, drop_damaged: bool, as_js
     report = verify_store(
         store_source(ctx, url), storage_options(ctx), repair=repair, drop_damaged=drop_damaged
     )
-    if as_json:
-        print_json(report.to_dict())
-    else:
-        echo_lines(verify_lines(report))
+    print_report(report, as_json, verify_lines, report.to_dict)
     if not report.ok:
         ctx.exit(1)
 
