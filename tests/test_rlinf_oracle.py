@@ -119,23 +119,18 @@ def test_draws_equal_without_auto_save(program, window):
 def test_draws_equal_from_cache_and_storage(program, window, cache, fmt):
     """With auto_save, rows of evicted (or never cached) trajectories come from the files."""
     enable_cache, cache_size = cache
+    # Both buffers get the same settings; only where they save differs.
+    both = {
+        "seed": SEED,
+        "enable_cache": enable_cache,
+        "cache_size": cache_size,
+        "sample_window_size": window,
+        "auto_save": True,
+    }
     with tempfile.TemporaryDirectory() as folder:
-        theirs = RLinfBuffer(
-            seed=SEED,
-            enable_cache=enable_cache,
-            cache_size=cache_size,
-            sample_window_size=window,
-            auto_save=True,
-            auto_save_path=str(Path(folder, "rlinf")),
-        )
+        theirs = RLinfBuffer(**both, auto_save_path=str(Path(folder, "rlinf")))
         with TrajectoryReplayBuffer(
-            seed=SEED,
-            enable_cache=enable_cache,
-            cache_size=cache_size,
-            sample_window_size=window,
-            auto_save=True,
-            auto_save_path=Path(folder, "ours"),
-            trajectory_format=fmt,
+            **both, auto_save_path=Path(folder, "ours"), trajectory_format=fmt
         ) as ours:
             run_both(program, ours, theirs, wait_for_rlinf_files)
         theirs.close()
