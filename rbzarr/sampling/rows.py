@@ -24,7 +24,7 @@ import torch
 
 from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.rlinf.documents import Entry
-from rbzarr.storage.row_groups import RowGroups
+from rbzarr.storage.row_groups import DrawnRows, RowGroups
 from rbzarr.trajectory.dtypes import dtype_from_name
 from rbzarr.trajectory.model import Schema
 
@@ -46,7 +46,7 @@ class MissPlan:
     cached: dict[str, torch.Tensor]  # their rows, {key: [hits, ...]}
     schema: Schema
     grouped: tuple[RowGroups, list[Mapping[str, torch.Tensor] | None]] | None
-    drawn: tuple[Sequence[Entry], np.ndarray, np.ndarray] | None = None
+    drawn: DrawnRows | None = None
 
     @property
     def misses(self) -> RowGroups:
@@ -63,8 +63,8 @@ class MissPlan:
         if self.grouped is not None:
             return self.grouped
         assert self.drawn is not None
-        window, slots, rows = self.drawn
-        misses = _groups(slots, rows, None, window)
+        drawn = self.drawn
+        misses = _groups(drawn.slots, drawn.rows, None, drawn.window)
         return misses, [None] * len(misses)
 
 
@@ -100,7 +100,7 @@ def plan_misses(
     hit_np = hit.numpy()
     hits = np.flatnonzero(hit_np)
     if window is not None and slots is not None and not len(hits) and not pending:
-        drawn = (window, slots.numpy(), rows.numpy())
+        drawn = DrawnRows(window, slots.numpy(), rows.numpy())
         return MissPlan(len(hit_np), torch.from_numpy(hits), cached, schema, None, drawn)
     miss = np.flatnonzero(~hit_np) if len(hits) else None
     if window is None or slots is None:
@@ -165,7 +165,7 @@ def read_batch(plan: MissPlan, store: TrajectoryLayout | None) -> dict[str, torc
         for key, (dtype, trailing) in plan.schema.items()
     }
     drawn = plan.drawn
-    if drawn is not None and store is not None and store.read_drawn_into(*drawn, keys, out):
+    if drawn is not None and store is not None and store.read_drawn_into(drawn, keys, out):
         return out
     misses = plan.misses
     # Usually no trajectory drawn is still being written: no loop over the groups then.

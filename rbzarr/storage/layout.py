@@ -24,7 +24,7 @@ from rbzarr.storage.io.location import Location
 from rbzarr.storage.io.names import bytes_by_prefix
 from rbzarr.storage.layout_audit import LayoutAudit
 from rbzarr.storage.layout_capabilities import LayoutCapabilities
-from rbzarr.storage.row_groups import RowGroups
+from rbzarr.storage.row_groups import DrawnRows, RowGroups
 from rbzarr.trajectory.dtypes import dtype_name, to_numpy
 
 if TYPE_CHECKING:
@@ -285,27 +285,19 @@ class TrajectoryLayout(ABC):
         return {key: to_numpy(value) for key, value in self.read(entry, keys).tensors().items()}
 
     def read_drawn_into(
-        self,
-        window: Sequence[Entry],
-        slots: np.ndarray,
-        rows: np.ndarray,
-        keys: Sequence[str],
-        out: Mapping[str, torch.Tensor],
+        self, drawn: DrawnRows, keys: Sequence[str], out: Mapping[str, torch.Tensor]
     ) -> bool:
         """Read drawn rows by window position into ``out``, if this layout can at once.
 
-        Row ``i`` is flat row ``rows[i]`` of the trajectory ``window[slots[i]]`` and goes to
-        row ``i`` of ``out[key]``.  A layout that keeps what it needs of a window's
-        trajectories by position reads the batch with no grouping; the default reads
-        nothing and returns ``False``: the caller then groups the rows for
-        :meth:`read_groups_into`.
+        Row ``i`` of ``drawn`` goes to row ``i`` of ``out[key]``.  A layout that keeps what
+        it needs of a window's trajectories by position reads the batch with no grouping;
+        the default reads nothing and returns ``False``: the caller then groups the rows
+        for :meth:`read_groups_into`.
 
         Parameters
         ----------
-        window
-            The entries drawn from, in window order (the same list while the window stays).
-        slots, rows
-            Each row's window position and flat row (int64).
+        drawn
+            The rows: each one's window position and flat row.
         keys
             Flat keys with ``[T, B, ...]`` rows.
         out

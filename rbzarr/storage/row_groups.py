@@ -19,7 +19,18 @@ from rbzarr.storage.rlinf.documents import Entry
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["RowGroups"]
+__all__ = ["DrawnRows", "RowGroups"]
+
+
+@dataclass(frozen=True)
+class DrawnRows:
+    """A batch's rows as a sampler drew them, by window position: row ``i`` is flat row
+    ``rows[i]`` of trajectory ``window[slots[i]]`` (``slots`` and ``rows`` int64 numpy
+    arrays; ``window`` in window order, the same list object while the window stays)."""
+
+    window: Sequence[Entry]
+    slots: np.ndarray
+    rows: np.ndarray
 
 
 @dataclass(frozen=True)

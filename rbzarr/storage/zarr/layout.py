@@ -57,7 +57,7 @@ from rbzarr.storage.layout import TrajectoryLayout
 from rbzarr.storage.layout_capabilities import LayoutCapabilities
 from rbzarr.storage.rlinf import documents as store_documents
 from rbzarr.storage.rlinf.documents import INDEX_FILE, METADATA_FILE, Documents, Entry, Finding
-from rbzarr.storage.row_groups import RowGroups
+from rbzarr.storage.row_groups import DrawnRows, RowGroups
 from rbzarr.storage.zarr import (
     arrays,
     describe,
@@ -410,27 +410,22 @@ class ZarrLayout(TrajectoryLayout):
         return out
 
     def read_drawn_into(
-        self,
-        window: Sequence[Entry],
-        slots: np.ndarray,
-        rows: np.ndarray,
-        keys: Sequence[str],
-        out: Mapping[str, torch.Tensor],
+        self, drawn: DrawnRows, keys: Sequence[str], out: Mapping[str, torch.Tensor]
     ) -> bool:
         """Read from the window's table when it holds every slot drawn (filled by earlier
         batches' grouped reads) and all their keys sit in the same region bays."""
         table = self._table  # held through the read: its handles keep their bays mapped
         if self.shard_cache is not None or table is None:
             return False
-        if not table.serves(window, tuple(keys), self._opener.handles.version()):
+        if not table.serves(drawn.window, tuple(keys), self._opener.handles.version()):
             return False
-        numbers = table.numbers(slots)
+        numbers = table.numbers(drawn.slots)
         if numbers is None:
             return False
         views = {key: to_numpy(out[key]) for key in keys}
         with translate_errors(self.location.url, "reading"):
             return zarr_rows.read_drawn_into(
-                table.regions(int(slots[0])), numbers, rows, views, self.byte_source
+                table.regions(int(drawn.slots[0])), numbers, drawn.rows, views, self.byte_source
             )
 
     def read_groups_into(
