@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from rbzarr.cli.options import echo_lines, json_flag, print_json, storage_options, store_source
+from rbzarr.cli.options import json_flag, print_report, storage_options, store_source
 
 __all__ = ["checkpoint_group", "checkpoints_command", "id_ranges"]
 
@@ -63,19 +63,18 @@ def checkpoints_command(ctx: click.Context, store: str, as_json: bool) -> None:
                 "bytes": sum(sizes[i] for i in pin.ids),
             }
         )
-    if as_json:
-        print_json(rows)
-        return
+    print_report(rows, as_json, lambda rows: _pin_lines(location.url, rows))
+
+
+def _pin_lines(url: str, rows: list[dict[str, Any]]) -> list[str]:
+    """One line per pin of :func:`checkpoints_command`'s ``rows``; one saying so when none."""
     if not rows:
-        click.echo(f"{location.url}: no checkpoint pins any trajectory")
-        return
-    echo_lines(
-        [
-            f"{row['pin']}  {row['created']}  {row['checkpoint']}  "
-            f"{len(row['ids'])} trajectories ({id_ranges(row['ids'])})  {row['bytes']:,} bytes"
-            for row in rows
-        ]
-    )
+        return [f"{url}: no checkpoint pins any trajectory"]
+    return [
+        f"{row['pin']}  {row['created']}  {row['checkpoint']}  "
+        f"{len(row['ids'])} trajectories ({id_ranges(row['ids'])})  {row['bytes']:,} bytes"
+        for row in rows
+    ]
 
 
 @click.group(name="checkpoint")

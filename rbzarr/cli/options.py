@@ -16,7 +16,6 @@ import click
 __all__ = [
     "cache_arguments",
     "count_option",
-    "echo_lines",
     "json_flag",
     "output_option",
     "per_trajectory_flag",
@@ -59,11 +58,6 @@ def print_json(document: Any) -> None:
     click.echo(json.dumps(document, indent=2))
 
 
-def echo_lines(lines: list[str]) -> None:
-    """``lines`` on stdout, one per line."""
-    click.echo("\n".join(lines))
-
-
 def print_report(
     report: Any,
     as_json: bool,
@@ -75,7 +69,7 @@ def print_report(
     if as_json:
         print_json(report if document is None else document())
     else:
-        echo_lines(lines(report))
+        click.echo("\n".join(lines(report)))
 
 
 def output_option(help: str) -> Any:
