@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rbzarr.errors import CheckpointConflictError, CheckpointNotFoundError
@@ -78,14 +78,7 @@ class CollectionPlan:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""
-        return {
-            "url": self.url,
-            "keep_last": self.keep_last,
-            "deleted": self.deleted,
-            "pinned": self.pinned,
-            "kept": self.kept,
-            "finished": self.finished,
-        }
+        return asdict(self)
 
 
 def collect_store(
