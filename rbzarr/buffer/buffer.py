@@ -484,12 +484,14 @@ class TrajectoryReplayBuffer(SamplingFront, RLinfCompatMixin):
             # (and their memory is freed for those); small ones are queued together, for one
             # index record.  The cache shares each copy with the writer.
             staged: list[ValidatedTrajectory] = []
+            nbytes = 0  # what ``staged`` stages (a running sum: no pass over it per add)
             for position, validated in enumerate(accepted):
-                staged.append(validated.copied())
-                nbytes = sum(b.nbytes for t in staged for b in t.staging.values())
+                copied = validated.copied()
+                staged.append(copied)
+                nbytes += sum(buffer.nbytes for buffer in copied.staging.values())
                 if nbytes >= PIPELINED_BYTES or position == len(accepted) - 1:
                     self._queue_staged(staged)
-                    staged = []
+                    staged, nbytes = [], 0
 
     def _queue_staged(self, staged: list[ValidatedTrajectory]) -> None:
         """Put copied trajectories in the window and the cache, and queue their writes."""
