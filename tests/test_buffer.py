@@ -337,3 +337,36 @@ def test_a_failing_commit_callback_neither_fails_nor_repeats_the_commit(tmp_path
     assert_same_trajectory(
         layout.read(documents.trajectory_index["trajectory_index"]["0"]), trajectory.trajectory
     )
+
+
+def test_a_copy_that_fails_midway_says_which_trajectories_it_left_added(tmp_path, monkeypatch):
+    # add_trajectories queues each copy as soon as it is made (here every one: no byte
+    # threshold), so a copy that fails (out of memory) leaves those queued before added;
+    # the error must say so, and they must be the ones kept and stored.
+    from rbzarr.buffer import buffer as buffer_module  # noqa: PLC0415 (its threshold)
+
+    monkeypatch.setattr(buffer_module, "PIPELINED_BYTES", 0)
+    real = ValidatedTrajectory.copied
+    copies: list[int] = []
+
+    def copied_until_memory_runs_out(self: ValidatedTrajectory) -> ValidatedTrajectory:
+        copies.append(1)
+        if len(copies) == 3:
+            raise MemoryError("no room for the third copy")
+        return real(self)
+
+    monkeypatch.setattr(ValidatedTrajectory, "copied", copied_until_memory_runs_out)
+    store = str(tmp_path / "s")
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store) as buffer:
+        with pytest.raises(MemoryError) as raised:
+            buffer.add_trajectories([make_trajectory(3, 2, 100 * k) for k in range(4)])
+        assert raised.value.__notes__ == [
+            "add_trajectories: the first 2 of these 4 trajectories were added (queued for "
+            "writing) before this copy failed; the other 2 were not"
+        ]
+        assert len(buffer) == 2
+    layout, documents = open_store(store)
+    assert documents.trajectory_index["trajectory_id_list"] == [0, 1]
+    for k in range(2):
+        stored = layout.read(documents.trajectory_index["trajectory_index"][str(k)])
+        assert_same_trajectory(stored, make_trajectory(3, 2, 100 * k))

@@ -67,3 +67,29 @@ def test_a_shard_of_more_parts_than_one_writev_takes(
     assert sum(sizes) == count + 1  # every part once
     assert 2 <= len(sizes) <= 3  # a few calls, none past the kernel's limit
     assert max(sizes) <= os.sysconf("SC_IOV_MAX")
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, database=None)
+@given(parts=st.lists(st.binary(max_size=40), min_size=2, max_size=12))
+def test_no_writev_asks_for_more_bytes_than_one_call_may_take(
+    tmp_path_factory: pytest.TempPathFactory, parts: list[bytes]
+) -> None:
+    # os.write clamps its count where a larger one fails (macOS, Windows: INT_MAX);
+    # os.writev does not, so write_file keeps each call under WRITEV_BYTES (here 7).
+    folder = tmp_path_factory.mktemp("capped")
+    real = os.writev
+    asked: list[int] = []
+
+    def counted(fd: int, buffers: list[Any]) -> int:
+        asked.append(sum(memoryview(b).nbytes for b in buffers))
+        return real(fd, buffers)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(os, "writev", counted)
+    mp.setattr(files, "WRITEV_BYTES", 7)
+    try:
+        files.write_file(str(folder / "f"), parts, atomic=False)
+    finally:
+        mp.undo()
+    assert (folder / "f").read_bytes() == b"".join(parts)
+    assert asked and max(asked) <= 7

@@ -431,7 +431,8 @@ class TrajectoryReplayBuffer(SamplingFront, RLinfCompatMixin):
         The caller may reuse or mutate the tensors as soon as this returns.  With
         ``auto_save``, each trajectory is queued for a background write that is retried
         until it commits; a large one is queued (and may be sampled by another thread) as
-        soon as it is copied, before the call returns.
+        soon as it is copied, before the call returns.  So if a later copy fails (out of
+        memory), those queued stay added: the error's note says how many.
 
         Parameters
         ----------
@@ -484,12 +485,25 @@ class TrajectoryReplayBuffer(SamplingFront, RLinfCompatMixin):
             # (and their memory is freed for those); small ones are queued together, for one
             # index record.  The cache shares each copy with the writer.
             staged: list[ValidatedTrajectory] = []
+            nbytes = 0  # what ``staged`` stages (a running sum: no pass over it per add)
+            queued = 0
             for position, validated in enumerate(accepted):
-                staged.append(validated.copied())
-                nbytes = sum(b.nbytes for t in staged for b in t.staging.values())
+                try:
+                    copied = validated.copied()
+                except BaseException as exc:  # out of memory: those queued before stay added
+                    if queued:
+                        exc.add_note(
+                            f"add_trajectories: the first {queued} of these {len(accepted)} "
+                            "trajectories were added (queued for writing) before this copy "
+                            f"failed; the other {len(accepted) - queued} were not"
+                        )
+                    raise
+                staged.append(copied)
+                nbytes += sum(buffer.nbytes for buffer in copied.staging.values())
                 if nbytes >= PIPELINED_BYTES or position == len(accepted) - 1:
                     self._queue_staged(staged)
-                    staged = []
+                    queued += len(staged)
+                    staged, nbytes = [], 0
 
     def _queue_staged(self, staged: list[ValidatedTrajectory]) -> None:
         """Put copied trajectories in the window and the cache, and queue their writes."""

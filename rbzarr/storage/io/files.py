@@ -40,6 +40,10 @@ _CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 # The most buffers one writev takes (IOV_MAX; POSIX guarantees at least 16); 1 where there
 # is no writev (Windows): one write per part.
 _IOV_MAX = max(16, min(os.sysconf("SC_IOV_MAX"), 1024)) if hasattr(os, "writev") else 1
+# The most bytes one writev asks for: os.write clamps its count where a larger one fails
+# (macOS and Windows refuse more than INT_MAX), os.writev does not (a shard's many frames
+# can sum past it).
+WRITEV_BYTES = 1 << 30
 # Concurrent fsyncs: a journaling filesystem commits them together (measured on ext4 here:
 # ten fsyncs of a small trajectory took 36 ms one after the other, 2-4 ms at once).
 SYNC_THREADS = 16
@@ -141,7 +145,8 @@ def write_file(
 
 def _write_parts(fd: int, views: list[memoryview]) -> None:
     """Write ``views`` to ``fd`` in order: one ``write`` for one part, else ``writev`` calls
-    of up to :data:`_IOV_MAX` parts (a shard of many frames is one call, not one per frame)."""
+    of up to :data:`_IOV_MAX` parts and :data:`WRITEV_BYTES` bytes (a shard of many frames
+    is one call, not one per frame)."""
     if len(views) == 1 or _IOV_MAX == 1:
         for part in views:
             left = part
@@ -150,7 +155,13 @@ def _write_parts(fd: int, views: list[memoryview]) -> None:
         return
     first = 0
     while first < len(views):
-        written = os.writev(fd, views[first : first + _IOV_MAX])
+        batch, room = [], WRITEV_BYTES
+        for view in views[first : first + _IOV_MAX]:
+            batch.append(view if view.nbytes <= room else view[:room])
+            room -= batch[-1].nbytes
+            if not room:
+                break
+        written = os.writev(fd, batch)
         # Past the parts written whole; a part written in part goes on from where it ended.
         while first < len(views) and written >= views[first].nbytes:
             written -= views[first].nbytes
