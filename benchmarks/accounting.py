@@ -3,7 +3,10 @@
 From the public format only: each array's ``zarr.json`` (its copy in its group's consolidated
 document) and, when sharded, the shard index
 (``offset, nbytes`` uint64 pairs per inner chunk, C order, then a crc32c; ``2**64 - 1``: empty).
-A row's piece is its contiguous bytes in an uncompressed chunk, else the whole chunk.
+A row's piece is its contiguous bytes in an uncompressed chunk, else the whole chunk.  A
+``next_obs`` key stored once (its description in the group's ``rbzarr_layout`` names
+``same_as`` and ``explicit``: :mod:`rbzarr.storage.zarr.next_obs`) needs its own stored row
+for the elements it lists and the ``curr_obs`` row of the next step for the others.
 
 What the layout's reads ask for is counted by :class:`CountingByteSource`, a wrapper
 around the layout's byte source (``layout_options={"byte_source": ...}``).
@@ -21,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from rbzarr.storage.zarr.byte_source import ByteSource
+from rbzarr.storage.zarr.next_obs import split_elements
 from rbzarr.trajectory.model import raw_time_rows
 
 __all__ = [
@@ -190,6 +193,7 @@ class StoreGeometry:
         self.T, self.B = T, B
         self._arrays: dict[tuple[int, str], ArrayGeometry] = {}
         self._groups: dict[int, dict[str, Any]] = {}
+        self._descriptions: dict[int, dict[str, Any]] = {}
         self._indexes: dict[str, np.ndarray | None] = {}
 
     def array(self, tid: int, key: str) -> ArrayGeometry:
@@ -205,21 +209,31 @@ class StoreGeometry:
 
     def _members(self, tid: int) -> dict[str, Any]:
         """The documents trajectory ``tid``'s group consolidates (read once)."""
-        found = self._groups.get(tid)
-        if found is None:
-            group = json.loads(self.fs.cat_file(f"{self.root}/trajectories/{tid}/zarr.json"))
-            consolidated = group.get("consolidated_metadata") or {}
-            found = self._groups[tid] = consolidated.get("metadata") or {}
-        return found
+        if tid not in self._groups:
+            self._read_group(tid)
+        return self._groups[tid]
+
+    def _description(self, tid: int, key: str) -> dict[str, Any]:
+        """The layout's description of array ``key`` of trajectory ``tid`` (``{}``: none)."""
+        if tid not in self._descriptions:
+            self._read_group(tid)
+        return self._descriptions[tid].get(key) or {}
+
+    def _read_group(self, tid: int) -> None:
+        """Read trajectory ``tid``'s group document: its members and its arrays' descriptions."""
+        group = json.loads(self.fs.cat_file(f"{self.root}/trajectories/{tid}/zarr.json"))
+        consolidated = group.get("consolidated_metadata") or {}
+        self._groups[tid] = consolidated.get("metadata") or {}
+        layout = (group.get("attributes") or {}).get("rbzarr_layout") or {}
+        self._descriptions[tid] = layout.get("arrays") or {}
 
     def needed(self, rows_by_id: Mapping[int, Sequence[int]]) -> NeededReads:
         """The chunks and byte ranges that the flat rows ``{trajectory id: rows}`` need."""
         out = NeededReads()
         for tid, rows in rows_by_id.items():
-            flat = torch.as_tensor(list(rows), dtype=torch.int64)
-            steps, envs = flat // self.B, (flat % self.B).numpy()
+            flat = np.asarray(list(rows), dtype=np.int64)
             for key in self.keys:
-                self._add(out, self.array(tid, key), steps, envs)
+                self._add_key(out, tid, key, flat)
         out.ranges, out.pieces = sorted(set(out.ranges)), sorted(set(out.pieces))
         out.chunks = len(out.ranges)
         out.bytes = sum(stop - start for _, start, stop in out.ranges)
@@ -230,10 +244,26 @@ class StoreGeometry:
         out.page_bytes = sum(stop - start for _, start, stop in pages)
         return out
 
+    def _add_key(self, out: NeededReads, tid: int, key: str, flat: np.ndarray) -> None:
+        """What flat rows ``flat`` (``t * B + b``) of trajectory ``tid`` need of ``key``."""
+        array = self.array(tid, key)
+        description = self._description(tid, key)
+        if description.get("explicit") is None:
+            times = raw_time_rows(flat // self.B, self.T, array.shape[0])
+            self._add(out, array, times, flat % self.B)
+            return
+        # Stored once: listed elements are rows [m, 0] of its own array, the others are
+        # the same_as (curr_obs) row of the next step.
+        explicit = np.asarray(description["explicit"], dtype=np.int64)
+        _, stored, borrowed = split_elements(explicit, self.B, flat)
+        self._add(out, array, stored, np.zeros_like(stored))
+        if len(borrowed):
+            self._add_key(out, tid, description["same_as"], borrowed)
+
     def _add(
-        self, out: NeededReads, array: ArrayGeometry, steps: torch.Tensor, envs: np.ndarray
+        self, out: NeededReads, array: ArrayGeometry, times: np.ndarray, envs: np.ndarray
     ) -> None:
-        times = raw_time_rows(steps, self.T, array.shape[0]).numpy()
+        """The chunks (and pieces) holding the raw rows ``(times, envs)`` of ``array``."""
         for t, b in np.unique(np.stack([times, envs], axis=1), axis=0).tolist():
             outer = (t // array.chunks[0], b // array.chunks[1])
             for rest in array.outer_trailing():

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import imagecodecs
 import numcodecs
 import numpy as np
 import pytest
@@ -29,6 +30,8 @@ from benchmarks.__main__ import main
 from benchmarks.accounting import StoreGeometry, coalesce
 from benchmarks.report import aligned, target
 from benchmarks.torchrl_peer import torchrl_missing
+from benchmarks.workloads import image_trajectory
+from rbzarr.buffer.buffer import TrajectoryReplayBuffer
 from rbzarr.trajectory.model import validate
 
 STATS = {"calls", "rows_s", "mb_s", "p50_ms", "p99_ms"}
@@ -334,6 +337,25 @@ def test_needed_ranges_of_unsharded_arrays_are_whole_chunk_files(tmp_path: Path)
 def test_coalesce_merges_adjacent_ranges_of_one_object() -> None:
     ranges = [("a", 10, 20), ("b", 0, 5), ("a", 0, 10), ("a", 30, 40), ("a", 0, 10)]
     assert coalesce(ranges) == [("a", 0, 20), ("a", 30, 40), ("b", 0, 5)]
+
+
+def test_needed_rows_of_next_obs_stored_once_come_from_curr_obs(tmp_path: Path) -> None:
+    T, B = 4, 2
+    trajectory = image_trajectory(7, T=T, B=B)  # next[t] == curr[t + 1]
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=str(tmp_path)) as buffer:
+        buffer.add_trajectories([trajectory])
+    fs = fsspec.filesystem("file")
+    geometry = StoreGeometry(fs, str(tmp_path), ["next_obs/image"], T=T, B=B)
+    # Row (0, 1): stored once, read from curr_obs (1, 1); row (3, 1), the last step: its own.
+    for t, b, folder in ((0, 1, "curr_obs"), (T - 1, 1, "next_obs")):
+        needed = geometry.needed({0: [t * B + b]})
+        assert needed.chunks == 1
+        ((key, start, stop),) = needed.ranges
+        assert key.startswith(f"trajectories/0/{folder}/image/")
+        frame = imagecodecs.qoi_decode(fs.cat_file(f"{tmp_path}/{key}", start=start, end=stop))
+        assert torch.equal(
+            torch.from_numpy(frame), trajectory.next_obs["image"][t, b].permute(1, 2, 0)
+        )
 
 
 def test_targets_and_tables() -> None:
