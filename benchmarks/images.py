@@ -16,8 +16,9 @@ two cameras and a state in ``curr_obs`` and ``next_obs``, auto-reset dones).  Pe
   of the same bytes into fresh files, a ``memcpy`` of them and the JPEG encoder on the same
   frames on every core (:mod:`benchmarks.limits`); every side once per round, in ABBA
   order; min / median / max per side and the median of the per-round ratios.
-* ``sampling``: ``sample(256)`` of the default and the raw store (cache off, page cache
-  warm), TorchRL's ``storage.get`` of the same rows (the buffer's draws replayed) and its
+* ``sampling``: ``sample(256)`` of the default and the raw store (each reopened with
+  ``auto_save`` to it, cache off: every row is read from the store, page cache warm;
+  :func:`store_reader`), TorchRL's ``storage.get`` of the same rows (the buffer's draws replayed) and its
   ``ReplayBuffer.sample(256)`` (random rows), on both ``LazyMemmapStorage`` and
   ``CompressedListStorage`` (rows with flat keys: it compresses every frame), timed
   interleaved; a target's peer is the faster of a storage's two paths.
@@ -70,7 +71,7 @@ from rbzarr.trajectory.flat_view import flatten_trajectory
 from rbzarr.trajectory.model import validate
 from rbzarr.trajectory.validated import ValidatedTrajectory
 
-__all__ = ["images_targets", "run_images"]
+__all__ = ["images_targets", "run_images", "store_reader"]
 
 Say = Callable[[str], None]
 FULL = {"count": 8, "T": 20, "B": 8, "batch": 256, "calls": 20, "repeats": 3}
@@ -196,6 +197,19 @@ def _buffer(
         max_pending_writes=window + 1,
         **options,
     )
+
+
+def store_reader(root: Path, window: int, seed: int) -> TrajectoryReplayBuffer:
+    """A buffer sampling the store at ``root`` from the store itself: ``auto_save`` to it,
+    its cache off and the store's own checkpoint loaded (a buffer without ``auto_save``
+    would load every trajectory into memory: its cache is its storage)."""
+    buffer = _buffer(root, window, None, seed)
+    try:
+        buffer.load_checkpoint(str(root))
+    except BaseException:
+        buffer.close()
+        raise
+    return buffer
 
 
 def _codecs_for(spec: str, codec_api: str | None) -> dict[str, str] | None:
@@ -434,22 +448,12 @@ def _sampling(
     counts = [validate(t).num_samples for t in trajectories]
     per_row = sum(t[0].numel() * t.element_size() for t in flats[0].values())
     draws = DrawSequence(counts, batch, settings.seed)
-    buffers = {
-        name: TrajectoryReplayBuffer(
-            seed=settings.seed,
-            sample_window_size=count,
-            enable_cache=False,
-            cache_size=0,
-        )
-        for name in ("default", "raw")
-    }
+    buffers = {name: store_reader(root / name, count, settings.seed) for name in ("default", "raw")}
     peers = {
         "LazyMemmapStorage": TorchRLPeer(flats, str(root / "torchrl-memmap")),
         "CompressedListStorage": TorchRLPeer(flats, None, "CompressedListStorage"),
     }
     try:
-        for name, buffer in buffers.items():
-            buffer.load_checkpoint(str(root / name))
         first = tree.flatten(buffers["default"].sample(batch))
         expected = gather_rows(flats, *draws.at(0))
         checked = {"default": same_rows(first, expected)}

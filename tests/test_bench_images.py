@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.draws import DrawSequence, gather_rows, same_rows
 from benchmarks.frames import EPISODE_STEPS, image_keys, rollout, to_trajectory
-from benchmarks.images import images_targets
+from benchmarks.images import images_targets, store_reader
+from benchmarks.workloads import image_trajectory
+from rbzarr import TrajectoryReplayBuffer
+from rbzarr.trajectory import tree
+from rbzarr.trajectory.flat_view import flatten_trajectory
+from rbzarr.trajectory.model import validate
 
 
 class CountingScenes:
@@ -90,3 +98,15 @@ def test_targets_name_what_was_not_measured() -> None:
     assert len(found) == 30  # 3 sizes, 2 jpeg, 9 sampling, 12 writes, 4 more
     assert all(t["met"] is None and t["reason"] for t in found)
     assert any(t["reason"] == "torchrl is not installed" for t in found)
+
+
+def test_the_sampled_stores_are_read_from_disk_not_held_in_memory(tmp_path: Path) -> None:
+    trajectories = [image_trajectory(seed, T=4, B=2) for seed in (1, 2)]
+    with TrajectoryReplayBuffer(seed=5, auto_save=True, auto_save_path=str(tmp_path)) as writer:
+        writer.add_trajectories(trajectories)
+    with store_reader(tmp_path, len(trajectories), seed=5) as buffer:
+        assert buffer.get_stats()["cache_size"] == 0  # no trajectory in memory
+        batch = tree.flatten(buffer.sample(16))
+    flats = [flatten_trajectory(t, validate(t)) for t in trajectories]
+    draws = DrawSequence([validate(t).num_samples for t in trajectories], 16, seed=5)
+    assert same_rows(batch, gather_rows(flats, *draws.at(0)))
