@@ -18,8 +18,8 @@ two cameras and a state in ``curr_obs`` and ``next_obs``, auto-reset dones).  Pe
   order; min / median / max per side and the median of the per-round ratios.
 * ``sampling``: ``sample(256)`` of the default and the raw store (each reopened with
   ``auto_save`` to it, cache off: every row is read from the store, page cache warm;
-  :func:`store_reader`), TorchRL's ``storage.get`` of the same rows (the buffer's draws replayed) and its
-  ``ReplayBuffer.sample(256)`` (random rows), on both ``LazyMemmapStorage`` and
+  :func:`store_reader`), TorchRL's ``storage.get`` of the same rows (the buffer's draws
+  replayed) and its ``ReplayBuffer.sample(256)`` (random rows), on both ``LazyMemmapStorage`` and
   ``CompressedListStorage`` (rows with flat keys: it compresses every frame), timed
   interleaved; a target's peer is the faster of a storage's two paths.
 * ``lerobot`` (``mujoco128`` only, not in ``--quick``): random-access frames/s of LeRobot's
