@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import mmap
 import multiprocessing
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import google_crc32c
 import numpy as np
 import pytest
@@ -30,7 +32,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from zarr.codecs import ZstdCodec
 
+from benchmarks.accounting import StoreGeometry
 from benchmarks.page_cache import evict
+from benchmarks.workloads import image_trajectory
 from rbzarr import CorruptStoreError, TrajectoryReplayBuffer
 from rbzarr.analysis.view import open_buffer
 from rbzarr.storage.io.location import Location
@@ -45,6 +49,7 @@ from rbzarr.trajectory.model import raw_time_rows
 pytestmark = pytest.mark.timeout(120)
 
 KEY = "curr_obs/state"
+IMAGE = "curr_obs/image"
 ZSTD = {"curr_obs/state": ZstdCodec(level=1, checksum=True)}
 
 
@@ -230,6 +235,48 @@ def test_a_cold_small_row_reads_its_own_page_not_its_whole_shard(tmp_path: Path)
     assert got[0].tolist() == [2050.0] * 3
     resident, pages = _resident_pages(path), -(-path.stat().st_size // mmap.PAGESIZE)
     assert resident <= 2, f"one row read {resident} of its shard's {pages} pages"
+
+
+def _cold_frames(tmp_path: Path) -> tuple[int, int]:
+    """Read four neighbouring QOI frames of a shard cold; its pages then resident, and the
+    pages those frames' inner chunks span."""
+    layout = ZarrLayout(Location.from_url(tmp_path))
+    trajectory = image_trajectory(3, T=32, B=16)
+    entry = _entry(trajectory)
+    layout.write(entry, trajectory)
+    layout.read_rows(entry, np.array([0]), [IMAGE])  # opens the shard: its index is read
+    evict([tmp_path], whole_cache=False)
+    path = shard(tmp_path, tid=0, key=IMAGE).with_name("c.0.0.0.0.0")
+    if _resident_pages(path) != 0:
+        pytest.skip("this filesystem keeps the shard cached after posix_fadvise(DONTNEED)")
+    rows = np.arange(5 * 16, 5 * 16 + 4)  # step 5, envs 0-3: inner chunks side by side
+    got = layout.read_rows(entry, rows, [IMAGE])[IMAGE]
+    assert np.array_equal(got, trajectory.curr_obs["image"][5, :4].numpy())
+    geometry = StoreGeometry(fsspec.filesystem("file"), str(tmp_path), [IMAGE], T=32, B=16)
+    return _resident_pages(path), geometry.needed({0: rows.tolist()}).page_bytes // mmap.PAGESIZE
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="page-cache residency is Linux's mincore")
+def test_cold_compressed_chunks_read_their_own_pages_not_a_read_ahead(tmp_path: Path) -> None:
+    # Without POSIX_FADV_RANDOM the kernel saw neighbouring chunks as a stream and read
+    # ahead: 41 pages for these 9.
+    resident, needed = _cold_frames(tmp_path)
+    assert resident <= needed, f"4 frames on {needed} pages read {resident}"
+
+
+def test_reads_go_on_where_the_random_read_advice_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused(fd: int, offset: int, length: int, advice: int) -> None:
+        raise OSError(errno.EINVAL, "Invalid argument")  # as a filesystem that refuses it
+
+    monkeypatch.setattr(os, "posix_fadvise", refused, raising=False)
+    layout = ZarrLayout(Location.from_url(tmp_path))
+    trajectory = image_trajectory(3, T=4, B=2)
+    entry = _entry(trajectory)
+    layout.write(entry, trajectory)
+    got = layout.read_rows(entry, np.array([1, 6]), [IMAGE])[IMAGE]
+    assert np.array_equal(got, trajectory.curr_obs["image"].flatten(0, 1)[[1, 6]].numpy())
 
 
 def _sample_in_child(store: str, queue: Any) -> None:

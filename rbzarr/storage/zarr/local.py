@@ -16,7 +16,9 @@ cached with the trajectory's handles.  Reading rows then costs:
   kernel reads them in parallel; warm, that costs one syscall per row, which small rows
   do not pay;
 * **compressed inner chunks**: one ``os.pread`` and one zstd decode per distinct chunk,
-  into the output row when an inner chunk is one row.
+  into the output row when an inner chunk is one row.  The descriptor is advised
+  ``POSIX_FADV_RANDOM`` (:func:`_advise_random`): a cold read of a few neighbouring inner
+  chunks reads their pages, not the read-ahead the kernel would start after them.
 
 Reads and decodes are spread over a small thread pool only for batches of at least
 :data:`THREADED_PIECES` pieces: for fewer, handing the copies to the pool costs more than
@@ -33,6 +35,7 @@ handles of a trajectory it writes or deletes.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import weakref
@@ -148,6 +151,7 @@ class LocalShard:
         # Closed when the last reader lets go of this object (a thread may still be reading).
         self._closer = weakref.finalize(self, os.close, fd)
         self.fd = fd
+        _advise_random(fd)
         size = os.fstat(fd).st_size
         if size != spec.shard_bytes:
             self._closer()
@@ -209,6 +213,18 @@ class LocalShard:
     def read(self, piece: Piece, source: ByteSource) -> None:
         """Land one piece of this shard: read from ``source``, then decoded when compressed."""
         land(piece, source.pread(self.fd, piece.nbytes, piece.offset), self.where)
+
+
+def _advise_random(fd: int) -> None:
+    """Tell the kernel a shard is read at random (``POSIX_FADV_RANDOM``): a cold ``pread``
+    then reads its own pages only, not a read-ahead window after them (``read_ahead_kb`` of
+    the device, MiBs on some disks), which reads of neighbouring inner chunks would start.
+    Advice only: where the platform lacks it or refuses it, reads go on as before."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return
+    with contextlib.suppress(OSError):
+        advise(fd, 0, 0, os.POSIX_FADV_RANDOM)
 
 
 def land(piece: Piece, data: bytes | memoryview, where: str) -> None:
