@@ -18,22 +18,22 @@ def _address(array: np.ndarray) -> int:
 
 def test_a_block_is_lent_again_only_after_its_last_view_and_tensor_are_gone() -> None:
     pool = StagingPool(idle_bytes=8 * BLOCK_BYTES)
-    first = pool.lend(1000)
+    first = pool.lend(BLOCK_BYTES + 1000)
     where = _address(first)
     view = first[10:20]
     tensor = torch.from_numpy(first[:400]).view(torch.int32)
     del first
     gc.collect()
     assert pool.kept == 0  # the view and the tensor still hold it
-    other = pool.lend(1000)
+    other = pool.lend(BLOCK_BYTES + 1000)
     assert _address(other) != where
     del view
     gc.collect()
     assert pool.kept == 0
     del tensor
     gc.collect()
-    assert pool.kept == BLOCK_BYTES
-    again = pool.lend(BLOCK_BYTES)  # the same size class
+    assert pool.kept == 2 * BLOCK_BYTES
+    again = pool.lend(2 * BLOCK_BYTES)  # the same size class
     assert _address(again) == where
     assert pool.kept == 0
     del other, again
@@ -47,7 +47,13 @@ def test_the_pool_keeps_no_more_idle_bytes_than_it_may() -> None:
     assert pool.kept == 2 * BLOCK_BYTES  # the third block was unmapped
     assert pool.release_idle() == 2 * BLOCK_BYTES
     assert pool.kept == 0
-    assert pool.lend(10).nbytes == 10  # a new block
+    assert pool.lend(BLOCK_BYTES).nbytes == BLOCK_BYTES  # a new block, back at once
+    gc.collect()
+    assert pool.kept == BLOCK_BYTES
+    small = pool.lend(10)  # below a block: the allocator's own memory, never pooled
+    del small
+    gc.collect()
+    assert pool.kept == BLOCK_BYTES
 
 
 @settings(max_examples=25, deadline=None)

@@ -48,7 +48,10 @@ class StagingPool:
 
     def lend(self, nbytes: int) -> np.ndarray:
         """``nbytes`` of writable ``uint8`` memory; its block comes back to the pool when the
-        array and every array or tensor made from it are gone."""
+        array and every array or tensor made from it are gone (below a block, plain memory
+        from the allocator, which reuses its own)."""
+        if nbytes < BLOCK_BYTES:
+            return np.empty(nbytes, np.uint8)
         size = -(-nbytes // BLOCK_BYTES) * BLOCK_BYTES
         block = self._take(size) or _new_block(size)
         lent = np.frombuffer(block, np.uint8, count=nbytes)
