@@ -2,8 +2,12 @@
 
 :class:`TrajectoryOpener` owns the layout's zarr store and its handle cache.  A batch of
 trajectories opens with one concurrent fetch of their group documents, then (layout 2) one
-round for the shard indexes of all of them; cached handles are reused.  A layout-1 group
-(no ``rbzarr_layout``) opens as zarr arrays only (:mod:`rbzarr.storage.zarr.arrays`).
+round for the shard indexes of all of them; cached handles are reused.  A local store's
+group documents are read in the calling thread, as its shard indexes are, and a layout-2
+group (rbzarr reads its shards itself) needs no zarr chunk check: opening local trajectories
+makes no round through zarr's event loop and its reading threads, which cost more than the
+reads themselves, most of all on a busy host.  A layout-1 group (no ``rbzarr_layout``)
+opens as zarr arrays only (:mod:`rbzarr.storage.zarr.arrays`).
 After a ``fork`` the child opens its own store client and handles (remote clients do not
 survive a fork).
 """
@@ -257,9 +261,7 @@ class TrajectoryOpener:
             location = self.location()
             for path in paths:
                 location.join(*path.split("/"))  # the gate: plain names, no link inside
-            if self.local_files and isinstance(store, SupportsGetSync):
-                # local files: read in this thread (a round through zarr's loop and its
-                # reading threads costs more than the reads, most of all on a busy host)
+            if self.local_files and isinstance(store, SupportsGetSync):  # see the module
                 fetched = [store.get_sync(path, prototype=prototype) for path in paths]
             else:
                 fetched = sync(gather(*(store.get(path, prototype) for path in paths)))
