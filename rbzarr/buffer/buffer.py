@@ -29,6 +29,7 @@ from rbzarr.buffer.local_cache_settings import LocalCacheSettings
 from rbzarr.buffer.read_ahead import ReadAhead
 from rbzarr.buffer.rlinf_compat import RLinfCompatMixin
 from rbzarr.errors import BufferClosedError, CheckpointNotFoundError, TrajectoryListError
+from rbzarr.fork_safe import hold_across_fork
 from rbzarr.sampling.arguments import check_count, check_window_size
 from rbzarr.sampling.damaged import check_on_damaged
 from rbzarr.sampling.front import SamplingFront
@@ -224,7 +225,8 @@ class TrajectoryReplayBuffer(SamplingFront, RLinfCompatMixin):
                 "ahead would miss the priorities updated meanwhile; use prefetch=0"
             )
         check_on_damaged(on_damaged)
-        self._lock = threading.RLock()  # index, cache, schema, samplers
+        # The index, cache, schema and samplers; a forked DataLoader worker reads ids under it.
+        self._lock = hold_across_fork(threading.RLock())
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0 batches, got {prefetch}")
         if trajectory_format is not None:

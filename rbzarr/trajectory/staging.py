@@ -8,13 +8,15 @@ memory goes back to a pool when the last array, tensor or view of it is gone, an
 copy of the same size class reuses it, its pages already there.  Large blocks ask for huge
 pages, where the platform lets a mapping ask.
 
-The pool keeps at most :data:`IDLE_BYTES` unused (the rest is unmapped).  Its blocks are
-private mappings, so a forked child's are its own copies, reused there as they are.
+The pool keeps at most :data:`IDLE_BYTES` unused (the rest is unmapped).  A forked child
+starts its pool over: a new lock (another thread may have held the parent's) and nothing
+idle; the blocks it inherited lent are its own private copies, and come back to it.
 """
 
 from __future__ import annotations
 
 import mmap
+import os
 import threading
 import weakref
 from collections import defaultdict
@@ -65,6 +67,13 @@ class StagingPool:
             self._idle.clear()
         return released
 
+    def start_over(self) -> None:
+        """Forget the idle blocks and take a new lock (in a forked child, where another
+        thread of the parent may have held the old one)."""
+        self._lock = threading.RLock()
+        self._idle = defaultdict(list)
+        self._kept = 0
+
     def _take(self, size: int) -> mmap.mmap | None:
         """An idle block of ``size`` bytes, if the pool holds one."""
         with self._lock:
@@ -92,6 +101,8 @@ def _new_block(size: int) -> mmap.mmap:
 
 
 _POOL = StagingPool()
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_POOL.start_over)
 
 
 def staging_buffer(nbytes: int) -> np.ndarray:

@@ -51,6 +51,16 @@ _pool_lock = threading.Lock()
 _pools: dict[int, ThreadPoolExecutor] = {}  # by process id: a forked child has no threads
 
 
+def _renew_pool_lock() -> None:
+    """A forked child's lock: another thread of the parent may have held the old one."""
+    global _pool_lock  # noqa: PLW0603 - the module's one lock, replaced whole
+    _pool_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_renew_pool_lock)
+
+
 _READ = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 

@@ -21,6 +21,16 @@ _lock = threading.Lock()
 _pools: dict[int, ThreadPoolExecutor] = {}  # by process id
 
 
+def _renew_lock() -> None:
+    """A forked child's lock: another thread of the parent may have held the old one."""
+    global _lock  # noqa: PLW0603 - the module's one lock, replaced whole
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_renew_lock)
+
+
 def _cores() -> int:
     """The cores this process may run on (its affinity, where the platform tells it)."""
     affinity = getattr(os, "sched_getaffinity", None)

@@ -1,0 +1,66 @@
+"""A process forked while other threads use rbzarr's locks finds them free (DataLoader's fork
+workers read the buffer's ids while its writer and read-ahead threads run)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from conftest import make_trajectory
+
+from rbzarr import TrajectoryReplayBuffer
+from rbzarr.trajectory.staging import BLOCK_BYTES, staging_buffer
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
+
+FORKS = 60
+
+
+def _forks_finish(busy: Callable[[], object], in_child: Callable[[], object]) -> list[int]:
+    """Fork up to ``FORKS`` times while a thread calls ``busy`` in a loop; each child calls
+    ``in_child`` and exits.  The first child still running 5 s after its fork (killed)."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            busy()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        for _ in range(FORKS):
+            pid = os.fork()
+            if pid == 0:  # the child: one thread, the locks as the fork left them
+                try:
+                    in_child()
+                finally:
+                    os._exit(0)
+            deadline = time.monotonic() + 5
+            while os.waitpid(pid, os.WNOHANG) == (0, 0):
+                if time.monotonic() > deadline:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    return [pid]
+                time.sleep(0.001)
+    finally:
+        stop.set()
+        thread.join()
+    return []
+
+
+def test_a_child_forked_while_a_thread_reads_the_buffer_reads_it_too() -> None:
+    buffer = TrajectoryReplayBuffer(seed=0, sample_window_size=2)
+    buffer.add_trajectories([make_trajectory(4, 2, 1000 * i) for i in range(2)])
+    assert _forks_finish(lambda: buffer.index_entries, lambda: buffer.trajectory_ids) == []
+    assert len(buffer.trajectory_ids) == 2  # and the parent goes on as before
+
+
+def test_a_child_forked_while_a_thread_stages_copies_stages_its_own() -> None:
+    def stage() -> None:
+        staging_buffer(BLOCK_BYTES)  # lent and, dropped at once, taken back
+
+    assert _forks_finish(stage, stage) == []
