@@ -17,6 +17,7 @@ import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.accounting import CountingByteSource
 from rbzarr import TrajectoryReplayBuffer
 from rbzarr.errors import CodecConflictError, CodecUnavailableError, CorruptStoreError
 from rbzarr.interop.convert import export_dataset
@@ -244,6 +245,39 @@ def test_next_obs_is_stored_once_and_plain_zarr_rebuilds_it(tmp_path: Path) -> N
     entry = documents.trajectory_index["trajectory_index"]["0"]
     keys, _ = layout.describe_keys([entry], {})
     assert keys["next_obs/image"]["raw_bytes"] == trajectory.next_obs["image"].numel()
+
+
+def test_a_next_obs_row_stored_once_is_decoded_once_per_batch(tmp_path: Path) -> None:
+    # One env, no episode end: next_obs[t] is curr_obs[t + 1] for t < 7; only the last
+    # step's row is in next_obs's own array.  Each frame a batch needs is read (and
+    # decoded) once: curr_obs's drawn rows, next_obs's own row if row 7 is drawn, and the
+    # curr_obs rows t + 1 of drawn rows t whose row t + 1 was not drawn.
+    trajectory = _trajectory(3, T=8, B=1, done_rate=0.0, extra=False)
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=tmp_path) as buffer:
+        buffer.add_trajectories([trajectory])
+    reads = CountingByteSource()
+    reader = TrajectoryReplayBuffer(
+        seed=5,
+        auto_save=True,
+        auto_save_path=tmp_path,
+        cache_size=0,
+        layout_options={"byte_source": reads},
+    )
+    with reader:
+        reader.load_checkpoint(tmp_path)
+        reads.requests = 0
+        batch = reader.sample(num_chunks=16)
+        requests = reads.requests
+    curr, after = trajectory.curr_obs["image"][:, 0], trajectory.next_obs["image"][:, 0]
+    rows = [
+        int(torch.nonzero((curr == frame).flatten(1).all(1))[0])
+        for frame in batch["curr_obs"]["image"]
+    ]
+    assert torch.equal(batch["next_obs"]["image"], after[rows])
+    drawn = set(rows)
+    borrowed = {t + 1 for t in drawn if t < 7} - drawn
+    assert len(drawn) < len(rows) and borrowed != {t + 1 for t in drawn if t < 7}  # both cases
+    assert requests == len(drawn) + (7 in drawn) + len(borrowed)
 
 
 def test_plain_zarr_decodes_every_image_codec_in_a_fresh_process(tmp_path: Path) -> None:

@@ -316,12 +316,16 @@ def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _copy_repeats(
     out: np.ndarray, positions: np.ndarray, first: np.ndarray, inverse: np.ndarray
 ) -> Callable[[], None] | None:
-    """Rows drawn more than once are read once, then copied to their other positions."""
+    """Rows drawn more than once are read once, then copied to their other positions (only
+    those: a batch's every row copied again would cost as much as reading it)."""
     if len(first) == len(positions):
         return None
+    repeated = np.ones(len(positions), dtype=bool)
+    repeated[first] = False
+    targets, sources = positions[repeated], positions[first[inverse[repeated]]]
 
     def finish() -> None:
-        out[positions] = out[positions[first[inverse]]]
+        out[targets] = out[sources]
 
     return finish
 

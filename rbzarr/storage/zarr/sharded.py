@@ -271,6 +271,12 @@ class RowBatch:
     gap: int
     local: list[tuple[LocalShard, RowRead]] = field(default_factory=list)
     remote: list[tuple[RemoteShard, RowRead]] = field(default_factory=list)
+    # Rows of a key read for itself, by (trajectory handles' id, key): (elements, positions).
+    own_rows: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    # ``next_obs`` rows stored once, read from their ``curr_obs`` key's shard at :meth:`run`.
+    borrowed: list[tuple[ShardedTrajectory, str, str, np.ndarray, np.ndarray]] = field(
+        default_factory=list
+    )
 
     def add(
         self, opened: ShardedTrajectory, key: str, elements: np.ndarray, positions: np.ndarray
@@ -283,8 +289,10 @@ class RowBatch:
         if spec is not None and spec.explicit is not None:
             own, stored_rows, borrowed = next_obs.split_elements(spec.explicit, opened.B, elements)
             self._add(opened, key, key, stored_rows, positions[own])
-            self._add(opened, spec.same_as, key, borrowed, positions[~own])
+            if len(borrowed):
+                self.borrowed.append((opened, spec.same_as, key, borrowed, positions[~own]))
             return
+        self.own_rows[id(opened), key] = (elements, positions)
         self._add(opened, key, key, elements, positions)
 
     def _add(
@@ -310,11 +318,36 @@ class RowBatch:
 
     def run(self, fs: Any) -> None:
         """Land every queued piece: local ones with ``pread``, remote ones (on ``fs``) in one
-        round."""
+        round; then the borrowed rows that the batch read for their ``curr_obs`` key too."""
+        copies = [self._borrow(*request) for request in self.borrowed]
         if self.local:
             read_local(self.local, self.source)
         if self.remote:
             fetch_rows(fs, self.remote, self.source, self.gap)
+        for key, targets, source, sources in copies:
+            self.out[key][targets] = self.out[source][sources]
+
+    def _borrow(
+        self,
+        opened: ShardedTrajectory,
+        source: str,
+        key: str,
+        elements: np.ndarray,
+        positions: np.ndarray,
+    ) -> tuple[str, np.ndarray, str, np.ndarray]:
+        """Queue the borrowed rows of ``source`` the batch does not read for ``source``
+        itself; the others are copied from those rows once landed (a frame decoded once):
+        ``(key, their positions, source, the positions to copy from)``."""
+        own = self.own_rows.get((id(opened), source))
+        if own is None:
+            self._add(opened, source, key, elements, positions)
+            return key, positions[:0], source, positions[:0]
+        read, at = own
+        order = np.argsort(read, kind="stable")
+        found = np.minimum(np.searchsorted(read[order], elements), len(read) - 1)
+        hit = read[order][found] == elements
+        self._add(opened, source, key, elements[~hit], positions[~hit])
+        return key, positions[hit], source, at[order][found[hit]]
 
 
 def read_whole_shards(
