@@ -31,7 +31,6 @@ from rbzarr.storage.zarr.encode import encode_array, shard_key
 from rbzarr.storage.zarr.local import LocalShard, RowRead, decode_whole, plan_rows, read_local
 from rbzarr.storage.zarr.remote import (
     INLINE,
-    INLINE_SHARD_BYTES,
     RemoteShard,
     fetch_rows,
     inline_copy,
@@ -39,7 +38,7 @@ from rbzarr.storage.zarr.remote import (
     open_remote,
 )
 from rbzarr.storage.zarr.spec import FILL, ArraySpec, check_document, parse_specs
-from rbzarr.trajectory.dtypes import storage_dtype, to_numpy
+from rbzarr.trajectory.dtypes import storage_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -145,24 +144,14 @@ def encode_trajectory(
         encoded = encode_array(key, stored, plan, T, B, separator, staging.get(key))
         documents[key] = _parsed(encoded.document)
         arrays[key] = {**encoded.description, **shared}
-        fill = _all_fill(stored)
-        copy = inline_copy(encoded.shard) if inline or fill else None
-        if fill and copy is not None:  # no shard object: zarr reads its fill values
+        copy = inline_copy(encoded.shard) if inline or encoded.fill else None
+        if encoded.fill and copy is not None:  # no shard object: zarr reads its fill values
             arrays[key] = {**arrays[key], FILL: True, INLINE: copy}
             continue
         files[f"{key}/{shard_key(stored.dim(), separator)}"] = encoded.shard
         if copy is not None:
             arrays[key] = {**arrays[key], INLINE: copy}
     return files, {"version": VERSION, "arrays": arrays}, documents
-
-
-def _all_fill(value: torch.Tensor) -> bool:
-    """Whether a small ``value`` (its shard fits a description's copy) holds only the fill
-    value, i.e. its bytes are all zero (``-0.0`` is not: it would read back as ``0.0``)."""
-    if value.numel() * value.element_size() > INLINE_SHARD_BYTES:
-        return False
-    data = np.ascontiguousarray(to_numpy(value))
-    return not data.view(np.uint8).any()
 
 
 @functools.lru_cache(maxsize=512)
