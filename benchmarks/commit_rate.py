@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import resource
-import shutil
 import tempfile
 import time
 import uuid
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.images import state_writes
-from benchmarks.limits import alternate, paired_ratio, spread
+from benchmarks.limits import alternate, paired_ratio, retire, spread
 from benchmarks.scale import FLUSH_EVERY, WINDOW, tiny
 from rbzarr import TrajectoryReplayBuffer
 
@@ -116,7 +115,7 @@ def measure_commits(workdir: str, warm: int, count: int, rounds: int) -> dict[st
         probe = root / "probe"
         rbzarr_commits(probe, 0, 2)
         shape = group_shape(probe)
-        shutil.rmtree(probe)
+        retire(probe)
         runs: dict[str, list[dict[str, float]]] = {"rbzarr": [], "floor": []}
 
         def side(name: str) -> Any:
@@ -128,7 +127,7 @@ def measure_commits(workdir: str, warm: int, count: int, rounds: int) -> dict[st
                 else:
                     found = floor_commits(target, shape, count)
                 runs[name].append(found)
-                shutil.rmtree(target)
+                retire(target)
                 return found["per_s"]
 
             return run

@@ -14,7 +14,7 @@ import fsspec
 from benchmarks.accounting import CountingByteSource, NeededReads, StoreGeometry
 from benchmarks.baselines import RangeReader
 from benchmarks.draws import DrawSequence, TrackedBuffer, gather_rows, same_rows
-from benchmarks.measure import add_all, interleaved, nbytes, row_bytes, stats, timed
+from benchmarks.measure import add_all, add_latency, interleaved, nbytes, row_bytes, stats, timed
 from benchmarks.page_cache import evict, process_read_bytes
 from benchmarks.settings import Settings
 from benchmarks.store_size import disk_usage
@@ -70,7 +70,7 @@ class DiskRun:
         buffer.flush()
         seconds = time.perf_counter() - start
         writes = {
-            "add": adds,
+            "add": add_latency(adds, self.trajectories),
             "writer": {"raw_mb": raw / 1e6, "seconds": seconds, "mb_s": raw / 1e6 / seconds},
             "disk": disk_usage(root, self.trajectories, fmt),
         }

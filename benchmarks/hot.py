@@ -7,7 +7,7 @@ from typing import Any
 
 from benchmarks import baselines
 from benchmarks.draws import DrawSequence, TrackedBuffer, gather_rows, same_rows
-from benchmarks.measure import add_all, row_bytes
+from benchmarks.measure import add_all, add_latency, row_bytes
 from benchmarks.settings import Settings
 from benchmarks.torchrl_peer import TorchRLPeer, torchrl_missing
 from benchmarks.workloads import Workload, trajectory_sequence
@@ -40,7 +40,7 @@ def run_hot(workload: Workload, settings: Settings) -> dict[str, Any]:
     result: dict[str, Any] = {
         "row_bytes": per_row,
         "rows": sum(validate(t).num_samples for t in trajectories),
-        "add": adds,
+        "add": add_latency(adds, trajectories),
         "same_rows": checked,
         "buffer": measured,
     }

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -55,6 +54,7 @@ from benchmarks.limits import (
     copy_arrays,
     encode_frames,
     paired_ratio,
+    retire,
     spread,
     write_files,
 )
@@ -233,7 +233,7 @@ def _source(
             store, trajectories, spec, codec_api, raw_bytes, settings.seed
         )
         if spec not in ("raw", "default"):
-            shutil.rmtree(store)
+            retire(store)
     missing = torchrl_missing()
     if missing:
         entry["writes"] = entry["sampling"] = {"unavailable": missing}
@@ -371,7 +371,7 @@ def _writes(
             store = root / f"writes-{next(made)}"
             buffer, seconds = _written(store, trajectories, _codecs_for(spec, codec_api), 0)
             buffer.close()
-            shutil.rmtree(store)
+            retire(store)
             return rows / seconds
 
         return write
@@ -382,7 +382,7 @@ def _writes(
             start = time.perf_counter()
             TorchRLPeer(flats, str(scratch) if kind == "LazyMemmapStorage" else None, kind)
             seconds = time.perf_counter() - start
-            shutil.rmtree(scratch, ignore_errors=True)
+            retire(scratch)
             return rows / seconds
 
         return extend
@@ -400,7 +400,7 @@ def _writes(
     for kind in ("LazyMemmapStorage", "CompressedListStorage"):  # TorchRL's first use, untimed
         scratch = root / f"writes-{next(made)}"
         TorchRLPeer([{k: v[:1] for k, v in flats[0].items()}], str(scratch), kind)
-        shutil.rmtree(scratch, ignore_errors=True)
+        retire(scratch)
     if codec_api is None:
         sides[f"rbzarr {JPEG}"] = rbzarr(JPEG)
         sides[f"{JPEG} encoder, every core"] = lambda: rows / encode_frames(frames, JPEG)
@@ -526,14 +526,14 @@ def _state_shape(
                 buffer.add_trajectories(part)
             buffer.flush()
         seconds = time.perf_counter() - start
-        shutil.rmtree(root / "rbzarr")
+        retire(root / "rbzarr")
         return rows / seconds
 
     def theirs() -> float:
         start = time.perf_counter()
         TorchRLPeer(flats, str(root / "torchrl"))
         seconds = time.perf_counter() - start
-        shutil.rmtree(root / "torchrl")
+        retire(root / "torchrl")
         return rows / seconds
 
     mine, peer = alternate([ours, theirs], repeats)

@@ -26,6 +26,7 @@ from rbzarr.trajectory.model import Trajectory, trajectory_from_raw, validate
 
 __all__ = [
     "add_all",
+    "add_latency",
     "clone_trajectory",
     "interleaved",
     "machine",
@@ -113,13 +114,21 @@ def clone_trajectory(trajectory: Trajectory) -> Trajectory:
     return trajectory_from_raw(fields, trajectory.max_episode_length, trajectory.model_weights_id)
 
 
-def add_all(buffer: TrajectoryReplayBuffer, trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """Add one trajectory per call; p50/p99 call latency against a ``clone`` of each."""
-    adds, copies = [], []
+def add_all(buffer: TrajectoryReplayBuffer, trajectories: Sequence[Trajectory]) -> list[float]:
+    """Seconds of each ``add_trajectories`` call, one trajectory per call."""
+    adds = []
     for trajectory in trajectories:
         start = time.perf_counter()
         buffer.add_trajectories([trajectory])
         adds.append(time.perf_counter() - start)
+    return adds
+
+
+def add_latency(adds: Sequence[float], trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """p50/p99 of the ``adds`` (seconds, from :func:`add_all`) against a ``clone`` of each
+    trajectory, the clones timed now: after the writes, off a writer's clock."""
+    copies = []
+    for trajectory in trajectories:
         start = time.perf_counter()
         cloned = [value.clone() for value in trajectory.tensors().values()]
         copies.append(time.perf_counter() - start)

@@ -10,7 +10,8 @@
   window's last 100 trajectories (written by the zarr layout).  ``resume`` is
   ``TrajectoryReplayBuffer(auto_save=True, ...)`` + ``load_checkpoint`` of that store;
   ``open`` is ``open_buffer(url, sample_window_size=100)`` + the first ``sample(256)``, in a
-  fresh process that reports its peak RSS.
+  fresh process that reports its peak RSS (``imported``: the same after importing the
+  modules rbzarr imports on first use, which the figure includes).
 * ``durable``: ms per ``flush()`` of one tiny trajectory with ``durable=False`` and ``True``.
 * ``writes``: rows/s of the buffer's writes against TorchRL's ``LazyMemmapStorage.extend`` on
   the same state and image rows (:mod:`benchmarks.write_rows`: TorchRL's first pass over new
@@ -160,6 +161,8 @@ def resume(
 OPEN_CHILD = """
 import json, sys, time
 import torch, rbzarr, rbzarr.analysis  # the imports: not what an open costs
+if len(sys.argv) > 2:  # and the modules rbzarr imports on an open's first use (`imported`)
+    import rbzarr.analysis.view, rbzarr.storage.zarr.layout, rbzarr.storage.io.local_store
 
 def peak_mb():  # VmHWM: this process's peak (ru_maxrss keeps the forking parent's across exec)
     for line in open("/proc/self/status"):
@@ -168,24 +171,31 @@ def peak_mb():  # VmHWM: this process's peak (ru_maxrss keeps the forking parent
     return float("nan")
 
 after_import = peak_mb()
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 view = rbzarr.open_buffer(sys.argv[1], sample_window_size=100, seed=1)
 batch = view.sample(256)
-seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "len": len(view), "rows": int(batch["rewards"].shape[0]),
-                  "peak_rss_mb": peak_mb(), "rss_after_import_mb": after_import}))
+seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+print(json.dumps({"seconds": seconds, "cpu_seconds": cpu, "len": len(view),
+                  "rows": int(batch["rewards"].shape[0]), "peak_rss_mb": peak_mb(),
+                  "rss_after_import_mb": after_import}))
 """
 
 
 def open_view(store: Path) -> dict[str, Any]:
-    """``open_buffer`` + the first ``sample(256)`` in a fresh process, with its peak RSS."""
-    done = subprocess.run(
-        [sys.executable, "-c", OPEN_CHILD, str(store)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """``open_buffer`` + the first ``sample(256)`` in a fresh process, with its peak RSS; and
+    in ``imported``, the same in a process that imported the view's modules before the clock
+    (the difference is what the first use's imports cost)."""
+    figures = []
+    for extra in ([], ["imported"]):
+        done = subprocess.run(
+            [sys.executable, "-c", OPEN_CHILD, str(store), *extra],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        figures.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first, imported = figures
+    return {**first, "imported": {k: imported[k] for k in ("seconds", "cpu_seconds")}}
 
 
 def appending(buffer: TrajectoryReplayBuffer, count: int, flush_every: int) -> float:

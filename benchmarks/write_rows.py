@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.limits import copy_arrays, paired_ratio, spread, write_files
+from benchmarks.limits import copy_arrays, paired_ratio, retire, spread, write_files
 from rbzarr import Trajectory, TrajectoryReplayBuffer
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.zarr.layout import ZarrLayout
@@ -195,7 +195,7 @@ def measure(name: str, repeats: int, workdir: str, options: dict[str, Any]) -> d
                 runs["torchrl_first"].append(first)
                 runs["torchrl_again"].append(again)
             sizes[writer] = disk_bytes(root)
-            shutil.rmtree(root)
+            retire(root)
     # rbzarr's store also holds the trajectory written before its clock started.
     written = {"rbzarr": raw + raw // len(trajectories), "torchrl": raw}
     result: dict[str, Any] = {"rows": rows, "raw_bytes": raw}
@@ -269,7 +269,7 @@ def tiny_writes(workdir: str, count: int, batches: int, durable: bool) -> dict[s
     files = sum(len(names) for _, _, names in os.walk(group))
     folders = sum(len(names) for _, names, _ in os.walk(group)) + 1
     disk, _ = disk_bytes(os.path.join(root, "trajectories"))
-    shutil.rmtree(root)
+    retire(root)
     return {
         "wall_ms": min(walls),
         "wall_ms_median": statistics.median(walls),

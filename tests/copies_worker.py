@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from rbzarr import Trajectory, TrajectoryReplayBuffer
+from rbzarr.trajectory.staging import release_idle
 
 T, B, SIDE = 4, 2, 416
 
@@ -54,6 +55,8 @@ def copies(url: str, local_cache_dir: str | None = None) -> float:
         buffer.flush()
         trajectory = frames_trajectory(1)
         size = sum(v.numel() * v.element_size() for v in trajectory.tensors().values())
+        # The first add's staging memory would be reused, its copy not seen: unmapped first.
+        release_idle()
         Path("/proc/self/clear_refs").write_text("5")  # the high-water mark := resident now
         before = _status("VmRSS")
         buffer.add_trajectories([trajectory])

@@ -7,7 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.limits import alternate, copy_arrays, paired_ratio, spread, write_files
+from benchmarks.limits import (
+    alternate,
+    copy_arrays,
+    paired_ratio,
+    retire,
+    spread,
+    write_files,
+)
 
 
 def test_sides_alternate_in_abba_order() -> None:
@@ -34,21 +41,21 @@ def test_ratios_pair_the_sides_of_one_round() -> None:
         paired_ratio([1.0], [1.0, 2.0])
 
 
-def test_the_write_limit_writes_every_byte_into_new_files(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_the_write_limit_writes_every_byte_into_new_files_then_retires_them(
+    tmp_path: Path,
 ) -> None:
     arrays = [np.arange(1000, dtype=np.int32), np.ones((3, 5, 7), dtype=np.uint8)]
-    written: dict[str, bytes] = {}
-    removed: list[Path] = []
-
-    def keep(folder: Path) -> None:  # read the files back before they are removed
-        written.update({p.name: p.read_bytes() for p in folder.iterdir()})
-        removed.append(folder)
-
-    monkeypatch.setattr("benchmarks.limits.shutil.rmtree", keep)
     assert write_files(arrays, tmp_path / "limit") > 0
+    # moved aside, not removed: the next round's creates do not scan freed inodes
+    assert not (tmp_path / "limit").exists()
+    (retired,) = (tmp_path / ".retired").iterdir()
+    assert retired.name.startswith("limit-")
+    written = {p.name: p.read_bytes() for p in retired.iterdir()}
     assert written == {"0.bin": arrays[0].tobytes(), "1.bin": arrays[1].tobytes()}
-    assert removed == [tmp_path / "limit"]
+    assert write_files(arrays, tmp_path / "limit") > 0  # the name is free again
+    assert len(list((tmp_path / ".retired").iterdir())) == 2
+    (tmp_path / "taken").mkdir()
     with pytest.raises(FileExistsError):  # fresh files only
-        write_files(arrays, tmp_path / "limit")
+        write_files(arrays, tmp_path / "taken")
+    retire(tmp_path / "never-made")  # nothing to move
     assert copy_arrays(arrays) > 0

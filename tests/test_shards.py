@@ -7,9 +7,11 @@ import json
 import mmap
 import multiprocessing
 import os
+import re
 import shutil
 import struct
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +28,23 @@ from conftest import (
     make_trajectory,
     store_reader,
 )
+from faults import HANG_SECONDS, OUTAGE_CALLS, InjectedFault
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from zarr.codecs import ZstdCodec
 
 from benchmarks.page_cache import evict
-from rbzarr import CorruptStoreError, Trajectory, TrajectoryReplayBuffer
+from rbzarr import (
+    CorruptStoreError,
+    StorageUnavailableError,
+    Trajectory,
+    TrajectoryReplayBuffer,
+)
 from rbzarr.analysis.verify import verify_store
 from rbzarr.analysis.view import open_buffer
+from rbzarr.storage.io.local_store import RegularFileStore
 from rbzarr.storage.io.location import Location
+from rbzarr.storage.zarr import open as open_module
 from rbzarr.storage.zarr import shard_index
 from rbzarr.storage.zarr.layout import ZarrLayout
 from rbzarr.storage.zarr.local import decode_whole
@@ -271,6 +281,53 @@ def test_reset_row_elements_match_raw_time_rows(T: int, B: int, epochs: int, dat
     flat = np.array(data.draw(st.lists(st.integers(0, T * B - 1), max_size=20)), dtype=np.int64)
     raw = raw_time_rows(torch.from_numpy(flat // B), T, T + epochs).numpy()
     np.testing.assert_array_equal(reset_row_elements(flat, T, B, epochs), raw * B + flat % B)
+
+
+# -- opening a local store: no round through zarr's event loop ----------------------------
+def test_a_local_view_opens_its_trajectories_in_the_calling_thread(tmp_path: Path, monkeypatch):
+    # A round to zarr's loop (and its reading threads) per trajectory costs more than the
+    # reads themselves, and much more on a busy host: local layout-2 groups make none.
+    store = build(tmp_path / "s")
+    rounds: list[object] = []
+    real_sync = open_module.sync
+
+    def counted(coroutine: Any, nbytes: int = 0) -> Any:
+        rounds.append(coroutine)
+        return real_sync(coroutine, nbytes)
+
+    monkeypatch.setattr(open_module, "sync", counted)
+    view = open_buffer(store, seed=1)
+    assert_rows_consistent(view.sample(64))
+    assert view.trajectory(2) is not None
+    assert rounds == []
+
+
+@pytest.mark.parametrize("kind", ["fail", "outage", "hang"])
+def test_a_failing_group_document_read_is_a_storage_error_and_heals(
+    tmp_path: Path, monkeypatch, kind: str
+) -> None:
+    # The local group documents are read with the store's get_sync: its faults, as at the seam.
+    store = build(tmp_path / "s")
+    failing = {"fail": 1, "outage": OUTAGE_CALLS, "hang": 0}[kind]
+    reads: list[str] = []
+    real_get = RegularFileStore.get_sync
+
+    def flaky(self: RegularFileStore, key: str, **kwargs: Any) -> Any:
+        if key.startswith("trajectories/") and key.endswith("/zarr.json"):
+            reads.append(key)
+            if kind == "hang" and len(reads) == 1:
+                time.sleep(HANG_SECONDS)
+            if len(reads) <= failing:
+                raise InjectedFault(f"get_sync({key})")
+        return real_get(self, key, **kwargs)
+
+    monkeypatch.setattr(RegularFileStore, "get_sync", flaky)
+    view = open_buffer(store, seed=1)
+    for _ in range(failing):  # each sample meets one failed read, then gives up
+        with pytest.raises(StorageUnavailableError, match=re.escape(str(store))):
+            view.sample(64)
+    assert_rows_consistent(view.sample(64))  # storage healed: nothing was cached broken
+    assert len(reads) == failing + 3
 
 
 # -- bad input: one test per kind of damage ---------------------------------------------

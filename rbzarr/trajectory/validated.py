@@ -18,6 +18,7 @@ from rbzarr.trajectory.model import (
     trajectory_from_raw,
     validate,
 )
+from rbzarr.trajectory.staging import staging_buffer
 
 __all__ = [
     "STAGING_TAIL",
@@ -53,7 +54,7 @@ def _staged_clone(trajectory: Trajectory) -> tuple[Trajectory, dict[str, np.ndar
         if value.device.type != "cpu" or nbytes < STAGING_MIN_BYTES:
             fields[key] = value.clone()
             continue
-        buffer = np.empty(nbytes + STAGING_TAIL, np.uint8)
+        buffer = staging_buffer(nbytes + STAGING_TAIL)
         copy = torch.from_numpy(buffer[:nbytes]).view(value.dtype).view(value.shape)
         fields[key] = copy.copy_(value)
         staging[key] = buffer

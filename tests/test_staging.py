@@ -1,0 +1,76 @@
+"""The staging pool: memory lent for staged copies comes back only once nothing holds it."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rbzarr.trajectory.staging import BLOCK_BYTES, StagingPool
+
+
+def _address(array: np.ndarray) -> int:
+    return int(array.ctypes.data)
+
+
+def test_a_block_is_lent_again_only_after_its_last_view_and_tensor_are_gone() -> None:
+    pool = StagingPool(idle_bytes=8 * BLOCK_BYTES)
+    first = pool.lend(BLOCK_BYTES + 1000)
+    where = _address(first)
+    view = first[10:20]
+    tensor = torch.from_numpy(first[:400]).view(torch.int32)
+    del first
+    gc.collect()
+    assert pool.kept == 0  # the view and the tensor still hold it
+    other = pool.lend(BLOCK_BYTES + 1000)
+    assert _address(other) != where
+    del view
+    gc.collect()
+    assert pool.kept == 0
+    del tensor
+    gc.collect()
+    assert pool.kept == 2 * BLOCK_BYTES
+    again = pool.lend(2 * BLOCK_BYTES)  # the same size class
+    assert _address(again) == where
+    assert pool.kept == 0
+    del other, again
+
+
+def test_the_pool_keeps_no_more_idle_bytes_than_it_may() -> None:
+    pool = StagingPool(idle_bytes=2 * BLOCK_BYTES)
+    lent = [pool.lend(BLOCK_BYTES) for _ in range(3)]
+    del lent
+    gc.collect()
+    assert pool.kept == 2 * BLOCK_BYTES  # the third block was unmapped
+    assert pool.release_idle() == 2 * BLOCK_BYTES
+    assert pool.kept == 0
+    assert pool.lend(BLOCK_BYTES).nbytes == BLOCK_BYTES  # a new block, back at once
+    gc.collect()
+    assert pool.kept == BLOCK_BYTES
+    small = pool.lend(10)  # below a block: the allocator's own memory, never pooled
+    del small
+    gc.collect()
+    assert pool.kept == BLOCK_BYTES
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 3 * BLOCK_BYTES), min_size=1, max_size=6),
+    keep=st.lists(st.booleans(), min_size=6, max_size=6),
+)
+def test_memory_in_use_is_never_lent_twice(sizes: list[int], keep: list[bool]) -> None:
+    pool = StagingPool(idle_bytes=16 * BLOCK_BYTES)
+    held: list[tuple[np.ndarray, int]] = []
+    for round_, nbytes in enumerate(sizes):
+        array = pool.lend(nbytes)
+        assert array.nbytes == nbytes and array.flags.writeable
+        array[:] = round_ % 251
+        held.append((array, round_ % 251))
+        if not keep[round_]:
+            held.pop(0)
+            gc.collect()
+        for kept, value in held:  # nothing lent since overwrote what is still held
+            assert kept[0] == value and kept[-1] == value
