@@ -69,9 +69,11 @@ def rbzarr_commits(store: Path, warm: int, count: int) -> dict[str, float]:
 
 
 def group_shape(store: Path) -> tuple[list[str], list[tuple[str, int]]]:
-    """The folders and the files (with their sizes) of the first trajectory group in
-    ``store``, relative to the group, parents first."""
-    group = next(p for p in sorted((store / "trajectories").iterdir()) if p.is_dir())
+    """The folders and the files (with their sizes) of the trajectory group in ``store``
+    holding the most files (an array of fill values has none), relative to the group,
+    parents first."""
+    groups = [p for p in (store / "trajectories").iterdir() if p.is_dir()]
+    group = max(sorted(groups), key=lambda p: sum(len(files) for *_, files in os.walk(p)))
     folders, files = [], []
     for root, names, leaves in os.walk(group):
         base = Path(root).relative_to(group)

@@ -11,8 +11,9 @@ from benchmarks.commit_rate import floor_commits, group_shape, main, rbzarr_comm
 def test_the_floor_makes_the_folders_and_files_of_a_committed_group(tmp_path: Path) -> None:
     rbzarr_commits(tmp_path / "store", 1, 2)
     folders, files = group_shape(tmp_path / "store")
-    # T=4, B=2, three keys: a folder and a shard per key, and the group's zarr.json
-    assert sorted(folders) == ["dones", "prev_logprobs", "rewards"]
+    # T=4, B=2, three keys, two of them zeros (no shard): the fullest group (trajectory 1,
+    # rewards of ones) has a folder and a shard for rewards, and the group's zarr.json
+    assert sorted(folders) == ["rewards"]
     shards = [f"{key}/c.0.0.0" for key in folders]
     assert sorted(name for name, _ in files) == sorted([*shards, "zarr.json"])
     floor_commits(tmp_path / "floor", (folders, files), 3)
@@ -30,7 +31,7 @@ def test_the_rounds_report_both_sides_and_their_ratio(tmp_path: Path) -> None:
     argv = ["--trajectories", "3", "--warm", "2", "--rounds", "1"]
     assert main([*argv, "--workdir", str(tmp_path), "--json", str(out)]) == 0
     commits = json.loads(out.read_text())["commits"]
-    assert commits["group"] == {"folders": 4, "files": 4}
+    assert commits["group"] == {"folders": 2, "files": 2}
     for side in ("rbzarr", "floor"):
         assert len(commits[side]["per_s"]["runs"]) == 1
         assert commits[side]["per_s"]["min"] > 0

@@ -38,7 +38,13 @@ from zarr.codecs import ZstdCodec
 from benchmarks.accounting import StoreGeometry
 from benchmarks.page_cache import evict
 from benchmarks.workloads import image_trajectory
-from rbzarr import CorruptStoreError, StorageUnavailableError, TrajectoryReplayBuffer
+from rbzarr import (
+    CorruptStoreError,
+    StorageUnavailableError,
+    Trajectory,
+    TrajectoryReplayBuffer,
+)
+from rbzarr.analysis.verify import verify_store
 from rbzarr.analysis.view import open_buffer
 from rbzarr.storage.io.local_store import RegularFileStore
 from rbzarr.storage.io.location import Location
@@ -431,3 +437,68 @@ def test_damaged_layout_description_is_a_named_error(tmp_path: Path) -> None:
     group.write_text(json.dumps(document))
     with pytest.raises(CorruptStoreError, match="trajectories/1"):
         sample_from_storage(store)
+
+
+# -- arrays of fill values store no shard ------------------------------------------------
+def fill_trajectory() -> Any:
+    """Two arrays with data (``actions`` holds -0.0: not the fill value's bytes), three whose
+    every element is the fill value."""
+    T, B = 4, 2
+    return Trajectory(
+        rewards=torch.arange(T * B, dtype=torch.float32).reshape(T, B, 1),
+        actions=torch.full((T, B, 2), -0.0),
+        dones=torch.zeros(T, B, 1, dtype=torch.bool),
+        prev_logprobs=torch.zeros(T, B, 7),
+        forward_inputs={"tokens": torch.zeros(T, B, 2, dtype=torch.bfloat16)},
+    )
+
+
+FILLED = ("dones", "prev_logprobs", "forward_inputs/tokens")
+
+
+def bits(value: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``value`` (``-0.0`` and ``0.0`` differ)."""
+    return value.contiguous().view(torch.uint8)
+
+
+def test_an_array_of_fill_values_stores_no_shard_and_every_reader_reads_it(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "s"
+    want = fill_trajectory()
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store) as buffer:
+        buffer.add_trajectories([want])
+    group = store / "trajectories" / "0"
+    assert sorted(p.name for p in group.iterdir()) == ["actions", "rewards", "zarr.json"]
+    for key in FILLED:
+        assert description(store, 0, key)["fill"] is True
+    plain = zarr.open_group(str(store), mode="r")["trajectories/0"]
+    assert isinstance(plain, zarr.Group)
+    for key, value in want.tensors().items():  # plain zarr: a missing chunk is its fill
+        got = torch.from_numpy(np.asarray(plain[key][...]))
+        assert torch.equal(bits(got), bits(to_numpy_tensor(value))), key
+    with store_reader(store) as reader:
+        got = reader.trajectory(0).tensors()
+        for key, value in want.tensors().items():
+            assert got[key].dtype == value.dtype and torch.equal(bits(got[key]), bits(value)), key
+        batch = reader.sample(16)
+        assert not batch["dones"].any() and not batch["prev_logprobs"].any()
+        assert torch.equal(bits(batch["actions"]), bits(torch.full(batch["actions"].shape, -0.0)))
+    assert verify_store(str(store)).ok
+
+
+def test_a_fill_array_described_without_its_copy_is_a_named_error(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store) as buffer:
+        buffer.add_trajectories([fill_trajectory()])
+    path = store / "trajectories" / "0" / "zarr.json"
+    document = json.loads(path.read_bytes())
+    del document["attributes"]["rbzarr_layout"]["arrays"]["dones"]["inline"]
+    path.write_text(json.dumps(document))
+    with pytest.raises(CorruptStoreError, match="trajectories/0/dones: described as all fill"):
+        open_buffer(store).trajectory(0)
+
+
+def to_numpy_tensor(value: torch.Tensor) -> torch.Tensor:
+    """``value`` as zarr holds it (bfloat16 as its uint16 bits)."""
+    return torch.from_numpy(np.ascontiguousarray(to_numpy(value)))

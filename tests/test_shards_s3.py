@@ -7,8 +7,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from conftest import assert_rows_consistent, make_trajectory, store_reader
-from test_shards import DAMAGE, ZSTD, undecodable
+from test_shards import DAMAGE, ZSTD, bits, fill_trajectory, undecodable
 from zarr.codecs import ZstdCodec
 
 from benchmarks.accounting import CountingByteSource
@@ -225,3 +226,23 @@ def _damage(url: str, options: dict[str, Any], transform: Any) -> None:
     described = group["attributes"]["rbzarr_layout"]["arrays"]["curr_obs/state"]
     names = ("curr_obs", "state", "c", "0", "0", "0")
     location.write_bytes(transform(location.read_bytes(*names), described), *names)
+
+
+def test_an_array_of_fill_values_puts_no_object_and_reads_back_with_and_without_the_cache(
+    s3_bucket: str, s3_options: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    monkeypatch.setattr(remote, "INLINE_SHARD_BYTES", INLINE_DEFAULT)
+    url = f"s3://{s3_bucket}/store"
+    want = fill_trajectory()
+    with TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=url, storage_options=s3_options
+    ) as buffer:
+        buffer.add_trajectories([want])
+    stored = Location.from_url(url, s3_options).list_files("trajectories", "0")
+    assert sorted(stored) == ["actions/c/0/0/0", "rewards/c/0/0/0", "zarr.json"]
+    for options in ({}, {"local_cache_dir": tmp_path / "cache"}):
+        with store_reader(url, s3_options, **options) as buffer:
+            got = buffer.trajectory(0).tensors()
+            for key, value in want.tensors().items():
+                assert torch.equal(bits(got[key]), bits(value)), key
+            assert not buffer.sample(16)["dones"].any()

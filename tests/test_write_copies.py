@@ -105,7 +105,7 @@ def test_each_storage_call_of_a_staged_write_fails_then_heals(
         return Trajectory(
             max_episode_length=T,
             rewards=torch.randn(T, B, generator=g),
-            dones=torch.zeros(T, B, dtype=torch.bool),
+            dones=torch.eye(T, B, dtype=torch.bool),  # not all fill values: a shard is written
             curr_obs={"image": torch.randint(0, 256, small, generator=g, dtype=torch.uint8)},
         )
 

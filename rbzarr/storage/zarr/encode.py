@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "FILL_CHECK_BYTES",
     "LOCAL_SEPARATOR",
     "EncodedArray",
     "dimension_names",
@@ -56,12 +57,20 @@ class EncodedArray:
         What the trajectory group's attributes record of the array: ``kind``, ``shape``,
         ``dtype``, ``inner``, ``checksum``, ``shard_bytes`` and the chunk key's
         ``separator``.
+    fill
+        The array is small (at most :data:`FILL_CHECK_BYTES`) and its bytes are all zero:
+        every element is Zarr's fill value (``-0.0`` is not: it would read back as ``0.0``).
     """
 
     document: bytes
     shard: list[Any]
     description: dict[str, Any]
+    fill: bool = False
 
+
+# Arrays up to this size are checked for being all fill values (a file costs more than the
+# check; a large array's file is a small share of its write).
+FILL_CHECK_BYTES = 16 << 10
 
 # The most frames of a lossy key decoded again to measure its PSNR, per trajectory, and the
 # share of its frames they are at most (but 2: the first and the last).
@@ -151,7 +160,8 @@ def encode_array(
     }
     if measured is not None:
         description["psnr"], description["psnr_frames"] = measured
-    return EncodedArray(document, shard, description)
+    fill = data.nbytes <= FILL_CHECK_BYTES and not data.reshape(-1).view(np.uint8).any()
+    return EncodedArray(document, shard, description, fill)
 
 
 def one_buffer(parts: list[Any]) -> bytes | memoryview:

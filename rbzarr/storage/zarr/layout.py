@@ -86,7 +86,7 @@ from rbzarr.storage.zarr.publish import GroupPublisher, GroupWrite
 from rbzarr.storage.zarr.remote import DEFAULT_RANGE_GAP
 from rbzarr.storage.zarr.shard_cache import DEFAULT_LOCAL_CACHE_BYTES, ShardCache, cache_key
 from rbzarr.storage.zarr.sharded import ShardedTrajectory
-from rbzarr.storage.zarr.spec import parse_specs
+from rbzarr.storage.zarr.spec import FILL, parse_specs
 from rbzarr.storage.zarr.window_table import WindowTable
 from rbzarr.trajectory.dtypes import (
     dtype_from_name,
@@ -296,7 +296,13 @@ class ZarrLayout(TrajectoryLayout):
     def _missing_parts(self, entry: Entry) -> list[str]:
         # docstring inherited
         found = []
-        for name, node in self.group_arrays(self.zarr_group(entry)).items():
+        group = self.zarr_group(entry)
+        layout = group.attrs.get(sharded.LAYOUT_ATTR)
+        described = layout.get("arrays") if isinstance(layout, dict) else None
+        for name, node in self.group_arrays(group).items():
+            about = described.get(name) if isinstance(described, dict) else None
+            if isinstance(about, dict) and about.get(FILL) is True:
+                continue  # no shard stored: its fill values (its copy is read and checked)
             if node.nchunks > MAX_ARRAY_CHUNKS:  # never walk a grid of any size
                 found.append(
                     f"array {name!r} declares {node.nchunks} chunks, more than the "
@@ -602,6 +608,8 @@ class ZarrLayout(TrajectoryLayout):
         cache.put_group_document(key, json.dumps(document).encode())
         for array_key, spec in parse_specs(description, where).items():
             assert spec is not None  # a trajectory without zarr-kind arrays
+            if spec.fill:  # not stored: its copy is in the group's document
+                continue
             parts = files[f"{array_key}/{shard_key(len(spec.shape), spec.separator)}"]
             data = one_buffer(parts)
             if cache.put_shard(key, array_key, spec, data, f"{where}/{array_key}") is not None:

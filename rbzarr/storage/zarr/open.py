@@ -279,7 +279,7 @@ class TrajectoryOpener:
         if cache is None or ckey is None:
             return
         for key, shard in list(handles.remote.items()):
-            if shard.data is None:
+            if shard.data is None or shard.spec.fill:  # a shard not stored stays with them
                 continue
             copy = cache.open_shard(ckey, key, shard.spec, shard.where)
             if copy is None:

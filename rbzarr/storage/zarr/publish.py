@@ -102,13 +102,11 @@ class GroupPublisher:
     @staticmethod
     def _write_files(folder: str, write: GroupWrite, durable: bool, made: list[str]) -> None:
         """Write the new group folder's contents, adding each path to ``made`` before it
-        is created; its document last."""
+        is created; its document last.  Only the folders holding files are made (an array
+        of fill values has no shard: zarr needs no folder for it)."""
         subgroups = _subgroups(write.fields)
-        for sub in _with_parents(subgroups):
+        for sub in _with_parents(_subgroups(write.files)):
             made.append(os.path.join(folder, *sub.split("/")))
-            os.mkdir(made[-1])
-        for key in write.fields:
-            made.append(os.path.join(folder, *key.split("/")))
             os.mkdir(made[-1])
         for name, parts in write.files.items():
             made.append(os.path.join(folder, *name.split("/")))
@@ -346,7 +344,8 @@ def _remove_made(made: Sequence[str]) -> None:
 
 
 def _subgroups(fields: Mapping[str, Any]) -> list[str]:
-    """The subgroups holding the arrays of nested ``fields`` keys (``a/b`` is in ``a``)."""
+    """The folders holding nested ``fields`` keys (``a/b`` is in ``a``): the subgroups of
+    the arrays, or the arrays of the files."""
     return sorted({key.rsplit("/", 1)[0] for key in fields if "/" in key})
 
 

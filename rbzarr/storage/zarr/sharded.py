@@ -37,7 +37,7 @@ from rbzarr.storage.zarr.remote import (
     open_inline,
     open_remote,
 )
-from rbzarr.storage.zarr.spec import ArraySpec, check_document, parse_specs
+from rbzarr.storage.zarr.spec import FILL, ArraySpec, check_document, parse_specs
 from rbzarr.trajectory.dtypes import storage_dtype
 
 if TYPE_CHECKING:
@@ -143,9 +143,12 @@ def encode_trajectory(
                 shared = next_obs.describe(explicit, pair, T, B)
         encoded = encode_array(key, stored, plan, T, B, separator, staging.get(key))
         documents[key] = _parsed(encoded.document)
-        files[f"{key}/{shard_key(stored.dim(), separator)}"] = encoded.shard
         arrays[key] = {**encoded.description, **shared}
-        copy = inline_copy(encoded.shard) if inline else None
+        copy = inline_copy(encoded.shard) if inline or encoded.fill else None
+        if encoded.fill and copy is not None:  # no shard object: zarr reads its fill values
+            arrays[key] = {**arrays[key], FILL: True, INLINE: copy}
+            continue
+        files[f"{key}/{shard_key(stored.dim(), separator)}"] = encoded.shard
         if copy is not None:
             arrays[key] = {**arrays[key], INLINE: copy}
     return files, {"version": VERSION, "arrays": arrays}, documents
@@ -191,7 +194,7 @@ def describe_sharded(
         _check_shape(spec, T, B, f"{where}/{key}", entry_shape)
         array = folder.child(*key.split("/"))
         path = array.join(*shard_key(len(spec.shape), spec.separator).split("/"))
-        if location.is_local:
+        if location.is_local and not spec.fill:
             if isinstance(members, dict):
                 document = members.get(key)
             else:
@@ -201,6 +204,11 @@ def describe_sharded(
             opened.local[key] = LocalShard(path, spec, f"{where}/{key}")
         else:
             inline = open_inline(layout["arrays"][key], spec, path, f"{where}/{key}")
+            if inline is None and spec.fill:
+                raise CorruptStoreError(
+                    f"{where}/{key}: described as all fill values (no shard stored) but its "
+                    "description carries no copy of the shard"
+                )
             if inline is None:
                 pending.append((key, path, spec, f"{where}/{key}"))
             else:
@@ -363,7 +371,10 @@ def read_whole_shards(
     remote = []
     for position, key in enumerate(keys):
         local = opened.local.get(key)
-        if location.is_local:
+        held = opened.remote.get(key)
+        if held is not None and held.data is not None:  # a copy in the description
+            blobs[position] = held.data
+        elif location.is_local:
             blobs[position] = _read_file(paths[position])
         elif local is not None:  # a local copy of a remote shard (unless evicted since)
             blobs[position] = _read_file(local.path)

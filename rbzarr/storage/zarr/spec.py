@@ -20,8 +20,12 @@ from rbzarr.storage.zarr import shard_index
 from rbzarr.storage.zarr.codec import Codec
 from rbzarr.storage.zarr.codecs import RAW, image_layout, stored_codec
 
-__all__ = ["KINDS", "MAX_CHUNK_BYTES", "ArraySpec", "check_document", "parse_specs"]
+__all__ = ["FILL", "KINDS", "MAX_CHUNK_BYTES", "ArraySpec", "check_document", "parse_specs"]
 
+# The key of a description that marks an array whose every element is the fill value (its
+# bytes all zero): no shard object is stored (zarr reads a missing chunk as the fill value)
+# and the description carries its shard's copy (``inline``), which rbzarr reads.
+FILL = "fill"
 # The kinds of array a layout description names for rbzarr's own readers.
 KINDS = ("mapped", "chunked", "image")
 # The largest decoded inner chunk a description may ask for (rbzarr writes ~64 KiB ones, or
@@ -75,6 +79,9 @@ class ArraySpec:
         ``explicit[m]``), else ``None``.
     coder
         The codec ``kind`` and ``codec`` name (:func:`~rbzarr.storage.zarr.codecs.stored_codec`).
+    fill
+        Every element is the fill value: no shard object is stored, the description
+        carries the shard (:data:`FILL`).
     """
 
     key: str
@@ -91,6 +98,7 @@ class ArraySpec:
     rows: tuple[int, ...] = ()
     explicit: np.ndarray | None = field(default=None, compare=False)
     coder: Codec = field(default=RAW, compare=False)
+    fill: bool = False
 
     @classmethod
     def parse(cls, key: str, description: Any, where: str) -> ArraySpec:
@@ -110,6 +118,7 @@ class ArraySpec:
                 same_as=str(description.get("same_as", "")),
                 rows=tuple(int(d) for d in description.get("rows", ())),
                 explicit=_explicit(description.get("explicit")),
+                fill=description.get(FILL, False) is True,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptStoreError(f"{where}: unreadable layout description: {exc}") from exc
