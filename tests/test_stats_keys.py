@@ -71,5 +71,18 @@ def test_stats_of_some_keys_requests_only_those_arrays_on_s3(
     s3_proxy.reset_log()
     report = compute_stats(url, keys=["rewards"], storage_options=s3_options)
     assert report["keys"]["rewards"]["count"] == 24
-    # rewards, and dones for the episodes: no other array of any trajectory.
+    # rewards, and dones for the episodes: no other array of any trajectory. Shards this
+    # small are read from the copies in the group documents: no request for them either.
+    keys = [r.key for r in s3_proxy.requests]
+    assert arrays_requested(keys) == set()
+    assert sum(key.endswith("/zarr.json") for key in keys) >= 3  # each trajectory's group
+    # Shards too large to copy there (T=1024, B=4: 32 KiB of rewards) are fetched: only those.
+    big = f"s3://{s3_bucket}/big"
+    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=big, storage_options=s3_options)
+    buffer.add_trajectories([make_trajectory(1024, 4, 0)])
+    buffer.close()
+    s3_proxy.reset_log()
+    assert compute_stats(big, keys=["rewards"], storage_options=s3_options)["keys"]["rewards"][
+        "count"
+    ] == (1024 * 4)
     assert arrays_requested([r.key for r in s3_proxy.requests]) == {"rewards", "dones"}
