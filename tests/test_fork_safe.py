@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from conftest import make_trajectory
 
 from rbzarr import TrajectoryReplayBuffer
+from rbzarr.storage.zarr import regions
 from rbzarr.trajectory.staging import BLOCK_BYTES, staging_buffer
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
@@ -64,3 +67,20 @@ def test_a_child_forked_while_a_thread_stages_copies_stages_its_own() -> None:
         staging_buffer(BLOCK_BYTES)  # lent and, dropped at once, taken back
 
     assert _forks_finish(stage, stage) == []
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="regions map with Linux's mmap")
+def test_a_child_forked_while_a_thread_maps_shards_maps_its_own(tmp_path: Path) -> None:
+    shard = tmp_path / "shard"
+    shard.write_bytes(bytes(range(256)) * 64)  # 16 KiB: 128 rows of 128 bytes
+    fd = os.open(shard, os.O_RDONLY)
+
+    def map_one() -> None:
+        bay = regions.place(fd, 16 << 10, 128)
+        assert bay is not None
+        bay.release()
+
+    try:
+        assert _forks_finish(map_one, map_one) == []
+    finally:
+        os.close(fd)

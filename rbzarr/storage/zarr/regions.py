@@ -105,6 +105,10 @@ class MapBudget:
         """Hand back ``count`` mappings."""
         self._returned.append(count)
 
+    def renew_lock(self) -> None:
+        """A new lock (in a forked child, where another thread may have held the old one)."""
+        self._lock = threading.Lock()
+
 
 def _max_map_count() -> int:
     try:
@@ -237,6 +241,10 @@ class Region:
         for row in np.unique(rows).tolist():
             _madvise(self.address + row * self.row_bytes, self.row_bytes, mmap.MADV_WILLNEED)
 
+    def renew_lock(self) -> None:
+        """A new lock (in a forked child, where another thread may have held the old one)."""
+        self._lock = threading.Lock()
+
     def release(self, bay: int) -> None:
         """Put the reservation back over ``bay`` (nothing else can map there) and free it.
 
@@ -317,6 +325,22 @@ POPULATED = MapBudget(_memory_bytes() // 4)
 
 _regions: dict[tuple[int, int], list[Region]] = {}
 _regions_lock = threading.Lock()
+
+
+def _renew_locks() -> None:
+    """In a forked child: new locks for the regions and the budgets, any of which another
+    thread of the parent may have held (the regions stay: the child has their mappings)."""
+    global _regions_lock  # noqa: PLW0603 - the module's one lock, replaced whole
+    _regions_lock = threading.Lock()
+    for budget in (MAP_BUDGET, POPULATED):
+        budget.renew_lock()
+    for family in _regions.values():
+        for region in family:
+            region.renew_lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_renew_locks)
 
 
 def place(fd: int, nbytes: int, row_bytes: int) -> Bay | None:
