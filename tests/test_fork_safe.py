@@ -7,7 +7,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,13 +41,13 @@ def _forks_finish(busy: Callable[[], object], in_child: Callable[[], object]) ->
                     in_child()
                 finally:
                     os._exit(0)
-            deadline = time.monotonic() + 5
-            while os.waitpid(pid, os.WNOHANG) == (0, 0):
-                if time.monotonic() > deadline:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                    return [pid]
-                time.sleep(0.001)
+            waiter = threading.Thread(target=os.waitpid, args=(pid, 0), daemon=True)
+            waiter.start()
+            waiter.join(timeout=5)
+            if waiter.is_alive():  # hung: killed, then reaped by the waiter
+                os.kill(pid, signal.SIGKILL)
+                waiter.join()
+                return [pid]
     finally:
         stop.set()
         thread.join()
