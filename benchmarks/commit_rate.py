@@ -23,30 +23,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import tempfile
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from benchmarks.images import state_writes
-from benchmarks.limits import alternate, paired_ratio, retire, spread
+from benchmarks.limits import (
+    alternate,
+    clock,
+    floor_commits,
+    group_shape,
+    paired_ratio,
+    per_trajectory,
+    retire,
+    spread,
+)
 from benchmarks.scale import FLUSH_EVERY, WINDOW, tiny
 from rbzarr import TrajectoryReplayBuffer
 
 __all__ = ["main", "measure_commits"]
-
-
-def _clock() -> tuple[float, float, float]:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return time.perf_counter(), usage.ru_utime, usage.ru_stime
-
-
-def _per_trajectory(start: tuple[float, float, float], count: int) -> dict[str, float]:
-    end = _clock()
-    wall, user, system = (1e6 * (b - a) / count for a, b in zip(start, end, strict=True))
-    return {"per_s": 1e6 / wall, "wall_us": wall, "user_us": user, "system_us": system}
 
 
 def rbzarr_commits(store: Path, warm: int, count: int) -> dict[str, float]:
@@ -59,52 +54,13 @@ def rbzarr_commits(store: Path, warm: int, count: int) -> dict[str, float]:
             if i % FLUSH_EVERY == FLUSH_EVERY - 1:
                 buffer.flush()
         buffer.flush()
-        start = _clock()
+        start = clock()
         for i in range(warm, warm + count):
             buffer.add_trajectories([tiny(i)])
             if i % FLUSH_EVERY == FLUSH_EVERY - 1:
                 buffer.flush()
         buffer.flush()
-        return _per_trajectory(start, count)
-
-
-def group_shape(store: Path) -> tuple[list[str], list[tuple[str, int]]]:
-    """The folders and the files (with their sizes) of the trajectory group in ``store``
-    holding the most files (an array of fill values has none), relative to the group,
-    parents first."""
-    groups = [p for p in (store / "trajectories").iterdir() if p.is_dir()]
-    group = max(sorted(groups), key=lambda p: sum(len(files) for *_, files in os.walk(p)))
-    folders, files = [], []
-    for root, names, leaves in os.walk(group):
-        base = Path(root).relative_to(group)
-        folders += [str(base / name) for name in sorted(names)]
-        files += [(str(base / leaf), (Path(root) / leaf).stat().st_size) for leaf in leaves]
-    return folders, files
-
-
-def floor_commits(
-    folder: Path, shape: tuple[list[str], list[tuple[str, int]]], count: int
-) -> dict[str, float]:
-    """Per-trajectory figures of creating ``shape`` ``count`` times with bare ``os`` calls
-    (the marker, ``zarr.json``, written under a temporary name and renamed last)."""
-    folders, files = shape
-    payload = {name: b"\0" * size for name, size in files}
-    (folder / "trajectories").mkdir(parents=True)
-    start = _clock()
-    for i in range(count):
-        group = f"{folder}/trajectories/{i}"
-        os.mkdir(group)
-        for name in folders:
-            os.mkdir(f"{group}/{name}")
-        for name, data in payload.items():
-            final = f"{group}/{name}"
-            path = f"{final}.tmp-{uuid.uuid4().hex}" if name == "zarr.json" else final
-            handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-            os.write(handle, data)
-            os.close(handle)
-            if path != final:
-                os.replace(path, final)
-    return _per_trajectory(start, count)
+        return per_trajectory(start, count)
 
 
 def measure_commits(workdir: str, warm: int, count: int, rounds: int) -> dict[str, Any]:

@@ -54,6 +54,8 @@ from benchmarks.limits import (
     alternate,
     copy_arrays,
     encode_frames,
+    floor_commits,
+    group_shape,
     paired_ratio,
     retire,
     spread,
@@ -519,9 +521,12 @@ def _state_shape(
     trajectories: list[Trajectory], one_add: bool, root: Path, repeats: int
 ) -> dict[str, Any]:
     """The buffer's rows/s (one add of every trajectory, or one add each) against
-    ``LazyMemmapStorage.extend``'s, ``repeats`` alternating rounds."""
+    ``LazyMemmapStorage.extend``'s and the layout's floor (the same trajectory groups'
+    folders and files made with bare ``os`` calls, learnt from the buffer's first store),
+    ``repeats`` alternating rounds."""
     flats = _flats(trajectories)
     rows = sum(len(flat["rewards"]) for flat in flats)
+    shapes: list[tuple[list[str], list[tuple[str, int]]]] = []
 
     def ours() -> float:
         start = time.perf_counter()
@@ -530,8 +535,15 @@ def _state_shape(
                 buffer.add_trajectories(part)
             buffer.flush()
         seconds = time.perf_counter() - start
+        if not shapes:
+            shapes.append(group_shape(root / "rbzarr"))
         retire(root / "rbzarr")
         return rows / seconds
+
+    def floor() -> float:
+        found = floor_commits(root / "floor", shapes[0], len(trajectories))
+        retire(root / "floor")
+        return rows / (len(trajectories) * found["wall_us"] / 1e6)
 
     def theirs() -> float:
         start = time.perf_counter()
@@ -540,11 +552,14 @@ def _state_shape(
         retire(root / "torchrl")
         return rows / seconds
 
-    mine, peer = alternate([ours, theirs], repeats)
+    mine, peer, bare = alternate([ours, theirs, floor], repeats)  # ours first: the shape
     return {
         "rows_s": spread(mine),
         "LazyMemmapStorage.extend rows_s": spread(peer),
         "ratio": paired_ratio(mine, peer),
+        "layout floor rows_s": spread(bare),
+        "layout floor / LazyMemmapStorage.extend": paired_ratio(bare, peer),
+        "group": {"folders": len(shapes[0][0]) + 1, "files": len(shapes[0][1])},
     }
 
 

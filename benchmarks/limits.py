@@ -6,6 +6,10 @@
 * :func:`copy_arrays`: one ``numpy`` copy of each array into new memory (a ``memcpy``);
 * :func:`encode_frames`: a codec's own encoder on frames, on every core (a thread pool;
   imagecodecs releases the GIL);
+* :func:`floor_commits`: the folders and files of a trajectory group (:func:`group_shape`,
+  learnt from a store rbzarr wrote) created with bare ``os`` calls, as many times as
+  trajectories: what any writer of that layout pays, timed with :func:`clock` and
+  reported by :func:`per_trajectory`;
 * :func:`spread`: min / median / max of runs; :func:`paired_ratio`: the median of the
   per-round ratios of two sides timed in the same rounds;
 * :func:`retire`: a round's store moved aside, not removed, until its run's folder goes.
@@ -22,6 +26,7 @@ cost, not a writer's, and it falls hardest on the side that creates the most fil
 from __future__ import annotations
 
 import os
+import resource
 import statistics
 import time
 import uuid
@@ -36,9 +41,13 @@ from rbzarr.storage.zarr.codecs import parse_codec
 
 __all__ = [
     "alternate",
+    "clock",
     "copy_arrays",
     "encode_frames",
+    "floor_commits",
+    "group_shape",
     "paired_ratio",
+    "per_trajectory",
     "retire",
     "spread",
     "write_files",
@@ -116,3 +125,55 @@ def alternate(sides: Sequence[Callable[[], float]], rounds: int) -> list[list[fl
         for i in order:
             found[i].append(sides[i]())
     return found
+
+
+def clock() -> tuple[float, float, float]:
+    """Now: the wall clock, and this process's user and system CPU seconds."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return time.perf_counter(), usage.ru_utime, usage.ru_stime
+
+
+def per_trajectory(start: tuple[float, float, float], count: int) -> dict[str, float]:
+    """Per-trajectory rate and microseconds (wall, user, system) of ``count`` since ``start``."""
+    end = clock()
+    wall, user, system = (1e6 * (b - a) / count for a, b in zip(start, end, strict=True))
+    return {"per_s": 1e6 / wall, "wall_us": wall, "user_us": user, "system_us": system}
+
+
+def group_shape(store: Path) -> tuple[list[str], list[tuple[str, int]]]:
+    """The folders and the files (with their sizes) of the trajectory group in ``store``
+    holding the most files (an array of fill values has none), relative to the group,
+    parents first."""
+    groups = [p for p in (store / "trajectories").iterdir() if p.is_dir()]
+    group = max(sorted(groups), key=lambda p: sum(len(files) for *_, files in os.walk(p)))
+    folders, files = [], []
+    for root, names, leaves in os.walk(group):
+        base = Path(root).relative_to(group)
+        folders += [str(base / name) for name in sorted(names)]
+        files += [(str(base / leaf), (Path(root) / leaf).stat().st_size) for leaf in leaves]
+    return folders, files
+
+
+def floor_commits(
+    folder: Path, shape: tuple[list[str], list[tuple[str, int]]], count: int
+) -> dict[str, float]:
+    """Per-trajectory figures of creating ``shape`` ``count`` times with bare ``os`` calls
+    (the marker, ``zarr.json``, written under a temporary name and renamed last)."""
+    folders, files = shape
+    payload = {name: b"\0" * size for name, size in files}
+    (folder / "trajectories").mkdir(parents=True)
+    start = clock()
+    for i in range(count):
+        group = f"{folder}/trajectories/{i}"
+        os.mkdir(group)
+        for name in folders:
+            os.mkdir(f"{group}/{name}")
+        for name, data in payload.items():
+            final = f"{group}/{name}"
+            path = f"{final}.tmp-{uuid.uuid4().hex}" if name == "zarr.json" else final
+            handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            os.write(handle, data)
+            os.close(handle)
+            if path != final:
+                os.replace(path, final)
+    return per_trajectory(start, count)

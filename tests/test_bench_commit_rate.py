@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.commit_rate import floor_commits, group_shape, main, rbzarr_commits
+from benchmarks.commit_rate import main, rbzarr_commits
+from benchmarks.limits import floor_commits, group_shape
 
 
 def test_the_floor_makes_the_folders_and_files_of_a_committed_group(tmp_path: Path) -> None:

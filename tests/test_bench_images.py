@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from benchmarks.draws import DrawSequence, gather_rows, same_rows
 from benchmarks.frames import EPISODE_STEPS, image_keys, rollout, to_trajectory
-from benchmarks.images import images_targets, store_reader
+from benchmarks.images import _state_shape, _state_trajectory, images_targets, store_reader
 from benchmarks.workloads import image_trajectory
 from rbzarr import TrajectoryReplayBuffer
 from rbzarr.trajectory import tree
@@ -110,3 +110,21 @@ def test_the_sampled_stores_are_read_from_disk_not_held_in_memory(tmp_path: Path
     flats = [flatten_trajectory(t, validate(t)) for t in trajectories]
     draws = DrawSequence([validate(t).num_samples for t in trajectories], 16, seed=5)
     assert same_rows(batch, gather_rows(flats, *draws.at(0)))
+
+
+def test_state_writes_report_the_layouts_floor_beside_torchrl(tmp_path: Path) -> None:
+    """Each state shape times the buffer, ``LazyMemmapStorage.extend`` and the layout's
+    floor: the same groups' folders and files, learnt from the buffer's store, made with
+    bare ``os`` calls (a group is the trajectory's folder, one per array, the shards and
+    the document; an all-zero ``dones`` has no shard)."""
+    trajectories = [_state_trajectory(4, 2, 8, seed) for seed in range(2)]
+    found = _state_shape(trajectories, one_add=True, root=tmp_path, repeats=1)
+    arrays = len(trajectories[0].tensors())
+    shards = found["group"]["files"] - 1  # beside the group's document
+    assert arrays - 1 <= shards <= arrays
+    assert found["group"]["folders"] == 1 + 2 + shards  # curr_obs/ and next_obs/ hold state
+    for name in ("rows_s", "LazyMemmapStorage.extend rows_s", "layout floor rows_s"):
+        assert len(found[name]["runs"]) == 1 and found[name]["min"] > 0, name
+    ratio = found["layout floor / LazyMemmapStorage.extend"]["median"]
+    floor = found["layout floor rows_s"]["median"]
+    assert ratio == floor / found["LazyMemmapStorage.extend rows_s"]["median"]

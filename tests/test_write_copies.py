@@ -13,6 +13,7 @@ import itertools
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from faults import KINDS, Faults
 
 from rbzarr import Trajectory, TrajectoryReplayBuffer
 from rbzarr.storage.registry import open_store
+from rbzarr.storage.zarr import publish
 
 WORKER = Path(__file__).with_name("copies_worker.py")
 pytestmark = pytest.mark.skipif(
@@ -138,6 +140,64 @@ def test_each_storage_call_of_a_staged_write_fails_then_heals(
     calls = run(0, None, "fail")
     # The shards (rewards, dones, frames), the group's document, the log's record.
     assert len(calls) >= 5, calls
+    case = itertools.count(1)
+    for k in range(len(calls)):
+        for kind in KINDS:
+            run(next(case), k, kind)
+
+
+def test_each_file_written_side_by_side_fails_then_heals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group's large files are written on the io pool, side by side: each storage call of
+    such a write fails once, for a while, or hangs; the flush then commits the trajectory
+    once, whole, and the one before it stays."""
+    monkeypatch.setattr(publish, "PARALLEL_WRITE_BYTES", 256)  # each frame key is one such file
+    faults = Faults(monkeypatch)
+    threads: set[str] = set()
+    counted = publish.write_file
+
+    def write_file(*args: object, **kwargs: object) -> None:
+        threads.add(threading.current_thread().name)
+        counted(*args, **kwargs)
+
+    monkeypatch.setattr(publish, "write_file", write_file)
+
+    def trajectory(seed: int) -> Trajectory:
+        g = torch.Generator().manual_seed(seed)
+        frames = (T, B, 8, 8, 3)
+        return Trajectory(
+            max_episode_length=T,
+            rewards=torch.randn(T, B, generator=g),
+            curr_obs={
+                "main": torch.randint(0, 256, frames, generator=g, dtype=torch.uint8),
+                "wrist": torch.randint(0, 256, frames, generator=g, dtype=torch.uint8),
+            },
+        )
+
+    def run(case: int, k: int | None, kind: str) -> list[str]:
+        url = str(tmp_path / f"s{case}")
+        with TrajectoryReplayBuffer(
+            auto_save=True, auto_save_path=url, layout_options={"codecs": {"default": "raw"}}
+        ) as buffer:
+            buffer.add_trajectories([trajectory(0)])
+            buffer.flush()
+            faults.count() if k is None else faults.arm(k, kind)
+            buffer.add_trajectories([trajectory(1)])
+            buffer.flush()
+            calls = list(faults.calls)
+            faults.disarm()
+        layout, documents = open_store(url)
+        assert documents.trajectory_index["trajectory_id_list"] == [0, 1], (k, kind)
+        for tid in (0, 1):
+            stored = layout.read(documents.trajectory_index["trajectory_index"][str(tid)])
+            for key, value in trajectory(tid).tensors().items():
+                assert torch.equal(stored.tensors()[key], value), (k, kind, tid, key)
+        return calls
+
+    calls = run(0, None, "fail")
+    assert any(name.startswith("rbzarr-io") for name in threads), threads  # side by side
+    assert calls.count("write_file") >= 3, calls  # rewards, then both frame keys at once
     case = itertools.count(1)
     for k in range(len(calls)):
         for kind in KINDS:

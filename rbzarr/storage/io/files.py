@@ -136,6 +136,7 @@ def write_file(
         (:func:`sync_directory`), which may hold many such files.
     """
     target = temporary_name(path) if atomic else path
+    written = False
     try:
         fd = os.open(target, _CREATE, 0o666)
         try:
@@ -146,9 +147,11 @@ def write_file(
             os.close(fd)
         if atomic:
             os.replace(target, path)
+        written = True
     finally:
-        if atomic and os.path.lexists(target):
-            os.remove(target)
+        if atomic and not written:
+            with contextlib.suppress(OSError):  # not made, or the failure's own cause
+                os.remove(target)
     if atomic and durable:
         sync_directory(os.path.dirname(path))
 

@@ -14,8 +14,9 @@ leftover one of an interrupted write (ours or zarr's ``LocalStore``'s) is recogn
 
 from __future__ import annotations
 
+import itertools
+import os
 import re
-import uuid
 from collections import defaultdict
 from collections.abc import Mapping
 
@@ -45,9 +46,26 @@ _DIGITS = re.compile(r"[0-9]+")
 _FORBIDDEN = re.compile(r"[/\\\x00-\x1f\x7f]")
 
 
+# Temporary names: this process's random 16 hex digits (new in a forked child), then a
+# counter's 16.  No call per name lets go of the GIL (``uuid4`` reads the system's random
+# source each time, and a writer thread taking the GIL back waits for the caller's thread).
+_names = itertools.count()
+_process_token = os.urandom(8).hex()
+
+
+def _renew_process_token() -> None:
+    """A forked child's token: its names must differ from those its parent goes on making."""
+    global _process_token  # noqa: PLW0603 - the module's one token, replaced whole
+    _process_token = os.urandom(8).hex()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_renew_process_token)
+
+
 def temporary_name(path: str) -> str:
     """A fresh sibling of ``path`` to write before renaming onto it: ``<path>.tmp-<32 hex>``."""
-    return f"{path}{TEMP_SUFFIX}{uuid.uuid4().hex}"
+    return f"{path}{TEMP_SUFFIX}{_process_token}{next(_names) % (1 << 64):016x}"
 
 
 def is_temporary_name(name: str) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TypeVar
 
 __all__ = ["WORKERS", "run_all"]
@@ -55,14 +55,18 @@ def run_all(fn: Callable[[_T], _R], items: Sequence[_T], threaded: bool) -> list
     """``[fn(item) for item in items]``, split over the pool when ``threaded`` (and worth it).
 
     The calling thread takes the first share itself; results keep the order of ``items`` and an
-    exception from ``fn`` propagates unchanged.
+    exception from ``fn`` propagates unchanged, once every share has ended (no call of ``fn``
+    still runs when this returns or raises: a caller cleaning up after a failure races none).
     """
     if not threaded or len(items) < 2:
         return [fn(item) for item in items]
     share = -(-len(items) // WORKERS)
     batches = [items[i : i + share] for i in range(0, len(items), share)]
     futures = [_executor().submit(_each, fn, batch) for batch in batches[1:]]
-    results = _each(fn, batches[0])
+    try:
+        results = _each(fn, batches[0])
+    finally:
+        wait(futures)
     for future in futures:
         results.extend(future.result())
     return results

@@ -30,6 +30,7 @@ from zarr.core.metadata.v3 import ArrayV3Metadata
 from zarr.dtype import parse_data_type
 from zarr.storage import StorePath
 
+from rbzarr.storage.io import thread_pool
 from rbzarr.storage.io.files import (
     commit_file,
     make_directories,
@@ -47,7 +48,10 @@ from rbzarr.trajectory.dtypes import dtype_name, to_numpy
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["GroupPublisher", "GroupWrite", "group_document"]
+__all__ = ["PARALLEL_WRITE_BYTES", "GroupPublisher", "GroupWrite", "group_document"]
+
+# A group's files of at least this size are written side by side on the io pool, one each.
+PARALLEL_WRITE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -108,9 +112,15 @@ class GroupPublisher:
         for sub in _with_parents(_subgroups(write.files)):
             made.append(os.path.join(folder, *sub.split("/")))
             os.mkdir(made[-1])
+        large = []
         for name, parts in write.files.items():
             made.append(os.path.join(folder, *name.split("/")))
-            write_file(made[-1], parts, atomic=False)
+            if sum(memoryview(part).nbytes for part in parts) >= PARALLEL_WRITE_BYTES:
+                large.append((made[-1], parts))
+            else:
+                write_file(made[-1], parts, atomic=False)
+        # Filling the page cache is the cost of a large write: its files on every core.
+        thread_pool.run_all(_write_in_place, large, threaded=len(large) > 1)
         # The group's attributes are its commit marker: written only after every array.
         synced = [*made, os.path.dirname(folder)] if durable else []
         marker = _marker(write.attrs, subgroups, write.documents)
@@ -312,6 +322,11 @@ def consolidated(subgroups: Sequence[str], arrays: Mapping[str, Any]) -> dict[st
     }
     # Sorted by path: zarr 3.1 nests the flat paths by grouping consecutive siblings.
     return dict(sorted({**{sub: empty for sub in _with_parents(subgroups)}, **arrays}.items()))
+
+
+def _write_in_place(job: tuple[str, list[Any]]) -> None:
+    """Write one new file of a group (a ``(path, parts)`` pair)."""
+    write_file(job[0], job[1], atomic=False)
 
 
 def _make_new_folder(folder: str, durable: bool) -> None:
