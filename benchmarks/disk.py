@@ -14,6 +14,7 @@ import fsspec
 from benchmarks.accounting import CountingByteSource, NeededReads, StoreGeometry
 from benchmarks.baselines import RangeReader
 from benchmarks.draws import DrawSequence, TrackedBuffer, gather_rows, same_rows
+from benchmarks.limits import retire
 from benchmarks.measure import add_all, add_latency, interleaved, nbytes, row_bytes, stats, timed
 from benchmarks.page_cache import evict, process_read_bytes
 from benchmarks.settings import Settings
@@ -53,8 +54,30 @@ class DiskRun:
         self.reader = RangeReader(self.zarr_root)
 
     def _write(self, root: str, fmt: str) -> tuple[TrackedBuffer, dict[str, Any]]:
+        """The store at ``root`` written by a timed buffer (the writer's MB/s), then each
+        add's latency against a clone, paired, in a second store (the clones would slow
+        the first one's adds below the writer's pace)."""
         options = {"byte_source": self.counted_reads} if fmt == "zarr" else {}
-        buffer = TrajectoryReplayBuffer(
+        buffer = self._buffer(root, fmt, options)
+        raw = nbytes(v for t in self.trajectories for v in t.tensors().values())
+        start = time.perf_counter()
+        for trajectory in self.trajectories:
+            buffer.add_trajectories([trajectory])
+        buffer.flush()
+        seconds = time.perf_counter() - start
+        with self._buffer(f"{root}-adds", fmt, {}) as paired:
+            adds, copies = add_all(paired, self.trajectories)
+        retire(f"{root}-adds")
+        writes = {
+            "add": add_latency(adds, copies),
+            "writer": {"raw_mb": raw / 1e6, "seconds": seconds, "mb_s": raw / 1e6 / seconds},
+            "disk": disk_usage(root, self.trajectories, fmt),
+        }
+        return TrackedBuffer(buffer, self.workload.batch), writes
+
+    def _buffer(self, root: str, fmt: str, options: dict[str, Any]) -> TrajectoryReplayBuffer:
+        """An ``auto_save`` buffer at ``root`` whose queue holds every trajectory."""
+        return TrajectoryReplayBuffer(
             seed=self.settings.seed,
             cache_size=self.settings.cache,
             sample_window_size=self.window,
@@ -64,17 +87,6 @@ class DiskRun:
             max_pending_writes=len(self.trajectories) + 1,  # the call, not the backpressure
             layout_options=options,
         )
-        raw = nbytes(v for t in self.trajectories for v in t.tensors().values())
-        start = time.perf_counter()
-        adds = add_all(buffer, self.trajectories)
-        buffer.flush()
-        seconds = time.perf_counter() - start
-        writes = {
-            "add": add_latency(adds, self.trajectories),
-            "writer": {"raw_mb": raw / 1e6, "seconds": seconds, "mb_s": raw / 1e6 / seconds},
-            "disk": disk_usage(root, self.trajectories, fmt),
-        }
-        return TrackedBuffer(buffer, self.workload.batch), writes
 
     def needed(self, k: int) -> NeededReads:
         """What the ``k``-th batch's missed rows need from the Zarr store."""

@@ -32,7 +32,7 @@ def run_hot(workload: Workload, settings: Settings) -> dict[str, Any]:
     with TrajectoryReplayBuffer(
         seed=run.seed, sample_window_size=len(trajectories), auto_save=False
     ) as buffer:
-        adds = add_all(buffer, trajectories)
+        adds, copies = add_all(buffer, trajectories)
         tracked = TrackedBuffer(buffer, batch)
         checked = same_rows(tree.flatten(tracked.sample()), gather_rows(flats, *sequence.at(0)))
         measured = run.measure(tracked.sample)
@@ -40,7 +40,7 @@ def run_hot(workload: Workload, settings: Settings) -> dict[str, Any]:
     result: dict[str, Any] = {
         "row_bytes": per_row,
         "rows": sum(validate(t).num_samples for t in trajectories),
-        "add": add_latency(adds, trajectories),
+        "add": add_latency(adds, copies),
         "same_rows": checked,
         "buffer": measured,
     }

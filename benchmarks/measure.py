@@ -114,25 +114,27 @@ def clone_trajectory(trajectory: Trajectory) -> Trajectory:
     return trajectory_from_raw(fields, trajectory.max_episode_length, trajectory.model_weights_id)
 
 
-def add_all(buffer: TrajectoryReplayBuffer, trajectories: Sequence[Trajectory]) -> list[float]:
-    """Seconds of each ``add_trajectories`` call, one trajectory per call."""
-    adds = []
+def add_all(
+    buffer: TrajectoryReplayBuffer, trajectories: Sequence[Trajectory]
+) -> tuple[list[float], list[float]]:
+    """Seconds of each ``add_trajectories`` call (one trajectory per call), and of a clone
+    of the same trajectory made just before it: paired, the two meet the same writer
+    thread and the same memory (each clone is kept until every add returned, as the write
+    queue keeps its copies; fresh pages cost far more than the copy on a VM that hands
+    freed memory back to its host, and recycled ones do not)."""
+    adds, copies, kept = [], [], []
     for trajectory in trajectories:
+        start = time.perf_counter()
+        kept.append([value.clone() for value in trajectory.tensors().values()])
+        copies.append(time.perf_counter() - start)
         start = time.perf_counter()
         buffer.add_trajectories([trajectory])
         adds.append(time.perf_counter() - start)
-    return adds
+    return adds, copies
 
 
-def add_latency(adds: Sequence[float], trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """p50/p99 of the ``adds`` (seconds, from :func:`add_all`) against a ``clone`` of each
-    trajectory, the clones timed now: after the writes, off a writer's clock."""
-    copies = []
-    for trajectory in trajectories:
-        start = time.perf_counter()
-        cloned = [value.clone() for value in trajectory.tensors().values()]
-        copies.append(time.perf_counter() - start)
-        del cloned
+def add_latency(adds: Sequence[float], copies: Sequence[float]) -> dict[str, float]:
+    """p50/p99 of the ``adds`` against the paired clones (seconds, from :func:`add_all`)."""
     add_p50, copy_p50 = statistics.median(adds), statistics.median(copies)
     return {
         "add_p50_ms": 1e3 * add_p50,

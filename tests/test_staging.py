@@ -9,7 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rbzarr.trajectory.model import Trajectory
 from rbzarr.trajectory.staging import BLOCK_BYTES, StagingPool
+from rbzarr.trajectory.validated import ValidatedTrajectory
 
 
 def _address(array: np.ndarray) -> int:
@@ -74,3 +76,38 @@ def test_memory_in_use_is_never_lent_twice(sizes: list[int], keep: list[bool]) -
             gc.collect()
         for kept, value in held:  # nothing lent since overwrote what is still held
             assert kept[0] == value and kept[-1] == value
+
+
+DTYPES = [torch.bool, torch.uint8, torch.int16, torch.int64, torch.float16, torch.float32]
+DTYPES += [torch.bfloat16, torch.complex64]  # copied by torch: numpy lacks or differs
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    dtype=st.sampled_from(DTYPES),
+    frames=st.integers(1, 3),
+    large=st.booleans(),
+    transposed=st.booleans(),
+)
+def test_a_staged_clone_holds_the_values_in_memory_of_its_own(
+    dtype: torch.dtype, frames: int, large: bool, transposed: bool
+) -> None:
+    """Small tensors and staged large ones, of every kind of dtype, contiguous or not: the
+    copy has the dtype, shape and values given, shares no memory with them, and only the
+    large ones have a staging buffer (holding the copy's bytes first)."""
+    T, B = 4, 2
+    side = 96 if large else 4  # 4*2*96*96*3 bytes and more: staged
+    source = torch.arange(T * B * side * side * 3 * frames).reshape(T, B, side, side, 3 * frames)
+    value = source.to(dtype)
+    if transposed:
+        value = value.transpose(2, 3)
+    trajectory = Trajectory(rewards=torch.ones(T, B), curr_obs={"image": value})
+    copied = ValidatedTrajectory.check(trajectory, copy=True)
+    image = copied.trajectory.tensors()["curr_obs/image"]
+    expected = value.clone()
+    value.zero_()  # the caller reuses its tensor: the copy keeps what it was given
+    assert image.dtype == dtype and image.shape == expected.shape
+    assert torch.equal(image, expected)
+    assert set(copied.staging) == ({"curr_obs/image"} if large else set())
+    if large:  # the staging buffer holds the copy's bytes, first
+        assert copied.staging["curr_obs/image"].ctypes.data == image.data_ptr()

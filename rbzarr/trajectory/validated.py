@@ -42,6 +42,24 @@ def clone_trajectory(trajectory: Trajectory) -> Trajectory:
     return _staged_clone(trajectory)[0]
 
 
+# CPU dtypes copied through numpy: one call that may let go of the GIL (the copy) where
+# torch's would be four (each torch method does, and a writer thread taking the GIL then
+# holds it until its next file call, while the caller waits).
+_NUMPY_DTYPES = frozenset(
+    {
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+    }
+)
+
+
 def _staged_clone(trajectory: Trajectory) -> tuple[Trajectory, dict[str, np.ndarray]]:
     """A copy of ``trajectory`` and, by key, the staging buffer of each large CPU tensor's
     copy (the tensor's bytes, then :data:`STAGING_TAIL` spare bytes)."""
@@ -51,12 +69,19 @@ def _staged_clone(trajectory: Trajectory) -> tuple[Trajectory, dict[str, np.ndar
         # A tensor that autograd does not track is not detached first (nothing to detach).
         value = given.detach() if given.requires_grad else given
         nbytes = value.numel() * value.element_size()
+        plain = value.device.type == "cpu" and value.dtype in _NUMPY_DTYPES
         if value.device.type != "cpu" or nbytes < STAGING_MIN_BYTES:
-            fields[key] = value.clone()
+            fields[key] = torch.from_numpy(value.numpy().copy()) if plain else value.clone()
             continue
         buffer = staging_buffer(nbytes + STAGING_TAIL)
-        copy = torch.from_numpy(buffer[:nbytes]).view(value.dtype).view(value.shape)
-        fields[key] = copy.copy_(value)
+        if plain:
+            source = value.numpy()
+            copy = buffer[:nbytes].view(source.dtype).reshape(source.shape)
+            np.copyto(copy, source)
+            fields[key] = torch.from_numpy(copy)
+        else:
+            copy = torch.from_numpy(buffer[:nbytes]).view(value.dtype).view(value.shape)
+            fields[key] = copy.copy_(value)
         staging[key] = buffer
     copied = trajectory_from_raw(fields, trajectory.max_episode_length, trajectory.model_weights_id)
     return copied, staging
