@@ -13,7 +13,8 @@ two cameras and a state in ``curr_obs`` and ``next_obs``, auto-reset dones).  Pe
 * ``writes``: rows/s of the raw, default (and ``jpeg:95``) stores written again, of
   TorchRL's ``LazyMemmapStorage`` and ``CompressedListStorage`` created and extended by the
   same rows (one ``extend`` per trajectory, ``[T*B]`` rows), and of the limits: ``write()``
-  of the same bytes into fresh files, a ``memcpy`` of them and the JPEG encoder on the same
+  of the same bytes into fresh files (on one thread, and on every core: rbzarr writes a
+  group's large files side by side), a ``memcpy`` of them and the JPEG encoder on the same
   frames on every core (:mod:`benchmarks.limits`); every side once per round, in ABBA
   order; min / median / max per side and the median of the per-round ratios.
 * ``sampling``: ``sample(256)`` of the default and the raw store (each reopened with
@@ -88,6 +89,7 @@ JPEG = "jpeg:95"
 WRITE_RATIOS = (
     ("rbzarr raw", "LazyMemmapStorage.extend"),
     ("rbzarr raw", "limit: write() into fresh files"),
+    ("rbzarr raw", "limit: write() into fresh files, every core"),
     ("rbzarr raw", "limit: memcpy"),
     ("rbzarr default", "CompressedListStorage.extend"),
     (f"rbzarr {JPEG}", f"{JPEG} encoder, every core"),
@@ -410,6 +412,9 @@ def _writes(
         "CompressedListStorage.extend": torchrl("CompressedListStorage"),
         "limit: write() into fresh files": lambda: (
             rows / write_files(arrays, root / f"writes-{next(made)}")
+        ),
+        "limit: write() into fresh files, every core": lambda: (
+            rows / write_files(arrays, root / f"writes-{next(made)}", os.cpu_count() or 1)
         ),
         "limit: memcpy": lambda: rows / copy_arrays(arrays),
     }

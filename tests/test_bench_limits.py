@@ -59,3 +59,14 @@ def test_the_write_limit_writes_every_byte_into_new_files_then_retires_them(
         write_files(arrays, tmp_path / "taken")
     retire(tmp_path / "never-made")  # nothing to move
     assert copy_arrays(arrays) > 0
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_the_write_limit_on_several_threads_writes_every_array_once(
+    tmp_path: Path, threads: int
+) -> None:
+    arrays = [np.full(100 + i, i, dtype=np.uint8) for i in range(5)]
+    assert write_files(arrays, tmp_path / "limit", threads) > 0
+    (retired,) = (tmp_path / ".retired").iterdir()
+    written = {p.name: p.read_bytes() for p in retired.iterdir()}
+    assert written == {f"{i}.bin": array.tobytes() for i, array in enumerate(arrays)}
