@@ -29,7 +29,8 @@ two cameras and a state in ``curr_obs`` and ``next_obs``, auto-reset dones).  Pe
   (frames: the two ``curr_obs`` cameras of each row; ``next_obs`` comes free).
 
 Across sources: ``state_writes`` (state rows over a grid of shapes, store creation included,
-against ``LazyMemmapStorage``) and ``s3`` (the default store on moto behind the proxy, read
+against ``LazyMemmapStorage`` and the layout's floor: the same trajectory groups made with
+bare ``os`` calls) and ``s3`` (the default store on moto behind the proxy, read
 through the local shard cache: bytes downloaded against bytes stored).
 
 Run: ``python -m benchmarks --suites images [--quick]``.  Rendered frames are cached under
