@@ -16,7 +16,8 @@ two cameras and a state in ``curr_obs`` and ``next_obs``, auto-reset dones).  Pe
   of the same bytes into fresh files (on one thread, and on every core: rbzarr writes a
   group's large files side by side), a ``memcpy`` of them and the JPEG encoder on the same
   frames on every core (:mod:`benchmarks.limits`); every side once per round, in ABBA
-  order; min / median / max per side and the median of the per-round ratios.
+  order, each after :func:`~benchmarks.limits.settle_memory` of twice the rows' bytes; min
+  / median / max per side and the median of the per-round ratios.
 * ``sampling``: ``sample(256)`` of the default and the raw store (each reopened with
   ``auto_save`` to it, cache off: every row is read from the store, page cache warm;
   :func:`store_reader`), TorchRL's ``storage.get`` of the same rows (the buffer's draws
@@ -53,6 +54,7 @@ from benchmarks.draws import DrawSequence, gather_rows, same_rows
 from benchmarks.frames import SOURCES, FrameSource, image_keys, load_trajectories
 from benchmarks.lerobot_peer import measure_lerobot
 from benchmarks.limits import (
+    SETTLE_BYTES,
     alternate,
     copy_arrays,
     encode_frames,
@@ -60,6 +62,7 @@ from benchmarks.limits import (
     group_shape,
     paired_ratio,
     retire,
+    settle_memory,
     spread,
     write_files,
 )
@@ -426,10 +429,13 @@ def _writes(
     if codec_api is None:
         sides[f"rbzarr {JPEG}"] = rbzarr(JPEG)
         sides[f"{JPEG} encoder, every core"] = lambda: rows / encode_frames(frames, JPEG)
-    found = alternate(list(sides.values()), repeats)
+    raw_bytes = nbytes(torch.from_numpy(a) for a in arrays)
+    settle = min(2 * raw_bytes, SETTLE_BYTES)
+    found = alternate(list(sides.values()), repeats, before=lambda: settle_memory(settle))
     out: dict[str, Any] = {
         "rows": rows,
-        "raw_bytes": nbytes(torch.from_numpy(a) for a in arrays),
+        "settled_bytes": settle,
+        "raw_bytes": raw_bytes,
         "rounds": repeats,
         "rows_s": {name: spread(rates) for name, rates in zip(sides, found, strict=True)},
     }

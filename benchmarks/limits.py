@@ -12,7 +12,9 @@
   reported by :func:`per_trajectory`;
 * :func:`spread`: min / median / max of runs; :func:`paired_ratio`: the median of the
   per-round ratios of two sides timed in the same rounds;
-* :func:`retire`: a round's store moved aside, not removed, until its run's folder goes.
+* :func:`retire`: a round's store moved aside, not removed, until its run's folder goes;
+* :func:`settle_memory`: run before each side of a write comparison (:func:`alternate`'s
+  ``before``), so every side starts from the same memory.
 
 Why rounds do not remove their stores: on an ext4 without a journal (this host's), each new
 inode skips every inode of its group freed in the last 60 s (360 s while their table block
@@ -21,10 +23,25 @@ files) before the next round made that round's creates pay a scan that grows wit
 just removed: 9 us per create after a quiet minute, 175 us after a removal, measured with
 ``perf`` in ``recently_deleted`` and ``find_get_block_common``.  That is the harness's
 cost, not a writer's, and it falls hardest on the side that creates the most files.
+
+Why each side of a write comparison starts with :func:`settle_memory`: this host is a VM
+that hands memory freed for a few seconds back to its host (free page reporting of 2 MiB
+blocks, ``/sys/module/page_reporting/parameters/page_reporting_order`` 9), and the first
+touch of such a page costs the host's fault: 256 MiB written into fresh files took 3 s of
+kernel time (~100 MB/s) once the page cache had been dropped 20 s before, and 0.06 s
+(~4.5 GB/s) while the memory freed was still recent.  Which case a side met depended on what
+its neighbour in the round had just freed, not on the side: rbzarr's raw writes and TorchRL's
+``LazyMemmapStorage.extend`` of the same ``mujoco128`` rows, paired alone, ran 1.1-1.6x
+apart both cold, and 2.0-2.7x apart (10-16 against 5-7 thousand rows/s) each after 2 GiB
+had been touched and freed, while among the suite's nine sides the memory-freeing codec
+sides before TorchRL's gave it warm pages that the raw side did not get.  A side that
+starts after :func:`settle_memory` finds that many bytes recently freed, whatever ran
+before it: the steady state of a trainer's machine, whose memory is reused, not new.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import resource
 import statistics
@@ -40,6 +57,7 @@ import numpy as np
 from rbzarr.storage.zarr.codecs import parse_codec
 
 __all__ = [
+    "SETTLE_BYTES",
     "alternate",
     "clock",
     "copy_arrays",
@@ -49,9 +67,15 @@ __all__ = [
     "paired_ratio",
     "per_trajectory",
     "retire",
+    "settle_memory",
     "spread",
     "write_files",
 ]
+
+
+# Memory a write comparison touches and frees before each side: twice the side's raw bytes,
+# at most this (see the module docs).
+SETTLE_BYTES = 2 << 30
 
 
 def write_files(arrays: Sequence[np.ndarray], folder: Path, threads: int = 1) -> float:
@@ -124,14 +148,33 @@ def paired_ratio(ours: Sequence[float], theirs: Sequence[float]) -> dict[str, An
     return spread([mine / peer for mine, peer in zip(ours, theirs, strict=True)])
 
 
-def alternate(sides: Sequence[Callable[[], float]], rounds: int) -> list[list[float]]:
-    """Each side's result in ``rounds`` rounds, the order reversed every other round (ABBA)."""
+def alternate(
+    sides: Sequence[Callable[[], float]],
+    rounds: int,
+    before: Callable[[], None] | None = None,
+) -> list[list[float]]:
+    """Each side's result in ``rounds`` rounds, the order reversed every other round (ABBA);
+    ``before`` runs ahead of each side, off its clock."""
     found: list[list[float]] = [[] for _ in sides]
     for round_ in range(rounds):
         order = range(len(sides)) if round_ % 2 == 0 else range(len(sides) - 1, -1, -1)
         for i in order:
+            if before is not None:
+                before()
             found[i].append(sides[i]())
     return found
+
+
+def settle_memory(nbytes: int) -> None:
+    """Touch ``nbytes`` of new anonymous memory (a byte per page), then free it: allocations
+    made right after find that much memory recently freed (see the module docs)."""
+    block = mmap.mmap(-1, nbytes)
+    try:
+        pages = np.frombuffer(block, dtype=np.uint8)
+        pages[:: mmap.PAGESIZE] = 1
+        del pages
+    finally:
+        block.close()
 
 
 def clock() -> tuple[float, float, float]:

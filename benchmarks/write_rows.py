@@ -50,7 +50,15 @@ from typing import Any
 
 import torch
 
-from benchmarks.limits import copy_arrays, paired_ratio, retire, spread, write_files
+from benchmarks.limits import (
+    SETTLE_BYTES,
+    copy_arrays,
+    paired_ratio,
+    retire,
+    settle_memory,
+    spread,
+    write_files,
+)
 from rbzarr import Trajectory, TrajectoryReplayBuffer
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.zarr.layout import ZarrLayout
@@ -181,6 +189,7 @@ def measure(name: str, repeats: int, workdir: str, options: dict[str, Any]) -> d
     for repeat in range(repeats):
         # The order alternates (ABBA): a shared machine's noise falls on every side alike.
         for writer in writers if repeat % 2 == 0 else writers[::-1]:
+            settle_memory(min(2 * raw, SETTLE_BYTES))  # the same memory for every side
             root = os.path.join(workdir, f"{name}-{writer}-{repeat}")
             if writer == "write":
                 limits["write"].append(rows / write_files(arrays, Path(root)))

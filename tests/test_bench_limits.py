@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import mmap
+import resource
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +15,7 @@ from benchmarks.limits import (
     copy_arrays,
     paired_ratio,
     retire,
+    settle_memory,
     spread,
     write_files,
 )
@@ -70,3 +74,25 @@ def test_the_write_limit_on_several_threads_writes_every_array_once(
     (retired,) = (tmp_path / ".retired").iterdir()
     written = {p.name: p.read_bytes() for p in retired.iterdir()}
     assert written == {f"{i}.bin": array.tobytes() for i, array in enumerate(arrays)}
+
+
+def test_before_runs_ahead_of_every_side_of_every_round() -> None:
+    calls: list[str] = []
+
+    def side(name: str) -> Callable[[], float]:
+        def run() -> float:
+            calls.append(name)
+            return 1.0
+
+        return run
+
+    alternate([side("a"), side("b")], 2, before=lambda: calls.append("settle"))
+    assert calls == ["settle", "a", "settle", "b", "settle", "b", "settle", "a"]
+
+
+def test_settling_touches_every_page_of_the_memory_asked_for() -> None:
+    pages = 2048
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    settle_memory(pages * mmap.PAGESIZE + 1)  # not a whole number of pages: one more
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert faults >= pages  # each page faulted in (then unmapped with the block)
