@@ -93,3 +93,30 @@ def test_no_writev_asks_for_more_bytes_than_one_call_may_take(
         mp.undo()
     assert (folder / "f").read_bytes() == b"".join(parts)
     assert asked and max(asked) <= 7
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, database=None)
+@given(size=st.integers(0, 40), cap=st.integers(1, 9))
+def test_one_part_is_written_in_calls_of_at_most_writev_bytes(
+    tmp_path_factory: pytest.TempPathFactory, size: int, cap: int
+) -> None:
+    # The kernel sizes page-cache folios by a write's length: a large shard goes out in
+    # calls of WRITEV_BYTES (1 MiB; here ``cap``), not one call of its whole size.
+    folder = tmp_path_factory.mktemp("one-part")
+    real = os.write
+    asked: list[int] = []
+
+    def counted(fd: int, data: Any) -> int:
+        asked.append(memoryview(data).nbytes)
+        return real(fd, data)
+
+    data = bytes(range(size))
+    mp = pytest.MonkeyPatch()
+    mp.setattr(os, "write", counted)
+    mp.setattr(files, "WRITEV_BYTES", cap)
+    try:
+        files.write_file(str(folder / "f"), [data], atomic=False)
+    finally:
+        mp.undo()
+    assert (folder / "f").read_bytes() == data
+    assert all(n <= cap for n in asked) and sum(asked) == size

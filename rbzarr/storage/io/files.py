@@ -40,10 +40,13 @@ _CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 # The most buffers one writev takes (IOV_MAX; POSIX guarantees at least 16); 1 where there
 # is no writev (Windows): one write per part.
 _IOV_MAX = max(16, min(os.sysconf("SC_IOV_MAX"), 1024)) if hasattr(os, "writev") else 1
-# The most bytes one writev asks for: os.write clamps its count where a larger one fails
-# (macOS and Windows refuse more than INT_MAX), os.writev does not (a shard's many frames
-# can sum past it).
-WRITEV_BYTES = 1 << 30
+# The most bytes one write or writev asks for.  The kernel sizes the page-cache folios it
+# allocates by a write's length: writes of 8 MiB took 2 MiB folios, and on this host (a VM
+# that hands free 2 MiB blocks back to its host) those cost a host fault each: 8 MiB
+# writes ran at ~100 MB/s where 1 MiB ones ran at 3.4-4.1 GB/s into the same memory just
+# freed.  It also keeps writev under INT_MAX, which os.write clamps to and os.writev does
+# not (a shard's many frames can sum past it).
+WRITEV_BYTES = 1 << 20
 # Concurrent fsyncs: a journaling filesystem commits them together (measured on ext4 here:
 # ten fsyncs of a small trajectory took 36 ms one after the other, 2-4 ms at once).
 SYNC_THREADS = 16
@@ -157,14 +160,14 @@ def write_file(
 
 
 def _write_parts(fd: int, views: list[memoryview]) -> None:
-    """Write ``views`` to ``fd`` in order: one ``write`` for one part, else ``writev`` calls
-    of up to :data:`_IOV_MAX` parts and :data:`WRITEV_BYTES` bytes (a shard of many frames
-    is one call, not one per frame)."""
+    """Write ``views`` to ``fd`` in order, each call at most :data:`WRITEV_BYTES`: ``write``
+    calls for one part, else ``writev`` calls of up to :data:`_IOV_MAX` parts (a shard of
+    many small frames is one call, not one per frame)."""
     if len(views) == 1 or _IOV_MAX == 1:
         for part in views:
             left = part
             while left.nbytes:
-                left = left[os.write(fd, left) :]
+                left = left[os.write(fd, left[:WRITEV_BYTES]) :]
         return
     first = 0
     while first < len(views):
