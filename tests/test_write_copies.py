@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,49 @@ def test_tensors_overwritten_at_once_after_add_are_stored_as_they_were(
         assert torch.equal(stored.tensors()[key], value), key
 
 
+def fail_each_call_then_heal(
+    faults: Faults,
+    url: Callable[[int], str],
+    trajectory: Callable[[int], Trajectory],
+    *,
+    overwrite: bool,
+) -> list[str]:
+    """Add and flush trajectory 0, then trajectory 1 with each of its storage calls failing
+    in turn (once, for a while, hanging): both are listed once, with the values they had
+    at the add (the caller overwrote trajectory 1's tensors at once if ``overwrite``).
+    Returns the storage calls of the unfaulted run."""
+
+    def run(case: int, k: int | None, kind: str) -> list[str]:
+        with TrajectoryReplayBuffer(
+            auto_save=True, auto_save_path=url(case), layout_options={"codecs": {"default": "raw"}}
+        ) as buffer:
+            buffer.add_trajectories([trajectory(0)])
+            buffer.flush()
+            faults.count() if k is None else faults.arm(k, kind)
+            given = trajectory(1)
+            buffer.add_trajectories([given])
+            if overwrite:
+                for tensor in given.tensors().values():
+                    tensor.fill_(1)
+            buffer.flush()
+            calls = list(faults.calls)
+            faults.disarm()
+        layout, documents = open_store(url(case))
+        assert documents.trajectory_index["trajectory_id_list"] == [0, 1], (k, kind)
+        for tid in (0, 1):
+            stored = layout.read(documents.trajectory_index["trajectory_index"][str(tid)])
+            for key, value in trajectory(tid).tensors().items():
+                assert torch.equal(stored.tensors()[key], value), (k, kind, tid, key)
+        return calls
+
+    calls = run(0, None, "fail")
+    case = itertools.count(1)
+    for k in range(len(calls)):
+        for kind in KINDS:
+            run(next(case), k, kind)
+    return calls
+
+
 @pytest.mark.parametrize("where", ["local", "object"])
 def test_each_storage_call_of_a_staged_write_fails_then_heals(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
@@ -99,7 +143,6 @@ def test_each_storage_call_of_a_staged_write_fails_then_heals(
     written from their staging buffers) fails once, for a while, or hangs: the flush
     commits it once, with the frames it had at the call (the caller overwrote them at
     once), and the trajectory before it stays."""
-    faults = Faults(monkeypatch)
     small = (T, B, 8, 8, 3)
 
     def trajectory(seed: int) -> Trajectory:
@@ -111,39 +154,14 @@ def test_each_storage_call_of_a_staged_write_fails_then_heals(
             curr_obs={"image": torch.randint(0, 256, small, generator=g, dtype=torch.uint8)},
         )
 
-    def run(case: int, k: int | None, kind: str) -> list[str]:
-        url = str(tmp_path / f"s{case}") if where == "local" else f"memory://{tmp_path.name}/{case}"
-        with TrajectoryReplayBuffer(
-            auto_save=True, auto_save_path=url, layout_options={"codecs": {"default": "raw"}}
-        ) as buffer:
-            buffer.add_trajectories([trajectory(0)])
-            buffer.flush()
-            if k is None:
-                faults.count()
-            else:
-                faults.arm(k, kind)
-            given = trajectory(1)
-            buffer.add_trajectories([given])
-            for tensor in given.tensors().values():
-                tensor.fill_(1)
-            buffer.flush()
-            calls = list(faults.calls)
-            faults.disarm()
-        layout, documents = open_store(url)
-        assert documents.trajectory_index["trajectory_id_list"] == [0, 1], (k, kind)
-        for tid in (0, 1):
-            stored = layout.read(documents.trajectory_index["trajectory_index"][str(tid)])
-            for key, value in trajectory(tid).tensors().items():
-                assert torch.equal(stored.tensors()[key], value), (k, kind, tid, key)
-        return calls
+    def url(case: int) -> str:
+        return (
+            str(tmp_path / f"s{case}") if where == "local" else f"memory://{tmp_path.name}/{case}"
+        )
 
-    calls = run(0, None, "fail")
+    calls = fail_each_call_then_heal(Faults(monkeypatch), url, trajectory, overwrite=True)
     # The shards (rewards, dones, frames), the group's document, the log's record.
     assert len(calls) >= 5, calls
-    case = itertools.count(1)
-    for k in range(len(calls)):
-        for kind in KINDS:
-            run(next(case), k, kind)
 
 
 def test_each_file_written_side_by_side_fails_then_heals(
@@ -175,30 +193,8 @@ def test_each_file_written_side_by_side_fails_then_heals(
             },
         )
 
-    def run(case: int, k: int | None, kind: str) -> list[str]:
-        url = str(tmp_path / f"s{case}")
-        with TrajectoryReplayBuffer(
-            auto_save=True, auto_save_path=url, layout_options={"codecs": {"default": "raw"}}
-        ) as buffer:
-            buffer.add_trajectories([trajectory(0)])
-            buffer.flush()
-            faults.count() if k is None else faults.arm(k, kind)
-            buffer.add_trajectories([trajectory(1)])
-            buffer.flush()
-            calls = list(faults.calls)
-            faults.disarm()
-        layout, documents = open_store(url)
-        assert documents.trajectory_index["trajectory_id_list"] == [0, 1], (k, kind)
-        for tid in (0, 1):
-            stored = layout.read(documents.trajectory_index["trajectory_index"][str(tid)])
-            for key, value in trajectory(tid).tensors().items():
-                assert torch.equal(stored.tensors()[key], value), (k, kind, tid, key)
-        return calls
-
-    calls = run(0, None, "fail")
+    calls = fail_each_call_then_heal(
+        faults, lambda case: str(tmp_path / f"s{case}"), trajectory, overwrite=False
+    )
     assert any(name.startswith("rbzarr-io") for name in threads), threads  # side by side
     assert calls.count("write_file") >= 3, calls  # rewards, then both frame keys at once
-    case = itertools.count(1)
-    for k in range(len(calls)):
-        for kind in KINDS:
-            run(next(case), k, kind)
