@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +106,28 @@ def test_an_index_state_round_trips_and_refuses_a_bad_entry() -> None:
     state["entries"]["1"]["num_samples"] = 5
     with pytest.raises(CorruptStoreError, match="index entry 1 is inconsistent"):
         TrajectoryIndex().load_state_dict(state)
+
+
+def test_new_entries_get_distinct_version_4_uuids():
+    uuids = [IndexEntry.new(i, [2, 1], 0, "").uuid for i in range(2000)]
+    assert len(set(uuids)) == len(uuids)
+    for text in uuids[:50]:
+        parsed = uuid.UUID(text)
+        assert (parsed.version, parsed.variant, str(parsed)) == (4, uuid.RFC_4122, text)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
+def test_a_forked_child_draws_other_uuids_than_its_parent():
+    IndexEntry.new(0, [2, 1], 0, "")  # the generator has run before the fork
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next uuids, then out without pytest's teardown
+        os.close(read)
+        os.write(write, " ".join(IndexEntry.new(i, [2, 1], 0, "").uuid for i in range(8)).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child = pipe.read().split()
+    os.waitpid(pid, 0)
+    parent = [IndexEntry.new(i, [2, 1], 0, "").uuid for i in range(8)]
+    assert len(child) == 8 and not set(child) & set(parent)

@@ -9,7 +9,7 @@ from conftest import make_trajectory
 from rbzarr import InvalidTrajectoryError
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.registry import layout_class
-from rbzarr.trajectory.validated import ValidatedTrajectory, rows_to_write
+from rbzarr.trajectory.validated import ValidatedTrajectory, rows_to_write, tensors_to_write
 
 
 def entry_of(validated: ValidatedTrajectory) -> dict:
@@ -30,6 +30,23 @@ def test_rows_to_write_takes_a_validated_trajectorys_rows_as_they_are():
     raw.actions = torch.zeros(4, 2, 2, dtype=torch.int64)
     with pytest.raises(InvalidTrajectoryError, match="actions"):
         rows_to_write(raw)
+
+
+def test_tensors_to_write_are_flattened_once_per_validated_trajectory():
+    validated = ValidatedTrajectory.check(make_trajectory(3, 2, 0))
+    assert tensors_to_write(validated) is validated.fields
+    assert validated.fields.keys() == validated.trajectory.tensors().keys()
+    copied = validated.copied()
+    assert tensors_to_write(copied) is copied.fields
+    for key, value in copied.trajectory.tensors().items():
+        assert copied.fields[key] is value  # the copy's own tensors, not the caller's
+        assert torch.equal(value, validated.fields[key])
+        assert value.data_ptr() != validated.fields[key].data_ptr()
+    raw = make_trajectory(3, 2, 0)
+    assert tensors_to_write(raw).keys() == raw.tensors().keys()
+    raw.actions = torch.zeros(4, 2, 2, dtype=torch.int64)
+    with pytest.raises(InvalidTrajectoryError, match="actions"):
+        tensors_to_write(raw)
 
 
 @pytest.mark.parametrize("fmt", ["zarr", "pt"])

@@ -124,7 +124,7 @@ class StoreCommitter:
         self.layout.trajectory_path(
             {"trajectory_id": 0, "model_weights_id": trajectory.trajectory.model_weights_id}
         )
-        self.layout.check_writable(trajectory.trajectory)
+        self.layout.check_writable(trajectory)
 
     def wait_for_room(self, count: int) -> None:
         """Block until ``count`` writes fit in the queue; refuse while storage fails."""

@@ -76,14 +76,15 @@ class TrajectoryLayout(ABC):
         return f"{type(self).__name__}({self.location.url!r})"
 
     # -- what a layout implements ---------------------------------------------------------
-    def check_writable(self, trajectory: Trajectory) -> None:  # noqa: B027 (a hook)
+    def check_writable(self, trajectory: Trajectory | ValidatedTrajectory) -> None:  # noqa: B027
         """Raise if this layout cannot write ``trajectory`` (a writer calls it before it
         accepts the trajectory, so nothing is queued that cannot be written); nothing here.
 
         Parameters
         ----------
         trajectory
-            A validated trajectory, raw ``[T(+E), B, ...]`` rows.
+            A validated trajectory (or a :class:`~rbzarr.trajectory.validated.ValidatedTrajectory`),
+            raw ``[T(+E), B, ...]`` rows.
 
         Raises
         ------

@@ -5,6 +5,7 @@ Flat row ``i`` is time step ``i // B`` of environment ``i % B``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -25,12 +26,15 @@ class Residue:
     model_weights_id: str = ""
 
 
-def split_trajectory(traj: object, spec: TrajectorySpec) -> tuple[dict[str, torch.Tensor], Residue]:
-    """Split ``traj`` into its flat view (``[T*B, ...]``, reset rows dropped) and the rest.
+def split_trajectory(
+    traj: object, spec: TrajectorySpec, fields: Mapping[str, torch.Tensor] | None = None
+) -> tuple[dict[str, torch.Tensor], Residue]:
+    """Split ``traj`` (whose tensors are ``fields``, when known) into its flat view
+    (``[T*B, ...]``, reset rows dropped) and the rest.
 
     Both parts may share memory with ``traj``; callers that keep them must copy.
     """
-    fields = trajectory_tensors(traj)
+    fields = trajectory_tensors(traj) if fields is None else fields
     residue = Residue({}, {}, *trajectory_scalars(traj))
     for path, raw in fields.items():
         if path not in spec.schema:

@@ -170,6 +170,19 @@ def validate(traj: object, schema: Schema | None = None) -> TrajectorySpec:
         A field is not a tensor, is empty, disagrees on ``T`` or ``B``, has an unsupported
         dtype, or the fields differ from ``schema``.
     """
+    return validated_fields(traj, schema)[1]
+
+
+def validated_fields(
+    traj: object, schema: Schema | None = None
+) -> tuple[dict[str, torch.Tensor], TrajectorySpec]:
+    """:func:`validate`, also returning the tensors it checked (:meth:`Trajectory.tensors`).
+
+    Raises
+    ------
+    InvalidTrajectoryError
+        As :func:`validate`.
+    """
     trajectory_scalars(traj)
     fields = trajectory_tensors(traj)
     for path, value in fields.items():
@@ -183,7 +196,7 @@ def validate(traj: object, schema: Schema | None = None) -> TrajectorySpec:
                 f"field {path!r}: expected a dense (strided) tensor, got layout {value.layout}"
             )
     shapes = {path: tuple(value.shape) for path, value in fields.items()}
-    return check_shapes(shapes, lambda path: _dtype(path, fields[path]), schema)
+    return fields, check_shapes(shapes, lambda path: _dtype(path, fields[path]), schema)
 
 
 def _dtype(path: str, value: torch.Tensor) -> str:

@@ -17,6 +17,7 @@ from rbzarr.trajectory.model import (
     as_trajectory,
     trajectory_from_raw,
     validate,
+    validated_fields,
 )
 from rbzarr.trajectory.staging import staging_buffer
 
@@ -26,6 +27,8 @@ __all__ = [
     "clone_trajectory",
     "rows_to_write",
     "staging_of",
+    "tensors_of",
+    "tensors_to_write",
 ]
 
 
@@ -39,7 +42,7 @@ STAGING_MIN_BYTES = 1 << 16
 
 def clone_trajectory(trajectory: Trajectory) -> Trajectory:
     """A :class:`~rbzarr.trajectory.model.Trajectory` owning copies of every tensor."""
-    return _staged_clone(trajectory)[0]
+    return _staged_clone(trajectory, trajectory.tensors())[0]
 
 
 # CPU dtypes copied through numpy: one call that may let go of the GIL (the copy) where
@@ -60,12 +63,15 @@ _NUMPY_DTYPES = frozenset(
 )
 
 
-def _staged_clone(trajectory: Trajectory) -> tuple[Trajectory, dict[str, np.ndarray]]:
-    """A copy of ``trajectory`` and, by key, the staging buffer of each large CPU tensor's
-    copy (the tensor's bytes, then :data:`STAGING_TAIL` spare bytes)."""
+def _staged_clone(
+    trajectory: Trajectory, tensors: Mapping[str, torch.Tensor]
+) -> tuple[Trajectory, dict[str, torch.Tensor], dict[str, np.ndarray]]:
+    """A copy of ``trajectory`` (whose tensors by key are ``tensors``), its tensors by key,
+    and the staging buffer of each large CPU tensor's copy (the tensor's bytes, then
+    :data:`STAGING_TAIL` spare bytes)."""
     fields: dict[str, torch.Tensor] = {}
     staging: dict[str, np.ndarray] = {}
-    for key, given in trajectory.tensors().items():
+    for key, given in tensors.items():
         # A tensor that autograd does not track is not detached first (nothing to detach).
         value = given.detach() if given.requires_grad else given
         nbytes = value.numel() * value.element_size()
@@ -84,7 +90,7 @@ def _staged_clone(trajectory: Trajectory) -> tuple[Trajectory, dict[str, np.ndar
             fields[key] = copy.copy_(value)
         staging[key] = buffer
     copied = trajectory_from_raw(fields, trajectory.max_episode_length, trajectory.model_weights_id)
-    return copied, staging
+    return copied, fields, staging
 
 
 @dataclass(frozen=True)
@@ -98,12 +104,14 @@ class ValidatedTrajectory:
 
     trajectory: Trajectory
     spec: TrajectorySpec
+    # Its tensors by flat key (:meth:`Trajectory.tensors`), flattened once.
+    fields: Mapping[str, torch.Tensor]
     # Key to the staging buffer of its copied tensor (copies only; see :data:`STAGING_TAIL`).
     staging: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     @functools.cached_property
     def _split(self) -> tuple[dict[str, torch.Tensor], Residue]:
-        return split_trajectory(self.trajectory, self.spec)
+        return split_trajectory(self.trajectory, self.spec, self.fields)
 
     @property
     def flat(self) -> dict[str, torch.Tensor]:
@@ -117,8 +125,8 @@ class ValidatedTrajectory:
 
     def copied(self) -> ValidatedTrajectory:
         """This trajectory owning a copy of every tensor (large ones staged)."""
-        trajectory, staging = _staged_clone(self.trajectory)
-        return ValidatedTrajectory(trajectory, self.spec, staging)
+        trajectory, fields, staging = _staged_clone(self.trajectory, self.fields)
+        return ValidatedTrajectory(trajectory, self.spec, fields, staging)
 
     @classmethod
     def check(
@@ -127,15 +135,31 @@ class ValidatedTrajectory:
         """Validate ``trajectory`` against ``schema``, optionally copying it first."""
         # RLinf's own Trajectory (or any object with its fields) is read by field name.
         trajectory = as_trajectory(trajectory)
-        spec = validate(trajectory, schema)
-        # validate() lists the schema in ``schema``'s order, and the split follows it.
-        validated = cls(trajectory, spec)
+        fields, spec = validated_fields(trajectory, schema)
+        # The schema is listed in ``schema``'s order, and the split follows it.
+        validated = cls(trajectory, spec, fields)
         return validated.copied() if copy else validated
 
 
 def staging_of(trajectory: Trajectory | ValidatedTrajectory) -> Mapping[str, np.ndarray]:
     """The staging buffers of a validated copy's tensors by key (none for other trajectories)."""
     return trajectory.staging if isinstance(trajectory, ValidatedTrajectory) else {}
+
+
+def tensors_of(trajectory: Trajectory | ValidatedTrajectory) -> Mapping[str, torch.Tensor]:
+    """The raw tensors by key of a trajectory already validated (flattened once for a
+    :class:`ValidatedTrajectory`)."""
+    if isinstance(trajectory, ValidatedTrajectory):
+        return trajectory.fields
+    return trajectory.tensors()
+
+
+def tensors_to_write(trajectory: Trajectory | ValidatedTrajectory) -> Mapping[str, torch.Tensor]:
+    """The raw tensors by key a layout writes: a :class:`ValidatedTrajectory`'s as they are
+    (validated once, on add), any other trajectory's after validating it."""
+    if isinstance(trajectory, ValidatedTrajectory):
+        return trajectory.fields
+    return validated_fields(trajectory)[0]
 
 
 def rows_to_write(trajectory: Trajectory | ValidatedTrajectory) -> Trajectory:

@@ -11,6 +11,8 @@ mapping), and :meth:`IndexEntry.to_json` gives that object.
 
 from __future__ import annotations
 
+import os
+import random
 import uuid as uuid_module
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -32,6 +34,26 @@ ENTRY_KEYS = (
 )
 # Ids, sizes and counts in the documents are below this (int64, as tensors hold them).
 MAX_COUNT = 2**63
+
+# New trajectories' uuids: version 4, drawn from a generator seeded from the system's random
+# source once per process (again in a forked child).  ``uuid4`` reads that source for each
+# one, and the read lets go of the GIL: a writer thread taking it then holds it until its
+# next file call while the caller waits.
+_uuids = random.Random(os.urandom(32))
+
+
+def _reseed_uuids() -> None:
+    """A forked child's generator: its uuids must differ from those its parent goes on making."""
+    _uuids.seed(os.urandom(32))
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_reseed_uuids)
+
+
+def new_uuid() -> str:
+    """A fresh random (version 4) uuid, as ``str(uuid.uuid4())`` writes it."""
+    return str(uuid_module.UUID(int=_uuids.getrandbits(128), version=4))
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -73,7 +95,7 @@ class IndexEntry(Mapping[str, Any]):
         """The entry of a new trajectory (a fresh uuid unless ``uuid`` is given)."""
         dims = tuple(int(d) for d in shape)
         return cls(
-            uuid=str(uuid_module.uuid4()) if uuid is None else uuid,
+            uuid=new_uuid() if uuid is None else uuid,
             trajectory_id=int(trajectory_id),
             num_samples=dims[0] * dims[1],
             shape=dims,

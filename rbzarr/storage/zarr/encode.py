@@ -8,6 +8,7 @@ key comes from :func:`rbzarr.storage.zarr.chunking.plan_key`.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -71,6 +72,7 @@ class EncodedArray:
 # Arrays up to this size are checked for being all fill values (a file costs more than the
 # check; a large array's file is a small share of its write).
 FILL_CHECK_BYTES = 16 << 10
+_ZEROS = bytes(FILL_CHECK_BYTES)
 
 # The most frames of a lossy key decoded again to measure its PSNR, per trajectory, and the
 # share of its frames they are at most (but 2: the first and the last).
@@ -123,21 +125,58 @@ def encode_array(
     (:data:`~rbzarr.trajectory.validated.STAGING_TAIL`): an uncompressed shard puts its
     index there and is one buffer, written or PUT without being joined.
     """
-    data = to_numpy(value)
-    stored = stored_dtype(data.dtype)
-    data = np.ascontiguousarray(data, dtype=stored)
+    form = _form(key, value, plan, T, B, separator)
+    data = np.ascontiguousarray(to_numpy(value), dtype=form.stored)
     codec = plan.codec
     parts = codec.encode(data, plan.inner, plan.image)
     measured = _measured_psnr(codec, data, parts, plan.image) if codec.lossy else None
-    nbytes = [len(part) for part in parts]
-    offsets = [0, *itertools.accumulate(nbytes)][:-1]
-    index = shard_index.encode_index(offsets, nbytes)
-    size = sum(nbytes) + len(index)
+    if len(parts) == 1:
+        index = _single_index(len(parts[0]))
+        size = len(parts[0]) + len(index)
+    else:
+        nbytes = [len(part) for part in parts]
+        offsets = [0, *itertools.accumulate(nbytes)][:-1]
+        index = shard_index.encode_index(offsets, nbytes)
+        size = sum(nbytes) + len(index)
     shard = _in_staging(parts, index, staging) or [
         *(memoryview(p).cast("B") for p in parts),
         index,
     ]
-    shape = tuple(int(d) for d in data.shape)
+    description = dict(form.description)
+    description["shard_bytes"] = size
+    if measured is not None:
+        description["psnr"], description["psnr_frames"] = measured
+    fill = data.nbytes <= FILL_CHECK_BYTES and _all_zero(data)
+    return EncodedArray(form.document, shard, description, fill)
+
+
+@dataclass(frozen=True)
+class _ArrayForm:
+    """What every array of one key, shape, dtype and plan stores alike."""
+
+    plan: KeyPlan  # kept: the memo's key holds its identity
+    stored: np.dtype[Any]
+    document: bytes
+    description: dict[str, Any]  # ``shard_bytes`` to be filled in
+
+
+# The forms of the latest schemas' arrays, by key, shape, dtype, plan (its identity: plans
+# are made once per schema), T, B and separator: each was most of a small array's encoding.
+_forms: dict[tuple[Any, ...], _ArrayForm] = {}
+_FORMS_SIZE = 512
+
+
+def _form(
+    key: str, value: torch.Tensor, plan: KeyPlan, T: int, B: int, separator: str
+) -> _ArrayForm:
+    """The form of array ``key`` holding ``value`` (made once per schema)."""
+    memo_key = (key, value.shape, value.dtype, id(plan), T, B, separator)
+    found = _forms.get(memo_key)
+    if found is not None and found.plan is plan:
+        return found
+    stored = stored_dtype(to_numpy(value.reshape(-1)[:0]).dtype)
+    shape = tuple(int(d) for d in value.shape)
+    codec = plan.codec
     document = shard_index.sharded_metadata(
         shape,
         stored,
@@ -154,14 +193,25 @@ def encode_array(
         "dtype": stored.str,
         "inner": list(plan.inner),
         "checksum": codec.checksum,
-        "shard_bytes": size,
+        "shard_bytes": 0,
         "separator": separator,
         **codec.described(plan.image),
     }
-    if measured is not None:
-        description["psnr"], description["psnr_frames"] = measured
-    fill = data.nbytes <= FILL_CHECK_BYTES and not data.reshape(-1).view(np.uint8).any()
-    return EncodedArray(document, shard, description, fill)
+    if len(_forms) >= _FORMS_SIZE:  # trajectories of many lengths
+        _forms.clear()
+    found = _forms[memo_key] = _ArrayForm(plan, stored, document, description)
+    return found
+
+
+@functools.lru_cache(maxsize=256)
+def _single_index(nbytes: int) -> bytes:
+    """The index of a shard of one inner chunk of ``nbytes`` bytes."""
+    return shard_index.encode_index([0], [nbytes])
+
+
+def _all_zero(data: np.ndarray) -> bool:
+    """Whether every byte of ``data`` (at most :data:`FILL_CHECK_BYTES`) is zero."""
+    return data.tobytes() == _ZEROS[: data.nbytes]  # one memcmp
 
 
 def one_buffer(parts: list[Any]) -> bytes | memoryview:

@@ -507,12 +507,11 @@ class ZarrLayout(TrajectoryLayout):
     def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
         """Each array is one shard (arrays of kind ``"zarr"`` go through zarr); the group's
         attributes are written last."""
-        from rbzarr.trajectory.validated import rows_to_write, staging_of  # noqa: PLC0415
+        from rbzarr.trajectory.validated import staging_of, tensors_to_write  # noqa: PLC0415
 
         staging = staging_of(trajectory)
-        trajectory = rows_to_write(trajectory)
+        fields = tensors_to_write(trajectory)
         tid = trajectory_id(entry)
-        fields = trajectory.tensors()
         plans = self._plans(fields)
         self._record_codecs(plans)
         # Local files: one file per shard (no folder per dimension), read in place (no
@@ -553,9 +552,11 @@ class ZarrLayout(TrajectoryLayout):
         if self.shard_cache is not None and not zarr_keys:
             self._write_through(entry, attrs, files, description)
 
-    def check_writable(self, trajectory: Trajectory) -> None:
+    def check_writable(self, trajectory: Trajectory | ValidatedTrajectory) -> None:
         # docstring inherited
-        fields = trajectory.tensors()
+        from rbzarr.trajectory.validated import tensors_of  # noqa: PLC0415
+
+        fields = tensors_of(trajectory)
         # What a plan depends on: a schema checked once passes at once after.
         shapes = frozenset((k, v.shape[1:], v.shape[0] == 0, v.dtype) for k, v in fields.items())
         if shapes in self._writable:
