@@ -25,6 +25,7 @@ __all__ = [
     "STAGING_TAIL",
     "ValidatedTrajectory",
     "clone_trajectory",
+    "copy_rows",
     "rows_to_write",
     "staging_of",
     "tensors_of",
@@ -61,6 +62,18 @@ _NUMPY_DTYPES = frozenset(
         torch.float64,
     }
 )
+
+
+def copy_rows(target: torch.Tensor, source: torch.Tensor) -> None:
+    """``target.copy_(source)``; through numpy for CPU tensors of one of its dtypes (a small
+    copy then keeps the GIL, where each torch call lets go of it)."""
+    plain = target.dtype == source.dtype and target.dtype in _NUMPY_DTYPES
+    if plain and target.device.type == "cpu" and source.device.type == "cpu":
+        np.copyto(
+            target.numpy(), source.detach().numpy() if source.requires_grad else source.numpy()
+        )
+    else:
+        target.copy_(source)
 
 
 def _staged_clone(
