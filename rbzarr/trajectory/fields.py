@@ -105,6 +105,8 @@ def trajectory_scalars(traj: object) -> tuple[int, str]:
     _check_is_trajectory(traj)
     length = getattr(traj, "max_episode_length", 0)
     weights_id = getattr(traj, "model_weights_id", "")
+    if type(length) is int and type(weights_id) is str:  # the common case, checked at once
+        return length, weights_id
     if isinstance(length, bool) or not isinstance(length, numbers.Integral):
         raise InvalidTrajectoryError(
             f"field 'max_episode_length': expected an int, got {type(length).__name__}"

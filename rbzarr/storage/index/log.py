@@ -825,8 +825,12 @@ def _load(raw: bytes, where: str) -> dict[str, Any]:
     return document
 
 
+# One compact encoder (``json.dumps`` with arguments builds one per call).
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
 def _dump(document: Mapping[str, Any]) -> bytes:
-    return json.dumps(document, separators=(",", ":")).encode()
+    return _COMPACT.encode(document).encode()
 
 
 def _dump_block(block: Iterable[LogEntry], metadata: Mapping[str, Any]) -> bytes:

@@ -221,6 +221,7 @@ class ZarrLayout(TrajectoryLayout):
         # Concrete codecs by key (and "default"), as the store's metadata records them.
         self._recorded = {key: codec.text for key, codec in self.codecs.items()}
         self._recorded_lock = threading.Lock()
+        self._plans_recorded: Mapping[str, KeyPlan] | None = None  # recorded last
         self.chunk_bytes = chunk_bytes
         self.range_gap = range_gap
         if byte_source is None:
@@ -618,6 +619,8 @@ class ZarrLayout(TrajectoryLayout):
 
     def _record_codecs(self, plans: Mapping[str, KeyPlan]) -> None:
         """Remember the codec each key was written with (the store's metadata records it)."""
+        if plans is self._plans_recorded:  # the plans of the schema written before
+            return
         with self._recorded_lock:
             for key, plan in plans.items():
                 if plan.by_zarr and key not in self._explicit:
@@ -625,6 +628,7 @@ class ZarrLayout(TrajectoryLayout):
                 if self._recorded.get(key, "lossless") == "lossless":
                     self._recorded[key] = plan.codec.text
                 self.codecs.setdefault(key, plan.codec)
+            self._plans_recorded = plans
 
     def adopt_store_metadata(self, metadata: Mapping[str, Any]) -> None:
         """Take on the codecs the store records; a store written before codecs were
@@ -663,6 +667,7 @@ class ZarrLayout(TrajectoryLayout):
                     if self.codecs[key].is_image:  # appending needs it: say so now
                         require_images(f"codec {str(text)!r} of {key!r} (the store's)")
                 self._recorded[key] = str(text)
+            self._plans_recorded = None
 
     def format_metadata(self) -> dict[str, Any]:
         """``layout_version`` and the codecs of the keys written (``codecs``)."""

@@ -277,6 +277,11 @@ def _buffer(raw: bytes) -> Buffer:
     return default_buffer_prototype().buffer.from_bytes(raw)
 
 
+# Compact JSON, NaN written as zarr writes it; one encoder (``json.dumps`` with arguments
+# builds one per call, a share of a small trajectory's marker).
+_COMPACT = json.JSONEncoder(allow_nan=True, separators=(",", ":"))
+
+
 def group_bytes(attrs: Mapping[str, Any], members: Mapping[str, Any] | None = None) -> bytes:
     """The ``zarr.json`` of a Zarr v3 group with ``attrs`` (JSON values) and, when given,
     its ``members`` consolidated (zarr's inline consolidated metadata: member path to its
@@ -286,7 +291,7 @@ def group_bytes(attrs: Mapping[str, Any], members: Mapping[str, Any] | None = No
     document: dict[str, Any] = {"attributes": attrs, "zarr_format": 3, "node_type": "group"}
     if members is not None:
         document[CONSOLIDATED] = {"kind": "inline", "must_understand": False, "metadata": members}
-    return json.dumps(document, allow_nan=True, separators=(",", ":")).encode()
+    return _COMPACT.encode(document).encode()
 
 
 # The consolidated members of the latest schemas' groups, serialized, by their subgroups and
@@ -302,7 +307,7 @@ def _marker(attrs: Mapping[str, Any], subgroups: Sequence[str], arrays: Mapping[
     key = (tuple(subgroups), tuple((name, id(document)) for name, document in arrays.items()))
     found = _members_memo.get(key)
     if found is None or any(a is not b for a, b in zip(found[0], arrays.values(), strict=True)):
-        members = json.dumps(consolidated(subgroups, arrays), allow_nan=True, separators=(",", ":"))
+        members = _COMPACT.encode(consolidated(subgroups, arrays))
         if len(_members_memo) >= _MEMBERS_MEMO_SIZE:
             _members_memo.clear()
         found = _members_memo[key] = (list(arrays.values()), members)
