@@ -309,6 +309,24 @@ def test_a_buffer_dropped_without_close_frees_its_cache(tmp_path):
     assert live_caches() == before
 
 
+def test_the_commit_callback_hears_whether_writes_wait_behind_each_commit(tmp_path):
+    """A burst queued at once: each commit but the last has writes behind it (the buffer
+    leaves those rows shared, copied on first read, while the writer has work)."""
+    heard: list[tuple[int, bool]] = []
+    layout = layout_class("zarr")(Location.from_url(tmp_path / "s"))
+    writer = StoreCommitter(layout, on_committed=lambda tid, more: heard.append((tid, more)))
+    index = TrajectoryIndex()
+    items = []
+    for seed in range(3):
+        trajectory = ValidatedTrajectory.check(make_trajectory(4, 3, seed), None, copy=True)
+        raw = trajectory.trajectory
+        entry = index.new_entry(trajectory.spec.shape, raw.max_episode_length, raw.model_weights_id)
+        items.append((entry, trajectory))
+    writer.submit(items)
+    writer.close()
+    assert heard == [(0, True), (1, True), (2, False)]
+
+
 def test_a_failing_commit_callback_neither_fails_nor_repeats_the_commit(tmp_path, monkeypatch):
     layout_type = layout_class("zarr")
     original = layout_type.write
@@ -318,7 +336,10 @@ def test_a_failing_commit_callback_neither_fails_nor_repeats_the_commit(tmp_path
         writes.append(int(entry["trajectory_id"]))
         original(layout, entry, trajectory)
 
-    def failing_callback(trajectory_id: int) -> None:
+    called: list[tuple[int, bool]] = []
+
+    def failing_callback(trajectory_id: int, more_queued: bool) -> None:
+        called.append((trajectory_id, more_queued))
         raise MemoryError(f"no room to copy trajectory {trajectory_id}")
 
     monkeypatch.setattr(layout_type, "write", counted)
@@ -332,6 +353,7 @@ def test_a_failing_commit_callback_neither_fails_nor_repeats_the_commit(tmp_path
     writer.submit([(entry, trajectory)])
     writer.close()
     assert writes == [0]
+    assert called == [(0, False)]  # it ran (and failed), nothing queued behind it
     layout, documents = open_store(tmp_path / "s")
     assert documents.trajectory_index["trajectory_id_list"] == [0]
     assert_same_trajectory(

@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rbzarr.trajectory.model import Trajectory
+from rbzarr.trajectory.numpy_views import copy_rows, reshaped
 from rbzarr.trajectory.staging import BLOCK_BYTES, StagingPool
-from rbzarr.trajectory.validated import ValidatedTrajectory, copy_rows
+from rbzarr.trajectory.validated import ValidatedTrajectory
 
 
 def _address(array: np.ndarray) -> int:
@@ -140,8 +141,28 @@ def test_copy_rows_copies_exact_bits_into_a_cell(
     if grad and (dtype.is_floating_point or dtype.is_complex):
         source.requires_grad_(True)
     cells = torch.full((3, rows + 2, width), 9).to(dtype)
-    copy_rows(cells[1, :rows], source)
+    copy_rows(cells, (1, slice(0, rows)), source)
     assert torch.equal(cells[1, :rows], source.detach())
     assert torch.equal(cells[1, rows:], torch.full((2, width), 9).to(dtype))
     assert torch.equal(cells[0], torch.full((rows + 2, width), 9).to(dtype))
     assert torch.equal(cells[2], torch.full((rows + 2, width), 9).to(dtype))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    dtype=st.sampled_from([torch.bool, torch.uint8, torch.int64, torch.float32, torch.bfloat16]),
+    T=st.integers(1, 4),
+    B=st.integers(1, 3),
+    width=st.integers(1, 4),
+    strided=st.booleans(),
+)
+def test_reshaped_rows_equal_torchs_reshape(
+    dtype: torch.dtype, T: int, B: int, width: int, strided: bool
+) -> None:
+    """Through numpy or torch, the flat rows of a [T, B, w] tensor (contiguous or a strided
+    slice, as reset rows leave) are torch's ``reshape`` of it, dtype and values."""
+    base = (torch.arange(T * 2 * B * width) % 5).reshape(T * 2, B, width).to(dtype)
+    raw = base[1::2] if strided else base[:T]
+    flat = reshaped(raw, (T * B, width))
+    expected = raw.reshape(T * B, width)
+    assert flat.dtype == expected.dtype and torch.equal(flat, expected)

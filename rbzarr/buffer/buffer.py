@@ -80,11 +80,16 @@ def _spared(reader: StoreReader, saving: set[int]) -> frozenset[int]:
         return reader.spared_ids() | saving
 
 
-def _materialize(lock: threading.RLock, cache: RowCache, trajectory_id: int) -> None:
-    """Writer thread, after a commit: copy the trajectory's rows into the cache, if it is free."""
-    # The writer never waits for the buffer: while another thread holds the lock (a sample,
-    # a checkpoint being saved), the rows stay shared and are copied when first read.
-    if lock.acquire(blocking=False):
+def _materialize(
+    lock: threading.RLock, cache: RowCache, trajectory_id: int, more_queued: bool
+) -> None:
+    """Writer thread, after a commit: copy the trajectory's rows into the cache, if the
+    writer has nothing else queued and the cache is free."""
+    # The writer never waits for the buffer, nor spends its time on copies while writes
+    # wait behind it: while another thread holds the lock (a sample, a checkpoint being
+    # saved) or writes are queued, the rows stay shared and are copied when first read (or
+    # never, when evicted first).
+    if not more_queued and lock.acquire(blocking=False):
         try:
             cache.materialize(trajectory_id)
         finally:

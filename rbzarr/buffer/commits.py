@@ -42,12 +42,13 @@ class StoreCommitter:
         *,
         max_pending_writes: int = 8,
         metadata: Mapping[str, Any] | None = None,
-        on_committed: Callable[[int], None] | None = None,
+        on_committed: Callable[[int, bool], None] | None = None,
         store: StoreIndex | None = None,  # as the buffer opened it (else read here)
     ) -> None:
         self.layout = layout
-        # Called on the writer thread with each committed id, holding none of this object's
-        # locks: it must not block (the writes behind it wait), and what it raises is ignored.
+        # Called on the writer thread with each committed id and whether more writes are
+        # queued behind it, holding none of this object's locks: it must not block (the
+        # writes behind it wait), and what it raises is ignored.
         self._on_committed = on_committed
         self._writer = BackgroundWriter(
             max_pending=max_pending_writes, target=layout.location.url, permanent=permanent_cause
@@ -164,7 +165,7 @@ class StoreCommitter:
             # The commit stands whatever the callback does: a failure must not make the
             # writer retry (and rewrite) a trajectory that is already listed.
             with contextlib.suppress(Exception):
-                self._on_committed(trajectory_id)
+                self._on_committed(trajectory_id, not last)
 
     def _record_unrecorded(self) -> None:
         """Writer thread: list every trajectory whose data is complete in one record."""

@@ -19,13 +19,13 @@ from rbzarr.trajectory.model import (
     validate,
     validated_fields,
 )
+from rbzarr.trajectory.numpy_views import NUMPY_DTYPES
 from rbzarr.trajectory.staging import staging_buffer
 
 __all__ = [
     "STAGING_TAIL",
     "ValidatedTrajectory",
     "clone_trajectory",
-    "copy_rows",
     "rows_to_write",
     "staging_of",
     "tensors_of",
@@ -46,36 +46,6 @@ def clone_trajectory(trajectory: Trajectory) -> Trajectory:
     return _staged_clone(trajectory, trajectory.tensors())[0]
 
 
-# CPU dtypes copied through numpy: one call that may let go of the GIL (the copy) where
-# torch's would be four (each torch method does, and a writer thread taking the GIL then
-# holds it until its next file call, while the caller waits).
-_NUMPY_DTYPES = frozenset(
-    {
-        torch.bool,
-        torch.uint8,
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.float16,
-        torch.float32,
-        torch.float64,
-    }
-)
-
-
-def copy_rows(target: torch.Tensor, source: torch.Tensor) -> None:
-    """``target.copy_(source)``; through numpy for CPU tensors of one of its dtypes (a small
-    copy then keeps the GIL, where each torch call lets go of it)."""
-    plain = target.dtype == source.dtype and target.dtype in _NUMPY_DTYPES
-    if plain and target.device.type == "cpu" and source.device.type == "cpu":
-        np.copyto(
-            target.numpy(), source.detach().numpy() if source.requires_grad else source.numpy()
-        )
-    else:
-        target.copy_(source)
-
-
 def _staged_clone(
     trajectory: Trajectory, tensors: Mapping[str, torch.Tensor]
 ) -> tuple[Trajectory, dict[str, torch.Tensor], dict[str, np.ndarray]]:
@@ -88,7 +58,7 @@ def _staged_clone(
         # A tensor that autograd does not track is not detached first (nothing to detach).
         value = given.detach() if given.requires_grad else given
         nbytes = value.numel() * value.element_size()
-        plain = value.device.type == "cpu" and value.dtype in _NUMPY_DTYPES
+        plain = value.device.type == "cpu" and value.dtype in NUMPY_DTYPES
         if value.device.type != "cpu" or nbytes < STAGING_MIN_BYTES:
             fields[key] = torch.from_numpy(value.numpy().copy()) if plain else value.clone()
             continue
