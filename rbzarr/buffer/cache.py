@@ -30,7 +30,6 @@ from rbzarr.errors import InvalidTrajectoryError
 from rbzarr.trajectory.dtypes import dtype_name
 from rbzarr.trajectory.flat_view import Residue, join_trajectory
 from rbzarr.trajectory.model import Schema, Trajectory
-from rbzarr.trajectory.numpy_views import copy_rows
 from rbzarr.trajectory.validated import ValidatedTrajectory
 
 __all__ = ["RowCache"]
@@ -203,7 +202,7 @@ class RowCache:
         rows = int(next(iter(flat.values())).shape[0])
         cell = self._claim_cell(flat, rows)
         for key, cells in self._storage.items():
-            copy_rows(cells, (cell, slice(0, rows)), flat[key])
+            cells[cell, :rows].copy_(flat[key])
         self._cell_of[trajectory_id] = cell
         self.version += 1
         self._rows[trajectory_id] = rows

@@ -12,7 +12,6 @@ import torch
 
 from rbzarr.trajectory.fields import trajectory_scalars, trajectory_tensors
 from rbzarr.trajectory.model import Trajectory, TrajectorySpec, trajectory_from_raw
-from rbzarr.trajectory.numpy_views import reshaped
 
 __all__ = ["Residue", "flatten_trajectory", "join_trajectory", "split_trajectory"]
 
@@ -50,7 +49,7 @@ def split_trajectory(
             blocks = raw.reshape(epochs, rows // epochs, *raw.shape[1:])
             residue.reset_rows[path] = blocks[:, 0]
             steps = blocks[:, 1:]
-        flat[path] = reshaped(steps, (spec.T * spec.B, *spec.schema[path][1]))
+        flat[path] = steps.reshape(spec.T * spec.B, *spec.schema[path][1])
     return flat, residue
 
 

@@ -19,12 +19,13 @@ from rbzarr.trajectory.model import (
     validate,
     validated_fields,
 )
-from rbzarr.trajectory.numpy_views import NUMPY_DTYPES
 from rbzarr.trajectory.staging import staging_buffer
 
 __all__ = [
+    "GIL_COPY_BYTES",
     "STAGING_TAIL",
     "ValidatedTrajectory",
+    "arrays_of",
     "clone_trajectory",
     "rows_to_write",
     "staging_of",
@@ -46,34 +47,72 @@ def clone_trajectory(trajectory: Trajectory) -> Trajectory:
     return _staged_clone(trajectory, trajectory.tensors())[0]
 
 
+# CPU dtypes copied through numpy: fewer calls that may let go of the GIL than torch's (each
+# torch method does, and a writer thread taking the GIL then holds it until its next file
+# call, while the caller waits).
+_NUMPY_DTYPES = frozenset(
+    {
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+    }
+)
+
+
+# Copies below this size keep the GIL (a memoryview's copy): a copy that lets go of it
+# hands it to the writer thread, which keeps it until its next file call.
+GIL_COPY_BYTES = 1 << 20
+
+
+def _copy_array(into: np.ndarray, source: np.ndarray) -> None:
+    """Copy ``source`` into ``into`` (same dtype and shape)."""
+    contiguous = into.flags.c_contiguous and source.flags.c_contiguous
+    if contiguous and 0 < source.nbytes < GIL_COPY_BYTES:
+        memoryview(into).cast("B")[:] = memoryview(source).cast("B")
+    else:
+        np.copyto(into, source)
+
+
 def _staged_clone(
     trajectory: Trajectory, tensors: Mapping[str, torch.Tensor]
-) -> tuple[Trajectory, dict[str, torch.Tensor], dict[str, np.ndarray]]:
+) -> tuple[Trajectory, dict[str, torch.Tensor], dict[str, np.ndarray], dict[str, np.ndarray]]:
     """A copy of ``trajectory`` (whose tensors by key are ``tensors``), its tensors by key,
-    and the staging buffer of each large CPU tensor's copy (the tensor's bytes, then
-    :data:`STAGING_TAIL` spare bytes)."""
+    the staging buffer of each large CPU tensor's copy (the tensor's bytes, then
+    :data:`STAGING_TAIL` spare bytes), and the numpy array of each copy numpy holds."""
     fields: dict[str, torch.Tensor] = {}
     staging: dict[str, np.ndarray] = {}
+    arrays: dict[str, np.ndarray] = {}
     for key, given in tensors.items():
         # A tensor that autograd does not track is not detached first (nothing to detach).
         value = given.detach() if given.requires_grad else given
         nbytes = value.numel() * value.element_size()
-        plain = value.device.type == "cpu" and value.dtype in NUMPY_DTYPES
-        if value.device.type != "cpu" or nbytes < STAGING_MIN_BYTES:
-            fields[key] = torch.from_numpy(value.numpy().copy()) if plain else value.clone()
+        plain = value.device.type == "cpu" and value.dtype in _NUMPY_DTYPES
+        if not plain and (value.device.type != "cpu" or nbytes < STAGING_MIN_BYTES):
+            fields[key] = value.clone()
             continue
-        buffer = staging_buffer(nbytes + STAGING_TAIL)
+        buffer = staging_buffer(nbytes + STAGING_TAIL) if nbytes >= STAGING_MIN_BYTES else None
         if plain:
             source = value.numpy()
-            copy = buffer[:nbytes].view(source.dtype).reshape(source.shape)
-            np.copyto(copy, source)
+            if buffer is None:
+                copy = np.empty(source.shape, source.dtype)
+            else:
+                copy = buffer[:nbytes].view(source.dtype).reshape(source.shape)
+            _copy_array(copy, source)
             fields[key] = torch.from_numpy(copy)
+            arrays[key] = copy
         else:
             copy = torch.from_numpy(buffer[:nbytes]).view(value.dtype).view(value.shape)
             fields[key] = copy.copy_(value)
-        staging[key] = buffer
+        if buffer is not None:
+            staging[key] = buffer
     copied = trajectory_from_raw(fields, trajectory.max_episode_length, trajectory.model_weights_id)
-    return copied, fields, staging
+    return copied, fields, staging, arrays
 
 
 @dataclass(frozen=True)
@@ -91,6 +130,9 @@ class ValidatedTrajectory:
     fields: Mapping[str, torch.Tensor]
     # Key to the staging buffer of its copied tensor (copies only; see :data:`STAGING_TAIL`).
     staging: Mapping[str, np.ndarray] = field(default_factory=dict)
+    # Key to the numpy array of its copied tensor, where numpy holds the dtype (copies only:
+    # the writer encodes them without a torch call).
+    arrays: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     @functools.cached_property
     def _split(self) -> tuple[dict[str, torch.Tensor], Residue]:
@@ -108,8 +150,8 @@ class ValidatedTrajectory:
 
     def copied(self) -> ValidatedTrajectory:
         """This trajectory owning a copy of every tensor (large ones staged)."""
-        trajectory, fields, staging = _staged_clone(self.trajectory, self.fields)
-        return ValidatedTrajectory(trajectory, self.spec, fields, staging)
+        trajectory, fields, staging, arrays = _staged_clone(self.trajectory, self.fields)
+        return ValidatedTrajectory(trajectory, self.spec, fields, staging, arrays)
 
     @classmethod
     def check(
@@ -122,6 +164,11 @@ class ValidatedTrajectory:
         # The schema is listed in ``schema``'s order, and the split follows it.
         validated = cls(trajectory, spec, fields)
         return validated.copied() if copy else validated
+
+
+def arrays_of(trajectory: Trajectory | ValidatedTrajectory) -> Mapping[str, np.ndarray]:
+    """The numpy arrays of a validated copy's tensors by key (none for other trajectories)."""
+    return trajectory.arrays if isinstance(trajectory, ValidatedTrajectory) else {}
 
 
 def staging_of(trajectory: Trajectory | ValidatedTrajectory) -> Mapping[str, np.ndarray]:

@@ -116,6 +116,7 @@ def encode_array(
     B: int,
     separator: str = "/",
     staging: np.ndarray | None = None,
+    array: np.ndarray | None = None,
 ) -> EncodedArray:
     """Encode ``value`` (the raw field ``key``) as one shard following ``plan``, its chunk
     keys joined by ``separator``.
@@ -123,10 +124,12 @@ def encode_array(
     Large chunked arrays are compressed on the worker pool.  ``staging`` is the buffer
     ``value`` was copied into on add, with spare bytes after it
     (:data:`~rbzarr.trajectory.validated.STAGING_TAIL`): an uncompressed shard puts its
-    index there and is one buffer, written or PUT without being joined.
+    index there and is one buffer, written or PUT without being joined.  ``array``:
+    ``value``'s memory as a numpy array, when known (no torch call, which lets go of the
+    GIL, to get it).
     """
     form = _form(key, value, plan, T, B, separator)
-    data = np.ascontiguousarray(to_numpy(value), dtype=form.stored)
+    data = np.ascontiguousarray(to_numpy(value) if array is None else array, dtype=form.stored)
     codec = plan.codec
     parts = codec.encode(data, plan.inner, plan.image)
     measured = _measured_psnr(codec, data, parts, plan.image) if codec.lossy else None

@@ -508,9 +508,14 @@ class ZarrLayout(TrajectoryLayout):
     def write(self, entry: Entry, trajectory: Trajectory | ValidatedTrajectory) -> None:
         """Each array is one shard (arrays of kind ``"zarr"`` go through zarr); the group's
         attributes are written last."""
-        from rbzarr.trajectory.validated import staging_of, tensors_to_write  # noqa: PLC0415
+        from rbzarr.trajectory.validated import (  # noqa: PLC0415
+            arrays_of,
+            staging_of,
+            tensors_to_write,
+        )
 
         staging = staging_of(trajectory)
+        arrays = arrays_of(trajectory)
         fields = tensors_to_write(trajectory)
         tid = trajectory_id(entry)
         plans = self._plans(fields)
@@ -525,6 +530,7 @@ class ZarrLayout(TrajectoryLayout):
             LOCAL_SEPARATOR if local else "/",
             not local,
             staging,
+            arrays,
         )
         attrs = {
             **dict(entry),
