@@ -86,17 +86,20 @@ DTYPES += [torch.bfloat16, torch.complex64]  # copied by torch: numpy lacks or d
 @given(
     dtype=st.sampled_from(DTYPES),
     frames=st.integers(1, 3),
-    large=st.booleans(),
+    size=st.sampled_from(["small", "large", "huge"]),
     transposed=st.booleans(),
 )
 def test_a_staged_clone_holds_the_values_in_memory_of_its_own(
-    dtype: torch.dtype, frames: int, large: bool, transposed: bool
+    dtype: torch.dtype, frames: int, size: str, transposed: bool
 ) -> None:
-    """Small tensors and staged large ones, of every kind of dtype, contiguous or not: the
-    copy has the dtype, shape and values given, shares no memory with them, and only the
-    large ones have a staging buffer (holding the copy's bytes first)."""
+    """Small tensors and staged large ones (below and above GIL_COPY_BYTES), of every kind
+    of dtype, contiguous or not: the copy has the dtype, shape and values given, shares no
+    memory with them, and only the large ones have a staging buffer (holding the copy's
+    bytes first)."""
     T, B = 4, 2
-    side = 96 if large else 4  # 4*2*96*96*3 bytes and more: staged
+    large = size != "small"
+    # 4*2*96*96*3 bytes and more: staged; 4*2*192*192*3 and more: more than GIL_COPY_BYTES
+    side = {"small": 4, "large": 96, "huge": 192}[size]
     source = torch.arange(T * B * side * side * 3 * frames).reshape(T, B, side, side, 3 * frames)
     value = source.to(dtype)
     if transposed:

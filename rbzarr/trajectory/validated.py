@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -50,19 +51,17 @@ def clone_trajectory(trajectory: Trajectory) -> Trajectory:
 # CPU dtypes copied through numpy: fewer calls that may let go of the GIL than torch's (each
 # torch method does, and a writer thread taking the GIL then holds it until its next file
 # call, while the caller waits).
-_NUMPY_DTYPES = frozenset(
-    {
-        torch.bool,
-        torch.uint8,
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.float16,
-        torch.float32,
-        torch.float64,
-    }
-)
+_NUMPY_DTYPES = {
+    torch.bool: np.dtype(np.bool_),
+    torch.uint8: np.dtype(np.uint8),
+    torch.int8: np.dtype(np.int8),
+    torch.int16: np.dtype(np.int16),
+    torch.int32: np.dtype(np.int32),
+    torch.int64: np.dtype(np.int64),
+    torch.float16: np.dtype(np.float16),
+    torch.float32: np.dtype(np.float32),
+    torch.float64: np.dtype(np.float64),
+}
 
 
 # Copies below this size keep the GIL (a memoryview's copy): a copy that lets go of it
@@ -70,10 +69,20 @@ _NUMPY_DTYPES = frozenset(
 GIL_COPY_BYTES = 1 << 20
 
 
-def _copy_array(into: np.ndarray, source: np.ndarray) -> None:
-    """Copy ``source`` into ``into`` (same dtype and shape)."""
-    contiguous = into.flags.c_contiguous and source.flags.c_contiguous
-    if contiguous and 0 < source.nbytes < GIL_COPY_BYTES:
+def _bytes_of(tensor: torch.Tensor, nbytes: int) -> memoryview | None:
+    """The bytes of a contiguous CPU tensor below :data:`GIL_COPY_BYTES`, read in place
+    (``tensor.numpy()`` lets go of the GIL), else ``None``."""
+    if not 0 < nbytes < GIL_COPY_BYTES or not tensor.is_contiguous():
+        return None
+    return memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())).cast("B")
+
+
+def _copy_array(into: np.ndarray, source: np.ndarray | memoryview) -> None:
+    """Copy ``source`` (an array, or a C-contiguous array's bytes) into C-contiguous
+    ``into``."""
+    if isinstance(source, memoryview):
+        memoryview(into).cast("B")[:] = source
+    elif source.flags.c_contiguous and 0 < source.nbytes < GIL_COPY_BYTES:
         memoryview(into).cast("B")[:] = memoryview(source).cast("B")
     else:
         np.copyto(into, source)
@@ -98,12 +107,13 @@ def _staged_clone(
             continue
         buffer = staging_buffer(nbytes + STAGING_TAIL) if nbytes >= STAGING_MIN_BYTES else None
         if plain:
-            source = value.numpy()
+            source = _bytes_of(value, nbytes)
+            dtype = _NUMPY_DTYPES[value.dtype]
             if buffer is None:
-                copy = np.empty(source.shape, source.dtype)
+                copy = np.empty(value.shape, dtype)
             else:
-                copy = buffer[:nbytes].view(source.dtype).reshape(source.shape)
-            _copy_array(copy, source)
+                copy = buffer[:nbytes].view(dtype).reshape(value.shape)
+            _copy_array(copy, value.numpy() if source is None else source)
             fields[key] = torch.from_numpy(copy)
             arrays[key] = copy
         else:
