@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from rbzarr.storage.zarr.chunking import plan_key
 from rbzarr.storage.zarr.codecs import parse_codecs
 from rbzarr.storage.zarr.encode import encode_array
+from rbzarr.storage.zarr.sharded import encode_trajectory
 
 schemas = st.tuples(
     st.sampled_from(["raw", "zstd"]),
@@ -55,3 +56,19 @@ def test_each_array_gets_its_own_schemas_document_and_description(
             assert (encoded.document, description) == first[case]
         else:
             first[case] = (encoded.document, description)
+
+
+def test_a_copy_is_encoded_from_its_numpy_array() -> None:
+    """The writer encodes a staged copy from the numpy array it was copied into (no torch
+    call to reach its memory): the shard holds that array's bytes."""
+    values = torch.arange(24, dtype=torch.float32).reshape(4, 2, 3)
+    plans = {"rewards": plan_key((4, 2, 3), np.dtype(np.float32), parse_codecs({}), "rewards")}
+    copy = values.numpy() + 1  # the array a copy was made into, told apart by its values
+    files, _, _ = encode_trajectory(
+        {"rewards": values}, plans, 4, 2, ".", False, None, {"rewards": copy}
+    )
+    (shard,) = files.values()
+    assert b"".join(bytes(part) for part in shard)[: copy.nbytes] == copy.tobytes()
+    files, _, _ = encode_trajectory({"rewards": values}, plans, 4, 2, ".", False)
+    (shard,) = files.values()
+    assert b"".join(bytes(part) for part in shard)[: values.numel() * 4] == values.numpy().tobytes()

@@ -81,9 +81,9 @@ def _copy_array(into: np.ndarray, source: np.ndarray | memoryview) -> None:
     """Copy ``source`` (an array, or a C-contiguous array's bytes) into C-contiguous
     ``into``."""
     if isinstance(source, memoryview):
-        memoryview(into).cast("B")[:] = source
+        into.data.cast("B")[:] = source
     elif source.flags.c_contiguous and 0 < source.nbytes < GIL_COPY_BYTES:
-        memoryview(into).cast("B")[:] = memoryview(source).cast("B")
+        into.data.cast("B")[:] = source.data.cast("B")
     else:
         np.copyto(into, source)
 
@@ -110,15 +110,16 @@ def _staged_clone(
             source = _bytes_of(value, nbytes)
             dtype = _NUMPY_DTYPES[value.dtype]
             if buffer is None:
-                copy = np.empty(value.shape, dtype)
+                array = np.empty(value.shape, dtype)
             else:
-                copy = buffer[:nbytes].view(dtype).reshape(value.shape)
-            _copy_array(copy, value.numpy() if source is None else source)
-            fields[key] = torch.from_numpy(copy)
-            arrays[key] = copy
+                array = buffer[:nbytes].view(dtype).reshape(value.shape)
+            _copy_array(array, value.numpy() if source is None else source)
+            fields[key] = torch.from_numpy(array)
+            arrays[key] = array
         else:
-            copy = torch.from_numpy(buffer[:nbytes]).view(value.dtype).view(value.shape)
-            fields[key] = copy.copy_(value)
+            assert buffer is not None  # a large CPU tensor of a dtype numpy lacks
+            staged = torch.from_numpy(buffer[:nbytes]).view(value.dtype).view(value.shape)
+            fields[key] = staged.copy_(value)
         if buffer is not None:
             staging[key] = buffer
     copied = trajectory_from_raw(fields, trajectory.max_episode_length, trajectory.model_weights_id)

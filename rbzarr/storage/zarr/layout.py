@@ -515,7 +515,7 @@ class ZarrLayout(TrajectoryLayout):
         )
 
         staging = staging_of(trajectory)
-        arrays = arrays_of(trajectory)
+        copies = arrays_of(trajectory)
         fields = tensors_to_write(trajectory)
         tid = trajectory_id(entry)
         plans = self._plans(fields)
@@ -530,7 +530,7 @@ class ZarrLayout(TrajectoryLayout):
             LOCAL_SEPARATOR if local else "/",
             not local,
             staging,
-            arrays,
+            copies,
         )
         attrs = {
             **dict(entry),

@@ -114,16 +114,16 @@ def encode_trajectory(
     separator: str = "/",
     inline: bool = True,
     staging: Mapping[str, np.ndarray] | None = None,
-    arrays: Mapping[str, np.ndarray] | None = None,
+    copies: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[dict[str, list[Any]], dict[str, Any], dict[str, Any]]:
     """Encode the ``mapped`` and ``chunked`` fields of one trajectory as shards, their chunk
     keys joined by ``separator``: the shards' files, the layout description and each array's
     ``zarr.json`` document (parsed; the group's document consolidates them).  ``inline``
     copies small shards into the description (for object stores: opening them then costs no
-    request).  ``staging``: the buffers the fields were copied into on add, and ``arrays``
+    request).  ``staging``: the buffers the fields were copied into on add, and ``copies``
     the copies' numpy arrays, by key (:func:`~rbzarr.storage.zarr.encode.encode_array`)."""
     staging = staging or {}
-    arrays = arrays or {}
+    copies = copies or {}
     files: dict[str, list[Any]] = {}
     documents: dict[str, Any] = {}
     arrays: dict[str, Any] = {}
@@ -143,7 +143,7 @@ def encode_trajectory(
                 rows = value.reshape(T * B, *value.shape[2:])[torch.from_numpy(explicit)]
                 stored = rows.reshape(len(explicit), 1, *value.shape[2:])
                 shared = next_obs.describe(explicit, pair, T, B)
-        array = arrays.get(key) if stored is value else None  # not rows picked from it
+        array = copies.get(key) if stored is value else None  # not rows picked from it
         encoded = encode_array(key, stored, plan, T, B, separator, staging.get(key), array)
         documents[key] = _parsed(encoded.document)
         arrays[key] = {**encoded.description, **shared}
