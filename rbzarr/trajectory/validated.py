@@ -78,12 +78,10 @@ def _bytes_of(tensor: torch.Tensor, nbytes: int) -> memoryview | None:
 
 
 def _copy_array(into: np.ndarray, source: np.ndarray | memoryview) -> None:
-    """Copy ``source`` (an array, or a C-contiguous array's bytes) into C-contiguous
+    """Copy ``source`` (an array, or the bytes :func:`_bytes_of` read) into C-contiguous
     ``into``."""
     if isinstance(source, memoryview):
         into.data.cast("B")[:] = source
-    elif source.flags.c_contiguous and 0 < source.nbytes < GIL_COPY_BYTES:
-        into.data.cast("B")[:] = source.data.cast("B")
     else:
         np.copyto(into, source)
 
