@@ -5,15 +5,17 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+import fsspec
 import pytest
 import torch
 from conftest import make_trajectory
 
 import rbzarr
-from rbzarr import StorageUnavailableError, TrajectoryReplayBuffer
-from rbzarr.storage.io.backends import translate_errors
+from rbzarr import CorruptStoreError, StorageUnavailableError, TrajectoryReplayBuffer
+from rbzarr.storage.io.backends import refused_range, translate_errors
 from rbzarr.storage.io.object_ranges import CLIENT_ENV, object_ranges, obstore_config
 from rbzarr.storage.zarr import remote
+from rbzarr.storage.zarr.remote import checked_bytes
 
 EXPLICIT = {
     "endpoint_url": "http://127.0.0.1:9000",
@@ -135,3 +137,33 @@ def test_an_obstore_failure_is_one_line_and_its_debug_dump_stays_in_the_cause() 
     assert "Debug source" not in message and "\n" not in message
     assert message.endswith("check that the endpoint is up and reachable, then retry")
     assert "Debug source" in str(caught.value.__cause__)
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("client", ["obstore", "s3fs"])
+def test_only_a_refused_range_reads_as_a_truncated_shard(
+    client: str, s3_bucket: str, s3_options: dict[str, Any], s3_proxy: Any
+) -> None:
+    # The object's key holds the words an answer of HTTP 416 carries: an outage's error,
+    # which names the URL, must still read as an outage, never as a truncated shard.
+    path = f"{s3_bucket}/store/InvalidRange-416/range-is-not-satisfiable"
+    fs = fsspec.filesystem("s3", **s3_options)
+    fs.pipe(path, b"0123456789")
+
+    def fetch(start: int, end: int) -> Any:
+        if client == "s3fs":
+            return fs.cat_ranges([path], [start], [end], on_error="return")[0]
+        ranges = object_ranges("s3", s3_options)
+        assert ranges is not None
+        return ranges.cat_ranges([path], [start], [end])[0]
+
+    assert checked_bytes(fetch(2, 5), path) == b"234"
+    past_the_end = fetch(20, 30)
+    assert refused_range(past_the_end)
+    with pytest.raises(CorruptStoreError, match="the shard is truncated"):
+        checked_bytes(past_the_end, path)
+    s3_proxy.go_down()
+    outage = fetch(2, 5)
+    assert isinstance(outage, BaseException) and not refused_range(outage)
+    with pytest.raises(StorageUnavailableError), translate_errors(f"s3://{path}", "reading"):
+        checked_bytes(outage, path)

@@ -188,6 +188,6 @@ def test_a_process_dying_during_an_outage_prints_no_tracebacks(
         assert child.stdout.readline().strip() == "loaded"
         s3_proxy.go_down()
         out, err = child.communicate("go\n", timeout=120)
-    assert out.strip() == "unavailable"
+    assert out.strip() == "unavailable", err
     assert child.returncode == 0
     assert "Exception ignored" not in err and "Traceback" not in err, err

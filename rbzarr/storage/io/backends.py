@@ -16,6 +16,7 @@ import errno
 import functools
 import importlib
 import inspect
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -41,6 +42,7 @@ __all__ = [
     "check_storage_options",
     "missing_bucket_message",
     "permanent_cause",
+    "refused_range",
     "translate_errors",
     "with_s3_defaults",
 ]
@@ -181,7 +183,7 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
 def _describe_failure(exc: BaseException) -> str:
     """The backend error in one line, with advice where the cause is a usual one."""
     # obstore appends the Rust error's debug dump; it stays in __cause__, not the message.
-    text = " ".join(str(exc).split("Debug source:", 1)[0].split())
+    text = " ".join(_summary(exc).split())
     if isinstance(exc, TimeoutError) and not text:
         return no_answer(deadline_s())  # fsspec's FSTimeoutError carries no message
     text = text or type(exc).__name__
@@ -241,6 +243,28 @@ def permanent_cause(exc: BaseException) -> BaseException | None:
         if _s3_code(current) in _PERMANENT_CODES:
             return current
     return None
+
+
+def refused_range(exc: BaseException) -> bool:
+    """Whether ``exc`` is an object store refusing a byte range past the object's end.
+
+    Judged by the answer, never by text a URL can hold (an endpoint's port or a key may
+    read ``416``): S3's error code ``InvalidRange`` (botocore, through s3fs) or the HTTP
+    status obstore reports.
+    """
+    return any(
+        _s3_code(current) == "InvalidRange" or _OBSTORE_RANGE_REFUSED.search(_summary(current))
+        for current in _chain(exc)
+    )
+
+
+# obstore's words for an HTTP 416 answer (a URL holds no spaces).
+_OBSTORE_RANGE_REFUSED = re.compile(r"non-2xx status code: 416\b")
+
+
+def _summary(exc: BaseException) -> str:
+    """``exc``'s message without obstore's appended debug dump."""
+    return str(exc).split("Debug source:", 1)[0]
 
 
 def _error_code(exc: BaseException) -> str | None:

@@ -25,6 +25,7 @@ import numpy as np
 
 from rbzarr.errors import CorruptStoreError
 from rbzarr.storage.io import thread_pool
+from rbzarr.storage.io.backends import refused_range
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.local import Piece, RowRead, frames_to_decode, land
 from rbzarr.storage.zarr.spec import ArraySpec
@@ -158,16 +159,10 @@ def checked_bytes(data: Any, where: str) -> bytes:
     if isinstance(data, FileNotFoundError):
         raise CorruptStoreError(f"{where}: the shard is missing") from data
     if isinstance(data, BaseException):
-        if _is_bad_range(data):
+        if refused_range(data):
             raise CorruptStoreError(f"{where}: the shard is truncated ({data})") from data
         raise data
     return bytes(data)
-
-
-def _is_bad_range(error: BaseException) -> bool:
-    """Whether an object store refused a range past the object's end (HTTP 416)."""
-    text = f"{type(error).__name__} {error}"
-    return any(mark in text for mark in ("InvalidRange", "416", "range is not satisfiable"))
 
 
 @dataclass
