@@ -4,7 +4,8 @@ The ``scale`` suite's ``commits`` figure (T=4, B=2, three keys, one add at a tim
 every 50) without the rest of the suite, beside its floor, in alternating rounds (ABBA):
 
 * rbzarr: a new ``auto_save`` buffer (window 100, cache 5) adds ``--warm`` trajectories,
-  flushes, then the clock runs over ``--trajectories`` more (add + commit);
+  flushes, then the clock runs over ``--trajectories`` more (add + commit; the
+  trajectories are made before it starts);
 * floor: the same folders and files one such trajectory's group holds (learnt from the
   store rbzarr just wrote), created with bare ``os`` calls (``mkdir``, ``open``, ``write``,
   ``close``, and the ``rename`` of the commit marker) for as many trajectories.
@@ -53,10 +54,11 @@ def rbzarr_commits(store: Path, warm: int, count: int) -> dict[str, float]:
             buffer.add_trajectories([tiny(i)])
             if i % FLUSH_EVERY == FLUSH_EVERY - 1:
                 buffer.flush()
+        made = [tiny(i) for i in range(warm, warm + count)]  # not the figure: made first
         buffer.flush()
         start = clock()
-        for i in range(warm, warm + count):
-            buffer.add_trajectories([tiny(i)])
+        for i, trajectory in enumerate(made, warm):
+            buffer.add_trajectories([trajectory])
             if i % FLUSH_EVERY == FLUSH_EVERY - 1:
                 buffer.flush()
         buffer.flush()
