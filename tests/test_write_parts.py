@@ -101,7 +101,7 @@ def test_one_part_is_written_in_calls_of_at_most_writev_bytes(
     tmp_path_factory: pytest.TempPathFactory, size: int, cap: int
 ) -> None:
     # The kernel sizes page-cache folios by a write's length: a large shard goes out in
-    # calls of WRITEV_BYTES (1 MiB; here ``cap``), not one call of its whole size.
+    # calls of WRITEV_BYTES (64 KiB; here ``cap``), not one call of its whole size.
     folder = tmp_path_factory.mktemp("one-part")
     real = os.write
     asked: list[int] = []

@@ -41,12 +41,14 @@ _CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 # is no writev (Windows): one write per part.
 _IOV_MAX = max(16, min(os.sysconf("SC_IOV_MAX"), 1024)) if hasattr(os, "writev") else 1
 # The most bytes one write or writev asks for.  The kernel sizes the page-cache folios it
-# allocates by a write's length: writes of 8 MiB took 2 MiB folios, and on this host (a VM
-# that hands free 2 MiB blocks back to its host) those cost a host fault each: 8 MiB
-# writes ran at ~100 MB/s where 1 MiB ones ran at 3.4-4.1 GB/s into the same memory just
-# freed.  It also keeps writev under INT_MAX, which os.write clamps to and os.writev does
-# not (a shard's many frames can sum past it).
-WRITEV_BYTES = 1 << 20
+# allocates by a write's length, and on this host (a VM that hands free blocks back to its
+# host) a large folio meets memory the host took back far more often than a small one, each
+# such page costing a host fault: 8 MiB writes ran at ~100 MB/s where 1 MiB ones ran at
+# 3.4-4.1 GB/s, and 1 MiB ones in turn swung between 0.28 and 4.3 GB/s into memory just
+# freed where 64 KiB ones held 2.7-4.0 GB/s (6 alternating rounds of 88 MB).  A call costs
+# ~2 us: 160 calls for a 10 MB shard.  It also keeps writev under INT_MAX, which os.write
+# clamps to and os.writev does not (a shard's many frames can sum past it).
+WRITEV_BYTES = 64 << 10
 # Concurrent fsyncs: a journaling filesystem commits them together (measured on ext4 here:
 # ten fsyncs of a small trajectory took 36 ms one after the other, 2-4 ms at once).
 SYNC_THREADS = 16
