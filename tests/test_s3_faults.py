@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import torch
 from conftest import make_trajectory, store_reader
 
 from benchmarks.s3_server import S3Proxy
@@ -101,6 +102,31 @@ def test_verify_never_drops_trajectories_while_the_store_is_unreachable(
     s3_proxy.go_up()
     assert Location.from_url(url, options).read_bytes("trajectory_index.json") == before
     assert verify_store(url, options).ok
+
+
+def test_an_outage_reading_a_key_named_like_a_refused_range_is_an_outage(
+    s3_proxy: S3Proxy, s3_bucket: str, s3_options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+):
+    # An outage's error names the URL, and this key's folder holds the words an HTTP 416
+    # answer carries: a sample must still fail as an outage, never as a truncated shard.
+    options = default_options(s3_options)
+    url = f"s3://{s3_bucket}/store"
+    monkeypatch.setattr(remote, "INLINE_SHARD_BYTES", 0)  # every shard is fetched
+    monkeypatch.setattr(remote, "WHOLE_SHARD_BYTES", 0)  # and read by ranges
+    trajectory = make_trajectory(4, 2, 0)
+    trajectory.curr_obs["InvalidRange_416"] = torch.arange(4 * 2 * 3.0).reshape(4, 2, 3)
+    with TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=url, enable_cache=False, storage_options=options
+    ) as buffer:
+        buffer.add_trajectories([trajectory])
+    buffer = reader(url, options)
+    buffer.sample(16)  # the trajectory is open: only its rows are read from now on
+    # Only that key's requests are dropped (every retry of them): its error is the one raised.
+    s3_proxy.fault_requests(lambda request: "InvalidRange_416/" in request.key, drop=True, count=99)
+    error = surfaces(lambda: buffer.sample(16), url)
+    assert "InvalidRange_416" in str(error)
+    s3_proxy.fault_requests(lambda request: False)  # the store answers again
+    assert buffer.sample(16)["curr_obs"]["InvalidRange_416"].shape == (8, 3)  # its 8 rows
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
