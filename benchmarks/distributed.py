@@ -133,12 +133,20 @@ def _writers(root: str, quick: bool) -> dict[str, Any]:
         runs["two"].append(_aggregate(root, 2, count, megabytes, f"two-{r}"))
         runs["two_apart"].append(_aggregate(root, 2, count, megabytes, f"apart-{r}", True))
     ratios = [b[0] / a[0] for a, b in zip(runs["one"], runs["two"], strict=True)]
+    control = [b[0] / a[0] for a, b in zip(runs["one"], runs["two_apart"], strict=True)]
     figures: dict[str, Any] = {}
     for name, measured in runs.items():
         figures[f"{name}_mb_s"] = statistics.median(mb_s for mb_s, _ in measured)
         # Cores busy: about 1 for one writer, 2 for two when the host has both cores free.
         figures[f"{name}_cores"] = statistics.median(cores for _, cores in measured)
-    return {**figures, "round_ratios": ratios, "ratio": statistics.median(ratios)}
+    return {
+        **figures,
+        "round_ratios": ratios,
+        "ratio": statistics.median(ratios),
+        # The control measured as the figure is: 2 writers sharing nothing against 1.
+        "control_round_ratios": control,
+        "control_ratio": statistics.median(control),
+    }
 
 
 def _kill_writer(store: str, writer: int, report: str) -> None:

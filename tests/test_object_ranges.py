@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+import botocore.exceptions
 import fsspec
 import pytest
 import torch
@@ -167,3 +168,44 @@ def test_only_a_refused_range_reads_as_a_truncated_shard(
     assert isinstance(outage, BaseException) and not refused_range(outage)
     with pytest.raises(StorageUnavailableError), translate_errors(f"s3://{path}", "reading"):
         checked_bytes(outage, path)
+
+
+def _client_error(code: str, status: int) -> BaseException:
+    """botocore's error for an answer of ``status`` with S3 error ``code``, wrapped as s3fs
+    wraps it (an ``OSError`` whose cause it is)."""
+    answer = {
+        "Error": {"Code": code, "Message": "m"},
+        "ResponseMetadata": {"HTTPStatusCode": status},
+    }
+    wrapped = OSError(22, "The requested range is not satisfiable")
+    wrapped.__cause__ = botocore.exceptions.ClientError(answer, "GetObject")  # type: ignore[arg-type]
+    return wrapped
+
+
+@pytest.mark.parametrize(
+    ("error", "refused"),
+    [
+        (_client_error("InvalidRange", 416), True),
+        (_client_error("416", 416), True),  # a 416 without an XML body
+        (_client_error("SlowDown", 503), False),
+        (OSError("GET http://127.0.0.1:41623/b/InvalidRange-416/x: connection reset"), False),
+        (
+            RuntimeError(
+                "Error performing GET http://h:4160/b/k in 4.16ms - Server returned non-2xx "
+                "status code: 416 Range Not Satisfiable: <Error><Code>InvalidRange</Code>"
+            ),
+            True,
+        ),
+        (
+            RuntimeError(
+                "Error performing GET http://h/b/k in 1ms - Server returned non-2xx status "
+                "code: 503 Service Unavailable: <Key>non-2xx status code: 416</Key>"
+            ),
+            False,
+        ),
+    ],
+)
+def test_a_refused_range_is_known_by_the_answers_status(
+    error: BaseException, refused: bool
+) -> None:
+    assert refused_range(error) is refused

@@ -249,17 +249,28 @@ def refused_range(exc: BaseException) -> bool:
     """Whether ``exc`` is an object store refusing a byte range past the object's end.
 
     Judged by the answer, never by text a URL can hold (an endpoint's port or a key may
-    read ``416``): S3's error code ``InvalidRange`` (botocore, through s3fs) or the HTTP
-    status obstore reports.
+    read ``416``): HTTP status 416 or S3's error code ``InvalidRange`` in botocore's response
+    (through s3fs; a 416 without an XML body has the code ``416``), or the status obstore
+    reports.
     """
-    return any(
-        _s3_code(current) == "InvalidRange" or _OBSTORE_RANGE_REFUSED.search(_summary(current))
-        for current in _chain(exc)
-    )
+    return any(_http_status(current) == 416 for current in _chain(exc))
 
 
-# obstore's words for an HTTP 416 answer (a URL holds no spaces).
-_OBSTORE_RANGE_REFUSED = re.compile(r"non-2xx status code: 416\b")
+# obstore's words for an answer's status (a URL holds no spaces): the first one is the answer's.
+_OBSTORE_STATUS = re.compile(r"non-2xx status code: (\d{3})\b")
+
+
+def _http_status(exc: BaseException) -> int | None:
+    """The HTTP status of the answer ``exc`` reports (botocore's response, obstore's message;
+    S3's ``InvalidRange`` code counts as 416), else ``None``."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        if response.get("Error", {}).get("Code") in ("InvalidRange", "416"):
+            return 416
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return status if isinstance(status, int) else None
+    found = _OBSTORE_STATUS.search(_summary(exc))
+    return int(found.group(1)) if found else None
 
 
 def _summary(exc: BaseException) -> str:

@@ -34,6 +34,7 @@ __all__ = [
     "sync_paths",
     "sync_tree",
     "write_file",
+    "write_parts",
 ]
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
@@ -46,7 +47,7 @@ _IOV_MAX = max(16, min(os.sysconf("SC_IOV_MAX"), 1024)) if hasattr(os, "writev")
 # such page costing a host fault: 8 MiB writes ran at ~100 MB/s where 1 MiB ones ran at
 # 3.4-4.1 GB/s, and 1 MiB ones in turn swung between 0.28 and 4.3 GB/s into memory just
 # freed where 64 KiB ones held 2.7-4.0 GB/s (6 alternating rounds of 88 MB).  A call costs
-# ~2 us: 160 calls for a 10 MB shard.  It also keeps writev under INT_MAX, which os.write
+# ~2 us: 160 calls for a 10 MiB shard.  It also keeps writev under INT_MAX, which os.write
 # clamps to and os.writev does not (a shard's many frames can sum past it).
 WRITEV_BYTES = 64 << 10
 # Concurrent fsyncs: a journaling filesystem commits them together (measured on ext4 here:
@@ -145,7 +146,7 @@ def write_file(
     try:
         fd = os.open(target, _CREATE, 0o666)
         try:
-            _write_parts(fd, [memoryview(part).cast("B") for part in parts])
+            write_parts(fd, parts)
             if durable:
                 os.fsync(fd)
         finally:
@@ -161,10 +162,11 @@ def write_file(
         sync_directory(os.path.dirname(path))
 
 
-def _write_parts(fd: int, views: list[memoryview]) -> None:
-    """Write ``views`` to ``fd`` in order, each call at most :data:`WRITEV_BYTES`: ``write``
-    calls for one part, else ``writev`` calls of up to :data:`_IOV_MAX` parts (a shard of
-    many small frames is one call, not one per frame)."""
+def write_parts(fd: int, parts: Iterable[Any]) -> None:
+    """Write ``parts`` (byte-like) to ``fd`` in order, each call at most :data:`WRITEV_BYTES`:
+    ``write`` calls for one part, else ``writev`` calls of up to :data:`_IOV_MAX` parts (a
+    shard of many small frames is one call, not one per frame)."""
+    views = [memoryview(part).cast("B") for part in parts]
     if len(views) == 1 or _IOV_MAX == 1:
         for part in views:
             left = part
