@@ -263,10 +263,10 @@ _OBSTORE_STATUS = re.compile(r"non-2xx status code: (\d{3})\b")
 def _http_status(exc: BaseException) -> int | None:
     """The HTTP status of the answer ``exc`` reports (botocore's response, obstore's message;
     S3's ``InvalidRange`` code counts as 416), else ``None``."""
+    if _s3_code(exc) in ("InvalidRange", "416"):
+        return 416
     response = getattr(exc, "response", None)
     if isinstance(response, dict):
-        if response.get("Error", {}).get("Code") in ("InvalidRange", "416"):
-            return 416
         status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         return status if isinstance(status, int) else None
     found = _OBSTORE_STATUS.search(_summary(exc))
