@@ -311,6 +311,20 @@ def test_four_writers_append_while_compactions_run_and_a_reader_follows(tmp_path
     assert verify_store(store).ok
 
 
+def test_a_store_whose_first_record_is_being_written_opens_as_a_zarr_store(tmp_path):
+    """A buffer opening while another writer's first record is on its way (the log's folder
+    made, no record in it yet) writes a zarr slot beside it, never RLinf's one-writer pt."""
+    store = tmp_path / "s"
+    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store) as first:
+        (store / "index" / "log").mkdir(parents=True)  # what a first append makes first
+        with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store) as second:
+            assert second.trajectory_format == "zarr"
+            second.add_trajectories([make_trajectory(4, 2, 1)])
+        first.add_trajectories([make_trajectory(4, 2, 2)])
+    assert len(open_buffer(str(store), sample_window_size=0).ids) == 2
+    assert verify_store(store).ok
+
+
 def check_reads(seen: list[list[int]], final: list[int], count: int) -> None:
     """Every read lists each id once, and later reads keep what earlier ones listed."""
     assert len(final) == len(set(final)) == count

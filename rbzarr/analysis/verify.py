@@ -245,7 +245,7 @@ def _salvage_log(location: Location, problem: Problem) -> None:
         if other == slot or all(key in metadata for key in KEPT_METADATA):
             continue
         with contextlib.suppress(CorruptStoreError, FileNotFoundError, CheckpointNotFoundError):
-            found = index_log.read_slot_metadata(slot_location(location, other))
+            found = index_log.read_slot_metadata(slot_location(location, other)) or {}
             metadata = {**found, **metadata}
     metadata.setdefault("trajectory_format", "zarr")
     index_log.IndexLog.for_repair(where).rewrite(entries, counter=counter, metadata=metadata)

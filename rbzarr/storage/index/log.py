@@ -85,6 +85,9 @@ class SlotIndex:
         The largest ``T * B`` of its entries.
     metadata
         The slot's latest ``metadata.json`` keys.
+    begun
+        Whether the slot has a head or a complete record (a writer whose first record is
+        still on its way has made the log's folder and nothing else).
     entries
         The entries read (the last ones, or all), oldest first, each with its commit time.
     """
@@ -94,6 +97,7 @@ class SlotIndex:
     trajectory_counter: int = 0
     max_rows: int = 0
     metadata: dict[str, Any] = field(default_factory=dict)
+    begun: bool = False
     entries: list[LogEntry] = field(default_factory=list)
 
     @property
@@ -128,9 +132,9 @@ def read_slot_index(location: Location, last: int | None = None) -> SlotIndex:
         raise CorruptStoreError(f"{location.url}/{INDEX_DIR}: {exc}") from exc
 
 
-def read_slot_metadata(location: Location) -> dict[str, Any]:
+def read_slot_metadata(location: Location) -> dict[str, Any] | None:
     """The slot's ``metadata.json`` keys: the head's (one read), or the log's before its
-    first compaction.
+    first compaction; ``None`` before its first record is complete.
 
     Raises
     ------
@@ -142,7 +146,8 @@ def read_slot_metadata(location: Location) -> dict[str, Any]:
     try:
         raw = location.read_bytes(INDEX_DIR, HEAD_FILE)
     except FileNotFoundError:
-        return read_slot_index(location, last=0).metadata
+        state = read_slot_index(location, last=0)
+        return state.metadata if state.begun else None
     return dict(_parse_head(raw, f"{location.url}/{INDEX_DIR}/{HEAD_FILE}")["metadata"])
 
 
@@ -160,6 +165,7 @@ def _read_once(location: Location, last: int | None) -> SlotIndex:
         trajectory_counter=head["trajectory_counter"],
         max_rows=head["max_rows"],
         metadata=dict(head["metadata"]),
+        begun=raw is not None or bool(records),
     )
     tail: list[LogEntry] = []
     for record in records:

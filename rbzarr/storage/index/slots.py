@@ -170,7 +170,7 @@ class LogSlotFiles(SlotFiles):
     @property
     def exists(self) -> bool:
         # docstring inherited
-        return True
+        return self.metadata() is not None
 
     def metadata(self) -> dict[str, Any] | None:
         # docstring inherited
