@@ -48,6 +48,8 @@ DUMMY_KEY = "testing"
 DUMMY_SECRET = "testing"
 _HEADER_END = b"\r\n\r\n"
 _RECV = 1 << 16
+# Seconds the proxy's accept() waits before it looks again whether the proxy was closed.
+_ACCEPT_WAIT = 0.5
 # Bytes moved by one splice of a response (the pipe between the two sockets holds as much).
 _SPLICE = 1 << 20
 
@@ -141,6 +143,7 @@ class S3Proxy:
         host, port = target_url.removeprefix("http://").rstrip("/").rsplit(":", 1)
         self._target = (host, int(port))
         self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(_ACCEPT_WAIT)
         self.port = int(self._listener.getsockname()[1])
         self._lock = threading.Lock()
         self._log: list[Request] = []
@@ -251,10 +254,12 @@ class S3Proxy:
         self._answering.set()
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
         for sock in sockets:
             _close(sock)
+        # The listener is closed only once its thread has left accept(): closed under it, its
+        # number could be reused while the thread was about to wait on it.
         self._acceptor.join()
+        self._listener.close()
         for thread in self._threads:
             thread.join()
 
@@ -263,6 +268,10 @@ class S3Proxy:
         while True:
             try:
                 client, _ = self._listener.accept()
+            except TimeoutError:
+                if self._closed:
+                    return
+                continue  # a wait bounded by _ACCEPT_WAIT: close() is seen even if no wake-up came
             except OSError:
                 return
             with self._lock:

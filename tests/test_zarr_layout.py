@@ -172,6 +172,28 @@ def test_documents_and_the_root_head(location: Location) -> None:
     assert "consolidated_metadata" not in json.loads(location.read_bytes("zarr.json"))
 
 
+def test_the_root_head_keeps_other_attributes_and_leaves_a_replaced_root_alone(
+    location: Location,
+) -> None:
+    layout = ZarrLayout(location)
+    documents = Documents(
+        metadata={"trajectory_format": "zarr"},
+        trajectory_index={"trajectory_index": {}, "trajectory_id_list": []},
+    )
+    layout.write_documents(documents)  # a missing root is created
+    assert zarr.open_group(location.url, mode="r").attrs["rbzarr"]["head"]["size"] == 0
+    mine = {"zarr_format": 3, "node_type": "group", "attributes": {"note": "the user's"}}
+    location.write_bytes(json.dumps(mine).encode(), "zarr.json")
+    layout.write_documents(documents)
+    attrs = zarr.open_group(location.url, mode="r").attrs.asdict()
+    assert attrs["note"] == "the user's" and attrs["rbzarr"]["metadata"]["layout_version"] == 2
+    for replaced in (b'{"zarr_format": 3, "node_type": "array"}', b"[1, 2]", b"\x8fgarbage"):
+        location.write_bytes(replaced, "zarr.json")
+        with pytest.raises(CorruptStoreError, match=r"zarr\.json"):
+            layout.write_documents(documents)
+        assert location.read_bytes("zarr.json") == replaced
+
+
 def test_read_rows_matches_flat_view(location: Location) -> None:
     traj = _every_dtype(seed=1)
     spec = validate(traj)

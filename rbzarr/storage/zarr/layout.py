@@ -44,7 +44,6 @@ import fsspec
 import numpy as np
 import zarr
 from zarr.abc.store import Store
-from zarr.api import asynchronous as zarr_async
 
 from rbzarr.errors import CodecConflictError, CorruptStoreError, InvalidCodecError
 from rbzarr.storage.io.backends import translate_errors
@@ -689,15 +688,30 @@ class ZarrLayout(TrajectoryLayout):
         metadata and the counters, not the index) in the root group's attributes first."""
         metadata = {**documents.metadata, **self.format_metadata()}
         documents = Documents(metadata, documents.trajectory_index)
-        attrs = {ROOT_ATTR: _root_head(documents)}
-        with translate_errors(self.location.url, "writing"):
-            sync(self._update_root(attrs))
+        self._update_root({ROOT_ATTR: _root_head(documents)})
         store_documents.write_documents(self.location, documents)
         return documents
 
-    async def _update_root(self, attrs: dict[str, Any]) -> None:
-        root = await zarr_async.open_group(store=self._opener.store(), mode="a", zarr_format=3)
-        await root.update_attributes(attrs)
+    def _update_root(self, attrs: dict[str, Any]) -> None:
+        """Merge ``attrs`` into the root group's attributes: one read and one atomic write of
+        its ``zarr.json`` (created when missing), not a round through zarr's event loop."""
+        where = f"{self.location.url}/zarr.json"
+        try:
+            document = read_json(self.location.read_bytes("zarr.json"), where)
+        except FileNotFoundError:
+            document = {"attributes": {}, "zarr_format": 3, "node_type": "group"}
+        if (
+            not isinstance(document, dict)
+            or document.get("zarr_format") != 3
+            or document.get("node_type") != "group"
+            or not isinstance(document.get("attributes", {}), dict)
+        ):
+            raise CorruptStoreError(
+                f"{where} is not a Zarr v3 group's document; the store's root was replaced "
+                "by something rbzarr did not write (it is left alone)"
+            )
+        document["attributes"] = {**document.get("attributes", {}), **attrs}
+        self.location.write_bytes(json.dumps(document, indent=2).encode(), "zarr.json")
 
     def delete(self, entry: Entry) -> None:
         # docstring inherited
