@@ -18,7 +18,8 @@
 * ``durable``: ms per ``flush()`` of one tiny trajectory with ``durable=False`` and ``True``.
 * ``writes``: rows/s of the buffer's writes against TorchRL's ``LazyMemmapStorage.extend`` on
   the same state and image rows (:mod:`benchmarks.write_rows`: TorchRL's first pass over new
-  files, and again over the same storage).
+  files, and again over the same storage), 7 alternating rounds each (on this VM one
+  side's rounds swung 10x with the memory the host had taken back; 3 left the median to one).
 * ``s3``: on moto behind the delaying proxy (20 ms a request): ms per tiny trajectory of
   real commits appended after a log of 500 and of 10,000 trajectories (the prefix written
   directly: what a commit costs depends on the log's state, not on how it was made), and
@@ -312,7 +313,7 @@ def write_figures(quick: bool, workdir: str) -> dict[str, Any]:
         import torchrl  # noqa: F401, PLC0415
     except ImportError as exc:
         return {"unavailable": f"torchrl is not installed ({exc}); install rbzarr[bench]"}
-    return {name: measure(name, 1 if quick else 3, workdir, {}) for name in ("state", "image")}
+    return {name: measure(name, 1 if quick else 7, workdir, {}) for name in ("state", "image")}
 
 
 def run_scale(quick: bool, workdir: str | None) -> dict[str, Any]:
