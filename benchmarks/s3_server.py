@@ -247,17 +247,19 @@ class S3Proxy:
             return self._bytes_to_client
 
     def close(self) -> None:
-        """Stop accepting, close every connection and join the threads."""
+        """Stop accepting, end every connection and join the threads.
+
+        Sockets are shut down here (which wakes every thread waiting on one) and closed by
+        the thread that owns them once it has ended: a socket closed under a thread about to
+        wait on it could have its number reused by a new one, and the thread wait there.
+        """
         with self._lock:
             self._closed = True
             sockets = list(self._sockets)
         self._answering.set()
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)
+        _shut(self._listener)
         for sock in sockets:
-            _close(sock)
-        # The listener is closed only once its thread has left accept(): closed under it, its
-        # number could be reused while the thread was about to wait on it.
+            _shut(sock)
         self._acceptor.join()
         self._listener.close()
         for thread in self._threads:
@@ -317,11 +319,7 @@ class S3Proxy:
         except OSError:
             return
         finally:
-            for sock in (client, upstream):
-                if sock is not None:
-                    self._forget(sock)
-            if responder is not None:
-                responder.join()
+            self._end_connection([s for s in (client, upstream) if s is not None], responder)
 
     def _admit(self, request: Request) -> int | bool | None:
         """Hold ``request`` for the delay asked, then: ``False`` to drop it, an error status
@@ -369,12 +367,25 @@ class S3Proxy:
         finally:
             os.close(read_end)
             os.close(write_end)
-            self._forget(client)
+            _shut(client)  # the server ended, so does the client's connection
+
+    def _end_connection(
+        self, sockets: list[socket.socket], responder: threading.Thread | None
+    ) -> None:
+        """Shut a connection's sockets (ending its responder's relay), wait for the
+        responder, then close them: no thread uses a socket after it is closed."""
+        for sock in sockets:
+            _shut(sock)
+        if responder is not None:
+            responder.join()
+        for sock in sockets:
+            self._forget(sock)
 
     def _forget(self, sock: socket.socket) -> None:
+        """Close a socket of this thread's connection (its other threads have ended)."""
         with self._lock:
             self._sockets.discard(sock)
-        _close(sock)
+        sock.close()
 
 
 class _Reader:
@@ -491,9 +502,14 @@ def _parse_head(head: bytes) -> tuple[Request, int, bool]:
     return request, length, chunked
 
 
-def _close(sock: socket.socket) -> None:
+def _shut(sock: socket.socket) -> None:
+    """End both directions of ``sock`` (waking whoever waits on it), keeping its number."""
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
+
+
+def _close(sock: socket.socket) -> None:
+    _shut(sock)
     sock.close()
 
 

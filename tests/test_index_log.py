@@ -312,14 +312,19 @@ def test_four_writers_append_while_compactions_run_and_a_reader_follows(tmp_path
 
 
 def test_a_store_whose_first_record_is_being_written_opens_as_a_zarr_store(tmp_path):
-    """A buffer opening while another writer's first record is on its way (the log's folder
-    made, no record in it yet) writes a zarr slot beside it, never RLinf's one-writer pt."""
+    """While a writer's first record is on its way (the log's folder made, no record in it
+    yet), another buffer writes a zarr slot beside it and readers read a zarr store, never
+    RLinf's one-writer pt."""
     store = tmp_path / "s"
     with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store) as first:
         (store / "index" / "log").mkdir(parents=True)  # what a first append makes first
         with TrajectoryReplayBuffer(auto_save=True, auto_save_path=store) as second:
             assert second.trajectory_format == "zarr"
             second.add_trajectories([make_trajectory(4, 2, 1)])
+        # Readers meanwhile read the zarr store the second writer committed to.
+        reader = open_buffer(str(store), sample_window_size=0)
+        assert reader.layout.format == "zarr" and len(reader.ids) == 1
+        assert verify_store(store).ok
         first.add_trajectories([make_trajectory(4, 2, 2)])
     assert len(open_buffer(str(store), sample_window_size=0).ids) == 2
     assert verify_store(store).ok

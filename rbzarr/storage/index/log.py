@@ -313,6 +313,7 @@ class IndexLog:
             self._state.trajectory_counter,
             self._state.max_rows,
             dict(self.metadata),
+            begun=not self.is_empty(),
         )
         held = [*self._open, [(e, r["time"]) for r in self._records for e in r["entries"]]]
         tail = [item for block in held for item in block]

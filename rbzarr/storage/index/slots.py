@@ -133,7 +133,8 @@ class SlotFiles(ABC):
     @property
     @abstractmethod
     def exists(self) -> bool:
-        """Whether the slot has committed anything."""
+        """Whether the slot has committed anything (a log's is read: it raises as
+        :meth:`metadata`)."""
 
     @abstractmethod
     def metadata(self) -> dict[str, Any] | None:
@@ -178,11 +179,13 @@ class LogSlotFiles(SlotFiles):
 
     def own(self) -> Documents | None:
         # docstring inherited
-        return log_documents(index_log.read_slot_index(self.where), self.where.url)
+        state = index_log.read_slot_index(self.where)
+        return log_documents(state, self.where.url) if state.begun else None
 
     def committed(self, last: int | None = None) -> Documents | None:
         # docstring inherited
-        return window_documents(index_log.read_slot_index(self.where, last), self.where, last)
+        state = index_log.read_slot_index(self.where, last)
+        return window_documents(state, self.where, last) if state.begun else None
 
     def damage(self) -> CorruptStoreError | None:
         # docstring inherited

@@ -63,9 +63,10 @@ def _refuse_constant(name: str) -> Any:
 
 
 _DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+_LENIENT = json.JSONDecoder()
 
 
-def read_json(raw: bytes | str, where: str) -> Any:
+def read_json(raw: bytes | str, where: str, *, allow_nan: bool = False) -> Any:
     """The JSON value in ``raw``, checked for size, nesting and numbers (``where`` names it).
 
     Parameters
@@ -74,6 +75,8 @@ def read_json(raw: bytes | str, where: str) -> Any:
         The document's bytes.
     where
         The document's path or URL, named in errors.
+    allow_nan
+        Take ``NaN`` and ``Infinity`` as numbers (as zarr writes attributes), not refuse them.
 
     Returns
     -------
@@ -85,15 +88,15 @@ def read_json(raw: bytes | str, where: str) -> Any:
     DocumentTooLargeError
         ``raw`` is larger than :func:`max_json_bytes`.
     CorruptStoreError
-        ``raw`` is not UTF-8 JSON, holds ``NaN`` or ``Infinity``, or nests deeper than
-        :data:`MAX_JSON_DEPTH`.
+        ``raw`` is not UTF-8 JSON, holds ``NaN`` or ``Infinity`` (unless ``allow_nan``), or
+        nests deeper than :data:`MAX_JSON_DEPTH`.
     """
     check_size(len(raw), where)
     data = raw.encode() if isinstance(raw, str) else bytes(raw)
     if data.count(b"[") + data.count(b"{") > MAX_JSON_DEPTH:  # else it cannot nest deeper
         _check_depth(data, where)
     try:
-        document = _DECODER.decode(data.decode("utf-8"))
+        document = (_LENIENT if allow_nan else _DECODER).decode(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise CorruptStoreError(f"{where} is not valid JSON: {exc}") from exc
     return document

@@ -45,6 +45,7 @@ import numpy as np
 import zarr
 from zarr.abc.store import Store
 
+from rbzarr.caller import warn_caller
 from rbzarr.errors import CodecConflictError, CorruptStoreError, InvalidCodecError
 from rbzarr.storage.io.backends import translate_errors
 from rbzarr.storage.io.deadlines import sync
@@ -81,7 +82,7 @@ from rbzarr.storage.zarr.open import (
     TrajectoryOpener,
     group_path,
 )
-from rbzarr.storage.zarr.publish import GroupPublisher, GroupWrite
+from rbzarr.storage.zarr.publish import EMPTY_GROUP, GroupPublisher, GroupWrite
 from rbzarr.storage.zarr.remote import DEFAULT_RANGE_GAP
 from rbzarr.storage.zarr.shard_cache import DEFAULT_LOCAL_CACHE_BYTES, ShardCache, cache_key
 from rbzarr.storage.zarr.sharded import ShardedTrajectory
@@ -694,22 +695,31 @@ class ZarrLayout(TrajectoryLayout):
 
     def _update_root(self, attrs: dict[str, Any]) -> None:
         """Merge ``attrs`` into the root group's attributes: one read and one atomic write of
-        its ``zarr.json`` (created when missing), not a round through zarr's event loop."""
+        its ``zarr.json`` (created when missing), not a round through zarr's event loop.  A
+        root this cannot rewrite (not a Zarr v3 group's document, or past the JSON bound) is
+        left as it is, with a warning: the documents are written all the same."""
         where = f"{self.location.url}/zarr.json"
         try:
-            document = read_json(self.location.read_bytes("zarr.json"), where)
+            raw = self.location.read_bytes("zarr.json")
         except FileNotFoundError:
-            document = {"attributes": {}, "zarr_format": 3, "node_type": "group"}
-        if (
-            not isinstance(document, dict)
-            or document.get("zarr_format") != 3
-            or document.get("node_type") != "group"
-            or not isinstance(document.get("attributes", {}), dict)
-        ):
-            raise CorruptStoreError(
-                f"{where} is not a Zarr v3 group's document; the store's root was replaced "
-                "by something rbzarr did not write (it is left alone)"
+            raw = EMPTY_GROUP
+        try:
+            document = read_json(raw, where, allow_nan=True)
+            if (
+                not isinstance(document, dict)
+                or document.get("zarr_format") != 3
+                or document.get("node_type") != "group"
+                or not isinstance(document.get("attributes", {}), dict)
+            ):
+                raise CorruptStoreError(f"{where} is not a Zarr v3 group's document")
+        except CorruptStoreError as exc:
+            warn_caller(
+                f"{exc}: the root's {ROOT_ATTR!r} attributes (the copy of {METADATA_FILE} "
+                f"for plain zarr readers) were not written and the file is left as it is; "
+                f"{METADATA_FILE} and {INDEX_FILE} were (`rbzarr verify` names the root)",
+                UserWarning,
             )
+            return
         document["attributes"] = {**document.get("attributes", {}), **attrs}
         self.location.write_bytes(json.dumps(document, indent=2).encode(), "zarr.json")
 

@@ -48,7 +48,7 @@ from rbzarr.trajectory.dtypes import dtype_name, to_numpy
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["PARALLEL_WRITE_BYTES", "GroupPublisher", "GroupWrite", "group_document"]
+__all__ = ["EMPTY_GROUP", "PARALLEL_WRITE_BYTES", "GroupPublisher", "GroupWrite", "group_document"]
 
 # A group's files of at least this size are written side by side on the io pool, one each.
 PARALLEL_WRITE_BYTES = 1 << 20
