@@ -93,10 +93,10 @@ def memory_url(request: pytest.FixtureRequest):
 
 @pytest.fixture
 def sync_events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    """Every ``os.fsync`` (``("fsync", path)``) and ``os.replace`` (``("replace",
-    target)``) this test makes, in order; both still run."""
+    """Every ``os.fsync`` (``("fsync", path)``), ``os.replace`` (``("replace", target)``) and
+    ``os.link`` (``("link", target)``) this test makes, in order; each still runs."""
     events: list[tuple[str, str]] = []
-    real_fsync, real_replace = os.fsync, os.replace
+    real_fsync, real_replace, real_link = os.fsync, os.replace, os.link
 
     def fsync(fd: int) -> None:
         events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
@@ -106,8 +106,13 @@ def sync_events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
         events.append(("replace", str(target)))
         real_replace(source, target)
 
+    def link(source: str, target: str) -> None:
+        events.append(("link", str(target)))
+        real_link(source, target)
+
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "link", link)
     return events
 
 

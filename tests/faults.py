@@ -3,8 +3,9 @@
 The seam is where rbzarr's bytes meet a backend, wrapped in place (no parameter is threaded
 through the layers): every :class:`~rbzarr.storage.io.location.Location` call that touches the
 backend (read, write, delete, list, exists) and, below the layouts, the writes of a
-trajectory group's files (``write_file`` / ``commit_file`` of the local publisher, a zarr
-store's ``set`` elsewhere).  Code that moves between modules keeps going through this seam.
+trajectory group's files (``write_file`` / ``commit_file`` of the local publisher, and its
+``create_file`` of the root groups; a zarr store's ``set`` elsewhere).  Code that moves
+between modules keeps going through this seam.
 
 :class:`Faults` first counts the calls of an operation (:meth:`Faults.count`), then replays
 it with call ``k`` faulted (:meth:`Faults.arm`) in one of :data:`KINDS`:
@@ -66,7 +67,7 @@ class Faults:
         self._kind = "fail"
         for name in LOCATION_CALLS:
             monkeypatch.setattr(Location, name, self._wrap(getattr(Location, name), name, True))
-        for name in ("write_file", "commit_file"):
+        for name in ("write_file", "commit_file", "create_file"):
             monkeypatch.setattr(publish, name, self._wrap(getattr(publish, name), name, False))
         for store in (zarr.storage.FsspecStore, zarr.storage.LocalStore):
             monkeypatch.setattr(store, "set", self._wrap_async(store.set, f"{store.__name__}.set"))

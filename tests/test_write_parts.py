@@ -120,3 +120,28 @@ def test_one_part_is_written_in_calls_of_at_most_writev_bytes(
         mp.undo()
     assert (folder / "f").read_bytes() == data
     assert all(n <= cap for n in asked) and sum(asked) == size
+
+
+@pytest.mark.parametrize("links", [True, False])
+def test_create_file_never_replaces_a_file_and_leaves_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, links: bool
+) -> None:
+    if not links:  # a filesystem without hard links: the checked rename
+        monkeypatch.setattr(os, "link", lambda *_: (_ for _ in ()).throw(PermissionError(1, "no")))
+    target = tmp_path / "zarr.json"
+    assert files.create_file(str(target), [b"first", b" write"])
+    assert not files.create_file(str(target), [b"second"])
+    assert target.read_bytes() == b"first write"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["zarr.json"]
+
+
+def test_create_file_that_fails_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(fd: int, parts: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files, "write_parts", full)
+    with pytest.raises(OSError, match="No space"):
+        files.create_file(str(tmp_path / "zarr.json"), [b"{}"])
+    assert list(tmp_path.iterdir()) == []

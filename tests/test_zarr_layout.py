@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
+from conftest import make_trajectory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zarr.codecs import BloscCodec, ZstdCodec
@@ -32,6 +33,7 @@ from rbzarr.storage.rlinf.documents import Documents
 from rbzarr.storage.row_groups import RowGroups
 from rbzarr.storage.zarr import layout as zarr_layout
 from rbzarr.storage.zarr import open as zarr_open
+from rbzarr.storage.zarr import publish
 from rbzarr.storage.zarr.chunking import chunk_shape
 from rbzarr.storage.zarr.layout import ZarrLayout
 from rbzarr.trajectory.dtypes import dtype_from_name, dtype_name, from_numpy, to_numpy
@@ -195,6 +197,25 @@ def test_the_root_head_keeps_other_attributes_and_leaves_a_replaced_root_alone(
             layout.write_documents(documents)
         assert location.read_bytes("zarr.json") == replaced
         assert json.loads(location.read_bytes("metadata.json"))["trajectory_format"] == "zarr"
+
+
+def test_a_first_publication_never_replaces_a_root_another_writer_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer's first trajectory creates the root group if missing; a root another writer
+    made (its close writing the head) between that check and the write is kept."""
+    location = Location.from_url(tmp_path / "store")
+    documents = Documents(
+        metadata={"trajectory_format": "zarr"},
+        trajectory_index={"trajectory_index": {}, "trajectory_id_list": []},
+    )
+    ZarrLayout(location).write_documents(documents)  # the other writer's close
+    head = json.loads(location.read_bytes("zarr.json"))["attributes"]["rbzarr"]
+    # This writer checked before that root existed.
+    monkeypatch.setattr(publish.os.path, "exists", lambda path: False)
+    traj = make_trajectory(4, 2, 0)  # written by the local publisher (no array through zarr)
+    ZarrLayout(location).write(_entry(0, traj), traj)
+    assert json.loads(location.read_bytes("zarr.json"))["attributes"]["rbzarr"] == head
 
 
 def test_read_rows_matches_flat_view(location: Location) -> None:
@@ -599,7 +620,8 @@ def test_durable_writes_sync_the_data_before_the_commit_marker(
         traj = _small_fields()
         layout.write(_entry(0, traj), traj)
         if not durable:
-            assert [kind for kind, _ in events] == ["replace"] * 3  # two parents, the marker
+            # The two parents created (never over another writer's), the marker renamed.
+            assert [kind for kind, _ in events] == ["link", "link", "replace"]
             continue
         group = tmp_path / name / "trajectories" / "0"
         marker = str(group / "zarr.json")

@@ -27,6 +27,7 @@ from rbzarr.storage.io.names import temporary_name
 
 __all__ = [
     "commit_file",
+    "create_file",
     "make_directories",
     "open_regular",
     "read_regular",
@@ -160,6 +161,30 @@ def write_file(
                 os.remove(target)
     if atomic and durable:
         sync_directory(os.path.dirname(path))
+
+
+def create_file(path: str, parts: Iterable[Any], *, durable: bool = False) -> bool:
+    """Write ``path`` whole unless a file is there already, which is never replaced: a
+    temporary sibling hard-linked into place (a link refuses an existing name), then removed;
+    where links are refused, renamed into place after a check (a race can replace then).
+    Whether this call created it."""
+    temporary = temporary_name(path)
+    try:
+        write_file(temporary, parts, atomic=False, durable=durable)
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            return False
+        except OSError:  # no hard links on this filesystem
+            if os.path.lexists(path):
+                return False
+            os.replace(temporary, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+    if durable:
+        sync_directory(os.path.dirname(path))
+    return True
 
 
 def write_parts(fd: int, parts: Iterable[Any]) -> None:

@@ -33,6 +33,7 @@ from zarr.storage import StorePath
 from rbzarr.storage.io import thread_pool
 from rbzarr.storage.io.files import (
     commit_file,
+    create_file,
     make_directories,
     sync_paths,
     sync_tree,
@@ -91,7 +92,8 @@ class GroupPublisher:
                 path = os.path.join(root, *name.split("/"))
                 if not os.path.exists(path):
                     make_directories(os.path.dirname(path), durable)
-                    write_file(path, [EMPTY_GROUP], durable=durable)
+                    # Never over one another writer made meanwhile (its close writes the head).
+                    create_file(path, [EMPTY_GROUP], durable=durable)
             make_directories(os.path.dirname(folder), durable)
             self._parents_ready = True
         _make_new_folder(folder, durable)
