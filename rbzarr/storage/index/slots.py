@@ -141,6 +141,12 @@ class SlotFiles(ABC):
         """The slot's ``metadata.json`` keys without its index, ``None`` before its first
         complete commit."""
 
+    def probe(self) -> tuple[dict[str, Any] | None, bool]:
+        """:meth:`metadata` and :attr:`exists` together, the slot read once where its kind
+        allows."""
+        metadata = self.metadata()
+        return metadata, metadata is not None or self.exists
+
     @abstractmethod
     def own(self) -> Documents | None:
         """The slot's own documents (a log's made from it), ``None`` if it committed none."""
@@ -172,6 +178,11 @@ class LogSlotFiles(SlotFiles):
     def exists(self) -> bool:
         # docstring inherited
         return self.metadata() is not None
+
+    def probe(self) -> tuple[dict[str, Any] | None, bool]:
+        # docstring inherited
+        metadata = self.metadata()
+        return metadata, metadata is not None
 
     def metadata(self) -> dict[str, Any] | None:
         # docstring inherited

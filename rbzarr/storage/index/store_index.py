@@ -76,11 +76,10 @@ class StoreIndex:
         """
         found = False
         for slot in _slots(location):
-            files = slot_files(location, slot)
-            metadata = files.metadata()
+            metadata, exists = slot_files(location, slot).probe()
             if metadata is not None:
                 return cls(location, metadata, True)
-            found = found or files.exists
+            found = found or exists
         return cls(location, None if found else {}, found)
 
     @classmethod

@@ -697,7 +697,7 @@ class ZarrLayout(TrajectoryLayout):
         """Merge ``attrs`` into the root group's attributes: one read and one atomic write of
         its ``zarr.json`` (created when missing), not a round through zarr's event loop.  A
         root this cannot rewrite (not a Zarr v3 group's document, or past the JSON bound) is
-        left as it is, with a warning: the documents are written all the same."""
+        left as it is, with a warning: the documents are written next all the same."""
         where = f"{self.location.url}/zarr.json"
         try:
             raw = self.location.read_bytes("zarr.json")
@@ -715,8 +715,9 @@ class ZarrLayout(TrajectoryLayout):
         except CorruptStoreError as exc:
             warn_caller(
                 f"{exc}: the root's {ROOT_ATTR!r} attributes (the copy of {METADATA_FILE} "
-                f"for plain zarr readers) were not written and the file is left as it is; "
-                f"{METADATA_FILE} and {INDEX_FILE} were (`rbzarr verify` names the root)",
+                f"for plain zarr readers) are not written and the file is left as it is; "
+                f"{METADATA_FILE} and {INDEX_FILE} are written next (`rbzarr verify` names "
+                f"the root)",
                 UserWarning,
             )
             return
