@@ -565,10 +565,18 @@ class BufferView(SamplingFront):
         ValueError
             The store is not in the zarr layout.
         """
-        groups = {i: self.zarr_group(i) for i in self.ids}  # a clear error if not zarr
+        layout = self._zarr_layout()  # a clear error if not zarr
+        groups = {i: layout.data_group(self.entry(i)) for i in self.ids}
         import dask.array as da  # noqa: PLC0415 (optional dependency)
 
-        return {i: da.from_zarr(group[key]) for i, group in groups.items()}
+        found = {}
+        for i, (group, place) in groups.items():
+            array = da.from_zarr(group[key])
+            if place is not None:  # a pack member: its slice of the pack's rows
+                rows = array.shape[0] // place.members
+                array = array[place.member * rows : (place.member + 1) * rows]
+            found[i] = array
+        return found
 
     @shared_doc(trajectory_id=_ID_PARAMETER)
     def zarr_group(self, trajectory_id: int) -> Any:
@@ -581,7 +589,10 @@ class BufferView(SamplingFront):
         Returns
         -------
         zarr.Group
-            The trajectory's group, one array per field.
+            The trajectory's group, one array per field; a small trajectory written in a
+            pack (:mod:`rbzarr.storage.zarr.packs`) has its entry in its group's attributes
+            and its rows in its pack's arrays (:meth:`dask_arrays` and
+            :meth:`xarray_dataset` read them).
 
         Raises
         ------
@@ -640,10 +651,10 @@ class BufferView(SamplingFront):
         entry = self.entry(trajectory_id)
         # a clear error if the store is not zarr; a group written before consolidating its
         # arrays' documents has a document per subgroup and array
-        trajectory_group = self._zarr_layout().zarr_group(entry)
+        trajectory_group, place = self._zarr_layout().data_group(entry)
         consolidated = trajectory_group.metadata.consolidated_metadata is not None
         fields = list(self.layout.fields(entry))
-        folder = self.layout.location.child(*self.layout.trajectory_path(entry))
+        folder = self.layout.location.child(*trajectory_group.path.split("/"))
         store = folder.zarr_store(read_only=True)
         parts = []
         for group in sorted({key.rpartition("/")[0] for key in fields}):
@@ -657,7 +668,15 @@ class BufferView(SamplingFront):
             parts.append(
                 data.rename({name: f"{group}/{name}" if group else name for name in data.data_vars})
             )
-        return xarray.merge(parts, combine_attrs="drop")[fields]
+        dataset = xarray.merge(parts, combine_attrs="drop")[fields]
+        if place is None:
+            return dataset
+        # A pack member: its slice of every first dimension (time, time_with_resets).
+        first = {dataset[key].dims[0] for key in fields if dataset[key].dims}
+        share = {dim: dataset.sizes[dim] // place.members for dim in first}
+        return dataset.isel(
+            {dim: slice(place.member * n, (place.member + 1) * n) for dim, n in share.items()}
+        )
 
 
 def _reopen(

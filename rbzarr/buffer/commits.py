@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -30,7 +31,10 @@ from rbzarr.storage.rlinf.documents import Entry
 from rbzarr.trajectory.model import Schema
 from rbzarr.trajectory.validated import ValidatedTrajectory
 
-__all__ = ["StoreCommitter"]
+__all__ = ["MAX_WRITTEN_TOGETHER", "StoreCommitter"]
+
+# The most queued writes offered to the layout at once (it may write several as one).
+MAX_WRITTEN_TOGETHER = 64
 
 
 class StoreCommitter:
@@ -55,7 +59,8 @@ class StoreCommitter:
         )
         self._lock = threading.Lock()
         self._metadata = dict(metadata or {})
-        self._pending: dict[int, ValidatedTrajectory] = {}
+        # Accepted, data not complete yet: by id, in the order queued.
+        self._pending: dict[int, tuple[dict[str, Any], ValidatedTrajectory]] = {}
         self._unrecorded: list[dict[str, Any]] = []  # data complete, not in a record yet
         store = store or StoreIndex.open(layout.location)
         check_store_folder(layout.location, is_store=store.exists)
@@ -99,7 +104,8 @@ class StoreCommitter:
     def pending_trajectory(self, trajectory_id: int) -> ValidatedTrajectory | None:
         """The in-memory copy of a trajectory whose data is not complete yet, else ``None``."""
         with self._lock:
-            return self._pending.get(trajectory_id)
+            found = self._pending.get(trajectory_id)
+        return None if found is None else found[1]
 
     def warm(self, entries: Sequence[Entry]) -> None:
         """Tell the layout the sample window ``entries``, and which of them are committed (a
@@ -112,7 +118,7 @@ class StoreCommitter:
         """The flat views (not copies) of those of ``ids`` still being written."""
         with self._lock:
             pending = self._pending  # empty (the usual case): no id is looked up
-            return {i: pending[i].flat for i in ids if i in pending} if pending else {}
+            return {i: pending[i][1].flat for i in ids if i in pending} if pending else {}
 
     def set_metadata(self, **values: Any) -> None:
         """Set ``metadata.json`` keys (``seed=``, ``schema=``, ...) for the next commit."""
@@ -135,11 +141,12 @@ class StoreCommitter:
         """Queue the writes of ``items`` in order, holding each in memory until it is written."""
         with self._lock:
             for entry, trajectory in items:
-                self._pending[int(entry["trajectory_id"])] = trajectory
+                self._pending[int(entry["trajectory_id"])] = (dict(entry), trajectory)
         self._writer.submit([functools.partial(self._commit, dict(e), t) for e, t in items])
 
     def _commit(self, entry: dict[str, Any], trajectory: ValidatedTrajectory) -> None:
-        """Writer thread: the data, then (last of a burst) one log record listing the burst."""
+        """Writer thread: the data (with the writes queued behind it where the layout writes
+        several as one: a pack), then (last of a burst) one log record listing the burst."""
         # A new store is first committed empty (claimed), so a crash during its first write
         # leaves a store that loads.
         if not self.index.is_claimed:
@@ -150,12 +157,18 @@ class StoreCommitter:
         with self._lock:
             written = trajectory_id not in self._pending
         if not written:
-            self.layout.write(entry, trajectory)  # validated once, on add: not again
+            with self._lock:  # this one, then those queued behind it, in order
+                queued = list(itertools.islice(self._pending.values(), MAX_WRITTEN_TOGETHER))
+            if not queued or queued[0][0]["trajectory_id"] != entry["trajectory_id"]:
+                queued = [(entry, trajectory)]
+            # Validated once, on add: not again.
+            count = self.layout.write_many(queued)
             with self._lock:
-                self._unrecorded.append(entry)
-                self._counter = max(self._counter, trajectory_id + 1)
-                # The data is complete and readable from the store from here on.
-                self._pending.pop(trajectory_id, None)
+                for done, _ in queued[:count]:
+                    self._unrecorded.append(done)
+                    self._counter = max(self._counter, int(done["trajectory_id"]) + 1)
+                    # The data is complete and readable from the store from here on.
+                    self._pending.pop(int(done["trajectory_id"]), None)
         with self._lock:
             # With more writes queued behind this one, the last of them commits for all.
             last = self._writer.pending <= 1

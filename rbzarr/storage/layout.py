@@ -120,6 +120,29 @@ class TrajectoryLayout(ABC):
             The backend failed.
         """
 
+    def write_many(self, items: Sequence[tuple[Entry, Trajectory | ValidatedTrajectory]]) -> int:
+        """Write the first of ``items`` (``(entry, trajectory)`` pairs, as :meth:`write`
+        takes them), or several at its head as one unit that is complete or absent;
+        returns how many were written.
+
+        Parameters
+        ----------
+        items
+            Trajectories queued to be written, in order (at least one).
+
+        Returns
+        -------
+        int
+            How many of ``items``, from the first, are now complete (at least 1).
+
+        Raises
+        ------
+        StorageUnavailableError
+            The backend failed; none of them is complete.
+        """
+        self.write(*items[0])
+        return 1
+
     @abstractmethod
     def read(self, entry: Entry, keys: Sequence[str] | None = None) -> Trajectory:
         """Read a whole trajectory (raw rows), optionally only the flat ``keys`` given.
@@ -357,6 +380,26 @@ class TrajectoryLayout(ABC):
         layout that keeps trajectories open keeps ``count``; one keeping a local copy of a
         remote store fetches ``committed`` ahead and evicts them last; this one ignores
         both."""
+
+    def stored_bytes(self, entry: Entry) -> int:
+        """The bytes the trajectory's data takes in the store (one listing).
+
+        Parameters
+        ----------
+        entry
+            The trajectory's index entry.
+
+        Returns
+        -------
+        int
+            The sizes of its files (0 where it has none).
+
+        Raises
+        ------
+        StorageUnavailableError
+            The backend failed.
+        """
+        return self.location.tree_bytes(*self.trajectory_path(entry))
 
     def _contains(self, entry: Entry) -> bool:
         """Whether the trajectory's data is present (its :meth:`trajectory_path` exists)."""

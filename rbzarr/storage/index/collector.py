@@ -162,4 +162,4 @@ class SlotCollector:
         if self.retention.max_bytes is None:
             return 0
         entry = {"model_weights_id": "", **entry}
-        return self.layout.location.tree_bytes(*self.layout.trajectory_path(entry))
+        return self.layout.stored_bytes(entry)

@@ -22,6 +22,7 @@ from rbzarr.storage.io.json_limits import read_json
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.rlinf.documents import Entry
 from rbzarr.storage.zarr.codecs import unknown_codec
+from rbzarr.storage.zarr.packs import PACKS, Membership, membership
 from rbzarr.storage.zarr.shard_index import DTYPE_ATTR
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "FIELDS_ATTR",
     "TRAJECTORIES",
     "UNRECORDED_VERSION",
+    "checked_group",
     "codec_text",
     "describe_keys",
     "group_arrays",
@@ -68,10 +70,22 @@ def trajectory_group(location: Location, entry: Entry) -> zarr.Group:
     document (:func:`~rbzarr.storage.io.json_limits.read_json`; zarr's own parser recurses);
     missing is a :class:`CorruptStoreError`."""
     parts = trajectory_path(entry)
-    folder = location.child(*parts)  # the gate: plain names, no link on the way
+    path = "/".join(parts)
+    return checked_group(
+        location,
+        path,
+        f"trajectory {trajectory_id(entry)}: the index of {location.url} lists it but its data "
+        f"({path}) is missing; run `rbzarr verify --repair --drop-damaged {location.url}` to "
+        "drop it from the index",
+    )
+
+
+def checked_group(location: Location, path: str, missing: str) -> zarr.Group:
+    """The zarr group at ``path`` below the root, checked as :func:`trajectory_group`
+    checks a trajectory's; ``missing`` is the message when it is not there."""
+    folder = location.child(*path.split("/"))  # the gate: plain names, no link on the way
     folder.check_tree()
     store = location.zarr_store(read_only=True)
-    path = "/".join(parts)
     try:
         # Locally, where a tampered store costs nothing to read, every document is checked
         # first; on object storage that would cost a request per array, so zarr's own
@@ -85,11 +99,7 @@ def trajectory_group(location: Location, entry: Entry) -> zarr.Group:
     except UnknownCodecError as exc:
         raise _not_known_here(folder.url, exc) from exc
     except FileNotFoundError as exc:  # zarr's GroupNotFoundError
-        raise CorruptStoreError(
-            f"trajectory {trajectory_id(entry)}: the index of {location.url} lists it "
-            f"but its data ({path}) is missing; run `rbzarr verify --repair "
-            f"--drop-damaged {location.url}` to drop it from the index"
-        ) from exc
+        raise CorruptStoreError(missing) from exc
 
 
 def _not_known_here(where: str, exc: UnknownCodecError) -> CodecUnavailableError:
@@ -121,9 +131,10 @@ def describe_keys(
     :meth:`~rbzarr.storage.layout.TrajectoryLayout.describe_keys`)."""
     keys: dict[str, dict[str, Any]] = {}
     disk = 0
-    by_trajectory = _sizes_by_trajectory(sizes)
+    by_trajectory = _sizes_by_group(sizes, TRAJECTORIES)
+    by_pack = _sizes_by_group(sizes, PACKS)
     for entry in tqdm(list(entries), desc="info", unit="traj", disable=not progress):
-        recorded = _recorded_arrays(location, entry)
+        recorded, place = _recorded_arrays(location, entry)
         descriptions: dict[str, Any]
         if recorded is not None and all(name in keys for name in recorded):
             # Layout 2 records every array's shape and dtype in the group's attributes: one
@@ -154,7 +165,14 @@ def describe_keys(
             psnr = (descriptions.get(name) or {}).get("psnr")
             if isinstance(psnr, int | float):  # the worst trajectory's, for a lossy key
                 keys[name]["psnr"] = min(float(psnr), keys[name].get("psnr", float(psnr)))
-        for relative, size in by_trajectory.get(str(int(entry["trajectory_id"])), {}).items():
+        files = [
+            (relative, size)
+            for relative, size in by_trajectory.get(str(int(entry["trajectory_id"])), {}).items()
+        ]
+        if place is not None:  # a pack member: its share of the pack's files
+            pack = by_pack.get(place.group.split("/")[1], {})
+            files += [(relative, size // place.members) for relative, size in pack.items()]
+        for relative, size in files:
             disk += size
             key = _owning_key(relative, raw_bytes)
             if key is not None:
@@ -162,22 +180,44 @@ def describe_keys(
     return keys, disk
 
 
-def _recorded_arrays(location: Location, entry: Entry) -> dict[str, dict[str, Any]] | None:
+def _recorded_arrays(
+    location: Location, entry: Entry
+) -> tuple[dict[str, dict[str, Any]] | None, Membership | None]:
     """Each array's description (shape, dtype, ...) in field order, as layout 2 records them
-    in a trajectory group's attributes; ``None`` where they are not recorded (or not
-    readable: zarr's own read then names the problem)."""
+    in a trajectory group's attributes (a pack member's: its share of its pack's), and the
+    pack it is a member of; ``None`` where they are not recorded (or not readable: zarr's
+    own read then names the problem)."""
     where = f"{location.url}/{'/'.join(trajectory_path(entry))}/zarr.json"
+    place = None
     try:
         folder = location.child(*trajectory_path(entry))  # the gate: no link on the way
-        document = read_json(folder.read_bytes("zarr.json"), where)
-        attributes = document["attributes"]
-        fields, arrays = attributes[FIELDS_ATTR], attributes[LAYOUT_ATTR]["arrays"]
+        attributes = read_json(folder.read_bytes("zarr.json"), where)["attributes"]
+        fields = attributes[FIELDS_ATTR]
+        place = membership(attributes.get(LAYOUT_ATTR), where)
+        if place is not None:
+            pack = location.child(*place.group.split("/"))
+            attributes = read_json(pack.read_bytes("zarr.json"), f"{pack.url}/zarr.json")[
+                "attributes"
+            ]
+        arrays = attributes[LAYOUT_ATTR]["arrays"]
         described = {name: dict(arrays[name]) for name in fields}
+        if place is not None:
+            described = {name: _share(d, place.members) for name, d in described.items()}
         for description in described.values():
             _raw_bytes(description)  # a shape or dtype that does not read: not recorded
-        return described
+        return described, place
     except (FileNotFoundError, CorruptStoreError, KeyError, TypeError, ValueError):
-        return None
+        return None, place
+
+
+def _share(description: dict[str, Any], members: int) -> dict[str, Any]:
+    """A pack array's description as one of its ``members`` sees it: its rows divided."""
+    shape = [int(n) for n in description["shape"]]
+    found = {**description, "shape": [shape[0] // members, *shape[1:]]}
+    rows = description.get("rows")
+    if isinstance(rows, list) and len(rows) == 2 and all(isinstance(r, int) for r in rows):
+        found["rows"] = [rows[0] // members, rows[1]]
+    return found
 
 
 def _raw_bytes(description: Any, stored: int | None = None) -> int:
@@ -216,10 +256,11 @@ def _stored_rows(description: dict[str, Any]) -> int:
     return len(explicit) if isinstance(explicit, list) else 1
 
 
-def _sizes_by_trajectory(sizes: Mapping[str, int]) -> dict[str, dict[str, int]]:
-    """``{trajectory id: {path inside its group: size}}`` from a store's file sizes."""
+def _sizes_by_group(sizes: Mapping[str, int], folder: str) -> dict[str, dict[str, int]]:
+    """``{group name: {path inside it: size}}`` of the groups in ``folder`` (the
+    trajectories, or the packs) from a store's file sizes."""
     found: dict[str, dict[str, int]] = {}
-    prefix = f"{TRAJECTORIES}/"
+    prefix = f"{folder}/"
     for path, size in sizes.items():
         if path.startswith(prefix):
             tid, _, relative = path[len(prefix) :].partition("/")

@@ -61,6 +61,7 @@ from rbzarr.storage.row_groups import DrawnRows, RowGroups
 from rbzarr.storage.zarr import (
     arrays,
     describe,
+    packs,
     sharded,
     zarr_codecs,  # noqa: F401  (registers the image codecs)
 )
@@ -175,13 +176,21 @@ class ZarrLayout(TrajectoryLayout):
     range_gap
         Remote reads without a cache: byte ranges of one object at most this far apart are
         fetched by one request.
+    pack_bytes
+        On a local store, trajectories of at most this many raw bytes that are queued
+        together with the same field shapes and dtypes are written as one pack
+        (:mod:`rbzarr.storage.zarr.packs`: one group holding their rows, each trajectory's
+        own group naming it), up to :data:`~rbzarr.storage.zarr.packs.MAX_MEMBERS` and
+        :data:`~rbzarr.storage.zarr.packs.PACK_LIMIT_BYTES` per pack; a small trajectory
+        then costs the filesystem a folder and a file instead of one per array.  ``0``:
+        every trajectory in its own group with its own arrays.
 
     Raises
     ------
     ValueError
-        ``chunk_bytes`` or ``local_cache_bytes`` is not positive, ``handle_cache_size`` or
-        ``range_gap`` is negative, or ``local_cache_bytes`` is given without
-        ``local_cache_dir``.
+        ``chunk_bytes`` or ``local_cache_bytes`` is not positive, ``handle_cache_size``,
+        ``range_gap`` or ``pack_bytes`` is negative, or ``local_cache_bytes`` is given
+        without ``local_cache_dir``.
     CodecUnavailableError
         An image codec is named and imagecodecs cannot be imported (an ``ImportError``).
     """
@@ -201,9 +210,12 @@ class ZarrLayout(TrajectoryLayout):
         local_cache_dir: str | os.PathLike[str] | None = None,
         local_cache_bytes: int | None = None,
         range_gap: int = DEFAULT_RANGE_GAP,
+        pack_bytes: int = packs.DEFAULT_PACK_BYTES,
     ) -> None:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
+        if pack_bytes < 0:
+            raise ValueError(f"pack_bytes must be >= 0, got {pack_bytes}")
         if handle_cache_size is not None and handle_cache_size < 0:
             raise ValueError(f"handle_cache_size must be >= 0, got {handle_cache_size}")
         if range_gap < 0:
@@ -224,6 +236,7 @@ class ZarrLayout(TrajectoryLayout):
         self._plans_recorded: Mapping[str, KeyPlan] | None = None  # recorded last
         self.chunk_bytes = chunk_bytes
         self.range_gap = range_gap
+        self.pack_bytes = pack_bytes
         if byte_source is None:
             protocol = fsspec.core.split_protocol(location.url)[0] or "file"
             byte_source = ByteSource(object_ranges(protocol, location.storage_options))
@@ -285,6 +298,22 @@ class ZarrLayout(TrajectoryLayout):
         """The read-only Zarr group of one trajectory."""
         return describe.trajectory_group(self.location, entry)
 
+    def data_group(self, entry: Entry) -> tuple[zarr.Group, packs.Membership | None]:
+        """The read-only Zarr group holding a trajectory's arrays: its own, or a pack
+        member's pack (then also where it is in it: its rows of each array are the
+        ``member``-th of ``members`` equal slices along the first axis)."""
+        group = self.zarr_group(entry)
+        where = f"{self.location.url}/{group.path}"
+        place = packs.membership(group.attrs.get(sharded.LAYOUT_ATTR), where)
+        if place is None:
+            return group, None
+        missing = (
+            f"{self.location.url}/{place.group}: the pack holding trajectory "
+            f"{trajectory_id(entry)} is missing; run `rbzarr verify --repair --drop-damaged "
+            f"{self.location.url}` to drop its members from the index"
+        )
+        return describe.checked_group(self.location, place.group, missing), place
+
     def fields(self, entry: Entry) -> dict[str, str]:
         # docstring inherited
         return dict(self._opener.open_many([entry], [])[0].dtypes)  # no shard opened
@@ -295,9 +324,9 @@ class ZarrLayout(TrajectoryLayout):
         return describe.group_arrays(self.location, group)
 
     def _missing_parts(self, entry: Entry) -> list[str]:
-        # docstring inherited
+        """A pack member's parts are its pack's arrays."""
         found = []
-        group = self.zarr_group(entry)
+        group, _ = self.data_group(entry)
         layout = group.attrs.get(sharded.LAYOUT_ATTR)
         described = layout.get("arrays") if isinstance(layout, dict) else None
         for name, node in self.group_arrays(group).items():
@@ -559,6 +588,98 @@ class ZarrLayout(TrajectoryLayout):
         if self.shard_cache is not None and not zarr_keys:
             self._write_through(entry, attrs, files, description)
 
+    def write_many(self, items: Sequence[tuple[Entry, Trajectory | ValidatedTrajectory]]) -> int:
+        """Packs the longest run of small trajectories of one schema at the head of
+        ``items`` (``pack_bytes``), else writes the first alone."""
+        count = self._pack_count(items)
+        if count < 2:
+            self.write(*items[0])
+            return 1
+        return self._write_pack(items[:count])
+
+    def _pack_count(self, items: Sequence[tuple[Entry, Trajectory | ValidatedTrajectory]]) -> int:
+        """How many trajectories at the head of ``items`` go in one pack (1: none)."""
+        from rbzarr.trajectory.validated import tensors_to_write  # noqa: PLC0415
+
+        if (
+            len(items) < 2
+            or self.pack_bytes == 0
+            or not self._opener.local_files
+            or self.shard_cache is not None
+        ):
+            return 1
+        first = tensors_to_write(items[0][1])
+        schema = [(key, value.shape, value.dtype) for key, value in first.items()]
+        size = sum(value.numel() * value.element_size() for value in first.values())
+        if size > self.pack_bytes or any(value.dim() == 0 for value in first.values()):
+            return 1
+        count = 1
+        for _, trajectory in items[1 : packs.MAX_MEMBERS]:
+            fields = tensors_to_write(trajectory)
+            same = [(key, value.shape, value.dtype) for key, value in fields.items()] == schema
+            if not same or (count + 1) * size > packs.PACK_LIMIT_BYTES:
+                break
+            count += 1
+        return count
+
+    def _write_pack(self, items: Sequence[tuple[Entry, Trajectory | ValidatedTrajectory]]) -> int:
+        """Write ``items`` as one pack; 1 (the first written alone) where the pack's arrays
+        would not all be described (a codec zarr writes)."""
+        import torch  # noqa: PLC0415 (writing: the trajectories' tensors)
+
+        from rbzarr.trajectory.validated import tensors_to_write  # noqa: PLC0415
+
+        entries = [entry for entry, _ in items]
+        parts = [tensors_to_write(trajectory) for _, trajectory in items]
+        T, B = time_and_envs(entries[0])
+        fields = {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
+        plans = self._plans(fields)
+        if any(plan.by_zarr for plan in plans.values()):
+            self.write(*items[0])
+            return 1
+        self._record_codecs(plans)
+        count = len(items)
+        files, description, documents = sharded.encode_trajectory(
+            fields, plans, count * T, B, LOCAL_SEPARATOR, False
+        )
+        dtypes = {key: dtype_name(value.dtype) for key, value in fields.items()}
+        ids = [trajectory_id(entry) for entry in entries]
+        group = packs.pack_group(ids[0], str(entries[0].get("uuid", "")))
+        attrs = {
+            packs.PACK_ATTR: {
+                "members": [
+                    [tid, str(entry.get("uuid", ""))]
+                    for tid, entry in zip(ids, entries, strict=True)
+                ]
+            },
+            "shape": [count * T, B],
+            FIELDS_ATTR: dtypes,
+            sharded.LAYOUT_ATTR: description,
+        }
+        members = [
+            (
+                group_path(tid),
+                {
+                    **dict(entry),
+                    FIELDS_ATTR: dtypes,
+                    sharded.LAYOUT_ATTR: packs.member_layout(group, member, count),
+                },
+            )
+            for member, (tid, entry) in enumerate(zip(ids, entries, strict=True))
+        ]
+        for tid in ids:
+            self._opener.handles.forget(tid)
+        with translate_errors(self.location.url, "writing"):
+            self._publisher.publish_pack(
+                self.location.path,
+                GroupWrite(group, fields, attrs, files, documents),
+                members,
+                self.location.durable,
+            )
+        for tid in ids:
+            self._opener.handles.forget(tid)
+        return count
+
     def check_writable(self, trajectory: Trajectory | ValidatedTrajectory) -> None:
         # docstring inherited
         from rbzarr.trajectory.validated import tensors_of  # noqa: PLC0415
@@ -725,19 +846,56 @@ class ZarrLayout(TrajectoryLayout):
         self.location.write_bytes(json.dumps(document, indent=2).encode(), "zarr.json")
 
     def delete(self, entry: Entry) -> None:
-        # docstring inherited
+        """A pack member's pack goes with the last of its members."""
         tid = trajectory_id(entry)
+        place = self._membership(tid)
         self._opener.handles.forget(tid)
         # The group's folder at once (one recursive delete, a bulk delete on S3), not key by
         # key through zarr's event loop.
         self.location.delete(*group_path(tid).split("/"))
         self._opener.handles.forget(tid)
+        if place is not None:
+            self._collect_pack(place.group)
+
+    def stored_bytes(self, entry: Entry) -> int:
+        """A pack member's share of its pack's files counts too."""
+        found = super().stored_bytes(entry)
+        place = self._membership(trajectory_id(entry))
+        if place is not None:
+            found += self.location.tree_bytes(*place.group.split("/")) // place.members
+        return found
+
+    def _membership(self, tid: int) -> packs.Membership | None:
+        """The pack trajectory ``tid``'s group names, if it names one (and reads)."""
+        attributes = self.written_attributes(tid)
+        if attributes is None:
+            return None
+        try:
+            return packs.membership(attributes.get(sharded.LAYOUT_ATTR), group_path(tid))
+        except CorruptStoreError:
+            return None
+
+    def _collect_pack(self, group: str) -> None:
+        """Delete pack ``group`` once none of its members' groups is left (a pack that does
+        not read is left to ``verify``)."""
+        where = f"{self.location.url}/{group}/zarr.json"
+        try:
+            attributes = read_json(self.location.read_bytes(*group.split("/"), "zarr.json"), where)
+            members = packs.pack_members(attributes.get("attributes", {}), where)
+        except (FileNotFoundError, CorruptStoreError, AttributeError):
+            return
+        if any(self.location.exists(*group_path(tid).split("/")) for tid, _ in members):
+            return
+        self.location.delete(*group.split("/"))
 
     def copy_to(self, target: TrajectoryLayout, entry: Entry) -> None:
-        """A layout-1 trajectory copied into a zarr layout is re-encoded in layout 2."""
-        if isinstance(target, ZarrLayout) and not self._opener.open_many([entry])[0].described:
-            target.write(entry, self.read(entry))
-            return
+        """A layout-1 trajectory copied into a zarr layout is re-encoded in layout 2, a pack
+        member is written again (its rows alone)."""
+        if isinstance(target, ZarrLayout):
+            opened = self._opener.open_many([entry])[0]
+            if not opened.described or opened.members > 1:
+                target.write(entry, self.read(entry))
+                return
         super().copy_to(target, entry)
 
 

@@ -32,7 +32,7 @@ from rbzarr.storage.io.deadlines import sync
 from rbzarr.storage.io.json_limits import read_json
 from rbzarr.storage.io.location import Location
 from rbzarr.storage.rlinf.documents import Entry
-from rbzarr.storage.zarr import sharded
+from rbzarr.storage.zarr import packs, sharded
 from rbzarr.storage.zarr.arrays import gather
 from rbzarr.storage.zarr.byte_source import ByteSource
 from rbzarr.storage.zarr.describe import CONSOLIDATED, FIELDS_ATTR, TRAJECTORIES
@@ -197,8 +197,9 @@ class TrajectoryOpener:
         location = self.location()
         tids = [trajectory_id(entry) for entry in entries]
         raws = self._group_documents(store, entries)
-        opened: list[ShardedTrajectory] = []
+        opened: list[ShardedTrajectory | None] = []
         pending: list[Any] = []
+        in_packs: list[tuple[int, int, Entry, dict[str, str], packs.Membership]] = []
         for tid, entry, raw in zip(tids, entries, raws, strict=True):
             attrs, members = _group_attrs(tid, raw, location.url)
             _check_claim(entry, attrs, f"{location.url}/{group_path(tid)}")
@@ -207,6 +208,11 @@ class TrajectoryOpener:
                 for name in fields.values():
                     storage_dtype(name)  # one rbzarr stores, else ValueError
                 layout = attrs.get(sharded.LAYOUT_ATTR)
+                place = packs.membership(layout, f"{location.url}/{group_path(tid)}")
+                if place is not None:  # opened with its pack, below
+                    in_packs.append((len(opened), tid, entry, fields, place))
+                    opened.append(None)
+                    continue
                 if layout is None:
                     arrays = self._open_arrays(
                         tid, [key for key in fields if keys is None or key in keys]
@@ -239,11 +245,89 @@ class TrajectoryOpener:
             if self.shard_cache is not None:
                 self._cache_inline(handles, cache_key(entry))
             opened.append(handles)
+        if in_packs:
+            self._open_members(store, location, in_packs, opened, pending, keys)
         if pending and self.shard_cache is not None:
             pending = self._open_cached(location, pending)
         if pending:
             sharded.open_pending(location.fs, [(h, r) for h, r, _ in pending], self.source)
-        return opened
+        return [handles for handles in opened if handles is not None]
+
+    def _open_members(
+        self,
+        store: Store,
+        location: Location,
+        in_packs: Sequence[tuple[int, int, Entry, dict[str, str], packs.Membership]],
+        opened: list[ShardedTrajectory | None],
+        pending: list[Any],
+        keys: set[str] | None,
+    ) -> None:
+        """Open the packs of the members ``in_packs`` (each once, their documents in one
+        round) and place each member's view of its pack at its position in ``opened``; the
+        packs' remote shards join ``pending`` (read from the store: a pack is not kept in
+        the shard cache)."""
+        groups = sorted({place.group for *_, place in in_packs})
+        raws = self._documents(store, [f"{group}/zarr.json" for group in groups])
+        found: dict[str, tuple[ShardedTrajectory, list[tuple[int, str]]]] = {}
+        for group, raw in zip(groups, raws, strict=True):
+            where = f"{location.url}/{group}"
+            if raw is None:
+                raise CorruptStoreError(
+                    f"{where}: the pack holding listed trajectories is missing; run `rbzarr "
+                    f"verify --repair --drop-damaged {location.url}` to drop them from the index"
+                )
+            try:
+                document = read_json(raw, f"{where}/zarr.json")
+                attrs = document["attributes"]
+                members = (document.get(CONSOLIDATED) or {}).get("metadata")
+                listed = packs.pack_members(attrs, where)
+                rows, envs = (int(n) for n in attrs["shape"][:2])
+                if not isinstance(attrs[FIELDS_ATTR], dict):
+                    raise TypeError(f"{FIELDS_ATTR!r} is not a mapping")
+                handles, remote = sharded.describe_sharded(
+                    location,
+                    group,
+                    (rows, envs),
+                    attrs[FIELDS_ATTR],
+                    attrs[sharded.LAYOUT_ATTR],
+                    members,
+                    keys,
+                )
+            except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                if isinstance(exc, RbzarrError):
+                    raise
+                raise CorruptStoreError(
+                    f"{where}: the pack's attributes do not read: {exc}"
+                ) from exc
+            if any(spec is None for spec in handles.specs.values()):
+                raise CorruptStoreError(f"{where}: a pack's arrays are all described")
+            pending.extend((handles, request, None) for request in remote)
+            found[group] = handles, listed
+        for position, tid, entry, fields, place in in_packs:
+            handles, listed = found[place.group]
+            where = f"{location.url}/{place.group}"
+            packs.check_member(listed, place, tid, _handle_key(entry)[1], where)
+            T, B = time_and_envs(entry)
+            same = list(fields.items()) == list(handles.dtypes.items())
+            if not same or (T * place.members, B) != (handles.T, handles.B):
+                raise CorruptStoreError(
+                    f"{where}: holds {place.members} x [{handles.T // place.members}, "
+                    f"{handles.B}] rows of {handles.dtypes}; trajectory {tid} is "
+                    f"[{T}, {B}] of {fields}"
+                )
+            opened[position] = handles.member_view(place.member, place.members, T)
+
+    def _documents(self, store: Store, paths: Sequence[str]) -> list[bytes | None]:
+        """The documents at ``paths`` below the root (``None`` where missing), in one round."""
+        prototype = default_buffer_prototype()
+        location = self.location()
+        for path in paths:
+            location.join(*path.split("/"))  # the gate: plain names, no link inside
+        if self.local_files and isinstance(store, SupportsGetSync):  # see the module
+            fetched = [store.get_sync(path, prototype=prototype) for path in paths]
+        else:
+            fetched = sync(gather(*(store.get(path, prototype) for path in paths)))
+        return [None if raw is None else raw.to_bytes() for raw in fetched]
 
     def _group_documents(self, store: Store, entries: Sequence[Entry]) -> list[Any]:
         """The group documents of ``entries`` (bytes, or ``None`` for a missing group):
@@ -256,20 +340,12 @@ class TrajectoryOpener:
                     found[position] = self.shard_cache.group_document(key)
         missing = [position for position, raw in enumerate(found) if raw is None]
         if missing:
-            prototype = default_buffer_prototype()
             paths = [f"{group_path(trajectory_id(entries[p]))}/zarr.json" for p in missing]
-            location = self.location()
-            for path in paths:
-                location.join(*path.split("/"))  # the gate: plain names, no link inside
-            if self.local_files and isinstance(store, SupportsGetSync):  # see the module
-                fetched = [store.get_sync(path, prototype=prototype) for path in paths]
-            else:
-                fetched = sync(gather(*(store.get(path, prototype) for path in paths)))
-            for position, raw in zip(missing, fetched, strict=True):
-                found[position] = None if raw is None else raw.to_bytes()
+            for position, raw in zip(missing, self._documents(store, paths), strict=True):
+                found[position] = raw
                 key = keys[position]
                 if self.shard_cache is not None and key is not None and raw is not None:
-                    self.shard_cache.put_group_document(key, found[position])
+                    self.shard_cache.put_group_document(key, raw)
         return found
 
     def _cache_inline(self, handles: ShardedTrajectory, ckey: Any) -> None:

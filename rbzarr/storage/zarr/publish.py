@@ -75,6 +75,7 @@ class GroupPublisher:
 
     def __init__(self) -> None:
         self._parents_ready = False
+        self._packs_ready = False
 
     def publish_files(self, root: str, write: GroupWrite, durable: bool = False) -> None:
         """:meth:`publish` straight to the local filesystem (no event loop); only for
@@ -88,14 +89,7 @@ class GroupPublisher:
         """
         folder = os.path.join(root, *write.group.split("/"))
         if not self._parents_ready:
-            for name in ("zarr.json", f"{TRAJECTORIES}/zarr.json"):
-                path = os.path.join(root, *name.split("/"))
-                if not os.path.exists(path):
-                    make_directories(os.path.dirname(path), durable)
-                    # Never over one another writer made meanwhile (its close writes the head).
-                    create_file(path, [EMPTY_GROUP], durable=durable)
-            make_directories(os.path.dirname(folder), durable)
-            self._parents_ready = True
+            self._make_parents(root, durable, write.group)
         _make_new_folder(folder, durable)
         # What this write makes, parents first: the folders of subgroups and arrays, files.
         made = [folder]
@@ -104,6 +98,50 @@ class GroupPublisher:
         except BaseException:
             _remove_made(made)  # a failed write (a full disk) keeps no partial group
             raise
+
+    def publish_pack(
+        self,
+        root: str,
+        pack: GroupWrite,
+        members: Sequence[tuple[str, dict[str, Any]]],
+        durable: bool = False,
+    ) -> None:
+        """Write a pack (:mod:`rbzarr.storage.zarr.packs`) straight to the local filesystem:
+        the pack's group as :meth:`publish_files` writes a trajectory's, then each member's
+        group (``(path below the root, attributes)``), its document alone, renamed into
+        place.  A failure removes everything this call made (no member is listed yet)."""
+        folder = os.path.join(root, *pack.group.split("/"))
+        if not self._parents_ready:
+            self._make_parents(root, durable, f"{TRAJECTORIES}/0")
+        if not self._packs_ready:
+            self._make_parents(root, durable, pack.group)
+            self._packs_ready = True
+        _make_new_folder(folder, durable)
+        made = [folder]
+        try:
+            self._write_files(folder, pack, durable, made)
+            for group, attrs in members:
+                made.append(os.path.join(root, *group.split("/")))
+                _make_new_folder(made[-1], durable)
+                synced = [made[-1], os.path.dirname(made[-1])] if durable else []
+                made.append(os.path.join(made[-1], "zarr.json"))
+                commit_file(made[-1], [group_bytes(attrs)], durable=durable, synced=synced)
+        except BaseException:
+            _remove_made(made)  # no member's marker without the pack, no pack half written
+            raise
+
+    def _make_parents(self, root: str, durable: bool, group: str) -> None:
+        """Create the groups above ``group`` (its parent's ``zarr.json`` and the root's)
+        where missing, never over one another writer made meanwhile."""
+        parent = group.rsplit("/", 1)[0]
+        for name in ("zarr.json", f"{parent}/zarr.json"):
+            path = os.path.join(root, *name.split("/"))
+            if not os.path.exists(path):
+                make_directories(os.path.dirname(path), durable)
+                # Never over one another writer made meanwhile (its close writes the head).
+                create_file(path, [EMPTY_GROUP], durable=durable)
+        if parent == TRAJECTORIES:
+            self._parents_ready = True
 
     @staticmethod
     def _write_files(folder: str, write: GroupWrite, durable: bool, made: list[str]) -> None:

@@ -190,13 +190,16 @@ def _read_others(
                 continue
             if epochs not in elements:
                 elements[epochs] = reset_row_elements(flat, T, B, epochs)
+            chosen = elements[epochs]
+            if handles.member:  # a pack member's rows, where they are in its pack
+                chosen = chosen + handles.first_element(key)
             if local is None or local.rows is None:
-                batch.add(handles, key, elements[epochs], positions)
+                batch.add(handles, key, chosen, positions)
             elif local.prefetches:
-                local.prefetch(elements[epochs])
-                deferred.append((views[key], positions, local.rows, elements[epochs]))
+                local.prefetch(chosen)
+                deferred.append((views[key], positions, local.rows, chosen))
             else:
-                views[key][positions] = source.gather(local.rows, elements[epochs])
+                views[key][positions] = source.gather(local.rows, chosen)
     for view, chosen_targets, mapped, chosen in deferred:  # after every prefetch was issued
         view[chosen_targets] = source.gather(mapped, chosen)
     batch.run(location.fs)
@@ -304,7 +307,7 @@ def _row_plan(handles: ShardedTrajectory, keys: Sequence[str]) -> _RowPlan:
         bay = None if local is None or key in by_zarr else local.bay
         epochs = 0 if key in by_zarr else handles.shape(key)[0] - handles.T
         regions.append(None if bay is None else bay.region)
-        first_rows.append(0 if bay is None else bay.first_row)
+        first_rows.append(0 if bay is None else bay.first_row + handles.first_element(key))
         all_epochs.append(epochs if bay is not None else 0)
         if key in by_zarr:
             others.append((key, None, 0, by_zarr[key]))

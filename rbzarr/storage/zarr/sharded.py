@@ -13,7 +13,7 @@ import functools
 import json
 import math
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -82,6 +82,11 @@ class ShardedTrajectory:
         none, and every key is read by zarr.
     plans
         Row-read plans by key tuple, filled on first use (a cache, not compared).
+    member, members
+        A trajectory of a pack (:mod:`rbzarr.storage.zarr.packs`) is member ``member`` of
+        the ``members`` whose rows the pack's arrays hold end to end: ``group`` and the
+        shards are the pack's, ``T`` the member's own.  ``0, 1``: the group is the
+        trajectory's own.
     """
 
     group: str
@@ -94,6 +99,8 @@ class ShardedTrajectory:
     arrays: dict[str, AsyncArray[Any]] = field(default_factory=dict)
     described: bool = True
     plans: dict[tuple[str, ...], Any] = field(default_factory=dict, compare=False)
+    member: int = 0
+    members: int = 1
 
     @property
     def files(self) -> int:
@@ -101,9 +108,24 @@ class ShardedTrajectory:
         return len(self.local)
 
     def shape(self, key: str) -> tuple[int, ...]:
-        """The stored shape of ``key``."""
+        """The stored shape of ``key`` (a pack member's: its own rows)."""
         spec = self.specs[key]
-        return spec.logical_shape if spec is not None else tuple(self.arrays[key].shape)
+        shape = spec.logical_shape if spec is not None else tuple(self.arrays[key].shape)
+        if self.members == 1 or not shape:
+            return shape
+        return (shape[0] // self.members, *shape[1:])
+
+    def first_element(self, key: str) -> int:
+        """The element (``raw_t * B + b``) of the stored array where this trajectory's row 0
+        of ``key`` is: 0, or a pack member's offset into its pack."""
+        if self.member == 0:
+            return 0
+        return self.member * self.shape(key)[0] * self.B
+
+    def member_view(self, member: int, members: int, T: int) -> ShardedTrajectory:
+        """Member ``member`` of ``members`` of this pack's handles (shards shared), of ``T``
+        steps."""
+        return replace(self, T=T, member=member, members=members, plans={})
 
 
 def encode_trajectory(
@@ -407,7 +429,15 @@ def read_whole_shards(
     for key, spec in shared.items():
         assert spec.explicit is not None
         out[key] = next_obs.rebuild(out[key], out[spec.same_as], spec.explicit)
-    return {key: out[key] for key in wanted}
+    return {key: _own_rows(opened, key, out[key]) for key in wanted}
+
+
+def _own_rows(opened: ShardedTrajectory, key: str, whole: np.ndarray) -> np.ndarray:
+    """The trajectory's rows of the whole array ``whole`` of ``key`` (a pack member's share)."""
+    if opened.members == 1:
+        return whole
+    rows = opened.shape(key)[0]
+    return whole[opened.member * rows : (opened.member + 1) * rows]
 
 
 def _spec(opened: ShardedTrajectory, key: str) -> ArraySpec:
