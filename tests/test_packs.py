@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from conftest import assert_same_trajectory, make_trajectory
+from conftest import assert_same_trajectory, index_entry, make_trajectory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -262,3 +262,21 @@ def test_dask_and_xarray_read_a_members_rows_of_its_pack(tmp_path):
         assert np.array_equal(dataset["curr_obs/state"].values, want.curr_obs["state"].numpy())
         assert np.array_equal(dataset["dones"].values, want.dones.numpy())
     assert list(view.zarr_group(1).attrs["rbzarr_layout"]["pack"]) == ["group", "member", "members"]
+
+
+def test_verify_repair_removes_a_pack_no_listed_trajectory_is_a_member_of(tmp_path):
+    store = tmp_path / "s"
+    write_store(store, [make_trajectory(2, 2, 100 * k) for k in range(2)])
+    layout = ZarrLayout(Location.from_url(str(store)))
+    # An interrupted commit: a pack and its members' groups written, no record listing them.
+    items = [(index_entry(tid, 2, 2), make_trajectory(2, 2, 100 * tid)) for tid in (5, 6, 7)]
+    assert layout.write_many(items) == 3
+    assert len(pack_names(store)) == 2
+    report = verify_store(store)
+    orphans = sorted(p.path for p in report.problems if p.kind == "orphan")
+    unneeded = [f"{packs.PACKS}/{n}" for n in pack_names(store) if n.startswith("5-")]
+    assert orphans == sorted(["trajectories/5", "trajectories/6", "trajectories/7", *unneeded])
+    verify_store(store, repair=True)
+    assert verify_store(store).ok
+    assert [n.split("-")[0] for n in pack_names(store)] == ["0"]
+    assert listed(store) == [0, 1]

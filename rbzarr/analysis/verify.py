@@ -359,9 +359,19 @@ def _orphans(layout: TrajectoryLayout, index: TrajectoryIndex) -> list[Problem]:
         stored = layout.audit().stored_paths()
     except UnsafePathError as exc:
         return [*problems, Problem("unsafe_path", "", _one_line(exc))]
-    for path, trajectory_id in sorted(stored.items(), key=lambda item: item[1]):
-        if path in expected:
-            continue
+    try:
+        unneeded = layout.audit().unneeded_groups(index.entries)
+    except UnsafePathError as exc:
+        return [*problems, Problem("unsafe_path", "", _one_line(exc))]
+    orphans: list[tuple[str, int | None, str]] = [
+        (group, None, "a pack none of whose members is listed") for group in unneeded
+    ]
+    orphans += [
+        (path, trajectory_id, "trajectory data not listed in the index")
+        for path, trajectory_id in sorted(stored.items(), key=lambda item: item[1])
+        if path not in expected
+    ]
+    for path, trajectory_id, what in orphans:
         try:
             foreign = layout.audit().foreign_files(path)
         except UnsafePathError as exc:
@@ -369,13 +379,12 @@ def _orphans(layout: TrajectoryLayout, index: TrajectoryIndex) -> list[Problem]:
             continue
         if foreign:
             message = (
-                "trajectory data not listed in the index, holding files rbzarr did not write "
-                f"({', '.join(foreign[:3])}): left for you to remove"
+                f"{what}, holding files rbzarr did not write ({', '.join(foreign[:3])}): "
+                "left for you to remove"
             )
             problems.append(Problem("orphan", path, message, trajectory_id))
         else:
-            message = "trajectory data not listed in the index"
-            problems.append(Problem("orphan", path, message, trajectory_id, DELETE))
+            problems.append(Problem("orphan", path, what, trajectory_id, DELETE))
     return problems
 
 

@@ -455,11 +455,19 @@ class TrajectoryLayout(ABC):
             and a trajectory's missing parts.
         """
         return LayoutAudit(
-            self._contains, self._stored_paths, self._foreign_files, self._missing_parts
+            self._contains,
+            self._stored_paths,
+            self._foreign_files,
+            self._missing_parts,
+            self._unneeded_groups,
         )
 
     def _foreign_files(self, path: str) -> list[str]:
         """Files below the trajectory path ``path`` rbzarr did not write; the default: none."""
+        return []
+
+    def _unneeded_groups(self, entries: Mapping[int, Entry]) -> list[str]:
+        """Shared groups none of ``entries`` is a member of; the default shares none."""
         return []
 
     @shared_doc(entry_parameter=_ENTRY_PARAMETER)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,9 +34,15 @@ class LayoutAudit:
         ``missing_parts(entry)``: parts of a present trajectory that are absent, one message
         each (damage that decoding would not reveal, such as a Zarr chunk that reads as fill
         values when it is missing).
+    unneeded_groups
+        ``unneeded_groups(entries)``: groups of data several trajectories share (a zarr
+        store's packs) of which none of ``entries`` (the listed trajectories by id) is a
+        member, ``/``-joined below the root: what a pack's last member left when it went
+        without it (an interrupted write, a repair).
     """
 
     contains: Callable[[Entry], bool]
     stored_paths: Callable[[], dict[str, int]]
     foreign_files: Callable[[str], list[str]]
     missing_parts: Callable[[Entry], list[str]]
+    unneeded_groups: Callable[[Mapping[int, Entry]], list[str]]

@@ -875,6 +875,30 @@ class ZarrLayout(TrajectoryLayout):
         except CorruptStoreError:
             return None
 
+    def _unneeded_groups(self, entries: Mapping[int, Entry]) -> list[str]:
+        """The packs that list none of ``entries`` (same id and uuid) among their members; a
+        pack without a readable marker is an unfinished write's."""
+        found = []
+        for name in self.location.list_names(packs.PACKS):
+            if name == "zarr.json":
+                continue
+            group = f"{packs.PACKS}/{name}"
+            self.location.join(*group.split("/"))  # the gate: a plain name, no link
+            where = f"{self.location.url}/{group}/zarr.json"
+            try:
+                raw = self.location.read_bytes(packs.PACKS, name, "zarr.json")
+                members = packs.pack_members(read_json(raw, where).get("attributes", {}), where)
+            except (FileNotFoundError, NotADirectoryError, CorruptStoreError, AttributeError):
+                members = []
+            listed = [
+                tid
+                for tid, uuid in members
+                if tid in entries and str(entries[tid].get("uuid", "")) == uuid
+            ]
+            if not listed:
+                found.append(group)
+        return found
+
     def _collect_pack(self, group: str) -> None:
         """Delete pack ``group`` once none of its members' groups is left (a pack that does
         not read is left to ``verify``)."""
