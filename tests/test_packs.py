@@ -280,3 +280,29 @@ def test_verify_repair_removes_a_pack_no_listed_trajectory_is_a_member_of(tmp_pa
     assert verify_store(store).ok
     assert [n.split("-")[0] for n in pack_names(store)] == ["0"]
     assert listed(store) == [0, 1]
+
+
+@pytest.mark.s3
+@pytest.mark.timeout(180)
+def test_a_packed_store_copied_to_s3_reads_as_it_did_with_and_without_the_local_cache(
+    s3_bucket, s3_direct_options, s3_options, tmp_path
+):
+    import fsspec  # noqa: PLC0415
+
+    trajectories = [make_trajectory(3, 2, 100 * k, epochs=3) for k in range(6)]
+    packed, plain = tmp_path / "packed", tmp_path / "plain"
+    write_store(packed, trajectories, adds=2)
+    write_store(plain, trajectories, pack_bytes=0)
+    assert len(pack_names(packed)) == 2
+    fs = fsspec.filesystem("s3", **s3_direct_options)
+    fs.put(f"{packed}/", f"{s3_bucket}/store", recursive=True)
+    url = f"s3://{s3_bucket}/store"
+    for cache in (None, tmp_path / "cache"):
+        remote, local = (
+            open_buffer(url, s3_options, seed=4, local_cache_dir=cache),
+            open_buffer(plain, seed=4),
+        )
+        for _ in range(3):
+            assert_same_batch(remote.sample(20), local.sample(20))
+        for tid, want in enumerate(trajectories):
+            assert_same_trajectory(remote.trajectory(tid), want)
