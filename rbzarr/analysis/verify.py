@@ -493,10 +493,18 @@ def _delete_dropped(
     stay, reported as orphans)."""
     # A dropped trajectory's data is an orphan now: it goes as orphans go (after the index
     # -- the log of a zarr store, the documents of a pt / pkl one -- stopped listing it), so
-    # a plain verify that follows is clean.
-    for trajectory_id in sorted(dropped):
-        StoreIndex.assumed(layout.location).priorities.delete(trajectory_id)
-        path = "/".join(layout.trajectory_path(index.entries[trajectory_id]))
+    # a plain verify that follows is clean: its group, and the packs whose last listed
+    # member it was.
+    paths: list[tuple[str, int | None]] = []
+    for dropped_id in sorted(dropped):
+        StoreIndex.assumed(layout.location).priorities.delete(dropped_id)
+        paths.append(("/".join(layout.trajectory_path(index.entries[dropped_id])), dropped_id))
+    kept = {i: entry for i, entry in index.entries.items() if i not in dropped}
+    try:
+        paths += [(group, None) for group in layout.audit().unneeded_groups(kept)]
+    except UnsafePathError as exc:
+        report.problems.append(Problem("unsafe_path", "", _one_line(exc)))
+    for path, trajectory_id in paths:
         try:
             if not layout.location.exists(*path.split("/")):
                 continue
