@@ -30,8 +30,8 @@ two cameras and a state in ``curr_obs`` and ``next_obs``, auto-reset dones).  Pe
   (frames: the two ``curr_obs`` cameras of each row; ``next_obs`` comes free).
 
 Across sources: ``state_writes`` (state rows over a grid of shapes, store creation included,
-against ``LazyMemmapStorage`` and the layout's floor: the same trajectory groups made with
-bare ``os`` calls) and ``s3`` (the default store on moto behind the proxy, read
+against ``LazyMemmapStorage`` and the layout's floor: the same trajectory groups and packs
+made with bare ``os`` calls) and ``s3`` (the default store on moto behind the proxy, read
 through the local shard cache: bytes downloaded against bytes stored).
 
 Run: ``python -m benchmarks --suites images [--quick]``.  Rendered frames are cached under
@@ -58,12 +58,12 @@ from benchmarks.limits import (
     alternate,
     copy_arrays,
     encode_frames,
-    floor_commits,
-    group_shape,
+    floor_tree,
     paired_ratio,
     retire,
     settle_memory,
     spread,
+    tree_shape,
     write_files,
 )
 from benchmarks.measure import interleaved, nbytes, stats
@@ -72,7 +72,8 @@ from benchmarks.settings import Settings
 from benchmarks.torchrl_peer import TorchRLPeer, torchrl_missing
 from rbzarr import RbzarrError, Trajectory, TrajectoryReplayBuffer
 from rbzarr.storage.io.location import Location
-from rbzarr.storage.zarr.layout import ZarrLayout
+from rbzarr.storage.zarr.layout import TRAJECTORIES, ZarrLayout
+from rbzarr.storage.zarr.packs import PACKS
 from rbzarr.trajectory import tree
 from rbzarr.trajectory.flat_view import flatten_trajectory
 from rbzarr.trajectory.model import validate
@@ -533,9 +534,9 @@ def _state_shape(
     trajectories: list[Trajectory], one_add: bool, root: Path, repeats: int
 ) -> dict[str, Any]:
     """The buffer's rows/s (one add of every trajectory, or one add each) against
-    ``LazyMemmapStorage.extend``'s and the layout's floor (the same trajectory groups'
-    folders and files made with bare ``os`` calls, learnt from the buffer's first store),
-    ``repeats`` alternating rounds."""
+    ``LazyMemmapStorage.extend``'s and the layout's floor (the same trajectory groups' and
+    packs' folders and files made with bare ``os`` calls, learnt from the buffer's first
+    store), ``repeats`` alternating rounds."""
     flats = _flats(trajectories)
     rows = sum(len(flat["rewards"]) for flat in flats)
     shapes: list[tuple[list[str], list[tuple[str, int]]]] = []
@@ -548,14 +549,14 @@ def _state_shape(
             buffer.flush()
         seconds = time.perf_counter() - start
         if not shapes:
-            shapes.append(group_shape(root / "rbzarr"))
+            shapes.append(tree_shape(root / "rbzarr", (TRAJECTORIES, PACKS)))
         retire(root / "rbzarr")
         return rows / seconds
 
     def floor() -> float:
-        found = floor_commits(root / "floor", shapes[0], len(trajectories))
+        seconds = floor_tree(root / "floor", shapes[0])
         retire(root / "floor")
-        return rows / (len(trajectories) * found["wall_us"] / 1e6)
+        return rows / seconds
 
     def theirs() -> float:
         start = time.perf_counter()
@@ -571,7 +572,8 @@ def _state_shape(
         "ratio": paired_ratio(mine, peer),
         "layout floor rows_s": spread(bare),
         "layout floor / LazyMemmapStorage.extend": paired_ratio(bare, peer),
-        "group": {"folders": len(shapes[0][0]) + 1, "files": len(shapes[0][1])},
+        "files per trajectory": len(shapes[0][1]) / len(trajectories),
+        "folders per trajectory": len(shapes[0][0]) / len(trajectories),
     }
 
 

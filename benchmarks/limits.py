@@ -10,6 +10,8 @@
   learnt from a store rbzarr wrote) created with bare ``os`` calls, as many times as
   trajectories: what any writer of that layout pays, timed with :func:`clock` and
   reported by :func:`per_trajectory`;
+* :func:`floor_tree`: the same for a whole store's trajectory data (its trajectory groups
+  and packs, :func:`tree_shape`), made once;
 * :func:`spread`: min / median / max of runs; :func:`paired_ratio`: the median of the
   per-round ratios of two sides timed in the same rounds;
 * :func:`retire`: a round's store moved aside, not removed, until its run's folder goes;
@@ -63,12 +65,14 @@ __all__ = [
     "copy_arrays",
     "encode_frames",
     "floor_commits",
+    "floor_tree",
     "group_shape",
     "paired_ratio",
     "per_trajectory",
     "retire",
     "settle_memory",
     "spread",
+    "tree_shape",
     "write_files",
 ]
 
@@ -202,6 +206,41 @@ def group_shape(store: Path) -> tuple[list[str], list[tuple[str, int]]]:
         folders += [str(base / name) for name in sorted(names)]
         files += [(str(base / leaf), (Path(root) / leaf).stat().st_size) for leaf in leaves]
     return folders, files
+
+
+def tree_shape(store: Path, folders: Sequence[str]) -> tuple[list[str], list[tuple[str, int]]]:
+    """The folders and the files (with their sizes) below ``folders`` of ``store`` (those
+    that exist), relative to ``store``, parents first."""
+    found_folders, files = [], []
+    for top in folders:
+        if not (store / top).is_dir():
+            continue
+        found_folders.append(top)
+        for root, names, leaves in os.walk(store / top):
+            base = Path(root).relative_to(store)
+            found_folders += [str(base / name) for name in sorted(names)]
+            files += [(str(base / leaf), (Path(root) / leaf).stat().st_size) for leaf in leaves]
+    return found_folders, files
+
+
+def floor_tree(folder: Path, shape: tuple[list[str], list[tuple[str, int]]]) -> float:
+    """Seconds to create ``shape`` (:func:`tree_shape`) under the new ``folder`` with bare
+    ``os`` calls, each ``zarr.json`` written under a temporary name and renamed (a marker)."""
+    folders, files = shape
+    payload = {name: b"\0" * size for name, size in files}
+    folder.mkdir(parents=True)
+    start = time.perf_counter()
+    for name in folders:
+        os.mkdir(f"{folder}/{name}")
+    for name, data in payload.items():
+        final = f"{folder}/{name}"
+        path = f"{final}.tmp-{uuid.uuid4().hex}" if name.endswith("zarr.json") else final
+        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        os.write(handle, data)
+        os.close(handle)
+        if path != final:
+            os.replace(path, final)
+    return time.perf_counter() - start
 
 
 def floor_commits(

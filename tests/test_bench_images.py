@@ -114,15 +114,18 @@ def test_the_sampled_stores_are_read_from_disk_not_held_in_memory(tmp_path: Path
 
 def test_state_writes_report_the_layouts_floor_beside_torchrl(tmp_path: Path) -> None:
     """Each state shape times the buffer, ``LazyMemmapStorage.extend`` and the layout's
-    floor: the same groups' folders and files, learnt from the buffer's store, made with
-    bare ``os`` calls (a group is the trajectory's folder, one per array, the shards and
-    the document; an all-zero ``dones`` has no shard)."""
+    floor: the same groups' and packs' folders and files, learnt from the buffer's store,
+    made with bare ``os`` calls (two small trajectories added at once are one pack: its
+    folder, one per array, the shards and its document; each member's folder and
+    document; ``trajectories/`` and ``packs/`` with their documents; an all-zero ``dones``
+    has no shard)."""
     trajectories = [_state_trajectory(4, 2, 8, seed) for seed in range(2)]
     found = _state_shape(trajectories, one_add=True, root=tmp_path, repeats=1)
     arrays = len(trajectories[0].tensors())
-    shards = found["group"]["files"] - 1  # beside the group's document
+    shards = 2 * found["files per trajectory"] - 5  # beside the documents
     assert arrays - 1 <= shards <= arrays
-    assert found["group"]["folders"] == 1 + 2 + shards  # curr_obs/ and next_obs/ hold state
+    # curr_obs/ and next_obs/ hold state
+    assert 2 * found["folders per trajectory"] == 2 + 1 + 2 + shards + 2
     for name in ("rows_s", "LazyMemmapStorage.extend rows_s", "layout floor rows_s"):
         assert len(found[name]["runs"]) == 1 and found[name]["min"] > 0, name
     ratio = found["layout floor / LazyMemmapStorage.extend"]["median"]
