@@ -46,12 +46,15 @@ def fail_once(monkeypatch: pytest.MonkeyPatch, folder: str) -> list[str]:
 
 
 def count_group_writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Record each trajectory group's commit marker as it is written (local stores)."""
+    """Record each trajectory group's commit marker as it is written (local stores; a
+    pack's own marker is not a trajectory's)."""
     markers: list[str] = []
     original = publish.commit_file
 
     def commit_file(path: str, *args, **kwargs) -> None:
-        markers.append(os.path.basename(os.path.dirname(path)))
+        group = os.path.dirname(path)
+        if os.path.basename(os.path.dirname(group)) == "trajectories":
+            markers.append(os.path.basename(group))
         original(path, *args, **kwargs)
 
     monkeypatch.setattr(publish, "commit_file", commit_file)

@@ -7,6 +7,7 @@ member; ``verify`` checks packs; a member naming a pack that does not list it is
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import tempfile
@@ -17,10 +18,17 @@ import pytest
 import torch
 import zarr
 from conftest import assert_same_trajectory, index_entry, make_trajectory
+from faults import KINDS, Faults
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rbzarr import CorruptStoreError, TrajectoryReplayBuffer, open_buffer
+from rbzarr import (
+    CorruptStoreError,
+    StorageUnavailableError,
+    TrajectoryReplayBuffer,
+    WriterFailedError,
+    open_buffer,
+)
 from rbzarr.analysis.verify import verify_store
 from rbzarr.storage.index.retention import Retention
 from rbzarr.storage.index.slots import read_store_documents
@@ -322,3 +330,76 @@ def test_repair_dropping_a_damaged_packs_members_removes_the_pack_in_the_same_pa
     verify_store(store, repair=True, drop_damaged=True)
     assert verify_store(store).ok
     assert pack_names(store) == [] and listed(store) == []
+
+
+def test_every_storage_call_of_a_pack_commit_and_its_collection_fails_in_turn(
+    tmp_path, monkeypatch
+):
+    """A burst of 4 (one pack) whose commit collects the burst before it (its pack with its
+    last member): each storage call fails once, stays down a while, loses its reply or
+    hangs, then storage heals and ``flush()`` runs again.  Nothing flushed is lost or listed
+    twice, a reader reads every listed trajectory whole at every fault and its listing
+    never shrinks but by the collection, and no pack outlives its members."""
+    faults = Faults(monkeypatch)
+    made = {tid: make_trajectory(2, 2, 100 * tid) for tid in range(8)}
+
+    def case(path: Path, k: int | None, kind: str) -> list[str]:
+        def observe() -> None:
+            documents = read_store_documents(Location.from_url(str(path)))
+            ids = list(documents.trajectory_index["trajectory_id_list"])
+            assert len(ids) == len(set(ids)) and set(range(4, 8)) & set(seen) <= set(ids)
+            layout = ZarrLayout(Location.from_url(str(path)))
+            for tid in ids:
+                entry = documents.trajectory_index["trajectory_index"][str(tid)]
+                assert_same_trajectory(layout.read(entry), made[tid])
+            seen[:] = ids
+
+        seen: list[int] = []
+        buffer = TrajectoryReplayBuffer(
+            seed=SEED,
+            auto_save=True,
+            auto_save_path=str(path),
+            sample_window_size=4,
+            retention=Retention(last=4, grace=0),
+            max_pending_writes=8,
+        )
+        buffer.add_trajectories([made[tid] for tid in range(4)])
+        buffer.flush()
+        faults.on_fault = observe
+        faults.count() if k is None else faults.arm(k, kind)
+        try:
+            buffer.add_trajectories([made[tid] for tid in range(4, 8)])
+            buffer.flush(timeout=10)
+        except (StorageUnavailableError, WriterFailedError, OSError):
+            pass
+        finally:
+            faults.disarm()
+            faults.on_fault = None
+        calls = list(faults.calls)
+        for attempt in range(4):
+            try:
+                buffer.flush()
+                buffer.close()
+                break
+            except (StorageUnavailableError, WriterFailedError, OSError):
+                assert attempt < 3
+        observe()
+        assert set(range(4, 8)) <= set(seen) <= set(range(8))
+        if not verify_store(path).ok:
+            assert verify_store(path, repair=True).ok or verify_store(path).ok
+        assert verify_store(path).ok
+        observe()
+        assert set(range(4, 8)) <= set(seen)
+        needed = {
+            n for n in pack_names(path) if set(seen) & {int(n.split("-")[0]) + i for i in range(4)}
+        }
+        assert set(pack_names(path)) == needed
+        return calls
+
+    calls = case(tmp_path / "count", None, "fail")
+    assert "commit_file" in calls and "delete" in calls, calls
+    for k, kind in itertools.product(range(len(calls)), KINDS):
+        try:
+            case(tmp_path / f"s{k}-{kind}", k, kind)
+        except AssertionError as exc:
+            raise AssertionError(f"call {k} ({calls[k]}), {kind}: {exc}") from exc

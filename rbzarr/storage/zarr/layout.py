@@ -846,16 +846,17 @@ class ZarrLayout(TrajectoryLayout):
         self.location.write_bytes(json.dumps(document, indent=2).encode(), "zarr.json")
 
     def delete(self, entry: Entry) -> None:
-        """A pack member's pack goes with the last of its members."""
+        """A pack member's pack goes with the last of its members: before the member's own
+        group, so a delete that failed between the two finds the member again on its retry."""
         tid = trajectory_id(entry)
         place = self._membership(tid)
         self._opener.handles.forget(tid)
+        if place is not None and self._last_member(place.group, tid):
+            self.location.delete(*place.group.split("/"))
         # The group's folder at once (one recursive delete, a bulk delete on S3), not key by
         # key through zarr's event loop.
         self.location.delete(*group_path(tid).split("/"))
         self._opener.handles.forget(tid)
-        if place is not None:
-            self._collect_pack(place.group)
 
     def stored_bytes(self, entry: Entry) -> int:
         """A pack member's share of its pack's files counts too."""
@@ -899,18 +900,17 @@ class ZarrLayout(TrajectoryLayout):
                 found.append(group)
         return found
 
-    def _collect_pack(self, group: str) -> None:
-        """Delete pack ``group`` once none of its members' groups is left (a pack that does
-        not read is left to ``verify``)."""
+    def _last_member(self, group: str, tid: int) -> bool:
+        """Whether trajectory ``tid`` is the only member of pack ``group`` whose group is left
+        (a pack gone already, or that does not read, is not deleted here: ``verify``)."""
         where = f"{self.location.url}/{group}/zarr.json"
         try:
             attributes = read_json(self.location.read_bytes(*group.split("/"), "zarr.json"), where)
             members = packs.pack_members(attributes.get("attributes", {}), where)
         except (FileNotFoundError, CorruptStoreError, AttributeError):
-            return
-        if any(self.location.exists(*group_path(tid).split("/")) for tid, _ in members):
-            return
-        self.location.delete(*group.split("/"))
+            return False
+        others = [other for other, _ in members if other != tid]
+        return not any(self.location.exists(*group_path(other).split("/")) for other in others)
 
     def copy_to(self, target: TrajectoryLayout, entry: Entry) -> None:
         """A layout-1 trajectory copied into a zarr layout is re-encoded in layout 2, a pack
