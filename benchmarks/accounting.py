@@ -194,14 +194,17 @@ class StoreGeometry:
         self._arrays: dict[tuple[int, str], ArrayGeometry] = {}
         self._groups: dict[int, dict[str, Any]] = {}
         self._descriptions: dict[int, dict[str, Any]] = {}
+        # Where each trajectory's arrays are: its group (or its pack), member, members.
+        self._places: dict[int, tuple[str, int, int]] = {}
         self._indexes: dict[str, np.ndarray | None] = {}
 
     def array(self, tid: int, key: str) -> ArrayGeometry:
-        """The geometry of array ``key`` of trajectory ``tid`` (read once)."""
+        """The geometry of array ``key`` of trajectory ``tid`` (read once; a pack member's
+        is its pack's array)."""
         found = self._arrays.get((tid, key))
         if found is None:
-            path = f"trajectories/{tid}/{key}"
             metadata = self._members(tid).get(key)
+            path = f"{self._places[tid][0]}/{key}"
             if metadata is None:  # a store written before its group consolidated documents
                 metadata = json.loads(self.fs.cat_file(f"{self.root}/{path}/zarr.json"))
             found = self._arrays[(tid, key)] = ArrayGeometry.from_metadata(path, metadata)
@@ -220,11 +223,20 @@ class StoreGeometry:
         return self._descriptions[tid].get(key) or {}
 
     def _read_group(self, tid: int) -> None:
-        """Read trajectory ``tid``'s group document: its members and its arrays' descriptions."""
-        group = json.loads(self.fs.cat_file(f"{self.root}/trajectories/{tid}/zarr.json"))
+        """Read trajectory ``tid``'s group document (and a pack member's pack's, which holds
+        its rows): its members and its arrays' descriptions."""
+        path = f"trajectories/{tid}"
+        group = json.loads(self.fs.cat_file(f"{self.root}/{path}/zarr.json"))
+        layout = (group.get("attributes") or {}).get("rbzarr_layout") or {}
+        pack = layout.get("pack")
+        if pack is None:
+            self._places[tid] = (path, 0, 1)
+        else:
+            self._places[tid] = (pack["group"], pack["member"], pack["members"])
+            group = json.loads(self.fs.cat_file(f"{self.root}/{pack['group']}/zarr.json"))
+            layout = (group.get("attributes") or {}).get("rbzarr_layout") or {}
         consolidated = group.get("consolidated_metadata") or {}
         self._groups[tid] = consolidated.get("metadata") or {}
-        layout = (group.get("attributes") or {}).get("rbzarr_layout") or {}
         self._descriptions[tid] = layout.get("arrays") or {}
 
     def needed(self, rows_by_id: Mapping[int, Sequence[int]]) -> NeededReads:
@@ -245,11 +257,19 @@ class StoreGeometry:
         return out
 
     def _add_key(self, out: NeededReads, tid: int, key: str, flat: np.ndarray) -> None:
-        """What flat rows ``flat`` (``t * B + b``) of trajectory ``tid`` need of ``key``."""
+        """What flat rows ``flat`` (``t * B + b``) of trajectory ``tid`` need of ``key`` (a
+        pack member's rows are those of the pack, a trajectory of ``members * T`` steps,
+        from its ``member * T``-th step on)."""
+        self.array(tid, key)  # reads the group: where its rows are
+        _, member, members = self._places[tid]
+        self._add_rows(out, tid, key, flat + member * self.T * self.B, members * self.T)
+
+    def _add_rows(self, out: NeededReads, tid: int, key: str, flat: np.ndarray, T: int) -> None:
+        """What flat rows ``flat`` of ``key``'s stored array, of ``T`` steps, need."""
         array = self.array(tid, key)
         description = self._description(tid, key)
         if description.get("explicit") is None:
-            times = raw_time_rows(flat // self.B, self.T, array.shape[0])
+            times = raw_time_rows(flat // self.B, T, array.shape[0])
             self._add(out, array, times, flat % self.B)
             return
         # Stored once: listed elements are rows [m, 0] of its own array, the others are
@@ -258,7 +278,7 @@ class StoreGeometry:
         _, stored, borrowed = split_elements(explicit, self.B, flat)
         self._add(out, array, stored, np.zeros_like(stored))
         if len(borrowed):
-            self._add_key(out, tid, description["same_as"], borrowed)
+            self._add_rows(out, tid, description["same_as"], borrowed, T)
 
     def _add(
         self, out: NeededReads, array: ArrayGeometry, times: np.ndarray, envs: np.ndarray

@@ -6,9 +6,11 @@ every 50) without the rest of the suite, beside its floor, in alternating rounds
 * rbzarr: a new ``auto_save`` buffer (window 100, cache 5) adds ``--warm`` trajectories,
   flushes, then the clock runs over ``--trajectories`` more (add + commit; the
   trajectories are made before it starts);
-* floor: the same folders and files one such trajectory's group holds (learnt from the
-  store rbzarr just wrote), created with bare ``os`` calls (``mkdir``, ``open``, ``write``,
-  ``close``, and the ``rename`` of the commit marker) for as many trajectories.
+* floor: the same folders and files one such trajectory's own group holds (learnt from a
+  store rbzarr wrote with packs off: ``pack_bytes=0``), created with bare ``os`` calls
+  (``mkdir``, ``open``, ``write``, ``close``, and the ``rename`` of the commit marker) for
+  as many trajectories.  rbzarr packs the trajectories queued between two flushes
+  (:mod:`rbzarr.storage.zarr.packs`), so it may run above this floor.
 
 Each round reports wall and CPU microseconds per trajectory, user and system apart (this
 process only: on a shared host the system time is the kernel's inode allocation, which the
@@ -45,10 +47,14 @@ from rbzarr import TrajectoryReplayBuffer
 __all__ = ["main", "measure_commits"]
 
 
-def rbzarr_commits(store: Path, warm: int, count: int) -> dict[str, float]:
-    """Per-trajectory figures of ``count`` commits after ``warm`` (the ``scale`` loop)."""
+def rbzarr_commits(
+    store: Path, warm: int, count: int, pack_bytes: int | None = None
+) -> dict[str, float]:
+    """Per-trajectory figures of ``count`` commits after ``warm`` (the ``scale`` loop);
+    ``pack_bytes``: the zarr layout's option (``None``: its default)."""
+    options = {} if pack_bytes is None else {"layout_options": {"pack_bytes": pack_bytes}}
     with TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=store, sample_window_size=WINDOW, cache_size=5
+        auto_save=True, auto_save_path=store, sample_window_size=WINDOW, cache_size=5, **options
     ) as buffer:
         for i in range(warm):
             buffer.add_trajectories([tiny(i)])
@@ -71,7 +77,7 @@ def measure_commits(workdir: str, warm: int, count: int, rounds: int) -> dict[st
     with tempfile.TemporaryDirectory(prefix="rbzarr-commit-rate-", dir=workdir) as work:
         root = Path(work)
         probe = root / "probe"
-        rbzarr_commits(probe, 0, 2)
+        rbzarr_commits(probe, 0, 2, pack_bytes=0)
         shape = group_shape(probe)
         retire(probe)
         runs: dict[str, list[dict[str, float]]] = {"rbzarr": [], "floor": []}

@@ -39,9 +39,11 @@ def disk_usage(root: str, trajectories: Sequence[Trajectory], fmt: str) -> dict[
 
 
 def _ratio(trajectories: Sequence[Trajectory], key: str, root: str) -> float:
+    """Raw bytes of ``key`` over its shards' bytes, in the trajectories' groups and packs."""
     stored = sum(
         f.stat().st_size
-        for f in Path(root, "trajectories").glob(f"*/{key}/**/*")
+        for folder in ("trajectories", "packs")
+        for f in Path(root, folder).glob(f"*/{key}/**/*")
         if f.is_file() and f.name != "zarr.json"
     )
     raw = nbytes(t.tensors()[key] for t in trajectories)

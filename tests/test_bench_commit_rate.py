@@ -10,7 +10,7 @@ from benchmarks.limits import floor_commits, group_shape
 
 
 def test_the_floor_makes_the_folders_and_files_of_a_committed_group(tmp_path: Path) -> None:
-    rbzarr_commits(tmp_path / "store", 1, 2)
+    rbzarr_commits(tmp_path / "store", 1, 2, pack_bytes=0)
     folders, files = group_shape(tmp_path / "store")
     # T=4, B=2, three keys, two of them zeros (no shard): the fullest group (trajectory 1,
     # rewards of ones) has a folder and a shard for rewards, and the group's zarr.json

@@ -231,9 +231,12 @@ def test_a_codec_this_rbzarr_does_not_know_is_not_damage(tmp_path: Path) -> None
     buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=store)
     buffer.add_trajectories([camera_trajectory(k) for k in range(2)])
     buffer.close()
-    for document in (store / "trajectories").rglob("zarr.json"):
-        text = document.read_text()
-        document.write_text(text.replace('"qoi"', '"avif"').replace("_qoi", "_avif"))
+    # The trajectories' groups and the pack holding both (two small trajectories added
+    # together are one).
+    for folder in ("trajectories", "packs"):
+        for document in (store / folder).rglob("zarr.json"):
+            text = document.read_text()
+            document.write_text(text.replace('"qoi"', '"avif"').replace("_qoi", "_avif"))
     before = snapshot(store)
     report = verify_store(str(store), repair=True, drop_damaged=True)
     assert [(p.kind, p.trajectory_id) for p in report.problems] == [
@@ -301,6 +304,8 @@ def test_without_imagecodecs_nothing_is_damaged_dropped_or_lost(tmp_path: Path) 
     buffer.add_trajectories([camera_trajectory(k) for k in range(2)])
     buffer.close()
     described = json.loads((store / "trajectories/0/zarr.json").read_text())
+    pack = described["attributes"]["rbzarr_layout"]["pack"]["group"]  # both in one pack
+    described = json.loads((store / pack / "zarr.json").read_text())
     assert described["attributes"]["rbzarr_layout"]["arrays"]["curr_obs/image"]["codec"] == "qoi"
     before = snapshot(store)
     (tmp_path / "work").mkdir()

@@ -35,8 +35,12 @@ pytestmark = pytest.mark.timeout(60)
 
 def build(path: Path, fmt: str) -> Path:
     """A committed store whose two documents are its index: RLinf's formats, and a zarr
-    store as rbzarr wrote it before its index log (its damage cases are test_index_log's)."""
-    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=path, trajectory_format=fmt) as b:
+    store as rbzarr wrote it before its index log (its damage cases are test_index_log's),
+    one group per trajectory (before packs: a pack's damage cases are test_packs')."""
+    options = {"layout_options": {"pack_bytes": 0}} if fmt == "zarr" else {}
+    with TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=path, trajectory_format=fmt, **options
+    ) as b:
         b.add_trajectories([make_trajectory(4, 3, 100 * i, epochs=2) for i in range(3)])
     shutil.rmtree(path / "index", ignore_errors=True)
     return path

@@ -32,6 +32,7 @@ __all__ = [
     "UNRECORDED_VERSION",
     "checked_group",
     "codec_text",
+    "data_group",
     "describe_keys",
     "group_arrays",
     "trajectory_group",
@@ -78,6 +79,22 @@ def trajectory_group(location: Location, entry: Entry) -> zarr.Group:
         f"({path}) is missing; run `rbzarr verify --repair --drop-damaged {location.url}` to "
         "drop it from the index",
     )
+
+
+def data_group(location: Location, entry: Entry) -> tuple[zarr.Group, Membership | None]:
+    """The zarr group holding a trajectory's arrays, checked as :func:`trajectory_group`
+    checks one: its own, or a pack member's pack (then also where it is in it: its rows of
+    each array are the ``member``-th of ``members`` equal slices of the first axis)."""
+    group = trajectory_group(location, entry)
+    place = membership(group.attrs.get(LAYOUT_ATTR), f"{location.url}/{group.path}")
+    if place is None:
+        return group, None
+    missing = (
+        f"{location.url}/{place.group}: the pack holding trajectory {trajectory_id(entry)} is "
+        f"missing; run `rbzarr verify --repair --drop-damaged {location.url}` to drop its "
+        "members from the index"
+    )
+    return checked_group(location, place.group, missing), place
 
 
 def checked_group(location: Location, path: str, missing: str) -> zarr.Group:
@@ -142,7 +159,8 @@ def describe_keys(
             descriptions = recorded
             raw_bytes = {name: _raw_bytes(d) for name, d in recorded.items()}
         else:
-            group = trajectory_group(location, entry)
+            group, place = data_group(location, entry)
+            share = 1 if place is None else place.members
             members = group_arrays(location, group)
             # In the trajectory's field order (that of a sampled batch), not listing order.
             fields = group.attrs.get(FIELDS_ATTR)
@@ -151,10 +169,15 @@ def describe_keys(
             layout = group.attrs.get(LAYOUT_ATTR)
             described = layout.get("arrays", {}) if isinstance(layout, dict) else {}
             descriptions = {name: described.get(name) for name in arrays}
+            if place is not None:  # a pack member's share of its pack's arrays
+                descriptions = {
+                    name: d if not isinstance(d, dict) else _share(d, share)
+                    for name, d in descriptions.items()
+                }
             for name, array in arrays.items():
-                keys.setdefault(name, _key_info(array, descriptions[name]))
+                keys.setdefault(name, _key_info(array, descriptions[name], share))
             raw_bytes = {
-                name: _raw_bytes(descriptions[name], int(array.nbytes))
+                name: _raw_bytes(descriptions[name], int(array.nbytes) // share)
                 for name, array in arrays.items()
             }
         for name, nbytes in raw_bytes.items():
@@ -268,13 +291,16 @@ def _sizes_by_group(sizes: Mapping[str, int], folder: str) -> dict[str, dict[str
     return found
 
 
-def _key_info(array: zarr.Array, description: Any) -> dict[str, Any]:
+def _key_info(array: zarr.Array, description: Any, members: int = 1) -> dict[str, Any]:
     """The first trajectory's dtype, shape (as read: a ``next_obs`` key stored once has its
-    full ``[T, B]`` rows; ``stored_shape`` is its array's), chunking and codec of one key
-    (no sizes yet)."""
+    full ``[T, B]`` rows; ``stored_shape`` is its array's; a pack member's, ``members``
+    sharing the array, its share of the rows), chunking and codec of one key (no sizes
+    yet)."""
     shards = array.shards
     rows = description.get("rows") if isinstance(description, dict) else None
     stored = list(array.shape)
+    if members > 1 and stored:
+        stored[0] //= members
     logical = stored
     if isinstance(rows, list) and len(rows) == 2 and all(isinstance(r, int) for r in rows):
         logical = [*rows, *stored[2:]]

@@ -302,17 +302,7 @@ class ZarrLayout(TrajectoryLayout):
         """The read-only Zarr group holding a trajectory's arrays: its own, or a pack
         member's pack (then also where it is in it: its rows of each array are the
         ``member``-th of ``members`` equal slices along the first axis)."""
-        group = self.zarr_group(entry)
-        where = f"{self.location.url}/{group.path}"
-        place = packs.membership(group.attrs.get(sharded.LAYOUT_ATTR), where)
-        if place is None:
-            return group, None
-        missing = (
-            f"{self.location.url}/{place.group}: the pack holding trajectory "
-            f"{trajectory_id(entry)} is missing; run `rbzarr verify --repair --drop-damaged "
-            f"{self.location.url}` to drop its members from the index"
-        )
-        return describe.checked_group(self.location, place.group, missing), place
+        return describe.data_group(self.location, entry)
 
     def fields(self, entry: Entry) -> dict[str, str]:
         # docstring inherited
