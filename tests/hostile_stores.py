@@ -65,26 +65,34 @@ def write_store(path: Path, kind: str, base: int = 0) -> None:
 
     ``zarrlog`` is a ``zarr`` store indexed by its log (``index/``: head, blocks, records),
     as rbzarr writes one today; the other zarr kinds are indexed by their two documents (as
-    an earlier rbzarr wrote them), so that the cases can tamper with those."""
+    an earlier rbzarr wrote them), so that the cases can tamper with those.  Every zarr kind
+    but ``zarrpack`` keeps each trajectory in its own group (``pack_bytes=0``: the cases
+    tamper with one trajectory's arrays); ``zarrpack`` is one pack of the four, indexed by
+    its log."""
     from zarr.codecs import BloscCodec, ZstdCodec  # noqa: PLC0415
 
     from rbzarr import TrajectoryReplayBuffer  # noqa: PLC0415
 
-    options: dict[str, Any] = {}
-    fmt = "zarr" if kind == "zarrlog" else kind
-    if kind == "zarrz":
-        fmt, options = "zarr", {"codecs": {"default": ZstdCodec(level=1)}}
+    options: dict[str, Any] = {"pack_bytes": 0}
+    fmt = "zarr" if kind in ("zarrlog", "zarrpack") else kind
+    if kind == "zarrpack":
+        options = {}
+    elif kind == "zarrz":
+        fmt, options = "zarr", {**options, "codecs": {"default": ZstdCodec(level=1)}}
     elif kind == "zarr1":
-        fmt, options = "zarr", {"codecs": {"default": BloscCodec(cname="lz4")}}
+        fmt, options = "zarr", {**options, "codecs": {"default": BloscCodec(cname="lz4")}}
     buffer = TrajectoryReplayBuffer(
-        auto_save=True, auto_save_path=str(path), trajectory_format=fmt, layout_options=options
+        auto_save=True,
+        auto_save_path=str(path),
+        trajectory_format=fmt,
+        layout_options=options if fmt == "zarr" else {},
     )
     buffer.add_trajectories([make_trajectory(4, 2, base + 8 * i) for i in range(4)])
     buffer.flush()
     buffer.close()
     if kind == "zarrlog":
         split_log(path)
-    else:
+    elif kind != "zarrpack":
         shutil.rmtree(path / "index", ignore_errors=True)
 
 

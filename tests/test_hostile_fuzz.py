@@ -56,7 +56,8 @@ JSON = st.recursive(
 @pytest.fixture(scope="module")
 def stores() -> Iterator[dict[str, Path]]:
     with tempfile.TemporaryDirectory() as root:
-        found = {kind: Path(root) / kind for kind in ("zarr", "zarrz", "pkl", "pt")}
+        kinds = ("zarr", "zarrz", "zarrpack", "pkl", "pt")
+        found = {kind: Path(root) / kind for kind in kinds}
         for kind, path in found.items():
             write_store(path, kind)
         found["log"] = Path(root) / "log"
@@ -162,6 +163,38 @@ def test_any_json_value_in_a_layout_description(stores: dict[str, Path]) -> None
             )
 
         outcomes[_outcome_after(stores[kind], change)] += 1
+
+    check()
+    assert set(outcomes) == {"named", "read"}, outcomes
+
+
+def test_any_json_value_in_a_pack_reference_or_a_packs_attributes(
+    stores: dict[str, Path],
+) -> None:
+    """A member's reference to its pack (``rbzarr_layout.pack``) or the pack's own
+    attributes (its member list, shape, fields, description) replaced by any JSON value."""
+    outcomes: Counter[str] = Counter()
+
+    @FUZZ
+    @example(where="reference", field="group", value="packs/../../x")  # refused: not a name
+    @example(where="pack", field="shape", value=[16, 2])  # read: what it says already
+    @given(
+        where=st.sampled_from(["reference", "pack"]),
+        field=st.sampled_from(["group", "member", "members", "shape", "rbzarr_pack", "fields"]),
+        value=JSON,
+    )
+    def check(where: str, field: str, value: Any) -> None:
+        def change(root: Path) -> None:
+            if where == "reference":
+                edit_json(
+                    root / "trajectories" / "1" / "zarr.json",
+                    lambda d: d["attributes"]["rbzarr_layout"]["pack"].update({field: value}),
+                )
+                return
+            (pack,) = (p for p in (root / "packs").iterdir() if p.is_dir())
+            edit_json(pack / "zarr.json", lambda d: d["attributes"].update({field: value}))
+
+        outcomes[_outcome_after(stores["zarrpack"], change)] += 1
 
     check()
     assert set(outcomes) == {"named", "read"}, outcomes
