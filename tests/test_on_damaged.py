@@ -34,13 +34,15 @@ def _every_shard_read_from_its_file(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def stored_buffer(url: str, options: dict[str, Any] | None, skip: tuple[int, ...] = (), **kw: Any):
     """A buffer whose rows all come from its store (no cache), holding trajectories
-    ``k`` of ``range(COUNT)`` but ``skip``."""
+    ``k`` of ``range(COUNT)`` but ``skip``, each in its own group (no pack: the damage is
+    one trajectory's)."""
     buffer = TrajectoryReplayBuffer(
         seed=7,
         enable_cache=False,
         auto_save=True,
         auto_save_path=url,
         storage_options=options,
+        **({"layout_options": {"pack_bytes": 0}} if kw.get("trajectory_format") is None else {}),
         **kw,
     )
     buffer.add_trajectories([make_trajectory(4, 2, 10 * k) for k in range(COUNT) if k not in skip])

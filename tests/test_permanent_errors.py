@@ -99,12 +99,12 @@ from benchmarks.s3_server import unique_bucket_name
 from test_permanent_errors import break_trajectories_folder
 from rbzarr import TrajectoryReplayBuffer
 from rbzarr.storage.zarr.layout import ZarrLayout
-real_write = ZarrLayout.write
-def counted_write(layout, entry, trajectory):
+real_write = ZarrLayout.write_many
+def counted_write(layout, items):
     with open({attempts!r}, "a") as log:
-        print(entry["trajectory_id"], file=log)
-    return real_write(layout, entry, trajectory)
-ZarrLayout.write = counted_write
+        print(items[0][0]["trajectory_id"], file=log)
+    return real_write(layout, items)
+ZarrLayout.write_many = counted_write
 buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path={store!r})
 buffer.add_trajectories([make_trajectory(4, 2, 0)])
 buffer.flush()
@@ -122,8 +122,8 @@ def test_exit_with_writes_failed_for_good_warns_once_and_does_not_hang(tmp_path:
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
     )
-    # Trajectory 0 written, trajectory 1 tried once: failed for good, it is not retried at
-    # exit (nor are the two queued behind it), so the process ends at once.
+    # Trajectory 0 written, trajectory 1 (with the two queued behind it: a pack) tried once:
+    # failed for good, it is not retried at exit, so the process ends at once.
     assert attempts.read_text().split() == ["0", "1"]
     lines = [line for line in done.stderr.splitlines() if "not committed" in line]
     assert len(lines) == 1 and "3 write(s)" in lines[0] and str(store) in lines[0]

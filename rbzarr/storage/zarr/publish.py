@@ -109,26 +109,38 @@ class GroupPublisher:
         """Write a pack (:mod:`rbzarr.storage.zarr.packs`) straight to the local filesystem:
         the pack's group as :meth:`publish_files` writes a trajectory's, then each member's
         group (``(path below the root, attributes)``), its document alone, renamed into
-        place.  A failure removes everything this call made (no member is listed yet)."""
+        place.  A failure removes everything this call made (no member is listed yet), the
+        folder of packs too when this call made it and it holds nothing else."""
         folder = os.path.join(root, *pack.group.split("/"))
         if not self._parents_ready:
             self._make_parents(root, durable, f"{TRAJECTORIES}/0")
+        packs_folder = os.path.dirname(folder)
+        new_parent = not self._packs_ready and not os.path.isdir(packs_folder)
         if not self._packs_ready:
             self._make_parents(root, durable, pack.group)
-            self._packs_ready = True
-        _make_new_folder(folder, durable)
+        try:
+            _make_new_folder(folder, durable)
+        except BaseException:
+            if new_parent:
+                _remove_empty_group(packs_folder)
+            raise
         made = [folder]
         try:
             self._write_files(folder, pack, durable, made)
             for group, attrs in members:
-                made.append(os.path.join(root, *group.split("/")))
-                _make_new_folder(made[-1], durable)
-                synced = [made[-1], os.path.dirname(made[-1])] if durable else []
+                member = os.path.join(root, *group.split("/"))
+                # Made before it is listed as made: what is in its way is not this write's.
+                _make_new_folder(member, durable)
+                made.append(member)
+                synced = [member, os.path.dirname(member)] if durable else []
                 made.append(os.path.join(made[-1], "zarr.json"))
                 commit_file(made[-1], [group_bytes(attrs)], durable=durable, synced=synced)
         except BaseException:
             _remove_made(made)  # no member's marker without the pack, no pack half written
+            if new_parent:
+                _remove_empty_group(packs_folder)
             raise
+        self._packs_ready = True
 
     def _make_parents(self, root: str, durable: bool, group: str) -> None:
         """Create the groups above ``group`` (its parent's ``zarr.json`` and the root's)
@@ -401,6 +413,15 @@ def _remove_made(made: Sequence[str]) -> None:
                 os.rmdir(path)
             elif os.path.lexists(path):
                 os.remove(path)
+
+
+def _remove_empty_group(folder: str) -> None:
+    """Remove group ``folder`` if it holds nothing but its own ``zarr.json`` (a parent a
+    failed write made); what cannot be removed stays."""
+    with contextlib.suppress(OSError):
+        if os.listdir(folder) == ["zarr.json"]:
+            os.remove(os.path.join(folder, "zarr.json"))
+        os.rmdir(folder)
 
 
 def _subgroups(fields: Mapping[str, Any]) -> list[str]:
