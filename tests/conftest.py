@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from collections.abc import Callable
@@ -137,14 +138,20 @@ def store_reader(
 
 
 def truncate_shard(url: str, options: dict[str, Any] | None, trajectory_id: int, key: str) -> None:
-    """Cut the shard of array ``key`` of trajectory ``trajectory_id`` to half its bytes."""
+    """Cut the shard of array ``key`` of trajectory ``trajectory_id`` to half its bytes (a
+    pack member's: its pack's, every member's rows)."""
     location = Location.from_url(url, options)
+    group = ("trajectories", str(trajectory_id))
+    attributes = json.loads(location.read_bytes(*group, "zarr.json"))["attributes"]
+    pack = attributes.get("rbzarr_layout", {}).get("pack")
+    if pack is not None:
+        group = tuple(pack["group"].split("/"))
     shard = next(
         name
-        for name in location.list_files("trajectories", str(trajectory_id))
+        for name in location.list_files(*group)
         if name.startswith(f"{key}/") and not name.endswith("zarr.json")
     )
-    parts = ("trajectories", str(trajectory_id), *shard.split("/"))
+    parts = (*group, *shard.split("/"))
     data = location.read_bytes(*parts)
     location.write_bytes(data[: len(data) // 2], *parts)
 

@@ -68,7 +68,8 @@ LAYOUT1 = Path(__file__).parent / "data" / "layout1" / "buffer"
 
 
 def build(path: Path, codecs: dict[str, Any] | None = None) -> Path:
-    options = {"codecs": codecs} if codecs else {}
+    """Three trajectories, each in its own group (no pack: test_packs reads packs)."""
+    options: dict[str, Any] = {"pack_bytes": 0, **({"codecs": codecs} if codecs else {})}
     with TrajectoryReplayBuffer(
         auto_save=True, auto_save_path=path, layout_options=options
     ) as buffer:

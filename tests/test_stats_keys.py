@@ -24,7 +24,13 @@ DAMAGED = 1
 
 
 def build(url: str, options: dict[str, Any] | None = None) -> None:
-    buffer = TrajectoryReplayBuffer(auto_save=True, auto_save_path=url, storage_options=options)
+    """Three trajectories, each in its own group (no pack: the damage is one trajectory's)."""
+    buffer = TrajectoryReplayBuffer(
+        auto_save=True,
+        auto_save_path=url,
+        storage_options=options,
+        layout_options={"pack_bytes": 0},
+    )
     buffer.add_trajectories([make_trajectory(4, 2, 10 * k) for k in range(3)])
     buffer.close()
 

@@ -21,7 +21,12 @@ from rbzarr.cli.main import main
 
 
 def build(path: Path, fmt: str, count: int = 3) -> Path:
-    with TrajectoryReplayBuffer(auto_save=True, auto_save_path=path, trajectory_format=fmt) as b:
+    """``count`` trajectories, each in its own group for zarr (no pack: the cases damage one
+    trajectory's files; test_packs verifies packs)."""
+    options = {"layout_options": {"pack_bytes": 0}} if fmt == "zarr" else {}
+    with TrajectoryReplayBuffer(
+        auto_save=True, auto_save_path=path, trajectory_format=fmt, **options
+    ) as b:
         b.add_trajectories([make_trajectory(4, 2, 8 * i, epochs=2) for i in range(count)])
     return path
 

@@ -16,9 +16,8 @@ import numpy as np
 
 from rbzarr.analysis.codec_trial import image_keys as schema_image_keys
 from rbzarr.errors import EpisodeNotFoundError, NotAnImageError
-from rbzarr.storage.index import format_records
 from rbzarr.storage.zarr.codecs import image_layout
-from rbzarr.storage.zarr.describe import LAYOUT_ATTR
+from rbzarr.storage.zarr.describe import recorded_arrays
 from rbzarr.trajectory.steps import DONES, REWARDS
 
 if TYPE_CHECKING:
@@ -220,9 +219,12 @@ def _rgb(frames: np.ndarray) -> np.ndarray:
 
 
 def _recorded_psnr(view: Store, trajectory_id: int, keys: Sequence[str]) -> dict[str, float]:
-    """The PSNR a lossy codec recorded at encode for each of ``keys`` of one trajectory."""
-    attributes = format_records.written_attributes(view.layout, trajectory_id) or {}
-    arrays = (attributes.get(LAYOUT_ATTR) or {}).get("arrays") or {}
+    """The PSNR a lossy codec recorded at encode for each of ``keys`` of one trajectory (a
+    pack member's: its pack's, recorded over the pack)."""
+    if view.layout.format != "zarr":  # only zarr layout 2 records what its codecs did
+        return {}
+    arrays, _ = recorded_arrays(view.layout.location, view.entry(trajectory_id))
+    arrays = arrays or {}
     found = {}
     for key in keys:
         measured = (arrays.get(key) or {}).get("psnr")

@@ -33,6 +33,7 @@ __all__ = [
     "checked_group",
     "codec_text",
     "data_group",
+    "recorded_arrays",
     "describe_keys",
     "group_arrays",
     "trajectory_group",
@@ -151,7 +152,7 @@ def describe_keys(
     by_trajectory = _sizes_by_group(sizes, TRAJECTORIES)
     by_pack = _sizes_by_group(sizes, PACKS)
     for entry in tqdm(list(entries), desc="info", unit="traj", disable=not progress):
-        recorded, place = _recorded_arrays(location, entry)
+        recorded, place = recorded_arrays(location, entry)
         descriptions: dict[str, Any]
         if recorded is not None and all(name in keys for name in recorded):
             # Layout 2 records every array's shape and dtype in the group's attributes: one
@@ -203,7 +204,7 @@ def describe_keys(
     return keys, disk
 
 
-def _recorded_arrays(
+def recorded_arrays(
     location: Location, entry: Entry
 ) -> tuple[dict[str, dict[str, Any]] | None, Membership | None]:
     """Each array's description (shape, dtype, ...) in field order, as layout 2 records them
