@@ -82,10 +82,10 @@ from rbzarr.trajectory.validated import ValidatedTrajectory
 __all__ = ["images_targets", "run_images", "store_reader"]
 
 Say = Callable[[str], None]
-FULL = {"count": 8, "T": 20, "B": 8, "batch": 256, "calls": 20, "repeats": 3}
+FULL = {"count": 8, "T": 20, "B": 8, "batch": 256, "calls": 20, "repeats": 3, "state_rounds": 7}
 # Fewer trajectories of the slowest source to render (about 2 minutes each on 2 busy cores).
 FULL_COUNTS = {"mujoco224": 4}
-QUICK = {"count": 2, "T": 6, "B": 2, "batch": 16, "calls": 3, "repeats": 1}
+QUICK = {"count": 2, "T": 6, "B": 2, "batch": 16, "calls": 3, "repeats": 1, "state_rounds": 1}
 # The codecs asked for on the image keys, beside the default (no option) and raw.
 SPECS = ("lossless", "zstd", "jpeg:95")
 LOSSY = ("jpeg",)
@@ -134,7 +134,8 @@ def run_images(settings: Settings, quick: bool, workdir: str | None, say: Say) -
                 trajectories, results["sources"][source.name], cache, quick, settings.seed
             )
     say("[images] state-row writes across shapes")
-    results["state_writes"] = state_writes(size["repeats"], workdir)
+    # Each round of a state shape takes milliseconds: more rounds, a steadier median.
+    results["state_writes"] = state_writes(size["state_rounds"], workdir)
     first = next(iter(default_stores.values()), None)
     if first is None:
         results["s3"] = {"unavailable": "no frame source is installed"}

@@ -30,7 +30,7 @@ from rbzarr.storage.index.entry import IndexEntry
 from rbzarr.storage.index.log import IndexLog, SlotIndex
 from rbzarr.storage.index.retention import Retention
 from rbzarr.storage.index.schema import is_rbzarr_store
-from rbzarr.storage.index.slots import HeldSlots
+from rbzarr.storage.index.slots import HeldSlots, log_documents
 from rbzarr.storage.index.trajectory_index import FORMAT_VERSION, TrajectoryIndex
 from rbzarr.storage.index.writer_slot import WriterSlot
 from rbzarr.storage.layout import TrajectoryLayout
@@ -261,7 +261,7 @@ class LogWriter(IndexWriter):
             self._log.compact()
             if self._log.is_empty():
                 return
-            index = self.full_index()
+            index = self._held_index()
             self.slot.write_documents(index.to_documents(self.layout.format, self._metadata))
 
     def held(self) -> HeldSlots:
@@ -276,8 +276,20 @@ class LogWriter(IndexWriter):
             return None if self._log.is_empty() else self._log.read(last)
 
     def full_index(self) -> TrajectoryIndex:
-        """Every trajectory the slot committed (reads the whole log)."""
-        return _stored_index(self.layout, self.slot, self._log.trajectory_counter)
+        """Every trajectory the slot committed (the log as this writer holds it: only the
+        blocks before its open ones are read)."""
+        with self._lock:
+            return self._held_index()
+
+    def _held_index(self) -> TrajectoryIndex:
+        """:meth:`full_index`, holding the lock."""
+        state = self._log.read()
+        if not state.begun:
+            return TrajectoryIndex(trajectory_counter=self._log.trajectory_counter)
+        url = self._log.location.url
+        index = TrajectoryIndex.from_documents(log_documents(state, url), url)
+        index.trajectory_counter = max(index.trajectory_counter, self._log.trajectory_counter)
+        return index
 
 
 class DocumentsWriter(IndexWriter):
