@@ -154,12 +154,15 @@ class StoreCommitter:
         trajectory_id = int(entry["trajectory_id"])
         # A retried task resumes at its first step not done: data and marker (once: a group
         # whose write completed is never rewritten), then the record.
-        with self._lock:
+        with self._lock:  # this one, then those queued behind it, in order
             written = trajectory_id not in self._pending
+            queued = (
+                []
+                if written
+                else list(itertools.islice(self._pending.values(), MAX_WRITTEN_TOGETHER))
+            )
         if not written:
-            with self._lock:  # this one, then those queued behind it, in order
-                queued = list(itertools.islice(self._pending.values(), MAX_WRITTEN_TOGETHER))
-            if not queued or queued[0][0]["trajectory_id"] != entry["trajectory_id"]:
+            if queued[0][0]["trajectory_id"] != entry["trajectory_id"]:
                 queued = [(entry, trajectory)]
             # Validated once, on add: not again.
             count = self.layout.write_many(queued)
