@@ -199,7 +199,7 @@ class TrajectoryOpener:
         raws = self._group_documents(store, entries)
         opened: list[ShardedTrajectory | None] = []
         pending: list[Any] = []
-        in_packs: list[tuple[int, int, Entry, dict[str, str], packs.Membership]] = []
+        in_packs: list[tuple[int, int, Entry, dict[str, str], packs.Membership, str]] = []
         for tid, entry, raw in zip(tids, entries, raws, strict=True):
             attrs, members = _group_attrs(tid, raw, location.url)
             _check_claim(entry, attrs, f"{location.url}/{group_path(tid)}")
@@ -210,7 +210,9 @@ class TrajectoryOpener:
                 layout = attrs.get(sharded.LAYOUT_ATTR)
                 place = packs.membership(layout, f"{location.url}/{group_path(tid)}")
                 if place is not None:  # opened with its pack, below
-                    in_packs.append((len(opened), tid, entry, fields, place))
+                    # the member's own uuid: the one its pack lists (the log's is only kept)
+                    own = str(attrs.get("uuid", ""))
+                    in_packs.append((len(opened), tid, entry, fields, place, own))
                     opened.append(None)
                     continue
                 if layout is None:
@@ -257,7 +259,7 @@ class TrajectoryOpener:
         self,
         store: Store,
         location: Location,
-        in_packs: Sequence[tuple[int, int, Entry, dict[str, str], packs.Membership]],
+        in_packs: Sequence[tuple[int, int, Entry, dict[str, str], packs.Membership, str]],
         opened: list[ShardedTrajectory | None],
         pending: list[Any],
         keys: set[str] | None,
@@ -265,8 +267,9 @@ class TrajectoryOpener:
         """Open the packs of the members ``in_packs`` (each once, their documents in one
         round) and place each member's view of its pack at its position in ``opened``; the
         packs' remote shards join ``pending`` (read from the store: a pack is not kept in
-        the shard cache)."""
-        groups = sorted({place.group for *_, place in in_packs})
+        the shard cache).  A pack must list each member, with the uuid its group records,
+        where the group says."""
+        groups = sorted({place.group for *_, place, _ in in_packs})
         raws = self._documents(store, [f"{group}/zarr.json" for group in groups])
         found: dict[str, tuple[ShardedTrajectory, list[tuple[int, str]]]] = {}
         for group, raw in zip(groups, raws, strict=True):
@@ -303,10 +306,10 @@ class TrajectoryOpener:
                 raise CorruptStoreError(f"{where}: a pack's arrays are all described")
             pending.extend((handles, request, None) for request in remote)
             found[group] = handles, listed
-        for position, tid, entry, fields, place in in_packs:
+        for position, tid, entry, fields, place, uuid in in_packs:
             handles, listed = found[place.group]
             where = f"{location.url}/{place.group}"
-            packs.check_member(listed, place, tid, _handle_key(entry)[1], where)
+            packs.check_member(listed, place, tid, uuid, where)
             T, B = time_and_envs(entry)
             same = list(fields.items()) == list(handles.dtypes.items())
             if not same or (T * place.members, B) != (handles.T, handles.B):
