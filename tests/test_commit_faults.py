@@ -8,7 +8,9 @@ reader never goes backward, a repair keeps the store's format, schema and seed.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import make_trajectory
@@ -49,15 +51,21 @@ def count_group_writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Record each trajectory group's commit marker as it is written (local stores; a
     pack's own marker is not a trajectory's)."""
     markers: list[str] = []
-    original = publish.commit_file
 
-    def commit_file(path: str, *args, **kwargs) -> None:
-        group = os.path.dirname(path)
-        if os.path.basename(os.path.dirname(group)) == "trajectories":
-            markers.append(os.path.basename(group))
-        original(path, *args, **kwargs)
+    def counted(original: Callable[..., None]) -> Callable[..., None]:
+        def write(path: str, *args: Any, **kwargs: Any) -> None:
+            group = os.path.dirname(path)
+            if os.path.basename(path) == "zarr.json" and (
+                os.path.basename(os.path.dirname(group)) == "trajectories"
+            ):
+                markers.append(os.path.basename(group))
+            original(path, *args, **kwargs)
 
-    monkeypatch.setattr(publish, "commit_file", commit_file)
+        return write
+
+    # A group's marker is committed by rename; a pack member's is written in its new folder.
+    monkeypatch.setattr(publish, "commit_file", counted(publish.commit_file))
+    monkeypatch.setattr(publish, "write_file", counted(publish.write_file))
     return markers
 
 

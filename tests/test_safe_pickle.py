@@ -155,7 +155,15 @@ def test_allow_unsafe_uses_plain_pickle() -> None:
     assert safe_load(data, allow_unsafe=True) == {"p": Path("/a/b")}
 
 
-@pytest.mark.parametrize("data", [b"", b"garbage", pickle.dumps([1, 2, 3])[:-3]])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"garbage",
+        pickle.dumps([1, 2, 3])[:-3],
+        b"\x80\x04\x95" + (2**63).to_bytes(8, "little") + b"K\x01.",  # a FRAME past 2**63-1
+    ],
+)
 def test_malformed_bytes_raise_corrupt_store_error(data: bytes) -> None:
     with pytest.raises(CorruptStoreError, match=r"bad\.pkl: not a readable pickle"):
         safe_load(data, source="bad.pkl")

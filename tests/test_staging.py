@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rbzarr.trajectory.model import Trajectory
-from rbzarr.trajectory.staging import BLOCK_BYTES, StagingPool
+from rbzarr.trajectory.staging import BLOCK_BYTES, MIN_POOLED_BYTES, StagingPool
 from rbzarr.trajectory.validated import ValidatedTrajectory
 
 
@@ -52,15 +52,30 @@ def test_the_pool_keeps_no_more_idle_bytes_than_it_may() -> None:
     assert pool.lend(BLOCK_BYTES).nbytes == BLOCK_BYTES  # a new block, back at once
     gc.collect()
     assert pool.kept == BLOCK_BYTES
-    small = pool.lend(10)  # below a block: the allocator's own memory, never pooled
+    small = pool.lend(MIN_POOLED_BYTES - 1)  # the allocator's own memory, never pooled
     del small
     gc.collect()
     assert pool.kept == BLOCK_BYTES
 
 
+def test_blocks_below_a_huge_page_are_pooled_in_their_own_classes() -> None:
+    pool = StagingPool(idle_bytes=8 * BLOCK_BYTES)
+    first = pool.lend(MIN_POOLED_BYTES + 1)
+    where = _address(first)
+    del first
+    gc.collect()
+    assert pool.kept == 2 * MIN_POOLED_BYTES
+    other = pool.lend(3 * MIN_POOLED_BYTES)  # another class: a new block
+    again = pool.lend(2 * MIN_POOLED_BYTES)
+    assert _address(other) != where
+    assert _address(again) == where and again.nbytes == 2 * MIN_POOLED_BYTES
+    assert pool.kept == 0
+    del other, again
+
+
 @settings(max_examples=25, deadline=None)
 @given(
-    sizes=st.lists(st.integers(1, 3 * BLOCK_BYTES), min_size=1, max_size=6),
+    sizes=st.lists(st.integers(1, 3 * BLOCK_BYTES), min_size=1, max_size=6),  # every kind
     keep=st.lists(st.booleans(), min_size=6, max_size=6),
 )
 def test_memory_in_use_is_never_lent_twice(sizes: list[int], keep: list[bool]) -> None:

@@ -111,7 +111,9 @@ def read_metadata(location: Location) -> dict[str, Any] | None:
 
 def write_documents(location: Location, documents: Documents) -> None:
     """Write the index, then the metadata, each atomically, at ``location``."""
-    location.write_bytes(_dump(documents.trajectory_index), INDEX_FILE)
+    # The index is one line: its entries grow with the store, and ``indent`` takes json's
+    # pure-Python encoder (4x slower: 71 ms against 17 ms for 10,000 entries).
+    location.write_bytes(json.dumps(documents.trajectory_index).encode(), INDEX_FILE)
     location.write_bytes(_dump(documents.metadata), METADATA_FILE)
 
 

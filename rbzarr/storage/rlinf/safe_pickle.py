@@ -201,6 +201,7 @@ _MALFORMED = (
     TypeError,
     ValueError,
     RuntimeError,
+    OverflowError,  # a length past what the platform takes (a FRAME of 2**63 bytes)
     struct.error,
 )
 

@@ -132,9 +132,12 @@ class GroupPublisher:
                 # Made before it is listed as made: what is in its way is not this write's.
                 _make_new_folder(member, durable)
                 made.append(member)
-                synced = [member, os.path.dirname(member)] if durable else []
                 made.append(os.path.join(made[-1], "zarr.json"))
-                commit_file(made[-1], [group_bytes(attrs)], durable=durable, synced=synced)
+                if durable:
+                    synced = [member, os.path.dirname(member)]
+                    commit_file(made[-1], [group_bytes(attrs)], durable=True, synced=synced)
+                else:  # in its new folder, unlisted: a torn marker reads as no group
+                    write_file(made[-1], [group_bytes(attrs)], atomic=False)
         except BaseException:
             _remove_made(made)  # no member's marker without the pack, no pack half written
             if new_parent:
