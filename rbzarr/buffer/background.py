@@ -81,6 +81,9 @@ class BackgroundWriter:
         self._target = target
         self._tasks: collections.deque[Task] = collections.deque()
         self._cond = threading.Condition()
+        # Callers blocked in wait_for_room (a task done wakes them at low water; a flush
+        # only once the queue is empty).
+        self._room_waiters = 0
         self._error: BaseException | None = None
         self._permanent = permanent
         self._failed_for_good = False
@@ -123,7 +126,11 @@ class BackgroundWriter:
                         failures_seen = self._attempts
                     elif self._attempts > failures_seen:
                         raise self._no_room(count)
-                self._cond.wait()
+                self._room_waiters += 1
+                try:
+                    self._cond.wait()
+                finally:
+                    self._room_waiters -= 1
 
     def _no_room(self, count: int) -> WriterFailedError:
         if self._failed_for_good:
@@ -279,9 +286,10 @@ class BackgroundWriter:
                 recovered = self._error is not None
                 self._error = None
                 self._attempts = 0
-                # Waiters wait for at most half to be left: until then a wake-up would only
-                # send them back to wait.
-                if recovered or len(self._tasks) <= self._low_water:
+                # Waiters for room wait for at most half to be left, a flush for none: until
+                # then a wake-up would only send them back to wait.
+                left = len(self._tasks)
+                if recovered or not left or (self._room_waiters and left <= self._low_water):
                     self._cond.notify_all()
 
     def _record_failure(self, exc: Exception) -> bool:
