@@ -8,7 +8,7 @@ memory goes back to a pool when the last array, tensor or view of it is gone, an
 copy of the same size class reuses it, its pages already there.  Blocks from
 :data:`MIN_POOLED_BYTES` up are pooled: the allocator hands such sizes fresh mappings too
 (glibc maps them, or trims its heap of them when freed), and a 16-trajectory add of 0.5 MB
-state tensors measured 7-12 ms through the allocator against 2-3 ms in pooled blocks.  Large
+state tensors measured 7-12 ms through the allocator against 3 ms in pooled blocks.  Large
 blocks ask for huge pages, where the platform lets a mapping ask.
 
 The pool keeps at most :data:`IDLE_BYTES` unused (the rest is unmapped).  A forked child
