@@ -56,6 +56,7 @@ from benchmarks.lerobot_peer import measure_lerobot
 from benchmarks.limits import (
     SETTLE_BYTES,
     alternate,
+    collect_own_garbage,
     copy_arrays,
     encode_frames,
     floor_tree,
@@ -548,6 +549,7 @@ def _state_shape(
             for part in [trajectories] if one_add else [[t] for t in trajectories]:
                 buffer.add_trajectories(part)
             buffer.flush()
+        collect_own_garbage()
         seconds = time.perf_counter() - start
         if not shapes:
             shapes.append(tree_shape(root / "rbzarr", (TRAJECTORIES, PACKS)))
@@ -555,13 +557,14 @@ def _state_shape(
         return rows / seconds
 
     def floor() -> float:
-        seconds = floor_tree(root / "floor", shapes[0])
+        seconds = floor_tree(root / "floor", shapes[0])  # bare os calls: no garbage
         retire(root / "floor")
         return rows / seconds
 
     def theirs() -> float:
         start = time.perf_counter()
         TorchRLPeer(flats, str(root / "torchrl"))
+        collect_own_garbage()
         seconds = time.perf_counter() - start
         retire(root / "torchrl")
         return rows / seconds

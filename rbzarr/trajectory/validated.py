@@ -67,6 +67,9 @@ _NUMPY_DTYPES = {
 # Copies below this size keep the GIL (a memoryview's copy): a copy that lets go of it
 # hands it to the writer thread, which keeps it until its next file call.
 GIL_COPY_BYTES = 1 << 20
+# One ctypes type spans any such tensor's bytes (a new ``c_char * n`` type per size would be
+# made on every copy and left to the garbage collector, ctypes caching it weakly).
+_SPAN = ctypes.c_char * GIL_COPY_BYTES
 
 
 def _bytes_of(tensor: torch.Tensor, nbytes: int) -> memoryview | None:
@@ -74,7 +77,7 @@ def _bytes_of(tensor: torch.Tensor, nbytes: int) -> memoryview | None:
     (``tensor.numpy()`` lets go of the GIL), else ``None``."""
     if not 0 < nbytes < GIL_COPY_BYTES or not tensor.is_contiguous():
         return None
-    return memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())).cast("B")
+    return memoryview(_SPAN.from_address(tensor.data_ptr())).cast("B")[:nbytes]
 
 
 def _copy_array(into: np.ndarray, source: np.ndarray | memoryview) -> None:

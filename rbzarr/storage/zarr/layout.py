@@ -833,7 +833,8 @@ class ZarrLayout(TrajectoryLayout):
             )
             return
         document["attributes"] = {**document.get("attributes", {}), **attrs}
-        self.location.write_bytes(json.dumps(document, indent=2).encode(), "zarr.json")
+        # One line: json's C encoder (``indent`` takes the pure-Python one).
+        self.location.write_bytes(json.dumps(document).encode(), "zarr.json")
 
     def delete(self, entry: Entry) -> None:
         """A pack member's pack goes with the last of its members: before the member's own
