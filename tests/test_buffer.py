@@ -309,6 +309,37 @@ def test_a_buffer_dropped_without_close_frees_its_cache(tmp_path):
     assert live_caches() == before
 
 
+def test_writing_a_store_leaves_nothing_for_the_garbage_collector(tmp_path):
+    # What a write makes is freed as it goes (no reference cycles): a collection run in a
+    # peer's time, or a trainer's step, pays for none of it.
+    def session(path) -> None:
+        with TrajectoryReplayBuffer(auto_save=True, auto_save_path=path, cache_size=8) as buffer:
+            # One pack of six (queued together), then four written alone.
+            buffer.add_trajectories([make_trajectory(4, 2, 8 * k) for k in range(6)])
+            buffer.flush()
+            for k in range(4):
+                buffer.add_trajectories([make_trajectory(6, 3, 100 + 18 * k)])
+                buffer.flush()
+            buffer.sample(16)
+
+    def garbage_of_a_session(path) -> list[str]:
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            session(path)
+            gc.collect()
+            return sorted({type(o).__name__ for o in gc.garbage})
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+
+    session(tmp_path / "first")  # imports, and what is made once per process and schema
+    # A write's own garbage is left by every session; a thread another test left running
+    # may make some in one of them.
+    found = [garbage_of_a_session(tmp_path / f"store-{k}") for k in range(3)]
+    assert [] in found, found
+
+
 def test_the_commit_callback_hears_whether_writes_wait_behind_each_commit(tmp_path):
     """A burst queued at once: each commit but the last has writes behind it (the buffer
     leaves those rows shared, copied on first read, while the writer has work)."""

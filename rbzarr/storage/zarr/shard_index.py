@@ -92,13 +92,33 @@ def sharded_metadata(
     chunk keys joined by ``separator``, each encoded by ``codec`` (an image codec's frames
     lie as ``image``: ``"hwc"`` or ``"chw"``).
 
-    Documents are cached: trajectories of one schema share them.
+    Documents are cached for the process: trajectories of one schema share them, whichever
+    buffer writes them.
     """
+    return _sharded_metadata(
+        tuple(shape), dtype, tuple(inner), codec, torch_dtype, dimension_names, separator, image
+    )
+
+
+# zarr's metadata objects (their codecs' caches, the indented JSON encoder) are reference
+# cycles: made once per schema here, not once per buffer, they are not left to the collector.
+@functools.lru_cache(maxsize=512)
+def _sharded_metadata(
+    shape: tuple[int, ...],
+    dtype: np.dtype[Any],
+    inner: tuple[int, ...],
+    codec: Codec,
+    torch_dtype: str,
+    dimension_names: tuple[str, ...],
+    separator: str,
+    image: str,
+) -> bytes:
+    """:func:`sharded_metadata`, cached."""
     chain = codec.shard_codecs(dtype, image)
-    sharding = ShardingCodec(chunk_shape=tuple(inner), codecs=chain)
+    sharding = ShardingCodec(chunk_shape=inner, codecs=chain)
     data_type = parse_data_type(dtype, zarr_format=3)
     metadata = ArrayV3Metadata(
-        shape=tuple(shape),
+        shape=shape,
         data_type=data_type,
         chunk_grid={"name": "regular", "configuration": {"chunk_shape": tuple(shape)}},
         chunk_key_encoding={"name": "default", "configuration": {"separator": separator}},
