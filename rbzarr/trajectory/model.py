@@ -195,8 +195,24 @@ def validated_fields(
             raise InvalidTrajectoryError(
                 f"field {path!r}: expected a dense (strided) tensor, got layout {value.layout}"
             )
+    # A trajectory laid out as one checked before (its paths, shapes and dtypes) against the
+    # same schema object is checked by one lookup.
+    layout = tuple((path, value.shape, value.dtype) for path, value in fields.items())
+    checked = _checked.get(layout)
+    if checked is not None and checked[0] is schema:
+        return fields, checked[1]
     shapes = {path: tuple(value.shape) for path, value in fields.items()}
-    return fields, check_shapes(shapes, lambda path: _dtype(path, fields[path]), schema)
+    spec = check_shapes(shapes, lambda path: _dtype(path, fields[path]), schema)
+    if len(_checked) >= _CHECKED_SIZE:  # trajectories of many lengths
+        _checked.clear()
+    _checked[layout] = (schema, spec)
+    return fields, spec
+
+
+# The latest layouts checked, each with the schema it was checked against (held, so the
+# identity compared is that schema's) and what the check learnt.
+_checked: dict[tuple[Any, ...], tuple[Schema | None, TrajectorySpec]] = {}
+_CHECKED_SIZE = 64
 
 
 def _dtype(path: str, value: torch.Tensor) -> str:

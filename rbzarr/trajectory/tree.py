@@ -28,12 +28,7 @@ def leaves(tree: Tree, prefix: str = "") -> Iterator[tuple[str, Any]]:
     ``".."`` or a Zarr metadata document name, and free of ``"/"``, ``"\\"`` and NUL.
     """
     for key, value in tree.items():
-        if (
-            not isinstance(key, str)
-            or key in ("", ".", "..")
-            or key in _RESERVED
-            or any(ch in key for ch in (SEP, "\\", "\x00"))
-        ):
+        if key not in _plain and not _is_plain(key):
             raise ValueError(
                 f"invalid key {key!r} under {prefix or '<root>'!r}: keys must be plain "
                 f"names (non-empty strings, not '.', '..' or a Zarr metadata name, without "
@@ -44,6 +39,26 @@ def leaves(tree: Tree, prefix: str = "") -> Iterator[tuple[str, Any]]:
             yield from leaves(value, path)
         else:
             yield path, value
+
+
+def _is_plain(key: object) -> bool:
+    """Whether ``key`` is a plain name (see :func:`leaves`); remembered when it is."""
+    if (
+        not isinstance(key, str)
+        or key in ("", ".", "..")
+        or key in _RESERVED
+        or any(ch in key for ch in (SEP, "\\", "\x00"))
+    ):
+        return False
+    if len(_plain) >= _PLAIN_SIZE:
+        _plain.clear()
+    _plain.add(key)
+    return True
+
+
+# Keys found plain: a trajectory's keys are checked once, not on every add.
+_plain: set[str] = set()
+_PLAIN_SIZE = 4096
 
 
 def flatten(tree: Tree) -> dict[str, Any]:

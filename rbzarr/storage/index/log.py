@@ -182,9 +182,11 @@ def _last_entries(
     tail: list[LogEntry],
     size: int,
     last: int | None,
+    check: bool = True,
 ) -> list[LogEntry]:
     """The last ``last`` of a slot's ``size`` entries (all for ``None``): ``tail``, after
-    the named ``blocks`` read from the newest back as far as needed."""
+    the named ``blocks`` read from the newest back as far as needed; each checked unless
+    ``check`` is false (a caller that parses them all next)."""
     want = size if last is None else min(last, size)
     parts: list[list[LogEntry]] = [tail]
     have = len(tail)
@@ -200,7 +202,7 @@ def _last_entries(
         )
     entries = [item for part in reversed(parts) for item in part]
     window = entries[len(entries) - want :] if want else []
-    for entry, _ in window:  # only what is handed out is checked entry by entry
+    for entry, _ in window if check else ():  # only what is handed out, entry by entry
         IndexEntry.parse(entry, f"{location.url}/{INDEX_DIR}")
     return window
 
@@ -295,10 +297,11 @@ class IndexLog:
         """The largest ``T * B`` the slot committed."""
         return self._state.max_rows
 
-    def read(self, last: int | None = None) -> SlotIndex:
+    def read(self, last: int | None = None, check: bool = True) -> SlotIndex:
         """The slot's counters and its last ``last`` entries (all for ``None``), as
         :func:`read_slot_index` reads them, from what this writer holds: only the blocks
-        before its open ones are read (only it writes the slot).
+        before its open ones are read (only it writes the slot).  ``check=False`` leaves
+        the entries unchecked, for a caller that parses every one next.
 
         Raises
         ------
@@ -319,7 +322,7 @@ class IndexLog:
         tail = [item for block in held for item in block]
         stored = self._head["blocks"][: len(self._head["blocks"]) - len(self._open)]
         try:
-            state.entries = _last_entries(self.location, stored, tail, state.size, last)
+            state.entries = _last_entries(self.location, stored, tail, state.size, last, check)
         except FileNotFoundError as exc:
             raise CorruptStoreError(f"{self.location.url}/{INDEX_DIR}: {exc}") from exc
         return state

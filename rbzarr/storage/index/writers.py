@@ -283,7 +283,7 @@ class LogWriter(IndexWriter):
 
     def _held_index(self) -> TrajectoryIndex:
         """:meth:`full_index`, holding the lock."""
-        state = self._log.read()
+        state = self._log.read(check=False)  # from_documents parses every entry
         if not state.begun:
             return TrajectoryIndex(trajectory_counter=self._log.trajectory_counter)
         url = self._log.location.url

@@ -250,13 +250,24 @@ class Location:
             if not self.is_local:
                 self.fs.pipe_file(target, data, **self._deadline(len(data)))
                 return
-            make_directories(os.path.dirname(target), self.durable)
-            write_file(target, [data], durable=self.durable)
+            try:  # the parent is there but for a file's first write in its folder
+                write_file(target, [data], durable=self.durable)
+            except FileNotFoundError:
+                make_directories(os.path.dirname(target), self.durable)
+                write_file(target, [data], durable=self.durable)
 
     def delete(self, *names: str) -> None:
         """Remove a file or directory tree below the root (none: the root); missing is fine."""
         target = self.join(*names)
         with translate_errors(self.url, "deleting"):
+            if self.is_local:
+                try:  # a file (a link is removed, never followed): one call
+                    os.remove(target)
+                    return
+                except FileNotFoundError:
+                    return
+                except (IsADirectoryError, PermissionError):
+                    pass  # a folder (Linux says EISDIR, macOS EPERM): its tree, below
             if self.fs.exists(target, **self._deadline()):
                 self.fs.rm(target, recursive=True, **self._deadline())
 
