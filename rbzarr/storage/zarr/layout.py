@@ -694,10 +694,7 @@ class ZarrLayout(TrajectoryLayout):
         shapes = tuple((key, tuple(value.shape), value.dtype) for key, value in fields.items())
         plans = self._plan_memo.get(shapes)
         if plans is None:
-            plans = {
-                key: plan_key(value.shape, to_numpy(value.reshape(-1)[:0]).dtype, self.codecs, key)
-                for key, value in fields.items()
-            }
+            plans = _shared_plans(shapes, fields, self.codecs)
             if len(self._plan_memo) >= _PLAN_MEMO_SIZE:  # trajectories of many lengths
                 self._plan_memo.clear()
             self._plan_memo[shapes] = plans
@@ -912,6 +909,38 @@ class ZarrLayout(TrajectoryLayout):
                 target.write(entry, self.read(entry))
                 return
         super().copy_to(target, entry)
+
+
+# Plans by schema and codecs, shared by every layout of the process: a new buffer's first
+# write plans nothing (a few hundred microseconds of a small store), and the arrays' forms
+# memoized by plan (``encode``) are found again.
+_plans_by_schema: dict[tuple[Any, ...], dict[str, KeyPlan]] = {}
+
+
+def _shared_plans(
+    shapes: tuple[Any, ...], fields: Mapping[str, torch.Tensor], codecs: Mapping[str, Codec]
+) -> dict[str, KeyPlan]:
+    """The plans of ``fields`` (laid out as ``shapes``) under ``codecs``, made once per
+    process; a codec object that cannot be hashed (one given to zarr) plans them anew."""
+    try:
+        key = (shapes, frozenset(codecs.items()))
+        plans = _plans_by_schema.get(key)
+    except TypeError:
+        return _planned(fields, codecs)
+    if plans is None:
+        plans = _planned(fields, codecs)
+        if len(_plans_by_schema) >= _PLAN_MEMO_SIZE:
+            _plans_by_schema.clear()
+        _plans_by_schema[key] = plans
+    return plans
+
+
+def _planned(fields: Mapping[str, torch.Tensor], codecs: Mapping[str, Codec]) -> dict[str, KeyPlan]:
+    """The plan of every field (:func:`~rbzarr.storage.zarr.chunking.plan_key`)."""
+    return {
+        key: plan_key(value.shape, to_numpy(value.reshape(-1)[:0]).dtype, codecs, key)
+        for key, value in fields.items()
+    }
 
 
 def _same_codec(mine: Codec, recorded: str) -> bool:
