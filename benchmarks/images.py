@@ -31,7 +31,9 @@ two cameras and a state in ``curr_obs`` and ``next_obs``, auto-reset dones).  Pe
 
 Across sources: ``state_writes`` (state rows over a grid of shapes, store creation included,
 against ``LazyMemmapStorage`` and the layout's floor: the same trajectory groups and packs
-made with bare ``os`` calls) and ``s3`` (the default store on moto behind the proxy, read
+made with bare ``os`` calls; run first, before any source's stores are removed, each side
+ending with a collection of its own garbage, :func:`benchmarks.limits.collect_own_garbage`)
+and ``s3`` (the default store on moto behind the proxy, read
 through the local shard cache: bytes downloaded against bytes stored).
 
 Run: ``python -m benchmarks --suites images [--quick]``.  Rendered frames are cached under
@@ -117,6 +119,12 @@ def run_images(settings: Settings, quick: bool, workdir: str | None, say: Say) -
         "codec_api": codec_api or "available",
         "sources": {},
     }
+    # First, on a disk no round of this run has removed files from yet: each source's
+    # stores are removed when it ends, and for minutes after, every new inode pays a scan of
+    # those freed (benchmarks.limits), most on the side making the most folders.
+    say("[images] state-row writes across shapes")
+    # Each round of a state shape takes milliseconds: more rounds, a steadier median.
+    results["state_writes"] = state_writes(size["state_rounds"], workdir)
     default_stores: dict[str, list[Trajectory]] = {}
     for source in SOURCES.values():
         missing = source.missing()
@@ -134,9 +142,6 @@ def run_images(settings: Settings, quick: bool, workdir: str | None, say: Say) -
             results["lerobot"] = _lerobot(
                 trajectories, results["sources"][source.name], cache, quick, settings.seed
             )
-    say("[images] state-row writes across shapes")
-    # Each round of a state shape takes milliseconds: more rounds, a steadier median.
-    results["state_writes"] = state_writes(size["state_rounds"], workdir)
     first = next(iter(default_stores.values()), None)
     if first is None:
         results["s3"] = {"unavailable": "no frame source is installed"}
