@@ -203,8 +203,11 @@ class Location:
 
     def exists(self, *names: str) -> bool:
         """Whether a file or directory is at the root or ``names`` below it."""
+        target = self.join(*names)
         with translate_errors(self.url, "checking"):
-            return bool(self.fs.exists(self.join(*names), **self._deadline()))
+            if self.is_local:  # one stat, as fsspec's local filesystem does
+                return os.path.exists(target)
+            return bool(self.fs.exists(target, **self._deadline()))
 
     def absence(self) -> str:
         """Why no store is here, with the fix: a missing bucket or folder, a file, or neither."""
@@ -287,6 +290,8 @@ class Location:
         target = self.join(*names)
         with translate_errors(self.url, "listing"):
             try:
+                if self.is_local:  # one call, no object per entry
+                    return sorted(os.listdir(target))
                 # Never a cached listing: a reader must see what writers added since.
                 entries = self.fs.ls(target, detail=False, refresh=True, **self._deadline())
             except (FileNotFoundError, NotADirectoryError):
