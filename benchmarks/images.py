@@ -526,6 +526,11 @@ def state_writes(repeats: int, workdir: str | None) -> dict[str, Any]:
         return {"unavailable": missing}
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="rbzarr-state-writes-", dir=workdir) as root:
+        # Each side's first use (imports, first calls), untimed: the suite starts here.
+        first = [_state_trajectory(4, 2, 8, 0)]
+        TorchRLPeer(_flats(first), str(Path(root) / "first-torchrl"))
+        with _buffer(Path(root) / "first-rbzarr", 1, None) as buffer:
+            buffer.add_trajectories(first)
         for T, B, floats in STATE_SHAPES:
             trajectories = [
                 _state_trajectory(T, B, floats, seed) for seed in range(STATE_TRAJECTORIES)
