@@ -694,7 +694,9 @@ class ZarrLayout(TrajectoryLayout):
         shapes = tuple((key, tuple(value.shape), value.dtype) for key, value in fields.items())
         plans = self._plan_memo.get(shapes)
         if plans is None:
-            plans = _shared_plans(shapes, fields, self.codecs)
+            # A copy: the writer thread records codecs into ``self.codecs`` meanwhile, and
+            # the shared plans' key iterates them.
+            plans = _shared_plans(shapes, fields, dict(self.codecs))
             if len(self._plan_memo) >= _PLAN_MEMO_SIZE:  # trajectories of many lengths
                 self._plan_memo.clear()
             self._plan_memo[shapes] = plans
